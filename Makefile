@@ -1,0 +1,58 @@
+# Every target goes through one Python: a private venv built on first use (.venv), or the one you name
+# with PYTHON=... (a GPU box where torch and Triton are installed: make check PYTHON=python3).
+L ?=
+IMPL ?= mine
+VENV := .venv
+PYTHON ?= $(VENV)/bin/python
+# torch and Triton pinned together; numpy < 2.4 because Triton 3.6's interpreter converts 1-element
+# arrays to int, which numpy 2.4 turned into an error.
+TORCH_PIN ?= torch==2.13.0
+TRITON_PIN ?= triton==3.6.0
+
+ifeq ($(PYTHON),$(VENV)/bin/python)
+ENV := $(VENV)/.ready
+else
+ENV := env-check
+endif
+
+.DEFAULT_GOAL := help
+.PHONY: help list test check bench contract notebooks env-check clean-venv
+
+help: ## every target, one line each
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | awk -F'\t' '{printf "  make %-11s %s\n", $$1, $$2}'
+	@echo "  variables: L=<lesson id> (make list), IMPL=mine|solutions, PYTHON=<interpreter with torch+triton>"
+
+list: $(ENV) ## the lessons in course order
+	@$(PYTHON) -m drills list
+
+test: $(ENV) ## grade one lesson: make test L=l2 (your drills/mine); IMPL=solutions grades the reference
+	@test -n "$(L)" || { echo "say which lesson: make test L=l2 (make list shows them)"; exit 2; }
+	@$(PYTHON) -m drills test $(L) --impl $(IMPL)
+
+check: $(ENV) ## what CI runs: every lesson's tests on the solutions, the stub contract, every notebook
+	@$(PYTHON) -m drills check
+
+contract: $(ENV) ## the stub contract alone: same names and signatures, untouched stubs say "not started"
+	@$(PYTHON) -m drills contract
+
+notebooks: $(ENV) ## execute every notebook top to bottom
+	@$(PYTHON) -m drills notebooks
+
+bench: $(ENV) ## CUDA GPU only: time solutions and peers, rewrite the explainer's table, plot and JSON (L= for one)
+	@$(PYTHON) -m drills bench $(L) --impl $(if $(filter command line environment,$(origin IMPL)),$(IMPL),solutions)
+
+# The venv: torch first (a CPU-only machine gets the CPU build where one is on disk), Triton only if
+# torch did not bring its own, then the course and Jupyter. Never touches a Python you named yourself.
+$(VENV)/.ready: pyproject.toml
+	python3 -m venv $(VENV)
+	$(VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VENV)/bin/python -m pip install --quiet "$(TORCH_PIN)"
+	$(VENV)/bin/python -c "import triton" 2>/dev/null || $(VENV)/bin/python -m pip install --quiet "$(TRITON_PIN)"
+	$(VENV)/bin/python -m pip install --quiet -e ".[notebooks]"
+	@touch $@
+
+env-check:
+	@$(PYTHON) -c "import torch, triton" 2>/dev/null || { echo "$(PYTHON) cannot import torch and triton; leave PYTHON unset to build .venv"; exit 2; }
+
+clean-venv: ## delete .venv (the next command rebuilds it)
+	rm -rf $(VENV)

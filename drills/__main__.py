@@ -1,0 +1,121 @@
+"""Command line behind the Makefile: python -m drills {list,test,check,contract,notebooks,bench}."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import sys
+
+from drills import contract
+from drills.lessons import LESSONS, ROOT, find
+
+
+def run_pytest(paths: list[str], impl: str, extra: list[str] = ()) -> int:
+    import pytest
+
+    import drills.runtime
+
+    print(drills.runtime.current().banner, flush=True)
+    return pytest.main([*paths, f"--impl={impl}", "-p", "no:cacheprovider", *extra])
+
+
+def cmd_list(args) -> int:
+    for lesson in LESSONS:
+        print(f"{lesson.id:4} {lesson.track}  {lesson.stem:28} {lesson.title}")
+    return 0
+
+
+def cmd_test(args) -> int:
+    lessons = [find(args.lesson)] if args.lesson else LESSONS
+    return run_pytest([str(lesson.tests) for lesson in lessons], args.impl, ["-q", *args.pytest_args])
+
+
+def cmd_contract(args) -> int:
+    failed = 0
+    for lesson in LESSONS:
+        problems = contract.check(lesson)
+        print(f"stub contract {lesson.id}: {'ok' if not problems else 'FAILED'}")
+        for p in problems:
+            print(f"  - {p}")
+        failed += bool(problems)
+    return 1 if failed else 0
+
+
+def cmd_notebooks(args) -> int:
+    if importlib.util.find_spec("nbclient") is None or importlib.util.find_spec("ipykernel") is None:
+        print("notebooks: skipped, Jupyter (nbclient, ipykernel) is not installed in this Python")
+        return 0
+    import nbformat
+    from nbclient import NotebookClient
+
+    failed = 0
+    for lesson in LESSONS:
+        nb = nbformat.read(lesson.notebook, as_version=4)
+        try:
+            # Executed in a copy held in memory, from the repository root, so the committed file is unchanged.
+            NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}}).execute()
+            print(f"notebook {lesson.notebook.name}: ran top to bottom")
+        except Exception as exc:  # nbclient raises CellExecutionError with the cell's traceback
+            print(f"notebook {lesson.notebook.name}: FAILED\n{exc}")
+            failed += 1
+    return 1 if failed else 0
+
+
+def cmd_check(args) -> int:
+    """What CI runs: every lesson's tests on the solutions, the stub contract, every notebook."""
+    results = {
+        "tests (solutions)": run_pytest([str(lesson.tests) for lesson in LESSONS], "solutions", ["-q"]),
+        "stub contract": cmd_contract(args),
+        "notebooks": cmd_notebooks(args),
+    }
+    print("make check: " + ", ".join(f"{k} {'ok' if rc == 0 else 'FAILED'}" for k, rc in results.items()))
+    return 0 if all(rc == 0 for rc in results.values()) else 1
+
+
+def cmd_bench(args) -> int:
+    from drills import bench
+
+    bench.require_cuda()
+    lessons = [find(args.lesson)] if args.lesson else [lesson for lesson in LESSONS if lesson.benchmark.exists()]
+    import drills.runtime
+
+    print(drills.runtime.current().banner, flush=True)
+    for lesson in lessons:
+        if not lesson.benchmark.exists():
+            print(f"{lesson.id}: has no benchmark")
+            continue
+        module = importlib.import_module(f"drills.benchmarks.{lesson.stem}")
+        impl = importlib.import_module(lesson.module(args.impl))
+        message = contract.not_started_message(impl)
+        if message:
+            print(message)
+            return 1
+        print(f"== {lesson.id}: {lesson.title} ({args.impl}) ==", flush=True)
+        table, notes = module.run(impl)
+        if args.impl == "solutions":  # only the reference's numbers go into the explainer
+            bench.publish(lesson, table, notes, module.plot)
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m drills")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("list", help="the lessons in course order").set_defaults(fn=cmd_list)
+    p = sub.add_parser("test", help="grade one lesson (or all)")
+    p.add_argument("lesson", nargs="?")
+    p.add_argument("--impl", choices=("mine", "solutions"), default="mine")
+    p.add_argument("pytest_args", nargs="*")
+    p.set_defaults(fn=cmd_test)
+    sub.add_parser("check", help="tests on the solutions, stub contract, notebooks").set_defaults(fn=cmd_check)
+    sub.add_parser("contract", help="the stub contract only").set_defaults(fn=cmd_contract)
+    sub.add_parser("notebooks", help="execute every notebook").set_defaults(fn=cmd_notebooks)
+    p = sub.add_parser("bench", help="benchmarks (CUDA GPU only)")
+    p.add_argument("lesson", nargs="?")
+    p.add_argument("--impl", choices=("mine", "solutions"), default="solutions")
+    p.set_defaults(fn=cmd_bench)
+    args = parser.parse_args(argv)
+    return args.fn(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,124 @@
+"""The one benchmarking helper: timing, a read ceiling measured in the same run, the GPU's datasheet
+peak, and publishing (a table rewritten between markers in the lesson's explainer, a JSON of the raw
+numbers and a PNG plot beside it under drills/content/). CUDA GPUs only."""
+from __future__ import annotations
+
+import datetime
+import json
+import re
+
+import torch
+
+from drills.lessons import Lesson
+
+# Datasheet memory bandwidth in GB/s, matched against torch.cuda.get_device_name().
+PEAK_GBS = {
+    "H200": 4800,
+    "H100 SXM": 3350,  # the SXM part; "H100 PCIe" reads 2000, "H100 NVL" 3900
+    "H100 PCIe": 2000,
+    "H100 NVL": 3900,
+    "H100": 3350,
+    "A100-SXM4-80GB": 2039,
+    "A100-SXM4-40GB": 1555,
+    "A100 80GB PCIe": 1935,
+    "L40S": 864,
+    "RTX 5090": 1792,
+    "RTX 4090": 1008,
+    "RTX 3090": 936,
+}
+
+
+def require_cuda() -> None:
+    if not torch.cuda.is_available():
+        raise SystemExit("make bench needs a CUDA GPU (none found): benchmarks time compiled kernels, "
+                         "the interpreter only checks them")
+
+
+def peak_gbs() -> float | None:
+    name = torch.cuda.get_device_name()
+    for key, gbs in PEAK_GBS.items():  # most specific keys first
+        if key in name:
+            return float(gbs)
+    return None
+
+
+def stamp() -> dict:
+    import triton
+
+    return {
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "cuda": torch.version.cuda,
+        "date": datetime.date.today().isoformat(),
+        "datasheet_peak_gbs": peak_gbs(),
+    }
+
+
+def time_us(fn) -> float:
+    """Median time of one call in microseconds; do_bench flushes L2 between calls, so repeated calls
+    over the same buffers do not measure the cache."""
+    import triton.testing
+
+    return 1000.0 * triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
+
+
+def read_ceiling_gbs(nbytes: int) -> float:
+    """GB/s of a plain reduction over an fp16 buffer of nbytes: the most a kernel that reads those bytes
+    once can hope for on this GPU today."""
+    x = torch.ones(nbytes // 2, dtype=torch.float16, device="cuda")
+    t = time_us(lambda: x.sum())
+    del x
+    return nbytes / t / 1e3
+
+
+def gbs(nbytes: int, us: float) -> float:
+    return nbytes / us / 1e3
+
+
+class Table:
+    """Rows printed as they are measured (benchmarks take minutes), rendered as markdown at the end."""
+
+    def __init__(self, columns: list[tuple[str, str]]):
+        self.columns = columns  # (key, header)
+        self.rows: list[dict] = []
+        print(" | ".join(h for _, h in columns), flush=True)
+
+    def add(self, row: dict) -> None:
+        self.rows.append(row)
+        print(" | ".join(_fmt(row.get(k)) for k, _ in self.columns), flush=True)
+
+    def markdown(self) -> str:
+        lines = ["| " + " | ".join(h for _, h in self.columns) + " |",
+                 "|" + "|".join(" --- " for _ in self.columns) + "|"]
+        lines += ["| " + " | ".join(_fmt(r.get(k)) for k, _ in self.columns) + " |" for r in self.rows]
+        return "\n".join(lines)
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "n/a"
+    if isinstance(v, float):
+        return f"{v:.2f}" if abs(v) < 10 else f"{v:.0f}"
+    return str(v)
+
+
+def publish(lesson: Lesson, table: Table, notes: list[str], plot) -> None:
+    """Write <stem>.bench.json and <stem>.bench.png under drills/content/ and rewrite the block between
+    `<!-- bench:start -->` and `<!-- bench:end -->` in the explainer."""
+    meta = stamp()
+    content = lesson.explainer.parent
+    json_path = content / f"{lesson.stem}.bench.json"
+    png_path = content / f"{lesson.stem}.bench.png"
+    json_path.write_text(json.dumps({"meta": meta, "notes": notes, "rows": table.rows}, indent=1) + "\n")
+    plot(table.rows, meta, png_path)
+    header = (f"Measured on {meta['gpu']}, torch {meta['torch']} (CUDA {meta['cuda']}), Triton {meta['triton']}, "
+              f"{meta['date']}, by `make bench L={lesson.id}`.")
+    block = "\n\n".join([header, table.markdown(), "\n".join(f"- {n}" for n in notes),
+                         f"![benchmark plot]({png_path.name})"])
+    text = lesson.explainer.read_text()
+    pattern = re.compile(r"(<!-- bench:start -->\n).*?(\n<!-- bench:end -->)", re.S)
+    if not pattern.search(text):
+        raise SystemExit(f"{lesson.explainer} has no <!-- bench:start --> ... <!-- bench:end --> block")
+    lesson.explainer.write_text(pattern.sub(lambda m: m.group(1) + block + m.group(2), text))
+    print(f"wrote {json_path.name}, {png_path.name} and the table in {lesson.explainer.name}", flush=True)

@@ -1,0 +1,148 @@
+"""L2 benchmark: paged decode on the six shapes of ../shared/ANCHORS.md section 1.
+
+Every implementation reads the same KV bytes, 2 * B * ctx * Hkv * D * 2, so all are reported in GB/s
+and as a fraction of a plain reduction over a buffer of that size, timed in the same run. Each peer's
+output is checked against the lesson's before it is timed, so a fast wrong answer cannot enter the table.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from drills import bench
+from drills.compare import assert_close
+
+SHAPES = [(64, 1024), (1, 32768), (8, 4096), (128, 2048), (256, 512), (1, 4096)]  # (B, ctx)
+HQ, HKV, D, PAGE = 32, 8, 128, 16
+
+COLUMNS = [
+    ("B", "B"), ("ctx", "ctx"), ("kv_mb", "KV MB"), ("ceiling_gbs", "read ceiling GB/s"),
+    ("l2_us", "L2 us"), ("l2_gbs", "L2 GB/s"), ("l2_ceiling", "L2 / ceiling"), ("l2_peak", "L2 / datasheet"),
+    ("api_us", "L2 API us (with checks)"),
+    ("flashinfer_gbs", "FlashInfer GB/s"), ("flashinfer_ceiling", "FlashInfer / ceiling"),
+    ("sdpa_gbs", "SDPA contiguous GB/s"), ("sdpa_ceiling", "SDPA / ceiling"),
+    ("gather_gbs", "gather + SDPA GB/s"),
+]
+
+
+def make_inputs(B, ctx, dtype=torch.float16):
+    """Random q and a shuffled page pool exactly as large as the batch needs."""
+    pages = math.ceil(ctx / PAGE)
+    k_cache = torch.randn(B * pages, PAGE, HKV, D, device="cuda", dtype=dtype)  # [num_blocks, PAGE, Hkv, D]
+    v_cache = torch.randn_like(k_cache)
+    block_tables = torch.randperm(B * pages, device="cuda").view(B, pages).to(torch.int32)  # [B, pages]
+    context_lens = torch.full((B,), ctx, dtype=torch.int32, device="cuda")
+    q = torch.randn(B, HQ, D, device="cuda", dtype=dtype)  # [B, Hq, D]
+    return q, k_cache, v_cache, block_tables, context_lens
+
+
+def flashinfer_decode(q, k_cache, v_cache, block_tables, context_lens):
+    """FlashInfer's tensor-core paged decode on the same cache (plan() done here, outside the timing),
+    or None when FlashInfer is not installed."""
+    try:
+        import flashinfer
+    except ImportError:
+        return None
+    B, pages = block_tables.shape
+    indptr = torch.arange(0, B * pages + 1, pages, dtype=torch.int32, device="cuda")  # [B + 1]
+    indices = block_tables.reshape(-1)  # [B * pages], every page of every sequence in order
+    last = (context_lens - 1) % PAGE + 1  # tokens in each last page, 1..PAGE
+    workspace = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device="cuda")
+    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", use_tensor_cores=True)
+    wrapper.plan(indptr, indices, last, HQ, HKV, D, PAGE, q_data_type=q.dtype, kv_data_type=k_cache.dtype)
+    return lambda: wrapper.run(q, (k_cache, v_cache))
+
+
+def run(impl) -> tuple[bench.Table, list[str]]:
+    table = bench.Table(COLUMNS)
+    peak = bench.peak_gbs()
+    notes = []
+    have_flashinfer = True
+    flashinfer_error = None
+    for B, ctx in SHAPES:
+        q, k_cache, v_cache, block_tables, context_lens = args = make_inputs(B, ctx)
+        nbytes = 2 * B * ctx * HKV * D * q.element_size()
+        out = torch.empty_like(q)
+        scale = 1.0 / math.sqrt(D)
+
+        # Contiguous copies for SDPA: [B, Hkv, ctx, D], the layout a non-paged engine would keep.
+        k_contig = k_cache[block_tables.long()].reshape(B, -1, HKV, D)[:, :ctx].transpose(1, 2).contiguous()
+        v_contig = v_cache[block_tables.long()].reshape(B, -1, HKV, D)[:, :ctx].transpose(1, 2).contiguous()
+
+        def sdpa(k, v):
+            return F.scaled_dot_product_attention(q[:, :, None], k, v, enable_gqa=True)[:, :, 0]
+
+        def gather_sdpa():
+            k = k_cache[block_tables.long()].reshape(B, -1, HKV, D)[:, :ctx].transpose(1, 2)
+            v = v_cache[block_tables.long()].reshape(B, -1, HKV, D)[:, :ctx].transpose(1, 2)
+            return sdpa(k, v)
+
+        expected = sdpa(k_contig, v_contig)
+        assert_close(impl.paged_decode(*args), expected.float())
+        row = dict(B=B, ctx=ctx, kv_mb=round(nbytes / 1e6), ceiling_gbs=bench.read_ceiling_gbs(nbytes))
+        row["l2_us"] = bench.time_us(lambda: impl._launch(*args, scale, out))
+        row["api_us"] = bench.time_us(lambda: impl.paged_decode(*args, out=out))
+        row["l2_gbs"] = bench.gbs(nbytes, row["l2_us"])
+        row["l2_ceiling"] = row["l2_gbs"] / row["ceiling_gbs"]
+        row["l2_peak"] = row["l2_gbs"] / peak if peak else None
+
+        try:
+            fi = flashinfer_decode(*args)
+        except Exception as exc:  # it compiles its kernels on first use; a failed build is a note, not a crash
+            fi, flashinfer_error = None, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+        if fi is None:
+            have_flashinfer = False
+        else:
+            assert_close(fi(), expected.float())
+            row["flashinfer_gbs"] = bench.gbs(nbytes, bench.time_us(fi))
+            row["flashinfer_ceiling"] = row["flashinfer_gbs"] / row["ceiling_gbs"]
+        row["sdpa_gbs"] = bench.gbs(nbytes, bench.time_us(lambda: sdpa(k_contig, v_contig)))
+        row["sdpa_ceiling"] = row["sdpa_gbs"] / row["ceiling_gbs"]
+        assert_close(gather_sdpa(), expected.float())
+        row["gather_gbs"] = bench.gbs(nbytes, bench.time_us(gather_sdpa))
+        table.add(row)
+        del args, q, k_cache, v_cache, k_contig, v_contig, out
+        torch.cuda.empty_cache()
+
+    notes.append(f"Hq = {HQ}, Hkv = {HKV}, D = {D}, PAGE = {PAGE}, fp16, pages shuffled; GB/s counts K and V "
+                 "read once; the read ceiling is `x.sum()` over an fp16 buffer of the KV's size, same run.")
+    notes.append("L2 us times the kernel launch alone; L2 API us adds the launcher's checks, whose "
+                 "context_lens range check costs one host sync per call.")
+    notes.append("SDPA contiguous reads KV that is not paged (an upper reference); gather + SDPA copies the "
+                 "pages into contiguous tensors first, as one would without a paged kernel.")
+    if flashinfer_error:
+        notes.append(f"FlashInfer: failed to build or run here ({flashinfer_error}), so its columns are n/a.")
+    elif not have_flashinfer:
+        notes.append("FlashInfer: not importable in this environment, so its columns are n/a.")
+    else:
+        import flashinfer
+
+        notes.append(f"FlashInfer {flashinfer.__version__}: BatchDecodeWithPagedKVCacheWrapper, "
+                     "use_tensor_cores=True, plan() outside the timed call.")
+    return table, notes
+
+
+def plot(rows, meta, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series = [("l2_ceiling", "L2 (this lesson)"), ("flashinfer_ceiling", "FlashInfer"),
+              ("sdpa_ceiling", "SDPA, contiguous KV")]
+    labels = [f"B={r['B']}\nctx={r['ctx']}" for r in rows]
+    fig, ax = plt.subplots(figsize=(9, 4))
+    width = 0.8 / len(series)
+    for i, (key, name) in enumerate(series):
+        ys = [r.get(key) or 0.0 for r in rows]
+        ax.bar([x + i * width for x in range(len(rows))], ys, width, label=name)
+    ax.axhline(1.0, color="gray", lw=0.8, ls="--")
+    ax.set_xticks([x + width for x in range(len(rows))], labels)
+    ax.set_ylabel("fraction of the read ceiling")
+    ax.set_title(f"Paged decode, {meta['gpu']}, {meta['date']}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

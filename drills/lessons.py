@@ -1,0 +1,66 @@
+"""The one lesson list. A lesson is one stem across content/, mine/, solutions/, tests/ and notebooks/;
+its id is the stem's prefix (`l2` for `l2_paged_decode`). Adding a lesson = adding its files and one
+entry here, in course order."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Lesson:
+    stem: str
+    title: str
+    track: str  # "T" (Triton basics), "L" (paged KV and serving), "F" (split-KV and beyond)
+
+    @property
+    def id(self) -> str:
+        return self.stem.split("_", 1)[0]
+
+    @property
+    def explainer(self) -> Path:
+        return ROOT / "drills" / "content" / f"{self.stem}.md"
+
+    @property
+    def stub(self) -> Path:
+        return ROOT / "drills" / "mine" / f"{self.stem}.py"
+
+    @property
+    def solution(self) -> Path:
+        return ROOT / "drills" / "solutions" / f"{self.stem}.py"
+
+    @property
+    def tests(self) -> Path:
+        return ROOT / "drills" / "tests" / f"test_{self.stem}.py"
+
+    @property
+    def notebook(self) -> Path:
+        return ROOT / "notebooks" / f"{self.stem}.ipynb"
+
+    @property
+    def benchmark(self) -> Path:
+        """Optional: a lesson has a benchmark when this file exists."""
+        return ROOT / "drills" / "benchmarks" / f"{self.stem}.py"
+
+    def module(self, impl: str) -> str:
+        """Dotted name of the implementation under test: impl is "mine" or "solutions"."""
+        return f"drills.{impl}.{self.stem}"
+
+
+LESSONS: tuple[Lesson, ...] = (
+    Lesson("l2_paged_decode", "Paged decode attention with GQA", "L"),
+)
+
+
+def find(lesson_id: str) -> Lesson:
+    for lesson in LESSONS:
+        if lesson_id in (lesson.id, lesson.stem):
+            return lesson
+    known = ", ".join(lesson.id for lesson in LESSONS)
+    raise SystemExit(f"unknown lesson {lesson_id!r}; known lessons: {known}")
+
+
+def by_stem(stem: str) -> Lesson:
+    return find(stem)

@@ -1,0 +1,99 @@
+"""L2, your file: paged decode attention with GQA.
+
+Fill in `paged_decode_kernel` below; the launcher under it is complete. Read
+drills/content/l2_paged_decode.md first: every TODO names the section that teaches it.
+Grade with `make test L=l2`. Start by deleting the `raise NotImplementedError` line in paged_decode.
+
+    bytes = 2 (K and V) * sum(context_lens) * Hkv * D * 2 (fp16)   # B=64, ctx=1024: 268 MB
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from drills import validate
+
+
+@triton.jit
+def paged_decode_kernel(
+    q_ptr,  # [B, Hq, D]
+    k_cache_ptr,  # [num_blocks, PAGE, Hkv, D]
+    v_cache_ptr,  # [num_blocks, PAGE, Hkv, D]
+    out_ptr,  # [B, Hq, D], possibly a strided view
+    block_tables_ptr,  # [B, max_pages] int32
+    context_lens_ptr,  # [B] int32
+    scale,
+    stride_qb, stride_qh,
+    stride_kb, stride_kt, stride_kh,
+    stride_vb, stride_vt, stride_vh,
+    stride_ob, stride_oh,
+    stride_bt,
+    GROUP: tl.constexpr,  # query heads per KV head, Hq // Hkv
+    GROUP_PAD: tl.constexpr,  # max(16, next_pow2(GROUP)): tl.dot needs >= 16 rows
+    PAGE: tl.constexpr,
+    D: tl.constexpr,
+):
+    # TODO(section 3.1 "One program"): which sequence b and which KV head kvh this program owns (widen
+    # both to int64), and the sequence's length ctx from context_lens.
+
+    # TODO(section 3.2 "Packing the group"): the GROUP query heads of KV head kvh, padded to GROUP_PAD
+    # rows with a mask; load q as [GROUP_PAD, D] with the padding rows set to 0.
+
+    # TODO(section 3.4 "Online softmax"): the running max m_i, sum l_i and accumulator acc, one row per
+    # query head, all fp32.
+
+    # TODO(section 3.3 "The page loop"): for each of the cdiv(ctx, PAGE) pages, look up the physical
+    # block in block_tables, load K and V [PAGE, D] with the last page masked, score with tl.dot.
+
+    # TODO(section 3.4 "Online softmax"): update m_i, l_i and acc with the rescale factor alpha.
+
+    # TODO(section 3.5 "Storing only real rows"): normalise by l_i and store the GROUP real rows.
+    pass
+
+
+def _launch(q, k_cache, v_cache, block_tables, context_lens, scale, out):
+    """Launch without checks: the benchmark times this, the public function adds the checks."""
+    B, Hq, D = q.shape
+    _, PAGE, Hkv, _ = k_cache.shape
+    group = Hq // Hkv
+    paged_decode_kernel[(B, Hkv)](
+        q, k_cache, v_cache, out, block_tables, context_lens,
+        scale,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        out.stride(0), out.stride(1),
+        block_tables.stride(0),
+        GROUP=group,
+        GROUP_PAD=max(16, triton.next_power_of_2(group)),
+        PAGE=PAGE,
+        D=D,
+        num_warps=4,
+        num_stages=3,
+    )
+    return out
+
+
+def paged_decode(q, k_cache, v_cache, block_tables, context_lens, scale=None, out=None):
+    """Decode attention over a paged KV cache, query heads grouped onto KV heads (GQA).
+
+    q             [B, Hq, D], float16 or bfloat16: one new token per sequence
+    k_cache       [num_blocks, PAGE, Hkv, D], q's dtype; v_cache likewise
+    block_tables  [B, max_pages] int32: logical page p of sequence b is physical block block_tables[b, p];
+                  entries past a sequence's last page are never read
+    context_lens  [B] int32, 1 <= context_lens[b] <= max_pages * PAGE
+    scale         softmax scale, default 1 / sqrt(D)
+    out           optional [B, Hq, D] of q's dtype (a strided view is fine), written in place
+
+    Query head h attends with KV head h // (Hq // Hkv). Returns out [B, Hq, D].
+    """
+    raise NotImplementedError("l2 is not started: fill in paged_decode_kernel in drills/mine/l2_paged_decode.py, then delete this line (read drills/content/l2_paged_decode.md)")
+    validate.paged_decode_inputs(q, k_cache, v_cache, block_tables, context_lens, scale, out)
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+    if out is None:
+        out = torch.empty_like(q)
+    return _launch(q, k_cache, v_cache, block_tables, context_lens, float(scale), out)

@@ -1,0 +1,51 @@
+"""Runtime selection: compiled Triton on a CUDA GPU, Triton's interpreter on the CPU otherwise.
+
+Triton reads TRITON_INTERPRET when `@triton.jit` runs, that is when a kernel module is imported, so
+`select()` must run before any lesson module is imported. `drills/__init__.py` calls it for that
+reason; everything else asks `current()` what was chosen.
+"""
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Runtime:
+    interpreter: bool  # True: kernels run in Triton's interpreter on CPU tensors
+    device: str  # "cuda" or "cpu": where lesson tensors must live
+    gpu_name: str | None  # e.g. "NVIDIA H200"; None under the interpreter
+    triton_version: str
+
+    @property
+    def banner(self) -> str:
+        if self.interpreter:
+            return f"runtime: Triton interpreter on CPU (Triton {self.triton_version}; small shapes, bf16 cases skipped)"
+        return f"runtime: {self.gpu_name} with compiled Triton {self.triton_version}"
+
+
+def _interpreter_forced() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
+
+
+@functools.lru_cache(maxsize=None)
+def select() -> Runtime:
+    """Decide once per process; a TRITON_INTERPRET=1 already in the environment is respected."""
+    import torch  # imported here so that `import drills.runtime` alone stays cheap
+
+    use_gpu = torch.cuda.is_available() and not _interpreter_forced()
+    if not use_gpu:
+        os.environ["TRITON_INTERPRET"] = "1"
+    import triton  # after the variable is set, so that triton's knobs see it
+
+    return Runtime(
+        interpreter=not use_gpu,
+        device="cuda" if use_gpu else "cpu",
+        gpu_name=torch.cuda.get_device_name() if use_gpu else None,
+        triton_version=triton.__version__,
+    )
+
+
+def current() -> Runtime:
+    return select()

@@ -1,0 +1,109 @@
+"""Paged-KV test cases and the fp32 PyTorch oracle for decode attention (L2, F1, L1 share them).
+
+A case fills only the cache slots that some sequence really uses; every other slot (the tail of each
+last page, every unused block) holds NaN, and every block-table entry past a sequence's last page holds
+a garbage id. A kernel that reads anything it should not gets NaN or faults.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+GARBAGE_BLOCK_IDS = (2**31 - 1, -(2**31), -1, 1 << 24)
+
+
+@dataclass
+class PagedCase:
+    q: torch.Tensor  # [B, Hq, D]
+    k_cache: torch.Tensor  # [num_blocks, PAGE, Hkv, D]
+    v_cache: torch.Tensor  # [num_blocks, PAGE, Hkv, D]
+    block_tables: torch.Tensor  # [B, max_pages] int32
+    context_lens: torch.Tensor  # [B] int32
+
+    @property
+    def args(self):
+        return self.q, self.k_cache, self.v_cache, self.block_tables, self.context_lens
+
+
+def make_paged_case(context_lens, Hq, Hkv, D, PAGE, dtype=torch.float16, device="cpu", seed=0,
+                    extra_pages=2, shared_prefix_pages=0, num_blocks=None, first_block=0, poison=True,
+                    max_pages=None) -> PagedCase:
+    """Random q/K/V in a shuffled page pool.
+
+    shared_prefix_pages: the first n logical pages of every sequence map to the same physical blocks
+    (prefix sharing); those pages are full in every sequence, so their contents are the same for all.
+    num_blocks / first_block: a pool larger than needed, with the used blocks placed from first_block
+    upwards (a large first_block makes block id * page stride exceed 2**31).
+    """
+    gen = torch.Generator().manual_seed(seed)
+    lens = [int(n) for n in context_lens]
+    B = len(lens)
+    pages = [math.ceil(n / PAGE) for n in lens]
+    if shared_prefix_pages:
+        assert all(n >= shared_prefix_pages * PAGE for n in lens), "shared pages must be full in every sequence"
+    max_pages = max_pages or max(pages) + extra_pages
+    own = [p - shared_prefix_pages for p in pages]
+    needed = shared_prefix_pages + sum(own)
+    num_blocks = num_blocks or needed + 3
+    assert first_block + needed <= num_blocks
+    # Shuffled physical ids; page 0 of the pool is in use whenever first_block == 0.
+    ids = (first_block + torch.randperm(num_blocks - first_block, generator=gen)[:needed]).tolist()
+    shared, ids = ids[:shared_prefix_pages], ids[shared_prefix_pages:]
+
+    garbage = torch.tensor(GARBAGE_BLOCK_IDS, dtype=torch.int64)
+    tables = garbage[torch.randint(len(GARBAGE_BLOCK_IDS), (B, max_pages), generator=gen)]
+    valid = torch.zeros(num_blocks, PAGE, dtype=torch.bool)  # slots some sequence reads
+    for b, n in enumerate(lens):
+        row = shared + ids[: own[b]]
+        ids = ids[own[b]:]
+        tables[b, : len(row)] = torch.tensor(row, dtype=torch.int64)
+        for p, blk in enumerate(row):
+            valid[blk, : min(PAGE, n - p * PAGE)] = True
+
+    shape = (num_blocks, PAGE, Hkv, D)
+    fill = float("nan") if poison else 0.0
+    k_cache = torch.full(shape, fill, dtype=dtype, device=device)
+    v_cache = torch.full(shape, fill, dtype=dtype, device=device)
+    used = valid.nonzero()  # [n_valid, 2] (block, slot) pairs, written in one indexed copy each
+    blk, slot = used[:, 0].to(device), used[:, 1].to(device)
+    k_cache[blk, slot] = torch.randn(len(used), Hkv, D, generator=gen).to(dtype).to(device)
+    v_cache[blk, slot] = torch.randn(len(used), Hkv, D, generator=gen).to(dtype).to(device)
+    q = torch.randn(B, Hq, D, generator=gen).to(dtype).to(device)
+    return PagedCase(
+        q=q,
+        k_cache=k_cache,
+        v_cache=v_cache,
+        block_tables=tables.clamp(-(2**31), 2**31 - 1).to(torch.int32).to(device),
+        context_lens=torch.tensor(lens, dtype=torch.int32, device=device),
+    )
+
+
+def gather_kv(cache: torch.Tensor, table_row: torch.Tensor, n: int) -> torch.Tensor:
+    """The first n tokens of one sequence, in order: [n, Hkv, D]."""
+    PAGE = cache.shape[1]
+    pages = table_row[: math.ceil(n / PAGE)].long()
+    return cache[pages].reshape(-1, *cache.shape[2:])[:n]
+
+
+def paged_attention_reference(q, k_cache, v_cache, block_tables, context_lens, scale=None):
+    """fp32 oracle: gather each sequence's pages, then plain softmax attention.
+
+    Returns (out [B, Hq, D] fp32, lse [B, Hq] fp32, natural log). Query head h uses KV head h // GROUP.
+    """
+    B, Hq, D = q.shape
+    Hkv = k_cache.shape[2]
+    group = Hq // Hkv
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    outs, lses = [], []
+    for b in range(B):
+        n = int(context_lens[b])
+        k = gather_kv(k_cache, block_tables[b], n).float()  # [n, Hkv, D]
+        v = gather_kv(v_cache, block_tables[b], n).float()
+        k = k.repeat_interleave(group, dim=1)  # [n, Hq, D]: contiguous grouping
+        v = v.repeat_interleave(group, dim=1)
+        s = torch.einsum("hd,nhd->hn", q[b].float(), k) * scale  # [Hq, n]
+        outs.append(torch.einsum("hn,nhd->hd", torch.softmax(s, dim=-1), v))
+        lses.append(torch.logsumexp(s, dim=-1))
+    return torch.stack(outs), torch.stack(lses)

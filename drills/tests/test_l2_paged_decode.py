@@ -1,0 +1,294 @@
+"""Grader for L2, paged decode attention with GQA. Each test is named for the mistake it catches.
+
+Run: make test L=l2 (your drills/mine) or make test L=l2 IMPL=solutions. Every case poisons what must
+not be read: NaN in every cache slot past a sequence's end and in every unused block, garbage ids in
+every block-table entry past a sequence's last page.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from drills.compare import assert_close, assert_untouched, mismatch
+from drills.tests.paged_kv import gather_kv, make_paged_case, paged_attention_reference
+
+DIMS = ("b", "head", "d")  # how a mismatch names its position: sequence, query head, feature
+
+
+CANARY = 1234.5  # exactly representable in fp16 and bf16
+MARGIN = 16  # spare heads on each side of every sequence's rows: room for up to 16 padding rows
+
+
+def run_into_canary(impl, case, scale=None):
+    """Call paged_decode with `out` a strided view into a canary-filled buffer (spare heads around
+    every sequence's rows, a spare sequence before and after), so a stray store lands in the canary
+    instead of past an allocation, and check that nothing outside `out` changed."""
+    B, Hq, D = case.q.shape
+    buffer = torch.full((B + 2, Hq + 2 * MARGIN, D), CANARY, dtype=case.q.dtype, device=case.q.device)
+    out = buffer[1:B + 1, MARGIN:MARGIN + Hq]  # [B, Hq, D], stride(0) = (Hq + 2 * MARGIN) * D
+    returned = impl.paged_decode(*case.args, scale=scale, out=out)
+    assert isinstance(returned, torch.Tensor) and returned.data_ptr() == out.data_ptr(), \
+        "paged_decode must write into the `out` it is given and return it"
+    keep = torch.zeros(buffer.shape, dtype=torch.bool, device=buffer.device)
+    keep[1:B + 1, MARGIN:MARGIN + Hq] = True
+    assert_untouched(buffer, CANARY, keep, "the buffer around out (padding rows or wrong heads stored?)",
+                     ("b+1", "head+16", "d"))
+    return out
+
+
+def check(impl, case, scale=None, **tol):
+    out = run_into_canary(impl, case, scale)
+    ref, _ = paged_attention_reference(*case.args, scale=scale)
+    assert_close(out, ref, DIMS, **tol)
+    return out
+
+
+def lens_for(runtime, small, large):
+    return small if runtime.interpreter else large
+
+
+# --- Section 2 "By hand": the seed's example through your kernel -------------------------------------
+
+
+def test_seed_example_ctx37_reads_three_pages(impl, runtime):
+    """ctx = 37, PAGE = 16, block table [9, 3, 7, garbage...]: three pages, 5 valid tokens in the last.
+    Everything but blocks 9, 3, 7 (and slots 0..4 of block 7) is NaN."""
+    Hq, Hkv, D, PAGE = 4, 1, 64, 16
+    case = make_paged_case([37], Hq, Hkv, D, PAGE, num_blocks=12, device=runtime.device, seed=37)
+    # Re-place the three pages at the blocks the seed uses.
+    k, v = case.k_cache.clone(), case.v_cache.clone()
+    case.k_cache.fill_(float("nan"))
+    case.v_cache.fill_(float("nan"))
+    old = case.block_tables[0, :3].long()
+    new = torch.tensor([9, 3, 7], device=runtime.device)
+    case.k_cache[new], case.v_cache[new] = k[old], v[old]
+    case.block_tables[0, :3] = new.to(torch.int32)
+    garbage = case.block_tables[0, 3:]
+    assert torch.isnan(case.k_cache[7, 5:]).all() and ((garbage < 0) | (garbage >= 12)).all()
+    check(impl, case)
+
+
+# --- Section 5 "Pitfalls" -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("PAGE", [16, 32])
+def test_last_page_is_masked(impl, runtime, PAGE):
+    """Lengths 1, PAGE - 1, PAGE, PAGE + 1 and others: the stale tail of every last page is NaN."""
+    lens = [1, PAGE - 1, PAGE, PAGE + 1, 2 * PAGE - 3] + lens_for(runtime, [], [3 * PAGE, 777, 1000])
+    case = make_paged_case(lens, 8, 2, 64, PAGE, device=runtime.device, seed=PAGE)
+    check(impl, case)
+
+
+def test_tail_keys_get_no_weight(impl, runtime):
+    """Masked keys must score -inf. Loading them as zeros is not enough: a zero key scores 0, which
+    outweighs real keys whose scores are all negative here."""
+    case = make_paged_case([17, 33, 5], 4, 1, 64, 16, device=runtime.device, seed=5)
+    # Make every real score strongly negative: keys point against the query direction.
+    case.q.copy_(case.q.abs())
+    real = ~torch.isnan(case.k_cache)
+    case.k_cache[real] = -case.k_cache[real].abs()
+    check(impl, case)
+
+
+@pytest.mark.parametrize("Hq,Hkv", [(4, 4), (4, 2), (8, 2), (16, 2), (32, 1), (64, 2)],
+                         ids=["group1-MHA", "group2", "group4", "group8", "group32-MQA", "group32x2"])
+def test_kv_head_grouping_is_contiguous(impl, runtime, Hq, Hkv):
+    """Query head h reads KV head h // GROUP, not h % Hkv (interleaved). GROUP > 16 needs GROUP_PAD > 16."""
+    lens = lens_for(runtime, [20, 9], [300, 129, 64])
+    case = make_paged_case(lens, Hq, Hkv, 64, 16, device=runtime.device, seed=Hq * 7 + Hkv)
+    check(impl, case)
+
+
+def test_padding_rows_not_written(impl, runtime):
+    """GROUP = 4 is padded to 16 rows for tl.dot; only the 4 real rows may be stored. Every test
+    checks the canary around `out`; this one makes padding the whole story: 12 of 16 rows are padding."""
+    case = make_paged_case([40, 16, 3], 8, 2, 64, 16, device=runtime.device, seed=3)
+    out = run_into_canary(impl, case)
+    assert not torch.isnan(out).any(), "NaN in out (a padding row's 0/0 stored over a real head?)"
+    ref, _ = paged_attention_reference(*case.args)
+    assert_close(out, ref, DIMS)
+
+
+def test_online_softmax_rescales_old_pages(impl, runtime):
+    """Scores grow page after page, so the running max changes on every page: dropping the rescale
+    factor alpha = exp(m_old - m_new) leaves the early pages over-weighted."""
+    n, D = lens_for(runtime, 80, 2000), 64
+    case = make_paged_case([n], 4, 1, D, 16, device=runtime.device, seed=11, poison=False)
+    t = torch.arange(n, device=runtime.device)
+    blocks, slots = case.block_tables[0].long()[t // 16], t % 16  # where token t lives
+    q0 = case.q[0, 0].float()  # [D]
+    ramp = torch.linspace(0.5, 12.0, n, device=runtime.device)[:, None]  # head 0's score for token t
+    # score = q0 . k / sqrt(D), so k = ramp * sqrt(D) * q0 / |q0|^2 scores ramp (plus a little noise).
+    k = 0.3 * case.k_cache[blocks, slots, 0].float() + ramp * math.sqrt(D) * q0 / q0.dot(q0)
+    case.k_cache[blocks, slots, 0] = k.to(case.q.dtype)  # [n, D]
+    check(impl, case)
+
+
+def test_scale_is_applied(impl, runtime):
+    """The default scale is 1 / sqrt(D); an explicit scale replaces it."""
+    case = make_paged_case([50, 7], 4, 2, 128, 16, device=runtime.device, seed=13)
+    check(impl, case)  # default 1 / sqrt(128)
+    check(impl, case, scale=0.3)
+
+
+def test_output_is_normalised_by_the_softmax_sum(impl, runtime):
+    """With every V row equal to 1 the output is exactly 1, whatever the scores: the weights sum to 1.
+    Forgetting acc / l leaves l (>= 1) in the output."""
+    case = make_paged_case([40, 23], 4, 2, 64, 16, device=runtime.device, seed=17)
+    real = ~torch.isnan(case.v_cache)
+    case.v_cache[real] = 1.0
+    out = check(impl, case)
+    assert_close(out, torch.ones_like(out, dtype=torch.float32), DIMS)
+
+
+def test_single_token_context_returns_its_value_row(impl, runtime):
+    """ctx = 1: one key, weight exactly 1, so each head's output is its KV head's single V row."""
+    case = make_paged_case([1, 1], 4, 2, 64, 16, device=runtime.device, seed=17)
+    out = check(impl, case)
+    v0 = case.v_cache[case.block_tables[:, 0].long(), 0]  # [B, Hkv, D]
+    assert_close(out, v0.float().repeat_interleave(2, dim=1), DIMS)
+
+
+# --- Layout: pages through the block table, batch and shapes ---------------------------------------
+
+
+def test_pages_are_looked_up_through_the_block_table(impl, runtime):
+    """Shuffled physical pages, page 0 of the pool in use, and a prefix of full pages shared by every
+    sequence (as prefix caching produces)."""
+    lens = lens_for(runtime, [35, 48, 70], [1000, 513, 2048, 640])
+    case = make_paged_case(lens, 8, 2, 64, 16, device=runtime.device, seed=19, shared_prefix_pages=2)
+    assert (case.block_tables[:, :2] == case.block_tables[0, :2]).all()
+    check(impl, case)
+    case0 = make_paged_case([40], 4, 1, 64, 16, num_blocks=3, device=runtime.device, seed=23)
+    assert 0 in case0.block_tables[0, :3].tolist(), "this case should use physical block 0"
+    check(impl, case0)
+
+
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("PAGE", [16, 32])
+def test_head_dims_and_page_sizes(impl, runtime, D, PAGE):
+    lens = lens_for(runtime, [2 * PAGE + 3, 5], [4000, 1, 333, 2 * PAGE])
+    case = make_paged_case(lens, 8, 2, D, PAGE, device=runtime.device, seed=D + PAGE)
+    check(impl, case)
+
+
+def test_single_sequence_long_context(impl, runtime):
+    """B = 1: the whole grid is Hkv programs, each walking every page."""
+    n = lens_for(runtime, 150, 32768)
+    case = make_paged_case([n], 32, 8, 128, 16, device=runtime.device, seed=29)
+    check(impl, case)
+
+
+def test_large_ragged_batch(impl, runtime):
+    """Many sequences of very different lengths in one launch."""
+    gen = torch.Generator().manual_seed(31)
+    B, top = (6, 60) if runtime.interpreter else (64, 3000)
+    lens = torch.randint(1, top, (B,), generator=gen).tolist()
+    case = make_paged_case(lens, 32, 8, 128, 16, device=runtime.device, seed=31)
+    check(impl, case)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_dtypes(impl, runtime, dtype):
+    if dtype == torch.bfloat16 and runtime.interpreter:
+        pytest.skip("bf16 runs on a GPU only: the Triton interpreter's tl.dot returns garbage for bf16 "
+                    "(../shared/ANCHORS.md section 4)")
+    case = make_paged_case(lens_for(runtime, [33, 4], [1500, 17, 256]), 8, 2, 128, 16, dtype=dtype,
+                           device=runtime.device, seed=37)
+    check(impl, case)
+
+
+def test_page_index_widened_to_int64(impl, runtime):
+    """Block ids above 2**31 / page stride: block id * stride_kb overflows int32 and reads the wrong page."""
+    if runtime.interpreter:
+        pytest.skip("GPU only: the cache must hold more than 2**31 elements (over 4 GB per cache)")
+    PAGE, Hkv, D = 16, 1, 128
+    stride = PAGE * Hkv * D  # elements per block
+    first = 2**31 // stride + 8  # every used block id is past the int32 limit
+    case = make_paged_case([300, 45], 4, Hkv, D, PAGE, device=runtime.device, seed=41,
+                           num_blocks=first + 64, first_block=first, poison=False)
+    assert case.block_tables[:, 0].min().item() * stride > 2**31
+    check(impl, case)
+
+
+# --- The launcher rejects bad input before launching -----------------------------------------------
+
+
+def _int32(device, *values):
+    return torch.tensor(values, dtype=torch.int32, device=device)
+
+
+# name -> (how to spoil the arguments of a valid call, the error, what the message must name)
+BAD_INPUTS = {
+    "q_rank": (lambda a, dev: dict(q=a["q"][0]), ValueError, "q"),
+    "q_not_a_tensor": (lambda a, dev: dict(q=a["q"].tolist()), TypeError, "q"),
+    "q_dtype_fp32": (lambda a, dev: dict(q=a["q"].float()), TypeError, "q"),
+    "k_cache_dtype": (lambda a, dev: dict(k_cache=a["k_cache"].bfloat16()), TypeError, "k_cache"),
+    "k_cache_rank": (lambda a, dev: dict(k_cache=a["k_cache"][0]), ValueError, "k_cache"),
+    "v_cache_shape": (lambda a, dev: dict(v_cache=a["v_cache"][:, :, :1]), ValueError, "v_cache"),
+    "hq_not_multiple_of_hkv": (lambda a, dev: dict(q=a["q"][:, :3].contiguous()), ValueError, "Hq"),
+    "head_dim_mismatch": (lambda a, dev: dict(q=a["q"][..., :32].contiguous()), ValueError, "head dim"),
+    "head_dim_not_pow2": (lambda a, dev: {n: a[n][..., :48].contiguous() for n in ("q", "k_cache", "v_cache")},
+                          ValueError, "D"),
+    "page_not_pow2_16": (lambda a, dev: {n: a[n][:, :8].contiguous() for n in ("k_cache", "v_cache")},
+                         ValueError, "PAGE"),
+    "q_last_dim_strided": (lambda a, dev: dict(q=a["q"].transpose(1, 2).contiguous().transpose(1, 2)),
+                           ValueError, "q"),
+    "block_tables_int64": (lambda a, dev: dict(block_tables=a["block_tables"].long()), TypeError, "block_tables"),
+    "block_tables_wrong_batch": (lambda a, dev: dict(block_tables=a["block_tables"][:1]), ValueError, "block_tables"),
+    "context_lens_int64": (lambda a, dev: dict(context_lens=a["context_lens"].long()), TypeError, "context_lens"),
+    "context_lens_wrong_batch": (lambda a, dev: dict(context_lens=a["context_lens"][:1]), ValueError, "context_lens"),
+    "context_len_zero": (lambda a, dev: dict(context_lens=_int32(dev, 20, 0)), ValueError, r"context_lens\[1\]"),
+    "context_len_past_table": (lambda a, dev: dict(context_lens=_int32(dev, 10**6, 5)), ValueError, r"context_lens\[0\]"),
+    "mixed_devices": (lambda a, dev: dict(block_tables=a["block_tables"].to("meta")), ValueError, "block_tables"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_INPUTS))
+def test_launcher_rejects_bad_input(impl, runtime, name):
+    """Each bad argument raises ValueError/TypeError naming it, before any kernel runs."""
+    spoil, error, names = BAD_INPUTS[name]
+    case = make_paged_case([20, 5], 4, 2, 64, 16, device=runtime.device, seed=43)
+    args = dict(q=case.q, k_cache=case.k_cache, v_cache=case.v_cache, block_tables=case.block_tables,
+                context_lens=case.context_lens)
+    args.update(spoil(args, runtime.device))
+    with pytest.raises(error, match=names):
+        impl.paged_decode(**args)
+
+
+def test_launcher_rejects_bad_out(impl, runtime):
+    case = make_paged_case([20, 5], 4, 2, 64, 16, device=runtime.device, seed=47)
+    with pytest.raises(ValueError, match="out"):
+        impl.paged_decode(*case.args, out=torch.empty(2, 4, 32, dtype=case.q.dtype, device=runtime.device))
+    with pytest.raises(TypeError, match="out"):
+        impl.paged_decode(*case.args, out=torch.empty(2, 4, 64, dtype=torch.float32, device=runtime.device))
+    with pytest.raises(TypeError, match="scale"):
+        impl.paged_decode(*case.args, scale="0.1")
+
+
+# --- The grader's own tolerance is tight enough --------------------------------------------------
+
+
+def test_tolerance_rejects_zeros_and_mean_of_v(runtime):
+    """Not a test of your kernel: proves the comparison fails an all-zeros output and the plain mean of
+    V (a kernel that forgot the scores), so passing the other tests means something."""
+    case = make_paged_case([37, 20, 64], 8, 2, 64, 16, device=runtime.device, seed=53)
+    ref, _ = paged_attention_reference(*case.args)
+    assert mismatch(torch.zeros_like(ref).half(), ref) is not None
+    means = []
+    for b, n in enumerate(case.context_lens.tolist()):
+        means.append(gather_kv(case.v_cache, case.block_tables[b], n).float().mean(0).repeat_interleave(4, dim=0))
+    assert mismatch(torch.stack(means).half(), ref) is not None
+    assert mismatch(ref.half(), ref) is None  # and the oracle rounded to fp16 passes
+
+
+def test_out_is_allocated_when_not_given(impl, runtime):
+    """Without `out`, paged_decode allocates [B, Hq, D] in q's dtype. Last in the file: a kernel that
+    stores padding rows writes past this allocation, which the canary tests above report first."""
+    case = make_paged_case([25, 3], 8, 2, 64, 16, device=runtime.device, seed=59)
+    out = impl.paged_decode(*case.args)
+    assert out.shape == case.q.shape and out.dtype == case.q.dtype and out.device == case.q.device
+    ref, _ = paged_attention_reference(*case.args)
+    assert_close(out, ref, DIMS)
