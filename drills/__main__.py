@@ -32,7 +32,7 @@ def cmd_test(args) -> int:
 
 def cmd_contract(args) -> int:
     failed = 0
-    for lesson in LESSONS:
+    for lesson in [find(args.lesson)] if getattr(args, "lesson", None) else LESSONS:
         problems = contract.check(lesson)
         print(f"stub contract {lesson.id}: {'ok' if not problems else 'FAILED'}")
         for p in problems:
@@ -107,7 +107,9 @@ def main(argv=None) -> int:
     p.add_argument("pytest_args", nargs="*")
     p.set_defaults(fn=cmd_test)
     sub.add_parser("check", help="tests on the solutions, stub contract, notebooks").set_defaults(fn=cmd_check)
-    sub.add_parser("contract", help="the stub contract only").set_defaults(fn=cmd_contract)
+    p = sub.add_parser("contract", help="the stub contract only (one lesson or all)")
+    p.add_argument("lesson", nargs="?")
+    p.set_defaults(fn=cmd_contract)
     sub.add_parser("notebooks", help="execute every notebook").set_defaults(fn=cmd_notebooks)
     p = sub.add_parser("bench", help="benchmarks (CUDA GPU only)")
     p.add_argument("lesson", nargs="?")

@@ -28,18 +28,43 @@ PEAK_GBS = {
 }
 
 
+# Datasheet dense fp16/bf16 tensor-core TFLOP/s (fp32 accumulate), matched the same way.
+PEAK_TFLOPS_FP16 = {
+    "H200": 989,
+    "H100 SXM": 989,
+    "H100 PCIe": 756,
+    "H100 NVL": 835,
+    "H100": 989,
+    "A100": 312,
+    "L40S": 362,
+    "RTX 5090": 209,
+    "RTX 4090": 165,
+    "RTX 3090": 71,
+}
+
+
 def require_cuda() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("make bench needs a CUDA GPU (none found): benchmarks time compiled kernels, "
                          "the interpreter only checks them")
 
 
-def peak_gbs() -> float | None:
+def _lookup(table: dict) -> float | None:
     name = torch.cuda.get_device_name()
-    for key, gbs in PEAK_GBS.items():  # most specific keys first
+    for key, value in table.items():  # most specific keys first
         if key in name:
-            return float(gbs)
+            return float(value)
     return None
+
+
+def peak_gbs() -> float | None:
+    """Datasheet memory bandwidth of this GPU, or None when the harness does not know it."""
+    return _lookup(PEAK_GBS)
+
+
+def peak_tflops_fp16() -> float | None:
+    """Datasheet dense fp16 tensor-core rate of this GPU, or None when the harness does not know it."""
+    return _lookup(PEAK_TFLOPS_FP16)
 
 
 def stamp() -> dict:
@@ -52,6 +77,7 @@ def stamp() -> dict:
         "cuda": torch.version.cuda,
         "date": datetime.date.today().isoformat(),
         "datasheet_peak_gbs": peak_gbs(),
+        "datasheet_peak_tflops_fp16": peak_tflops_fp16(),
     }
 
 
@@ -70,6 +96,20 @@ def read_ceiling_gbs(nbytes: int) -> float:
     t = time_us(lambda: x.sum())
     del x
     return nbytes / t / 1e3
+
+
+def copy_ceiling_gbs(nbytes: int) -> float:
+    """GB/s (bytes read + bytes written) of a device-to-device copy that reads nbytes: the ceiling for
+    elementwise kernels that read and write, measured in the same run."""
+    src = torch.ones(nbytes // 2, dtype=torch.float16, device="cuda")
+    dst = torch.empty_like(src)
+    t = time_us(lambda: dst.copy_(src))
+    del src, dst
+    return 2 * nbytes / t / 1e3
+
+
+def tflops(flops: float, us: float) -> float:
+    return flops / us / 1e6
 
 
 def gbs(nbytes: int, us: float) -> float:
