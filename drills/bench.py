@@ -157,8 +157,9 @@ def publish(lesson: Lesson, table: Table, notes: list[str], plot) -> None:
     block = "\n\n".join([header, table.markdown(), "\n".join(f"- {n}" for n in notes),
                          f"![benchmark plot]({png_path.name})"])
     text = lesson.explainer.read_text()
-    pattern = re.compile(r"(<!-- bench:start -->\n).*?(\n<!-- bench:end -->)", re.S)
+    pattern = re.compile(r"<!-- bench:start -->.*?<!-- bench:end -->", re.S)
     if not pattern.search(text):
         raise SystemExit(f"{lesson.explainer} has no <!-- bench:start --> ... <!-- bench:end --> block")
-    lesson.explainer.write_text(pattern.sub(lambda m: m.group(1) + block + m.group(2), text))
+    fresh = f"<!-- bench:start -->\n{block}\n<!-- bench:end -->"
+    lesson.explainer.write_text(pattern.sub(lambda m: fresh, text, count=1))
     print(f"wrote {json_path.name}, {png_path.name} and the table in {lesson.explainer.name}", flush=True)
