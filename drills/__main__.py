@@ -49,7 +49,7 @@ def cmd_notebooks(args) -> int:
     from nbclient import NotebookClient
 
     failed = 0
-    for lesson in LESSONS:
+    for lesson in [find(args.lesson)] if getattr(args, "lesson", None) else LESSONS:
         nb = nbformat.read(lesson.notebook, as_version=4)
         try:
             # Executed in a copy held in memory, from the repository root, so the committed file is unchanged.
@@ -110,7 +110,9 @@ def main(argv=None) -> int:
     p = sub.add_parser("contract", help="the stub contract only (one lesson or all)")
     p.add_argument("lesson", nargs="?")
     p.set_defaults(fn=cmd_contract)
-    sub.add_parser("notebooks", help="execute every notebook").set_defaults(fn=cmd_notebooks)
+    p = sub.add_parser("notebooks", help="execute every notebook (or one lesson's)")
+    p.add_argument("lesson", nargs="?")
+    p.set_defaults(fn=cmd_notebooks)
     p = sub.add_parser("bench", help="benchmarks (CUDA GPU only)")
     p.add_argument("lesson", nargs="?")
     p.add_argument("--impl", choices=("mine", "solutions"), default="solutions")
