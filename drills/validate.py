@@ -42,8 +42,12 @@ def last_dim_contiguous(**tensors: torch.Tensor) -> None:
             raise ValueError(f"{name} must be contiguous in its last dimension, got strides {tuple(t.stride())}")
 
 
-def paged_decode_inputs(q, k_cache, v_cache, block_tables, context_lens, scale=None, out=None):
+def paged_decode_inputs(q, k_cache, v_cache, block_tables, context_lens, scale=None, out=None, min_page=16,
+                        max_page=None):
     """Checks for a decode step over a paged KV cache (L2, F1). Returns (B, Hq, Hkv, D, PAGE).
+
+    min_page, max_page: the page sizes the kernel handles (L2 loads one page per tile, so at least 16
+    for tl.dot; F1 gathers token by token and takes any power of two from 1 to 128).
 
     q [B, Hq, D] fp16/bf16; k_cache, v_cache [num_blocks, PAGE, Hkv, D]; block_tables [B, max_pages]
     int32; context_lens [B] int32 in [1, max_pages * PAGE]; out None or [B, Hq, D] of q's dtype.
@@ -66,8 +70,9 @@ def paged_decode_inputs(q, k_cache, v_cache, block_tables, context_lens, scale=N
         raise ValueError(f"k_cache head dim {Dk} (k_cache.shape[3]) must equal q's head dim {D}")
     if not (is_pow2(D) and 16 <= D <= 256):
         raise ValueError(f"head dim D = {D} (q.shape[2]) must be a power of two from 16 to 256")
-    if not (is_pow2(PAGE) and PAGE >= 16):
-        raise ValueError(f"page size PAGE = {PAGE} (k_cache.shape[1]) must be a power of two >= 16")
+    if not (is_pow2(PAGE) and min_page <= PAGE <= (max_page or PAGE)):
+        allowed = f">= {min_page}" if max_page is None else f"from {min_page} to {max_page}"
+        raise ValueError(f"page size PAGE = {PAGE} (k_cache.shape[1]) must be a power of two {allowed}")
     if Hkv < 1 or Hq % Hkv != 0:
         raise ValueError(f"Hq = {Hq} (q.shape[1]) must be a multiple of Hkv = {Hkv} (k_cache.shape[2])")
     if out is not None and out.shape != q.shape:
