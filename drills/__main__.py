@@ -72,6 +72,59 @@ def cmd_check(args) -> int:
     return 0 if all(rc == 0 for rc in results.values()) else 1
 
 
+def cmd_mutants(args) -> int:
+    """Grade every declared mutant of each lesson's solution; each must fail. GPU-only mutants run only
+    on a GPU. Each runs in its own process: a mutant that corrupts memory may crash it."""
+    import subprocess
+    import tempfile
+
+    import drills.runtime
+    from drills.mutants import load_mutants
+
+    on_gpu = not drills.runtime.current().interpreter
+    survived = 0
+    for lesson in [find(args.lesson)] if args.lesson else LESSONS:
+        mutants = load_mutants(lesson.stem)
+        if not mutants:
+            continue
+        source = lesson.solution.read_text()
+        print(f"== {lesson.id}: {len(mutants)} mutants ==", flush=True)
+        for m in mutants:
+            if m.gpu_only and not on_gpu:
+                print(f"  {m.name:34} skipped on the CPU: only a GPU exposes it ({m.pitfall})")
+                continue
+            mutated = m.apply(source)
+            try:
+                compile(mutated, m.name, "exec")
+            except SyntaxError as exc:
+                print(f"  {m.name:34} BROKEN: the mutated solution does not parse ({exc})")
+                survived += 1
+                continue
+            with tempfile.TemporaryDirectory() as tmp:
+                path = f"{tmp}/{lesson.stem}.py"
+                with open(path, "w") as f:
+                    f.write(mutated)
+                proc = subprocess.run(
+                    [sys.executable, "-m", "pytest", str(lesson.tests), f"--impl-file={path}", "-x", "-q",
+                     "-p", "no:cacheprovider", "--no-header", "-rfE"],
+                    capture_output=True, text=True, cwd=ROOT)
+            failed = [line.split("::", 1)[1].split(" ")[0] for line in proc.stdout.splitlines()
+                      if line.startswith(("FAILED", "ERROR")) and "::" in line]
+            if proc.returncode == 0:
+                verdict, survived = "SURVIVED", survived + 1
+            elif failed:
+                verdict = f"killed by {failed[0]}"
+            elif proc.returncode == 10:
+                verdict, survived = "NOT GRADED: the grader took it for an untouched stub", survived + 1
+            elif proc.returncode < 0:
+                verdict = f"killed (the grader's process crashed, signal {-proc.returncode})"
+            else:
+                verdict = f"killed (pytest exit {proc.returncode})"
+            print(f"  {m.name:34} {verdict}   [{m.pitfall}]", flush=True)
+    print("mutants: " + ("every mutant killed" if not survived else f"{survived} not killed"))
+    return 1 if survived else 0
+
+
 def cmd_bench(args) -> int:
     from drills import bench
 
@@ -113,6 +166,9 @@ def main(argv=None) -> int:
     p = sub.add_parser("notebooks", help="execute every notebook (or one lesson's)")
     p.add_argument("lesson", nargs="?")
     p.set_defaults(fn=cmd_notebooks)
+    p = sub.add_parser("mutants", help="every lesson's mutants must fail its grader")
+    p.add_argument("lesson", nargs="?")
+    p.set_defaults(fn=cmd_mutants)
     p = sub.add_parser("bench", help="benchmarks (CUDA GPU only)")
     p.add_argument("lesson", nargs="?")
     p.add_argument("--impl", choices=("mine", "solutions"), default="solutions")

@@ -59,14 +59,11 @@ def not_started_message(module: ModuleType) -> str | None:
     return None
 
 
-def _load_from_file(path: Path, name: str) -> ModuleType:
+def load_from_file(path: Path, name: str) -> ModuleType:
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # triton.jit looks the module up while decorating
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.modules.pop(name, None)
+    spec.loader.exec_module(module)
     return module
 
 
@@ -88,7 +85,7 @@ def check(lesson: Lesson) -> list[str]:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / f"{lesson.stem}.py"
         path.write_text(pristine_stub_source(lesson))
-        stub = _load_from_file(path, f"drills.mine._pristine_{lesson.stem}")
+        stub = load_from_file(path, f"drills.mine._pristine_{lesson.stem}")
     want, have = public_api(solution), public_api(stub)
     for name in sorted(set(want) - set(have)):
         problems.append(f"stub lacks public name {name}")

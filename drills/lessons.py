@@ -51,6 +51,7 @@ class Lesson:
 
 LESSONS: tuple[Lesson, ...] = (
     Lesson("l2_paged_decode", "Paged decode attention with GQA", "L"),
+    Lesson("f1_split_kv_decode", "Split-KV decode with a planner", "F"),
 )
 
 

@@ -19,3 +19,14 @@ class Mutant:
         if count != 1:
             raise ValueError(f"mutant {self.name}: its text occurs {count} times in the solution, not once")
         return source.replace(self.old, self.new)
+
+
+def load_mutants(stem: str) -> list[Mutant]:
+    """The lesson's declared mutants, or [] when drills/mutants/<stem>.py does not exist."""
+    import importlib
+    import importlib.util
+
+    name = f"drills.mutants.{stem}"
+    if importlib.util.find_spec(name) is None:
+        return []
+    return list(importlib.import_module(name).MUTANTS)

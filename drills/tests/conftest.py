@@ -15,6 +15,21 @@ from drills.lessons import by_stem
 def pytest_addoption(parser):
     parser.addoption("--impl", choices=("mine", "solutions"), default="mine",
                      help="grade the learner's drills/mine (default) or the reference drills/solutions")
+    parser.addoption("--impl-file", default=None,
+                     help="grade this file instead (how `make mutants` grades a mutated copy of a solution)")
+
+
+LOADED = pytest.StashKey[dict]()
+
+
+def _load(config, stem: str):
+    path = config.getoption("--impl-file")
+    if not path:
+        return importlib.import_module(by_stem(stem).module(config.getoption("--impl")))
+    loaded = config.stash.setdefault(LOADED, {})  # load a file once per run, not once per test module
+    if stem not in loaded:
+        loaded[stem] = contract.load_from_file(Path(path), f"drills._graded_{stem}")
+    return loaded[stem]
 
 
 def pytest_report_header(config):
@@ -28,10 +43,9 @@ def _stem(path) -> str:
 def pytest_collection_modifyitems(session, config, items):
     """Stop before running anything when a lesson's stub has not been started: one line, not a wall of
     NotImplementedError tracebacks."""
-    impl = config.getoption("--impl")
     lines = []
     for stem in sorted({_stem(item.path) for item in items}):
-        module = importlib.import_module(by_stem(stem).module(impl))
+        module = _load(config, stem)
         message = contract.not_started_message(module)
         if message is not None:
             lines.append(message)
@@ -45,7 +59,7 @@ NOT_STARTED = pytest.StashKey[list]()
 
 def pytest_sessionfinish(session, exitstatus):
     if session.config.stash.get(NOT_STARTED, None):
-        session.exitstatus = 3  # non-zero: an untouched lesson does not pass
+        session.exitstatus = 10  # non-zero, and unlike pytest's own codes: an untouched lesson does not pass
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
@@ -56,7 +70,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 @pytest.fixture(scope="module")
 def impl(request):
     """The lesson module under test (drills.mine.<stem> or drills.solutions.<stem>)."""
-    return importlib.import_module(by_stem(_stem(request.path)).module(request.config.getoption("--impl")))
+    return _load(request.config, _stem(request.path))
 
 
 @pytest.fixture(scope="session")

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from drills.compare import assert_untouched
+
 GARBAGE_BLOCK_IDS = (2**31 - 1, -(2**31), -1, 1 << 24)
 
 
@@ -75,7 +77,7 @@ def make_paged_case(context_lens, Hq, Hkv, D, PAGE, dtype=torch.float16, device=
         q=q,
         k_cache=k_cache,
         v_cache=v_cache,
-        block_tables=tables.clamp(-(2**31), 2**31 - 1).to(torch.int32).to(device),
+        block_tables=tables.to(torch.int32).to(device),
         context_lens=torch.tensor(lens, dtype=torch.int32, device=device),
     )
 
@@ -107,3 +109,26 @@ def paged_attention_reference(q, k_cache, v_cache, block_tables, context_lens, s
         outs.append(torch.einsum("hn,nhd->hd", torch.softmax(s, dim=-1), v))
         lses.append(torch.logsumexp(s, dim=-1))
     return torch.stack(outs), torch.stack(lses)
+
+
+CANARY = 1234.5  # exactly representable in fp16 and bf16
+MARGIN = 16  # spare heads on each side of every sequence's rows: room for up to 16 padding rows
+
+
+def call_with_canary_out(fn, q):
+    """Call fn(out) with `out` [B, Hq, D] a strided view into a canary-filled buffer (spare heads around
+    every sequence's rows, a spare sequence before and after), so a stray store lands in the canary
+    instead of past an allocation; check that fn returned `out` and that nothing outside it changed."""
+    B, Hq, D = q.shape
+    buffer = torch.full((B + 2, Hq + 2 * MARGIN, D), CANARY, dtype=q.dtype, device=q.device)
+    out = buffer[1:B + 1, MARGIN:MARGIN + Hq]  # stride(0) = (Hq + 2 * MARGIN) * D
+    returned = fn(out)
+    if isinstance(returned, tuple):
+        returned = returned[0]
+    assert isinstance(returned, torch.Tensor) and returned.data_ptr() == out.data_ptr(), \
+        "the kernel must write into the `out` it is given and return it"
+    keep = torch.zeros(buffer.shape, dtype=torch.bool, device=buffer.device)
+    keep[1:B + 1, MARGIN:MARGIN + Hq] = True
+    assert_untouched(buffer, CANARY, keep, "the buffer around out (padding rows or wrong heads stored?)",
+                     ("b+1", "head+16", "d"))
+    return out

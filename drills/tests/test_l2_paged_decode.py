@@ -11,31 +11,14 @@ import math
 import pytest
 import torch
 
-from drills.compare import assert_close, assert_untouched, mismatch
-from drills.tests.paged_kv import gather_kv, make_paged_case, paged_attention_reference
+from drills.compare import assert_close, mismatch
+from drills.tests.paged_kv import call_with_canary_out, gather_kv, make_paged_case, paged_attention_reference
 
 DIMS = ("b", "head", "d")  # how a mismatch names its position: sequence, query head, feature
 
 
-CANARY = 1234.5  # exactly representable in fp16 and bf16
-MARGIN = 16  # spare heads on each side of every sequence's rows: room for up to 16 padding rows
-
-
 def run_into_canary(impl, case, scale=None):
-    """Call paged_decode with `out` a strided view into a canary-filled buffer (spare heads around
-    every sequence's rows, a spare sequence before and after), so a stray store lands in the canary
-    instead of past an allocation, and check that nothing outside `out` changed."""
-    B, Hq, D = case.q.shape
-    buffer = torch.full((B + 2, Hq + 2 * MARGIN, D), CANARY, dtype=case.q.dtype, device=case.q.device)
-    out = buffer[1:B + 1, MARGIN:MARGIN + Hq]  # [B, Hq, D], stride(0) = (Hq + 2 * MARGIN) * D
-    returned = impl.paged_decode(*case.args, scale=scale, out=out)
-    assert isinstance(returned, torch.Tensor) and returned.data_ptr() == out.data_ptr(), \
-        "paged_decode must write into the `out` it is given and return it"
-    keep = torch.zeros(buffer.shape, dtype=torch.bool, device=buffer.device)
-    keep[1:B + 1, MARGIN:MARGIN + Hq] = True
-    assert_untouched(buffer, CANARY, keep, "the buffer around out (padding rows or wrong heads stored?)",
-                     ("b+1", "head+16", "d"))
-    return out
+    return call_with_canary_out(lambda out: impl.paged_decode(*case.args, scale=scale, out=out), case.q)
 
 
 def check(impl, case, scale=None, **tol):

@@ -1,0 +1,331 @@
+"""F1 reference: split-KV (flash-decoding) paged decode with a planner.
+
+L2's grid (B, Hkv) starves the GPU at small batch: B = 1 gives 8 programs for 132 SMs. Here a
+sequence's tokens are cut into `num_splits` chunks, one program per (sequence, KV head, chunk); each
+writes a partial output and its log-sum-exp, and a second kernel merges them with the online-softmax
+rescale. `plan()` picks the split count on the host, before the step, as FlashInfer's plan() does.
+
+    bytes = 2 (K and V) * sum(context_lens) * Hkv * D * 2 (fp16), plus the partials:
+            B * Hq * num_splits * (D + 1) * 4 bytes written and read back (small beside the KV)
+
+Read top to bottom: the planner, the split kernel, the merge kernels, the launcher.
+Explainer: drills/content/f1_split_kv_decode.md.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from drills import validate
+
+LOG2E = 1.4426950408889634  # exp(x) = exp2(x * log2(e)): exp2 is the hardware instruction
+LN2 = 0.6931471805599453
+BLOCK_N = 16  # tokens per tile: the smallest tl.dot tile, as in L2 (a chunk is a multiple of it)
+H200_SMS = 132  # used for planning when no GPU is present (the interpreter)
+
+
+@dataclass(frozen=True)
+class DecodePlan:
+    num_splits: int  # chunks per sequence; 1 means no second pass
+    chunk: int  # tokens per chunk, a multiple of BLOCK_N; split s covers [s * chunk, (s + 1) * chunk)
+    max_len: int  # the longest context the plan covers
+
+
+def plan(context_lens, num_kv_heads, page_size, num_sms=None, num_splits=None) -> DecodePlan:
+    """Choose how many chunks each sequence's KV is cut into (host side, before the step).
+
+    context_lens  [B] ints (list or tensor); num_kv_heads Hkv; page_size PAGE
+    num_sms       SMs to fill, default the current GPU's (132, an H200's, without a GPU)
+    num_splits    force a split count (teaching and tests); otherwise split only when B * Hkv programs
+                  cannot fill the GPU, into the smallest chunks (>= 256 tokens) that do
+
+    Chunks are whole tiles of BLOCK_N tokens, so the plan's num_splits is the nearest count that gives
+    every split of the longest sequence at least one token (never more than asked for).
+    """
+    lens = context_lens.tolist() if isinstance(context_lens, torch.Tensor) else [int(n) for n in context_lens]
+    if not lens or min(lens) < 1:
+        raise ValueError("context_lens must be a non-empty list of lengths >= 1")
+    if not isinstance(num_kv_heads, int) or num_kv_heads < 1:
+        raise ValueError(f"num_kv_heads must be a positive int, got {num_kv_heads!r}")
+    if not (isinstance(page_size, int) and validate.is_pow2(page_size) and page_size <= 128):
+        raise ValueError(f"page_size must be a power of two from 1 to 128, got {page_size!r}")
+    max_len = max(lens)
+    max_tiles = triton.cdiv(max_len, BLOCK_N)
+    if num_splits is None:
+        if num_sms is None:
+            num_sms = torch.cuda.get_device_properties().multi_processor_count if torch.cuda.is_available() else H200_SMS
+        programs = len(lens) * num_kv_heads
+        # About four resident programs per SM hide the latency of the page-table loads.
+        wanted = triton.cdiv(4 * num_sms, programs)
+        num_splits = max(1, min(wanted, triton.cdiv(max_len, 256)))
+    elif not isinstance(num_splits, int) or num_splits < 1:
+        raise ValueError(f"num_splits must be a positive int, got {num_splits!r}")
+    num_splits = min(num_splits, max_tiles)  # more splits than tiles would leave the longest with empty splits
+    chunk = triton.cdiv(max_tiles, num_splits) * BLOCK_N
+    return DecodePlan(num_splits=triton.cdiv(max_len, chunk), chunk=chunk, max_len=max_len)
+
+
+_make_plan = plan  # split_kv_decode's `plan` argument shadows the function's name
+
+
+@triton.jit
+def split_kv_kernel(
+    q_ptr,  # [B, Hq, D]
+    k_cache_ptr,  # [num_blocks, PAGE, Hkv, D]
+    v_cache_ptr,  # [num_blocks, PAGE, Hkv, D]
+    block_tables_ptr,  # [B, max_pages] int32
+    context_lens_ptr,  # [B] int32
+    o_ptr,  # final out [B, Hq, D] when SPLITS == 1, else partials [B, Hq, SPLITS, D] fp32
+    lse_ptr,  # [B, Hq] or [B, Hq, SPLITS] fp32, natural log
+    qk_scale,  # softmax scale * log2(e)
+    chunk,  # tokens per split
+    stride_qb, stride_qh,
+    stride_kb, stride_kt, stride_kh,
+    stride_vb, stride_vt, stride_vh,
+    stride_ob, stride_oh, stride_os,
+    stride_lb, stride_lh,
+    stride_bt,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    PAGE: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    WRITE_LSE: tl.constexpr,
+):
+    # Section 3.1 "The grid": one program per (sequence, KV head, split).
+    b = tl.program_id(0).to(tl.int64)
+    kvh = tl.program_id(1).to(tl.int64)
+    split = tl.program_id(2)
+    ctx = tl.load(context_lens_ptr + b)
+    start = split * chunk
+    end = tl.minimum(start + chunk, ctx)  # end <= start for an empty split: the loop does not run
+
+    offs_g = tl.arange(0, GROUP_PAD)
+    g_mask = offs_g < GROUP
+    q_heads = kvh * GROUP + offs_g  # [GROUP_PAD]: contiguous grouping, as in L2
+    offs_d = tl.arange(0, D)
+    offs_n = tl.arange(0, BLOCK_N)
+    q = tl.load(q_ptr + b * stride_qb + q_heads[:, None] * stride_qh + offs_d[None, :],
+                mask=g_mask[:, None], other=0.0)  # [GROUP_PAD, D]
+
+    m_i = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)  # running max, base-2 units
+    l_i = tl.zeros([GROUP_PAD], dtype=tl.float32)
+    acc = tl.zeros([GROUP_PAD, D], dtype=tl.float32)
+    bt_row = block_tables_ptr + b * stride_bt
+    for t0 in range(start, end, BLOCK_N):
+        tok = t0 + offs_n  # [BLOCK_N]
+        t_mask = tok < end
+        # Section 3.2 "Gathering tokens": each token finds its page; a page smaller than the tile
+        # (PAGE < BLOCK_N) spreads one tile over several pages. Widened: block id * stride > 2**31.
+        if PAGE >= BLOCK_N:
+            phys = tl.load(bt_row + t0 // PAGE).to(tl.int64)  # chunks are tile-aligned: one page per tile
+            row = phys * stride_kb + (tok % PAGE) * stride_kt  # [BLOCK_N]
+            vrow = phys * stride_vb + (tok % PAGE) * stride_vt
+        else:
+            phys = tl.load(bt_row + tok // PAGE, mask=t_mask, other=0).to(tl.int64)  # [BLOCK_N]
+            row = phys * stride_kb + (tok % PAGE) * stride_kt
+            vrow = phys * stride_vb + (tok % PAGE) * stride_vt
+        k = tl.load(k_cache_ptr + row[:, None] + kvh * stride_kh + offs_d[None, :],
+                    mask=t_mask[:, None], other=0.0)  # [BLOCK_N, D]
+        v = tl.load(v_cache_ptr + vrow[:, None] + kvh * stride_vh + offs_d[None, :],
+                    mask=t_mask[:, None], other=0.0)  # [BLOCK_N, D]
+        s = tl.dot(q, tl.trans(k)) * qk_scale  # [GROUP_PAD, BLOCK_N], base-2 logits
+        s = tl.where(t_mask[None, :], s, float("-inf"))
+        # Section 3.3 "Online softmax per split": the first tile of a non-empty split holds a real
+        # token, so m_new is finite from there on.
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+
+    # Section 3.4 "Empty splits": l_i == 0 means this split saw no token; write o = 0 and lse = -inf so
+    # that the merge gives it weight exp(-inf) = 0, never 0/0.
+    seen = l_i > 0
+    o = tl.where(seen[:, None], acc / tl.where(seen, l_i, 1.0)[:, None], 0.0)
+    lse = tl.where(seen, (m_i + tl.log2(tl.where(seen, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
+    o_rows = o_ptr + b * stride_ob + q_heads[:, None] * stride_oh + split * stride_os + offs_d[None, :]
+    tl.store(o_rows, o.to(o_ptr.dtype.element_ty), mask=g_mask[:, None])
+    if WRITE_LSE:
+        tl.store(lse_ptr + b * stride_lb + q_heads * stride_lh + split, lse, mask=g_mask)
+
+
+@triton.jit
+def merge_splits_kernel(
+    o_part_ptr,  # [B, Hq, SPLITS, D] fp32
+    lse_part_ptr,  # [B, Hq, SPLITS] fp32
+    out_ptr,  # [B, Hq, D]
+    lse_ptr,  # [B, Hq] fp32 (written when WRITE_LSE)
+    num_splits,
+    stride_pb, stride_ph, stride_ps,
+    stride_lb, stride_lh,
+    stride_ob, stride_oh,
+    stride_fb, stride_fh,
+    D: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    WRITE_LSE: tl.constexpr,
+):
+    # Section 3.5 "Merging the splits": the same rescale as online softmax, over split states.
+    b = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
+    offs_d = tl.arange(0, D)
+    offs_s = tl.arange(0, BLOCK_S)
+    m = tl.full([1], float("-inf"), dtype=tl.float32)
+    w_sum = tl.zeros([1], dtype=tl.float32)
+    acc = tl.zeros([D], dtype=tl.float32)
+    for s0 in range(0, num_splits, BLOCK_S):
+        s_mask = s0 + offs_s < num_splits
+        lse = tl.load(lse_part_ptr + b * stride_lb + h * stride_lh + s0 + offs_s, mask=s_mask,
+                      other=float("-inf"))  # [BLOCK_S]
+        o = tl.load(o_part_ptr + b * stride_pb + h * stride_ph + (s0 + offs_s)[:, None] * stride_ps
+                    + offs_d[None, :], mask=s_mask[:, None], other=0.0)  # [BLOCK_S, D]
+        m_new = tl.maximum(m, tl.max(lse, axis=0))  # split 0 is never empty, so m_new is finite
+        alpha = tl.exp(m - m_new)
+        w = tl.exp(lse - m_new)  # [BLOCK_S]; empty splits have lse = -inf, weight 0
+        w_sum = w_sum * alpha + tl.sum(w, axis=0)
+        acc = acc * alpha + tl.sum(w[:, None] * o, axis=0)
+        m = m_new
+    tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_d, (acc / w_sum).to(out_ptr.dtype.element_ty))
+    if WRITE_LSE:
+        tl.store(lse_ptr + b * stride_fb + h * stride_fh + tl.arange(0, 1), m + tl.log(w_sum))
+
+
+@triton.jit
+def merge_states_kernel(
+    o_a_ptr, lse_a_ptr, o_b_ptr, lse_b_ptr, o_ptr, lse_ptr,  # o [R, D], lse [R], all contiguous
+    R,
+    D: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+):
+    # Section 3.5: two states (o, lse) over disjoint key sets -> the state over their union.
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    r_mask = rows < R
+    rows64 = rows.to(tl.int64)
+    offs_d = tl.arange(0, D)
+    lse_a = tl.load(lse_a_ptr + rows64, mask=r_mask, other=float("-inf"))
+    lse_b = tl.load(lse_b_ptr + rows64, mask=r_mask, other=float("-inf"))
+    ptrs = rows64[:, None] * D + offs_d[None, :]
+    o_a = tl.load(o_a_ptr + ptrs, mask=r_mask[:, None], other=0.0).to(tl.float32)
+    o_b = tl.load(o_b_ptr + ptrs, mask=r_mask[:, None], other=0.0).to(tl.float32)
+    m = tl.maximum(lse_a, lse_b)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)  # both empty: keep exp() away from -inf - -inf
+    w_a = tl.exp(lse_a - m_safe)
+    w_b = tl.exp(lse_b - m_safe)
+    w = w_a + w_b
+    o = (w_a[:, None] * o_a + w_b[:, None] * o_b) / tl.where(w > 0, w, 1.0)[:, None]
+    tl.store(o_ptr + ptrs, o.to(o_ptr.dtype.element_ty), mask=r_mask[:, None])
+    tl.store(lse_ptr + rows64, tl.where(w > 0, m_safe + tl.log(w), float("-inf")), mask=r_mask)
+
+
+def merge_states(o_a, lse_a, o_b, lse_b):
+    """Merge two attention states over disjoint key sets into the state over their union.
+
+    o_a, o_b      [..., D] normalised partial outputs (same shape and dtype)
+    lse_a, lse_b  [...] float32 log-sum-exp of each part's scaled scores, natural log; -inf = empty
+    Returns (o [..., D] in o_a's dtype, lse [...] float32).
+    """
+    for name, t in (("o_a", o_a), ("lse_a", lse_a), ("o_b", o_b), ("lse_b", lse_b)):
+        validate.tensor(name, t)
+    validate.tensor("o_a", o_a, dtypes=(torch.float16, torch.bfloat16, torch.float32))
+    validate.tensor("o_b", o_b, dtypes=(o_a.dtype,))
+    validate.tensor("lse_a", lse_a, dtypes=(torch.float32,))
+    validate.tensor("lse_b", lse_b, dtypes=(torch.float32,))
+    validate.same_device(o_a=o_a, lse_a=lse_a, o_b=o_b, lse_b=lse_b)
+    if o_a.dim() < 1 or o_b.shape != o_a.shape:
+        raise ValueError(f"o_b shape {tuple(o_b.shape)} must equal o_a shape {tuple(o_a.shape)}")
+    for name, t in (("lse_a", lse_a), ("lse_b", lse_b)):
+        if t.shape != o_a.shape[:-1]:
+            raise ValueError(f"{name} must have shape {tuple(o_a.shape[:-1])} (o_a without its last dim), got {tuple(t.shape)}")
+    D = o_a.shape[-1]
+    if not (validate.is_pow2(D) and D <= 256):
+        raise ValueError(f"head dim D = {D} (o_a.shape[-1]) must be a power of two up to 256")
+    o_a, o_b = o_a.contiguous(), o_b.contiguous()
+    lse_a, lse_b = lse_a.contiguous(), lse_b.contiguous()
+    o = torch.empty_like(o_a)
+    lse = torch.empty_like(lse_a)
+    R = lse_a.numel()
+    BLOCK_R = 16
+    merge_states_kernel[(triton.cdiv(R, BLOCK_R),)](o_a, lse_a, o_b, lse_b, o, lse, R, D=D, BLOCK_R=BLOCK_R)
+    return o, lse
+
+
+def _launch(q, k_cache, v_cache, block_tables, context_lens, scale, decode_plan, out, lse,
+            block_n=BLOCK_N, num_warps=2, num_stages=5):
+    """Launch without checks (the benchmark times this). lse is None or [B, Hq] fp32.
+    decode_plan.chunk must be a multiple of block_n."""
+    B, Hq, D = q.shape
+    _, PAGE, Hkv, _ = k_cache.shape
+    group = Hq // Hkv
+    splits = decode_plan.num_splits
+    common = dict(GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), PAGE=PAGE, D=D,
+                  BLOCK_N=block_n, num_warps=num_warps, num_stages=num_stages)
+    kv_args = (k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+               v_cache.stride(0), v_cache.stride(1), v_cache.stride(2))
+    if splits == 1:  # nothing to merge: write the final output directly
+        lse_arg = lse if lse is not None else out  # unused pointer when WRITE_LSE is False
+        split_kv_kernel[(B, Hkv, 1)](
+            q, k_cache, v_cache, block_tables, context_lens, out, lse_arg,
+            scale * LOG2E, decode_plan.chunk,
+            q.stride(0), q.stride(1), *kv_args,
+            out.stride(0), out.stride(1), 0,
+            lse.stride(0) if lse is not None else 0, lse.stride(1) if lse is not None else 0,
+            block_tables.stride(0),
+            WRITE_LSE=lse is not None, **common)
+        return out
+    o_part = torch.empty(B, Hq, splits, D, dtype=torch.float32, device=q.device)  # [B, Hq, S, D]
+    lse_part = torch.empty(B, Hq, splits, dtype=torch.float32, device=q.device)  # [B, Hq, S]
+    split_kv_kernel[(B, Hkv, splits)](
+        q, k_cache, v_cache, block_tables, context_lens, o_part, lse_part,
+        scale * LOG2E, decode_plan.chunk,
+        q.stride(0), q.stride(1), *kv_args,
+        o_part.stride(0), o_part.stride(1), o_part.stride(2),
+        lse_part.stride(0), lse_part.stride(1),
+        block_tables.stride(0),
+        WRITE_LSE=True, **common)
+    lse_arg = lse if lse is not None else lse_part
+    merge_splits_kernel[(B, Hq)](
+        o_part, lse_part, out, lse_arg, splits,
+        o_part.stride(0), o_part.stride(1), o_part.stride(2),
+        lse_part.stride(0), lse_part.stride(1),
+        out.stride(0), out.stride(1),
+        lse.stride(0) if lse is not None else 0, lse.stride(1) if lse is not None else 0,
+        D=D, BLOCK_S=16, WRITE_LSE=lse is not None, num_warps=4)
+    return out
+
+
+def split_kv_decode(q, k_cache, v_cache, block_tables, context_lens, scale=None, plan=None, out=None,
+                    return_lse=False):
+    """Paged decode attention with split-KV: L2's inputs and result, fast at any batch size.
+
+    q             [B, Hq, D], float16 or bfloat16
+    k_cache       [num_blocks, PAGE, Hkv, D], q's dtype, PAGE a power of two from 1 to 128; v_cache likewise
+    block_tables  [B, max_pages] int32; entries past a sequence's last page are never read
+    context_lens  [B] int32, 1 <= context_lens[b] <= max_pages * PAGE
+    scale         softmax scale, default 1 / sqrt(D)
+    plan          a DecodePlan from plan(); made here from context_lens when None
+    out           optional [B, Hq, D] of q's dtype (a strided view is fine), written in place
+    return_lse    also return lse [B, Hq] float32, the natural-log log-sum-exp of each head's scaled scores
+
+    Returns out, or (out, lse).
+    """
+    B, Hq, Hkv, D, PAGE = validate.paged_decode_inputs(
+        q, k_cache, v_cache, block_tables, context_lens, scale, out, min_page=1, max_page=128)
+    if plan is None:
+        plan = _make_plan(context_lens, Hkv, PAGE)
+    elif not isinstance(plan, DecodePlan):
+        raise TypeError(f"plan must be a DecodePlan from plan(), got {type(plan).__name__}")
+    elif plan.max_len < int(context_lens.max()):
+        raise ValueError(f"plan covers contexts up to {plan.max_len} tokens, but context_lens holds "
+                         f"{int(context_lens.max())}: make a new plan for this batch")
+    if scale is None:
+        scale = 1.0 / math.sqrt(D)
+    if out is None:
+        out = torch.empty_like(q)
+    lse = torch.empty(B, Hq, dtype=torch.float32, device=q.device) if return_lse else None
+    _launch(q, k_cache, v_cache, block_tables, context_lens, float(scale), plan, out, lse)
+    return (out, lse) if return_lse else out
