@@ -16,7 +16,7 @@ ENV := env-check
 endif
 
 .DEFAULT_GOAL := help
-.PHONY: help list test check bench contract notebooks env-check clean-venv
+.PHONY: help list test check bench contract notebooks mutants env-check clean-venv
 
 help: ## every target, one line each
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | awk -F'\t' '{printf "  make %-11s %s\n", $$1, $$2}'
@@ -29,7 +29,7 @@ test: $(ENV) ## grade one lesson: make test L=l2 (your drills/mine); IMPL=soluti
 	@test -n "$(L)" || { echo "say which lesson: make test L=l2 (make list shows them)"; exit 2; }
 	@$(PYTHON) -m drills test $(L) --impl $(IMPL)
 
-check: $(ENV) ## what CI runs: every lesson's tests on the solutions, the stub contract, every notebook
+check: $(ENV) ## what CI runs: tests on the solutions, stub contract, notebooks, mutants (GPU-only ones on a GPU)
 	@$(PYTHON) -m drills check
 
 contract: $(ENV) ## the stub contract alone: same names and signatures, untouched stubs say "not started"
@@ -37,6 +37,9 @@ contract: $(ENV) ## the stub contract alone: same names and signatures, untouche
 
 notebooks: $(ENV) ## execute every notebook top to bottom
 	@$(PYTHON) -m drills notebooks
+
+mutants: $(ENV) ## every lesson's mutants (classic mistakes) must fail its grader: make mutants L=l2 for one
+	@$(PYTHON) -m drills mutants $(L)
 
 bench: $(ENV) ## CUDA GPU only: time solutions and peers, rewrite the explainer's table, plot and JSON (L= for one)
 	@$(PYTHON) -m drills bench $(L) --impl $(if $(filter command line environment,$(origin IMPL)),$(IMPL),solutions)

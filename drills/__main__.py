@@ -62,11 +62,14 @@ def cmd_notebooks(args) -> int:
 
 
 def cmd_check(args) -> int:
-    """What CI runs: every lesson's tests on the solutions, the stub contract, every notebook."""
+    """What CI runs: every lesson's tests on the solutions, the stub contract, every notebook, and
+    every mutant this machine can expose."""
+    args.lesson = None
     results = {
         "tests (solutions)": run_pytest([str(lesson.tests) for lesson in LESSONS], "solutions", ["-q"]),
         "stub contract": cmd_contract(args),
         "notebooks": cmd_notebooks(args),
+        "mutants": cmd_mutants(args),
     }
     print("make check: " + ", ".join(f"{k} {'ok' if rc == 0 else 'FAILED'}" for k, rc in results.items()))
     return 0 if all(rc == 0 for rc in results.values()) else 1

@@ -70,9 +70,9 @@ def test_empty_splits_do_not_divide_zero_by_zero(impl, runtime):
 
 
 def test_many_splits_merge_with_rescale(impl, runtime):
-    """Scores rise along the sequence and there are more splits than the merge reads at once, so the
-    merge's running max changes between groups of splits: its running sum must be rescaled."""
-    n, D = 16 * 40, 64
+    """Scores rise along the sequence and there are more splits (80) than the merge reads at once (64),
+    so the merge's running max changes between groups of splits: its running sum must be rescaled."""
+    n, D = 16 * 80, 64
     case = make_paged_case([n, 100], 4, 1, D, 16, device=runtime.device, seed=16, poison=False)
     t = torch.arange(n, device=runtime.device)
     blocks, slots = case.block_tables[0].long()[t // 16], t % 16
@@ -80,7 +80,7 @@ def test_many_splits_merge_with_rescale(impl, runtime):
     ramp = torch.linspace(0.0, 15.0, n, device=runtime.device)[:, None]  # head 0's score for token t
     k = 0.3 * case.k_cache[blocks, slots, 0].float() + ramp * math.sqrt(D) * q0 / q0.dot(q0)
     case.k_cache[blocks, slots, 0] = k.to(case.q.dtype)  # [n, D]
-    check(impl, case, plan=fixed_plan(impl, 16, n))  # 40 splits of one tile each
+    check(impl, case, plan=fixed_plan(impl, 16, n))  # 80 splits of one tile each
 
 
 def test_lse_is_natural_log(impl, runtime):

@@ -1,0 +1,121 @@
+"""F1 benchmark: split-KV decode against L2, fixed split counts, FlashInfer and SDPA, one run.
+
+The six shapes of ../shared/ANCHORS.md section 1 (PAGE = 16) and PAGE = 1 at B = 64, ctx = 1024.
+GB/s counts K and V read once; every ratio is to a reduction over the same bytes timed in this run.
+Kernel times are CUDA-graph replays (GPU time, no Python launch overhead) for every implementation.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from drills import bench
+from drills.benchmarks.l2_paged_decode import D, HKV, HQ, flashinfer_decode, make_inputs
+from drills.compare import assert_close
+
+SHAPES = [(64, 1024, 16), (1, 32768, 16), (8, 4096, 16), (128, 2048, 16), (256, 512, 16), (1, 4096, 16),
+          (64, 1024, 1)]  # (B, ctx, PAGE)
+FIXED = (1, 4, 16, 64)
+
+COLUMNS = [
+    ("B", "B"), ("ctx", "ctx"), ("page", "PAGE"), ("kv_mb", "KV MB"), ("ceiling_gbs", "read ceiling GB/s"),
+    ("plan", "plan() splits"), ("f1_us", "F1 us"), ("f1_gbs", "F1 GB/s"), ("f1_ceiling", "F1 / ceiling"),
+    ("f1_vs_flashinfer", "F1 / FlashInfer"), ("f1_peak", "F1 / datasheet"),
+    *[(f"fixed{s}", f"{s} split{'s' if s > 1 else ''} / ceiling") for s in FIXED],
+    ("plan_vs_best", "plan / best fixed"),
+    ("l2_ceiling", "L2 / ceiling"), ("flashinfer_ceiling", "FlashInfer / ceiling"),
+    ("sdpa_ceiling", "SDPA contiguous / ceiling"), ("eager_us", "F1 eager us"),
+]
+
+
+def run(impl) -> tuple[bench.Table, list[str]]:
+    from drills.solutions import l2_paged_decode as l2
+
+    table = bench.Table(COLUMNS)
+    peak = bench.peak_gbs()
+    flashinfer_note = None
+    for B, ctx, page in SHAPES:
+        q, k_cache, v_cache, block_tables, context_lens = args = make_inputs(B, ctx, page)
+        nbytes = 2 * B * ctx * HKV * D * q.element_size()
+        scale = 1.0 / math.sqrt(D)
+        out = torch.empty_like(q)
+        k_contig = k_cache[block_tables.long()].reshape(B, -1, HKV, D)[:, :ctx].transpose(1, 2).contiguous()
+        v_contig = v_cache[block_tables.long()].reshape(B, -1, HKV, D)[:, :ctx].transpose(1, 2).contiguous()
+
+        def sdpa():
+            return F.scaled_dot_product_attention(q[:, :, None], k_contig, v_contig, enable_gqa=True)[:, :, 0]
+
+        expected = sdpa().float()
+        ceiling = bench.read_ceiling_gbs(nbytes)
+        ratio = lambda us: bench.gbs(nbytes, us) / ceiling  # noqa: E731
+        plan = impl.plan(context_lens, HKV, page)
+        assert_close(impl.split_kv_decode(*args, plan=plan), expected)
+        row = dict(B=B, ctx=ctx, page=page, kv_mb=round(nbytes / 1e6), ceiling_gbs=ceiling, plan=plan.num_splits)
+        row["f1_us"] = bench.time_us(lambda: impl._launch(*args, scale, plan, out, None), graph=True)
+        row["f1_gbs"] = bench.gbs(nbytes, row["f1_us"])
+        row["f1_ceiling"] = row["f1_gbs"] / ceiling
+        row["f1_peak"] = row["f1_gbs"] / peak if peak else None
+        row["eager_us"] = bench.time_us(lambda: impl.split_kv_decode(*args, plan=plan, out=out))
+        for splits in FIXED:
+            fixed = impl.plan(context_lens, HKV, page, num_splits=splits)
+            assert_close(impl.split_kv_decode(*args, plan=fixed), expected)
+            row[f"fixed{splits}"] = ratio(bench.time_us(lambda: impl._launch(*args, scale, fixed, out, None), graph=True))
+        row["plan_vs_best"] = row["f1_ceiling"] / max(row[f"fixed{s}"] for s in FIXED)
+        if page >= 16:
+            row["l2_ceiling"] = ratio(bench.time_us(lambda: l2._launch(*args, scale, out), graph=True))
+        try:
+            fi = flashinfer_decode(*args)
+        except Exception as exc:  # FlashInfer compiles on first use; a failed build is a note
+            fi, flashinfer_note = None, f"FlashInfer failed to build or run here: {type(exc).__name__}"
+        if fi is not None:
+            assert_close(fi(), expected)
+            row["flashinfer_ceiling"] = ratio(bench.time_us(fi, graph=True))
+            row["f1_vs_flashinfer"] = row["f1_ceiling"] / row["flashinfer_ceiling"]
+        elif flashinfer_note is None:
+            flashinfer_note = "FlashInfer is not importable here, so its columns are n/a."
+        row["sdpa_ceiling"] = ratio(bench.time_us(sdpa, graph=True))
+        table.add(row)
+        del args, q, k_cache, v_cache, k_contig, v_contig, out
+        torch.cuda.empty_cache()
+
+    notes = [
+        f"Hq = {HQ}, Hkv = {HKV}, D = {D}, fp16, pages shuffled; GB/s counts K and V read once; the read "
+        "ceiling is `x.sum()` over an fp16 buffer of the KV's size, in the same run.",
+        "Kernel times are CUDA-graph replays for every implementation (GPU time, no Python launch overhead); "
+        "F1 eager us is one plain Python call of split_kv_decode, checks and launches included.",
+        "Fixed split counts are plan(num_splits=s): chunks are whole 16-token tiles, so a count the "
+        "context cannot use is rounded down. L2 has no PAGE = 1 path (its tile is one page).",
+    ]
+    if flashinfer_note:
+        notes.append(flashinfer_note)
+    else:
+        import flashinfer
+
+        notes.append(f"FlashInfer {flashinfer.__version__}: BatchDecodeWithPagedKVCacheWrapper, "
+                     "use_tensor_cores=True, plan() outside the timed call.")
+    return table, notes
+
+
+def plot(rows, meta, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series = [("f1_ceiling", "F1 with plan()"), ("l2_ceiling", "L2 (no split)"),
+              ("flashinfer_ceiling", "FlashInfer"), ("sdpa_ceiling", "SDPA, contiguous KV")]
+    labels = [f"B={r['B']}\nctx={r['ctx']}" + ("" if r["page"] == 16 else f"\nPAGE={r['page']}") for r in rows]
+    fig, ax = plt.subplots(figsize=(10, 4))
+    width = 0.8 / len(series)
+    for i, (key, name) in enumerate(series):
+        ax.bar([x + i * width for x in range(len(rows))], [r.get(key) or 0.0 for r in rows], width, label=name)
+    ax.axhline(1.0, color="gray", lw=0.8, ls="--")
+    ax.set_xticks([x + 1.5 * width for x in range(len(rows))], labels)
+    ax.set_ylabel("fraction of the read ceiling")
+    ax.set_title(f"Split-KV decode, {meta['gpu']}, {meta['date']}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,233 @@
+"""F1, your file: split-KV (flash-decoding) paged decode with a planner.
+
+Fill in plan(), then split_kv_kernel, merge_splits_kernel and merge_states_kernel; the launchers are
+complete. Read drills/content/f1_split_kv_decode.md first: every TODO names the section that teaches it.
+Grade with `make test L=f1`. Start by deleting the `raise NotImplementedError` lines.
+
+    bytes = 2 (K and V) * sum(context_lens) * Hkv * D * 2 (fp16), plus B * Hq * num_splits * (D + 1) * 4
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from drills import validate
+
+LOG2E = 1.4426950408889634  # exp(x) = exp2(x * log2(e)): exp2 is the hardware instruction
+LN2 = 0.6931471805599453
+BLOCK_N = 16  # tokens per tile: the smallest tl.dot tile, as in L2 (a chunk is a multiple of it)
+MIN_CHUNK = 64  # tokens: the smallest chunk the planner makes
+H200_SMS = 132  # used for planning when no GPU is present (the interpreter)
+
+
+@dataclass(frozen=True)
+class DecodePlan:
+    num_splits: int  # chunks per sequence; 1 means no second pass
+    chunk: int  # tokens per chunk, a multiple of BLOCK_N; split s covers [s * chunk, (s + 1) * chunk)
+    max_len: int  # the longest context the plan covers
+
+
+def plan(context_lens, num_kv_heads, page_size, num_sms=None, num_splits=None) -> DecodePlan:
+    """Choose how many chunks each sequence's KV is cut into (host side, before the step).
+
+    context_lens  [B] ints (list or tensor); num_kv_heads Hkv; page_size PAGE
+    num_sms       SMs to fill, default the current GPU's (132, an H200's, without a GPU)
+    num_splits    force a split count (teaching and tests); otherwise split only when B * Hkv programs
+                  cannot fill the GPU (about 4 programs per SM), in chunks of at least 64 tokens
+
+    Chunks are whole tiles of BLOCK_N tokens, so the plan's num_splits is the nearest count that gives
+    every split of the longest sequence at least one token (never more than asked for).
+    """
+    raise NotImplementedError("f1 is not started: fill in plan() and the kernels in drills/mine/f1_split_kv_decode.py, then delete this line (read drills/content/f1_split_kv_decode.md)")
+    # TODO(section 4 "Planning"): lengths from context_lens; validate num_kv_heads, page_size, num_splits
+    # (ValueError naming each); when num_splits is None, split only when B * Hkv programs cannot fill
+    # num_sms SMs (about 4 programs per SM), with chunks of at least MIN_CHUNK tokens; clamp to the number of
+    # BLOCK_N tiles of the longest sequence; chunk = whole tiles; return DecodePlan(num_splits, chunk, max_len).
+
+
+_make_plan = plan  # split_kv_decode's `plan` argument shadows the function's name
+
+
+@triton.jit
+def split_kv_kernel(
+    q_ptr,  # [B, Hq, D]
+    k_cache_ptr,  # [num_blocks, PAGE, Hkv, D]
+    v_cache_ptr,  # [num_blocks, PAGE, Hkv, D]
+    block_tables_ptr,  # [B, max_pages] int32
+    context_lens_ptr,  # [B] int32
+    o_ptr,  # final out [B, Hq, D] when SPLITS == 1, else partials [B, Hq, SPLITS, D] fp32
+    lse_ptr,  # [B, Hq] or [B, Hq, SPLITS] fp32, natural log
+    qk_scale,  # softmax scale * log2(e)
+    chunk,  # tokens per split
+    stride_qb, stride_qh,
+    stride_kb, stride_kt, stride_kh,
+    stride_vb, stride_vt, stride_vh,
+    stride_ob, stride_oh, stride_os,
+    stride_lb, stride_lh,
+    stride_bt,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    PAGE: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    WRITE_LSE: tl.constexpr,
+):
+    # TODO(section 3.1 "The grid"): b, kvh (int64) and split from the program ids; this split's token range
+    # [start, end) = [split * chunk, min((split + 1) * chunk, ctx)), empty when start >= ctx.
+    # TODO(section 3.1): load q as [GROUP_PAD, D] with padding rows masked to 0 (as in L2); m_i, l_i, acc.
+    # TODO(section 3.2 "Gathering tokens"): loop over the range in tiles of BLOCK_N tokens; each token's
+    # physical block is block_tables[b, tok // PAGE] (one load per tile when PAGE >= BLOCK_N), slot tok % PAGE.
+    # TODO(section 3.3 "Online softmax per split"): scores in base 2 (qk_scale already holds log2(e)),
+    # masked to -inf past `end`, then the exp2 update of m_i, l_i, acc.
+    # TODO(section 3.4 "Empty splits"): o = acc / l_i and lse = (m_i + log2(l_i)) * ln(2) (natural log!),
+    # but o = 0 and lse = -inf when l_i == 0. Store the GROUP real rows at split; lse only if WRITE_LSE.
+    pass
+
+
+@triton.jit
+def merge_splits_kernel(
+    o_part_ptr,  # [B, Hq, SPLITS, D] fp32
+    lse_part_ptr,  # [B, Hq, SPLITS] fp32
+    out_ptr,  # [B, Hq, D]
+    lse_ptr,  # [B, Hq] fp32 (written when WRITE_LSE)
+    num_splits,
+    stride_pb, stride_ph, stride_ps,
+    stride_lb, stride_lh,
+    stride_ob, stride_oh,
+    stride_fb, stride_fh,
+    D: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    WRITE_LSE: tl.constexpr,
+):
+    # TODO(section 3.5 "Merging the splits"): for (b, h), walk the splits BLOCK_S at a time: running max
+    # m of the lse values, weights exp(lse - m), rescale the running sum and output when m grows; store
+    # acc / w_sum, and m + log(w_sum) when WRITE_LSE.
+    pass
+
+
+@triton.jit
+def merge_states_kernel(
+    o_a_ptr, lse_a_ptr, o_b_ptr, lse_b_ptr, o_ptr, lse_ptr,  # o [R, D], lse [R], all contiguous
+    R,
+    D: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+):
+    # TODO(section 3.5): for BLOCK_R rows, m = max(lse_a, lse_b) (0 when both are -inf), w = exp(lse - m),
+    # o = (w_a * o_a + w_b * o_b) / (w_a + w_b), lse = m + log(w_a + w_b); both empty -> o = 0, lse = -inf.
+    pass
+
+
+def merge_states(o_a, lse_a, o_b, lse_b):
+    """Merge two attention states over disjoint key sets into the state over their union.
+
+    o_a, o_b      [..., D] normalised partial outputs (same shape and dtype)
+    lse_a, lse_b  [...] float32 log-sum-exp of each part's scaled scores, natural log; -inf = empty
+    Returns (o [..., D] in o_a's dtype, lse [...] float32).
+    """
+    raise NotImplementedError("f1 is not started: fill in plan() and the kernels in drills/mine/f1_split_kv_decode.py, then delete this line (read drills/content/f1_split_kv_decode.md)")
+    for name, t in (("o_a", o_a), ("lse_a", lse_a), ("o_b", o_b), ("lse_b", lse_b)):
+        validate.tensor(name, t)
+    validate.tensor("o_a", o_a, dtypes=(torch.float16, torch.bfloat16, torch.float32))
+    validate.tensor("o_b", o_b, dtypes=(o_a.dtype,))
+    validate.tensor("lse_a", lse_a, dtypes=(torch.float32,))
+    validate.tensor("lse_b", lse_b, dtypes=(torch.float32,))
+    validate.same_device(o_a=o_a, lse_a=lse_a, o_b=o_b, lse_b=lse_b)
+    if o_a.dim() < 1 or o_b.shape != o_a.shape:
+        raise ValueError(f"o_b shape {tuple(o_b.shape)} must equal o_a shape {tuple(o_a.shape)}")
+    for name, t in (("lse_a", lse_a), ("lse_b", lse_b)):
+        if t.shape != o_a.shape[:-1]:
+            raise ValueError(f"{name} must have shape {tuple(o_a.shape[:-1])} (o_a without its last dim), got {tuple(t.shape)}")
+    D = o_a.shape[-1]
+    if not (validate.is_pow2(D) and D <= 256):
+        raise ValueError(f"head dim D = {D} (o_a.shape[-1]) must be a power of two up to 256")
+    o_a, o_b = o_a.contiguous(), o_b.contiguous()
+    lse_a, lse_b = lse_a.contiguous(), lse_b.contiguous()
+    o = torch.empty_like(o_a)
+    lse = torch.empty_like(lse_a)
+    R = lse_a.numel()
+    BLOCK_R = 16
+    merge_states_kernel[(triton.cdiv(R, BLOCK_R),)](o_a, lse_a, o_b, lse_b, o, lse, R, D=D, BLOCK_R=BLOCK_R)
+    return o, lse
+
+
+def _launch(q, k_cache, v_cache, block_tables, context_lens, scale, decode_plan, out, lse):
+    """Launch without checks (the benchmark times this). lse is None or [B, Hq] fp32."""
+    B, Hq, D = q.shape
+    _, PAGE, Hkv, _ = k_cache.shape
+    group = Hq // Hkv
+    splits = decode_plan.num_splits
+    # Measured on an H200 against 16/64/128/256-token tiles and 2-8 warps: one 16-token tile with 2
+    # warps and 5 loads in flight is fastest at every batch size once the grid is full (as in L2).
+    common = dict(GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), PAGE=PAGE, D=D,
+                  BLOCK_N=BLOCK_N, num_warps=2, num_stages=5)
+    kv_args = (k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+               v_cache.stride(0), v_cache.stride(1), v_cache.stride(2))
+    if splits == 1:  # nothing to merge: write the final output directly
+        lse_arg = lse if lse is not None else out  # unused pointer when WRITE_LSE is False
+        split_kv_kernel[(B, Hkv, 1)](
+            q, k_cache, v_cache, block_tables, context_lens, out, lse_arg,
+            scale * LOG2E, decode_plan.chunk,
+            q.stride(0), q.stride(1), *kv_args,
+            out.stride(0), out.stride(1), 0,
+            lse.stride(0) if lse is not None else 0, lse.stride(1) if lse is not None else 0,
+            block_tables.stride(0),
+            WRITE_LSE=lse is not None, **common)
+        return out
+    o_part = torch.empty(B, Hq, splits, D, dtype=torch.float32, device=q.device)  # [B, Hq, S, D]
+    lse_part = torch.empty(B, Hq, splits, dtype=torch.float32, device=q.device)  # [B, Hq, S]
+    split_kv_kernel[(B, Hkv, splits)](
+        q, k_cache, v_cache, block_tables, context_lens, o_part, lse_part,
+        scale * LOG2E, decode_plan.chunk,
+        q.stride(0), q.stride(1), *kv_args,
+        o_part.stride(0), o_part.stride(1), o_part.stride(2),
+        lse_part.stride(0), lse_part.stride(1),
+        block_tables.stride(0),
+        WRITE_LSE=True, **common)
+    lse_arg = lse if lse is not None else lse_part
+    merge_splits_kernel[(B, Hq)](
+        o_part, lse_part, out, lse_arg, splits,
+        o_part.stride(0), o_part.stride(1), o_part.stride(2),
+        lse_part.stride(0), lse_part.stride(1),
+        out.stride(0), out.stride(1),
+        lse.stride(0) if lse is not None else 0, lse.stride(1) if lse is not None else 0,
+        # Up to 64 splits per step: the merge has only B * Hq programs, so fewer, wider loads win.
+        D=D, BLOCK_S=min(64, max(16, triton.next_power_of_2(splits))), WRITE_LSE=lse is not None, num_warps=4)
+    return out
+
+
+def split_kv_decode(q, k_cache, v_cache, block_tables, context_lens, scale=None, plan=None, out=None,
+                    return_lse=False):
+    """Paged decode attention with split-KV: L2's inputs and result, fast at any batch size.
+
+    q             [B, Hq, D], float16 or bfloat16
+    k_cache       [num_blocks, PAGE, Hkv, D], q's dtype, PAGE a power of two from 1 to 128; v_cache likewise
+    block_tables  [B, max_pages] int32; entries past a sequence's last page are never read
+    context_lens  [B] int32, 1 <= context_lens[b] <= max_pages * PAGE
+    scale         softmax scale, default 1 / sqrt(D)
+    plan          a DecodePlan from plan(); made here from context_lens when None
+    out           optional [B, Hq, D] of q's dtype (a strided view is fine), written in place
+    return_lse    also return lse [B, Hq] float32, the natural-log log-sum-exp of each head's scaled scores
+
+    Returns out, or (out, lse).
+    """
+    raise NotImplementedError("f1 is not started: fill in plan() and the kernels in drills/mine/f1_split_kv_decode.py, then delete this line (read drills/content/f1_split_kv_decode.md)")
+    B, Hq, Hkv, D, PAGE = validate.paged_decode_inputs(
+        q, k_cache, v_cache, block_tables, context_lens, scale, out, min_page=1, max_page=128)
+    if plan is None:
+        plan = _make_plan(context_lens, Hkv, PAGE)
+    elif not isinstance(plan, DecodePlan):
+        raise TypeError(f"plan must be a DecodePlan from plan(), got {type(plan).__name__}")
+    elif plan.max_len < int(context_lens.max()):
+        raise ValueError(f"plan covers contexts up to {plan.max_len} tokens, but context_lens holds "
+                         f"{int(context_lens.max())}: make a new plan for this batch")
+    if scale is None:
+        scale = 1.0 / math.sqrt(D)
+    if out is None:
+        out = torch.empty_like(q)
+    lse = torch.empty(B, Hq, dtype=torch.float32, device=q.device) if return_lse else None
+    _launch(q, k_cache, v_cache, block_tables, context_lens, float(scale), plan, out, lse)
+    return (out, lse) if return_lse else out
