@@ -249,7 +249,7 @@ def merge_stats(m_a, l_a, m_b, l_b):
     validate.same_device(**named)
     for name, t in named.items():
         if t.shape != m_a.shape:
-            raise ValueError(f"{name} has shape {tuple(t.shape)}, but m_a has {tuple(m_a.shape)}: one state per row")
+            raise ValueError(f"{name} has shape {tuple(t.shape)}, but m_a has {tuple(m_a.shape)}")
         if not t.is_contiguous():
             raise ValueError(f"{name} must be contiguous, got strides {tuple(t.stride())}")
     return _launch_merge(m_a, l_a, m_b, l_b)
