@@ -50,7 +50,10 @@ class Lesson:
 
 
 LESSONS: tuple[Lesson, ...] = (
+    Lesson("t4_online_softmax", "Online softmax and merging partial states", "T"),
+    Lesson("l1_paged_kv_cache", "Paged KV cache: allocator, block tables, store_kvcache", "L"),
     Lesson("l2_paged_decode", "Paged decode attention with GQA", "L"),
+    Lesson("l3_prefix_cache", "Prefix caching with reference counts", "L"),
     Lesson("f1_split_kv_decode", "Split-KV decode with a planner", "F"),
 )
 

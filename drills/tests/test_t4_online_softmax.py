@@ -1,0 +1,486 @@
+"""Grader for T4, online softmax and the merge of partial (m, l) states. Each test is named for the
+mistake it catches.
+
+Run: make test L=t4 (your drills/mine) or make test L=t4 IMPL=solutions. The oracle below is plain
+fp32 PyTorch and does not scan: the state after a block is the max and the shifted sum of the whole
+prefix up to that block, computed in one shot.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from drills.compare import assert_close, assert_untouched, mismatch
+
+# The explainer's hand trace of x = [2, 1, 4, 3], one element per block, to four decimals.
+HAND_X = [2.0, 1.0, 4.0, 3.0]
+HAND_M = [2.0, 2.0, 4.0, 4.0]
+HAND_L = [1.0, 1.3679, 1.1851, 1.5530]
+FOUR_DECIMALS = dict(atol=5e-5, rtol=0.0, rel=1e-4)
+
+CANARY = 1234.5  # exactly representable in fp16, bf16 and fp32; no probability is near it
+NEG_INF = float("-inf")
+
+
+# --- The oracle ------------------------------------------------------------------------------------
+
+
+def stats_reference(x):
+    """(m, l) per row of x [M, N] in fp32: m = max, l = sum exp(x - m); (-inf, 0) for a row of -inf."""
+    xf = x.float()
+    m = xf.amax(dim=1)  # [M]
+    shift = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
+    return m, torch.exp(xf - shift[:, None]).sum(dim=1)
+
+
+def trace_reference(x, block):
+    """The state after each block = the stats of the prefix that ends with that block: [M, steps]."""
+    N = x.shape[1]
+    states = [stats_reference(x[:, :min(end, N)]) for end in range(block, N + block, block)]
+    return torch.stack([m for m, _ in states], dim=1), torch.stack([l for _, l in states], dim=1)
+
+
+def merge_reference(m_a, l_a, m_b, l_b):
+    m = torch.maximum(m_a, m_b)
+    shift = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
+    return m, l_a * torch.exp(m_a - shift) + l_b * torch.exp(m_b - shift)
+
+
+def softmax_reference(x):
+    """fp32 softmax over the last dim; a row of only -inf gets zeros (torch.softmax gives NaN)."""
+    return torch.softmax(x.float(), dim=-1).nan_to_num(nan=0.0)
+
+
+# --- Comparison helpers ------------------------------------------------------------------------------
+
+
+def assert_stats_close(m, l, m_ref, l_ref, dims=("row",), **tol):
+    """m and l fp32 with the oracle's shape; m = -inf exactly where the oracle's is (rows or prefixes of
+    only -inf, whose l must be 0), never NaN; the finite entries within the fp32 tolerance."""
+    for name, t, ref in (("m", m, m_ref), ("l", l, l_ref)):
+        assert isinstance(t, torch.Tensor), f"{name} must be a tensor, got {type(t).__name__}"
+        assert t.dtype == torch.float32, f"{name} must be float32, got {t.dtype}"
+        assert t.shape == ref.shape, f"{name} has shape {tuple(t.shape)}, expected {tuple(ref.shape)}"
+        assert not torch.isnan(t).any(), f"NaN in {name} at {tuple(torch.isnan(t).nonzero()[0].tolist())}"
+    m, l = m.cpu(), l.cpu()
+    m_ref, l_ref = m_ref.cpu(), l_ref.cpu()
+    empty = torch.isneginf(m_ref)
+    wrong = torch.isneginf(m) != empty
+    if wrong.any():
+        first = tuple(wrong.nonzero()[0].tolist())
+        raise AssertionError(f"m is -inf exactly where nothing finite has been seen; at {first} got "
+                             f"m = {m[first].item()}, expected {m_ref[first].item()}")
+    if (~empty).any():
+        assert_close(m[~empty], m_ref[~empty], **tol)
+    assert_close(l, l_ref, dims, **tol)
+
+
+def sizes(runtime, cpu, gpu):
+    return cpu if runtime.interpreter else gpu
+
+
+def randn(shape, runtime, seed, dtype=torch.float32, scale=1.0):
+    gen = torch.Generator().manual_seed(seed)
+    return (scale * torch.randn(shape, generator=gen)).to(dtype).to(runtime.device)
+
+
+def poisoned_view(x):
+    """x as a view whose rows are followed by NaN columns: reading past the end of a row reads NaN."""
+    M, N = x.shape
+    buffer = torch.full((M, N + 8), float("nan"), dtype=x.dtype, device=x.device)
+    buffer[:, :N] = x
+    return buffer[:, :N]
+
+
+def softmax_into_canary(impl, x, **kwargs):
+    """online_softmax writing into a view of a canary-filled buffer (spare rows and columns around it);
+    checks that it wrote there, returned it, and changed nothing outside."""
+    M, N = x.shape
+    buffer = torch.full((M + 2, N + 16), CANARY, dtype=x.dtype, device=x.device)
+    out = buffer[1:M + 1, 8:8 + N]  # [M, N], rows N + 16 apart
+    returned = impl.online_softmax(x, out=out, **kwargs)
+    assert isinstance(returned, torch.Tensor) and returned.data_ptr() == out.data_ptr(), \
+        "online_softmax must write into the `out` it is given and return it"
+    keep = torch.zeros(buffer.shape, dtype=torch.bool, device=x.device)
+    keep[1:M + 1, 8:8 + N] = True
+    assert_untouched(buffer, CANARY, keep, "the buffer around out (a store past the row's end?)",
+                     ("row+1", "col+8"))
+    return out
+
+
+def check_stats(impl, x, **kwargs):
+    m, l = impl.softmax_stats(x, **kwargs)
+    assert_stats_close(m, l, *stats_reference(x))
+    return m, l
+
+
+def check_softmax(impl, x, **kwargs):
+    out = softmax_into_canary(impl, x, **kwargs)
+    assert_close(out, softmax_reference(x), ("row", "col"))
+    return out
+
+
+def check_trace(impl, x, block):
+    m_trace, l_trace = impl.softmax_stats_trace(x, block)
+    assert_stats_close(m_trace, l_trace, *trace_reference(x, block), dims=("row", "block"))
+    return m_trace, l_trace
+
+
+# --- Section 2 "By hand": the seed's numbers through your functions ----------------------------------
+
+
+def test_seed_trace_one_element_at_a_time(impl, runtime):
+    """x = [2, 1, 4, 3] with block = 1: (2, 1) -> (2, 1.3679) -> (4, 1.1851) -> (4, 1.5530)."""
+    x = torch.tensor([HAND_X], device=runtime.device)
+    m_trace, l_trace = check_trace(impl, x, 1)
+    assert_close(m_trace[0], torch.tensor(HAND_M), ("step",), **FOUR_DECIMALS)
+    assert_close(l_trace[0], torch.tensor(HAND_L), ("step",), **FOUR_DECIMALS)
+
+
+@pytest.mark.parametrize("block", [None, 1, 2, 4, 64])
+def test_seed_final_state(impl, runtime, block):
+    """Whatever the block size, [2, 1, 4, 3] ends at m = 4, l = 1.5530."""
+    x = torch.tensor([HAND_X], device=runtime.device)
+    m, l = check_stats(impl, x, block=block)
+    assert_close(m, torch.tensor([4.0]), **FOUR_DECIMALS)
+    assert_close(l, torch.tensor([1.5530]), **FOUR_DECIMALS)
+
+
+def test_seed_trace_two_elements_per_block(impl, runtime):
+    """block = 2: (2, 1.3679) after [2, 1], then (4, 1.5530) after [4, 3]."""
+    x = torch.tensor([HAND_X], device=runtime.device)
+    m_trace, l_trace = check_trace(impl, x, 2)
+    assert_close(m_trace[0], torch.tensor([2.0, 4.0]), **FOUR_DECIMALS)
+    assert_close(l_trace[0], torch.tensor([1.3679, 1.5530]), **FOUR_DECIMALS)
+
+
+def test_order_changes_the_trace_not_the_result(impl, runtime):
+    """[2, 1, 3, 4] (the order the seed's closing line names) passes through other states,
+    (3, 1.5032) after three elements, but ends at the same (4, 1.5530): the sum is over a set."""
+    x = torch.tensor([[2.0, 1.0, 3.0, 4.0]], device=runtime.device)
+    m_trace, l_trace = check_trace(impl, x, 1)
+    assert_close(m_trace[0], torch.tensor([2.0, 2.0, 3.0, 4.0]), **FOUR_DECIMALS)
+    assert_close(l_trace[0], torch.tensor([1.0, 1.3679, 1.5032, 1.5530]), **FOUR_DECIMALS)
+
+
+def test_seed_merge_of_two_halves(impl, runtime):
+    """The state of [2, 1] is (2, 1.3679), of [4, 3] is (4, 1.3679); merged: (4, 1.5530), computed by
+    your softmax_stats on each half and your merge_stats."""
+    left = torch.tensor([HAND_X[:2]], device=runtime.device)
+    right = torch.tensor([HAND_X[2:]], device=runtime.device)
+    m_a, l_a = check_stats(impl, left)
+    m_b, l_b = check_stats(impl, right)
+    assert_close(l_a, torch.tensor([1.3679]), **FOUR_DECIMALS)
+    m, l = impl.merge_stats(m_a, l_a, m_b, l_b)
+    assert_close(m, torch.tensor([4.0]), **FOUR_DECIMALS)
+    assert_close(l, torch.tensor([1.5530]), **FOUR_DECIMALS)
+
+
+# --- Section 5 "Pitfalls": the statistics pass -------------------------------------------------------
+
+
+def test_old_sum_is_rescaled_when_the_max_grows(impl, runtime):
+    """Every row rises from left to right, so every block raises the max: an l summed under an old max
+    must be multiplied by exp(m_old - m_new), an exponential (not the difference, not 1)."""
+    M, N = sizes(runtime, (4, 100), (300, 5000))
+    ramp = torch.linspace(-3.0, 9.0, N, device=runtime.device)
+    x = ramp + 0.5 * randn((M, N), runtime, seed=1)
+    for block in sizes(runtime, [16], [16, 256]):
+        check_trace(impl, x, block)
+        check_stats(impl, x, block=block)
+
+
+def test_first_block_starts_from_minus_inf(impl, runtime):
+    """All entries negative: a state that starts at m = 0 instead of -inf never sees a larger max, so
+    m stays 0 and l is summed against it."""
+    M, N = sizes(runtime, (3, 50), (257, 3000))
+    x = -3.0 - randn((M, N), runtime, seed=2).abs()
+    check_trace(impl, x, 16)
+    check_stats(impl, x, block=16)
+
+
+def test_large_magnitudes_do_not_overflow(impl, runtime):
+    """Entries of magnitude 1e4: exp(x) overflows fp32 at x = 89, so every exponent must be shifted by
+    the running max before exp."""
+    M, N = sizes(runtime, (4, 100), (1823, 781))
+    for dtype in (torch.float32, torch.float16):
+        x = randn((M, N), runtime, seed=3, dtype=dtype, scale=1e4)
+        check_stats(impl, x, block=16)
+        check_softmax(impl, x, block=16)
+
+
+def test_minus_inf_entries(impl, runtime):
+    """Masked entries (-inf) anywhere, including whole leading blocks of a row: the state stays
+    (-inf, 0) until the first finite entry, without computing -inf - (-inf) = NaN."""
+    M, N = sizes(runtime, (5, 70), (512, 4000))
+    x = randn((M, N), runtime, seed=4)
+    gen = torch.Generator().manual_seed(4)
+    x[(torch.rand(M, N, generator=gen) < 0.3).to(runtime.device)] = NEG_INF
+    x[1, :40] = NEG_INF  # the first blocks of row 1 hold nothing
+    x[2, 1:] = NEG_INF  # one finite entry, first
+    x[3, :-1] = NEG_INF  # one finite entry, last
+    check_trace(impl, x, 16)
+    check_stats(impl, x, block=16)
+    check_softmax(impl, x, block=16)
+
+
+def test_row_of_only_minus_inf_is_the_empty_state(impl, runtime):
+    """A fully masked row has no distribution: its stats are defined as m = -inf, l = 0 (no NaN), and
+    online_softmax writes zeros for it (torch.softmax would write NaN)."""
+    x = randn((3, 40), runtime, seed=5)
+    x[1] = NEG_INF
+    for block in (None, 16):
+        m, l = check_stats(impl, x, block=block)
+        assert m[1].item() == NEG_INF and l[1].item() == 0.0, f"row 1 is all -inf: got ({m[1]}, {l[1]})"
+        out = check_softmax(impl, x, block=block)
+        assert (out[1] == 0).all(), "a row of only -inf must get p = 0, not NaN"
+
+
+def test_last_block_is_masked(impl, runtime):
+    """N is not a multiple of the block, and the columns past each row's end are NaN. Lanes past the end
+    must read -inf, not 0: every real entry is negative here, so a 0 would win the max."""
+    M, N = sizes(runtime, (4, 37), (700, 1001))
+    x = poisoned_view(-1.0 - randn((M, N), runtime, seed=6).abs())
+    for block in (8, 16, 64):
+        check_stats(impl, x, block=block)
+        check_trace(impl, x, block)
+        check_softmax(impl, x, block=block)
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (1, 5), (7, 100), (3, 781)], ids=str)
+def test_non_power_of_two_shapes(impl, runtime, shape):
+    """Rows of 1, 5, 100 and 781 columns with the default block and with 16-column blocks."""
+    x = randn(shape, runtime, seed=sum(shape), scale=3.0)
+    for block in (None, 16):
+        check_stats(impl, x, block=block)
+        check_softmax(impl, x, block=block)
+
+
+def test_large_non_power_of_two_sizes(impl, runtime):
+    """1823 x 781 with the default block and 128-column blocks; 64 rows of 100003 columns."""
+    if runtime.interpreter:
+        pytest.skip("GPU only: 1.4M and 6.4M elements take minutes in the interpreter "
+                    "(test_non_power_of_two_shapes covers the same edges small)")
+    x = randn((1823, 781), runtime, seed=7, scale=4.0)
+    for block in (None, 128):
+        check_stats(impl, x, block=block)
+        check_softmax(impl, x, block=block)
+    x = randn((64, 100003), runtime, seed=8, scale=4.0)
+    check_stats(impl, x)
+    check_softmax(impl, x, splits=16)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"])
+def test_dtypes(impl, runtime, dtype):
+    """Statistics are fp32 whatever x is; p comes back in x's dtype."""
+    if dtype == torch.bfloat16 and runtime.interpreter:
+        pytest.skip("bf16 is checked on a GPU only, the course's rule under the Triton interpreter "
+                    "(whose bf16 tl.dot returns garbage in Triton 3.6 and 3.9)")
+    x = randn(sizes(runtime, (5, 90), (1823, 781)), runtime, seed=9, dtype=dtype, scale=3.0)
+    check_stats(impl, x, block=32)
+    out = check_softmax(impl, x, block=32)
+    assert out.dtype == dtype, f"online_softmax must return x's dtype {dtype}, got {out.dtype}"
+
+
+# --- Section 5 "Pitfalls": merging states -------------------------------------------------------------
+
+
+def random_states(runtime, shape, seed):
+    """Valid states (m, l) with maxes spread over +-20: each l >= 1, as a real state's is."""
+    gen = torch.Generator().manual_seed(seed)
+    m = 20 * torch.randn(shape, generator=gen)
+    l = 1 + 50 * torch.rand(shape, generator=gen)
+    return m.to(runtime.device), l.to(runtime.device)
+
+
+def test_merge_matches_one_shot_union(impl, runtime):
+    """The stats of the left and right parts of each row, merged, equal the stats of the whole row."""
+    M, N = sizes(runtime, (4, 90), (1000, 5000))
+    x = randn((M, N), runtime, seed=10, scale=3.0)
+    x[0, :50] += 10.0  # the max on the left in row 0
+    x[1, 50:] += 10.0  # on the right in row 1
+    for cut in (1, 37, 50, N - 1):
+        left, right = x[:, :cut].contiguous(), x[:, cut:].contiguous()
+        m, l = impl.merge_stats(*impl.softmax_stats(left, block=16), *impl.softmax_stats(right, block=16))
+        assert_stats_close(m, l, *stats_reference(x))
+
+
+def test_merge_shifts_to_the_larger_max(impl, runtime):
+    """Each l is relative to its own max: before adding, both must be rescaled to the common max
+    m = max(m_a, m_b). With maxes far apart, the smaller state's share underflows to 0, not to NaN."""
+    m_a, l_a = random_states(runtime, (64,), seed=11)
+    m_b, l_b = random_states(runtime, (64,), seed=12)
+    m_b[:8] = m_a[:8] + 1e4  # b dominates completely
+    m_b[8:16] = m_a[8:16]  # equal maxes: the sums simply add
+    m, l = impl.merge_stats(m_a, l_a, m_b, l_b)
+    assert_stats_close(m, l, *merge_reference(m_a, l_a, m_b, l_b))
+
+
+def test_merge_is_commutative(impl, runtime):
+    m_a, l_a = random_states(runtime, (100,), seed=13)
+    m_b, l_b = random_states(runtime, (100,), seed=14)
+    ab = impl.merge_stats(m_a, l_a, m_b, l_b)
+    ba = impl.merge_stats(m_b, l_b, m_a, l_a)
+    assert_stats_close(*ab, *merge_reference(m_a, l_a, m_b, l_b))
+    assert_stats_close(*ba, *ab)
+
+
+def test_merge_is_associative(impl, runtime):
+    """(a + b) + c = a + (b + c): any tree of merges gives the same state, which split softmax relies on."""
+    a, b, c = (random_states(runtime, (100,), seed=s) for s in (15, 16, 17))
+    left = impl.merge_stats(*impl.merge_stats(*a, *b), *c)
+    right = impl.merge_stats(*a, *impl.merge_stats(*b, *c))
+    assert_stats_close(*left, *merge_reference(*merge_reference(*a, *b), *c))
+    assert_stats_close(*right, *left)
+
+
+def test_merge_with_the_empty_state_is_identity(impl, runtime):
+    """(-inf, 0) is what a split with no columns holds. Merged with (m, l) it gives (m, l); two empty
+    states give the empty state, not -inf - (-inf) = NaN."""
+    m_a, l_a = random_states(runtime, (10,), seed=18)
+    m_e = torch.full_like(m_a, NEG_INF)
+    l_e = torch.zeros_like(l_a)
+    assert_stats_close(*impl.merge_stats(m_a, l_a, m_e, l_e), m_a, l_a)
+    assert_stats_close(*impl.merge_stats(m_e, l_e, m_a, l_a), m_a, l_a)
+    assert_stats_close(*impl.merge_stats(m_e, l_e, m_e, l_e), m_e, l_e)
+
+
+def test_merge_takes_any_shape(impl, runtime):
+    """States are elementwise: a [3, 5] state (say, 3 heads x 5 query rows) merges lane by lane, and the
+    result keeps the shape."""
+    a = random_states(runtime, (3, 5), seed=19)
+    b = random_states(runtime, (3, 5), seed=20)
+    m, l = impl.merge_stats(*a, *b)
+    assert_stats_close(m, l, *merge_reference(*a, *b), dims=("head", "row"))
+
+
+# --- Splits: several programs per row, merged --------------------------------------------------------
+
+
+@pytest.mark.parametrize("splits", [2, 4, 16])
+def test_splits_match_one_pass(impl, runtime, splits):
+    """Each split scans N / splits columns; merged, the states equal the one-pass state. With 16 splits
+    of 16-column blocks over 100 columns, the last splits hold no columns at all (empty states)."""
+    M, N = sizes(runtime, (3, 100), (256, 30000))
+    x = randn((M, N), runtime, seed=21, scale=3.0)
+    x[0, -5:] += 20.0  # row 0's max in the last split
+    x[1, :5] += 20.0  # row 1's in the first
+    check_stats(impl, x, block=16, splits=splits)
+    check_softmax(impl, x, block=16, splits=splits)
+
+
+def test_probabilities_use_the_final_state(impl, runtime):
+    """p = exp(x - m) / l needs the (m, l) of the WHOLE row. Normalising with a state from before the row
+    is finished (one split's, or the running state at the time a block is written) leaves p unnormalised.
+    The max sits at the very end of every row here."""
+    M, N = sizes(runtime, (3, 64), (128, 8192))
+    x = randn((M, N), runtime, seed=22)
+    x[:, -1] = 8.0
+    check_softmax(impl, x, block=8, splits=4)
+    check_softmax(impl, x, block=8)
+
+
+def test_rows_sum_to_one(impl, runtime):
+    """Every p is divided by the row's l, so each row of the output sums to 1."""
+    x = randn(sizes(runtime, (4, 50), (1000, 3000)), runtime, seed=23, scale=2.0)
+    out = check_softmax(impl, x, block=16)
+    assert_close(out.float().sum(dim=1), torch.ones(x.shape[0]), ("row",))
+
+
+# --- The launchers reject bad input before launching ----------------------------------------------
+
+
+def _x(device):
+    return torch.randn(3, 20).to(device)
+
+
+# name -> (the function, how to build its arguments, the error, what the message must name)
+BAD_INPUTS = {
+    "x_not_a_tensor": ("both", lambda d: dict(x=_x(d).tolist()), TypeError, "x"),
+    "x_rank_1": ("both", lambda d: dict(x=_x(d)[0]), ValueError, "x"),
+    "x_rank_3": ("both", lambda d: dict(x=_x(d)[None]), ValueError, "x"),
+    "x_int64": ("both", lambda d: dict(x=_x(d).long()), TypeError, "x"),
+    "x_float64": ("both", lambda d: dict(x=_x(d).double()), TypeError, "x"),
+    "x_last_dim_strided": ("both", lambda d: dict(x=torch.randn(20, 3).to(d).t()), ValueError, "x"),
+    "x_no_columns": ("both", lambda d: dict(x=torch.empty(3, 0, device=d)), ValueError, "x"),
+    "x_no_rows": ("both", lambda d: dict(x=torch.empty(0, 8, device=d)), ValueError, "x"),
+    "x_on_meta": ("both", lambda d: dict(x=_x("meta")), ValueError, "x"),
+    "block_not_pow2": ("both", lambda d: dict(x=_x(d), block=12), ValueError, "block"),
+    "block_float": ("both", lambda d: dict(x=_x(d), block=16.0), TypeError, "block"),
+    "block_zero": ("both", lambda d: dict(x=_x(d), block=0), ValueError, "block"),
+    "block_too_large": ("both", lambda d: dict(x=_x(d), block=2**17), ValueError, "block"),
+    "splits_zero": ("both", lambda d: dict(x=_x(d), splits=0), ValueError, "splits"),
+    "splits_not_pow2": ("both", lambda d: dict(x=_x(d), splits=3), ValueError, "splits"),
+    "splits_bool": ("both", lambda d: dict(x=_x(d), splits=True), TypeError, "splits"),
+    "trace_block_missing": ("softmax_stats_trace", lambda d: dict(x=_x(d), block=None), TypeError, "block"),
+    "trace_block_not_pow2": ("softmax_stats_trace", lambda d: dict(x=_x(d), block=3), ValueError, "block"),
+    "trace_x_rank_1": ("softmax_stats_trace", lambda d: dict(x=_x(d)[0], block=4), ValueError, "x"),
+    "out_wrong_shape": ("online_softmax", lambda d: dict(x=_x(d), out=torch.empty(3, 19, device=d)), ValueError, "out"),
+    "out_wrong_dtype": ("online_softmax", lambda d: dict(x=_x(d), out=_x(d).half()), TypeError, "out"),
+    "out_last_dim_strided": ("online_softmax", lambda d: dict(x=_x(d), out=torch.empty(20, 3, device=d).t()),
+                             ValueError, "out"),
+}
+
+
+def _states(device, n=6):
+    return dict(m_a=torch.randn(n, device=device), l_a=torch.ones(n, device=device),
+                m_b=torch.randn(n, device=device), l_b=torch.ones(n, device=device))
+
+
+BAD_MERGES = {
+    "m_a_fp16": (lambda d: dict(m_a=torch.randn(6, device=d).half()), TypeError, "m_a"),
+    "m_b_not_a_tensor": (lambda d: dict(m_b=[0.0] * 6), TypeError, "m_b"),
+    "l_b_wrong_shape": (lambda d: dict(l_b=torch.ones(5, device=d)), ValueError, "l_b"),
+    "l_a_strided": (lambda d: dict(l_a=torch.ones(12, device=d)[::2]), ValueError, "l_a"),
+    "m_b_on_meta": (lambda d: dict(m_b=torch.randn(6, device="meta")), ValueError, "m_b"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_INPUTS))
+def test_launchers_reject_bad_input(impl, runtime, name):
+    """Each bad argument raises ValueError/TypeError naming it, before any kernel runs."""
+    which, build, error, names = BAD_INPUTS[name]
+    functions = ["softmax_stats", "online_softmax"] if which == "both" else [which]
+    for fn in functions:
+        kwargs = build(runtime.device)
+        if fn == "softmax_stats_trace":
+            kwargs.setdefault("block", 4)
+        with pytest.raises(error, match=names):
+            getattr(impl, fn)(**kwargs)
+
+
+@pytest.mark.parametrize("name", list(BAD_MERGES))
+def test_merge_rejects_bad_input(impl, runtime, name):
+    spoil, error, names = BAD_MERGES[name]
+    args = _states(runtime.device)
+    args.update(spoil(runtime.device))
+    with pytest.raises(error, match=names):
+        impl.merge_stats(**args)
+
+
+# --- The grader's own tolerance is tight enough --------------------------------------------------
+
+
+def test_tolerance_rejects_zeros_and_uniform(runtime):
+    """Not a test of your kernels: proves the comparisons fail an all-zeros output, a uniform 1/N output
+    and all-zero stats, so passing the other tests means something."""
+    x = randn((8, 100), runtime, seed=24, scale=3.0)
+    ref = softmax_reference(x)
+    assert mismatch(torch.zeros_like(ref), ref) is not None
+    assert mismatch(torch.full_like(ref, 1 / x.shape[1]), ref) is not None
+    assert mismatch(ref.half(), ref) is None  # and the oracle rounded to fp16 passes
+    m_ref, l_ref = stats_reference(x)
+    with pytest.raises(AssertionError):
+        assert_stats_close(torch.zeros_like(m_ref), torch.zeros_like(l_ref), m_ref, l_ref)
+    with pytest.raises(AssertionError):  # the right m with a sum that was never rescaled is caught too
+        assert_stats_close(m_ref, l_ref * math.e, m_ref, l_ref)
+
+
+def test_out_is_allocated_when_not_given(impl, runtime):
+    """Without `out`, online_softmax allocates [M, N] in x's dtype."""
+    x = randn((3, 30), runtime, seed=25, dtype=torch.float16)
+    out = impl.online_softmax(x)
+    assert out.shape == x.shape and out.dtype == x.dtype and out.device == x.device
+    assert_close(out, softmax_reference(x), ("row", "col"))
