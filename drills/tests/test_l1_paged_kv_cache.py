@@ -2,7 +2,7 @@
 
 Run: make test L=l1 (your drills/mine) or make test L=l1 IMPL=solutions. The seed's numbers (section 2
 of the explainer) are checked through your functions; every store goes into caches that sit inside a
-canary-filled buffer, one spare block on each side, so a write to any slot it does not own is seen.
+canary-filled buffer with spare blocks on each side, so a write to any slot it does not own is seen.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from drills.tests.paged_kv import GARBAGE_BLOCK_IDS, gather_kv, paged_attention_
 
 CANARY = 1234.5  # exactly representable in fp16, bf16 and fp32; randn never produces it
 EXACT = dict(atol=0.0, rtol=0.0, rel=0.0)  # a store is a copy: every bit must arrive
-CACHE_DIMS = ("block+1", "offset", "head", "d")  # positions inside the canary buffer
+CACHE_DIMS = ("block+margin", "offset", "head", "d")  # positions inside the canary buffer
 ROW_DIMS = ("row", "head", "d")
 
 # The seed's example (explainer section 2): three requests, an 8-token reservation, 4-token blocks,
@@ -65,10 +65,18 @@ def scattered_tables(impl, lens, block_size, num_blocks, seed):
     return alloc, tables, [x for row in slots for x in row]
 
 
+def margin(PAGE):
+    """Spare blocks on each side of a cache: enough that a slot -1, or block and offset swapped in the
+    address (at most PAGE - 1 blocks too far), lands in the canary instead of outside the allocation."""
+    return PAGE + 1
+
+
 def canary_caches(num_blocks, PAGE, Hkv, D, dtype, device):
-    """(buffer_k, buffer_v, k_cache, v_cache): each cache is buffer[1:-1], a spare block on each side."""
-    buffers = [torch.full((num_blocks + 2, PAGE, Hkv, D), CANARY, dtype=dtype, device=device) for _ in range(2)]
-    return buffers[0], buffers[1], buffers[0][1:-1], buffers[1][1:-1]
+    """(buffer_k, buffer_v, k_cache, v_cache): each cache is buffer[M:-M], with M = margin(PAGE) spare
+    blocks of canary on each side."""
+    M = margin(PAGE)
+    buffers = [torch.full((num_blocks + 2 * M, PAGE, Hkv, D), CANARY, dtype=dtype, device=device) for _ in range(2)]
+    return buffers[0], buffers[1], buffers[0][M:-M], buffers[1][M:-M]
 
 
 def store_and_check(impl, key, value, slot_mapping, num_blocks, PAGE):
@@ -81,7 +89,8 @@ def store_and_check(impl, key, value, slot_mapping, num_blocks, PAGE):
     real = slot_mapping >= 0
     slots = slot_mapping[real]
     keep = torch.zeros(buf_k.shape, dtype=torch.bool, device=key.device)
-    keep[1:-1].view(-1, Hkv, D)[slots] = True
+    M = margin(PAGE)
+    keep[M:-M].view(-1, Hkv, D)[slots] = True
     for name, buf, cache, src in (("k_cache", buf_k, k_cache, key), ("v_cache", buf_v, v_cache, value)):
         assert_untouched(buf, CANARY, keep, f"the buffer around {name} (a padding row written, a slot "
                          "mis-addressed, or padded heads/features stored?)", CACHE_DIMS)
@@ -456,8 +465,9 @@ def test_paged_decode_reads_what_store_kvcache_wrote(impl, runtime):
     _, tables, slots = scattered_tables(impl, lens, PAGE, num_blocks, seed=9)
     key, value = random_rows(sum(lens), Hkv, D, torch.float16, dev, seed=9)
     shape = (num_blocks, PAGE, Hkv, D)
-    k_cache = torch.full(shape, float("nan"), dtype=torch.float16, device=dev)
-    v_cache = torch.full(shape, float("nan"), dtype=torch.float16, device=dev)
+    buf_k, buf_v, k_cache, v_cache = canary_caches(*shape, torch.float16, dev)
+    k_cache.fill_(float("nan"))  # never-written slots are NaN: paged_decode must not read them
+    v_cache.fill_(float("nan"))
     impl.store_kvcache(key, value, k_cache, v_cache, torch.tensor(slots, device=dev))
 
     # Decode step: the new token of each sequence, padded to a batch of B + 2 rows with -1.
@@ -479,6 +489,11 @@ def test_paged_decode_reads_what_store_kvcache_wrote(impl, runtime):
     block_tables = torch.tensor([t.blocks + [GARBAGE_BLOCK_IDS[i % 4]] * (max_pages - len(t.blocks))
                                  for i, t in enumerate(tables)], dtype=torch.int32, device=dev)
     q = random_rows(len(lens), Hq, D, torch.float16, dev, seed=11)[0]  # [B, Hq, D]
+    M = margin(PAGE)
+    inside = torch.zeros(buf_k.shape, dtype=torch.bool, device=dev)
+    inside[M:-M] = True
+    assert_untouched(buf_k, CANARY, inside, "the spare blocks around k_cache", CACHE_DIMS)
+    assert_untouched(buf_v, CANARY, inside, "the spare blocks around v_cache", CACHE_DIMS)
     out = paged_decode(q, k_cache, v_cache, block_tables, context_lens)
     ref, _ = paged_attention_reference(q, k_ref, v_ref, block_tables, context_lens)
     assert_close(out, ref, ("b", "head", "d"))
