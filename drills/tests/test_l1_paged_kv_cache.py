@@ -216,6 +216,25 @@ def test_seed_last_block_is_full_check(impl):
     assert table.last_block_is_full is False and table.blocks == SEED_TABLE + [0]
 
 
+def test_seed_decode_step_writes_slots_3_9_14(impl, runtime):
+    """Section 2.5: A, B, C (3, 5, 2 tokens) on a fresh 8-block pool hold [0], [1, 2], [3]. One decode
+    step appends a token to each: slots 3, 9 and 14, padded to a batch of 4 with -1. The new rows land
+    at k_cache[0, 3], k_cache[2, 1] and k_cache[3, 2]; nothing else changes."""
+    alloc = impl.BlockAllocator(8)
+    tables = [impl.BlockTable(alloc, 4) for _ in SEED_LENGTHS]
+    for table, n in zip(tables, SEED_LENGTHS):
+        table.append_tokens(n)
+    assert [t.blocks for t in tables] == [[0], [1, 2], [3]]
+    step = [t.append_tokens(1) for t in tables]
+    assert step == [[3], [9], [14]]
+    key, value = random_rows(4, 2, 16, torch.float16, runtime.device, seed=16)
+    slot_mapping = _slots(runtime.device, 3, 9, 14, -1)
+    k_cache, v_cache = store_and_check(impl, key, value, slot_mapping, 8, 4)
+    for row, (block, offset) in enumerate([(0, 3), (2, 1), (3, 2)]):
+        assert_close(k_cache[block, offset], key[row], ("head", "d"), **EXACT)
+        assert_close(v_cache[block, offset], value[row], ("head", "d"), **EXACT)
+
+
 # --- Section 3.1 "The allocator" ----------------------------------------------------------------------
 
 
