@@ -148,7 +148,7 @@ def waste_contiguous(lengths, reserved):
     for i, n in enumerate(lengths):
         if n > reserved:
             raise ValueError(f"lengths[{i}] = {n} exceeds the {reserved} reserved slots: a contiguous cache "
-                             f"must reallocate a larger region and copy the {reserved} tokens over")
+                             "must reallocate a larger region and copy the tokens it holds over")
     return _waste(len(lengths) * reserved, sum(lengths))
 
 
