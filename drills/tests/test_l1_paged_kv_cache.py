@@ -1,0 +1,616 @@
+"""Grader for L1, the paged KV cache. Each test is named for the mistake it catches.
+
+Run: make test L=l1 (your drills/mine) or make test L=l1 IMPL=solutions. The seed's numbers (section 2
+of the explainer) are checked through your functions; every store goes into caches that sit inside a
+canary-filled buffer with spare blocks on each side, so a write to any slot it does not own is seen.
+"""
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+
+from drills.compare import assert_close, assert_untouched, mismatch
+from drills.solutions.l2_paged_decode import paged_decode
+from drills.tests.paged_kv import GARBAGE_BLOCK_IDS, gather_kv, paged_attention_reference
+
+CANARY = 1234.5  # exactly representable in fp16, bf16 and fp32; randn never produces it
+EXACT = dict(atol=0.0, rtol=0.0, rel=0.0)  # a store is a copy: every bit must arrive
+CACHE_DIMS = ("block+margin", "offset", "head", "d")  # positions inside the canary buffer
+ROW_DIMS = ("row", "head", "d")
+
+# The seed's example (explainer section 2): three requests, an 8-token reservation, 4-token blocks,
+# and one request whose block table is [3, 1, 5].
+SEED_LENGTHS = [3, 5, 2]
+SEED_TABLE = [3, 1, 5]
+
+
+def sizes(runtime, small, large):
+    return small if runtime.interpreter else large
+
+
+# --- Helpers: tables from your allocator, caches inside a canary ------------------------------------
+
+
+def seed_table(impl, n_tokens):
+    """A BlockTable that holds blocks [3, 1, 5] (the seed's), built through your allocator: take all
+    8 blocks of the seed's 32-token pool, give back 3, 1 and 5 in that order, and grow from there."""
+    alloc = impl.BlockAllocator(8)
+    taken = [alloc.allocate() for _ in range(8)]
+    assert sorted(taken) == list(range(8)), f"a pool of 8 blocks handed out {taken}"
+    for b in SEED_TABLE:
+        alloc.free(b)
+    table = impl.BlockTable(alloc, 4)
+    table.append_tokens(n_tokens)
+    return alloc, table
+
+
+def scattered_tables(impl, lens, block_size, num_blocks, seed):
+    """One table per sequence, grown token by token in round-robin order (as decode steps would) from a
+    pool whose free list was shuffled first, so each sequence's blocks are scattered and interleaved.
+    Returns (allocator, tables, slots in batch order: sequence 0's tokens, then sequence 1's, ...)."""
+    alloc = impl.BlockAllocator(num_blocks)
+    order = [alloc.allocate() for _ in range(num_blocks)]
+    random.Random(seed).shuffle(order)
+    for b in order:
+        alloc.free(b)
+    tables = [impl.BlockTable(alloc, block_size) for _ in lens]
+    slots = [[] for _ in lens]
+    for step in range(max(lens)):
+        for s, n in enumerate(lens):
+            if step < n:
+                slots[s] += tables[s].append_tokens(1)
+    return alloc, tables, [x for row in slots for x in row]
+
+
+def margin(PAGE):
+    """Spare blocks on each side of a cache: enough that a slot -1, or block and offset swapped in the
+    address (at most PAGE - 1 blocks too far), lands in the canary instead of outside the allocation."""
+    return PAGE + 1
+
+
+def canary_caches(num_blocks, PAGE, Hkv, D, dtype, device):
+    """(buffer_k, buffer_v, k_cache, v_cache): each cache is buffer[M:-M], with M = margin(PAGE) spare
+    blocks of canary on each side."""
+    M = margin(PAGE)
+    buffers = [torch.full((num_blocks + 2 * M, PAGE, Hkv, D), CANARY, dtype=dtype, device=device) for _ in range(2)]
+    return buffers[0], buffers[1], buffers[0][M:-M], buffers[1][M:-M]
+
+
+def store_and_check(impl, key, value, slot_mapping, num_blocks, PAGE):
+    """Call store_kvcache into canary caches, then check: every real row is in its slot, bit for bit,
+    and nothing else in the buffer changed (padding rows' slots, unused slots, the spare blocks)."""
+    N, Hkv, D = key.shape
+    buf_k, buf_v, k_cache, v_cache = canary_caches(num_blocks, PAGE, Hkv, D, key.dtype, key.device)
+    returned = impl.store_kvcache(key, value, k_cache, v_cache, slot_mapping)
+    assert returned is None, "store_kvcache writes in place and returns None"
+    real = slot_mapping >= 0
+    slots = slot_mapping[real]
+    keep = torch.zeros(buf_k.shape, dtype=torch.bool, device=key.device)
+    M = margin(PAGE)
+    keep[M:-M].view(-1, Hkv, D)[slots] = True
+    for name, buf, cache, src in (("k_cache", buf_k, k_cache, key), ("v_cache", buf_v, v_cache, value)):
+        assert_untouched(buf, CANARY, keep, f"the buffer around {name} (a padding row written, a slot "
+                         "mis-addressed, or padded heads/features stored?)", CACHE_DIMS)
+        assert_close(cache.reshape(-1, Hkv, D)[slots], src[real], ROW_DIMS, **EXACT)
+    return k_cache, v_cache
+
+
+def random_rows(N, Hkv, D, dtype, device, seed):
+    gen = torch.Generator().manual_seed(seed)
+    key = torch.randn(N, Hkv, D, generator=gen).to(dtype).to(device)  # [N, Hkv, D]
+    value = torch.randn(N, Hkv, D, generator=gen).to(dtype).to(device)
+    return key, value
+
+
+def distinct_slots(N, num_slots, device, seed):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randperm(num_slots, generator=gen)[:N].to(device)  # [N] int64, no repeats
+
+
+# --- Section 2 "By hand": the seed's numbers through your functions --------------------------------
+
+
+def test_seed_contiguous_waste_is_58_33_percent(impl):
+    """Requests of 3, 5 and 2 tokens, 8 slots reserved for each: 24 allocated, 14 wasted, 58.33%."""
+    allocated, wasted, fraction = impl.waste_contiguous(SEED_LENGTHS, 8)
+    assert (allocated, wasted) == (24, 14)
+    assert fraction == pytest.approx(14 / 24) and round(100 * fraction, 2) == 58.33
+
+
+def test_seed_paged_waste_is_37_5_percent(impl):
+    """The same requests in 4-token blocks: 1 + 2 + 1 blocks = 16 slots, 6 wasted, 37.5%. Your block
+    tables on the seed's 8-block pool must hold exactly those blocks and leave 4 free."""
+    allocated, wasted, fraction = impl.waste_paged(SEED_LENGTHS, 4)
+    assert (allocated, wasted) == (16, 6) and fraction == pytest.approx(0.375)
+    alloc = impl.BlockAllocator(8)
+    tables = [impl.BlockTable(alloc, 4) for _ in SEED_LENGTHS]
+    for table, n in zip(tables, SEED_LENGTHS):
+        table.append_tokens(n)
+    assert [len(t.blocks) for t in tables] == [1, 2, 1]
+    assert alloc.num_free == 4
+    assert sum(len(t.blocks) for t in tables) * 4 == allocated
+
+
+def test_waste_of_an_empty_batch_and_exact_fits(impl):
+    """No requests: nothing allocated and a waste fraction of 0, not 0/0. Lengths that fill their
+    blocks or reservation exactly waste nothing."""
+    assert impl.waste_contiguous([], 8) == (0, 0, 0.0)
+    assert impl.waste_paged([], 4) == (0, 0, 0.0)
+    assert impl.waste_contiguous([8, 8], 8) == (16, 0, 0.0)
+    assert impl.waste_paged([4, 8, 12], 4) == (24, 0, 0.0)
+    assert impl.waste_paged([1], 4) == (4, 3, 0.75)
+
+
+def test_seed_growth_5_to_7_keeps_its_blocks(impl):
+    """Request B grows from 5 to 7 tokens: its second block has room, so no block is taken."""
+    alloc = impl.BlockAllocator(8)
+    table = impl.BlockTable(alloc, 4)
+    table.append_tokens(5)
+    before = table.blocks
+    table.append_tokens(2)
+    assert table.blocks == before and len(before) == 2 and alloc.num_free == 6
+    assert table.num_tokens == 7
+    assert impl.waste_contiguous([7], 8) == (8, 1, 1 / 8)  # still inside the 8-slot reservation
+
+
+def test_seed_growth_5_to_9_takes_one_more_block(impl):
+    """From 5 to 9 tokens: exactly one more block, the first two unchanged (nothing copied). The
+    contiguous layout cannot hold 9 tokens in 8 reserved slots: waste_contiguous says so."""
+    alloc = impl.BlockAllocator(8)
+    table = impl.BlockTable(alloc, 4)
+    table.append_tokens(5)
+    before = table.blocks
+    table.append_tokens(4)
+    after = table.blocks
+    assert len(after) == 3 and after[:2] == before and alloc.num_free == 5
+    with pytest.raises(ValueError, match=r"lengths\[1\].*realloc"):
+        impl.waste_contiguous([3, 9, 2], 8)
+
+
+def test_seed_block_table_lookup_for_every_token(impl):
+    """Table [3, 1, 5], block size 4, 10 tokens: token t is in logical block t // 4, physical block
+    table[t // 4], offset t % 4. Token 9 -> logical 2 -> physical 5, offset 1."""
+    _, table = seed_table(impl, 10)
+    assert table.blocks == SEED_TABLE
+    expected = [(0, 3, 0), (0, 3, 1), (0, 3, 2), (0, 3, 3),
+                (1, 1, 0), (1, 1, 1), (1, 1, 2), (1, 1, 3),
+                (2, 5, 0), (2, 5, 1)]
+    for t, want in enumerate(expected):
+        got = tuple(table.lookup(t))
+        assert got == want, f"lookup({t}) = {got}, expected (logical, physical, offset) = {want}"
+
+
+def test_seed_physical_layout(impl):
+    """Which tokens each physical block holds: block 3 tokens 0-3, block 1 tokens 4-7, block 5 tokens 8
+    and 9 (slots 2 and 3 of block 5 are empty); blocks 0, 2 and 4 hold none of this request's tokens."""
+    _, table = seed_table(impl, 10)
+    layout = {}
+    for t in range(10):
+        _, physical, offset = table.lookup(t)
+        layout.setdefault(physical, []).append((offset, t))
+    assert layout == {3: [(0, 0), (1, 1), (2, 2), (3, 3)], 1: [(0, 4), (1, 5), (2, 6), (3, 7)],
+                      5: [(0, 8), (1, 9)]}
+
+
+def test_seed_slot_mapping(impl):
+    """slot = physical block * 4 + offset: tokens 0-9 of table [3, 1, 5] go to slots 12-15, 4-7, 20, 21.
+    Swapping block and offset (offset * 4 + block) gives token 9 slot 9 instead of 21."""
+    _, table = seed_table(impl, 10)
+    assert [table.slot(t) for t in range(10)] == [12, 13, 14, 15, 4, 5, 6, 7, 20, 21]
+
+
+def test_seed_last_block_is_full_check(impl):
+    """10 tokens in [3, 1, 5]: the last block (5) holds tokens 8 and 9 only: not full. At 12 tokens it
+    is full and still 3 blocks; the 13th token takes a fourth block, which is not full."""
+    alloc, table = seed_table(impl, 10)
+    assert table.last_block_is_full is False
+    table.append_tokens(1)
+    assert table.last_block_is_full is False and len(table.blocks) == 3
+    table.append_tokens(1)
+    assert table.last_block_is_full is True and table.blocks == SEED_TABLE
+    alloc.free(0)  # the seed's pool is otherwise in use: make room for a fourth block
+    table.append_tokens(1)
+    assert table.last_block_is_full is False and table.blocks == SEED_TABLE + [0]
+
+
+def test_seed_decode_step_writes_slots_3_9_14(impl, runtime):
+    """Section 2.5: A, B, C (3, 5, 2 tokens) on a fresh 8-block pool hold [0], [1, 2], [3]. One decode
+    step appends a token to each: slots 3, 9 and 14, padded to a batch of 4 with -1. The new rows land
+    at k_cache[0, 3], k_cache[2, 1] and k_cache[3, 2]; nothing else changes."""
+    alloc = impl.BlockAllocator(8)
+    tables = [impl.BlockTable(alloc, 4) for _ in SEED_LENGTHS]
+    for table, n in zip(tables, SEED_LENGTHS):
+        table.append_tokens(n)
+    assert [t.blocks for t in tables] == [[0], [1, 2], [3]]
+    step = [t.append_tokens(1) for t in tables]
+    assert step == [[3], [9], [14]]
+    key, value = random_rows(4, 2, 16, torch.float16, runtime.device, seed=16)
+    slot_mapping = _slots(runtime.device, 3, 9, 14, -1)
+    k_cache, v_cache = store_and_check(impl, key, value, slot_mapping, 8, 4)
+    for row, (block, offset) in enumerate([(0, 3), (2, 1), (3, 2)]):
+        assert_close(k_cache[block, offset], key[row], ("head", "d"), **EXACT)
+        assert_close(v_cache[block, offset], value[row], ("head", "d"), **EXACT)
+
+
+# --- Section 3.1 "The allocator" ----------------------------------------------------------------------
+
+
+def test_fresh_pool_hands_out_block_0_first(impl):
+    alloc = impl.BlockAllocator(5)
+    assert alloc.num_free == 5
+    assert [alloc.allocate() for _ in range(5)] == [0, 1, 2, 3, 4]
+    assert alloc.num_free == 0
+
+
+def test_out_of_blocks_is_a_clear_error(impl):
+    """The (num_blocks + 1)-th allocation raises RuntimeError saying the pool is out of blocks, and
+    leaves the pool as it was."""
+    alloc = impl.BlockAllocator(3)
+    for _ in range(3):
+        alloc.allocate()
+    with pytest.raises(RuntimeError, match="(?i)out of"):
+        alloc.allocate()
+    assert alloc.num_free == 0
+    alloc.free(1)
+    assert alloc.allocate() == 1
+
+
+def test_double_free_rejected(impl):
+    """Freeing a block twice would put it on the free list twice, and two sequences would later share
+    it, overwriting each other's KV. The second free raises ValueError and changes nothing."""
+    alloc = impl.BlockAllocator(4)
+    a, b = alloc.allocate(), alloc.allocate()
+    alloc.free(a)
+    with pytest.raises(ValueError, match="(?i)double free|already free"):
+        alloc.free(a)
+    assert alloc.num_free == 3
+    with pytest.raises(ValueError, match="(?i)double free|already free"):
+        alloc.free(3)  # never allocated: free already
+    got = [alloc.allocate() for _ in range(3)]
+    assert sorted(got + [b]) == [0, 1, 2, 3], f"the pool handed out {got} besides {b}: a block came out twice"
+
+
+def test_free_returns_the_block_to_the_free_list(impl):
+    """A freed block is allocatable again: free() must put it back, not only forget it."""
+    alloc = impl.BlockAllocator(4)
+    blocks = [alloc.allocate() for _ in range(4)]
+    alloc.free(blocks[2])
+    assert alloc.num_free == 1
+    assert alloc.allocate() == blocks[2]
+    for b in blocks:
+        alloc.free(b)
+    assert alloc.num_free == 4
+    assert sorted(alloc.allocate() for _ in range(4)) == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("block", [-1, 4, 100])
+def test_free_rejects_blocks_outside_the_pool(impl, block):
+    alloc = impl.BlockAllocator(4)
+    alloc.allocate()
+    with pytest.raises(ValueError, match=str(block)):
+        alloc.free(block)
+    assert alloc.num_free == 3
+
+
+# --- Section 3.2 "The block table" ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("block_size", [1, 3, 4])
+def test_table_grows_one_block_at_a_time(impl, block_size):
+    """Token by token from 0 to 13 tokens: ceil(n / block_size) blocks, a new block exactly when the
+    previous one is full, and the blocks already held never change."""
+    alloc = impl.BlockAllocator(16)
+    table = impl.BlockTable(alloc, block_size)
+    assert table.blocks == [] and table.num_tokens == 0 and table.last_block_is_full is False
+    held = []
+    for n in range(1, 14):
+        table.append_tokens(1)
+        blocks = table.blocks
+        assert len(blocks) == math.ceil(n / block_size), f"{n} tokens in blocks of {block_size}: {blocks}"
+        assert blocks[:len(held)] == held, "a block already held changed"
+        held = blocks
+        assert table.last_block_is_full is (n % block_size == 0), f"last_block_is_full wrong at {n} tokens"
+    assert alloc.num_free == 16 - len(held)
+
+
+def test_append_tokens_returns_the_new_slots(impl):
+    """append_tokens(n) returns the n new tokens' slots, which is the slot_mapping of that step."""
+    _, table = seed_table(impl, 0)
+    assert table.append_tokens(0) == []
+    assert table.append_tokens(6) == [12, 13, 14, 15, 4, 5]
+    assert table.append_tokens(4) == [6, 7, 20, 21]
+    assert table.blocks == SEED_TABLE
+
+
+def test_append_that_does_not_fit_allocates_nothing(impl):
+    """Two free blocks of 4 cannot hold 9 more tokens: RuntimeError, and the table and the pool are
+    exactly as before (no half-grown sequence holding blocks it cannot use)."""
+    alloc = impl.BlockAllocator(3)
+    table = impl.BlockTable(alloc, 4)
+    table.append_tokens(3)
+    with pytest.raises(RuntimeError, match="(?i)out of|not enough|free"):
+        table.append_tokens(10)  # 13 tokens need 4 blocks; 3 exist
+    assert table.num_tokens == 3 and len(table.blocks) == 1 and alloc.num_free == 2
+    table.append_tokens(9)  # 12 tokens: exactly 3 blocks
+    assert alloc.num_free == 0 and table.last_block_is_full is True
+
+
+def test_release_returns_every_block(impl):
+    """release() gives every block of the table back; they are free (freeing one again is a double
+    free), other tables keep theirs, and the emptied table can grow again."""
+    alloc = impl.BlockAllocator(6)
+    a, b = impl.BlockTable(alloc, 4), impl.BlockTable(alloc, 4)
+    a.append_tokens(9)  # 3 blocks
+    b.append_tokens(5)  # 2 blocks
+    assert alloc.num_free == 1
+    a_blocks, b_blocks = a.blocks, b.blocks
+    a.release()
+    assert a.blocks == [] and a.num_tokens == 0 and alloc.num_free == 4
+    with pytest.raises(ValueError, match="(?i)double free|already free"):
+        alloc.free(a_blocks[0])
+    assert b.blocks == b_blocks
+    a.append_tokens(16)  # 4 blocks: everything left
+    assert not set(a.blocks) & set(b_blocks) and alloc.num_free == 0
+
+
+@pytest.mark.parametrize("t", [10, 11, -1])
+def test_lookup_outside_the_sequence_raises(impl, t):
+    """Token 10 does not exist in a 10-token sequence, even though block 5 has room for it."""
+    _, table = seed_table(impl, 10)
+    with pytest.raises(IndexError):
+        table.lookup(t)
+    with pytest.raises(IndexError):
+        table.slot(t)
+
+
+@pytest.mark.parametrize("make", [
+    lambda impl: impl.BlockAllocator(0),
+    lambda impl: impl.BlockAllocator(-3),
+    lambda impl: impl.BlockTable(impl.BlockAllocator(2), 0),
+    lambda impl: impl.BlockTable(impl.BlockAllocator(2), 4).append_tokens(-1),
+    lambda impl: impl.waste_contiguous([3, 5], 0),
+    lambda impl: impl.waste_paged([3, 5], 0),
+    lambda impl: impl.waste_paged([3, -5], 4),
+], ids=["pool_of_0", "pool_negative", "block_size_0", "append_negative", "reserved_0", "paged_block_size_0",
+        "negative_length"])
+def test_bad_sizes_rejected(impl, make):
+    with pytest.raises(ValueError):
+        make(impl)
+
+
+# --- Section 3.4-3.6: the kernel ----------------------------------------------------------------------
+
+
+def test_store_then_gather_through_block_tables(impl, runtime):
+    """Sequences of 7, 16, 1 and 22 tokens (block size 16 here, as L2 uses), grown from your allocator
+    with scattered blocks; one batched store; gathering each sequence back through its block table gives
+    exactly its key and value rows."""
+    lens = sizes(runtime, [7, 16, 1, 22], [700, 16, 1, 2049, 333])
+    PAGE, Hkv, D = 16, 2, 64
+    num_blocks = sum(math.ceil(n / PAGE) for n in lens) + 3
+    _, tables, slots = scattered_tables(impl, lens, PAGE, num_blocks, seed=1)
+    key, value = random_rows(sum(lens), Hkv, D, torch.float16, runtime.device, seed=1)
+    slot_mapping = torch.tensor(slots, dtype=torch.int64, device=runtime.device)
+    k_cache, v_cache = store_and_check(impl, key, value, slot_mapping, num_blocks, PAGE)
+    start = 0
+    for s, (table, n) in enumerate(zip(tables, lens)):
+        row = torch.tensor(table.blocks, device=runtime.device)
+        assert_close(gather_kv(k_cache, row, n), key[start:start + n], ROW_DIMS, **EXACT)
+        assert_close(gather_kv(v_cache, row, n), value[start:start + n], ROW_DIMS, **EXACT)
+        start += n
+
+
+def test_padding_slots_leave_the_cache_untouched(impl, runtime):
+    """-1 marks a padding row (a batch padded to a fixed size): it writes nothing. Padding first, in the
+    middle, last, and several in a row; slot 0 (block 0, offset 0) is a real slot in the same batch."""
+    PAGE, Hkv, D, num_blocks = 4, 2, 32, 6
+    slots = [-1, 5, 0, -1, -1, 23, 9, -1]
+    key, value = random_rows(len(slots), Hkv, D, torch.float16, runtime.device, seed=2)
+    store_and_check(impl, key, value, torch.tensor(slots, device=runtime.device), num_blocks, PAGE)
+
+
+def test_all_padding_batch_writes_nothing(impl, runtime):
+    key, value = random_rows(5, 2, 32, torch.float16, runtime.device, seed=3)
+    store_and_check(impl, key, value, torch.full((5,), -1, dtype=torch.int64, device=runtime.device), 3, 4)
+
+
+def test_empty_batch_is_a_no_op(impl, runtime):
+    key, value = random_rows(0, 2, 32, torch.float16, runtime.device, seed=4)
+    store_and_check(impl, key, value, torch.empty(0, dtype=torch.int64, device=runtime.device), 3, 4)
+
+
+def test_first_and_last_slot_of_the_cache(impl, runtime):
+    """Slot 0 and slot num_blocks * PAGE - 1: the two edges of the cache, next to the spare blocks."""
+    PAGE, Hkv, D, num_blocks = 5, 2, 16, 3
+    key, value = random_rows(2, Hkv, D, torch.float16, runtime.device, seed=5)
+    slots = torch.tensor([num_blocks * PAGE - 1, 0], device=runtime.device)
+    store_and_check(impl, key, value, slots, num_blocks, PAGE)
+
+
+@pytest.mark.parametrize("Hkv,D,PAGE", [(3, 24, 5), (1, 128, 16), (6, 40, 3), (8, 128, 16)],
+                         ids=["Hkv3-D24-PAGE5", "Hkv1-D128", "Hkv6-D40-PAGE3", "Hkv8-D128"])
+def test_heads_and_dims_not_powers_of_two(impl, runtime, Hkv, D, PAGE):
+    """Hkv and D padded up to powers of two for tl.arange: the padded heads and features must be masked
+    on the store, or they land on the next slot's heads (or past the cache: the spare block sees it)."""
+    num_blocks = sizes(runtime, 7, 1000)  # at least N slots for every PAGE here
+    N = sizes(runtime, 12, 1000)
+    key, value = random_rows(N, Hkv, D, torch.float16, runtime.device, seed=Hkv * D)
+    last = num_blocks * PAGE - 1  # the very last slot: unmasked padding there spills past the cache
+    inner = 1 + distinct_slots(N - 2, last - 1, runtime.device, seed=D)  # distinct, in [1, last)
+    slots = torch.cat([_slots(runtime.device, 0), inner, _slots(runtime.device, last)])
+    store_and_check(impl, key, value, slots, num_blocks, PAGE)
+
+
+def test_strided_key_value_rows(impl, runtime):
+    """key and value are usually views into one fused qkv projection [N, Hq + 2 * Hkv, D]: their rows are
+    (Hq + 2 * Hkv) * D apart, not Hkv * D. Read them with their own strides."""
+    N, Hq, Hkv, D, PAGE, num_blocks = sizes(runtime, 9, 300), 8, 2, 32, 4, sizes(runtime, 5, 200)
+    gen = torch.Generator().manual_seed(6)
+    qkv = torch.randn(N, Hq + 2 * Hkv, D, generator=gen).half().to(runtime.device)  # [N, Hq + 2 Hkv, D]
+    key, value = qkv[:, Hq:Hq + Hkv], qkv[:, Hq + Hkv:]  # [N, Hkv, D] views, stride(0) = (Hq + 2 Hkv) * D
+    assert not key.is_contiguous()
+    store_and_check(impl, key, value, distinct_slots(N, num_blocks * PAGE, runtime.device, seed=6), num_blocks, PAGE)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=["fp16", "bf16", "fp32"])
+def test_dtypes(impl, runtime, dtype):
+    """A copy in any dtype: bit for bit (bf16 runs in the interpreter too: no tl.dot here)."""
+    N, Hkv, D, PAGE, num_blocks = sizes(runtime, 10, 4096), 2, 64, 16, sizes(runtime, 2, 1024)
+    key, value = random_rows(N, Hkv, D, dtype, runtime.device, seed=7)
+    store_and_check(impl, key, value, distinct_slots(N, num_blocks * PAGE, runtime.device, seed=7), num_blocks, PAGE)
+
+
+def test_random_slots_in_a_large_cache(impl, runtime):
+    """Many tokens to random distinct slots, some of them padding: the benchmark's pattern, checked."""
+    N, Hkv, D, PAGE, num_blocks = sizes(runtime, 24, 8192), 8, 128, 16, sizes(runtime, 4, 4096)
+    key, value = random_rows(N, Hkv, D, torch.float16, runtime.device, seed=8)
+    slots = distinct_slots(N, num_blocks * PAGE, runtime.device, seed=8)
+    slots[::5] = -1
+    store_and_check(impl, key, value, slots, num_blocks, PAGE)
+
+
+def test_paged_decode_reads_what_store_kvcache_wrote(impl, runtime):
+    """The lessons connect: prefill sequences into a NaN-filled cache with your tables and store_kvcache,
+    then one decode step (one new token each, padded batch, two sequences crossing a block boundary),
+    then L2's paged_decode over your block tables. It must equal the fp32 oracle of
+    drills/tests/paged_kv.py on a cache built by plain PyTorch indexing from the same rows."""
+    PAGE, Hq, Hkv, D = 16, 8, 2, 64
+    lens = sizes(runtime, [37, 16, 1, 48], [1000, 16, 1, 2047, 512])
+    num_blocks = sum(math.ceil((n + 1) / PAGE) for n in lens) + 4
+    dev = runtime.device
+    _, tables, slots = scattered_tables(impl, lens, PAGE, num_blocks, seed=9)
+    key, value = random_rows(sum(lens), Hkv, D, torch.float16, dev, seed=9)
+    shape = (num_blocks, PAGE, Hkv, D)
+    buf_k, buf_v, k_cache, v_cache = canary_caches(*shape, torch.float16, dev)
+    k_cache.fill_(float("nan"))  # never-written slots are NaN: paged_decode must not read them
+    v_cache.fill_(float("nan"))
+    impl.store_kvcache(key, value, k_cache, v_cache, torch.tensor(slots, device=dev))
+
+    # Decode step: the new token of each sequence, padded to a batch of B + 2 rows with -1.
+    step = [t.append_tokens(1)[0] for t in tables]  # 16 -> 17 and 48 -> 49 tokens: a new block each
+    new_k, new_v = random_rows(len(lens) + 2, Hkv, D, torch.float16, dev, seed=10)
+    step_mapping = torch.tensor(step[:2] + [-1] + step[2:] + [-1], device=dev)
+    new_rows = [0, 1] + list(range(3, len(lens) + 1))  # the real rows of new_k, in sequence order
+    impl.store_kvcache(new_k, new_v, k_cache, v_cache, step_mapping)
+
+    # The oracle's cache: plain indexing from the same rows, never touching your kernel.
+    all_slots = torch.tensor(slots + step, device=dev)
+    k_ref = torch.full(shape, float("nan"), dtype=torch.float16, device=dev)
+    v_ref = torch.full(shape, float("nan"), dtype=torch.float16, device=dev)
+    k_ref.view(-1, Hkv, D)[all_slots] = torch.cat([key, new_k[new_rows]])
+    v_ref.view(-1, Hkv, D)[all_slots] = torch.cat([value, new_v[new_rows]])
+
+    context_lens = torch.tensor([t.num_tokens for t in tables], dtype=torch.int32, device=dev)
+    max_pages = max(len(t.blocks) for t in tables) + 1
+    block_tables = torch.tensor([t.blocks + [GARBAGE_BLOCK_IDS[i % 4]] * (max_pages - len(t.blocks))
+                                 for i, t in enumerate(tables)], dtype=torch.int32, device=dev)
+    q = random_rows(len(lens), Hq, D, torch.float16, dev, seed=11)[0]  # [B, Hq, D]
+    M = margin(PAGE)
+    inside = torch.zeros(buf_k.shape, dtype=torch.bool, device=dev)
+    inside[M:-M] = True
+    assert_untouched(buf_k, CANARY, inside, "the spare blocks around k_cache", CACHE_DIMS)
+    assert_untouched(buf_v, CANARY, inside, "the spare blocks around v_cache", CACHE_DIMS)
+    out = paged_decode(q, k_cache, v_cache, block_tables, context_lens)
+    ref, _ = paged_attention_reference(q, k_ref, v_ref, block_tables, context_lens)
+    assert_close(out, ref, ("b", "head", "d"))
+
+
+def test_slot_index_widened_to_int64(impl, runtime):
+    """Blocks whose first element lies past 2**32: slot // PAGE * block stride in int32 wraps around and
+    the row lands in a low block of the same cache instead of its own."""
+    if runtime.interpreter:
+        pytest.skip("GPU only: the cache must hold more than 2**32 elements (8.6 GB per K or V cache in fp16)")
+    PAGE, Hkv, D = 16, 1, 128
+    first = 2**32 // (PAGE * Hkv * D)  # the first block whose offset is 2**32 elements
+    num_blocks = first + 4
+    k_cache = torch.zeros(num_blocks, PAGE, Hkv, D, dtype=torch.float16, device="cuda")
+    v_cache = torch.zeros_like(k_cache)
+    N = 37
+    key, value = random_rows(N, Hkv, D, torch.float16, "cuda", seed=12)
+    slots = first * PAGE + distinct_slots(N, 4 * PAGE, "cuda", seed=12)
+    impl.store_kvcache(key, value, k_cache, v_cache, slots)
+    assert_close(k_cache.view(-1, Hkv, D)[slots], key, ROW_DIMS, **EXACT)
+    assert_close(v_cache.view(-1, Hkv, D)[slots], value, ROW_DIMS, **EXACT)
+    assert not k_cache[:4].any() and not v_cache[:4].any(), "rows landed in blocks 0-3: int32 offsets wrapped"
+    del k_cache, v_cache
+    torch.cuda.empty_cache()
+
+
+# --- Section 3.7 "The launcher's checks" --------------------------------------------------------------
+
+
+def _slots(dev, *values):
+    return torch.tensor(values, dtype=torch.int64, device=dev)
+
+
+# name -> (how to spoil the arguments of a valid call, the error, what the message must name)
+BAD_INPUTS = {
+    "key_not_a_tensor": (lambda a, dev: dict(key=a["key"].tolist()), TypeError, "key"),
+    "key_rank": (lambda a, dev: dict(key=a["key"][0]), ValueError, "key"),
+    "key_dtype_fp64": (lambda a, dev: dict(key=a["key"].double()), TypeError, "key"),
+    "value_dtype": (lambda a, dev: dict(value=a["value"].float()), TypeError, "value"),
+    "k_cache_dtype": (lambda a, dev: dict(k_cache=a["k_cache"].float()), TypeError, "k_cache"),
+    "v_cache_rank": (lambda a, dev: dict(v_cache=a["v_cache"][0]), ValueError, "v_cache"),
+    "value_shape": (lambda a, dev: dict(value=a["value"][:, :1]), ValueError, "value"),
+    "cache_heads_mismatch": (lambda a, dev: {n: a[n][:, :, :1] for n in ("k_cache", "v_cache")}, ValueError, "k_cache"),
+    "cache_head_dim_mismatch": (lambda a, dev: {n: a[n][..., :8] for n in ("k_cache", "v_cache")}, ValueError, "k_cache"),
+    "v_cache_shape": (lambda a, dev: dict(v_cache=a["v_cache"][:2]), ValueError, "v_cache"),
+    "v_cache_strides": (lambda a, dev: dict(v_cache=a["v_cache"].transpose(0, 1).contiguous().transpose(0, 1)),
+                        ValueError, "v_cache"),
+    "key_last_dim_strided": (lambda a, dev: dict(key=a["key"].transpose(1, 2).contiguous().transpose(1, 2)),
+                             ValueError, "key"),
+    "slot_mapping_int32": (lambda a, dev: dict(slot_mapping=a["slot_mapping"].int()), TypeError, "slot_mapping"),
+    "slot_mapping_2d": (lambda a, dev: dict(slot_mapping=a["slot_mapping"][:, None]), ValueError, "slot_mapping"),
+    "slot_mapping_wrong_length": (lambda a, dev: dict(slot_mapping=a["slot_mapping"][:4]), ValueError, "slot_mapping"),
+    "slot_past_the_cache": (lambda a, dev: dict(slot_mapping=_slots(dev, 3, 16, 0, 15, 7)), ValueError,
+                            r"slot_mapping\[1\]"),
+    "slot_below_minus_one": (lambda a, dev: dict(slot_mapping=_slots(dev, 3, -1, 0, -2, 7)), ValueError,
+                             r"slot_mapping\[3\]"),
+    "duplicate_slot": (lambda a, dev: dict(slot_mapping=_slots(dev, 3, -1, 7, 15, 7)), ValueError, "slot_mapping"),
+    "mixed_devices": (lambda a, dev: dict(slot_mapping=a["slot_mapping"].to("meta")), ValueError, "slot_mapping"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_INPUTS))
+def test_launcher_rejects_bad_input(impl, runtime, name):
+    """Each bad argument raises ValueError/TypeError naming it, before any kernel runs: the caches must
+    still be all canary afterwards."""
+    spoil, error, names = BAD_INPUTS[name]
+    key, value = random_rows(5, 2, 16, torch.float16, runtime.device, seed=13)
+    buf_k, buf_v, k_cache, v_cache = canary_caches(4, 4, 2, 16, torch.float16, runtime.device)
+    args = dict(key=key, value=value, k_cache=k_cache, v_cache=v_cache,
+                slot_mapping=_slots(runtime.device, 3, -1, 0, 15, 7))
+    impl.store_kvcache(**args)  # the unspoiled call is valid
+    buf_k.fill_(CANARY)
+    buf_v.fill_(CANARY)
+    args.update(spoil(args, runtime.device))
+    with pytest.raises(error, match=names):
+        impl.store_kvcache(**args)
+    nothing = torch.zeros(buf_k.shape, dtype=torch.bool, device=buf_k.device)
+    assert_untouched(buf_k, CANARY, nothing, "k_cache after a rejected call", CACHE_DIMS)
+    assert_untouched(buf_v, CANARY, nothing, "v_cache after a rejected call", CACHE_DIMS)
+
+
+def test_duplicate_padding_is_fine(impl, runtime):
+    """-1 may repeat (every padding row is -1); only real slots must be distinct."""
+    key, value = random_rows(4, 2, 16, torch.float16, runtime.device, seed=14)
+    store_and_check(impl, key, value, _slots(runtime.device, -1, 2, -1, -1), 2, 4)
+
+
+# --- The grader's own checks are strict enough ----------------------------------------------------------
+
+
+def test_checks_reject_zeros_a_shifted_slot_and_one_stray_write(runtime):
+    """Not a test of your code: the exact comparison fails an all-zeros cache and rows stored one slot
+    off, and the canary check fails a single stray element, so passing the tests above means something."""
+    key, _ = random_rows(6, 2, 16, torch.float16, runtime.device, seed=15)
+    assert mismatch(torch.zeros_like(key), key, **EXACT) is not None
+    assert mismatch(key.roll(1, dims=0), key, **EXACT) is not None
+    assert mismatch(key.clone(), key, **EXACT) is None
+    buf = torch.full((3, 4, 2, 16), CANARY, dtype=torch.float16, device=runtime.device)
+    buf[0, 3, 1, 15] = 0.0
+    with pytest.raises(AssertionError, match="canary"):
+        assert_untouched(buf, CANARY, torch.zeros(buf.shape, dtype=torch.bool, device=buf.device), "buf")
