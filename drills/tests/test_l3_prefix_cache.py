@@ -291,6 +291,22 @@ def test_evicted_block_is_not_revived(impl):
     assert m.num_cached_tokens("w") == 4, "block 2 was overwritten by [G, H, X, Y]: not cached any more"
 
 
+def test_evicted_block_does_not_vouch_for_its_old_child(impl):
+    """With keys that ignore the block before (every [C, D] collides), only the parent check tells [C, D]
+    after [A, B] from [C, D] after [G, H]. That check is sound only if a block is never handed out while
+    a child of it is still cached: freeing tail first puts block 1 in the free list before block 0, so
+    block 1 is evicted first. Freed front to back, block 0 would be reused for [G, H] while block 1 still
+    claimed to follow it, and [G, H, C, D] would read the KV of [A, B, C, D]."""
+    m = impl.BlockManager(3, 2, hash_fn=lambda prev_hash, token_ids: hash(token_ids))
+    assert m.allocate("s", [A, B, C, D]) == [0, 1]
+    m.free("s")
+    assert m.allocate("t", [E, F]) == [2]
+    assert m.allocate("u", [G, H]) == [1], "the child (block 1) is evicted before its parent (block 0)"
+    m.free("u")
+    table = m.allocate("v", [G, H, C, D])
+    assert m.num_cached_tokens("v") <= 2, f"[C, D] after [G, H] reused the KV of [C, D] after [A, B]: {table}"
+
+
 def test_block_table_is_a_copy(impl):
     m = impl.BlockManager(4, 2)
     table = m.allocate("s", [A, B, C])
@@ -381,6 +397,7 @@ HASHES = {
     "default": None,
     "constant": same_key,
     "weak": lambda prev_hash, token_ids: (sum(token_ids) + (prev_hash or 0)) % 3,
+    "unchained": lambda prev_hash, token_ids: hash(token_ids),
 }
 
 
@@ -518,20 +535,29 @@ def run_stream(m, num_blocks, block_size, seed, steps, echo):
     return checker.events
 
 
+# What each stream must have seen, or it would not test what it claims: with a key that always collides
+# the table keeps one block per key, so almost nothing is shared (a collision costs sharing, not KV).
+MUST_SEE = {
+    "default": ("shared", "revived", "grew", "allocate refused", "append refused"),
+    "constant": ("grew", "allocate refused", "append refused"),
+    "weak": ("shared", "revived", "grew", "allocate refused", "append refused"),
+    "unchained": ("shared", "revived", "grew", "allocate refused", "append refused"),
+}
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
 @pytest.mark.parametrize("hash_name", list(HASHES))
 def test_random_request_streams(impl, hash_name, seed):
     """Ref count = number of live tables holding the block, never negative; num_free_blocks = blocks
     with ref count 0; tables append-only; refused calls change nothing; every sequence reads its own KV;
-    every block free at the end. Block sizes 1 to 4; hashes: the default, one that always collides and
-    a weak one."""
+    every block free at the end. Block sizes 1 to 4; hashes: the default, one that always collides, a
+    weak one (3 values) and one that ignores the block before (the same tokens always collide)."""
     block_size = 1 + seed
-    num_blocks = 10 + 2 * seed
+    num_blocks = 24 // block_size + 6  # tight enough that allocations are refused and blocks evicted
     m = impl.BlockManager(num_blocks, block_size, hash_fn=HASHES[hash_name])
-    events = run_stream(m, num_blocks, block_size, seed=100 * seed + len(hash_name), steps=300,
+    events = run_stream(m, num_blocks, block_size, seed=100 * seed + len(hash_name), steps=400,
                         echo=hash_name == "default")
-    # The stream must have exercised what it claims to test.
-    for event in ("shared", "revived", "allocate refused", "grew"):
+    for event in MUST_SEE[hash_name]:
         assert events[event] > 0, f"this stream never saw a {event!r} event: {dict(events)}"
 
 
