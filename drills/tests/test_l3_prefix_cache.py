@@ -307,6 +307,24 @@ def test_evicted_block_does_not_vouch_for_its_old_child(impl):
     assert m.num_cached_tokens("v") <= 2, f"[C, D] after [G, H] reused the KV of [C, D] after [A, B]: {table}"
 
 
+def test_hash_fn_gets_the_previous_key_and_a_tuple(impl):
+    """The injectable key function is called as hash_fn(key of the block before, tuple of block_size
+    token ids), with None before a first block, and never for a partial block."""
+    calls = []
+
+    def recording(prev_hash, token_ids):
+        calls.append((prev_hash, token_ids))
+        return hash((prev_hash, token_ids))
+
+    m = impl.BlockManager(8, 2, hash_fn=recording)
+    m.allocate("s", [A, B, C, D, E])
+    assert calls, "hash_fn was never called"
+    assert all(isinstance(t, tuple) and len(t) == 2 for _, t in calls), f"token_ids must be 2-tuples: {calls}"
+    assert (None, (A, B)) in calls, f"the first block's key is hash_fn(None, tokens): {calls}"
+    assert (hash((None, (A, B))), (C, D)) in calls, f"[C, D] must be keyed after [A, B]'s key: {calls}"
+    assert all(t != (E,) for _, t in calls), "the partial block [E] must not be keyed"
+
+
 def test_block_table_is_a_copy(impl):
     m = impl.BlockManager(4, 2)
     table = m.allocate("s", [A, B, C])
@@ -327,9 +345,10 @@ def test_whole_prompt_cached_counts_every_token(impl):
 
 
 def _two_live(impl):
+    """Three blocks, all in use: "a" = [A, B, C] holds blocks 0 and 1, "b" = [D, E] fills block 2."""
     m = impl.BlockManager(3, 2)
     m.allocate("a", [A, B, C])
-    m.allocate("b", [D])
+    m.allocate("b", [D, E])
     return m
 
 
@@ -341,7 +360,7 @@ BAD_CALLS = {
     "block_table_unknown": (lambda m: m.block_table("ghost"), KeyError, "'ghost'"),
     "num_cached_tokens_unknown": (lambda m: m.num_cached_tokens("ghost"), KeyError, "'ghost'"),
     "allocate_out_of_blocks": (lambda m: m.allocate("c", [E, F, G]), ValueError, "'c'"),
-    "append_out_of_blocks": (lambda m: (m.append("b", E), m.append("b", F)), ValueError, "'b'"),
+    "append_out_of_blocks": (lambda m: m.append("b", F), ValueError, "'b'"),
     "token_ids_empty": (lambda m: m.allocate("c", []), ValueError, "token_ids"),
     "token_ids_not_a_list": (lambda m: m.allocate("c", 5), TypeError, "token_ids"),
     "ref_count_negative": (lambda m: m.ref_count(-1), ValueError, "block_id"),
@@ -355,9 +374,6 @@ def test_bad_call_raises_and_changes_nothing(impl, name):
     """Each bad call raises an error naming the seq_id or argument, and leaves the manager as it was."""
     call, error, names = BAD_CALLS[name]
     m = _two_live(impl)
-    if name == "append_out_of_blocks":
-        m.append("b", E)  # fills "b"'s block; the next append needs a block and none is free
-        call = lambda m: m.append("b", F)  # noqa: E731
     before = state(m, 3, ["a", "b"])
     with pytest.raises(error, match=names):
         call(m)
