@@ -1,0 +1,30 @@
+"""L3 mutants: the block-manager mistakes of explainer section 5, one per pitfall."""
+from drills.mutants import Mutant
+
+MUTANTS = [
+    Mutant("ref_not_decremented", "1. ref count not dropped on free",
+           "            self._ref[block] -= 1\n", "            pass\n"),
+    Mutant("freed_while_referenced", "2. a block returned to the free list while another sequence holds it",
+           "            if self._ref[block] == 0:\n                self._free[block] = None",
+           "            self._free[block] = None"),
+    Mutant("hash_not_chained", "3. keys not chained to the block before",
+           "prev_hash = None if parent is None else self._hash[parent]", "prev_hash = None"),
+    Mutant("partial_block_hashed", "4. a partial block keyed and shared",
+           "num_full = len(token_ids) // bs", "num_full = len(chunks)"),
+    Mutant("token_ids_not_checked", "5. token ids not checked on a key hit",
+           "        if self._tokens[block] != chunk:\n            return None\n", ""),
+    Mutant("parent_not_checked", "6. the block before not checked on a key hit",
+           "        if self._parent[block] != parent:\n            return None\n", ""),
+    Mutant("failed_allocation_half_done", "7. a failed allocation leaves blocks taken",
+           "if need > len(self._free):", "if False:"),
+    Mutant("revived_not_counted", "8. revived blocks not counted against the free blocks",
+           "need = len(chunks) - len(hits) + revived", "need = len(chunks) - len(hits)"),
+    Mutant("revived_left_on_free_list", "9. a revived block left on the free list",
+           "                del self._free[block]  # section 3.5", "                pass  # section 3.5"),
+    Mutant("free_front_to_back", "10. free walks the table front to back (the prefix is evicted first)",
+           "for block in reversed(table):", "for block in table:"),
+    Mutant("append_into_full_block", "11. append writes into a full (maybe shared) last block",
+           "if n % self.block_size == 0:", "if n % self.block_size == 1:"),
+    Mutant("append_never_seals", "12. a block filled by append never gets its key",
+           "        if len(self._tokens[block]) == self.block_size:\n            self._seal(block)\n", ""),
+]

@@ -1,0 +1,595 @@
+"""Grader for L3, prefix caching with reference counts. Each test is named for the mistake it catches.
+
+Run: make test L=l3 (your drills/mine) or make test L=l3 IMPL=solutions. Pure Python: no kernel and no
+tensors, so every test runs the same on a CPU and on a GPU machine.
+
+The tests use only the public API of issue 4. The random-stream tests also keep a model of the KV cache
+itself: whenever a token's KV is not reused, the engine would write it into the slot the block table
+names, so the model writes there the token's whole prefix; after every step, every live sequence must
+read its own prefix back from every slot of its table. A block shared by mistake, written while shared
+or handed out while still in use breaks that, whatever the ref counts say.
+"""
+from __future__ import annotations
+
+import math
+import random
+from collections import Counter
+
+import pytest
+
+A, B, C, D, E, F, G, H, X, Y = range(1, 11)  # the seed's letters as token ids, and two more
+
+
+def refs(m, num_blocks):
+    return [m.ref_count(b) for b in range(num_blocks)]
+
+
+def state(m, num_blocks, seq_ids):
+    """Everything the public API shows: free count, every ref count, every table and cached count."""
+    return (m.num_free_blocks, refs(m, num_blocks),
+            {s: (m.block_table(s), m.num_cached_tokens(s)) for s in seq_ids})
+
+
+def same_key(prev_hash, token_ids):
+    """The worst hash there is: every block collides with every other."""
+    return 0
+
+
+# --- Section 2 "By hand": the seed's example through your manager ---------------------------------
+
+
+def test_seed_example_step_by_step(impl):
+    """Block size 2, base prefix [A, B, C, D], request 1 = prefix + [E, F], request 2 = prefix + [G, H]:
+    every table, every ref count and the free count after each step, then request 1 ends."""
+    N = 8
+    m = impl.BlockManager(N, 2)
+
+    assert m.allocate("prefix", [A, B, C, D]) == [0, 1], "step 1: the base prefix takes blocks 0 and 1"
+    assert refs(m, N) == [1, 1, 0, 0, 0, 0, 0, 0] and m.num_free_blocks == 6
+    assert m.num_cached_tokens("prefix") == 0, "nothing was cached before step 1"
+
+    assert m.allocate("req1", [A, B, C, D, E, F]) == [0, 1, 2], "step 2: [A, B] and [C, D] are shared"
+    assert refs(m, N) == [2, 2, 1, 0, 0, 0, 0, 0] and m.num_free_blocks == 5
+    assert m.num_cached_tokens("req1") == 4, "step 2: the KV of A, B, C, D is reused"
+
+    assert m.allocate("req2", [A, B, C, D, G, H]) == [0, 1, 3], "step 3: shared again, [G, H] is new"
+    assert refs(m, N) == [3, 3, 1, 1, 0, 0, 0, 0] and m.num_free_blocks == 4
+    assert m.num_cached_tokens("req2") == 4
+
+    m.free("req1")  # step 4: blocks 2, 1, 0 lose one reference each; only block 2 reaches 0
+    assert refs(m, N) == [2, 2, 0, 1, 0, 0, 0, 0], "step 4: ref counts after request 1 ends"
+    assert m.num_free_blocks == 5, "step 4: block 2 (and only block 2) returns to the free list"
+    with pytest.raises(KeyError):
+        m.block_table("req1")
+
+    assert m.block_table("req2") == [0, 1, 3], "step 5: request 2's final table"
+    assert m.block_table("prefix") == [0, 1]
+
+
+def test_seed_example_freed_block_is_revived(impl):
+    """After step 4, block 2 still holds the KV of [A, B, C, D, E, F]: it waits at the back of the free
+    list (an unrelated request gets block 4), and the same prompt again revives it: 6 cached tokens."""
+    N = 8
+    m = impl.BlockManager(N, 2)
+    m.allocate("prefix", [A, B, C, D])
+    m.allocate("req1", [A, B, C, D, E, F])
+    m.allocate("req2", [A, B, C, D, G, H])
+    m.free("req1")
+    assert m.allocate("other", [X, Y]) == [4], "a freed block joins the back of the free list"
+    assert m.allocate("req3", [A, B, C, D, E, F]) == [0, 1, 2], "block 2's KV is intact: revive it"
+    assert m.num_cached_tokens("req3") == 6
+    assert refs(m, N) == [3, 3, 1, 1, 1, 0, 0, 0] and m.num_free_blocks == 3
+
+
+def test_fresh_manager_hands_out_blocks_in_order(impl):
+    m = impl.BlockManager(5, 2)
+    assert m.allocate("a", [A]) == [0]
+    assert m.allocate("b", [B, C, D]) == [1, 2]
+    assert m.allocate("c", [E]) == [3]
+    assert m.num_cached_tokens("b") == 0 and m.num_free_blocks == 1
+
+
+# --- Section 5 "Pitfalls" ----------------------------------------------------------------------------
+
+
+def test_free_drops_every_ref_count(impl):
+    """Every table's blocks lose one reference on free; once every sequence ends, every block is free."""
+    N = 10
+    m = impl.BlockManager(N, 2)
+    m.allocate("s", [A, B, C, D, E])
+    m.allocate("t", [A, B, C, D, E])
+    m.allocate("u", [A, B, G])
+    assert refs(m, N)[:5] == [3, 2, 1, 1, 1]
+    m.free("t")
+    assert refs(m, N)[:5] == [2, 1, 1, 0, 1]
+    for seq in ("s", "u"):
+        m.free(seq)
+    assert refs(m, N) == [0] * N and m.num_free_blocks == N, "blocks leaked after every sequence ended"
+
+
+def test_block_still_shared_stays_off_the_free_list(impl):
+    """Request 1 ends while the prefix still holds blocks 0 and 1: only block 2 may be handed out again."""
+    N = 4
+    m = impl.BlockManager(N, 2)
+    m.allocate("prefix", [A, B, C, D])
+    m.allocate("req1", [A, B, C, D, E, F])
+    m.free("req1")
+    assert m.num_free_blocks == 2, "blocks 0 and 1 are still held by the prefix: they are not free"
+    assert m.allocate("other", [G, H, G, H]) == [3, 2]
+    with pytest.raises(ValueError):
+        m.allocate("one_more", [X])
+    assert m.block_table("prefix") == [0, 1] and refs(m, N) == [1, 1, 1, 1]
+
+
+def test_hash_chains_the_previous_block(impl):
+    """[C, D] after [A, B] and [C, D] after [E, F] are different KV. With unchained keys they fight for
+    one key: either the second request reuses the wrong KV, or the first one's block is lost for reuse."""
+    m = impl.BlockManager(8, 2)
+    assert m.allocate("x", [A, B, C, D]) == [0, 1]
+    assert m.allocate("z", [E, F, C, D]) == [2, 3], "[C, D] after [E, F] must not reuse block 1"
+    assert m.num_cached_tokens("z") == 0
+    assert m.allocate("w", [A, B, C, D]) == [0, 1], "[A, B, C, D] again must find blocks 0 and 1"
+    assert m.num_cached_tokens("w") == 4
+
+
+def test_partial_block_is_never_shared(impl):
+    """Two [A, B, C]: [A, B] is shared, each [C] gets its own block, because each sequence will write its
+    next token into it. Once filled by append, each is sealed and found by its own continuation."""
+    N = 8
+    m = impl.BlockManager(N, 2)
+    assert m.allocate("s", [A, B, C]) == [0, 1]
+    assert m.allocate("t", [A, B, C]) == [0, 2], "the partial block [C] must not be shared"
+    assert m.num_cached_tokens("t") == 2, "only full blocks count as cached"
+    assert refs(m, N)[:3] == [2, 1, 1]
+    m.append("s", D)
+    m.append("t", E)
+    assert m.block_table("s") == [0, 1] and m.block_table("t") == [0, 2]
+    assert m.allocate("u", [A, B, C, D]) == [0, 1] and m.num_cached_tokens("u") == 4
+    assert m.allocate("v", [A, B, C, E, X]) == [0, 2, 3] and m.num_cached_tokens("v") == 4
+
+
+def test_token_ids_checked_on_a_key_hit(impl):
+    """With a hash where every key collides, [C, D] finds block 0 under its key: the tokens differ
+    ([A, B]), so it is a miss, not a share."""
+    m = impl.BlockManager(8, 2, hash_fn=same_key)
+    assert m.allocate("x", [A, B]) == [0]
+    assert m.allocate("y", [C, D]) == [1], "a key collision must not share a block with other tokens"
+    assert m.num_cached_tokens("y") == 0
+    assert m.ref_count(0) == 1
+
+
+def test_same_tokens_after_another_block_are_not_shared(impl):
+    """With every key colliding, [C, D] at the start of a prompt finds block 1, which holds [C, D] but
+    after [A, B]: same tokens, different KV. A hit must also check the block before it."""
+    m = impl.BlockManager(8, 2, hash_fn=same_key)
+    assert m.allocate("x", [A, B, C, D]) == [0, 1]
+    assert m.allocate("z", [C, D]) == [2], "block 1 holds [C, D] after [A, B]: not the KV of [C, D] alone"
+    assert m.num_cached_tokens("z") == 0
+    assert m.allocate("w", [E, F, C, D]) == [3, 4]
+    assert m.num_cached_tokens("w") == 0
+
+
+def _build_failing_case(impl):
+    """Six blocks of size 2: "p" holds [0, 1]; "q" ran [A, B, E, F, G] and ended, so block 2 ([E, F]
+    after [A, B]) waits in the free list with its KV. Four blocks are free."""
+    m = impl.BlockManager(6, 2)
+    m.allocate("p", [A, B, C, D])
+    m.allocate("q", [A, B, E, F, G])
+    m.free("q")
+    return m
+
+
+def test_failed_allocation_changes_nothing(impl):
+    """A prompt needing 5 blocks (block 0 shared, block 2 revived, 4 new) when 4 are free: ValueError,
+    and the manager is exactly as before: same public state, and the same answers afterwards as a twin
+    that never saw the failed call."""
+    m, twin = _build_failing_case(impl), _build_failing_case(impl)
+    before = state(m, 6, ["p"])
+    assert before[0] == 4
+    with pytest.raises(ValueError, match="'big'"):
+        m.allocate("big", [A, B, E, F, G, H, X, Y, C, D, E, F])
+    assert state(m, 6, ["p"]) == before, "the failed allocation left blocks taken or counts changed"
+    with pytest.raises(KeyError):
+        m.block_table("big")
+    for mgr in (m, twin):  # what comes next must not see any trace of the failed call
+        mgr.allocate("r", [A, B, E, F, G, H])
+        mgr.append("r", X)
+        mgr.allocate("s", [A, B, E, F, G, H, X])
+    assert state(m, 6, ["p", "r", "s"]) == state(twin, 6, ["p", "r", "s"])
+
+
+def test_revived_blocks_count_against_free_blocks(impl):
+    """"s" ends and its blocks 0 and 1 wait in the free list. A prompt that revives both and needs three
+    more needs 5 of the 4 free blocks: it must be refused up front, not after reviving and taking."""
+    N = 4
+    m = impl.BlockManager(N, 2)
+    m.allocate("s", [A, B, C, D])
+    m.free("s")
+    with pytest.raises(ValueError, match="'t'"):
+        m.allocate("t", [A, B, C, D, E, F, G, H, X, Y])
+    assert m.num_free_blocks == N and refs(m, N) == [0] * N, "the refused allocation took blocks"
+    assert m.allocate("t", [A, B, C, D, E, F, G, H]) == [0, 1, 2, 3], "2 revived + 2 new fit exactly"
+    assert m.num_cached_tokens("t") == 4
+
+
+def test_revived_block_leaves_the_free_list(impl):
+    """Reviving a freed block takes it off the free list: it must not be handed out again while in use."""
+    N = 4
+    m = impl.BlockManager(N, 2)
+    m.allocate("s", [A, B, C, D])
+    m.free("s")
+    assert m.allocate("t", [A, B, C, D]) == [0, 1] and m.num_cached_tokens("t") == 4
+    assert m.num_free_blocks == 2, "revived blocks 0 and 1 are in use, not free"
+    assert m.allocate("u", [E, F, G, H]) == [2, 3]
+    with pytest.raises(ValueError):
+        m.allocate("v", [X])
+    assert refs(m, N) == [1, 1, 1, 1]
+
+
+def test_free_returns_tail_blocks_first(impl):
+    """Freeing [A, B, C, D, E, F] puts block 2 (the tail) in the free list before blocks 1 and 0, so the
+    next new block evicts the tail and the prefix [A, B, C, D] stays cached."""
+    m = impl.BlockManager(3, 2)
+    m.allocate("s", [A, B, C, D, E, F])
+    m.free("s")
+    assert m.allocate("u", [G, H]) == [2], "the tail block is evicted first"
+    assert m.allocate("w", [A, B, C, D]) == [0, 1], "the prefix blocks were still cached"
+    assert m.num_cached_tokens("w") == 4
+
+
+def test_append_never_writes_into_a_full_block(impl):
+    """"p" and "q" share [A, B] and [C, D], both full. Appending to "p" must take a new block; the next
+    append fills it; the one after takes another. "q" never notices."""
+    N = 8
+    m = impl.BlockManager(N, 2)
+    m.allocate("p", [A, B, C, D])
+    assert m.allocate("q", [A, B, C, D]) == [0, 1] and m.num_cached_tokens("q") == 4
+    m.append("p", E)
+    assert m.block_table("p") == [0, 1, 2], "a full (here shared) last block is never written: grow"
+    assert m.block_table("q") == [0, 1] and refs(m, N)[:3] == [2, 2, 1]
+    m.append("p", F)
+    assert m.block_table("p") == [0, 1, 2], "the new block has room for a second token"
+    m.append("p", G)
+    assert m.block_table("p") == [0, 1, 2, 3]
+    m.append("q", X)
+    assert m.block_table("q") == [0, 1, 4] and refs(m, N)[:5] == [2, 2, 1, 1, 1]
+
+
+def test_block_filled_by_append_is_shared(impl):
+    """[A, B, C] then D appended: the block [C, D] is full, so it gets its (chained) key when it fills,
+    and a later prompt [A, B, C, D, E] shares it."""
+    m = impl.BlockManager(8, 2)
+    assert m.allocate("s", [A, B, C]) == [0, 1]
+    m.append("s", D)
+    assert m.allocate("t", [A, B, C, D, E]) == [0, 1, 2]
+    assert m.num_cached_tokens("t") == 4 and m.ref_count(1) == 2
+
+
+def test_failed_append_changes_nothing(impl):
+    N = 2
+    m = impl.BlockManager(N, 2)
+    m.allocate("s", [A, B])
+    m.allocate("t", [C, D])
+    before = state(m, N, ["s", "t"])
+    with pytest.raises(ValueError, match="'s'"):
+        m.append("s", E)
+    assert state(m, N, ["s", "t"]) == before
+    m.free("t")
+    m.append("s", E)
+    assert m.block_table("s") == [0, 1]
+
+
+def test_evicted_block_is_not_revived(impl):
+    """Block 2 held [E, F] after [A, B, C, D], was freed, then handed to another request. Its old KV is
+    gone, so [A, B, C, D, E, F] again reuses only 4 tokens, even though it gets block 2 back."""
+    m = impl.BlockManager(4, 2)
+    m.allocate("s", [A, B, C, D, E, F])
+    m.free("s")
+    assert m.allocate("u", [G, H, X, Y]) == [3, 2]
+    m.free("u")
+    assert m.allocate("w", [A, B, C, D, E, F]) == [0, 1, 2]
+    assert m.num_cached_tokens("w") == 4, "block 2 was overwritten by [G, H, X, Y]: not cached any more"
+
+
+def test_evicted_block_does_not_vouch_for_its_old_child(impl):
+    """With keys that ignore the block before (every [C, D] collides), only the parent check tells [C, D]
+    after [A, B] from [C, D] after [G, H]. That check is sound only if a block is never handed out while
+    a child of it is still cached: freeing tail first puts block 1 in the free list before block 0, so
+    block 1 is evicted first. Freed front to back, block 0 would be reused for [G, H] while block 1 still
+    claimed to follow it, and [G, H, C, D] would read the KV of [A, B, C, D]."""
+    m = impl.BlockManager(3, 2, hash_fn=lambda prev_hash, token_ids: hash(token_ids))
+    assert m.allocate("s", [A, B, C, D]) == [0, 1]
+    m.free("s")
+    assert m.allocate("t", [E, F]) == [2]
+    assert m.allocate("u", [G, H]) == [1], "the child (block 1) is evicted before its parent (block 0)"
+    m.free("u")
+    table = m.allocate("v", [G, H, C, D])
+    assert m.num_cached_tokens("v") <= 2, f"[C, D] after [G, H] reused the KV of [C, D] after [A, B]: {table}"
+
+
+def test_hash_fn_gets_the_previous_key_and_a_tuple(impl):
+    """The injectable key function is called as hash_fn(key of the block before, tuple of block_size
+    token ids), with None before a first block, and never for a partial block."""
+    calls = []
+
+    def recording(prev_hash, token_ids):
+        calls.append((prev_hash, token_ids))
+        return hash((prev_hash, token_ids))
+
+    m = impl.BlockManager(8, 2, hash_fn=recording)
+    m.allocate("s", [A, B, C, D, E])
+    assert calls, "hash_fn was never called"
+    assert all(isinstance(t, tuple) and len(t) == 2 for _, t in calls), f"token_ids must be 2-tuples: {calls}"
+    assert (None, (A, B)) in calls, f"the first block's key is hash_fn(None, tokens): {calls}"
+    assert (hash((None, (A, B))), (C, D)) in calls, f"[C, D] must be keyed after [A, B]'s key: {calls}"
+    assert all(t != (E,) for _, t in calls), "the partial block [E] must not be keyed"
+
+
+def test_block_table_is_a_copy(impl):
+    m = impl.BlockManager(4, 2)
+    table = m.allocate("s", [A, B, C])
+    table.append(3)
+    m.block_table("s").append(3)
+    assert m.block_table("s") == [0, 1]
+
+
+def test_whole_prompt_cached_counts_every_token(impl):
+    """A prompt that is a whole number of cached blocks reuses every token (vLLM would still recompute the
+    last one to get logits: section 6)."""
+    m = impl.BlockManager(4, 2)
+    m.allocate("s", [A, B, C, D])
+    assert m.allocate("t", [A, B, C, D]) == [0, 1] and m.num_cached_tokens("t") == 4
+
+
+# --- Errors: unknown or duplicate ids, running out, bad arguments ---------------------------------
+
+
+def _two_live(impl):
+    """Three blocks, all in use: "a" = [A, B, C] holds blocks 0 and 1, "b" = [D, E] fills block 2."""
+    m = impl.BlockManager(3, 2)
+    m.allocate("a", [A, B, C])
+    m.allocate("b", [D, E])
+    return m
+
+
+# name -> (the bad call, the error, what the message must name)
+BAD_CALLS = {
+    "duplicate_seq_id": (lambda m: m.allocate("a", [E]), ValueError, "'a'"),
+    "append_unknown": (lambda m: m.append("ghost", E), KeyError, "'ghost'"),
+    "free_unknown": (lambda m: m.free("ghost"), KeyError, "'ghost'"),
+    "block_table_unknown": (lambda m: m.block_table("ghost"), KeyError, "'ghost'"),
+    "num_cached_tokens_unknown": (lambda m: m.num_cached_tokens("ghost"), KeyError, "'ghost'"),
+    "allocate_out_of_blocks": (lambda m: m.allocate("c", [E, F, G]), ValueError, "'c'"),
+    "append_out_of_blocks": (lambda m: m.append("b", F), ValueError, "'b'"),
+    "token_ids_empty": (lambda m: m.allocate("c", []), ValueError, "token_ids"),
+    "token_ids_not_a_list": (lambda m: m.allocate("c", 5), TypeError, "token_ids"),
+    "ref_count_negative": (lambda m: m.ref_count(-1), ValueError, "block_id"),
+    "ref_count_past_the_end": (lambda m: m.ref_count(3), ValueError, "block_id"),
+    "ref_count_not_int": (lambda m: m.ref_count("0"), TypeError, "block_id"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_CALLS))
+def test_bad_call_raises_and_changes_nothing(impl, name):
+    """Each bad call raises an error naming the seq_id or argument, and leaves the manager as it was."""
+    call, error, names = BAD_CALLS[name]
+    m = _two_live(impl)
+    before = state(m, 3, ["a", "b"])
+    with pytest.raises(error, match=names):
+        call(m)
+    assert state(m, 3, ["a", "b"]) == before
+
+
+def test_double_free_is_rejected(impl):
+    m = impl.BlockManager(3, 2)
+    m.allocate("a", [A, B])
+    m.free("a")
+    with pytest.raises(KeyError, match="'a'"):
+        m.free("a")
+    assert m.num_free_blocks == 3 and refs(m, 3) == [0, 0, 0]
+
+
+@pytest.mark.parametrize("args,error,names", [
+    ((0, 2), ValueError, "num_blocks"),
+    ((4, 0), ValueError, "block_size"),
+    ((2.5, 2), TypeError, "num_blocks"),
+    ((4, "2"), TypeError, "block_size"),
+    ((None, 2), TypeError, "num_blocks"),
+], ids=["no_blocks", "block_size_0", "num_blocks_float", "block_size_str", "num_blocks_none"])
+def test_constructor_rejects_bad_arguments(impl, args, error, names):
+    with pytest.raises(error, match=names):
+        impl.BlockManager(*args)
+
+
+def test_constructor_rejects_uncallable_hash_fn(impl):
+    with pytest.raises(TypeError, match="hash_fn"):
+        impl.BlockManager(4, 2, hash_fn=42)
+
+
+# --- Random request streams: the invariants, with the KV cache modelled ------------------------------
+
+
+HASHES = {
+    "default": None,
+    "constant": same_key,
+    "weak": lambda prev_hash, token_ids: (sum(token_ids) + (prev_hash or 0)) % 3,
+    "unchained": lambda prev_hash, token_ids: hash(token_ids),
+}
+
+
+class StreamChecker:
+    """Drives a manager and checks it after every call (see the module docstring)."""
+
+    def __init__(self, m, num_blocks, block_size):
+        self.m, self.N, self.bs = m, num_blocks, block_size
+        self.tokens = {}  # live seq_id -> its token ids
+        self.tables = {}  # live seq_id -> its block table as last seen
+        self.kv = {}  # (block, slot) -> the prefix whose last token's K and V were written there
+        self.events = Counter()
+
+    def state(self):
+        return state(self.m, self.N, list(self.tables))
+
+    def write(self, seq, pos):
+        block = self.tables[seq][pos // self.bs]
+        self.kv[(block, pos % self.bs)] = tuple(self.tokens[seq][:pos + 1])
+
+    def allocate(self, seq, token_ids):
+        before = self.state()
+        try:
+            table = self.m.allocate(seq, list(token_ids))
+        except ValueError:
+            assert self.state() == before, f"a refused allocate of {seq!r} changed the manager"
+            assert before[0] < math.ceil(len(token_ids) / self.bs), \
+                f"allocate of {seq!r} refused although {before[0]} free blocks hold the whole prompt"
+            self.events["allocate refused"] += 1
+            return None
+        n, cached = len(token_ids), self.m.num_cached_tokens(seq)
+        assert len(table) == math.ceil(n / self.bs), f"{seq!r}: table {table} for {n} tokens"
+        assert cached % self.bs == 0 and 0 <= cached <= n // self.bs * self.bs, \
+            f"{seq!r}: {cached} cached tokens is not a whole number of full blocks of the prompt"
+        for i, block in enumerate(table):
+            if i < cached // self.bs:
+                self.events["revived" if before[1][block] == 0 else "shared"] += 1
+            else:
+                assert before[1][block] == 0, f"{seq!r} got block {block}, which another sequence holds"
+        self.tokens[seq], self.tables[seq] = list(token_ids), table
+        for pos in range(cached, n):  # only tokens whose KV was not reused are computed and written
+            self.write(seq, pos)
+        self.check()
+        return table
+
+    def append(self, seq, token_id):
+        before, old = self.state(), self.tables[seq]
+        n = len(self.tokens[seq]) + 1
+        try:
+            self.m.append(seq, token_id)
+        except ValueError:
+            assert self.state() == before, f"a refused append to {seq!r} changed the manager"
+            assert (n - 1) % self.bs == 0, f"append to {seq!r} refused although its last block has room"
+            self.events["append refused"] += 1
+            return
+        table = self.m.block_table(seq)
+        assert table[:len(old)] == old, f"append changed {seq!r}'s existing table {old} -> {table}"
+        assert len(table) == math.ceil(n / self.bs), f"{seq!r}: table {table} for {n} tokens"
+        if len(table) > len(old):
+            assert before[1][table[-1]] == 0, f"{seq!r} grew into block {table[-1]}, which is in use"
+            self.events["grew"] += 1
+        self.tokens[seq].append(token_id)
+        self.tables[seq] = table
+        self.write(seq, n - 1)
+        self.check()
+
+    def free(self, seq):
+        self.m.free(seq)
+        del self.tokens[seq], self.tables[seq]
+        self.check()
+        try:
+            self.m.block_table(seq)
+        except KeyError:
+            return
+        raise AssertionError(f"block_table({seq!r}) still answers after free")
+
+    def check(self):
+        ref = refs(self.m, self.N)
+        holders = Counter(b for table in self.tables.values() for b in table)
+        for seq, table in self.tables.items():
+            assert self.m.block_table(seq) == table, f"{seq!r}'s table changed while nobody touched it"
+            assert len(set(table)) == len(table), f"{seq!r}'s table {table} holds a block twice"
+        for b in range(self.N):
+            assert ref[b] >= 0, f"block {b} has ref count {ref[b]}"
+            assert ref[b] == holders[b], f"block {b}: ref_count {ref[b]}, but {holders[b]} live tables hold it"
+        free = sum(r == 0 for r in ref)
+        assert self.m.num_free_blocks == free, \
+            f"num_free_blocks = {self.m.num_free_blocks}, but {free} blocks have ref count 0"
+        for seq, toks in self.tokens.items():
+            for pos in range(len(toks)):
+                block, slot = self.tables[seq][pos // self.bs], pos % self.bs
+                if self.kv.get((block, slot)) != tuple(toks[:pos + 1]):
+                    raise AssertionError(
+                        f"{seq!r} reads token {pos} from block {block} slot {slot}, which holds the KV of "
+                        f"{self.kv.get((block, slot))}, not of {tuple(toks[:pos + 1])}")
+
+
+def run_stream(m, num_blocks, block_size, seed, steps, echo):
+    """A seeded random stream of allocate / append / free over a 3-token vocabulary, so that equal
+    blocks after different prefixes, revivals, evictions and refusals all happen. With `echo`, every
+    allocation is followed by the same prompt again, which must reuse every full block."""
+    rng = random.Random(seed)
+    checker = StreamChecker(m, num_blocks, block_size)
+    prompts = [[A, B, C, A, B, C, A]]
+    next_id = 0
+    for _ in range(steps):
+        op = rng.random()
+        live = list(checker.tables)
+        if op < 0.4 or not live:
+            base = rng.choice(prompts)
+            cut = rng.randint(0, len(base))
+            tail = [rng.choice((A, B, C)) for _ in range(rng.randint(0 if cut else 1, 4))]
+            prompt = (base[:cut] + tail)[:14]
+            next_id += 1
+            table = checker.allocate(f"s{next_id}", prompt)
+            prompts.append(prompt)
+            if echo and table is not None:
+                next_id += 1
+                again = checker.allocate(f"s{next_id}", prompt)
+                full = len(prompt) // block_size
+                if again is not None:
+                    assert again[:full] == table[:full] and m.num_cached_tokens(f"s{next_id}") == full * block_size, \
+                        f"the prompt {prompt} again, right after it was allocated, must reuse all {full} full blocks"
+                    checker.free(f"s{next_id}")
+        elif op < 0.75:
+            seq = rng.choice(live)
+            checker.append(seq, rng.choice((A, B, C)))
+            prompts.append(list(checker.tokens[seq]))
+        else:
+            checker.free(rng.choice(live))
+    for seq in list(checker.tables):
+        checker.free(seq)
+    assert m.num_free_blocks == num_blocks and refs(m, num_blocks) == [0] * num_blocks, \
+        "every sequence has ended, yet not every block is free"
+    return checker.events
+
+
+# What each stream must have seen, or it would not test what it claims: with a key that always collides
+# the table keeps one block per key, so almost nothing is shared (a collision costs sharing, not KV).
+MUST_SEE = {
+    "default": ("shared", "revived", "grew", "allocate refused", "append refused"),
+    "constant": ("grew", "allocate refused", "append refused"),
+    "weak": ("shared", "revived", "grew", "allocate refused", "append refused"),
+    "unchained": ("shared", "revived", "grew", "allocate refused", "append refused"),
+}
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+@pytest.mark.parametrize("hash_name", list(HASHES))
+def test_random_request_streams(impl, hash_name, seed):
+    """Ref count = number of live tables holding the block, never negative; num_free_blocks = blocks
+    with ref count 0; tables append-only; refused calls change nothing; every sequence reads its own KV;
+    every block free at the end. Block sizes 1 to 4; hashes: the default, one that always collides, a
+    weak one (3 values) and one that ignores the block before (the same tokens always collide)."""
+    block_size = 1 + seed
+    num_blocks = 24 // block_size + 6  # tight enough that allocations are refused and blocks evicted
+    m = impl.BlockManager(num_blocks, block_size, hash_fn=HASHES[hash_name])
+    events = run_stream(m, num_blocks, block_size, seed=100 * seed + len(hash_name), steps=400,
+                        echo=hash_name == "default")
+    for event in MUST_SEE[hash_name]:
+        assert events[event] > 0, f"this stream never saw a {event!r} event: {dict(events)}"
+
+
+def test_stream_checker_rejects_a_manager_that_never_frees(impl):
+    """Not a test of your manager: proves the stream checker fails a manager whose free() does nothing,
+    so that passing the random streams means something."""
+
+    class NeverFrees:
+        def __init__(self, m):
+            self._m = m
+
+        def __getattr__(self, name):
+            return getattr(self._m, name)
+
+        def free(self, seq_id):
+            pass
+
+    with pytest.raises(AssertionError):
+        run_stream(NeverFrees(impl.BlockManager(10, 2)), 10, 2, seed=5, steps=50, echo=False)
