@@ -129,28 +129,35 @@ def cmd_mutants(args) -> int:
 
 
 def cmd_bench(args) -> int:
+    """Time each lesson's benchmark; a module with NEEDS_CUDA = False (pure-Python lessons) runs on a CPU."""
     from drills import bench
 
-    bench.require_cuda()
-    lessons = [find(args.lesson)] if args.lesson else [lesson for lesson in LESSONS if lesson.benchmark.exists()]
     import drills.runtime
 
+    lessons = [find(args.lesson)] if args.lesson else [lesson for lesson in LESSONS if lesson.benchmark.exists()]
     print(drills.runtime.current().banner, flush=True)
+    failed = 0
     for lesson in lessons:
         if not lesson.benchmark.exists():
             print(f"{lesson.id}: has no benchmark")
             continue
         module = importlib.import_module(f"drills.benchmarks.{lesson.stem}")
+        reason = bench.require_cuda() if getattr(module, "NEEDS_CUDA", True) else None
+        if reason:
+            print(f"make bench L={lesson.id}: {reason}")
+            failed += 1
+            continue
         impl = importlib.import_module(lesson.module(args.impl))
         message = contract.not_started_message(impl)
         if message:
             print(message)
-            return 1
+            failed += 1
+            continue
         print(f"== {lesson.id}: {lesson.title} ({args.impl}) ==", flush=True)
         table, notes = module.run(impl)
         if args.impl == "solutions":  # only the reference's numbers go into the explainer
             bench.publish(lesson, table, notes, module.plot)
-    return 0
+    return 1 if failed else 0
 
 
 def main(argv=None) -> int:

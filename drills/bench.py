@@ -43,10 +43,11 @@ PEAK_TFLOPS_FP16 = {
 }
 
 
-def require_cuda() -> None:
-    if not torch.cuda.is_available():
-        raise SystemExit("make bench needs a CUDA GPU (none found): benchmarks time compiled kernels, "
-                         "the interpreter only checks them")
+def require_cuda() -> str | None:
+    """None when a CUDA GPU is present, else the one-line reason a GPU benchmark cannot run."""
+    if torch.cuda.is_available():
+        return None
+    return "needs a CUDA GPU (none found): benchmarks time compiled kernels, the interpreter only checks them"
 
 
 def _lookup(table: dict) -> float | None:
@@ -68,16 +69,20 @@ def peak_tflops_fp16() -> float | None:
 
 
 def stamp() -> dict:
+    import platform
+
     import triton
 
+    gpu = torch.cuda.is_available()
     return {
-        "gpu": torch.cuda.get_device_name(),
+        "gpu": torch.cuda.get_device_name() if gpu else None,
+        "cpu": platform.processor() or platform.machine(),
         "torch": torch.__version__,
         "triton": triton.__version__,
         "cuda": torch.version.cuda,
         "date": datetime.date.today().isoformat(),
-        "datasheet_peak_gbs": peak_gbs(),
-        "datasheet_peak_tflops_fp16": peak_tflops_fp16(),
+        "datasheet_peak_gbs": peak_gbs() if gpu else None,
+        "datasheet_peak_tflops_fp16": peak_tflops_fp16() if gpu else None,
     }
 
 
@@ -163,7 +168,8 @@ def publish(lesson: Lesson, table: Table, notes: list[str], plot) -> None:
     png_path = content / f"{lesson.stem}.bench.png"
     json_path.write_text(json.dumps({"meta": meta, "notes": notes, "rows": table.rows}, indent=1) + "\n")
     plot(table.rows, meta, png_path)
-    header = (f"Measured on {meta['gpu']}, torch {meta['torch']} (CUDA {meta['cuda']}), Triton {meta['triton']}, "
+    where = meta["gpu"] or f"the CPU ({meta['cpu']}, no GPU involved)"
+    header = (f"Measured on {where}, torch {meta['torch']} (CUDA {meta['cuda']}), Triton {meta['triton']}, "
               f"{meta['date']}, by `make bench L={lesson.id}`.")
     block = "\n\n".join([header, table.markdown(), "\n".join(f"- {n}" for n in notes),
                          f"![benchmark plot]({png_path.name})"])

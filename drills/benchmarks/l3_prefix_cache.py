@@ -23,6 +23,8 @@ from array import array
 
 from drills import bench
 
+NEEDS_CUDA = False  # pure Python: the block manager runs on the host
+
 N_REQUESTS = 10_000
 SYSTEM_TOKENS = 1_000
 USER_TOKENS = (20, 200)  # each request's own turn: randint(20, 199) tokens
