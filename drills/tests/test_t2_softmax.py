@@ -17,6 +17,7 @@ DIMS = ("row", "col")
 CANARY = 1234.5  # exactly representable in fp16, bf16 and fp32
 X_PAD, OUT_PAD = 96, 64  # spare columns on each side of every row of x and of out: the row strides differ
 SPILL = 1 << 15  # spare elements after the last spare row: room for a whole unmasked block
+STRIDE_GAP = 2 * abs(X_PAD - OUT_PAD)  # per row: how far x's row stride and out's apart
 
 
 def softmax_reference(x: torch.Tensor) -> torch.Tensor:
@@ -28,12 +29,13 @@ def softmax_reference(x: torch.Tensor) -> torch.Tensor:
 
 
 class Framed:
-    """An [M, N] view one spare row and `pad` spare columns inside a buffer of `fill`, plus SPILL spare
-    elements after the buffer's last row."""
+    """An [M, N] view one spare row and `pad` spare columns inside a buffer of `fill`, plus spare elements
+    after the buffer's last row: a whole block, and M * STRIDE_GAP more, so that rows addressed with the
+    other tensor's stride still land inside the buffer."""
 
     def __init__(self, M, N, pad, fill, dtype, device):
         self.width = N + 2 * pad
-        self.flat = torch.full(((M + 2) * self.width + SPILL,), fill, dtype=dtype, device=device)
+        self.flat = torch.full(((M + 2) * self.width + SPILL + M * STRIDE_GAP,), fill, dtype=dtype, device=device)
         self.grid = self.flat[: (M + 2) * self.width].view(M + 2, self.width)  # [M + 2, N + 2 * pad]
         self.view = self.grid[1:M + 1, pad:pad + N]  # [M, N], stride (N + 2 * pad, 1)
         self.keep = torch.zeros(self.grid.shape, dtype=torch.bool, device=device)
@@ -42,7 +44,7 @@ class Framed:
     def assert_untouched(self, what):
         assert_untouched(self.grid, CANARY, self.keep, what, ("row+1", f"col+{(self.width - self.view.shape[1]) // 2}"))
         tail = self.flat[self.grid.numel():]
-        assert (tail == CANARY).all(), f"{what}: a store landed past the last row, {SPILL} elements deep"
+        assert (tail == CANARY).all(), f"{what}: a store landed past the last row of the buffer"
 
 
 def framed_input(values: torch.Tensor) -> torch.Tensor:
@@ -270,9 +272,10 @@ def test_tolerance_rejects_zeros_and_uniform(runtime):
 
 
 def test_out_is_allocated_when_not_given(impl, runtime):
-    """Without `out`, softmax allocates [M, N] in x's dtype. N = 4096 fills its blocks exactly, so an
-    unmasked store is reported by the canary tests above, not by a write past this allocation."""
-    x = randn(5, 4096, torch.float16, runtime.device, seed=18)
+    """Without `out`, softmax allocates [M, N] in x's dtype. x is contiguous and N = 4096 fills its blocks
+    exactly, so an unmasked store or a mixed-up row stride is reported by the canary tests above, not by
+    a write past this allocation."""
+    x = torch.randn(5, 4096, generator=torch.Generator().manual_seed(18)).half().to(runtime.device)
     out = impl.softmax(x)
     assert out.shape == x.shape and out.dtype == x.dtype and out.device == x.device
     assert_close(out, softmax_reference(x), DIMS)
