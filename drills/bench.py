@@ -186,3 +186,16 @@ def plot_fractions(rows: list[dict], series: list[tuple[str, str]], labels: list
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def sweep_gbs(nbytes: int, launches: dict, out: torch.Tensor, check) -> tuple[dict, str]:
+    """Time each launch (name -> zero-argument callable that writes `out`) moving nbytes, after check(out)
+    has accepted what it wrote into an out filled with NaN. Returns ({name: GB/s}, "best name: GB/s")."""
+    result = {}
+    for name, launch in launches.items():
+        out.fill_(float("nan"))  # an element the launch does not write fails the check
+        launch()
+        check(out)
+        result[name] = gbs(nbytes, time_us(launch))
+    best = max(result, key=result.get)
+    return result, f"{best}: {result[best]:.0f}"
