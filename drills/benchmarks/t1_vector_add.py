@@ -54,16 +54,10 @@ def run(impl) -> tuple[bench.Table, list[str]]:
         row["torch_ceiling"] = row["torch_gbs"] / row["ceiling_gbs"]
         row["vs_torch"] = row["t1_gbs"] / row["torch_gbs"]
 
-        sweep = {}
-        for block, warps in SWEEP:
-            out.zero_()
-            impl._launch(x, y, out, BLOCK=block, num_warps=warps)
-            check_against_torch(out, x + y)
-            sweep[f"{block}x{warps}"] = bench.gbs(nbytes, bench.time_us(
-                lambda: impl._launch(x, y, out, BLOCK=block, num_warps=warps)))
-        row["sweep_gbs"] = sweep
-        best = max(sweep, key=sweep.get)
-        row["best"] = f"{best}: {sweep[best]:.0f}"
+        launches = {f"{block}x{warps}":
+                    (lambda block=block, warps=warps: impl._launch(x, y, out, BLOCK=block, num_warps=warps))
+                    for block, warps in SWEEP}
+        row["sweep_gbs"], row["best"] = bench.sweep_gbs(nbytes, launches, out, lambda got: check_against_torch(got, x + y))
         table.add(row)
         del x, y, out
         torch.cuda.empty_cache()
@@ -80,22 +74,6 @@ def run(impl) -> tuple[bench.Table, list[str]]:
 
 
 def plot(rows, meta, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    series = [("t1_ceiling", "T1 (this lesson)"), ("torch_ceiling", "torch x + y")]
     labels = [f"n=2^{r['n'].bit_length() - 1}\n{r['dtype']}" for r in rows]
-    fig, ax = plt.subplots(figsize=(7, 4))
-    width = 0.8 / len(series)
-    for i, (key, name) in enumerate(series):
-        ax.bar([x + i * width for x in range(len(rows))], [r.get(key) or 0.0 for r in rows], width, label=name)
-    ax.axhline(1.0, color="gray", lw=0.8, ls="--")
-    ax.set_xticks([x + width / 2 for x in range(len(rows))], labels)
-    ax.set_ylabel("fraction of the copy ceiling")
-    ax.set_title(f"Vector add, {meta['gpu']}, {meta['date']}")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    bench.plot_fractions(rows, [("t1_ceiling", "T1 (this lesson)"), ("torch_ceiling", "torch x + y")], labels,
+                         f"Vector add, {meta['gpu']}, {meta['date']}", path, "fraction of the copy ceiling")
