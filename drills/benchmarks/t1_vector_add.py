@@ -57,7 +57,8 @@ def run(impl) -> tuple[bench.Table, list[str]]:
         launches = {f"{block}x{warps}":
                     (lambda block=block, warps=warps: impl._launch(x, y, out, BLOCK=block, num_warps=warps))
                     for block, warps in SWEEP}
-        row["sweep_gbs"], row["best"] = bench.sweep_gbs(nbytes, launches, out, lambda got: check_against_torch(got, x + y))
+        row["sweep_gbs"], row["best"] = bench.sweep_gbs(nbytes, launches, out,
+                                                        lambda got: check_against_torch(got, x + y))
         table.add(row)
         del x, y, out
         torch.cuda.empty_cache()
