@@ -63,7 +63,12 @@ def test_by_hand_kernel_masks_lanes_10_and_11(impl, runtime):
     """The kernel alone, launched by hand on 3 programs of BLOCK = 4: program 2 owns offsets 8..11, of
     which 10 and 11 are past n = 10 and must be neither read (they hold NaN) nor written (canary)."""
     x, y = by_hand_inputs(runtime.device)
-    out = into_canary(lambda out: (impl.vector_add_kernel[(3,)](x, y, out, 10, BLOCK=4), out)[1], x)
+
+    def launch_by_hand(out):
+        impl.vector_add_kernel[(3,)](x, y, out, 10, BLOCK=4)  # grid (3,), as in the explainer's table
+        return out
+
+    out = into_canary(launch_by_hand, x)
     assert out.tolist() == [11.0 * i for i in range(10)], f"expected 0, 11, ..., 99, got {out.tolist()}"
 
 
