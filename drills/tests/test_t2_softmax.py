@@ -6,7 +6,6 @@ past a row's end reads NaN, a store past it overwrites the canary, and a mixed-u
 """
 from __future__ import annotations
 
-
 import pytest
 import torch
 
