@@ -180,3 +180,39 @@ def publish(lesson: Lesson, table: Table, notes: list[str], plot) -> None:
     fresh = f"<!-- bench:start -->\n{block}\n<!-- bench:end -->"
     lesson.explainer.write_text(pattern.sub(lambda m: fresh, text, count=1))
     print(f"wrote {json_path.name}, {png_path.name} and the table in {lesson.explainer.name}", flush=True)
+
+
+def plot_fractions(rows: list[dict], series: list[tuple[str, str]], labels: list[str], title: str, path,
+                   ylabel: str = "fraction of the same-run ceiling") -> None:
+    """Grouped bars saved to path: one group per row (labelled by labels), one bar per (key, name) in
+    series, each the row's value under key (a fraction of the ceiling); the ceiling drawn at 1."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(rows) + 2), 4))
+    width = 0.8 / len(series)
+    for i, (key, name) in enumerate(series):
+        ax.bar([x + i * width for x in range(len(rows))], [r.get(key) or 0.0 for r in rows], width, label=name)
+    ax.axhline(1.0, color="gray", lw=0.8, ls="--")
+    ax.set_xticks([x + width * (len(series) - 1) / 2 for x in range(len(rows))], labels)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def sweep_gbs(nbytes: int, launches: dict, out: torch.Tensor, check) -> tuple[dict, str]:
+    """Time each launch (name -> zero-argument callable that writes `out`) moving nbytes, after check(out)
+    has accepted what it wrote into an out filled with NaN. Returns ({name: GB/s}, "best name: GB/s")."""
+    result = {}
+    for name, launch in launches.items():
+        out.fill_(float("nan"))  # an element the launch does not write fails the check
+        launch()
+        check(out)
+        result[name] = gbs(nbytes, time_us(launch))
+    best = max(result, key=result.get)
+    return result, f"{best}: {result[best]:.0f}"

@@ -1,0 +1,206 @@
+"""Grader for T1, vector add. Each test is named for the mistake it catches.
+
+Run: make test L=t1 (your drills/mine) or make test L=t1 IMPL=solutions. Every output is a view into a
+canary-filled buffer, so a store past element n - 1 lands in the canary instead of past an allocation;
+x and y are views into NaN-filled buffers, so a load past their end reads NaN instead of faulting.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from drills.compare import assert_close, assert_untouched, mismatch
+
+DIMS = ("i",)
+CANARY = 1234.5  # exactly representable in fp16, bf16 and fp32
+PAD = 1 << 16  # spare elements on each side of every vector: more than any sensible BLOCK
+
+
+def padded(values: torch.Tensor, fill: float) -> torch.Tensor:
+    """`values` copied into the middle of a buffer of `fill`, returned as a view of length n."""
+    n = values.numel()
+    buffer = torch.full((n + 2 * PAD,), fill, dtype=values.dtype, device=values.device)
+    buffer[PAD:PAD + n] = values
+    return buffer[PAD:PAD + n]  # [n], data_ptr PAD elements into the buffer
+
+
+def make_inputs(n, dtype, device, seed):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, generator=gen).to(dtype).to(device)  # [n]
+    y = torch.randn(n, generator=gen).to(dtype).to(device)  # [n]
+    return padded(x, float("nan")), padded(y, float("nan"))
+
+
+def into_canary(run, x):
+    """Call `run(out)` with out a view into a canary buffer; check nothing outside out changed."""
+    n = x.numel()
+    buffer = torch.full((n + 2 * PAD,), CANARY, dtype=x.dtype, device=x.device)
+    out = buffer[PAD:PAD + n]  # [n]
+    returned = run(out)
+    assert isinstance(returned, torch.Tensor) and returned.data_ptr() == out.data_ptr(), \
+        "vector_add must write into the `out` it is given and return it"
+    keep = torch.zeros(buffer.shape, dtype=torch.bool, device=buffer.device)
+    keep[PAD:PAD + n] = True
+    assert_untouched(buffer, CANARY, keep, "the buffer around out (is the last block masked?)", ("i+65536",))
+    return out
+
+
+def check(impl, x, y):
+    out = into_canary(lambda out: impl.vector_add(x, y, out=out), x)
+    assert_close(out, x.float() + y.float(), DIMS)
+    return out
+
+
+# --- Section 2 "By hand": n = 10, BLOCK = 4 ----------------------------------------------------------
+
+
+def by_hand_inputs(device):
+    i = torch.arange(10, dtype=torch.float32, device=device)  # [10]
+    return padded(i, float("nan")), padded(10 * i, float("nan"))  # out[i] = 11 * i
+
+
+def test_by_hand_kernel_masks_lanes_10_and_11(impl, runtime):
+    """The kernel alone, launched by hand on 3 programs of BLOCK = 4: program 2 owns offsets 8..11, of
+    which 10 and 11 are past n = 10 and must be neither read (they hold NaN) nor written (canary)."""
+    x, y = by_hand_inputs(runtime.device)
+
+    def launch_by_hand(out):
+        impl.vector_add_kernel[(3,)](x, y, out, 10, BLOCK=4)  # grid (3,), as in the explainer's table
+        return out
+
+    out = into_canary(launch_by_hand, x)
+    assert out.tolist() == [11.0 * i for i in range(10)], f"expected 0, 11, ..., 99, got {out.tolist()}"
+
+
+def test_by_hand_grid_has_three_programs(impl, runtime):
+    """Your launcher with BLOCK = 4 on n = 10 must launch cdiv(10, 4) = 3 programs: with 10 // 4 = 2,
+    elements 8 and 9 are never written and still hold the canary."""
+    x, y = by_hand_inputs(runtime.device)
+    out = into_canary(lambda out: impl._launch(x, y, out, BLOCK=4), x)
+    assert out.tolist() == [11.0 * i for i in range(10)], f"expected 0, 11, ..., 99, got {out.tolist()}"
+
+
+# --- Section 5 "Pitfalls" -----------------------------------------------------------------------------
+
+# n around every power-of-two BLOCK you might choose: one short of a block, exactly one, one past it.
+EDGE_SIZES = [1, 2, 3] + [b + d for b in (256, 512, 1024, 2048, 4096) for d in (-1, 0, 1)]
+
+
+@pytest.mark.parametrize("n", EDGE_SIZES, ids=[f"n{n}" for n in EDGE_SIZES])
+def test_last_block_is_masked(impl, runtime, n):
+    """n not a multiple of BLOCK: the last program's tail lanes must not touch memory past element n - 1
+    (the canary around out), and n = 1 must still launch one program."""
+    check(impl, *make_inputs(n, torch.float32, runtime.device, seed=n))
+
+
+@pytest.mark.parametrize("n", [98_437, 12_289, 40_000])
+def test_each_program_adds_its_own_block(impl, runtime, n):
+    """Many programs, n not a power of two: offsets start at pid * BLOCK (without it every program adds
+    block 0), and the grid rounds up (with n // BLOCK the tail is never written)."""
+    check(impl, *make_inputs(n, torch.float16, runtime.device, seed=n))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=["fp16", "bf16", "fp32"])
+def test_dtypes(impl, runtime, dtype):
+    if dtype == torch.bfloat16 and runtime.interpreter:
+        pytest.skip("bf16 runs on a GPU only (the course's rule for the Triton interpreter, whose bf16 "
+                    "support is partial: its tl.dot returns garbage in Triton 3.6 and 3.9)")
+    n = 5_000 if runtime.interpreter else 1_000_003
+    check(impl, *make_inputs(n, dtype, runtime.device, seed=7))
+
+
+def test_out_is_allocated_when_not_given(impl, runtime):
+    """Without `out`, vector_add allocates [n] in x's dtype. n = 3 * 4096 is a multiple of every BLOCK up
+    to 4096, so a missing mask is reported by the canary tests above, not by a write past this allocation."""
+    x, y = make_inputs(3 * 4096, torch.float16, runtime.device, seed=11)
+    out = impl.vector_add(x, y)
+    assert out.shape == x.shape and out.dtype == x.dtype and out.device == x.device
+    assert_close(out, x.float() + y.float(), DIMS)
+
+
+def test_out_may_alias_an_input(impl, runtime):
+    """In place, x += y: every element is read before it is written, by the same program."""
+    x, y = make_inputs(5_003, torch.float32, runtime.device, seed=13)
+    expected = x.float() + y.float()
+    returned = impl.vector_add(x, y, out=x)
+    assert returned.data_ptr() == x.data_ptr()
+    assert_close(x, expected, DIMS)
+
+
+def test_empty_vectors(impl, runtime):
+    """n = 0: nothing to launch (a grid of zero programs), an empty result."""
+    x = torch.empty(0, device=runtime.device)
+    out = impl.vector_add(x, x.clone())
+    assert out.shape == (0,)
+
+
+# --- The launcher rejects bad input before launching -----------------------------------------------
+
+
+def _strided(t):
+    """t's values with stride 2: a view into a buffer twice as long."""
+    buffer = torch.zeros(2 * t.numel(), dtype=t.dtype, device=t.device)
+    buffer[::2] = t
+    return buffer[::2]
+
+
+# name -> (how to spoil the arguments of a valid call, the error, what the message must name)
+BAD_INPUTS = {
+    "x_not_a_tensor": (lambda a: dict(x=a["x"].tolist()), TypeError, "x"),
+    "y_a_python_float": (lambda a: dict(y=1.0), TypeError, "y"),
+    "x_rank_2": (lambda a: dict(x=a["x"].view(2, -1), y=a["y"].view(2, -1)), ValueError, "x"),
+    "x_int32": (lambda a: dict(x=a["x"].int(), y=a["y"].int()), TypeError, "x"),
+    "x_float64": (lambda a: dict(x=a["x"].double(), y=a["y"].double()), TypeError, "x"),
+    "y_dtype_differs": (lambda a: dict(y=a["y"].half()), TypeError, "y"),
+    "y_shorter": (lambda a: dict(y=a["y"][:-1]), ValueError, "y"),
+    "x_not_contiguous": (lambda a: dict(x=_strided(a["x"])), ValueError, "x"),
+    "y_not_contiguous": (lambda a: dict(y=_strided(a["y"])), ValueError, "y"),
+    "y_on_another_device": (lambda a: dict(y=a["y"].to("meta")), ValueError, "y"),
+    "out_shorter": (lambda a: dict(out=a["x"][:-1].clone()), ValueError, "out"),
+    "out_dtype_differs": (lambda a: dict(out=a["x"].half()), TypeError, "out"),
+    "out_not_contiguous": (lambda a: dict(out=_strided(a["x"])), ValueError, "out"),
+    "out_rank_2": (lambda a: dict(out=a["x"].clone().view(2, -1)), ValueError, "out"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_INPUTS))
+def test_launcher_rejects_bad_input(impl, runtime, name):
+    """Each bad argument raises ValueError/TypeError naming it, before any kernel runs."""
+    spoil, error, names = BAD_INPUTS[name]
+    x, y = make_inputs(64, torch.float32, runtime.device, seed=17)
+    args = dict(x=x, y=y)
+    args.update(spoil(args))
+    with pytest.raises(error, match=names):
+        impl.vector_add(**args)
+
+
+# --- The grader's own tolerance is tight enough --------------------------------------------------
+
+
+def test_tolerance_rejects_zeros_and_x_alone(runtime):
+    """Not a test of your kernel: proves the comparison fails an all-zeros output and x alone (y
+    forgotten), so passing the other tests means something."""
+    x, y = make_inputs(4_097, torch.float16, runtime.device, seed=19)
+    ref = x.float() + y.float()
+    assert mismatch(torch.zeros_like(x), ref) is not None
+    assert mismatch(x, ref) is not None
+    assert mismatch(ref.half(), ref) is None  # and the oracle rounded to fp16 passes
+
+
+# --- GPU only; last in the file, because an out-of-bounds access ends the CUDA context ------------
+
+
+def test_offsets_widened_to_int64(impl, runtime):
+    """n > 2**31: pid * BLOCK in int32 wraps to a negative offset for the programs past element 2**31,
+    which then read and write the wrong memory (or fault)."""
+    if runtime.interpreter:
+        pytest.skip("GPU only: needs vectors of more than 2**31 elements (three 4 GB fp16 tensors)")
+    n = 2**31 + 2**20 + 3
+    x = torch.randn(n, dtype=torch.float16, device=runtime.device)  # [n]
+    y = torch.randn(n, dtype=torch.float16, device=runtime.device)
+    out = torch.full((n + 1024,), CANARY, dtype=torch.float16, device=runtime.device)  # [n + 1024]
+    impl.vector_add(x, y, out=out[:n])
+    tail = slice(2**31 - 2**20, n)  # both sides of the int32 limit
+    assert_close(out[tail], x[tail].float() + y[tail].float(), DIMS)
+    assert_close(out[:4096], x[:4096].float() + y[:4096].float(), DIMS)
+    assert (out[n:] == CANARY).all(), "the canary past out was overwritten"

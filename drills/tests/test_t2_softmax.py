@@ -1,0 +1,297 @@
+"""Grader for T2, fused row softmax. Each test is named for the mistake it catches.
+
+Run: make test L=t2 (your drills/mine) or make test L=t2 IMPL=solutions. Every input is a view into a
+NaN-filled buffer and every output a view into a canary-filled one, with different row strides: a load
+past a row's end reads NaN, a store past it overwrites the canary, and a mixed-up stride shows.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from drills.compare import assert_close, assert_untouched, mismatch
+
+DIMS = ("row", "col")
+CANARY = 1234.5  # exactly representable in fp16, bf16 and fp32
+X_PAD, OUT_PAD = 96, 64  # spare columns on each side of every row of x and of out: the row strides differ
+SPILL = 1 << 15  # spare elements after the last spare row: room for a whole unmasked block
+STRIDE_GAP = 2 * abs(X_PAD - OUT_PAD)  # per row: how far x's row stride and out's apart
+
+
+def softmax_reference(x: torch.Tensor) -> torch.Tensor:
+    """The fp32 oracle: max-subtracted softmax over the last dimension (NaN for an all -inf row)."""
+    x = x.float()
+    m = x.amax(dim=-1, keepdim=True)  # [M, 1]
+    e = torch.exp(x - m)  # [M, N]
+    return e / e.sum(dim=-1, keepdim=True)
+
+
+class Framed:
+    """An [M, N] view one spare row and `pad` spare columns inside a buffer of `fill`, plus spare elements
+    after the buffer's last row: a whole block, and M * STRIDE_GAP more, so that rows addressed with the
+    other tensor's stride still land inside the buffer."""
+
+    def __init__(self, M, N, pad, fill, dtype, device):
+        self.width = N + 2 * pad
+        self.flat = torch.full(((M + 2) * self.width + SPILL + M * STRIDE_GAP,), fill, dtype=dtype, device=device)
+        self.grid = self.flat[: (M + 2) * self.width].view(M + 2, self.width)  # [M + 2, N + 2 * pad]
+        self.view = self.grid[1:M + 1, pad:pad + N]  # [M, N], stride (N + 2 * pad, 1)
+        self.keep = torch.zeros(self.grid.shape, dtype=torch.bool, device=device)
+        self.keep[1:M + 1, pad:pad + N] = True
+
+    def assert_untouched(self, what):
+        assert_untouched(self.grid, CANARY, self.keep, what, ("row+1", f"col+{(self.width - self.view.shape[1]) // 2}"))
+        tail = self.flat[self.grid.numel():]
+        assert (tail == CANARY).all(), f"{what}: a store landed past the last row of the buffer"
+
+
+def framed_input(values: torch.Tensor) -> torch.Tensor:
+    M, N = values.shape
+    frame = Framed(M, N, X_PAD, float("nan"), values.dtype, values.device)
+    frame.view.copy_(values)
+    return frame.view
+
+
+def run_into_canary(impl, x):
+    """softmax(x, out=...) with out a strided view into a canary buffer; nothing outside out may change."""
+    M, N = x.shape
+    frame = Framed(M, N, OUT_PAD, CANARY, x.dtype, x.device)
+    returned = impl.softmax(x, out=frame.view)
+    assert isinstance(returned, torch.Tensor) and returned.data_ptr() == frame.view.data_ptr(), \
+        "softmax must write into the `out` it is given and return it"
+    frame.assert_untouched("the buffer around out (is every store masked, and at out's row stride?)")
+    return frame.view
+
+
+def check(impl, x, **tol):
+    out = run_into_canary(impl, x)
+    assert_close(out, softmax_reference(x), DIMS, **tol)
+    return out
+
+
+def randn(M, N, dtype, device, seed, scale=1.0):
+    gen = torch.Generator().manual_seed(seed)
+    return framed_input((scale * torch.randn(M, N, generator=gen)).to(dtype).to(device))
+
+
+def long_row(impl, extra):
+    """A row length past the launcher's one-block limit."""
+    return 2 * impl.MAX_BLOCK + extra
+
+
+# --- Section 2 "By hand": the row [2, 1, 4, 3] -------------------------------------------------------
+
+BY_HAND = [0.087144, 0.032059, 0.643914, 0.236883]  # e^(x - 4) / 1.553001
+
+
+def test_by_hand_row_2_1_4_3(impl, runtime):
+    """max 4; e^(x - 4) = [0.1353, 0.0498, 1, 0.3679]; sum 1.5530; softmax [0.0871, 0.0321, 0.6439, 0.2369].
+    Shifting the row by 10000 changes nothing (and overflows exp without the max)."""
+    x = framed_input(torch.tensor([[2.0, 1.0, 4.0, 3.0], [10002.0, 10001.0, 10004.0, 10003.0]], device=runtime.device))
+    out = check(impl, x)
+    for row in range(2):
+        assert [round(v, 4) for v in out[row].tolist()] == [round(v, 4) for v in BY_HAND], out[row].tolist()
+
+
+def test_by_hand_padding_in_a_block_of_8(impl, runtime):
+    """The same row in a block of 8 columns: lanes 4..7 are padding. Loaded as 0 instead of -inf they
+    would add 4 * e^(0 - 4) = 0.0733 to the sum (1.6263 instead of 1.5530)."""
+    x = framed_input(torch.tensor([[2.0, 1.0, 4.0, 3.0]], device=runtime.device))
+    frame = Framed(1, 4, OUT_PAD, CANARY, x.dtype, x.device)
+    impl._launch(x, frame.view, BLOCK=8)
+    frame.assert_untouched("the buffer around out (padding lanes 4..7 stored?)")
+    assert_close(frame.view, torch.tensor([BY_HAND], device=runtime.device), DIMS)
+
+
+def test_by_hand_two_blocks_of_2_three_passes(impl, runtime):
+    """The same row in blocks of 2 columns: pass 1 finds max(2, 4) = 4, pass 2 sums 0.1851 + 1.3679 =
+    1.5530, pass 3 stores. Stopping after the first block gives [0.7311, 0.2689] and no columns 2 and 3."""
+    x = framed_input(torch.tensor([[2.0, 1.0, 4.0, 3.0]], device=runtime.device))
+    frame = Framed(1, 4, OUT_PAD, CANARY, x.dtype, x.device)
+    impl._launch(x, frame.view, BLOCK=2)
+    frame.assert_untouched("the buffer around out")
+    assert_close(frame.view, torch.tensor([BY_HAND], device=runtime.device), DIMS)
+
+
+# --- Section 5 "Pitfalls" -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+def test_non_power_of_two_1823x781(impl, runtime, dtype):
+    """781 columns in a block of 1024: 243 padded lanes per row, 1823 rows (the interpreter takes about
+    2 ms a row, so fp16 runs the first 203 rows there)."""
+    M = 1823 if dtype == torch.float32 or not runtime.interpreter else 203
+    check(impl, randn(M, 781, dtype, runtime.device, seed=1823))
+
+
+@pytest.mark.parametrize("where", ["one_block", "long_rows"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+def test_large_values_do_not_overflow(impl, runtime, dtype, where):
+    """Values of magnitude 1e4: exp(1e4) is inf in fp32, so without subtracting the row max every row is
+    inf / inf = NaN. With it, the largest entry of each row gets almost all the weight."""
+    M, N = (37, 781) if where == "one_block" else (3, long_row(impl, 77))
+    x = randn(M, N, torch.float32, runtime.device, seed=4, scale=1e4).clamp(-6e4, 6e4).to(dtype)
+    check(impl, x)
+
+
+@pytest.mark.parametrize("where", ["one_block", "long_rows"])
+def test_minus_inf_entries_get_zero_weight(impl, runtime, where):
+    """-inf (a masked logit) gets weight exactly 0, in the first and last columns too."""
+    M, N = (19, 300) if where == "one_block" else (3, long_row(impl, 5))
+    gen = torch.Generator().manual_seed(6)
+    x = torch.randn(M, N, generator=gen)
+    x[torch.rand(M, N, generator=gen) < 0.3] = float("-inf")
+    x[:, 0] = float("-inf")
+    x[:, -1] = float("-inf")
+    x = framed_input(x.to(runtime.device))
+    out = check(impl, x)
+    assert (out[torch.isinf(x)] == 0).all(), "a -inf entry got a non-zero weight"
+
+
+@pytest.mark.parametrize("where", ["one_block", "long_rows"])
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # -inf - (-inf) in the interpreter
+def test_fully_masked_row_is_nan_like_torch(impl, runtime, where):
+    """A row that is -inf everywhere has no distribution: its output is NaN, as torch.softmax gives, and
+    the NaN stays in that row (the rows around it are exact)."""
+    M, N = (7, 100) if where == "one_block" else (3, long_row(impl, 9))
+    gen = torch.Generator().manual_seed(8)
+    x = torch.randn(M, N, generator=gen)
+    dead = [1] if where == "long_rows" else [0, 4]
+    x[dead] = float("-inf")
+    x = framed_input(x.to(runtime.device))
+    out = run_into_canary(impl, x)
+    assert torch.isnan(torch.softmax(x[dead].float(), dim=-1)).all()  # the behaviour being matched
+    assert torch.isnan(out[dead]).all(), f"rows {dead} are -inf everywhere: expected NaN, as torch.softmax gives"
+    live = [r for r in range(M) if r not in dead]
+    assert_close(out[live], softmax_reference(x[live]), DIMS)
+
+
+@pytest.mark.parametrize("N", [3, 17, 781, 1025])
+def test_padded_columns_load_as_minus_inf(impl, runtime, N):
+    """Every real value is about -30: padded lanes loaded as 0 would be the max, and their e^0 = 1 each
+    would swamp the real terms of the sum."""
+    x = randn(5, N, torch.float32, runtime.device, seed=N) - 30.0
+    check(impl, x)
+
+
+@pytest.mark.parametrize("extra", [1, 77], ids=lambda e: f"2*MAX_BLOCK+{e}")
+def test_rows_longer_than_one_block(impl, runtime, extra):
+    """Rows of more than MAX_BLOCK columns: three blocks, the last one nearly empty. The row max sits in
+    the last block (row 0), the middle block (row 1) or the first (row 2), so a max or a sum taken over
+    the first block only is wrong, and so are columns never stored."""
+    N = long_row(impl, extra)
+    gen = torch.Generator().manual_seed(extra)
+    x = torch.randn(3, N, generator=gen)
+    x[0, -1], x[1, N // 2], x[2, 3] = 6.0, 6.0, 6.0
+    check(impl, framed_input(x.to(runtime.device)))
+
+
+def test_row_of_exactly_one_block(impl, runtime):
+    """N = MAX_BLOCK: the longest row that stays in one block, no padded lane."""
+    check(impl, randn(2, impl.MAX_BLOCK, torch.float32, runtime.device, seed=12))
+
+
+@pytest.mark.parametrize("where", ["one_block", "long_rows"])
+def test_rows_sum_to_one(impl, runtime, where):
+    """Each row of out sums to 1: forgetting to divide by the sum leaves the sum itself in every row."""
+    M, N = (9, 500) if where == "one_block" else (2, long_row(impl, 33))
+    out = check(impl, randn(M, N, torch.float32, runtime.device, seed=10))
+    assert_close(out.sum(dim=-1), torch.ones(M, device=runtime.device), ("row",))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=["fp16", "bf16", "fp32"])
+def test_dtypes(impl, runtime, dtype):
+    if dtype == torch.bfloat16 and runtime.interpreter:
+        pytest.skip("bf16 runs on a GPU only (the course's rule for the Triton interpreter, whose bf16 "
+                    "support is partial: its tl.dot returns garbage in Triton 3.6 and 3.9)")
+    M, N = (21, 1000) if runtime.interpreter else (4096, 3000)
+    out = check(impl, randn(M, N, dtype, runtime.device, seed=14, scale=3.0))
+    assert out.dtype == dtype
+
+
+def test_large_batch_gpu(impl, runtime):
+    """The benchmark's shapes, at full size, and a vocabulary-sized row (multi-block path)."""
+    if runtime.interpreter:
+        pytest.skip("GPU only: millions of rows take minutes in the interpreter")
+    for M, N in [(8192, 4096), (4096, 16384), (32768, 1024), (64, 128256)]:
+        check(impl, randn(M, N, torch.float16, runtime.device, seed=M + N, scale=4.0))
+
+
+def test_empty_input(impl, runtime):
+    """No rows, or rows of no columns: nothing to launch, an empty result."""
+    for shape in [(0, 5), (5, 0)]:
+        out = impl.softmax(torch.empty(shape, device=runtime.device))
+        assert out.shape == shape
+
+
+# --- The launcher rejects bad input before launching -----------------------------------------------
+
+
+def _transposed(t):
+    return t.t().contiguous().t()  # same values, columns strided
+
+
+# name -> (a bad call's arguments from a valid x, the error, what the message must name)
+BAD_INPUTS = {
+    "x_not_a_tensor": (lambda x: dict(x=x.tolist()), TypeError, "x"),
+    "x_rank_1": (lambda x: dict(x=x[0]), ValueError, "x"),
+    "x_rank_3": (lambda x: dict(x=x[None]), ValueError, "x"),
+    "x_int64": (lambda x: dict(x=x.long()), TypeError, "x"),
+    "x_float64": (lambda x: dict(x=x.double()), TypeError, "x"),
+    "x_columns_strided": (lambda x: dict(x=_transposed(x)), ValueError, "x"),
+    "out_shape": (lambda x: dict(x=x, out=torch.empty_like(x)[:, :-1]), ValueError, "out"),
+    "out_dtype": (lambda x: dict(x=x, out=torch.empty_like(x).half()), TypeError, "out"),
+    "out_rank_1": (lambda x: dict(x=x, out=torch.empty_like(x).view(-1)), ValueError, "out"),
+    "out_columns_strided": (lambda x: dict(x=x, out=_transposed(torch.empty_like(x))), ValueError, "out"),
+    "out_on_another_device": (lambda x: dict(x=x, out=torch.empty_like(x, device="meta")), ValueError, "out"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_INPUTS))
+def test_launcher_rejects_bad_input(impl, runtime, name):
+    """Each bad argument raises ValueError/TypeError naming it, before any kernel runs."""
+    spoil, error, names = BAD_INPUTS[name]
+    x = torch.randn(6, 10, device=runtime.device)
+    with pytest.raises(error, match=names):
+        impl.softmax(**spoil(x))
+
+
+# --- The grader's own tolerance is tight enough --------------------------------------------------
+
+
+def test_tolerance_rejects_zeros_and_uniform(runtime):
+    """Not a test of your kernel: proves the comparison fails an all-zeros output and the uniform 1 / N
+    (a softmax of a constant row), so passing the other tests means something."""
+    x = randn(64, 781, torch.float16, runtime.device, seed=16, scale=2.0)
+    ref = softmax_reference(x)
+    assert mismatch(torch.zeros_like(x), ref) is not None
+    assert mismatch(torch.full_like(x, 1 / 781), ref) is not None
+    assert mismatch(ref.half(), ref) is None  # and the oracle rounded to fp16 passes
+
+
+def test_out_is_allocated_when_not_given(impl, runtime):
+    """Without `out`, softmax allocates [M, N] in x's dtype. x is contiguous and N = 4096 fills its blocks
+    exactly, so an unmasked store or a mixed-up row stride is reported by the canary tests above, not by
+    a write past this allocation."""
+    x = torch.randn(5, 4096, generator=torch.Generator().manual_seed(18)).half().to(runtime.device)
+    out = impl.softmax(x)
+    assert out.shape == x.shape and out.dtype == x.dtype and out.device == x.device
+    assert_close(out, softmax_reference(x), DIMS)
+
+
+# --- GPU only; last in the file, because an out-of-bounds access ends the CUDA context ------------
+
+
+@pytest.mark.parametrize("N", [16384, 32768], ids=["one_block", "long_rows"])
+def test_row_offsets_widened_to_int64(impl, runtime, N):
+    """M * N > 2**31: row * stride in int32 wraps for the rows past element 2**31, which then read and
+    write the wrong memory (or fault)."""
+    if runtime.interpreter:
+        pytest.skip("GPU only: needs an input of more than 2**31 elements (4 GB in fp16, and as much out)")
+    M = 2**31 // N + 3
+    x = torch.randn(M, N, dtype=torch.float16, device=runtime.device)  # [M, N]
+    out = impl.softmax(x)
+    for rows in (slice(0, 8), slice(M - 16, M)):
+        assert_close(out[rows], softmax_reference(x[rows]), DIMS)
+    del x, out
+    torch.cuda.empty_cache()
