@@ -99,23 +99,8 @@ def run(impl) -> tuple[bench.Table, list[str]]:
 
 
 def plot(rows, meta, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    series = [("f1_ceiling", "F1 with plan()"), ("l2_ceiling", "L2 (no split)"),
-              ("flashinfer_ceiling", "FlashInfer"), ("sdpa_ceiling", "SDPA, contiguous KV")]
-    labels = [f"B={r['B']}\nctx={r['ctx']}" + ("" if r["page"] == 16 else f"\nPAGE={r['page']}") for r in rows]
-    fig, ax = plt.subplots(figsize=(10, 4))
-    width = 0.8 / len(series)
-    for i, (key, name) in enumerate(series):
-        ax.bar([x + i * width for x in range(len(rows))], [r.get(key) or 0.0 for r in rows], width, label=name)
-    ax.axhline(1.0, color="gray", lw=0.8, ls="--")
-    ax.set_xticks([x + 1.5 * width for x in range(len(rows))], labels)
-    ax.set_ylabel("fraction of the read ceiling")
-    ax.set_title(f"Split-KV decode, {meta['gpu']}, {meta['date']}")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    bench.plot_fractions(
+        rows, [("f1_ceiling", "F1 with plan()"), ("l2_ceiling", "L2 (no split)"),
+               ("flashinfer_ceiling", "FlashInfer"), ("sdpa_ceiling", "SDPA, contiguous KV")],
+        [f"B={r['B']}\nctx={r['ctx']}" + ("" if r["page"] == 16 else f"\nPAGE={r['page']}") for r in rows],
+        f"Split-KV decode, {meta['gpu']}, {meta['date']}", path, ylabel="fraction of the read ceiling")

@@ -80,22 +80,6 @@ def run(impl) -> tuple[bench.Table, list[str]]:
 
 
 def plot(rows, meta, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    series = [("l1_ceiling", "L1 store_kvcache"), ("torch_ceiling", "torch indexed assignment")]
-    labels = [f"N={r['N']}\n{r['mb']} MB" for r in rows]
-    fig, ax = plt.subplots(figsize=(7, 4))
-    width = 0.8 / len(series)
-    for i, (key, name) in enumerate(series):
-        ax.bar([x + i * width for x in range(len(rows))], [r.get(key) or 0.0 for r in rows], width, label=name)
-    ax.axhline(1.0, color="gray", lw=0.8, ls="--")
-    ax.set_xticks([x + width / 2 for x in range(len(rows))], labels)
-    ax.set_ylabel("fraction of the copy ceiling")
-    ax.set_title(f"store_kvcache, {meta['gpu']}, {meta['date']}")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    bench.plot_fractions(
+        rows, [("l1_ceiling", "L1 store_kvcache"), ("torch_ceiling", "torch indexed assignment")],
+        [f"N={r['N']}\n{r['mb']} MB" for r in rows], f"store_kvcache, {meta['gpu']}, {meta['date']}", path)

@@ -127,24 +127,8 @@ def run(impl) -> tuple[bench.Table, list[str]]:
 
 
 def plot(rows, meta, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    series = [("l2_ceiling", "L2 (this lesson)"), ("flashinfer_ceiling", "FlashInfer"),
-              ("sdpa_ceiling", "SDPA, contiguous KV")]
-    labels = [f"B={r['B']}\nctx={r['ctx']}" for r in rows]
-    fig, ax = plt.subplots(figsize=(9, 4))
-    width = 0.8 / len(series)
-    for i, (key, name) in enumerate(series):
-        ys = [r.get(key) or 0.0 for r in rows]
-        ax.bar([x + i * width for x in range(len(rows))], ys, width, label=name)
-    ax.axhline(1.0, color="gray", lw=0.8, ls="--")
-    ax.set_xticks([x + width for x in range(len(rows))], labels)
-    ax.set_ylabel("fraction of the read ceiling")
-    ax.set_title(f"Paged decode, {meta['gpu']}, {meta['date']}")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    bench.plot_fractions(
+        rows, [("l2_ceiling", "L2 (this lesson)"), ("flashinfer_ceiling", "FlashInfer"),
+               ("sdpa_ceiling", "SDPA, contiguous KV")],
+        [f"B={r['B']}\nctx={r['ctx']}" for r in rows], f"Paged decode, {meta['gpu']}, {meta['date']}", path,
+        ylabel="fraction of the read ceiling")
