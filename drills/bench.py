@@ -163,3 +163,27 @@ def publish(lesson: Lesson, table: Table, notes: list[str], plot) -> None:
     fresh = f"<!-- bench:start -->\n{block}\n<!-- bench:end -->"
     lesson.explainer.write_text(pattern.sub(lambda m: fresh, text, count=1))
     print(f"wrote {json_path.name}, {png_path.name} and the table in {lesson.explainer.name}", flush=True)
+
+
+def grouped_bars(rows: list[dict], labels: list[str], series: list[tuple[str, str]], ylabel: str, title: str,
+                 path, hline: tuple[float, str] | None = None) -> None:
+    """One group of bars per row (one bar per (key, name) in series, missing values drawn as 0), an
+    optional dashed line (value, legend name), saved as a PNG at path: the plot most benchmarks want."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 4))
+    width = 0.8 / len(series)
+    for i, (key, name) in enumerate(series):
+        ax.bar([x + i * width for x in range(len(rows))], [r.get(key) or 0.0 for r in rows], width, label=name)
+    if hline is not None:
+        ax.axhline(hline[0], color="gray", lw=0.8, ls="--", label=hline[1])
+    ax.set_xticks([x + width * (len(series) - 1) / 2 for x in range(len(rows))], labels)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
