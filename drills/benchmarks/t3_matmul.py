@@ -71,24 +71,11 @@ def run(impl) -> tuple[bench.Table, list[str]]:
 
 
 def plot(rows, meta, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    series = [("t3_tflops", "T3 (grouped order)"), ("rowmajor_tflops", "T3, row-major order"),
-              ("cublas_tflops", "cuBLAS (torch.matmul)")]
-    labels = [r["shape"].replace(" x ", "x") for r in rows]
-    fig, ax = plt.subplots(figsize=(9, 4))
-    width = 0.8 / len(series)
-    for i, (key, name) in enumerate(series):
-        ax.bar([x + i * width for x in range(len(rows))], [r.get(key) or 0.0 for r in rows], width, label=name)
-    if meta.get("datasheet_peak_tflops_fp16"):
-        ax.axhline(meta["datasheet_peak_tflops_fp16"], color="gray", lw=0.8, ls="--", label="datasheet peak")
-    ax.set_xticks([x + width for x in range(len(rows))], labels)
-    ax.set_ylabel("TFLOP/s (fp16 in, fp32 accumulate)")
-    ax.set_title(f"Matmul, {meta['gpu']}, {meta['date']}")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    peak = meta.get("datasheet_peak_tflops_fp16")
+    bench.grouped_bars(
+        rows, [r["shape"].replace(" x ", "x") for r in rows],
+        [("t3_tflops", "T3 (grouped order)"), ("rowmajor_tflops", "T3, row-major order"),
+         ("cublas_tflops", "cuBLAS (torch.matmul)")],
+        "TFLOP/s (fp16 in, fp32 accumulate)", f"Matmul, {meta['gpu']}, {meta['date']}", path,
+        hline=(peak, "datasheet peak") if peak else None,
+    )
