@@ -182,10 +182,10 @@ def publish(lesson: Lesson, table: Table, notes: list[str], plot) -> None:
     print(f"wrote {json_path.name}, {png_path.name} and the table in {lesson.explainer.name}", flush=True)
 
 
-def plot_fractions(rows: list[dict], series: list[tuple[str, str]], labels: list[str], title: str, path,
-                   ylabel: str = "fraction of the same-run ceiling") -> None:
-    """Grouped bars saved to path: one group per row (labelled by labels), one bar per (key, name) in
-    series, each the row's value under key (a fraction of the ceiling); the ceiling drawn at 1."""
+def plot_bars(rows: list[dict], series: list[tuple[str, str]], labels: list[str], title: str, path,
+              ylabel: str = "fraction of the same-run ceiling", hline: tuple[float, str | None] | None = (1.0, None)) -> None:
+    """Grouped bars saved as a PNG at path: one group per row (labelled by labels), one bar per (key, name)
+    in series (a missing value drawn as 0), and a dashed line at hline = (value, legend name or None)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -195,11 +195,12 @@ def plot_fractions(rows: list[dict], series: list[tuple[str, str]], labels: list
     width = 0.8 / len(series)
     for i, (key, name) in enumerate(series):
         ax.bar([x + i * width for x in range(len(rows))], [r.get(key) or 0.0 for r in rows], width, label=name)
-    ax.axhline(1.0, color="gray", lw=0.8, ls="--")
+    if hline is not None:
+        ax.axhline(hline[0], color="gray", lw=0.8, ls="--", label=hline[1])
     ax.set_xticks([x + width * (len(series) - 1) / 2 for x in range(len(rows))], labels)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
-    ax.legend()
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

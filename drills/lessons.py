@@ -52,6 +52,7 @@ class Lesson:
 LESSONS: tuple[Lesson, ...] = (
     Lesson("t1_vector_add", "A first Triton kernel: vector add", "T"),
     Lesson("t2_softmax", "Fused row softmax", "T"),
+    Lesson("t3_matmul", "Tiled matmul with tl.dot", "T"),
     Lesson("t4_online_softmax", "Online softmax and merging partial states", "T"),
     Lesson("l1_paged_kv_cache", "Paged KV cache: allocator, block tables, store_kvcache", "L"),
     Lesson("l2_paged_decode", "Paged decode attention with GQA", "L"),

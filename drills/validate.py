@@ -91,3 +91,12 @@ def paged_decode_inputs(q, k_cache, v_cache, block_tables, context_lens, scale=N
         if not 1 <= n <= max_len:
             raise ValueError(f"context_lens[{i}] = {n} is outside [1, max_pages * PAGE = {max_len}]")
     return B, Hq, Hkv, D, PAGE
+
+
+def offsets_fit_int32(**tensors: torch.Tensor) -> None:
+    # Kernels that build element offsets as int32 (offs * stride) must never see one past 2**31 - 1.
+    for name, t in tensors.items():
+        last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()) if size > 0)
+        if last >= 2**31:
+            raise ValueError(f"{name} spans {last + 1} elements (shape {tuple(t.shape)}, strides "
+                             f"{tuple(t.stride())}): past the int32 offsets this kernel computes")

@@ -99,7 +99,7 @@ def run(impl) -> tuple[bench.Table, list[str]]:
 
 
 def plot(rows, meta, path):
-    bench.plot_fractions(
+    bench.plot_bars(
         rows, [("f1_ceiling", "F1 with plan()"), ("l2_ceiling", "L2 (no split)"),
                ("flashinfer_ceiling", "FlashInfer"), ("sdpa_ceiling", "SDPA, contiguous KV")],
         [f"B={r['B']}\nctx={r['ctx']}" + ("" if r["page"] == 16 else f"\nPAGE={r['page']}") for r in rows],

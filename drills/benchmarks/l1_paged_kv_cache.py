@@ -80,6 +80,6 @@ def run(impl) -> tuple[bench.Table, list[str]]:
 
 
 def plot(rows, meta, path):
-    bench.plot_fractions(
+    bench.plot_bars(
         rows, [("l1_ceiling", "L1 store_kvcache"), ("torch_ceiling", "torch indexed assignment")],
         [f"N={r['N']}\n{r['mb']} MB" for r in rows], f"store_kvcache, {meta['gpu']}, {meta['date']}", path)

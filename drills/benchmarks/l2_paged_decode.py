@@ -127,7 +127,7 @@ def run(impl) -> tuple[bench.Table, list[str]]:
 
 
 def plot(rows, meta, path):
-    bench.plot_fractions(
+    bench.plot_bars(
         rows, [("l2_ceiling", "L2 (this lesson)"), ("flashinfer_ceiling", "FlashInfer"),
                ("sdpa_ceiling", "SDPA, contiguous KV")],
         [f"B={r['B']}\nctx={r['ctx']}" for r in rows], f"Paged decode, {meta['gpu']}, {meta['date']}", path,

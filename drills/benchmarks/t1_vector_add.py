@@ -76,5 +76,5 @@ def run(impl) -> tuple[bench.Table, list[str]]:
 
 def plot(rows, meta, path):
     labels = [f"n=2^{r['n'].bit_length() - 1}\n{r['dtype']}" for r in rows]
-    bench.plot_fractions(rows, [("t1_ceiling", "T1 (this lesson)"), ("torch_ceiling", "torch x + y")], labels,
-                         f"Vector add, {meta['gpu']}, {meta['date']}", path, "fraction of the copy ceiling")
+    bench.plot_bars(rows, [("t1_ceiling", "T1 (this lesson)"), ("torch_ceiling", "torch x + y")], labels,
+                    f"Vector add, {meta['gpu']}, {meta['date']}", path, "fraction of the copy ceiling")

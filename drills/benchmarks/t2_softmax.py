@@ -94,5 +94,5 @@ def run(impl) -> tuple[bench.Table, list[str]]:
 
 def plot(rows, meta, path):
     labels = [f"{r['M']} x {r['N']}\n{r['path']}" for r in rows]
-    bench.plot_fractions(rows, [("t2_ceiling", "T2 (this lesson)"), ("torch_ceiling", "torch.softmax")], labels,
-                         f"Row softmax, fp16, {meta['gpu']}, {meta['date']}", path, "fraction of the copy ceiling")
+    bench.plot_bars(rows, [("t2_ceiling", "T2 (this lesson)"), ("torch_ceiling", "torch.softmax")], labels,
+                    f"Row softmax, fp16, {meta['gpu']}, {meta['date']}", path, "fraction of the copy ceiling")

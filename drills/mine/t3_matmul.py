@@ -1,0 +1,112 @@
+"""T3, your file: tiled matrix multiplication with tl.dot.
+
+Fill in `matmul_kernel` below; the block-size table and the launcher under it are complete. Read
+drills/content/t3_matmul.md first: every TODO names the section that teaches it.
+Grade with `make test L=t3`. Start by deleting the `raise NotImplementedError` line in matmul.
+
+    FLOPs = 2 * M * N * K               # a multiply and an add per term; 4096^3: 137.4 GFLOP
+    bytes >= 2 * (M*K + K*N + M*N)      # each matrix read or written once in fp16; 4096^3: 100.7 MB
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+import drills.runtime
+from drills import validate
+
+
+@triton.jit
+def matmul_kernel(
+    a_ptr,  # [M, K], any strides
+    b_ptr,  # [K, N], any strides
+    c_ptr,  # [M, N], any strides
+    M, N, K,
+    stride_am, stride_ak,
+    stride_bk, stride_bn,
+    stride_cm, stride_cn,
+    BLOCK_M: tl.constexpr,  # rows of C per program
+    BLOCK_N: tl.constexpr,  # columns of C per program
+    BLOCK_K: tl.constexpr,  # step of the K loop: >= 16, the K of one fp16 tensor-core instruction
+    GROUP_M: tl.constexpr,  # tile rows per group of the launch order (1 gives plain row-major order)
+):
+    # TODO(section 3.1 "Which tile"): from pid = tl.program_id(0), find this program's tile (pid_m, pid_n)
+    # in grouped order: groups of GROUP_M tile rows, walked column by column; the last group can be shorter.
+
+    # TODO(section 3.2 "Pointers from strides"): offs_m, offs_n, offs_k, and the [BLOCK_M, BLOCK_K] and
+    # [BLOCK_K, BLOCK_N] pointer blocks of A and B built from the strides (rows past M and columns past N
+    # wrapped with % M and % N).
+
+    # TODO(section 3.3 "The K loop"): an fp32 accumulator; for each of cdiv(K, BLOCK_K) steps, load A and B
+    # with the K edge masked to 0 in both, acc = tl.dot(a, b, acc), advance both pointer blocks along K.
+
+    # TODO(section 3.4 "Storing the tile"): convert acc to C's dtype once, store only rows < M and
+    # columns < N, through stride_cm and stride_cn.
+    pass
+
+
+# Block sizes chosen on the host by case, not autotuned: under the interpreter autotuning would run every
+# candidate on the CPU. Section 3.5 "Choosing the blocks" explains the numbers.
+_CONFIGS = {
+    # CPU: few, large-ish programs keep the interpreter fast; every dim >= 16 as on a GPU.
+    "interpreter": dict(BLOCK_M=32, BLOCK_N=32, BLOCK_K=32, GROUP_M=4, num_warps=4, num_stages=1),
+    # GPU, small C: 64 x 64 tiles make 16x as many programs as 128 x 256 would, to fill the SMs.
+    "small": dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, GROUP_M=8, num_warps=4, num_stages=4),
+    # GPU, large C (Hopper): big tiles for reuse, 8 warps (two warpgroups), 3 loads in flight.
+    "large": dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3),
+}
+
+
+def _config(M, N):
+    if drills.runtime.current().interpreter:
+        return _CONFIGS["interpreter"]
+    return _CONFIGS["large"] if M >= 1024 and N >= 1024 else _CONFIGS["small"]
+
+
+def _launch(a, b, out, config=None):
+    """Launch without checks: the benchmark times this, the public function adds the checks.
+    config: a dict like those in _CONFIGS (the sweep passes its own); by default chosen by size."""
+    M, K = a.shape
+    N = b.shape[1]
+    cfg = config or _config(M, N)
+    grid = (triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"]),)
+    matmul_kernel[grid](
+        a, b, out,
+        M, N, K,
+        a.stride(0), a.stride(1),
+        b.stride(0), b.stride(1),
+        out.stride(0), out.stride(1),
+        **cfg,
+    )
+    return out
+
+
+def matmul(a, b, out=None):
+    """C = a @ b, products summed in fp32 and rounded once to the inputs' dtype.
+
+    a    [M, K], float16 or bfloat16, any strides (a transposed view is fine)
+    b    [K, N], a's dtype, any strides
+    out  optional [M, N] of a's dtype, any strides, written in place; it must not overlap a or b
+
+    Returns out [M, N].
+    """
+    raise NotImplementedError("t3 is not started: fill in matmul_kernel in drills/mine/t3_matmul.py, then delete this line (read drills/content/t3_matmul.md)")
+    validate.tensor("a", a, 2, (torch.float16, torch.bfloat16))
+    validate.tensor("b", b, 2, (a.dtype,))
+    named = dict(a=a, b=b)
+    if out is not None:
+        named["out"] = validate.tensor("out", out, 2, (a.dtype,))
+    validate.same_device(**named)
+    M, K = a.shape
+    if b.shape[0] != K:
+        raise ValueError(f"b.shape[0] = {b.shape[0]} must equal a.shape[1] = {K}, the inner dimension K")
+    N = b.shape[1]
+    if min(M, N, K) == 0:
+        raise ValueError(f"a {tuple(a.shape)} and b {tuple(b.shape)} must be non-empty: M, N and K >= 1")
+    if out is not None and out.shape != (M, N):
+        raise ValueError(f"out must have shape (M, N) = {(M, N)}, got {tuple(out.shape)}")
+    validate.offsets_fit_int32(**named)
+    if out is None:
+        out = torch.empty((M, N), dtype=a.dtype, device=a.device)
+    return _launch(a, b, out)

@@ -1,0 +1,28 @@
+"""T3 mutants: the matmul mistakes of explainer section 5, one edit of the reference each."""
+from drills.mutants import Mutant
+
+MUTANTS = [
+    Mutant("k_edge_unmasked", "1. no mask on the K edge",
+           "k_mask = offs_k < K - k * BLOCK_K", "k_mask = offs_k < BLOCK_K"),
+    Mutant("k_edge_masked_in_a_only", "1. the K edge masked in one operand only (0 * NaN = NaN)",
+           "b = tl.load(b_ptrs, mask=k_mask[:, None], other=0.0)", "b = tl.load(b_ptrs)"),
+    Mutant("store_unmasked", "2. no mask on the store at the M and N edges",
+           "tl.store(c_ptrs, c, mask=c_mask)", "tl.store(c_ptrs, c)"),
+    Mutant("fp16_accumulator", "3. the sum kept in fp16",
+           "acc = tl.dot(a, b, acc)", "acc = tl.dot(a, b, acc.to(tl.float16), out_dtype=tl.float16)"),
+    Mutant("stride_bk_for_bn", "4. one matrix's stride used for another dimension",
+           "b_cols[None, :] * stride_bn", "b_cols[None, :] * stride_bk"),
+    Mutant("a_assumed_contiguous", "4. a stride assumed to be 1 (A read as if row-major)",
+           "offs_k[None, :] * stride_ak", "offs_k[None, :]"),
+    Mutant("c_assumed_contiguous", "4. a stride assumed to be 1 (C written as if row-major)",
+           "offs_n[None, :] * stride_cn", "offs_n[None, :]"),
+    Mutant("b_advanced_along_n", "5. the K step advances B by BLOCK_K elements instead of BLOCK_K rows",
+           "b_ptrs += BLOCK_K * stride_bk", "b_ptrs += BLOCK_K"),
+    Mutant("last_group_not_shortened", "6. the last group taken as GROUP_M tile rows long",
+           "tl.minimum(num_pid_m - first_m, GROUP_M)", "GROUP_M"),
+    Mutant("row_major_order", "7. tiles launched in row-major order (correct, but no L2 grouping)",
+           "pid_m = first_m + r % rows_in_group\n    pid_n = r // rows_in_group",
+           "pid_m = pid // num_pid_n\n    pid_n = pid % num_pid_n"),
+    Mutant("block_k_below_16", "8. a tl.dot K dimension below 16 (the interpreter accepts it, a GPU does not)",
+           'dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32', 'dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=8', gpu_only=True),
+]
