@@ -121,7 +121,8 @@ def flash_attention_kernel(
     if CAUSAL:
         causal_shift = Nk - Nq  # bottom-right alignment: the last query sees every key
         hi = tl.minimum(Nk, tl.maximum(m0 + BLOCK_M + causal_shift, 0))
-        full_end = tl.minimum(Nk, tl.maximum(m0 + causal_shift + 1, 0)) // BLOCK_N * BLOCK_N
+        # m0 < Nq, so m0 + causal_shift + 1 <= Nk: the unmasked part never runs past the keys.
+        full_end = tl.maximum(m0 + causal_shift + 1, 0) // BLOCK_N * BLOCK_N
     else:
         causal_shift = 0
         hi = Nk
