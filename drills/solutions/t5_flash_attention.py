@@ -118,13 +118,12 @@ def flash_attention_kernel(
     # Section 3.5 "Causal": which key blocks this query block visits. Keys [0, full_end) are seen by
     # every row of the block and need no mask; keys [full_end, hi) cross the diagonal (or the end of
     # the keys) and are masked; keys >= hi are seen by no row and are never loaded.
+    causal_shift = Nk - Nq  # bottom-right alignment: query i sees keys j <= i + causal_shift
     if CAUSAL:
-        causal_shift = Nk - Nq  # bottom-right alignment: the last query sees every key
         hi = tl.minimum(Nk, tl.maximum(m0 + BLOCK_M + causal_shift, 0))
         # m0 < Nq, so m0 + causal_shift + 1 <= Nk: the unmasked part never runs past the keys.
         full_end = tl.maximum(m0 + causal_shift + 1, 0) // BLOCK_N * BLOCK_N
     else:
-        causal_shift = 0
         hi = Nk
         full_end = Nk // BLOCK_N * BLOCK_N
     for start_n in range(0, full_end, BLOCK_N):
