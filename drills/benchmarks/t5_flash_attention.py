@@ -21,7 +21,8 @@ SHAPES = [(4, 32, 4096, 128), (4, 32, 1024, 64), (1, 32, 16384, 128)]  # (B, H, 
 ROWS = [(shape, causal) for shape in SHAPES for causal in (False, True)]
 
 COLUMNS = [
-    ("B", "B"), ("H", "H"), ("N", "N"), ("D", "D"), ("causal", "causal"), ("config", "BLOCK_M x BLOCK_N, warps, stages"),
+    ("B", "B"), ("H", "H"), ("N", "N"), ("D", "D"), ("causal", "causal"),
+    ("config", "BLOCK_M x BLOCK_N, warps, stages"),
     ("t5_us", "T5 us"), ("t5_tflops", "T5 TFLOP/s"),
     ("fa2_tflops", "SDPA FA2 TFLOP/s"), ("default_tflops", "SDPA default TFLOP/s"), ("default_backend", "default is"),
     ("vs_fa2", "T5 / FA2"), ("vs_default", "T5 / default"), ("t5_peak", "T5 / datasheet"),
@@ -48,7 +49,8 @@ def run(impl) -> tuple[bench.Table, list[str]]:
     peak = bench.peak_tflops_fp16()
     for (B, H, N, D), causal in ROWS:
         gen = torch.Generator(device="cuda").manual_seed(N + D)
-        q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.float16, generator=gen) for _ in range(3))  # [B, H, N, D]
+        # [B, H, N, D] each
+        q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.float16, generator=gen) for _ in range(3))
         scale = 1.0 / math.sqrt(D)
         out = torch.empty_like(q)
 
@@ -79,8 +81,8 @@ def run(impl) -> tuple[bench.Table, list[str]]:
         "fp16, Nq = Nk = N, Hkv = H; TFLOP/s counts 4 * B * H * N^2 * D, halved when causal. Every row is "
         "timed with triton.testing.do_bench (median, L2 flushed) on the same tensors.",
         "SDPA FA2 forces `sdpa_kernel(SDPBackend.FLASH_ATTENTION)`; SDPA default lets torch choose its backend "
-        "(named in the 'default is' column, as `torch._fused_sdp_choice` reports it). T5 us times the bare launch (`_launch`), "
-        "without the launcher's checks.",
+        "(named in the 'default is' column, as `torch._fused_sdp_choice` reports it). T5 us times the bare "
+        "launch (`_launch`), without the launcher's checks.",
         "Targets on an H200: T5 / FA2 >= 1.0 and T5 / default >= 0.75 on every row.",
     ]
     return table, notes

@@ -285,7 +285,8 @@ def test_fully_masked_rows_are_zero_not_nan(impl, runtime, Nq, Nk):
 # --- Layout: heads, head dims, dtypes, sizes -----------------------------------------------------
 
 
-@pytest.mark.parametrize("H,Hkv", [(8, 8), (8, 4), (8, 2), (8, 1)], ids=["group1-MHA", "group2", "group4", "group8-MQA"])
+@pytest.mark.parametrize("H,Hkv", [(8, 8), (8, 4), (8, 2), (8, 1)],
+                         ids=["group1-MHA", "group2", "group4", "group8-MQA"])
 def test_kv_head_grouping_is_contiguous(impl, runtime, H, Hkv):
     """Query head h reads KV head h // GROUP, not h % Hkv (interleaved)."""
     q, k, v = make_qkv(1, H, Hkv, 21, 40, 32, device=runtime.device, seed=31 + Hkv)
