@@ -112,14 +112,16 @@ SEED_V = [[1, 0], [0, 1], [1, 1], [0, 0]]
 SEED_SCALE = 1 / math.sqrt(2)  # the seed's d = 2, kept when D is padded to 16
 
 
-def seed_tensors(device, rows=slice(None), keys=slice(None)):
-    """The seed's Q, K, V as [1, 1, n, 16]: D = 2 padded with 14 zero columns, which add 0 to every
-    score and give 0 in the padded output columns (tl.dot needs D >= 16)."""
-    def pad(m):
-        t = torch.zeros(1, 1, len(m), 16, dtype=torch.float16, device=device)
-        t[0, 0, :, :2] = torch.tensor(m, dtype=torch.float16)
-        return t
-    return pad(SEED_Q)[:, :, rows], pad(SEED_K)[:, :, keys], pad(SEED_V)[:, :, keys]
+def seed_tensors(device, rows=4, keys=4):
+    """The seed's first `rows` queries and first `keys` keys and values as [1, 1, n, 16]: D = 2 padded
+    with 14 zero columns, which add 0 to every score and give 0 in the padded output columns (tl.dot
+    needs D >= 16). Each is a view into a buffer with NaN rows after the seed's 4, as in make_qkv."""
+    def pad(m, n):
+        buf = torch.full((1, 1, len(m) + PAD, 16), float("nan"), dtype=torch.float16, device=device)
+        buf[:, :, :len(m)] = 0.0
+        buf[0, 0, :len(m), :2] = torch.tensor(m, dtype=torch.float16)
+        return buf[:, :, :n]
+    return pad(SEED_Q, rows), pad(SEED_K, keys), pad(SEED_V, keys)
 
 
 def test_seed_example_O1_to_three_decimals(impl, runtime):
@@ -143,7 +145,7 @@ def test_seed_state_after_each_key_block(impl, runtime):
         4: ([2.986, 2.986], [[2.000, 1.493], [1.493, 1.493]]),
     }
     for n_keys, (l_hand, o_hand) in hand.items():
-        q, k, v = seed_tensors(runtime.device, rows=slice(0, 2), keys=slice(0, n_keys))
+        q, k, v = seed_tensors(runtime.device, rows=2, keys=n_keys)
         out, lse = attend(impl, q, k, v, scale=SEED_SCALE, return_lse=True)
         l = torch.exp(lse[0, 0].cpu() - m)  # [2]
         o = out[0, 0, :, :2].float().cpu() * l[:, None]  # [2, 2]
