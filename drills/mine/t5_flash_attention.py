@@ -42,7 +42,7 @@ def _attend_kv_block(
     # TODO(section 3.3 "exp2" and 3.4 "One key block"): the online softmax update in base 2: the new
     # running max m_new, p = exp2(s * qk_scale - m_new), alpha = exp2(m_i - m_new), then l_i and
     # acc (rescaled by alpha, plus p @ v with p cast to v's dtype). When MASKED, a row may still have
-    # m_new = -inf: subtract 0 instead (section 3.6 "Normalise once, store real rows").
+    # m_new = -inf: subtract 0 instead (section 3.5 "Causal", rows that see nothing).
     # Return (acc, l_i, m_new).
     pass
 
@@ -78,8 +78,9 @@ def flash_attention_kernel(
 
     # TODO(section 3.3 "exp2"): qk_scale = scale * log2(e); the state m_i = -inf, l_i = 0, acc = 0 (fp32).
 
-    # TODO(section 3.5 "Causal"): the key range: [0, full_end) unmasked, [full_end, hi) masked, nothing
-    # at or past hi. Then two loops over key blocks calling _attend_kv_block (MASKED=False, then True).
+    # TODO(section 3.5 "Causal"): causal_shift = Nk - Nq, and the key range: [0, full_end) unmasked,
+    # [full_end, hi) masked, nothing at or past hi (without CAUSAL: full_end = Nk rounded down to a
+    # whole block, hi = Nk). Then two loops over key blocks calling _attend_kv_block (MASKED=False, then True).
 
     # TODO(section 3.6 "Normalise once, store real rows"): out = acc / l (rows with l = 0 stay 0), store
     # the rows before Nq in out's dtype; if STORE_LSE, store lse = (m + log2 l) * ln 2 (natural log).
