@@ -54,6 +54,7 @@ LESSONS: tuple[Lesson, ...] = (
     Lesson("t2_softmax", "Fused row softmax", "T"),
     Lesson("t3_matmul", "Tiled matmul with tl.dot", "T"),
     Lesson("t4_online_softmax", "Online softmax and merging partial states", "T"),
+    Lesson("t5_flash_attention", "FlashAttention forward", "T"),
     Lesson("l1_paged_kv_cache", "Paged KV cache: allocator, block tables, store_kvcache", "L"),
     Lesson("l2_paged_decode", "Paged decode attention with GQA", "L"),
     Lesson("l3_prefix_cache", "Prefix caching with reference counts", "L"),

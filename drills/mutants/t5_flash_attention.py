@@ -1,0 +1,34 @@
+"""T5 mutants: the mistakes of explainer section 5 (causal alignment, masks, the online softmax, exp2 and
+lse, strides, grouping, empty rows)."""
+from drills.mutants import Mutant
+
+MUTANTS = [
+    Mutant("causal_off_by_one", "1. causal mask off by one (j < i + Nk - Nq)",
+           "cols[None, :] <= offs_m[:, None] + causal_shift", "cols[None, :] < offs_m[:, None] + causal_shift"),
+    Mutant("causal_top_left", "2. causal aligned to the top left (j <= i)",
+           "causal_shift = Nk - Nq", "causal_shift = 0"),
+    Mutant("diagonal_blocks_unmasked", "3. blocks that cross the diagonal treated as fully visible",
+           "tl.maximum(m0 + causal_shift + 1, 0)", "tl.maximum(m0 + causal_shift + BLOCK_M, 0)"),
+    Mutant("last_key_block_unmasked", "4. the last key block read and scored unmasked",
+           "in_range = cols < Nk", "in_range = cols >= 0"),
+    Mutant("rescale_dropped", "5. online softmax without the rescale (alpha = 1)",
+           "alpha = tl.math.exp2(m_i - m_ref)", "alpha = tl.math.exp2(m_ref - m_ref)"),
+    Mutant("no_final_normalisation", "5. no final division by l",
+           "out = acc / l_safe[:, None]", "out = acc"),
+    Mutant("scale_missing", "6. softmax scale forgotten (only log2(e) folded in)",
+           "qk_scale = scale * 1.4426950408889634", "qk_scale = 1.4426950408889634"),
+    Mutant("log2e_missing", "6. exp2 used without folding log2(e) into the scale",
+           "qk_scale = scale * 1.4426950408889634", "qk_scale = scale"),
+    Mutant("lse_base_2", "6. lse returned in base 2",
+           "lse = (m_i + tl.math.log2(l_safe)) * 0.6931471805599453", "lse = m_i + tl.math.log2(l_safe)"),
+    Mutant("k_strides_swapped", "7. K read untransposed (its two strides swapped)",
+           "offs_d[:, None] + offs_n[None, :] * stride_kn", "offs_d[:, None] * stride_kn + offs_n[None, :]"),
+    Mutant("interleaved_grouping", "8. interleaved KV head grouping (h % Hkv)",
+           "kvh = h // GROUP", "kvh = h % (H // GROUP)"),
+    Mutant("empty_rows_divide_by_zero", "9. a row that sees no key divides 0 by 0",
+           "l_safe = tl.where(l_i == 0.0, 1.0, l_i)", "l_safe = l_i"),
+    Mutant("empty_rows_inf_minus_inf", "9. a row that sees no key computes -inf - (-inf)",
+           'm_ref = tl.where(m_new == float("-inf"), 0.0, m_new)', "m_ref = m_new"),
+    Mutant("rows_past_nq_stored", "10. rows past Nq of the last query block stored",
+           "out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None]", "out.to(out_ptr.dtype.element_ty)"),
+]

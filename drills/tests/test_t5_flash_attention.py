@@ -1,0 +1,400 @@
+"""Grader for T5, FlashAttention forward. Each test is named for the mistake it catches.
+
+Run: make test L=t5 (your drills/mine) or make test L=t5 IMPL=solutions. Every q, k and v is a view
+into a larger buffer whose rows past Nq and Nk hold NaN: a kernel that reads past the last key (an
+unmasked last block) gets NaN instead of a plausible wrong answer.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from drills.compare import assert_close, assert_untouched, mismatch
+
+DIMS = ("b", "head", "query", "d")  # how a mismatch names its position
+LSE_DIMS = ("b", "head", "query")
+PAD = 128  # NaN rows after the last query and the last key: more than any BLOCK_M or BLOCK_N
+CANARY = 1234.5  # exactly representable in fp16, bf16 and fp32
+# lse is fp32 computed from exact fp16 products: only the summation order and exp2/log2 differ.
+LSE_TOL = dict(atol=1e-3, rtol=1e-4, rel=1e-4)
+
+
+def make_qkv(B, H, Hkv, Nq, Nk, D, dtype=torch.float16, device="cpu", seed=0, heads_last=False):
+    """Random q [B, H, Nq, D] and k, v [B, Hkv, Nk, D], each a view into a NaN-padded buffer.
+    heads_last: the buffers are [B, N, heads, D] (as a fused QKV projection leaves them), so the views
+    have strides (N * heads * D, D, heads * D, 1) instead of the contiguous ones."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def one(heads, n):
+        shape = (B, n + PAD, heads, D) if heads_last else (B, heads, n + PAD, D)
+        buf = torch.full(shape, float("nan"), dtype=dtype, device=device)
+        view = buf[:, :n].transpose(1, 2) if heads_last else buf[:, :, :n]  # [B, heads, n, D]
+        view.copy_(torch.randn(B, heads, n, D, generator=gen).to(dtype))
+        return view
+
+    return one(H, Nq), one(Hkv, Nk), one(Hkv, Nk)
+
+
+def attention_reference(q, k, v, causal=False, scale=None):
+    """fp32 oracle: the full score matrix, masked, softmaxed. Returns (out [B, H, Nq, D], lse [B, H, Nq]).
+    A row that sees no key (Nq > Nk, causal) gets out = 0 and lse = -inf."""
+    B, H, Nq, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    k = k.float().repeat_interleave(H // Hkv, dim=1)  # [B, H, Nk, D]: head h uses KV head h // GROUP
+    v = v.float().repeat_interleave(H // Hkv, dim=1)
+    s = q.float() @ k.transpose(-1, -2) * scale  # [B, H, Nq, Nk]
+    if causal:
+        i = torch.arange(Nq, device=q.device)[:, None]
+        j = torch.arange(Nk, device=q.device)[None, :]
+        s = s.masked_fill(j > i + Nk - Nq, float("-inf"))  # bottom-right: the last query sees every key
+    lse = torch.logsumexp(s, dim=-1)  # [B, H, Nq]
+    p = torch.exp(s - lse[..., None]).nan_to_num(nan=0.0)  # an all -inf row gives 0/0: weight 0
+    return p @ v, lse
+
+
+def launch_into_canary(impl, q, k, v, causal, scale, config=None):
+    """Run the kernel through the launcher with out and lse views into canary-filled buffers (spare
+    rows after each head's Nq rows, a spare head and batch on each side), and check that nothing
+    outside them changed. Returns (out [B, H, Nq, D], lse [B, H, Nq])."""
+    B, H, Nq, D = q.shape
+    out_buf = torch.full((B + 2, H + 2, Nq + 2 * PAD, D), CANARY, dtype=q.dtype, device=q.device)
+    lse_buf = torch.full((B + 2, H + 2, Nq + 2 * PAD), CANARY, dtype=torch.float32, device=q.device)
+    out = out_buf[1:B + 1, 1:H + 1, PAD:PAD + Nq]  # [B, H, Nq, D], stride(2) = D, stride(1) = (Nq + 2 PAD) D
+    lse = lse_buf[1:B + 1, 1:H + 1, PAD:PAD + Nq]  # [B, H, Nq]
+    impl._launch(q, k, v, causal, scale, out, lse, config=config)
+    for buf, name in ((out_buf, "out"), (lse_buf, "lse")):
+        keep = torch.zeros(buf.shape, dtype=torch.bool, device=buf.device)
+        keep[1:B + 1, 1:H + 1, PAD:PAD + Nq] = True
+        assert_untouched(buf, CANARY, keep, f"the buffer around {name} (rows past Nq stored?)",
+                         ("b+1", "head+1", f"query+{PAD}", "d")[:buf.dim()])
+    return out, lse
+
+
+def attend(impl, q, k, v, causal=False, scale=None, return_lse=False):
+    """Your flash_attention's result, after a first run into canary buffers: a store past the last
+    query row is reported there instead of corrupting memory past flash_attention's tight allocation."""
+    first, _ = launch_into_canary(impl, q, k, v, causal, 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale)
+    result = impl.flash_attention(q, k, v, causal=causal, scale=scale, return_lse=return_lse)
+    out = result[0] if return_lse else result
+    assert isinstance(out, torch.Tensor), f"flash_attention returned {type(result).__name__}"
+    assert_close(out, first.float(), DIMS)  # the public function runs the same kernel
+    return result
+
+
+def check(impl, q, k, v, causal=False, scale=None, **tol):
+    out = attend(impl, q, k, v, causal, scale)
+    ref, _ = attention_reference(q, k, v, causal, scale)
+    assert_close(out, ref, DIMS, **tol)
+    return out
+
+
+def assert_lse_close(lse, ref_lse):
+    """Rows that see no key must be exactly -inf; every other row within LSE_TOL."""
+    empty = ref_lse == float("-inf")
+    assert not torch.isnan(lse).any(), "NaN in lse"
+    bad = empty & (lse != float("-inf"))
+    assert not bad.any(), f"{int(bad.sum())} rows that see no key have lse != -inf, e.g. {lse[bad][0].item()}"
+    assert_close(lse.masked_fill(empty, 0.0), ref_lse.masked_fill(empty, 0.0), LSE_DIMS, **LSE_TOL)
+
+
+def pick(runtime, small, large):
+    return small if runtime.interpreter else large
+
+
+# --- Section 2 "By hand": the seed's 4 x 2 example through your kernel --------------------------------
+
+SEED_Q = [[1, 0], [0, 1], [1, 1], [0, 0]]
+SEED_K = [[1, 1], [0, 1], [1, 0], [0, 0]]
+SEED_V = [[1, 0], [0, 1], [1, 1], [0, 0]]
+SEED_SCALE = 1 / math.sqrt(2)  # the seed's d = 2, kept when D is padded to 16
+
+
+def seed_tensors(device, rows=4, keys=4):
+    """The seed's first `rows` queries and first `keys` keys and values as [1, 1, n, 16]: D = 2 padded
+    with 14 zero columns, which add 0 to every score and give 0 in the padded output columns (tl.dot
+    needs D >= 16). Each is a view into a buffer with NaN rows after the seed's 4, as in make_qkv."""
+    def pad(m, n):
+        buf = torch.full((1, 1, len(m) + PAD, 16), float("nan"), dtype=torch.float16, device=device)
+        buf[:, :, :len(m)] = 0.0
+        buf[0, 0, :len(m), :2] = torch.tensor(m, dtype=torch.float16)
+        return buf[:, :, :n]
+    return pad(SEED_Q, rows), pad(SEED_K, keys), pad(SEED_V, keys)
+
+
+def test_seed_example_O1_to_three_decimals(impl, runtime):
+    """O1 (the outputs of Q1 = Q[0:2]) ~ [[0.670, 0.500], [0.500, 0.500]]; the padded columns stay 0."""
+    q, k, v = seed_tensors(runtime.device)
+    out = attend(impl, q, k, v, scale=SEED_SCALE)  # [1, 1, 4, 16]
+    o1 = out[0, 0, :2, :2].float().cpu()
+    assert torch.equal(torch.round(o1 * 1000), torch.tensor([[670.0, 500.0], [500.0, 500.0]])), \
+        f"O1 = {o1.tolist()}, the seed's hand iteration gives [[0.670, 0.500], [0.500, 0.500]]"
+    assert (out[..., 2:] == 0).all(), "zero-padded V columns must give zero output columns"
+    ref, _ = attention_reference(q, k, v, scale=SEED_SCALE)
+    assert_close(out, ref, DIMS)
+
+
+def test_seed_state_after_each_key_block(impl, runtime):
+    """The seed's (m, l, O) after K1 and after K2, recovered from your kernel's lse and output:
+    running on keys 0..1 only gives the state after K1; l = e^(lse - m), unnormalised O = out * l."""
+    m = SEED_SCALE  # 0.707 in both rows, after K1 and after K2
+    hand = {  # keys seen -> (l, unnormalised O), from the explainer's section 2
+        2: ([1.493, 2.000], [[1.000, 0.493], [1.000, 1.000]]),
+        4: ([2.986, 2.986], [[2.000, 1.493], [1.493, 1.493]]),
+    }
+    for n_keys, (l_hand, o_hand) in hand.items():
+        q, k, v = seed_tensors(runtime.device, rows=2, keys=n_keys)
+        out, lse = attend(impl, q, k, v, scale=SEED_SCALE, return_lse=True)
+        l = torch.exp(lse[0, 0].cpu() - m)  # [2]
+        o = out[0, 0, :, :2].float().cpu() * l[:, None]  # [2, 2]
+        after = "K1" if n_keys == 2 else "K2"
+        assert torch.allclose(l, torch.tensor(l_hand), atol=2e-3), f"l after {after} = {l.tolist()}, hand {l_hand}"
+        assert torch.allclose(o, torch.tensor(o_hand), atol=3e-3), f"O after {after} = {o.tolist()}, hand {o_hand}"
+
+
+# --- Section 3 "The kernel": blocks, masks, strides, the online softmax ------------------------------
+
+
+@pytest.mark.parametrize("Nq,Nk", [(37, 100), (5, 17), (1, 1), (40, 33)])
+def test_keys_not_a_multiple_of_the_block(impl, runtime, Nq, Nk):
+    """Nq and Nk that no block size divides: the last query block and the last key block are partial."""
+    q, k, v = make_qkv(1, 4, 2, Nq, Nk, 64, device=runtime.device, seed=Nq * 1000 + Nk)
+    check(impl, q, k, v)
+
+
+def test_last_key_block_is_masked(impl, runtime):
+    """Keys past Nk must score -inf, not merely load as zeros: here every real score is negative, so a
+    zero-filled key (score 0) would outweigh all of them. (Reading them unmasked reads NaN.)"""
+    q, k, v = make_qkv(1, 2, 1, 20, 35, 64, device=runtime.device, seed=3)
+    q.copy_(q.abs())
+    k.copy_(-k.abs())
+    check(impl, q, k, v)
+    check(impl, q, k, v, causal=True)
+
+
+def test_k_is_read_through_its_strides(impl, runtime):
+    """q, k, v as [B, N, heads, D] buffers viewed as [B, heads, N, D]: only the last dimension is
+    contiguous. A kernel that assumes contiguous tensors, or swaps K's strides, reads other elements."""
+    q, k, v = make_qkv(2, 2, 1, 33, 50, 64, device=runtime.device, seed=5, heads_last=True)
+    assert not q.is_contiguous() and k.stride(2) == 64 and q.stride(2) == 2 * 64
+    check(impl, q, k, v)
+    check(impl, q, k, v, causal=True)
+
+
+def test_online_softmax_rescales_old_blocks(impl, runtime):
+    """Scores rise with the key position, so the running max grows block after block: dropping the
+    rescale factor alpha = exp2(m_old - m_new) leaves early blocks over-weighted by up to e^11."""
+    Nq, Nk, D = 20, pick(runtime, 90, 1000), 64
+    q, k, v = make_qkv(1, 1, 1, Nq, Nk, D, device=runtime.device, seed=7)
+    q0 = q[0, 0, 0].float()  # [D]; every query row is close to it
+    q.copy_((q0 + 0.1 * q[0, 0].float()).to(q.dtype))
+    ramp = torch.linspace(0.5, 12.0, Nk, device=runtime.device)[:, None]  # score of key j
+    k[0, 0] = (0.2 * k[0, 0].float() + ramp * math.sqrt(D) * q0 / q0.dot(q0)).to(k.dtype)
+    check(impl, q, k, v)
+
+
+def test_scale_is_applied(impl, runtime):
+    """The default scale is 1 / sqrt(D), folded with log2(e) into the scores; an explicit one replaces it."""
+    q, k, v = make_qkv(1, 2, 2, 24, 40, 128, device=runtime.device, seed=9)
+    check(impl, q, k, v)
+    check(impl, q, k, v, scale=0.3)
+
+
+def test_output_is_normalised_by_the_softmax_sum(impl, runtime):
+    """With every V row equal to 1 the output is exactly 1, whatever the scores: the weights sum to 1.
+    Forgetting acc / l leaves l (>= 1) in the output."""
+    q, k, v = make_qkv(1, 2, 1, 30, 50, 64, device=runtime.device, seed=11)
+    v.fill_(1.0)
+    for causal in (False, True):
+        out = check(impl, q, k, v, causal=causal)
+        assert_close(out, torch.ones(out.shape), DIMS)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_lse_is_natural_log(impl, runtime, causal):
+    """lse must be log(sum(exp(scaled masked scores))) in base e: the kernel works in base 2 (exp2), so
+    its m + log2(l) must be multiplied by ln 2 on the way out."""
+    q, k, v = make_qkv(2, 2, 1, 37, 100, 64, device=runtime.device, seed=13)
+    out, lse = attend(impl, q, k, v, causal=causal, return_lse=True)
+    ref, ref_lse = attention_reference(q, k, v, causal)
+    assert lse.dtype == torch.float32 and lse.shape == q.shape[:3], f"lse: {lse.dtype} {tuple(lse.shape)}"
+    assert_lse_close(lse, ref_lse)
+    assert_close(out, ref, DIMS)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("Nq,Nk", [(37, 100), (100, 37)])
+def test_rows_past_nq_not_written(impl, runtime, causal, Nq, Nk):
+    """The last query block has rows past Nq; storing them writes into the next head's rows or past
+    the end of out. out and lse are views into canary-filled buffers (every other test does the same
+    first, through `attend`, before it calls flash_attention)."""
+    q, k, v = make_qkv(2, 2, 1, Nq, Nk, 64, device=runtime.device, seed=Nq + causal)
+    out, lse = launch_into_canary(impl, q, k, v, causal, 0.125)
+    ref, ref_lse = attention_reference(q, k, v, causal)
+    assert_close(out, ref, DIMS)
+    assert_lse_close(lse, ref_lse)
+
+
+@pytest.mark.parametrize("config", [(16, 16), (16, 32), (64, 16)], ids=lambda c: f"M{c[0]}xN{c[1]}")
+def test_any_block_shape(impl, runtime, config):
+    """BLOCK_M and BLOCK_N are independent: with BLOCK_M > BLOCK_N several key blocks cross one query
+    block's diagonal; with BLOCK_M < BLOCK_N one key block crosses several query blocks' diagonals."""
+    q, k, v = make_qkv(1, 2, 1, 45, 77, 64, device=runtime.device, seed=17)
+    for causal in (False, True):
+        out, _ = launch_into_canary(impl, q, k, v, causal, 0.125, config=(*config, 4, 2))
+        assert_close(out, attention_reference(q, k, v, causal)[0], DIMS)
+
+
+# --- Section 3.5 "Causal" -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("Nq,Nk", [(37, 100), (37, 37), (64, 64), (1, 50), (70, 45)])
+def test_causal_is_aligned_bottom_right(impl, runtime, Nq, Nk):
+    """Query i sees keys j <= i + Nk - Nq: with Nq < Nk the queries are the last Nq positions (a chunk
+    of a prompt after a cached prefix), so the last query sees every key. Top-left alignment
+    (j <= i) agrees only when Nq == Nk."""
+    q, k, v = make_qkv(1, 4, 2, Nq, Nk, 64, device=runtime.device, seed=19 + Nq + Nk)
+    check(impl, q, k, v, causal=True)
+
+
+def test_first_causal_row_sees_only_key_0(impl, runtime):
+    """With Nq == Nk, query 0 sees key 0 alone: its output is exactly V[0]. A mask written j < i
+    leaves it nothing (0 or NaN); one written j <= i + 1 lets it see key 1."""
+    q, k, v = make_qkv(1, 4, 2, 40, 40, 64, device=runtime.device, seed=23)
+    out = check(impl, q, k, v, causal=True)
+    assert_close(out[:, :, 0], v[:, :, 0].float().repeat_interleave(2, dim=1), ("b", "head", "d"))
+
+
+@pytest.mark.parametrize("Nq,Nk", [(100, 37), (50, 1)])
+def test_fully_masked_rows_are_zero_not_nan(impl, runtime, Nq, Nk):
+    """Nq > Nk, causal: the first Nq - Nk queries see no key at all. Their output must be 0 and their
+    lse -inf, never NaN (m = -inf makes exp2(m - m_new) and acc / l both 0/0 if unguarded). The rows
+    after them see 1, 2, ... keys: query Nq - Nk sees key 0 alone."""
+    q, k, v = make_qkv(1, 2, 1, Nq, Nk, 64, device=runtime.device, seed=29 + Nk)
+    out, lse = attend(impl, q, k, v, causal=True, return_lse=True)
+    empty = Nq - Nk
+    assert not torch.isnan(out).any(), "NaN in out: a row that sees no key divided 0 by 0"
+    assert (out[:, :, :empty] == 0).all(), "rows that see no key must be 0"
+    assert (lse[:, :, :empty] == float("-inf")).all(), "rows that see no key must have lse = -inf"
+    assert_close(out[:, :, empty], v[:, :, 0].float().repeat_interleave(2, dim=1), ("b", "head", "d"))
+    ref, ref_lse = attention_reference(q, k, v, causal=True)
+    assert_close(out, ref, DIMS)
+    assert_lse_close(lse, ref_lse)
+
+
+# --- Layout: heads, head dims, dtypes, sizes -----------------------------------------------------
+
+
+@pytest.mark.parametrize("H,Hkv", [(8, 8), (8, 4), (8, 2), (8, 1)],
+                         ids=["group1-MHA", "group2", "group4", "group8-MQA"])
+def test_kv_head_grouping_is_contiguous(impl, runtime, H, Hkv):
+    """Query head h reads KV head h // GROUP, not h % Hkv (interleaved)."""
+    q, k, v = make_qkv(1, H, Hkv, 21, 40, 32, device=runtime.device, seed=31 + Hkv)
+    check(impl, q, k, v)
+
+
+@pytest.mark.parametrize("D", [16, 32, 64, 128, 256])
+def test_head_dims(impl, runtime, D):
+    q, k, v = make_qkv(1, 2, 1, 19, 35, D, device=runtime.device, seed=37 + D)
+    check(impl, q, k, v, causal=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_dtypes(impl, runtime, dtype):
+    if dtype == torch.bfloat16 and runtime.interpreter:
+        pytest.skip("bf16 runs on a GPU only: the Triton interpreter's tl.dot returns garbage for bf16 "
+                    "(seen in Triton 3.6 and 3.9)")
+    B, H, Hkv, Nq, Nk = pick(runtime, (1, 2, 1, 30, 50), (2, 4, 2, 700, 1500))
+    q, k, v = make_qkv(B, H, Hkv, Nq, Nk, 128, dtype=dtype, device=runtime.device, seed=41)
+    for causal in (False, True):
+        out, lse = attend(impl, q, k, v, causal=causal, return_lse=True)
+        assert out.dtype == dtype
+        ref, ref_lse = attention_reference(q, k, v, causal)
+        assert_close(out, ref, DIMS)
+        assert_lse_close(lse, ref_lse)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_long_sequences(impl, runtime, causal):
+    """GPU only: sequences of thousands of tokens, many query blocks and key blocks, with GQA."""
+    if runtime.interpreter:
+        pytest.skip("GPU only: thousands of tokens take minutes in the Triton interpreter")
+    for B, H, Hkv, Nq, Nk, D in [(2, 8, 2, 2048, 2048, 128), (1, 4, 4, 1000, 3001, 64), (1, 8, 1, 4096, 4096, 64)]:
+        q, k, v = make_qkv(B, H, Hkv, Nq, Nk, D, device=runtime.device, seed=Nq + Nk)
+        out, lse = attend(impl, q, k, v, causal=causal, return_lse=True)
+        ref, ref_lse = attention_reference(q, k, v, causal)
+        assert_close(out, ref, DIMS)
+        assert_lse_close(lse, ref_lse)
+
+
+def test_returns_fresh_contiguous_out_and_lse(impl, runtime):
+    """out is [B, H, Nq, D] in q's dtype (contiguous even when q is not); with return_lse, (out, lse)."""
+    q, k, v = make_qkv(1, 2, 1, 9, 20, 64, device=runtime.device, seed=43, heads_last=True)
+    out = attend(impl, q, k, v)
+    assert isinstance(out, torch.Tensor) and out.shape == q.shape and out.dtype == q.dtype and out.is_contiguous()
+    pair = impl.flash_attention(q, k, v, return_lse=True)
+    assert isinstance(pair, tuple) and len(pair) == 2, "return_lse=True returns (out, lse)"
+    assert pair[1].shape == q.shape[:3] and pair[1].dtype == torch.float32
+
+
+# --- The launcher rejects bad input before launching -----------------------------------------------
+
+
+def _strided_last(t):
+    return t.transpose(2, 3).contiguous().transpose(2, 3)  # same values, stride(-1) != 1
+
+
+# name -> (how to spoil the arguments of a valid call, the error, what the message must name)
+BAD_INPUTS = {
+    "q_not_a_tensor": (lambda a: dict(q=a["q"].tolist()), TypeError, "q"),
+    "q_rank": (lambda a: dict(q=a["q"][0]), ValueError, "q"),
+    "q_fp32": (lambda a: dict(q=a["q"].float()), TypeError, "q"),
+    "k_dtype": (lambda a: dict(k=a["k"].bfloat16()), TypeError, "k"),
+    "v_rank": (lambda a: dict(v=a["v"][0]), ValueError, "v"),
+    "k_batch": (lambda a: {n: a[n][:1] for n in ("k", "v")}, ValueError, "batch"),
+    "v_shape": (lambda a: dict(v=a["v"][:, :, :5]), ValueError, "v"),
+    "head_dim_mismatch": (lambda a: {n: a[n][..., :32] for n in ("k", "v")}, ValueError, "head dim"),
+    "head_dim_not_pow2": (lambda a: {n: a[n][..., :48] for n in ("q", "k", "v")}, ValueError, "D"),
+    "head_dim_8": (lambda a: {n: a[n][..., :8] for n in ("q", "k", "v")}, ValueError, "D"),
+    "head_dim_512": (lambda a: {n: torch.cat([a[n]] * 8, dim=-1) for n in ("q", "k", "v")}, ValueError, "D"),
+    "h_not_multiple_of_hkv": (lambda a: dict(q=a["q"][:, :3]), ValueError, "Hkv"),
+    "nk_zero": (lambda a: {n: a[n][:, :, :0] for n in ("k", "v")}, ValueError, "Nk"),
+    "nq_zero": (lambda a: dict(q=a["q"][:, :, :0]), ValueError, "Nq"),
+    "q_last_dim_strided": (lambda a: dict(q=_strided_last(a["q"])), ValueError, "q"),
+    "k_last_dim_strided": (lambda a: dict(k=_strided_last(a["k"])), ValueError, "k"),
+    "mixed_devices": (lambda a: dict(k=a["k"].to("meta")), ValueError, "k"),
+    "causal_not_bool": (lambda a: dict(causal=1), TypeError, "causal"),
+    "return_lse_not_bool": (lambda a: dict(return_lse="yes"), TypeError, "return_lse"),
+    "scale_not_a_number": (lambda a: dict(scale="0.1"), TypeError, "scale"),
+    "scale_negative": (lambda a: dict(scale=-0.125), ValueError, "scale"),
+    "scale_zero": (lambda a: dict(scale=0.0), ValueError, "scale"),
+    "scale_nan": (lambda a: dict(scale=float("nan")), ValueError, "scale"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_INPUTS))
+def test_launcher_rejects_bad_input(impl, runtime, name):
+    """Each bad argument raises ValueError/TypeError naming it, before any kernel runs."""
+    spoil, error, names = BAD_INPUTS[name]
+    q, k, v = make_qkv(2, 4, 2, 8, 12, 64, device=runtime.device, seed=47)
+    args = dict(q=q, k=k, v=v)
+    args.update(spoil(args))
+    with pytest.raises(error, match=names):
+        impl.flash_attention(**args)
+
+
+# --- The grader's own tolerance is tight enough --------------------------------------------------
+
+
+def test_tolerance_rejects_zeros_and_mean_of_v(runtime):
+    """Not a test of your kernel: proves the comparison fails an all-zeros output and the plain mean of
+    V (a kernel that forgot the scores), so passing the other tests means something."""
+    q, k, v = make_qkv(1, 4, 2, 37, 100, 64, device=runtime.device, seed=53)
+    ref, lse = attention_reference(q, k, v)
+    assert mismatch(torch.zeros_like(ref).half(), ref) is not None
+    mean_v = v.float().mean(dim=2, keepdim=True).repeat_interleave(2, dim=1).expand_as(ref)
+    assert mismatch(mean_v.half(), ref) is not None
+    assert mismatch(ref.half(), ref) is None  # and the oracle rounded to fp16 passes
+    assert mismatch(lse / math.log(2), lse, **LSE_TOL) is not None  # lse in base 2 fails
