@@ -64,7 +64,12 @@ def cmd_notebooks(args) -> int:
 def cmd_check(args) -> int:
     """What CI runs: every lesson's tests on the solutions, the stub contract, every notebook, and
     every mutant this machine can expose."""
+    import drills.runtime
+
     args.lesson = None
+    # On a GPU, check grades only the GPU-only mutants: each mutant recompiles its kernels, and the CPU
+    # ones are graded by CI (make mutants on a GPU grades them all).
+    args.gpu_only_mutants = not drills.runtime.current().interpreter
     results = {
         "tests (solutions)": run_pytest([str(lesson.tests) for lesson in LESSONS], "solutions", ["-q"]),
         "stub contract": cmd_contract(args),
@@ -77,7 +82,8 @@ def cmd_check(args) -> int:
 
 def cmd_mutants(args) -> int:
     """Grade every declared mutant of each lesson's solution; each must fail. GPU-only mutants run only
-    on a GPU. Each runs in its own process: a mutant that corrupts memory may crash it."""
+    on a GPU; with args.gpu_only_mutants (make check on a GPU) only those run, since CPU CI already
+    grades the rest. Each runs in its own process: a mutant that corrupts memory may crash it."""
     import subprocess
     import tempfile
 
@@ -95,6 +101,8 @@ def cmd_mutants(args) -> int:
         for m in mutants:
             if m.gpu_only and not on_gpu:
                 print(f"  {m.name:34} skipped on the CPU: only a GPU exposes it ({m.pitfall})")
+                continue
+            if getattr(args, "gpu_only_mutants", False) and not m.gpu_only:
                 continue
             mutated = m.apply(source)
             try:
