@@ -88,7 +88,7 @@ def cmd_mutants(args) -> int:
     import tempfile
 
     import drills.runtime
-    from drills.mutants import load_mutants
+    from drills.mutants import load_mutants, pitfall_mismatches
 
     on_gpu = not drills.runtime.current().interpreter
     survived = 0
@@ -98,6 +98,9 @@ def cmd_mutants(args) -> int:
             continue
         source = lesson.solution.read_text()
         print(f"== {lesson.id}: {len(mutants)} mutants ==", flush=True)
+        for problem in pitfall_mismatches(lesson.stem, lesson.explainer.read_text()):
+            print(f"  {problem}")
+            survived += 1
         for m in mutants:
             if m.gpu_only and not on_gpu:
                 print(f"  {m.name:34} skipped on the CPU: only a GPU exposes it ({m.pitfall})")
