@@ -114,16 +114,20 @@ def run(impl) -> tuple[bench.Table, list[str]]:
                  "paged_decode, with the launcher's checks, whose context_lens range check costs a host sync.")
     notes.append("SDPA contiguous reads KV that is not paged (an upper reference); gather + SDPA copies the "
                  "pages into contiguous tensors first, as one would without a paged kernel.")
-    if flashinfer_error:
-        notes.append(f"FlashInfer: failed to build or run here ({flashinfer_error}), so its columns are n/a.")
-    elif not have_flashinfer:
-        notes.append("FlashInfer: not importable in this environment, so its columns are n/a.")
-    else:
-        import flashinfer
-
-        notes.append(f"FlashInfer {flashinfer.__version__}: BatchDecodeWithPagedKVCacheWrapper, "
-                     "use_tensor_cores=True, plan() outside the timed call.")
+    notes.append(flashinfer_note(flashinfer_error, have_flashinfer))
     return table, notes
+
+
+def flashinfer_note(error: str | None, ran: bool) -> str:
+    """The table note that says which FlashInfer ran, or why its columns are empty."""
+    if error:
+        return f"FlashInfer: failed to build or run here ({error}), so its columns are n/a."
+    if not ran:
+        return "FlashInfer: not importable in this environment, so its columns are n/a."
+    import flashinfer
+
+    return (f"FlashInfer {flashinfer.__version__}: BatchDecodeWithPagedKVCacheWrapper, use_tensor_cores=True, "
+            "plan() outside the timed call.")
 
 
 def plot(rows, meta, path):

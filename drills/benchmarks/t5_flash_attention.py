@@ -89,24 +89,10 @@ def run(impl) -> tuple[bench.Table, list[str]]:
 
 
 def plot(rows, meta, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    series = [("t5_tflops", "T5 (this lesson)"), ("fa2_tflops", "SDPA, FlashAttention-2 backend"),
-              ("default_tflops", "SDPA, default backend")]
-    labels = [f"B={r['B']} N={r['N']}\nD={r['D']} {'causal' if r['causal'] == 'yes' else 'full'}" for r in rows]
-    fig, ax = plt.subplots(figsize=(10, 4))
-    width = 0.8 / len(series)
-    for i, (key, name) in enumerate(series):
-        ax.bar([x + i * width for x in range(len(rows))], [r.get(key) or 0.0 for r in rows], width, label=name)
-    if meta.get("datasheet_peak_tflops_fp16"):
-        ax.axhline(meta["datasheet_peak_tflops_fp16"], color="gray", lw=0.8, ls="--", label="datasheet fp16 peak")
-    ax.set_xticks([x + width for x in range(len(rows))], labels, fontsize=8)
-    ax.set_ylabel("TFLOP/s")
-    ax.set_title(f"FlashAttention forward, fp16, {meta['gpu']}, {meta['date']}")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    peak = meta.get("datasheet_peak_tflops_fp16")
+    bench.plot_bars(
+        rows, [("t5_tflops", "T5 (this lesson)"), ("fa2_tflops", "SDPA, FlashAttention-2 backend"),
+               ("default_tflops", "SDPA, default backend")],
+        [f"B={r['B']} N={r['N']}\nD={r['D']} {'causal' if r['causal'] == 'yes' else 'full'}" for r in rows],
+        f"FlashAttention forward, fp16, {meta['gpu']}, {meta['date']}", path, ylabel="TFLOP/s",
+        hline=(peak, "datasheet fp16 peak") if peak else None)
