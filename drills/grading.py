@@ -133,7 +133,7 @@ def check_lines(summary: Summary) -> list[str]:
 def failure_lines(lesson: Lesson, case: Case) -> list[str]:
     message = [line for line in case.message.splitlines() if line.strip()][:MESSAGE_LINES]
     return ([f"first failure: {case.id}"]
-            + [_clip("  " + line) for line in message]
+            + [_clip("  " + line, 240) for line in message]
             + [f"  reread {explainer.where_taught(lesson, case.check)}"])
 
 
