@@ -155,7 +155,7 @@ def cmd_bench(args) -> int:
             print(f"make bench L={lesson.id}: {reason}")
             failed += 1
             continue
-        impl = importlib.import_module(lesson.module(args.impl))
+        impl = learner.load_mine(lesson) if args.impl == "mine" else importlib.import_module(lesson.module(args.impl))
         message = contract.not_started_message(impl)
         if message:
             print(message)

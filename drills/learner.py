@@ -509,7 +509,7 @@ def reference_rows(lesson: Lesson, module) -> tuple[list[dict], str]:
 
     path = lesson.explainer.parent / f"{lesson.stem}.bench.json"
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
-    if path.exists():
+    if path.exists() and gpu is not None:  # a CPU-only lesson's JSON may come from another CPU: time it now
         data = json.loads(path.read_text())
         if data.get("meta", {}).get("gpu") == gpu:
             return data["rows"], f"the committed {rel(path)} (measured {data['meta'].get('date')} on {gpu})"
