@@ -106,7 +106,7 @@ def summarize(cases: list[Case]) -> Summary:
     return Summary(checks)
 
 
-def _clip(text: str, width: int = WIDTH) -> str:
+def clip(text: str, width: int = WIDTH) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
@@ -126,14 +126,14 @@ def check_lines(summary: Summary) -> list[str]:
             skipped = sum(c.outcome == "skipped" for c in cases)
             note = f"{skipped} of {len(cases)} cases skipped here" if skipped else ""
         label = {"pass": "pass", "fail": "FAIL", "skip": "skip"}[status]
-        lines.append(_clip(f"  {label}  {name:{width}}  {note}".rstrip()))
+        lines.append(clip(f"  {label}  {name:{width}}  {note}".rstrip()))
     return lines
 
 
 def failure_lines(lesson: Lesson, case: Case) -> list[str]:
     message = [line for line in case.message.splitlines() if line.strip()][:MESSAGE_LINES]
     return ([f"first failure: {case.id}"]
-            + [_clip("  " + line, 240) for line in message]
+            + [clip("  " + line, 240) for line in message]
             + [f"  reread {explainer.where_taught(lesson, case.check)}"])
 
 

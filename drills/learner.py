@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from drills import contract, explainer, grading
-from drills.lessons import LESSONS, ROOT, Lesson
+from drills.lessons import LESSONS, ROOT, Lesson, find
 
 MINE_DIR_ENV = "DRILLS_MINE_DIR"
 STATE_DIR_ENV = "DRILLS_STATE_DIR"
@@ -156,7 +156,7 @@ def performance_line(lesson: Lesson) -> str:
             return f"  {lesson.id:4} n/a (its benchmark has no headline)"
         reference = headline(lesson, importlib.import_module(lesson.module("solutions")))
     except Exception as exc:  # a passing kernel can still fail at benchmark sizes: say so, go on
-        return grading._clip(f"  {lesson.id:4} error at benchmark size: {type(exc).__name__}: {exc}")
+        return grading.clip(f"  {lesson.id:4} error at benchmark size: {type(exc).__name__}: {exc}")
     (value, unit, label), (ref, _, _) = mine, reference
     return f"  {lesson.id:4} {value:8.1f} {unit:8} reference {ref:8.1f} {unit:8} ({value / ref:.2f}x)  {label}"
 
@@ -246,8 +246,6 @@ def _read_hint_state() -> dict:
 
 
 def cmd_hint(args) -> int:
-    from drills.lessons import find
-
     lesson = find(args.lesson)
     hints = all_hints(lesson)
     state = _read_hint_state()
@@ -286,8 +284,6 @@ def backup(path: Path, stem: str) -> Path:
 
 
 def cmd_reset(args) -> int:
-    from drills.lessons import find
-
     lesson = find(args.lesson)
     path = mine_file(lesson)
     stub = contract.pristine_stub_source(lesson, committed_only=True)
@@ -310,8 +306,6 @@ def cmd_reset(args) -> int:
 
 
 def cmd_diff(args) -> int:
-    from drills.lessons import find
-
     lesson = find(args.lesson)
     result = grade(lesson)
     if not result.passed:
@@ -384,8 +378,6 @@ def watch(lesson: Lesson, interval: float = 1.0, max_runs: int | None = None, cl
 
 
 def cmd_watch(args) -> int:
-    from drills.lessons import find
-
     lesson = find(args.lesson)
     try:
         result = watch(lesson, args.interval, args.max_runs, clear=sys.stdout.isatty())
@@ -494,12 +486,12 @@ def compare_rows(lesson: Lesson, columns: list[tuple[str, str]], mine: list[dict
         for key in shown:
             yours, ref = mine_row.get(key), ref_row.get(key)
             if isinstance(yours, (int, float)) and isinstance(ref, (int, float)):
-                parts.append(f"{headers[key]} {grading_fmt(yours)} (reference {grading_fmt(ref)})")
+                parts.append(f"{headers[key]} {_number(yours)} (reference {_number(ref)})")
         lines.append(f"  {label}: " + "; ".join(parts))
     return lines
 
 
-def grading_fmt(value: float) -> str:
+def _number(value: float) -> str:
     return f"{value:.2f}" if abs(value) < 10 else f"{value:.0f}"
 
 
