@@ -230,7 +230,8 @@ def all_hints(lesson: Lesson) -> list[tuple[str, str]]:
     stub = contract.pristine_stub_source(lesson) or ""
     hints = [(f"a TODO of {rel(lesson.stub)}", text) for text in todo_hints(stub)]
     for pitfall in explainer.pitfalls(lesson):
-        hints.append((f"{pitfall.name} of {rel(lesson.explainer)}", pitfall.text.replace("**", "")))
+        plain = re.sub(r"(?<![\w*])\*(\S.*?\S)\*(?![\w*])", r"\1", pitfall.text.replace("**", ""))  # no italics
+        hints.append((f"{pitfall.name} of {rel(lesson.explainer)}", plain))
     return hints
 
 
