@@ -16,11 +16,11 @@ ENV := env-check
 endif
 
 .DEFAULT_GOAL := help
-.PHONY: help list test check bench contract notebooks mutants env-check clean-venv
+.PHONY: help list test check bench contract notebooks mutants progress hint reset diff watch doctor env-check clean-venv
 
 help: ## every target, one line each
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | awk -F'\t' '{printf "  make %-11s %s\n", $$1, $$2}'
-	@echo "  variables: L=<lesson id> (make list), IMPL=mine|solutions, PYTHON=<interpreter with torch+triton>"
+	@echo "  variables: L=<lesson id> (make list), IMPL=mine|solutions, SEED=<int> (other random cases), PYTHON=<interpreter with torch+triton>"
 
 list: $(ENV) ## the lessons in course order
 	@$(PYTHON) -m drills list
@@ -28,6 +28,28 @@ list: $(ENV) ## the lessons in course order
 test: $(ENV) ## grade one lesson: make test L=l2 (your drills/mine); IMPL=solutions grades the reference
 	@test -n "$(L)" || { echo "say which lesson: make test L=l2 (make list shows them)"; exit 2; }
 	@$(PYTHON) -m drills test $(L) --impl $(IMPL)
+
+progress: $(ENV) ## every lesson's status for your files (on a GPU, your GB/s beside the reference's) and the next one
+	@$(PYTHON) -m drills progress
+
+hint: $(ENV) ## one more hint for a lesson (its TODOs, then its pitfalls): make hint L=l2; RESTART=1 starts over
+	@test -n "$(L)" || { echo "say which lesson: make hint L=l2"; exit 2; }
+	@$(PYTHON) -m drills hint $(L) $(if $(RESTART),--restart)
+
+reset: $(ENV) ## back up your file to .drills/backups, then restore the stub: make reset L=l2
+	@test -n "$(L)" || { echo "say which lesson: make reset L=l2"; exit 2; }
+	@$(PYTHON) -m drills reset $(L)
+
+diff: $(ENV) ## once a lesson passes, your file beside the reference: make diff L=l2
+	@test -n "$(L)" || { echo "say which lesson: make diff L=l2"; exit 2; }
+	@$(PYTHON) -m drills diff $(L)
+
+watch: $(ENV) ## re-grade a lesson on every save of your file (Ctrl-C stops): make watch L=l2
+	@test -n "$(L)" || { echo "say which lesson: make watch L=l2"; exit 2; }
+	@$(PYTHON) -m drills watch $(L)
+
+doctor: $(ENV) ## versions, GPU and compute capability, interpreter or not, the known traps and what to do
+	@$(PYTHON) -m drills doctor
 
 check: $(ENV) ## what CI runs: tests on the solutions, stub contract, notebooks, mutants (GPU-only ones on a GPU)
 	@$(PYTHON) -m drills check
@@ -41,7 +63,7 @@ notebooks: $(ENV) ## execute every notebook top to bottom
 mutants: $(ENV) ## every lesson's mutants (classic mistakes) must fail its grader: make mutants L=l2 for one
 	@$(PYTHON) -m drills mutants $(L)
 
-bench: $(ENV) ## CUDA GPU only: time solutions and peers, rewrite the explainer's table, plot and JSON (L= for one)
+bench: $(ENV) ## CUDA GPU only: time solutions and peers, publish table, plot, JSON (L= for one); IMPL=mine: yours beside the reference
 	@$(PYTHON) -m drills bench $(L) --impl $(if $(filter command line environment,$(origin IMPL)),$(IMPL),solutions)
 
 # The venv: torch first (a CPU-only machine gets the CPU build where one is on disk), Triton only if

@@ -1,4 +1,5 @@
-"""Command line behind the Makefile: python -m drills {list,test,check,contract,notebooks,bench}."""
+"""Command line behind the Makefile: python -m drills {list,test,check,contract,notebooks,mutants,bench},
+and the learner's tools {progress,hint,reset,diff,watch,doctor} (drills/learner.py)."""
 from __future__ import annotations
 
 import argparse
@@ -6,7 +7,7 @@ import importlib
 import importlib.util
 import sys
 
-from drills import contract
+from drills import contract, learner
 from drills.lessons import LESSONS, ROOT, find
 
 
@@ -61,9 +62,15 @@ def cmd_notebooks(args) -> int:
     return 1 if failed else 0
 
 
+def tool_tests() -> list[str]:
+    """Test files under drills/tests that are not a lesson's grader (the learner tools' own tests)."""
+    graders = {lesson.tests.name for lesson in LESSONS}
+    return sorted(str(p) for p in (ROOT / "drills" / "tests").glob("test_*.py") if p.name not in graders)
+
+
 def cmd_check(args) -> int:
-    """What CI runs: every lesson's tests on the solutions, the stub contract, every notebook, and
-    every mutant this machine can expose."""
+    """What CI runs: every lesson's tests on the solutions and the learner tools' tests, the stub
+    contract, every notebook, and every mutant this machine can expose."""
     import drills.runtime
 
     args.lesson = None
@@ -71,7 +78,8 @@ def cmd_check(args) -> int:
     # ones are graded by CI (make mutants on a GPU grades them all).
     args.gpu_only_mutants = not drills.runtime.current().interpreter
     results = {
-        "tests (solutions)": run_pytest([str(lesson.tests) for lesson in LESSONS], "solutions", ["-q"]),
+        "tests (solutions, tools)": run_pytest([str(lesson.tests) for lesson in LESSONS] + tool_tests(),
+                                               "solutions", ["-q"]),
         "stub contract": cmd_contract(args),
         "notebooks": cmd_notebooks(args),
         "mutants": cmd_mutants(args),
@@ -158,7 +166,7 @@ def cmd_bench(args) -> int:
             print(f"make bench L={lesson.id}: {reason}")
             failed += 1
             continue
-        impl = importlib.import_module(lesson.module(args.impl))
+        impl = learner.load_mine(lesson) if args.impl == "mine" else importlib.import_module(lesson.module(args.impl))
         message = contract.not_started_message(impl)
         if message:
             print(message)
@@ -168,6 +176,8 @@ def cmd_bench(args) -> int:
         table, notes = module.run(impl)
         if args.impl == "solutions":  # only the reference's numbers go into the explainer
             bench.publish(lesson, table, notes, module.plot)
+        else:
+            learner.print_bench_comparison(lesson, module, table)
     return 1 if failed else 0
 
 
@@ -194,6 +204,25 @@ def main(argv=None) -> int:
     p.add_argument("lesson", nargs="?")
     p.add_argument("--impl", choices=("mine", "solutions"), default="solutions")
     p.set_defaults(fn=cmd_bench)
+    sub.add_parser("progress", help="every lesson's status for your files, and the next one to take"
+                   ).set_defaults(fn=learner.cmd_progress)
+    p = sub.add_parser("hint", help="one more hint for a lesson (its TODOs, then its pitfalls)")
+    p.add_argument("lesson")
+    p.add_argument("--restart", action="store_true", help="start again from the first hint")
+    p.set_defaults(fn=learner.cmd_hint)
+    p = sub.add_parser("reset", help="back up your file under .drills/backups, then restore the stub")
+    p.add_argument("lesson")
+    p.set_defaults(fn=learner.cmd_reset)
+    p = sub.add_parser("diff", help="once a lesson passes, your file beside the reference")
+    p.add_argument("lesson")
+    p.set_defaults(fn=learner.cmd_diff)
+    p = sub.add_parser("watch", help="re-grade a lesson on every save of your file")
+    p.add_argument("lesson")
+    p.add_argument("--interval", type=float, default=1.0, help="seconds between looks at the file")
+    p.add_argument("--max-runs", type=int, default=None, help="stop after this many gradings")
+    p.set_defaults(fn=learner.cmd_watch)
+    sub.add_parser("doctor", help="versions, GPU, runtime, and the known traps with what to do"
+                   ).set_defaults(fn=learner.cmd_doctor)
     args = parser.parse_args(argv)
     return args.fn(args)
 

@@ -67,15 +67,16 @@ def load_from_file(path: Path, name: str) -> ModuleType:
     return module
 
 
-def pristine_stub_source(lesson: Lesson) -> str:
+def pristine_stub_source(lesson: Lesson, committed_only: bool = False) -> str | None:
     """The stub as committed (git HEAD), so a learner's edits do not break `make check`; the working
-    file when this is not a git checkout or the stub is not committed yet."""
+    file when this is not a git checkout or the stub is not committed yet, or None then when
+    committed_only (`make reset` must not take the learner's own file for the stub)."""
     rel = lesson.stub.relative_to(ROOT).as_posix()
     try:
         return subprocess.run(["git", "show", f"HEAD:{rel}"], cwd=ROOT, capture_output=True, text=True,
                               check=True).stdout
     except (subprocess.CalledProcessError, FileNotFoundError):
-        return lesson.stub.read_text()
+        return None if committed_only else lesson.stub.read_text()
 
 
 def check(lesson: Lesson) -> list[str]:

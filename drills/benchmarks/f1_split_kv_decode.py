@@ -12,7 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from drills import bench
-from drills.benchmarks.l2_paged_decode import D, HKV, HQ, flashinfer_decode, flashinfer_note, make_inputs
+from drills.benchmarks.l2_paged_decode import (D, HKV, HQ, flashinfer_decode, flashinfer_note, gathered_sdpa,
+                                               make_inputs)
 from drills.compare import assert_close
 
 SHAPES = [(64, 1024, 16), (1, 32768, 16), (8, 4096, 16), (128, 2048, 16), (256, 512, 16), (1, 4096, 16),
@@ -97,3 +98,16 @@ def plot(rows, meta, path):
                ("flashinfer_ceiling", "FlashInfer"), ("sdpa_ceiling", "SDPA, contiguous KV")],
         [f"B={r['B']}\nctx={r['ctx']}" + ("" if r["page"] == 16 else f"\nPAGE={r['page']}") for r in rows],
         f"Split-KV decode, {meta['gpu']}, {meta['date']}", path, ylabel="fraction of the read ceiling")
+
+
+def headline(impl) -> tuple[float, str, str]:
+    """make progress on a GPU: impl's GB/s at B = 1, ctx = 32768 (the shape L2 leaves idle), with the
+    plan impl.plan() picks, a CUDA-graph replay of the bare launches, checked against SDPA first."""
+    B, ctx, page = SHAPES[1]
+    q, k_cache, v_cache, block_tables, context_lens = args = make_inputs(B, ctx, page)
+    plan = impl.plan(context_lens, HKV, page)
+    assert_close(impl.split_kv_decode(*args, plan=plan), gathered_sdpa(*args))
+    out = torch.empty_like(q)
+    us = bench.time_us(lambda: impl._launch(*args, 1.0 / math.sqrt(D), plan, out, None), graph=True)
+    return (bench.gbs(2 * B * ctx * HKV * D * q.element_size(), us), "GB/s",
+            f"B = {B}, ctx = {ctx}, fp16, {plan.num_splits} splits")

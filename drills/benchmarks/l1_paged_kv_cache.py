@@ -83,3 +83,18 @@ def plot(rows, meta, path):
     bench.plot_bars(
         rows, [("l1_ceiling", "L1 store_kvcache"), ("torch_ceiling", "torch indexed assignment")],
         [f"N={r['N']}\n{r['mb']} MB" for r in rows], f"store_kvcache, {meta['gpu']}, {meta['date']}", path)
+
+
+def headline(impl) -> tuple[float, str, str]:
+    """make progress on a GPU: impl's GB/s storing N = 32768 rows (the bare launch, checked first)."""
+    N = N_LIST[-1]
+    k_cache = torch.zeros(NUM_BLOCKS, PAGE, HKV, D, dtype=torch.float16, device="cuda")  # [num_blocks, PAGE, Hkv, D]
+    v_cache = torch.zeros_like(k_cache)
+    key = torch.randn(N, HKV, D, dtype=torch.float16, device="cuda")  # [N, Hkv, D]
+    value = torch.randn_like(key)
+    slot_mapping = torch.randperm(NUM_BLOCKS * PAGE, device="cuda")[:N]  # [N] distinct slots
+    impl.store_kvcache(key, value, k_cache, v_cache, slot_mapping)
+    assert_close(k_cache.view(-1, HKV, D)[slot_mapping], key, atol=0.0, rtol=0.0, rel=0.0)
+    assert_close(v_cache.view(-1, HKV, D)[slot_mapping], value, atol=0.0, rtol=0.0, rel=0.0)
+    us = bench.time_us(lambda: impl._launch(key, value, k_cache, v_cache, slot_mapping))
+    return bench.gbs(2 * 2 * N * HKV * D * key.element_size(), us), "GB/s", f"N = {N} rows, fp16"

@@ -136,3 +136,23 @@ def plot(rows, meta, path):
                ("sdpa_ceiling", "SDPA, contiguous KV")],
         [f"B={r['B']}\nctx={r['ctx']}" for r in rows], f"Paged decode, {meta['gpu']}, {meta['date']}", path,
         ylabel="fraction of the read ceiling")
+
+
+def gathered_sdpa(q, k_cache, v_cache, block_tables, context_lens):
+    """The expected output [B, Hq, D] fp32 of a batch whose sequences all have context_lens[0] tokens:
+    pages gathered into contiguous K and V, then SDPA (how the headlines check before timing)."""
+    B, ctx = block_tables.shape[0], int(context_lens[0])
+    k = k_cache[block_tables.long()].reshape(B, -1, HKV, D)[:, :ctx].transpose(1, 2)  # [B, Hkv, ctx, D]
+    v = v_cache[block_tables.long()].reshape(B, -1, HKV, D)[:, :ctx].transpose(1, 2)
+    return F.scaled_dot_product_attention(q[:, :, None], k, v, enable_gqa=True)[:, :, 0].float()
+
+
+def headline(impl) -> tuple[float, str, str]:
+    """make progress on a GPU: impl's GB/s at B = 64, ctx = 1024 (section 1's example), a CUDA-graph
+    replay of the bare launch, checked against SDPA first."""
+    B, ctx = SHAPES[0]
+    q, k_cache, v_cache, block_tables, context_lens = args = make_inputs(B, ctx)
+    assert_close(impl.paged_decode(*args), gathered_sdpa(*args))
+    out = torch.empty_like(q)
+    us = bench.time_us(lambda: impl._launch(*args, 1.0 / math.sqrt(D), out), graph=True)
+    return bench.gbs(2 * B * ctx * HKV * D * q.element_size(), us), "GB/s", f"B = {B}, ctx = {ctx}, fp16"

@@ -78,3 +78,13 @@ def plot(rows, meta, path):
     labels = [f"n=2^{r['n'].bit_length() - 1}\n{r['dtype']}" for r in rows]
     bench.plot_bars(rows, [("t1_ceiling", "T1 (this lesson)"), ("torch_ceiling", "torch x + y")], labels,
                     f"Vector add, {meta['gpu']}, {meta['date']}", path, "fraction of the copy ceiling")
+
+
+def headline(impl) -> tuple[float, str, str]:
+    """make progress on a GPU: impl's GB/s on the table's middle shape (the bare launch, checked first)."""
+    n = 2**28
+    x = torch.randn(n, device=DEVICE, dtype=torch.float16)  # [n]
+    y = torch.randn(n, device=DEVICE, dtype=torch.float16)  # [n]
+    out = torch.empty_like(x)  # [n]
+    check_against_torch(impl.vector_add(x, y), x + y)
+    return bench.gbs(3 * n * x.element_size(), bench.time_us(lambda: impl._launch(x, y, out))), "GB/s", "n = 2^28, fp16"

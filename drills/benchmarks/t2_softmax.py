@@ -96,3 +96,13 @@ def plot(rows, meta, path):
     labels = [f"{r['M']} x {r['N']}\n{r['path']}" for r in rows]
     bench.plot_bars(rows, [("t2_ceiling", "T2 (this lesson)"), ("torch_ceiling", "torch.softmax")], labels,
                     f"Row softmax, fp16, {meta['gpu']}, {meta['date']}", path, "fraction of the copy ceiling")
+
+
+def headline(impl) -> tuple[float, str, str]:
+    """make progress on a GPU: impl's GB/s on the table's first shape (the bare launch, checked first)."""
+    M, N = SHAPES[0]
+    x = torch.randn(M, N, device=DEVICE, dtype=DTYPE)  # [M, N]
+    out = torch.empty_like(x)  # [M, N]
+    assert_close(impl.softmax(x), torch.softmax(x.float(), dim=-1))
+    us = bench.time_us(lambda: impl._launch(x, out))
+    return bench.gbs(2 * M * N * x.element_size(), us), "GB/s", f"{M} x {N}, fp16"

@@ -79,3 +79,13 @@ def plot(rows, meta, path):
         [r["shape"].replace(" x ", "x") for r in rows], f"Matmul, {meta['gpu']}, {meta['date']}", path,
         ylabel="TFLOP/s (fp16 in, fp32 accumulate)", hline=(peak, "datasheet peak") if peak else None,
     )
+
+
+def headline(impl) -> tuple[float, str, str]:
+    """make progress on a GPU: impl's TFLOP/s at 4096^3 fp16 (the bare launch, checked first)."""
+    M = N = K = 4096
+    a = torch.randn(M, K, device="cuda", dtype=torch.float16)  # [M, K]
+    b = torch.randn(K, N, device="cuda", dtype=torch.float16)  # [K, N]
+    out = torch.empty(M, N, device="cuda", dtype=torch.float16)  # [M, N]
+    assert_close(impl.matmul(a, b), torch.matmul(a, b).float())
+    return bench.tflops(2 * M * N * K, bench.time_us(lambda: impl._launch(a, b, out))), "TFLOP/s", "4096^3, fp16"

@@ -127,3 +127,14 @@ def plot(rows, meta, path):
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def headline(impl) -> tuple[float, str, str]:
+    """make progress on a GPU: online_softmax's GB/s (x read, p written) on the table's first shape, one
+    split, through the public function, checked first."""
+    M, N = SHAPES[0]
+    x = torch.randn(M, N, device="cuda", dtype=torch.float16) * 4  # [M, N]
+    out = torch.empty_like(x)
+    assert_close(impl.online_softmax(x)[::64], torch.softmax(x[::64].float(), dim=1))  # every 64th row
+    us = bench.time_us(lambda: impl.online_softmax(x, out=out))
+    return bench.gbs(2 * x.numel() * x.element_size(), us), "GB/s", f"online_softmax {M} x {N}, fp16"

@@ -1,5 +1,8 @@
 """Grader plumbing: `--impl=mine|solutions` picks the module under test, the banner says which runtime
-runs it, and a lesson whose stub is untouched is reported as "not started" in one line."""
+runs it, a lesson whose stub is untouched is reported as "not started" in one line, and the run ends
+with a grading summary (drills/grading.py): a line per check, the first failure in words, the
+explainer section to reread, and the seed. Test files that are not a lesson's grader (test_<stem>.py
+for a stem in drills/lessons.py), such as the learner tools' own tests, are run as plain tests."""
 from __future__ import annotations
 
 import importlib
@@ -8,8 +11,9 @@ from pathlib import Path
 import pytest
 
 import drills.runtime
-from drills import contract
-from drills.lessons import by_stem
+from drills import contract, grading
+from drills.lessons import LESSONS, by_stem
+from drills.tests import base_seed
 
 
 def pytest_addoption(parser):
@@ -17,9 +21,16 @@ def pytest_addoption(parser):
                      help="grade the learner's drills/mine (default) or the reference drills/solutions")
     parser.addoption("--impl-file", default=None,
                      help="grade this file instead (how `make mutants` grades a mutated copy of a solution)")
+    parser.addoption("--drills-report", default=None,
+                     help="also write the grading results as JSON here (read by make progress, diff, watch)")
 
 
 LOADED = pytest.StashKey[dict]()
+NOT_STARTED = pytest.StashKey[list]()
+IMPORT_ERRORS = pytest.StashKey[list]()
+RESULTS = pytest.StashKey[dict]()  # stem -> {case id: grading.Case}, in the order the cases ran
+# NOT_STARTED and IMPORT_ERRORS hold (stem, the one line to print) pairs
+LESSON_STEMS = {lesson.stem for lesson in LESSONS}
 
 
 def _load(config, stem: str):
@@ -32,45 +43,120 @@ def _load(config, stem: str):
     return loaded[stem]
 
 
+def _graded_path(config, stem: str) -> str:
+    path = config.getoption("--impl-file")
+    return grading.relative(path) if path else f"drills/{config.getoption('--impl')}/{stem}.py"
+
+
 def pytest_report_header(config):
     return [drills.runtime.current().banner, f"grading: drills/{config.getoption('--impl')}"]
 
 
-def _stem(path) -> str:
-    return Path(str(path)).stem.removeprefix("test_")
+def _stem(path) -> str | None:
+    """The lesson a test file grades, or None for a test file that is not a lesson's grader."""
+    stem = Path(str(path)).stem.removeprefix("test_")
+    return stem if stem in LESSON_STEMS else None
 
 
 def pytest_collection_modifyitems(session, config, items):
-    """Stop before running anything when a lesson's stub has not been started: one line, not a wall of
-    NotImplementedError tracebacks."""
-    lines = []
-    for stem in sorted({_stem(item.path) for item in items}):
-        module = _load(config, stem)
+    """Stop before running anything when a lesson's stub has not been started (one line, not a wall of
+    NotImplementedError tracebacks), or when the file under test does not even import."""
+    lines, errors = [], []  # (stem, the line to print)
+    for stem in sorted({_stem(item.path) for item in items} - {None}):
+        try:
+            module = _load(config, stem)
+        except Exception as exc:  # a syntax error or a failing import in the learner's file
+            errors.append((stem, f"{by_stem(stem).id}: {_graded_path(config, stem)} does not import: "
+                                 f"{type(exc).__name__}: {exc}"))
+            continue
         message = contract.not_started_message(module)
         if message is not None:
-            lines.append(message)
-    if lines:
+            lines.append((stem, message))
+    if lines or errors:
         config.stash[NOT_STARTED] = lines
+        config.stash[IMPORT_ERRORS] = errors
         items.clear()
 
 
-NOT_STARTED = pytest.StashKey[list]()
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and call.excinfo is not None:
+        report.drills_message = grading.failure_message(call.excinfo)
+
+
+class Recorder:
+    """Collects each lesson case's outcome as it is reported (the hook is not given the config)."""
+
+    def __init__(self, config):
+        self.cases = config.stash[RESULTS] = {}
+
+    def pytest_runtest_logreport(self, report):
+        stem = _stem(report.nodeid.split("::", 1)[0])
+        if stem is None or (report.when != "call" and report.passed):
+            return
+        case_id = report.nodeid.split("::")[-1]
+        cases = self.cases.setdefault(stem, {})
+        if report.failed:
+            message = getattr(report, "drills_message", None) or str(report.longrepr).strip().splitlines()[-1]
+            if report.when != "call":
+                message = f"(in {report.when}) {message}"
+            if case_id not in cases or cases[case_id].outcome != "failed":
+                cases[case_id] = grading.Case(case_id, grading.check_name(case_id), "failed", message)
+        elif report.skipped:
+            cases[case_id] = grading.Case(case_id, grading.check_name(case_id), "skipped",
+                                          grading.skip_reason(report.longrepr))
+        elif case_id not in cases:
+            cases[case_id] = grading.Case(case_id, grading.check_name(case_id), "passed")
+
+
+def pytest_configure(config):
+    config.pluginmanager.register(Recorder(config), "drills-grading-recorder")
 
 
 def pytest_sessionfinish(session, exitstatus):
-    if session.config.stash.get(NOT_STARTED, None):
+    config = session.config
+    not_started, errors = config.stash.get(NOT_STARTED, []), config.stash.get(IMPORT_ERRORS, [])
+    if errors:
+        session.exitstatus = 1  # the file under test does not import: it does not pass
+    elif not_started:
         session.exitstatus = 10  # non-zero, and unlike pytest's own codes: an untouched lesson does not pass
+    path = config.getoption("--drills-report")
+    if path:
+        lessons = {stem: {"cases": list(cases.values())} for stem, cases in config.stash.get(RESULTS, {}).items()}
+        for key, found in (("not_started", not_started), ("import_error", errors)):
+            for stem, line in found:
+                lessons.setdefault(stem, {"cases": []})[key] = line
+        grading.write_report(path, lessons, base_seed(), session.exitstatus)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    for line in config.stash.get(NOT_STARTED, []):
+    for _, line in config.stash.get(IMPORT_ERRORS, []):
+        terminalreporter.write_line(line, red=True, bold=True)
+    for _, line in config.stash.get(NOT_STARTED, []):
         terminalreporter.write_line(line, yellow=True, bold=True)
+    results = {stem: cases for stem, cases in config.stash.get(RESULTS, {}).items() if cases}
+    if not results:
+        return
+    detailed = len(results) == 1
+    terminalreporter.write_line("")
+    for stem, cases in results.items():
+        lesson = by_stem(stem)
+        for line in grading.render(lesson, list(cases.values()), _graded_path(config, stem), base_seed(), detailed):
+            terminalreporter.write_line(line, red=line.startswith(("  FAIL", "first failure")),
+                                        bold=line.startswith(f"{lesson.id}: "))
+    if not detailed:
+        terminalreporter.write_line(grading.seed_line(base_seed()))
 
 
 @pytest.fixture(scope="module")
 def impl(request):
     """The lesson module under test (drills.mine.<stem> or drills.solutions.<stem>)."""
-    return _load(request.config, _stem(request.path))
+    stem = _stem(request.path)
+    if stem is None:
+        pytest.fail(f"{request.path.name} is not a lesson's grader (test_<stem>.py), so it has no `impl`")
+    return _load(request.config, stem)
 
 
 @pytest.fixture(scope="session")

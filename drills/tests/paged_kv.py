@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from drills.compare import assert_untouched
+from drills.tests import seeded
 
 GARBAGE_BLOCK_IDS = (2**31 - 1, -(2**31), -1, 1 << 24)
 
@@ -39,7 +40,7 @@ def make_paged_case(context_lens, Hq, Hkv, D, PAGE, dtype=torch.float16, device=
     num_blocks / first_block: a pool larger than needed, with the used blocks placed from first_block
     upwards (a large first_block makes block id * page stride exceed 2**31).
     """
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator().manual_seed(seeded(seed))
     lens = [int(n) for n in context_lens]
     B = len(lens)
     pages = [math.ceil(n / PAGE) for n in lens]

@@ -11,6 +11,8 @@ import pytest
 import torch
 
 from drills.compare import assert_close, mismatch
+from drills.tests import seeded
+from drills.tests.launches import assert_runs_a_triton_kernel
 from drills.tests.paged_kv import call_with_canary_out, make_paged_case, paged_attention_reference
 
 DIMS = ("b", "head", "d")
@@ -163,7 +165,7 @@ def _state(scores, values):
 def test_merge_states_equals_one_shot_softmax(impl, runtime):
     """Merging two parts must equal softmax over the union of their keys, including very different
     maxima (a merge without the max shift overflows or loses the smaller part)."""
-    gen = torch.Generator().manual_seed(11)
+    gen = torch.Generator().manual_seed(seeded(11))
     R, D = 37, 64
     s = torch.randn(R, 30, generator=gen) * 3
     s[:, 10:] += torch.linspace(-40, 40, R)[:, None]  # part b far above or below part a
@@ -178,7 +180,7 @@ def test_merge_states_equals_one_shot_softmax(impl, runtime):
 
 
 def test_merge_states_is_associative_and_handles_empty_parts(impl, runtime):
-    gen = torch.Generator().manual_seed(12)
+    gen = torch.Generator().manual_seed(seeded(12))
     R, D, dev = 20, 32, runtime.device
     s = torch.randn(R, 24, generator=gen) * 4
     v = torch.randn(R, 24, D, generator=gen)
@@ -196,7 +198,7 @@ def test_merge_states_is_associative_and_handles_empty_parts(impl, runtime):
 
 
 def test_merge_states_fp16_outputs(impl, runtime):
-    gen = torch.Generator().manual_seed(13)
+    gen = torch.Generator().manual_seed(seeded(13))
     s, v = torch.randn(8, 16, generator=gen), torch.randn(8, 16, 64, generator=gen)
     (o_a, l_a), (o_b, l_b) = _state(s[:, :5], v[:, :5]), _state(s[:, 5:], v[:, 5:])
     dev = runtime.device
@@ -226,6 +228,22 @@ def test_plan_splits_only_when_the_grid_is_starved(impl):
     assert big.num_splits == 1
     one = impl.plan([32768], 8, 16, num_sms=132)  # 8 programs on 132 SMs
     assert one.num_splits >= 132 // 8
+
+
+# --- Your kernel does the work ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_runs_a_triton_kernel(impl, runtime, splits):
+    """The right numbers are not enough: split_kv_decode and merge_states must compute them with your
+    Triton kernels, not with torch (or a copy of the grader's oracle), split or not."""
+    case = make_paged_case([45, 3], 8, 2, 64, 16, device=runtime.device, seed=17)
+    plan = impl.plan(case.context_lens, 2, 16, num_splits=splits)
+    assert_runs_a_triton_kernel(impl, lambda: impl.split_kv_decode(*case.args, plan=plan), "split_kv_decode")
+    gen = torch.Generator().manual_seed(seeded(18))
+    (o_a, l_a), (o_b, l_b) = [(torch.randn(6, 32, generator=gen).to(runtime.device),
+                               torch.randn(6, generator=gen).to(runtime.device)) for _ in range(2)]
+    assert_runs_a_triton_kernel(impl, lambda: impl.merge_states(o_a, l_a, o_b, l_b), "merge_states")
 
 
 # --- The launcher rejects bad input ----------------------------------------------------------

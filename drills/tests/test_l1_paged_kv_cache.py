@@ -14,6 +14,8 @@ import torch
 
 from drills.compare import assert_close, assert_untouched, mismatch
 from drills.solutions.l2_paged_decode import paged_decode
+from drills.tests import seeded
+from drills.tests.launches import assert_runs_a_triton_kernel
 from drills.tests.paged_kv import GARBAGE_BLOCK_IDS, gather_kv, paged_attention_reference
 
 CANARY = 1234.5  # exactly representable in fp16, bf16 and fp32; randn never produces it
@@ -99,14 +101,14 @@ def store_and_check(impl, key, value, slot_mapping, num_blocks, PAGE):
 
 
 def random_rows(N, Hkv, D, dtype, device, seed):
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator().manual_seed(seeded(seed))
     key = torch.randn(N, Hkv, D, generator=gen).to(dtype).to(device)  # [N, Hkv, D]
     value = torch.randn(N, Hkv, D, generator=gen).to(dtype).to(device)
     return key, value
 
 
 def distinct_slots(N, num_slots, device, seed):
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator().manual_seed(seeded(seed))
     return torch.randperm(num_slots, generator=gen)[:N].to(device)  # [N] int64, no repeats
 
 
@@ -448,7 +450,7 @@ def test_strided_key_value_rows(impl, runtime):
     """key and value are usually views into one fused qkv projection [N, Hq + 2 * Hkv, D]: their rows are
     (Hq + 2 * Hkv) * D apart, not Hkv * D. Read them with their own strides."""
     N, Hq, Hkv, D, PAGE, num_blocks = sizes(runtime, 9, 300), 8, 2, 32, 4, sizes(runtime, 5, 200)
-    gen = torch.Generator().manual_seed(6)
+    gen = torch.Generator().manual_seed(seeded(6))
     qkv = torch.randn(N, Hq + 2 * Hkv, D, generator=gen).half().to(runtime.device)  # [N, Hq + 2 Hkv, D]
     key, value = qkv[:, Hq:Hq + Hkv], qkv[:, Hq + Hkv:]  # [N, Hkv, D] views, stride(0) = (Hq + 2 Hkv) * D
     assert not key.is_contiguous()
@@ -598,6 +600,20 @@ def test_duplicate_padding_is_fine(impl, runtime):
     """-1 may repeat (every padding row is -1); only real slots must be distinct."""
     key, value = random_rows(4, 2, 16, torch.float16, runtime.device, seed=14)
     store_and_check(impl, key, value, _slots(runtime.device, -1, 2, -1, -1), 2, 4)
+
+
+# --- Your kernel does the work ------------------------------------------------------------------
+
+
+def test_runs_a_triton_kernel(impl, runtime):
+    """The right cache is not enough: store_kvcache must write it with your Triton kernel, not with
+    torch's indexed assignment (k_cache.view(-1, Hkv, D)[slot_mapping] = key)."""
+    PAGE, Hkv, D, num_blocks = 4, 2, 32, 6
+    key, value = random_rows(5, Hkv, D, torch.float16, runtime.device, seed=17)
+    k_cache, v_cache = canary_caches(num_blocks, PAGE, Hkv, D, torch.float16, runtime.device)[2:]
+    slots = torch.tensor([3, 9, -1, 14, 0], device=runtime.device)
+    assert_runs_a_triton_kernel(impl, lambda: impl.store_kvcache(key, value, k_cache, v_cache, slots),
+                                "store_kvcache")
 
 
 # --- The grader's own checks are strict enough ----------------------------------------------------------

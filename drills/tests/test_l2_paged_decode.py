@@ -12,6 +12,8 @@ import pytest
 import torch
 
 from drills.compare import assert_close, mismatch
+from drills.tests import seeded
+from drills.tests.launches import assert_runs_a_triton_kernel
 from drills.tests.paged_kv import call_with_canary_out, gather_kv, make_paged_case, paged_attention_reference
 
 DIMS = ("b", "head", "d")  # how a mismatch names its position: sequence, query head, feature
@@ -166,7 +168,7 @@ def test_single_sequence_long_context(impl, runtime):
 
 def test_large_ragged_batch(impl, runtime):
     """Many sequences of very different lengths in one launch."""
-    gen = torch.Generator().manual_seed(31)
+    gen = torch.Generator().manual_seed(seeded(31))
     B, top = (6, 60) if runtime.interpreter else (64, 3000)
     lens = torch.randint(1, top, (B,), generator=gen).tolist()
     case = make_paged_case(lens, 32, 8, 128, 16, device=runtime.device, seed=31)
@@ -249,6 +251,16 @@ def test_launcher_rejects_bad_out(impl, runtime):
         impl.paged_decode(*case.args, out=torch.empty(2, 4, 64, dtype=torch.float32, device=runtime.device))
     with pytest.raises(TypeError, match="scale"):
         impl.paged_decode(*case.args, scale="0.1")
+
+
+# --- Your kernel does the work ------------------------------------------------------------------
+
+
+def test_runs_a_triton_kernel(impl, runtime):
+    """The right numbers are not enough: paged_decode must compute them with your Triton kernel, not
+    with torch (gathering the pages for scaled_dot_product_attention, or a copy of the grader's oracle)."""
+    case = make_paged_case([37, 5], 8, 2, 64, 16, device=runtime.device, seed=61)
+    assert_runs_a_triton_kernel(impl, lambda: impl.paged_decode(*case.args), "paged_decode")
 
 
 # --- The grader's own tolerance is tight enough --------------------------------------------------

@@ -17,6 +17,8 @@ from collections import Counter
 
 import pytest
 
+from drills.tests import seeded
+
 A, B, C, D, E, F, G, H, X, Y = range(1, 11)  # the seed's letters as token ids, and two more
 
 
@@ -515,7 +517,7 @@ def run_stream(m, num_blocks, block_size, seed, steps, echo):
     """A seeded random stream of allocate / append / free over a 3-token vocabulary, so that equal
     blocks after different prefixes, revivals, evictions and refusals all happen. With `echo`, every
     allocation is followed by the same prompt again, which must reuse every full block."""
-    rng = random.Random(seed)
+    rng = random.Random(seeded(seed))
     checker = StreamChecker(m, num_blocks, block_size)
     prompts = [[A, B, C, A, B, C, A]]
     next_id = 0

@@ -10,6 +10,8 @@ import pytest
 import torch
 
 from drills.compare import assert_close, assert_untouched, mismatch
+from drills.tests import seeded
+from drills.tests.launches import assert_runs_a_triton_kernel
 
 DIMS = ("i",)
 CANARY = 1234.5  # exactly representable in fp16, bf16 and fp32
@@ -25,7 +27,7 @@ def padded(values: torch.Tensor, fill: float) -> torch.Tensor:
 
 
 def make_inputs(n, dtype, device, seed):
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator().manual_seed(seeded(seed))
     x = torch.randn(n, generator=gen).to(dtype).to(device)  # [n]
     y = torch.randn(n, generator=gen).to(dtype).to(device)  # [n]
     return padded(x, float("nan")), padded(y, float("nan"))
@@ -172,6 +174,16 @@ def test_launcher_rejects_bad_input(impl, runtime, name):
     args.update(spoil(args))
     with pytest.raises(error, match=names):
         impl.vector_add(**args)
+
+
+# --- Your kernel does the work ------------------------------------------------------------------
+
+
+def test_runs_a_triton_kernel(impl, runtime):
+    """The right numbers are not enough: vector_add must compute them with your Triton kernel, not with
+    torch (x + y, or a copy of the grader's oracle)."""
+    x, y = make_inputs(1_000, torch.float32, runtime.device, seed=23)
+    assert_runs_a_triton_kernel(impl, lambda: impl.vector_add(x, y), "vector_add")
 
 
 # --- The grader's own tolerance is tight enough --------------------------------------------------

@@ -10,6 +10,8 @@ import pytest
 import torch
 
 from drills.compare import assert_close, assert_untouched, mismatch
+from drills.tests import seeded
+from drills.tests.launches import assert_runs_a_triton_kernel
 
 DIMS = ("row", "col")
 CANARY = 1234.5  # exactly representable in fp16, bf16 and fp32
@@ -70,7 +72,7 @@ def check(impl, x, **tol):
 
 
 def randn(M, N, dtype, device, seed, scale=1.0):
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator().manual_seed(seeded(seed))
     return framed_input((scale * torch.randn(M, N, generator=gen)).to(dtype).to(device))
 
 
@@ -138,7 +140,7 @@ def test_large_values_do_not_overflow(impl, runtime, dtype, where):
 def test_minus_inf_entries_get_zero_weight(impl, runtime, where):
     """-inf (a masked logit) gets weight exactly 0, in the first and last columns too."""
     M, N = (19, 300) if where == "one_block" else (3, long_row(impl, 5))
-    gen = torch.Generator().manual_seed(6)
+    gen = torch.Generator().manual_seed(seeded(6))
     x = torch.randn(M, N, generator=gen)
     x[torch.rand(M, N, generator=gen) < 0.3] = float("-inf")
     x[:, 0] = float("-inf")
@@ -154,7 +156,7 @@ def test_fully_masked_row_is_nan_like_torch(impl, runtime, where):
     """A row that is -inf everywhere has no distribution: its output is NaN, as torch.softmax gives, and
     the NaN stays in that row (the rows around it are exact)."""
     M, N = (7, 100) if where == "one_block" else (3, long_row(impl, 9))
-    gen = torch.Generator().manual_seed(8)
+    gen = torch.Generator().manual_seed(seeded(8))
     x = torch.randn(M, N, generator=gen)
     dead = [1] if where == "long_rows" else [0, 4]
     x[dead] = float("-inf")
@@ -180,7 +182,7 @@ def test_rows_longer_than_one_block(impl, runtime, extra):
     the last block (row 0), the middle block (row 1) or the first (row 2), so a max or a sum taken over
     the first block only is wrong, and so are columns never stored."""
     N = long_row(impl, extra)
-    gen = torch.Generator().manual_seed(extra)
+    gen = torch.Generator().manual_seed(seeded(extra))
     x = torch.randn(3, N, generator=gen)
     x[0, -1], x[1, N // 2], x[2, 3] = 6.0, 6.0, 6.0
     check(impl, framed_input(x.to(runtime.device)))
@@ -256,6 +258,16 @@ def test_launcher_rejects_bad_input(impl, runtime, name):
         impl.softmax(**spoil(x))
 
 
+# --- Your kernel does the work ------------------------------------------------------------------
+
+
+def test_runs_a_triton_kernel(impl, runtime):
+    """The right numbers are not enough: softmax must compute them with your Triton kernel, not with
+    torch (torch.softmax, or a copy of the grader's oracle)."""
+    x = randn(8, 100, torch.float32, runtime.device, seed=20)
+    assert_runs_a_triton_kernel(impl, lambda: impl.softmax(x), "softmax")
+
+
 # --- The grader's own tolerance is tight enough --------------------------------------------------
 
 
@@ -273,7 +285,7 @@ def test_out_is_allocated_when_not_given(impl, runtime):
     """Without `out`, softmax allocates [M, N] in x's dtype. x is contiguous and N = 4096 fills its blocks
     exactly, so an unmasked store or a mixed-up row stride is reported by the canary tests above, not by
     a write past this allocation."""
-    x = torch.randn(5, 4096, generator=torch.Generator().manual_seed(18)).half().to(runtime.device)
+    x = torch.randn(5, 4096, generator=torch.Generator().manual_seed(seeded(18))).half().to(runtime.device)
     out = impl.softmax(x)
     assert out.shape == x.shape and out.dtype == x.dtype and out.device == x.device
     assert_close(out, softmax_reference(x), DIMS)

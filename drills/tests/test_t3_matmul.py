@@ -10,6 +10,8 @@ import pytest
 import torch
 
 from drills.compare import assert_close, assert_untouched, mismatch
+from drills.tests import seeded
+from drills.tests.launches import assert_runs_a_triton_kernel
 
 DIMS = ("m", "n")  # how a mismatch names its position in C
 PAD = 256  # NaN rows and columns after every input: more than any block reaches past an edge
@@ -22,7 +24,7 @@ def poisoned(rows, cols, dtype, device, seed, transposed=False, col_step=1):
 
     transposed: the transpose of a [cols, rows] view (strides (1, row length)), as `x.t()` gives.
     col_step: take every col_step-th column of the buffer (a strided view, stride col_step)."""
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator().manual_seed(seeded(seed))
     r, c = (cols, rows) if transposed else (rows, cols)
     buffer = torch.full((r + PAD, c * col_step + PAD), float("nan"), dtype=dtype, device=device)
     view = buffer[:r, : c * col_step : col_step]  # [r, c]
@@ -266,6 +268,16 @@ def test_launcher_rejects_offsets_past_int32(impl, runtime):
     b = torch.zeros(16, 8, dtype=torch.float16, device=runtime.device)
     with pytest.raises(ValueError, match="a spans"):
         impl.matmul(a, b)
+
+
+# --- Your kernel does the work ------------------------------------------------------------------
+
+
+def test_runs_a_triton_kernel(impl, runtime):
+    """The right numbers are not enough: matmul must compute them with your Triton kernel, not with
+    torch (a @ b, or a copy of the grader's oracle)."""
+    a, b = inputs(37, 45, 61, runtime.device, seed=31)
+    assert_runs_a_triton_kernel(impl, lambda: impl.matmul(a, b), "matmul")
 
 
 # --- The grader's own tolerance is tight enough --------------------------------------------------

@@ -13,6 +13,8 @@ import pytest
 import torch
 
 from drills.compare import assert_close, assert_untouched, mismatch
+from drills.tests import seeded
+from drills.tests.launches import assert_runs_a_triton_kernel
 
 # The explainer's hand trace of x = [2, 1, 4, 3], one element per block, to four decimals.
 HAND_X = [2.0, 1.0, 4.0, 3.0]
@@ -82,7 +84,7 @@ def sizes(runtime, cpu, gpu):
 
 
 def randn(shape, runtime, seed, dtype=torch.float32, scale=1.0):
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator().manual_seed(seeded(seed))
     return (scale * torch.randn(shape, generator=gen)).to(dtype).to(runtime.device)
 
 
@@ -216,7 +218,7 @@ def test_minus_inf_entries(impl, runtime):
     (-inf, 0) until the first finite entry, without computing -inf - (-inf) = NaN."""
     M, N = sizes(runtime, (5, 70), (512, 4000))
     x = randn((M, N), runtime, seed=4)
-    gen = torch.Generator().manual_seed(4)
+    gen = torch.Generator().manual_seed(seeded(4))
     x[(torch.rand(M, N, generator=gen) < 0.3).to(runtime.device)] = NEG_INF
     x[1, :40] = NEG_INF  # the first blocks of row 1 hold nothing
     x[2, 1:] = NEG_INF  # one finite entry, first
@@ -289,7 +291,7 @@ def test_dtypes(impl, runtime, dtype):
 
 def random_states(runtime, shape, seed):
     """Valid states (m, l) with maxes spread over +-20: each l >= 1, as a real state's is."""
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator().manual_seed(seeded(seed))
     m = 20 * torch.randn(shape, generator=gen)
     l = 1 + 50 * torch.rand(shape, generator=gen)
     return m.to(runtime.device), l.to(runtime.device)
@@ -458,6 +460,23 @@ def test_merge_rejects_bad_input(impl, runtime, name):
     args.update(spoil(runtime.device))
     with pytest.raises(error, match=names):
         impl.merge_stats(**args)
+
+
+# --- Your kernel does the work ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("function", ["softmax_stats", "softmax_stats_trace", "merge_stats", "online_softmax"])
+def test_runs_a_triton_kernel(impl, runtime, function):
+    """The right numbers are not enough: each function must compute them with your Triton kernels, not
+    with torch (torch.logsumexp, torch.softmax, or a copy of the grader's oracle)."""
+    x = randn((4, 100), runtime, seed=40)
+    calls = {
+        "softmax_stats": lambda: impl.softmax_stats(x),
+        "softmax_stats_trace": lambda: impl.softmax_stats_trace(x, 32),
+        "merge_stats": lambda: impl.merge_stats(*random_states(runtime, (4,), 41), *random_states(runtime, (4,), 42)),
+        "online_softmax": lambda: impl.online_softmax(x),
+    }
+    assert_runs_a_triton_kernel(impl, calls[function], function)
 
 
 # --- The grader's own tolerance is tight enough --------------------------------------------------

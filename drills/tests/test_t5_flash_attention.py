@@ -12,6 +12,8 @@ import pytest
 import torch
 
 from drills.compare import assert_close, assert_untouched, mismatch
+from drills.tests import seeded
+from drills.tests.launches import assert_runs_a_triton_kernel
 
 DIMS = ("b", "head", "query", "d")  # how a mismatch names its position
 LSE_DIMS = ("b", "head", "query")
@@ -25,7 +27,7 @@ def make_qkv(B, H, Hkv, Nq, Nk, D, dtype=torch.float16, device="cpu", seed=0, he
     """Random q [B, H, Nq, D] and k, v [B, Hkv, Nk, D], each a view into a NaN-padded buffer.
     heads_last: the buffers are [B, N, heads, D] (as a fused QKV projection leaves them), so the views
     have strides (N * heads * D, D, heads * D, 1) instead of the contiguous ones."""
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator().manual_seed(seeded(seed))
 
     def one(heads, n):
         shape = (B, n + PAD, heads, D) if heads_last else (B, heads, n + PAD, D)
@@ -398,3 +400,10 @@ def test_tolerance_rejects_zeros_and_mean_of_v(runtime):
     assert mismatch(mean_v.half(), ref) is not None
     assert mismatch(ref.half(), ref) is None  # and the oracle rounded to fp16 passes
     assert mismatch(lse / math.log(2), lse, **LSE_TOL) is not None  # lse in base 2 fails
+
+
+def test_runs_a_triton_kernel(impl, runtime):
+    """The right numbers are not enough: flash_attention must compute them with your Triton kernel, not
+    with torch (scaled_dot_product_attention, or a copy of the grader's oracle)."""
+    q, k, v = make_qkv(1, 2, 1, 20, 35, 64, device=runtime.device, seed=17)
+    assert_runs_a_triton_kernel(impl, lambda: impl.flash_attention(q, k, v, causal=True), "flash_attention")

@@ -1,0 +1,304 @@
+"""Tests of the learner's tools (make progress, hint, reset, diff, watch, doctor, the grading summary,
+the launch check and SEED). Not a lesson's grader: it runs in `make check`.
+
+Every test points the tools at a temporary copy of the learner's folder (DRILLS_MINE_DIR, filled with
+the committed stubs) and a temporary state folder (DRILLS_STATE_DIR), so the real drills/mine files
+and .drills/ are never touched. Grading runs T1's grader in a child process (about 2 s each): the
+cheapest lesson with a Triton kernel.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import types
+
+import pytest
+
+from drills import contract, explainer, grading, learner
+from drills.lessons import LESSONS, ROOT, find
+from drills.tests import seeded
+from drills.tests.launches import count_triton_launches
+
+T1 = find("t1")
+
+# T1's solution with the kernel launch replaced by torch: right numbers, no Triton kernel.
+TORCH_FALLBACK = '''
+
+def _launch(x, y, out, BLOCK=2048, num_warps=4):
+    return torch.add(x, y, out=out)
+'''
+
+
+@pytest.fixture
+def mine(tmp_path, monkeypatch):
+    """A learner folder holding every lesson's committed stub, and an empty state folder."""
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    for lesson in LESSONS:
+        (folder / f"{lesson.stem}.py").write_text(contract.pristine_stub_source(lesson))
+    monkeypatch.setenv(learner.MINE_DIR_ENV, str(folder))
+    monkeypatch.setenv(learner.STATE_DIR_ENV, str(tmp_path / "state"))
+    return folder
+
+
+def args(**kwargs):
+    return types.SimpleNamespace(**kwargs)
+
+
+def solve_t1(folder, extra=""):
+    (folder / f"{T1.stem}.py").write_text(T1.solution.read_text() + extra)
+
+
+# --- make progress -----------------------------------------------------------------------------
+
+
+def test_progress_shows_a_correct_kernel_as_passing(mine, capsys):
+    solve_t1(mine)
+    assert learner.cmd_progress(args()) == 0
+    out = capsys.readouterr().out
+    t1_line = next(line for line in out.splitlines() if line.startswith("t1 "))
+    assert t1_line.rstrip().endswith("passing") and "checks passing" not in t1_line, out
+    assert next(line for line in out.splitlines() if line.startswith("t2 ")).rstrip().endswith("not started")
+    assert "next: t2" in out
+    assert "performance: needs a CUDA GPU" in out or "performance on" in out
+
+
+def test_progress_counts_checks_of_a_partly_right_file(mine):
+    solve_t1(mine, TORCH_FALLBACK)
+    grade = learner.grade(T1)
+    summary = grade.summary
+    assert grade.state == "failing" and summary.total - summary.passing == 1
+    assert grade.status == f"{summary.passing} of {summary.total} checks passing"
+    assert learner.next_lesson_line([grade]).startswith("next: t1")
+
+
+# --- The launch check --------------------------------------------------------------------------
+
+
+def test_torch_fallback_fails_the_launch_check(mine):
+    solve_t1(mine, TORCH_FALLBACK)
+    grade = learner.grade(T1)
+    failed = {case.check for case in grade.cases if case.outcome == "failed"}
+    assert failed == {"test_runs_a_triton_kernel"}, failed
+    first = grade.summary.first_failure()
+    assert "without launching a Triton kernel" in first.message
+
+
+def test_launch_counter_counts_each_launch_and_unpatches():
+    import torch
+    import triton
+    import triton.language as tl
+    from triton.runtime.jit import JITFunction
+
+    @triton.jit
+    def fill_kernel(out_ptr, BLOCK: tl.constexpr):
+        tl.store(out_ptr + tl.arange(0, BLOCK), 1.0)
+
+    import drills.runtime
+
+    out = torch.zeros(16, device=drills.runtime.current().device)
+    run_before = JITFunction.__dict__["run"]
+    with count_triton_launches() as launches:
+        fill_kernel[(1,)](out, BLOCK=16)
+        fill_kernel[(2,)](out, BLOCK=16)
+    assert len(launches) == 2 and launches.from_module(__name__) == ["fill_kernel", "fill_kernel"]
+    assert JITFunction.__dict__["run"] is run_before, "the patch must be undone after the block"
+    assert (out == 1).all()
+
+
+# --- make diff ---------------------------------------------------------------------------------
+
+
+def test_diff_waits_for_a_pass_then_shows_the_reference(mine, capsys):
+    assert learner.cmd_diff(args(lesson="t1")) == 1
+    assert "t1 must pass first (not started now)" in capsys.readouterr().out
+    mine_file = mine / f"{T1.stem}.py"
+    mine_file.write_text(T1.solution.read_text().replace('"""Launch without checks', '"""My launch, without checks', 1))
+    assert learner.cmd_diff(args(lesson="t1")) == 0
+    out = capsys.readouterr().out
+    assert "t1 passes" in out and "--- drills/solutions/t1_vector_add.py (reference)" in out
+    assert '+    """My launch, without checks' in out and '-    """Launch without checks' in out
+
+
+# --- make reset --------------------------------------------------------------------------------
+
+
+def test_reset_leaves_the_backup_it_names(mine, tmp_path, capsys):
+    if contract.pristine_stub_source(T1, committed_only=True) is None:
+        pytest.skip("not a git checkout: reset needs the committed stub")
+    mine_file = mine / f"{T1.stem}.py"
+    mine_file.write_text("# my work in progress\n")
+    assert learner.cmd_reset(args(lesson="t1")) == 0
+    out = capsys.readouterr().out
+    backups = list((tmp_path / "state" / "backups").glob("t1_vector_add-*.py"))
+    assert len(backups) == 1 and backups[0].read_text() == "# my work in progress\n"
+    assert grading.relative(backups[0]) in out
+    assert mine_file.read_text() == contract.pristine_stub_source(T1)
+    assert learner.cmd_reset(args(lesson="t1")) == 0  # already the stub: nothing to do, nothing lost
+    assert "already the untouched stub" in capsys.readouterr().out
+    mine_file.write_text("# second try\n")
+    learner.cmd_reset(args(lesson="t1"))
+    assert len(list((tmp_path / "state" / "backups").glob("t1_vector_add-*.py"))) == 2
+
+
+# --- make hint ---------------------------------------------------------------------------------
+
+
+def test_hint_advances_and_runs_out(mine, capsys):
+    total = len(learner.all_hints(find("l2")))
+    assert total >= 10  # 6 TODOs and 7 pitfalls in L2
+    for n in range(1, total + 1):
+        learner.cmd_hint(args(lesson="l2", restart=False))
+        assert f"hint {n} of {total} for l2" in capsys.readouterr().out
+    learner.cmd_hint(args(lesson="l2", restart=False))
+    assert "no more hints for l2" in capsys.readouterr().out
+    learner.cmd_hint(args(lesson="l2", restart=True))
+    assert "hint 1 of" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("lesson", LESSONS, ids=[lesson.id for lesson in LESSONS])
+def test_hints_never_show_the_solution(lesson):
+    """No hint quotes a line of the solution that the stub does not already have."""
+    stub = {line.strip() for line in (contract.pristine_stub_source(lesson) or "").splitlines()}
+    solution_only = [line.strip() for line in lesson.solution.read_text().splitlines()
+                     if len(line.strip()) > 30 and line.strip() not in stub and not line.strip().startswith("#")]
+    hints = learner.all_hints(lesson)
+    assert hints, f"{lesson.id} has no hints"
+    for _, text in hints:
+        for line in solution_only:
+            assert line not in text, f"a hint of {lesson.id} quotes the solution: {line}"
+
+
+def test_todo_hints_say_where_they_sit():
+    source = 'class Pool:\n    def take(self):\n        # TODO(section 3.1 "The pool"): pop a block;\n' \
+             '        # say which.\n        pass\n\n\ndef free(b):\n    # TODO(section 3.2): push it back.\n'
+    assert learner.todo_hints(source) == [
+        'in Pool.take: TODO(section 3.1 "The pool"): pop a block; say which.',
+        "in free: TODO(section 3.2): push it back."]
+
+
+# --- make watch --------------------------------------------------------------------------------
+
+
+def test_watch_regrades_after_each_save(mine, monkeypatch, capsys):
+    mine_file = mine / f"{T1.stem}.py"
+    graded = []
+
+    def fake_grade(lesson):
+        graded.append(mine_file.read_text())
+        if len(graded) == 1:
+            mine_file.write_text(mine_file.read_text() + "\n# saved again\n")  # a save while grading
+        return learner.Grade(lesson, "not started", message="t1 is not started")
+
+    monkeypatch.setattr(learner, "grade", fake_grade)
+    learner.watch(T1, interval=0.01, max_runs=2)
+    assert len(graded) == 2 and graded[1].endswith("# saved again\n")
+    assert capsys.readouterr().out.count("t1 is not started") == 2
+
+
+def test_watch_grades_for_real_and_stops_on_ctrl_c(mine, monkeypatch, capsys):
+    solve_t1(mine)
+    assert learner.cmd_watch(args(lesson="t1", interval=0.01, max_runs=1)) == 0
+    out = capsys.readouterr().out
+    assert "t1 · A first Triton kernel: vector add: passing" in out and "make diff L=t1" in out
+
+    def interrupted(seconds):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(learner.time, "sleep", interrupted)
+    monkeypatch.setattr(learner, "grade", lambda lesson: learner.Grade(lesson, "not started"))
+    assert learner.cmd_watch(args(lesson="t1", interval=0.01, max_runs=None)) == 0
+    assert "watch: stopped" in capsys.readouterr().out
+
+
+# --- make doctor -------------------------------------------------------------------------------
+
+
+def test_doctor_prints_versions_and_the_traps(capsys):
+    assert learner.cmd_doctor(args()) == 0
+    out = capsys.readouterr().out
+    for needle in ("python", "torch", "triton", "numpy", "GPU", "runtime", "bf16 tl.dot",
+                   "CUDA tensors under the interpreter", "TF32", 'input_precision="ieee"', "numpy 2.4",
+                   "what to do"):
+        assert needle in out, needle
+
+
+# --- The grading summary of make test ----------------------------------------------------------
+
+
+def run_grader(path, *extra):
+    return subprocess.run([sys.executable, "-m", "pytest", str(T1.tests), f"--impl-file={path}", "-q",
+                           "--tb=no", "-p", "no:cacheprovider", *extra], capture_output=True, text=True, cwd=ROOT)
+
+
+def test_summary_names_each_check_and_the_first_failure(tmp_path):
+    from drills.mutants import load_mutants
+
+    grid_floor = next(m for m in load_mutants(T1.stem) if m.name == "grid_floor")
+    path = tmp_path / f"{T1.stem}.py"
+    path.write_text(grid_floor.apply(T1.solution.read_text()))
+    proc = run_grader(path)
+    assert proc.returncode == 1
+    out = proc.stdout
+    assert "  pass  test_by_hand_kernel_masks_lanes_10_and_11" in out
+    assert "  FAIL  test_by_hand_grid_has_three_programs" in out
+    assert "  skip  test_offsets_widened_to_int64" in out and "GPU only" in out
+    assert "first failure: test_by_hand_grid_has_three_programs" in out
+    assert "reread drills/content/t1_vector_add.md, section 5" in out
+    assert "seed 0, the default" in out
+
+
+def test_untouched_stub_is_one_not_started_line(tmp_path):
+    path = tmp_path / f"{T1.stem}.py"
+    path.write_text(contract.pristine_stub_source(T1))
+    proc = run_grader(path)
+    assert proc.returncode == 10
+    assert [line for line in proc.stdout.splitlines() if "not started" in line] == [
+        contract.not_started_message(contract.load_from_file(path, "drills._stub_t1"))]
+    assert "first failure" not in proc.stdout and "checks passing" not in proc.stdout
+
+
+def test_a_file_that_does_not_import_is_reported_in_one_line(mine):
+    (mine / f"{T1.stem}.py").write_text("def vector_add(x, y, out=None):\n    return x +\n")
+    grade = learner.grade(T1)
+    assert grade.state == "does not import" and "SyntaxError" in grade.message
+
+
+def test_first_failure_points_at_the_pitfall_that_names_the_test():
+    where = explainer.where_taught(find("l2"), "test_last_page_is_masked")
+    assert where == ('drills/content/l2_paged_decode.md, section 5 "Pitfalls and self-test", '
+                     'pitfall 2 "Unmasked last page"')
+    assert "each pitfall names" in explainer.where_taught(find("l2"), "test_no_such_check")
+
+
+def test_seed_shifts_every_base_seed(monkeypatch):
+    monkeypatch.delenv("SEED", raising=False)
+    assert seeded(5) == 5
+    monkeypatch.setenv("SEED", "3")
+    assert seeded(5) == 8
+
+
+# --- make bench IMPL=mine ----------------------------------------------------------------------
+
+
+def test_bench_comparison_puts_yours_beside_the_reference():
+    columns = [("B", "B"), ("ctx", "ctx"), ("ceiling_gbs", "read ceiling GB/s"), ("l2_gbs", "L2 GB/s"),
+               ("l2_ceiling", "L2 / ceiling"), ("sdpa_gbs", "SDPA GB/s")]
+    mine_rows = [dict(B=64, ctx=1024, ceiling_gbs=4000.0, l2_gbs=3000.0, l2_ceiling=0.75, sdpa_gbs=2000.0)]
+    ref_rows = [dict(B=64, ctx=1024, ceiling_gbs=4100.0, l2_gbs=3900.0, l2_ceiling=0.95, sdpa_gbs=2000.0)]
+    [line] = learner.compare_rows(find("l2"), columns, mine_rows, ref_rows)
+    assert line == "  B 64, ctx 1024: L2 GB/s 3000 (reference 3900); L2 / ceiling 0.75 (reference 0.95)"
+
+
+def test_every_benchmark_with_a_headline_names_value_unit_label():
+    import importlib
+    import inspect
+
+    with_headline = []
+    for lesson in LESSONS:
+        if lesson.benchmark.exists():
+            module = importlib.import_module(f"drills.benchmarks.{lesson.stem}")
+            if hasattr(module, "headline"):
+                assert list(inspect.signature(module.headline).parameters) == ["impl"]
+                with_headline.append(lesson.id)
+    assert {"l2", "f1"} <= set(with_headline)
