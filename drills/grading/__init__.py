@@ -1,0 +1,7 @@
+"""Grading a learner's file: run its checks out of the learner code's reach (run.py, worker.py,
+remote.py), decide from the whole pattern of results which mistake is most likely (diagnose.py), and
+print one screen (report.py).
+
+Data flows one way: the CLI and the learner tools -> run (pytest in this process, the learner's code
+in a child process) -> the report file -> diagnose -> report -> one screen.
+"""

@@ -1,0 +1,71 @@
+"""Tensors larger than 2**31 elements on a machine with little memory, for the int64 checks.
+
+Triton's interpreter reads a CPU tensor in place, page by page, so a cache of more than 2**31
+elements only costs the pages a kernel touches when it is backed by a sparse file: `sparse_empty`
+maps one (MAP_SHARED) and the grading harness hands the same file to the learner's process instead
+of copying it. On a GPU it is a plain `torch.empty` on the device.
+
+Contents start as zeros (a sparse file reads as zeros); write only the few pages a test uses.
+"""
+from __future__ import annotations
+
+import atexit
+import math
+import os
+import shutil
+import tempfile
+import weakref
+
+import torch
+
+_FILES: dict[int, tuple[str, int]] = {}  # storage data_ptr -> (path, nbytes), for the grading harness
+_DIR: str | None = None
+
+
+def _folder() -> str:
+    global _DIR
+    if _DIR is None:
+        _DIR = tempfile.mkdtemp(prefix="drills-sparse-")
+        atexit.register(shutil.rmtree, _DIR, True)  # removed at exit
+    return _DIR
+
+
+def sparse_empty(shape, dtype: torch.dtype, device: str = "cpu") -> torch.Tensor:
+    """A zero-filled tensor whose untouched pages take no memory (CPU), or torch.empty (CUDA)."""
+    if torch.device(device).type != "cpu":
+        return torch.empty(shape, dtype=dtype, device=device)
+    numel = math.prod(shape)
+    nbytes = numel * torch.empty(0, dtype=dtype).element_size()
+    fd, path = tempfile.mkstemp(dir=_folder(), suffix=".bin")
+    os.close(fd)
+    flat = torch.from_file(path, shared=True, size=numel, dtype=dtype)
+    ptr = flat.untyped_storage().data_ptr()
+    _FILES[ptr] = (path, nbytes)
+
+    def forget(ptr=ptr, path=path):
+        _FILES.pop(ptr, None)
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+    weakref.finalize(flat.untyped_storage(), forget)
+    return flat.view(shape)
+
+
+def backing_file(storage: torch.UntypedStorage) -> tuple[str, int] | None:
+    """(path, nbytes) when `storage` came from sparse_empty, else None."""
+    return _FILES.get(storage.data_ptr())
+
+
+def free_bytes() -> int:
+    """Bytes of memory available now (MemAvailable), for a skip reason when even the touched pages
+    would not fit."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
