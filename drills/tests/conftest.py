@@ -5,13 +5,12 @@ explainer section to reread, and the seed. Test files that are not a lesson's gr
 for a stem in drills/lessons.py), such as the learner tools' own tests, are run as plain tests."""
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 
 import pytest
 
 import drills.runtime
-from drills import contract, grading
+from drills import grading
 from drills.lessons import LESSONS, by_stem
 from drills.tests import base_seed
 
@@ -25,7 +24,7 @@ def pytest_addoption(parser):
                      help="also write the grading results as JSON here (read by make progress, diff, watch)")
 
 
-LOADED = pytest.StashKey[dict]()
+LOADED = pytest.StashKey[dict]()  # stem -> LearnerProcess
 NOT_STARTED = pytest.StashKey[list]()
 IMPORT_ERRORS = pytest.StashKey[list]()
 RESULTS = pytest.StashKey[dict]()  # stem -> {case id: grading.Case}, in the order the cases ran
@@ -33,14 +32,29 @@ RESULTS = pytest.StashKey[dict]()  # stem -> {case id: grading.Case}, in the ord
 LESSON_STEMS = {lesson.stem for lesson in LESSONS}
 
 
-def _load(config, stem: str):
+def _graded_file(config, stem: str) -> tuple[Path, str, bool]:
+    """(the file graded, the module name it is loaded as, whether it is a reference solution)."""
     path = config.getoption("--impl-file")
-    if not path:
-        return importlib.import_module(by_stem(stem).module(config.getoption("--impl")))
-    loaded = config.stash.setdefault(LOADED, {})  # load a file once per run, not once per test module
-    if stem not in loaded:
-        loaded[stem] = contract.load_from_file(Path(path), f"drills._graded_{stem}")
-    return loaded[stem]
+    lesson = by_stem(stem)
+    if path:
+        return Path(path), f"drills._graded_{stem}", False
+    impl = config.getoption("--impl")
+    file = lesson.solution if impl == "solutions" else lesson.stub
+    return file, lesson.module(impl), impl == "solutions"
+
+
+def _load(config, stem: str):
+    """The module under test, living in its own process (drills/grading/remote.py): the grader's oracle
+    and comparisons stay out of its reach, and a crash or a hang is a failed check, not a dead run."""
+    from drills.grading.remote import LearnerProcess
+
+    processes = config.stash.setdefault(LOADED, {})
+    if stem not in processes:
+        file, name, reference = _graded_file(config, stem)
+        process = LearnerProcess(file, name, reference=reference)
+        processes[stem] = process
+        process.start()  # raises ImportFailed / LearnerCrash / LearnerTimeout for the collection hook
+    return processes[stem].module
 
 
 def _graded_path(config, stem: str) -> str:
@@ -62,14 +76,22 @@ def pytest_collection_modifyitems(session, config, items):
     """Stop before running anything when a lesson's stub has not been started (one line, not a wall of
     NotImplementedError tracebacks), or when the file under test does not even import."""
     lines, errors = [], []  # (stem, the line to print)
+    from drills.grading.remote import ImportFailed, LearnerFailure
+
     for stem in sorted({_stem(item.path) for item in items} - {None}):
+        graded = _graded_path(config, stem)
         try:
-            module = _load(config, stem)
-        except Exception as exc:  # a syntax error or a failing import in the learner's file
-            errors.append((stem, f"{by_stem(stem).id}: {_graded_path(config, stem)} does not import: "
-                                 f"{type(exc).__name__}: {exc}"))
+            _load(config, stem)
+        except ImportFailed as exc:  # a syntax error or a failing import in the learner's file
+            info = exc.info
+            where = f" (at {info['where']}: {info['code']})" if info.get("where") else ""
+            errors.append((stem, f"{by_stem(stem).id}: {graded} does not import: "
+                                 f"{info.get('type')}: {info.get('message')}{where}"))
             continue
-        message = contract.not_started_message(module)
+        except LearnerFailure as exc:  # os._exit() at import, a crash or a hang while importing
+            errors.append((stem, f"{by_stem(stem).id}: {graded} could not be imported: {exc}"))
+            continue
+        message = config.stash[LOADED][stem].ready.get("not_started")
         if message is not None:
             lines.append((stem, message))
     if lines or errors:
@@ -117,6 +139,8 @@ def pytest_configure(config):
 
 def pytest_sessionfinish(session, exitstatus):
     config = session.config
+    for process in config.stash.get(LOADED, {}).values():
+        process.close()
     not_started, errors = config.stash.get(NOT_STARTED, []), config.stash.get(IMPORT_ERRORS, [])
     if errors:
         session.exitstatus = 1  # the file under test does not import: it does not pass

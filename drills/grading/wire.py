@@ -1,0 +1,169 @@
+"""The messages between the grader and the learner's process (drills/grading/remote.py and worker.py).
+
+A message is pickled, with three kinds of object sent by reference rather than by value:
+
+  tensors   sent as (storage, dtype, shape, strides, offset), each storage once per message: CUDA
+            storages through CUDA IPC (both processes see the same memory), CPU storages backed by a
+            sparse file (drills/tests/bigmem.py) as the file's path (both map it), other CPU storages
+            as their bytes, which the learner's process sends back after a call so that in-place
+            writes reach the grader's own tensors. A storage that came from the other side goes back
+            as a reference to it, so a returned view of `out` is a view of the caller's own `out`.
+  objects   that must stay in the learner's process (instances of its classes, its functions and
+            kernels) travel as a handle; the grader holds a RemoteObject.
+  callables of the grader (a hash_fn passed to the learner's code) travel as a handle too; calling
+            one from the learner's process asks the grader to run it.
+"""
+from __future__ import annotations
+
+import io
+import pickle
+import struct
+import weakref
+
+import torch
+
+# Types sent by value; anything else the learner's process returns stays there, sent as a handle.
+PLAIN = (type(None), bool, int, float, complex, str, bytes, tuple, list, dict, set, frozenset, slice, range,
+         torch.dtype, torch.device, torch.Size, type(Ellipsis))
+
+
+def is_plain(obj) -> bool:
+    if type(obj) in PLAIN:
+        return True
+    return (type(obj).__module__ or "").split(".")[0] == "numpy"
+
+
+def as_bytes_view(storage: torch.UntypedStorage) -> torch.Tensor:
+    """The storage as a flat uint8 tensor (no copy)."""
+    return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+
+
+def payload_of(storage: torch.UntypedStorage):
+    """How a storage travels: ("cuda", ipc args) | ("file", path, nbytes) | ("bytes", raw)."""
+    if storage.device.type == "cuda":
+        from torch.multiprocessing.reductions import reduce_tensor
+
+        # torch shares CUDA memory per tensor: a uint8 tensor over the whole storage carries it.
+        return ("cuda", reduce_tensor(as_bytes_view(storage))[1])
+    if storage.device.type == "meta":  # no data: only its size travels
+        return ("meta", storage.nbytes())
+    from drills.tests.bigmem import backing_file
+
+    found = backing_file(storage)
+    if found is not None:
+        return ("file", *found)
+    return ("bytes", as_bytes_view(storage).numpy().tobytes())
+
+
+class Storages:
+    """What one side knows of the storages the two sides have exchanged."""
+
+    def __init__(self):
+        # Our storages that the other side has seen, by our data_ptr (weak: they die with our tensors).
+        self.own: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+        # Storages the other side sent: their key -> our storage, and our data_ptr -> their key.
+        self.received: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+        self.key_of: dict[int, int] = {}
+        self.copies: dict[int, torch.UntypedStorage] = {}  # their key -> our private copy, this request
+
+    def receive(self, key: int, payload) -> torch.UntypedStorage:
+        kind = payload[0]
+        existing = self.received.get(key)
+        if kind == "bytes":
+            raw = payload[1]
+            if existing is not None and existing.nbytes() == len(raw):
+                if raw:  # the sender's bytes may have changed since: refresh our copy in place
+                    as_bytes_view(existing).copy_(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
+                storage = existing
+            else:
+                u8 = torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
+                storage = u8.untyped_storage()
+            self.copies[key] = storage
+        elif existing is not None:
+            storage = existing  # shared memory: the same storage object as before
+        elif kind == "meta":
+            storage = torch.empty(payload[1], dtype=torch.uint8, device="meta").untyped_storage()
+        elif kind == "cuda":
+            from torch.multiprocessing.reductions import rebuild_cuda_tensor
+
+            storage = rebuild_cuda_tensor(*payload[1]).untyped_storage()
+        else:
+            _, path, nbytes = payload
+            storage = torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8).untyped_storage()
+        self.received[key] = storage
+        ptr = storage.data_ptr()
+        self.key_of[ptr] = key
+        weakref.finalize(storage, self.key_of.pop, ptr, None)
+        return storage
+
+    def take_copies(self) -> dict[int, bytes]:
+        """{their key: bytes} of the private copies received in this request (to send back)."""
+        out = {key: as_bytes_view(s).numpy().tobytes() for key, s in self.copies.items()}
+        self.copies = {}
+        return out
+
+    def write_back(self, updates: dict[int, bytes]) -> None:
+        """Bytes the other side sends back for storages of ours: write them into ours."""
+        for key, raw in updates.items():
+            storage = self.own.get(key)
+            if storage is not None and raw:
+                as_bytes_view(storage).copy_(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
+
+
+class _Encoder(pickle.Pickler):
+    def __init__(self, file, known: Storages, handle):
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.known = known
+        self.handle = handle
+        self.payloads: dict[int, object] = {}
+
+    def persistent_id(self, obj):
+        if isinstance(obj, torch.Tensor):
+            if obj.layout != torch.strided or obj.is_quantized:
+                raise TypeError(f"a {obj.layout} tensor cannot be passed between the processes")
+            storage = obj.untyped_storage()
+            ptr = storage.data_ptr()
+            theirs = self.known.key_of.get(ptr)
+            if theirs is not None and self.known.received.get(theirs) is not storage:
+                theirs = None  # a stale entry: that address now holds another storage
+            if ptr not in self.payloads:
+                self.payloads[ptr] = payload_of(storage)
+                self.known.own[ptr] = storage
+            return ("T", theirs, ptr, obj.dtype, tuple(obj.shape), tuple(obj.stride()), obj.storage_offset())
+        return self.handle(obj)
+
+
+class _Decoder(pickle.Unpickler):
+    def __init__(self, file, known: Storages, payloads: dict, resolve):
+        super().__init__(file)
+        self.known = known
+        self.payloads = payloads
+        self.made: dict[int, torch.UntypedStorage] = {}
+        self.resolve = resolve
+
+    def persistent_load(self, pid):
+        if pid[0] != "T":
+            return self.resolve(pid)
+        _, ours, key, dtype, shape, stride, offset = pid
+        storage = self.known.own.get(ours) if ours is not None else None
+        if storage is None:  # new to us (or ours was freed meanwhile): build it from what was sent
+            if key not in self.made:
+                self.made[key] = self.known.receive(key, self.payloads[key])
+            storage = self.made[key]
+        t = torch.empty(0, dtype=dtype, device=storage.device)
+        return t.set_(storage, offset, shape, stride)
+
+
+def dumps(obj, known: Storages, handle) -> bytes:
+    """Pickle obj. handle(obj) returns a persistent id for what travels by handle, else None."""
+    body = io.BytesIO()
+    enc = _Encoder(body, known, handle)
+    enc.dump(obj)
+    header = pickle.dumps(enc.payloads, protocol=pickle.HIGHEST_PROTOCOL)
+    return struct.pack("<Q", len(header)) + header + body.getvalue()
+
+
+def loads(data: bytes, known: Storages, resolve):
+    (n,) = struct.unpack("<Q", data[:8])
+    payloads = pickle.loads(data[8:8 + n])
+    return _Decoder(io.BytesIO(data[8 + n:]), known, payloads, resolve).load()
