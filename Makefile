@@ -20,21 +20,25 @@ endif
 
 help: ## every target, one line each
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | awk -F'\t' '{printf "  make %-11s %s\n", $$1, $$2}'
-	@echo "  variables: L=<lesson id> (make list), IMPL=mine|solutions, SEED=<int> (other random cases), PYTHON=<interpreter with torch+triton>"
+	@echo "  variables: L=<lesson id> (make list), IMPL=mine|solutions, SEED=<int> (other random cases), V=1 (pytest's full output), PYTHON=<interpreter with torch+triton>"
 
 list: $(ENV) ## the lessons in course order
 	@$(PYTHON) -m drills list
 
-test: $(ENV) ## grade one lesson: make test L=l2 (your drills/mine); IMPL=solutions grades the reference
-	@test -n "$(L)" || { echo "say which lesson: make test L=l2 (make list shows them)"; exit 2; }
-	@$(PYTHON) -m drills test $(L) --impl $(IMPL)
+# A failing grade already says why on one screen; make's own "*** Error" line would only add noise, so
+# the recipe ends make quietly (SIGPIPE, which make and the shell do not report) with a non-zero status.
+QUIET_FAIL = rc=$$?; [ $$rc -eq 0 ] || kill -PIPE $$PPID; exit $$rc
+
+test: $(ENV) ## grade one lesson: make test L=t1 (your drills/mine); IMPL=solutions grades the reference; V=1 pytest's full output
+	@test -n "$(L)" || { echo "say which lesson: make test L=t1 (make list shows them)"; exit 2; }
+	@VERBOSE=$(or $(V),$(VERBOSE)) $(PYTHON) -m drills test $(L) --impl $(IMPL); $(QUIET_FAIL)
 
 progress: $(ENV) ## every lesson's status for your files (on a GPU, your GB/s beside the reference's) and the next one
 	@$(PYTHON) -m drills progress
 
 hint: $(ENV) ## one more hint for a lesson (its TODOs, then its pitfalls): make hint L=l2; RESTART=1 starts over
 	@test -n "$(L)" || { echo "say which lesson: make hint L=l2"; exit 2; }
-	@$(PYTHON) -m drills hint $(L) $(if $(RESTART),--restart)
+	@$(PYTHON) -m drills hint $(L) $(if $(filter 1,$(RESTART)),--restart)
 
 reset: $(ENV) ## back up your file to .drills/backups, then restore the stub: make reset L=l2
 	@test -n "$(L)" || { echo "say which lesson: make reset L=l2"; exit 2; }
@@ -67,13 +71,14 @@ bench: $(ENV) ## CUDA GPU only: time solutions and peers, publish table, plot, J
 	@$(PYTHON) -m drills bench $(L) --impl $(if $(filter command line environment,$(origin IMPL)),$(IMPL),solutions)
 
 # The venv: torch first (a CPU-only machine gets the CPU build where one is on disk), Triton only if
-# torch did not bring its own, then the course and Jupyter. Never touches a Python you named yourself.
+# torch did not bring its own, then the course and Jupyter (PYTHONWARNINGS=ignore: setuptools warns about
+# editable installs on every build, nothing that concerns this layout). Never touches a Python you named yourself.
 $(VENV)/.ready: pyproject.toml
 	python3 -m venv $(VENV)
 	$(VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(VENV)/bin/python -m pip install --quiet "$(TORCH_PIN)"
 	$(VENV)/bin/python -c "import triton" 2>/dev/null || $(VENV)/bin/python -m pip install --quiet "$(TRITON_PIN)"
-	$(VENV)/bin/python -m pip install --quiet -e ".[notebooks]"
+	PYTHONWARNINGS=ignore $(VENV)/bin/python -m pip install --quiet -e ".[notebooks]"
 	@touch $@
 
 env-check:

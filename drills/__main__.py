@@ -6,18 +6,15 @@ import argparse
 import importlib
 import importlib.util
 import sys
+from pathlib import Path
 
 from drills import contract, learner
+from drills.grading import run
 from drills.lessons import LESSONS, ROOT, find
 
 
 def run_pytest(paths: list[str], impl: str, extra: list[str] = ()) -> int:
-    import pytest
-
-    import drills.runtime
-
-    print(drills.runtime.current().banner, flush=True)
-    return pytest.main([*paths, f"--impl={impl}", "-p", "no:cacheprovider", *extra])
+    return run.run_pytest_here(paths, impl, verbose=False, extra=list(extra))
 
 
 def cmd_list(args) -> int:
@@ -27,8 +24,25 @@ def cmd_list(args) -> int:
 
 
 def cmd_test(args) -> int:
+    """One lesson: one screen (its checks, the likely mistake, what to reread); VERBOSE=1 (V=1) gives
+    pytest's own output as well. Without a lesson, every lesson's grader on one line each."""
+    import drills.runtime
+
+    verbose = args.verbose or run.verbose_requested()
     lessons = [find(args.lesson)] if args.lesson else LESSONS
-    return run_pytest([str(lesson.tests) for lesson in lessons], args.impl, ["-q", *args.pytest_args])
+    if verbose or len(lessons) > 1 or args.pytest_args:
+        return run.run_pytest_here([str(lesson.tests) for lesson in lessons], args.impl, verbose=verbose,
+                                   extra=args.pytest_args)
+    lesson = lessons[0]
+    print(drills.runtime.current().banner, flush=True)
+    result = run.grade(lesson, impl=args.impl)
+    if args.impl == "mine":
+        learner.remember(result)  # make hint reads it when the file has not changed since
+    if result.state == "not started":
+        print(result.message)  # one line, as the stub words it
+        return run.NOT_STARTED_EXIT
+    print("\n".join(result.screen()))
+    return 0 if result.passed else 1
 
 
 def cmd_contract(args) -> int:
@@ -89,62 +103,85 @@ def cmd_check(args) -> int:
 
 
 def cmd_mutants(args) -> int:
-    """Grade every declared mutant of each lesson's solution; each must fail. GPU-only mutants run only
-    on a GPU; with args.gpu_only_mutants (make check on a GPU) only those run, since CPU CI already
-    grades the rest. Each runs in its own process: a mutant that corrupts memory may crash it."""
-    import subprocess
+    """Grade every declared mutant of each lesson's solution: each must fail its grader AND be diagnosed
+    as its own pitfall (the summary a learner with that mistake would read names it first). GPU-only
+    mutants run only on a GPU; with args.gpu_only_mutants (make check on a GPU) only those run."""
     import tempfile
+    from concurrent.futures import ThreadPoolExecutor
 
     import drills.runtime
-    from drills.mutants import load_mutants, pitfall_mismatches
+    from drills.mutants import load_mutants, mutate, pitfall_mismatches
 
     on_gpu = not drills.runtime.current().interpreter
-    survived = 0
+    failures = 0
+    counts = []
     for lesson in [find(args.lesson)] if args.lesson else LESSONS:
         mutants = load_mutants(lesson.stem)
         if not mutants:
             continue
-        source = lesson.solution.read_text()
         print(f"== {lesson.id}: {len(mutants)} mutants ==", flush=True)
         for problem in pitfall_mismatches(lesson.stem, lesson.explainer.read_text()):
             print(f"  {problem}")
-            survived += 1
-        for m in mutants:
+            failures += 1
+        todo = []
+        for m, mutated, problem in mutate(lesson):
             if m.gpu_only and not on_gpu:
                 print(f"  {m.name:34} skipped on the CPU: only a GPU exposes it ({m.pitfall})")
                 continue
             if getattr(args, "gpu_only_mutants", False) and not m.gpu_only:
                 continue
-            mutated = m.apply(source)
-            try:
-                compile(mutated, m.name, "exec")
-            except SyntaxError as exc:
-                print(f"  {m.name:34} BROKEN: the mutated solution does not parse ({exc})")
-                survived += 1
+            if problem is not None:
+                print(f"  {m.name:34} BROKEN: {problem}")
+                failures += 1
                 continue
+            todo.append((m, mutated))
+
+        def grade_one(item):
+            m, mutated = item
             with tempfile.TemporaryDirectory() as tmp:
-                path = f"{tmp}/{lesson.stem}.py"
-                with open(path, "w") as f:
-                    f.write(mutated)
-                proc = subprocess.run(
-                    [sys.executable, "-m", "pytest", str(lesson.tests), f"--impl-file={path}", "-x", "-q",
-                     "-p", "no:cacheprovider", "--no-header", "-rfE"],
-                    capture_output=True, text=True, cwd=ROOT)
-            failed = [line.split("::", 1)[1].split(" ")[0] for line in proc.stdout.splitlines()
-                      if line.startswith(("FAILED", "ERROR")) and "::" in line]
-            if proc.returncode == 0:
-                verdict, survived = "SURVIVED", survived + 1
-            elif failed:
-                verdict = f"killed by {failed[0]}"
-            elif proc.returncode == 10:
-                verdict, survived = "NOT GRADED: the grader took it for an untouched stub", survived + 1
-            elif proc.returncode < 0:
-                verdict = f"killed (the grader's process crashed, signal {-proc.returncode})"
-            else:
-                verdict = f"killed (pytest exit {proc.returncode})"
-            print(f"  {m.name:34} {verdict}   [{m.pitfall}]", flush=True)
-    print("mutants: " + ("every mutant killed" if not survived else f"{survived} not killed"))
-    return 1 if survived else 0
+                path = Path(tmp) / f"{lesson.stem}.py"
+                path.write_text(mutated)
+                return m, run.grade(lesson, file=path)
+
+        killed = diagnosed = 0
+        with ThreadPoolExecutor(mutant_workers(on_gpu)) as pool:
+            for m, result in pool.map(grade_one, todo):
+                verdict, ok = mutant_verdict(m, result)
+                killed += result.state not in ("passing", "not started", "grader error")
+                diagnosed += ok
+                failures += not ok
+                print(f"  {m.name:34} {verdict}", flush=True)
+        counts.append(f"{lesson.id} {diagnosed}/{len(todo)}")
+    print("mutants diagnosed as their own pitfall: " + (", ".join(counts) or "none ran"))
+    print("mutants: " + ("every mutant killed and diagnosed" if not failures else f"{failures} problems"))
+    return 1 if failures else 0
+
+
+def mutant_workers(on_gpu: bool) -> int:
+    # Each grading is a pytest process plus the learner's process; on a GPU one at a time.
+    import os
+
+    return 1 if on_gpu else max(1, min(3, (os.cpu_count() or 2) - 1))
+
+
+def mutant_verdict(m, result) -> tuple[str, bool]:
+    """(the line to print, whether the mutant was killed and diagnosed as its own pitfall)."""
+    import re
+
+    own = re.match(r"(\d+)\. ", m.pitfall)
+    if result.state == "passing":
+        return f"SURVIVED   [{m.pitfall}]", False
+    if result.state in ("not started", "grader error", "missing"):
+        return f"NOT GRADED ({result.state}: {result.message.splitlines()[0] if result.message else ''})", False
+    top = result.findings[0] if result.findings else {}
+    named = top.get("pitfall") or 0
+    first_failed = next((c.id for c in result.cases if c.outcome == "failed"), result.state)
+    if own is None:  # a mutant standing for another lesson's pitfall: being killed is enough
+        return f"killed by {first_failed}   [{m.pitfall}]", True
+    if named == int(own.group(1)):
+        return f"killed, diagnosed as pitfall {named}   [{m.pitfall}]", True
+    said = f"pitfall {named}" if named else (top.get("title") or "nothing")
+    return f"killed by {first_failed} but DIAGNOSED AS {said}   [{m.pitfall}]", False
 
 
 def cmd_bench(args) -> int:
@@ -188,6 +225,7 @@ def main(argv=None) -> int:
     p = sub.add_parser("test", help="grade one lesson (or all)")
     p.add_argument("lesson", nargs="?")
     p.add_argument("--impl", choices=("mine", "solutions"), default="mine")
+    p.add_argument("-v", "--verbose", action="store_true", help="pytest's full output too (or VERBOSE=1)")
     p.add_argument("pytest_args", nargs="*")
     p.set_defaults(fn=cmd_test)
     sub.add_parser("check", help="tests on the solutions, stub contract, notebooks").set_defaults(fn=cmd_check)

@@ -1,6 +1,11 @@
-"""Reading a lesson's explainer (drills/content/<stem>.md) for the learner tools: its numbered
-sections, the pitfalls of its "Pitfalls and self-test" section, and which section teaches the mistake
-a given check catches (the pitfalls say "Caught by `test_...`")."""
+"""Reading a lesson's explainer (drills/content/<stem>.md): its numbered sections, the pitfalls of its
+"Pitfalls and self-test" section, and which section teaches the mistake a given check catches. The
+one parser of that format: the learner tools and the mutants' coverage check both read through it.
+
+The format it reads: headings `## N. Title` (subsections `### N.M Title`, ignored inside ``` fences);
+the first section whose title says "pitfall" lists `K. **Title.** text ... Caught by `test_name`.`
+items (continuation lines indented), and ends its list at a line starting "Answers" (the self-test's
+answers). Every titled pitfall needs a mutant in drills/mutants/<stem>.py naming it as "K. ..."."""
 from __future__ import annotations
 
 import re
@@ -35,9 +40,11 @@ class Pitfall:
         return f'pitfall {self.number} "{self.title}"' if self.title else f"pitfall {self.number}"
 
 
-def sections(lesson: Lesson) -> list[Section]:
+def parse_sections(text: str) -> list[Section]:
+    """The numbered headings (`## 3.` to `#### 3.2.1`) of an explainer's text, each with its own body;
+    headings inside fenced code blocks are not headings."""
     found, current, lines, fenced = [], None, [], False
-    for line in lesson.explainer.read_text().splitlines():
+    for line in text.splitlines():
         if line.startswith("```"):
             fenced = not fenced
         heading = None if fenced else _HEADING.match(line)
@@ -52,13 +59,16 @@ def sections(lesson: Lesson) -> list[Section]:
     return found
 
 
-def pitfalls_section(lesson: Lesson) -> Section | None:
-    return next((s for s in sections(lesson) if "pitfall" in s.title.lower()), None)
+def _pitfalls_section(found: list[Section]) -> Section | None:
+    return next((s for s in found if "pitfall" in s.title.lower()), None)
 
 
-def pitfalls(lesson: Lesson) -> list[Pitfall]:
-    """The numbered items of the pitfalls section, up to its answers."""
-    section = pitfalls_section(lesson)
+def parse_pitfalls(text: str) -> list[Pitfall]:
+    """The numbered items of an explainer's pitfalls section (the first section whose title says
+    "pitfall"), up to the line starting "Answers". An item is `K. **Title.** text`; an item without a
+    bold title (e.g. "L2's pitfalls carry over") has title "". The one parser of the pitfall list: the
+    learner tools and the mutants' coverage check (drills/mutants) both read it through here."""
+    section = _pitfalls_section(parse_sections(text))
     if section is None:
         return []
     items: list[list] = []
@@ -76,6 +86,19 @@ def pitfalls(lesson: Lesson) -> list[Pitfall]:
         bold = _BOLD.match(text)
         result.append(Pitfall(number, bold.group(1).rstrip(".") if bold else "", text))
     return result
+
+
+def sections(lesson: Lesson) -> list[Section]:
+    return parse_sections(lesson.explainer.read_text())
+
+
+def pitfalls_section(lesson: Lesson) -> Section | None:
+    return _pitfalls_section(sections(lesson))
+
+
+def pitfalls(lesson: Lesson) -> list[Pitfall]:
+    """The numbered items of the lesson's pitfalls section, up to its answers (see parse_pitfalls)."""
+    return parse_pitfalls(lesson.explainer.read_text())
 
 
 def _mentions(text: str, test_name: str) -> bool:
@@ -100,3 +123,13 @@ def where_taught(lesson: Lesson, test_name: str) -> str:
     if pitfall_section:
         return f"{path}, {pitfall_section.name} (each pitfall names the check that catches it)"
     return path
+
+
+def where_pitfall(lesson: Lesson, number: int) -> str | None:
+    """"<explainer>, section N "Pitfalls ...", pitfall K "Title"" for pitfall K, or None if it is not listed."""
+    path = lesson.explainer.relative_to(ROOT).as_posix()
+    section = pitfalls_section(lesson)
+    for pitfall in pitfalls(lesson):
+        if pitfall.number == number:
+            return f"{path}, {section.name}, {pitfall.name}"
+    return None

@@ -16,21 +16,18 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from drills import contract, explainer, grading
+from drills.grading import run
 from drills.lessons import LESSONS, ROOT, Lesson, find
 
 MINE_DIR_ENV = "DRILLS_MINE_DIR"
 STATE_DIR_ENV = "DRILLS_STATE_DIR"
-GRADE_TIMEOUT_S = 900  # a kernel that loops forever in the interpreter must not hang progress or watch
 
 
 def mine_dir() -> Path:
@@ -51,62 +48,16 @@ rel = grading.relative
 # --- Grading the learner's file ------------------------------------------------------------------
 
 
-@dataclass
-class Grade:
-    lesson: Lesson
-    state: str  # "not started", "passing", "failing", "does not import", "timed out", "grader error"
-    cases: list = field(default_factory=list)  # grading.Case
-    message: str = ""  # the not-started or import-error line, or the end of the grader's output
-    seed: int = 0
-
-    @property
-    def summary(self) -> grading.Summary:
-        return grading.summarize(self.cases)
-
-    @property
-    def passed(self) -> bool:
-        return self.state == "passing"
-
-    @property
-    def status(self) -> str:
-        """One phrase for make progress: not started, k of n checks passing, passing, ..."""
-        if self.state in ("passing", "failing"):
-            return "passing" if self.passed else f"{self.summary.passing} of {self.summary.total} checks passing"
-        return self.state
+Grade = run.Grade
 
 
-def _grader_command(lesson: Lesson, report: Path) -> list[str]:
-    if mine_dir() == (ROOT / "drills" / "mine").resolve():
-        target = ["--impl=mine"]
-    else:
-        target = [f"--impl-file={mine_file(lesson)}"]
-    return [sys.executable, "-m", "pytest", str(lesson.tests), *target, "-q", "--tb=no", "--no-header",
-            "-p", "no:cacheprovider", f"--drills-report={report}"]
-
-
-def grade(lesson: Lesson, timeout: float = GRADE_TIMEOUT_S) -> Grade:
-    """Run the lesson's grader on the learner's file in a child process, quietly."""
+def grade(lesson: Lesson, timeout: float | None = None) -> Grade:
+    """Grade the learner's file for a lesson (drills/mine, or DRILLS_MINE_DIR) in a child process."""
+    default = mine_dir() == (ROOT / "drills" / "mine").resolve()
     if not mine_file(lesson).exists():
-        return Grade(lesson, "missing", message=f"{rel(mine_file(lesson))} does not exist: make reset L={lesson.id} restores the stub")
-    with tempfile.TemporaryDirectory() as tmp:
-        report = Path(tmp) / "report.json"
-        try:
-            proc = subprocess.run(_grader_command(lesson, report), cwd=ROOT, capture_output=True, text=True,
-                                  timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return Grade(lesson, "timed out", message=f"the grader ran for more than {timeout:.0f} s")
-        if not report.exists():
-            tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
-            return Grade(lesson, "grader error", message=tail)
-        data = grading.read_report(report)
-    info = data["lessons"].get(lesson.stem, {"cases": []})
-    if info.get("import_error"):
-        return Grade(lesson, "does not import", message=info["import_error"], seed=data["seed"])
-    if info.get("not_started"):
-        return Grade(lesson, "not started", message=info["not_started"], seed=data["seed"])
-    cases = info["cases"]
-    state = "passing" if grading.summarize(cases).passed and data["exitstatus"] == 0 else "failing"
-    return Grade(lesson, state, cases, seed=data["seed"])
+        return Grade(lesson, "missing", graded=rel(mine_file(lesson)),
+                     message=f"{rel(mine_file(lesson))} does not exist: make reset L={lesson.id} restores the stub")
+    return run.grade(lesson, file=None if default else mine_file(lesson), timeout=timeout)
 
 
 def load_mine(lesson: Lesson):
@@ -114,15 +65,14 @@ def load_mine(lesson: Lesson):
     return contract.load_from_file(mine_file(lesson), f"drills._learner_{lesson.stem}")
 
 
-def _not_started_here(lesson: Lesson) -> str | None:
-    """The stub's not-started line when the learner's file is untouched, checked without a child
-    process; None when it is started (or broken: the grader then says how)."""
-    if not mine_file(lesson).exists():
-        return None
-    try:
-        return contract.not_started_message(load_mine(lesson))
-    except Exception:
-        return None
+def _untouched(lesson: Lesson) -> bool:
+    """The learner's file is the committed stub, byte for byte: not started, nothing to grade. (Checked
+    without importing it here: the learner's code only ever runs in the grader's child process.)"""
+    path = mine_file(lesson)
+    if not path.exists():
+        return False
+    stub = contract.pristine_stub_source(lesson)
+    return stub is not None and path.read_text() == stub
 
 
 # --- make progress -------------------------------------------------------------------------------
@@ -134,7 +84,7 @@ def _workers(on_gpu: bool) -> int:
 
 
 def progress_grades(on_gpu: bool = False) -> list[Grade]:
-    started = [lesson for lesson in LESSONS if _not_started_here(lesson) is None]
+    started = [lesson for lesson in LESSONS if not _untouched(lesson)]
     with ThreadPoolExecutor(_workers(on_gpu)) as pool:
         graded = dict(zip(started, pool.map(grade, started)))
     return [graded.get(lesson) or Grade(lesson, "not started") for lesson in LESSONS]
@@ -224,15 +174,44 @@ def todo_hints(source: str) -> list[str]:
     return [f"in {where}: " + " ".join(lines) if where else " ".join(lines) for where, lines in hints]
 
 
-def all_hints(lesson: Lesson) -> list[tuple[str, str]]:
-    """(where it comes from, the hint): the stub's TODOs in file order, then the explainer's pitfalls.
-    Never the solution: the TODOs come from the committed stub, the pitfalls describe mistakes."""
-    stub = contract.pristine_stub_source(lesson) or ""
-    hints = [(f"a TODO of {rel(lesson.stub)}", text) for text in todo_hints(stub)]
-    for pitfall in explainer.pitfalls(lesson):
-        plain = re.sub(r"(?<![\w*])\*(\S.*?\S)\*(?![\w*])", r"\1", pitfall.text.replace("**", ""))  # no italics
-        hints.append((f"{pitfall.name} of {rel(lesson.explainer)}", plain))
-    return hints
+def _plain(text: str) -> str:
+    return re.sub(r"(?<![\w*])\*(\S.*?\S)\*(?![\w*])", r"\1", text.replace("**", ""))  # no markdown emphasis
+
+
+# What to ask first about a failure no pitfall of the lesson explains, by the kind the grader reported.
+GENERIC_QUESTIONS = {
+    "crash": "Which tl.load or tl.store can reach past the end of its tensor? Every lane of the last block, "
+             "and every padding row, needs a mask.",
+    "out_of_bounds": "The summary names the line and the argument: which lanes of that access point past the "
+                     "tensor, and which mask would switch them off?",
+    "write_race": "Could two programs store to the same element? Which rows does each program own, and does "
+                  "its store mask keep it to them?",
+    "not_from_kernel": "Where is the result computed? It must come out of your @triton.jit kernel, launched by "
+                       "the function the grader calls.",
+    "timeout": "Does every loop of your kernel end? Check the loop bound and the step, and what happens when a "
+               "length is 0 or 1.",
+    "exception": "Read the line the summary names: what does the error say about the values on that line?",
+}
+
+
+def hint_steps(lesson: Lesson, finding: dict) -> list[tuple[str, str]]:
+    """The hints for one diagnosed mistake, gentlest first: a question that points at it, then the pitfall
+    (which names its section), then the lines of the explainer's worked example it concerns."""
+    steps = []
+    number = finding.get("pitfall") or 0
+    question = finding.get("question") or GENERIC_QUESTIONS.get(finding.get("kind"), "")
+    if question:
+        steps.append(("a question", question))
+    pitfall = next((p for p in explainer.pitfalls(lesson) if p.number == number), None)
+    if pitfall is not None:
+        steps.append((f"{pitfall.name} of {rel(lesson.explainer)}", _plain(pitfall.text)))
+    section = next((sec for sec in explainer.sections(lesson) if sec.number == finding.get("section")), None)
+    if section is not None:
+        lines = [line.rstrip() for line in section.body.splitlines() if line.strip()][:14]
+        steps.append((f"{section.name} of {rel(lesson.explainer)}, its worked example", "\n".join(lines)))
+    if not steps and finding.get("evidence"):
+        steps.append(("the grader", " ".join(finding["evidence"])))
+    return steps
 
 
 def _hint_state() -> Path:
@@ -246,23 +225,79 @@ def _read_hint_state() -> dict:
         return {}
 
 
+def _fingerprint(lesson: Lesson) -> str:
+    import hashlib
+
+    path = mine_file(lesson)
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.exists() else ""
+
+
+def _grades_file() -> Path:
+    return state_dir() / "last-grades.json"
+
+
+def remember(result: Grade) -> None:
+    """Keep a grading's outcome, so `make hint` on an unchanged file does not grade it again."""
+    try:
+        data = json.loads(_grades_file().read_text())
+    except (FileNotFoundError, ValueError):
+        data = {}
+    data[result.lesson.stem] = {"fingerprint": _fingerprint(result.lesson), "state": result.state,
+                                "findings": result.findings, "message": result.message, "status": result.status}
+    _grades_file().parent.mkdir(parents=True, exist_ok=True)
+    _grades_file().write_text(json.dumps(data, indent=1) + "\n")
+
+
+def last_grade(lesson: Lesson) -> dict:
+    """The outcome of the last grading of the file as it is now (graded again when it changed)."""
+    try:
+        known = json.loads(_grades_file().read_text()).get(lesson.stem)
+    except (FileNotFoundError, ValueError):
+        known = None
+    if known and known.get("fingerprint") == _fingerprint(lesson):
+        return known
+    print(f"grading {rel(mine_file(lesson))} first (make test L={lesson.id} does the same)...", flush=True)
+    result = grade(lesson)
+    remember(result)
+    return json.loads(_grades_file().read_text())[lesson.stem]
+
+
 def cmd_hint(args) -> int:
+    """The next hint for the mistake the grader diagnoses in the learner's file as it is now."""
     lesson = find(args.lesson)
-    hints = all_hints(lesson)
-    state = _read_hint_state()
-    shown = 0 if args.restart else int(state.get(lesson.stem, 0))
-    if shown >= len(hints):
-        print(f"no more hints for {lesson.id}: all {len(hints)} shown. make hint L={lesson.id} RESTART=1 "
-              f"starts over; {rel(lesson.explainer)} has the whole story")
+    if _untouched(lesson):
+        print(f"{lesson.id} is not started: read {rel(lesson.explainer)} and fill in the TODOs of "
+              f"{rel(mine_file(lesson))} in order (each names the section that teaches it); once a check "
+              f"fails, make hint L={lesson.id} follows what went wrong")
         return 0
-    source, text = hints[shown]
-    print(f"hint {shown + 1} of {len(hints)} for {lesson.id}, from {source}:")
-    print(textwrap.fill(text, width=100, initial_indent="  ", subsequent_indent="  "))
-    state[lesson.stem] = shown + 1
+    known = last_grade(lesson)
+    if known["state"] == "passing":
+        print(f"{lesson.id} passes: no hint needed. make diff L={lesson.id} shows yours beside the reference")
+        return 0
+    findings = known.get("findings") or []
+    if not findings:
+        print(f"{lesson.id}: {known['status']}. {known.get('message') or ''}".strip())
+        print(f"make test L={lesson.id} shows the whole grading")
+        return 0
+    finding = findings[0]
+    key = f"{lesson.stem}:{finding.get('pitfall') or finding.get('kind')}"
+    steps = hint_steps(lesson, finding)
+    state = _read_hint_state()
+    shown = 0 if args.restart else int(state.get(key, 0))
+    what = f"pitfall {finding['pitfall']} \"{finding.get('title')}\"" if finding.get("pitfall") else finding.get("title")
+    if shown >= len(steps):
+        print(f"no more hints for {what}: all {len(steps)} shown. make hint L={lesson.id} RESTART=1 starts over; "
+              f"{rel(lesson.explainer)} has the whole story")
+        return 0
+    source, text = steps[shown]
+    print(f"hint {shown + 1} of {len(steps)} for {lesson.id}, about the likely mistake ({what}), from {source}:")
+    for para in text.split("\n"):
+        print(textwrap.fill(para, width=100, initial_indent="  ", subsequent_indent="  ") if para.strip() else "")
+    state[key] = shown + 1
     _hint_state().parent.mkdir(parents=True, exist_ok=True)
     _hint_state().write_text(json.dumps(state, indent=1) + "\n")
-    left = len(hints) - shown - 1
-    print(f"({left} more: make hint L={lesson.id})" if left else "(that was the last one)")
+    left = len(steps) - shown - 1
+    print(f"({left} more: make hint L={lesson.id})" if left else "(that was the last one for this mistake)")
     return 0
 
 
@@ -326,30 +361,10 @@ def cmd_diff(args) -> int:
 
 # --- make watch ----------------------------------------------------------------------------------
 
-SCREEN_FAILS = 12  # failing checks listed on one screen
-
-
 def screen(result: Grade) -> list[str]:
-    """The one-screen summary watch prints after each grading."""
-    lesson = result.lesson
+    """The one screen `make watch` prints after each grading: the same as `make test`'s, stamped."""
     now = datetime.datetime.now().strftime("%H:%M:%S")
-    lines = [f"[{now}] {lesson.id} · {lesson.title}: {result.status}"]
-    if result.state not in ("passing", "failing"):
-        lines += [result.message] if result.message else []
-        return lines
-    summary = result.summary
-    fails = [line for line in grading.check_lines(summary) if line.startswith("  FAIL")]
-    lines += fails[:SCREEN_FAILS]
-    if len(fails) > SCREEN_FAILS:
-        lines.append(f"  ... and {len(fails) - SCREEN_FAILS} more failing checks")
-    first = summary.first_failure()
-    if first is not None:
-        lines += grading.failure_lines(lesson, first)
-    else:
-        lines.append(f"every check passes: make diff L={lesson.id} shows yours beside the reference")
-    if result.seed:
-        lines.append(grading.seed_line(result.seed, lesson.id))
-    return lines
+    return [f"[{now}]"] + result.screen()
 
 
 def _stamp(path: Path):

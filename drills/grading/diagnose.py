@@ -35,3 +35,128 @@ class Mistake:
             value = getattr(self, name)
             if isinstance(value, str):  # a lone string is one pattern, not a tuple of characters
                 object.__setattr__(self, name, (value,))
+
+
+# --- Results as the engine sees them -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One diagnosis: a pitfall of the lesson's explainer (pitfall > 0), or a failure of another kind
+    that no lesson pitfall explains (pitfall == 0; `title` says what)."""
+    pitfall: int
+    title: str
+    evidence: tuple[str, ...]  # one or two lines: which check, and how far off (or where it crashed)
+    consistent: bool  # every condition of the mistake holds (else: the most likely one)
+    mistake: Mistake | None = None
+    kind: str = ""  # for pitfall == 0: "crash", "timeout", "out_of_bounds", "exception", ...
+
+
+def _matches(case_id: str, pattern: str) -> bool:
+    check = case_id.split("[", 1)[0]
+    return fnmatch.fnmatchcase(case_id, pattern) or ("[" not in pattern and fnmatch.fnmatchcase(check, pattern))
+
+
+@dataclass
+class _Score:
+    mistake: Mistake
+    held: int = 0
+    total: int = 0
+    witnesses: list = field(default_factory=list)  # failing cases this mistake explains
+
+
+def score(mistake: Mistake, cases) -> _Score:
+    """How many of the mistake's conditions the results meet. cases: grading.Case-like objects."""
+    s = _Score(mistake)
+    failing = [c for c in cases if c.outcome == "failed"]
+    for pattern in mistake.fails:
+        s.total += 1
+        hits = [c for c in failing if _matches(c.id, pattern)]
+        if hits:
+            s.held += 1
+            s.witnesses += [c for c in hits if c not in s.witnesses]
+    for pattern in mistake.passes:
+        ran = [c for c in cases if c.outcome in ("passed", "failed") and _matches(c.id, pattern)]
+        if not ran:
+            continue  # skipped on this machine: says nothing either way
+        s.total += 1
+        if all(c.outcome == "passed" for c in ran):
+            s.held += 1
+    for regex in mistake.messages:
+        s.total += 1
+        hits = [c for c in failing if re.search(regex, c.message or "")]
+        if hits:
+            s.held += 1
+            s.witnesses += [c for c in hits if c not in s.witnesses]
+    return s
+
+
+# Failures that say what happened whatever the lesson: the harness's own messages (remote.py).
+GENERIC = (
+    ("crash", r"ended the process that runs it", "your code crashed the process that runs it"),
+    ("timeout", r"did not return within", "your code did not finish (a loop that never ends?)"),
+    ("not_from_kernel", r"did not come from your kernel|without launching a Triton kernel of your file",
+     "the output did not come from your kernel"),
+    ("out_of_bounds", r"out of bounds (load|store|atomic)", "a load or store outside the tensors"),
+    ("write_race", r"write race", "programs overwrite each other's output (a write race)"),
+    ("exception", r"your code raised|raised in your code|^\w*Error: ", "your code raised an exception"),
+)
+
+
+def generic_kind(message: str) -> tuple[str, str] | None:
+    for kind, regex, title in GENERIC:
+        if re.search(regex, message or "", re.M):
+            return kind, title
+    return None
+
+
+def diagnose(cases, mistakes, titles: dict[int, str] | None = None, limit: int = 2) -> list[Finding]:
+    """The most likely mistakes, best first (at most `limit`); [] when nothing failed.
+
+    titles: pitfall number -> its title in the explainer (for the Finding's title)."""
+    titles = titles or {}
+    failing = [c for c in cases if c.outcome == "failed"]
+    if not failing:
+        return []
+    scored = [score(m, cases) for m in mistakes]
+    scored = [s for s in scored if s.total > 0]
+    consistent = [s for s in scored if s.held == s.total]
+    # The most specific consistent mistake first; ties go to the one explaining more failures, then
+    # to the order of the lesson's list.
+    consistent.sort(key=lambda s: (-s.total, -len(s.witnesses), mistakes.index(s.mistake)))
+    findings, named = [], set()
+    for s in consistent:
+        if s.mistake.pitfall in named:
+            continue
+        named.add(s.mistake.pitfall)
+        findings.append(_finding(s, True, titles))
+    if findings:
+        return findings[:limit]
+    # Nothing fully consistent. A failure the harness names (crash, timeout, out of bounds...) is
+    # reported as what it is; otherwise the mistake with the largest share of its conditions holding.
+    first = failing[0]
+    generic = generic_kind(first.message)
+    partial = [s for s in scored if s.held > 0 and s.witnesses]
+    partial.sort(key=lambda s: (-s.held / s.total, -s.held, mistakes.index(s.mistake)))
+    if generic is not None:
+        kind, title = generic
+        findings.append(Finding(0, title, _evidence(first), False, None, kind))
+    for s in partial:
+        if s.mistake.pitfall not in named:
+            named.add(s.mistake.pitfall)
+            findings.append(_finding(s, False, titles))
+    if not findings:
+        findings.append(Finding(0, "", _evidence(first), False, None, "unexplained"))
+    return findings[:limit]
+
+
+def _finding(s: _Score, consistent: bool, titles: dict[int, str]) -> Finding:
+    witness = s.witnesses[0] if s.witnesses else None
+    evidence = _evidence(witness) if witness is not None else ()
+    return Finding(s.mistake.pitfall, titles.get(s.mistake.pitfall, ""), evidence, consistent, s.mistake)
+
+
+def _evidence(case) -> tuple[str, ...]:
+    lines = [line.strip() for line in (case.message or "").splitlines() if line.strip()]
+    head = f"{case.id} failed"
+    return (head,) + tuple(lines[:2])

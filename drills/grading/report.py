@@ -137,6 +137,47 @@ def failure_lines(lesson: Lesson, case: Case) -> list[str]:
             + [f"  reread {explainer.where_taught(lesson, case.check)}"])
 
 
+# What to do about a failure that no pitfall of the lesson explains, by the kind the grader reported.
+GENERIC_TODO = {
+    "not_from_kernel": "compute the result inside your @triton.jit kernel and launch it from the function "
+                       "graded; torch may allocate and check, not compute",
+    "crash": "the line that crashed is not known: look for a tl.load or tl.store without a mask, or a pointer "
+             "built from an index that can run past the tensor",
+    "timeout": "look for a loop whose bound or step never lets it end",
+}
+
+
+def finding_lines(lesson: Lesson, findings: list[dict], cases: list[Case]) -> list[str]:
+    """The diagnosis: the most likely mistake, its evidence, what to reread; a second one if possible."""
+    if not findings:
+        first = summarize(cases).first_failure()
+        return failure_lines(lesson, first) if first is not None else []
+    lines = []
+    for i, f in enumerate(findings):
+        lead = "likely mistake" if i == 0 else "or else"
+        if f["pitfall"]:
+            what = f'pitfall {f["pitfall"]}' + (f' "{f["title"]}"' if f["title"] else "")
+            sure = "" if f["consistent"] else " (the closest match to what failed)"
+            lines.append(f"{lead}: {what}{sure}")
+        else:
+            lines.append(f"{lead}: {f['title'] or 'a check failed that no pitfall of this lesson explains'}")
+        if i == 0:
+            lines += [clip("  " + e, 240) for e in f["evidence"][:3]]
+        where = explainer.where_pitfall(lesson, f["pitfall"]) if f["pitfall"] else None
+        todo = GENERIC_TODO.get(f.get("kind", "")) if not f["pitfall"] else None
+        if todo:
+            lines.append(f"  {todo}")
+            continue
+        if where is None and f["evidence"]:
+            check = f["evidence"][0].split(" ", 1)[0].split("[", 1)[0]
+            where = explainer.where_taught(lesson, check)
+        if where:
+            lines.append(f"  reread {where}")
+    if findings[0]["pitfall"]:
+        lines.append(f"stuck? make hint L={lesson.id} asks a question that leads to it")
+    return lines
+
+
 def seed_line(seed: int, lesson_id: str | None = None) -> str:
     command = f"SEED=1 make test L={lesson_id}" if lesson_id else "SEED=1 make test L=..."
     if seed == 0:
@@ -144,17 +185,19 @@ def seed_line(seed: int, lesson_id: str | None = None) -> str:
     return f"seed {seed}, from SEED; without it the default cases (seed 0) are graded"
 
 
-def render(lesson: Lesson, cases: list[Case], graded: str, seed: int, detailed: bool = True) -> list[str]:
-    """The summary of one lesson: every check when detailed, else one line; then the first failure."""
+def render(lesson: Lesson, cases: list[Case], graded: str, seed: int, detailed: bool = True,
+           findings: list[dict] | None = None) -> list[str]:
+    """The summary of one lesson: every check when detailed, else one line; then the diagnosis."""
     summary = summarize(cases)
     lines = []
     if detailed:
         lines.append(f"== {lesson.id} · {lesson.title}: {graded} ==")
         lines += check_lines(summary)
     lines.append(f"{lesson.id}: {summary.status_line()}" + ("" if detailed else f"  [{graded}]"))
-    first = summary.first_failure()
-    if first is not None:
-        lines += failure_lines(lesson, first)
+    if summary.first_failure() is not None:
+        lines += finding_lines(lesson, findings or [], cases)
+    elif detailed and summary.passed:
+        lines.append(f"every check passes: make diff L={lesson.id} shows yours beside the reference")
     if detailed:
         lines.append(seed_line(seed, lesson.id))
     return lines
@@ -163,18 +206,32 @@ def render(lesson: Lesson, cases: list[Case], graded: str, seed: int, detailed: 
 # --- The report a grading run writes for the learner tools (pytest --drills-report=PATH) ----------
 
 
+# The report's keys, written by the grader (drills/tests/conftest.py) and read by the learner tools.
+REPORT_SEED, REPORT_EXIT, REPORT_LESSONS = "seed", "exitstatus", "lessons"
+CASES, FINDINGS, NOT_STARTED, IMPORT_ERROR = "cases", "findings", "not_started", "import_error"
+
+
 def write_report(path: str | Path, lessons: dict[str, dict], seed: int, exitstatus: int) -> None:
-    """lessons: stem -> {"cases": [Case, ...], "not_started": str | None, "import_error": str | None}."""
-    data = {"seed": seed, "exitstatus": int(exitstatus), "lessons": {
-        stem: {**info, "cases": [asdict(c) for c in info.get("cases", [])]} for stem, info in lessons.items()}}
+    """lessons: stem -> {CASES: [Case, ...], FINDINGS: [dict], NOT_STARTED: str | None, IMPORT_ERROR: str | None}."""
+    data = {REPORT_SEED: seed, REPORT_EXIT: int(exitstatus), REPORT_LESSONS: {
+        stem: {**info, CASES: [asdict(c) for c in info.get(CASES, [])]} for stem, info in lessons.items()}}
     Path(path).write_text(json.dumps(data, indent=1) + "\n")
 
 
 def read_report(path: str | Path) -> dict:
     data = json.loads(Path(path).read_text())
-    for info in data["lessons"].values():
-        info["cases"] = [Case(**c) for c in info["cases"]]
+    for info in data[REPORT_LESSONS].values():
+        info[CASES] = [Case(**c) for c in info.get(CASES, [])]
+        info.setdefault(FINDINGS, [])
     return data
+
+
+def finding_dict(finding) -> dict:
+    """A diagnose.Finding as the report stores it."""
+    m = finding.mistake
+    return {"pitfall": finding.pitfall, "title": finding.title, "evidence": list(finding.evidence),
+            "consistent": finding.consistent, "kind": finding.kind,
+            "question": m.question if m else "", "section": m.section if m else ""}
 
 
 def relative(path: str | Path) -> str:

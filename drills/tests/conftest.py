@@ -12,6 +12,7 @@ import pytest
 import drills.runtime
 from drills import grading
 from drills.lessons import LESSONS, by_stem
+from drills.grading.run import NOT_STARTED_EXIT
 from drills.tests import base_seed
 
 
@@ -27,7 +28,8 @@ def pytest_addoption(parser):
 LOADED = pytest.StashKey[dict]()  # stem -> LearnerProcess
 NOT_STARTED = pytest.StashKey[list]()
 IMPORT_ERRORS = pytest.StashKey[list]()
-RESULTS = pytest.StashKey[dict]()  # stem -> {case id: grading.Case}, in the order the cases ran
+RESULTS = pytest.StashKey[dict]()
+FINDINGS = pytest.StashKey[dict]()  # stem -> the diagnosis, as the report stores it  # stem -> {case id: grading.Case}, in the order the cases ran
 # NOT_STARTED and IMPORT_ERRORS hold (stem, the one line to print) pairs
 LESSON_STEMS = {lesson.stem for lesson in LESSONS}
 
@@ -137,6 +139,29 @@ def pytest_configure(config):
     config.pluginmanager.register(Recorder(config), "drills-grading-recorder")
 
 
+def findings_for(session, stem: str, cases: list) -> list[dict]:
+    """The diagnosis of one lesson's results: its grader's MISTAKES against the pattern of failures."""
+    from drills import explainer
+    from drills.grading import diagnose
+
+    mistakes = []
+    for item in session.items:
+        if _stem(item.path) == stem:
+            mistakes = list(getattr(item.module, "MISTAKES", []))
+            break
+    lesson = by_stem(stem)
+    titles = {p.number: p.title for p in explainer.pitfalls(lesson)}
+    return [grading.finding_dict(f) for f in diagnose.diagnose(cases, mistakes, titles)]
+
+
+def _findings(session) -> dict:
+    config = session.config
+    if FINDINGS not in config.stash:
+        config.stash[FINDINGS] = {stem: findings_for(session, stem, list(cases.values()))
+                                  for stem, cases in config.stash.get(RESULTS, {}).items()}
+    return config.stash[FINDINGS]
+
+
 def pytest_sessionfinish(session, exitstatus):
     config = session.config
     for process in config.stash.get(LOADED, {}).values():
@@ -145,14 +170,24 @@ def pytest_sessionfinish(session, exitstatus):
     if errors:
         session.exitstatus = 1  # the file under test does not import: it does not pass
     elif not_started:
-        session.exitstatus = 10  # non-zero, and unlike pytest's own codes: an untouched lesson does not pass
+        session.exitstatus = NOT_STARTED_EXIT  # non-zero, and unlike pytest's own codes
     path = config.getoption("--drills-report")
     if path:
-        lessons = {stem: {"cases": list(cases.values())} for stem, cases in config.stash.get(RESULTS, {}).items()}
-        for key, found in (("not_started", not_started), ("import_error", errors)):
+        findings = _findings(session)
+        lessons = {stem: {grading.CASES: list(cases.values()), grading.FINDINGS: findings.get(stem, [])}
+                   for stem, cases in config.stash.get(RESULTS, {}).items()}
+        for key, found in ((grading.NOT_STARTED, not_started), (grading.IMPORT_ERROR, errors)):
             for stem, line in found:
-                lessons.setdefault(stem, {"cases": []})[key] = line
+                lessons.setdefault(stem, {grading.CASES: []})[key] = line
         grading.write_report(path, lessons, base_seed(), session.exitstatus)
+
+
+def pytest_report_teststatus(report, config):
+    """No progress dots unless asked (-v): the grading summary is the one screen a learner reads."""
+    if config.getoption("verbose") <= 0 and _stem(report.nodeid.split("::", 1)[0]) is not None:
+        if report.when == "call" or report.skipped or report.failed:
+            return report.outcome, "", ""
+    return None
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
@@ -163,12 +198,14 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     results = {stem: cases for stem, cases in config.stash.get(RESULTS, {}).items() if cases}
     if not results:
         return
+    findings = _findings(terminalreporter._session)
     detailed = len(results) == 1
     terminalreporter.write_line("")
     for stem, cases in results.items():
         lesson = by_stem(stem)
-        for line in grading.render(lesson, list(cases.values()), _graded_path(config, stem), base_seed(), detailed):
-            terminalreporter.write_line(line, red=line.startswith(("  FAIL", "first failure")),
+        for line in grading.render(lesson, list(cases.values()), _graded_path(config, stem), base_seed(), detailed,
+                                   findings.get(stem)):
+            terminalreporter.write_line(line, red=line.startswith(("  FAIL", "likely mistake")),
                                         bold=line.startswith(f"{lesson.id}: "))
     if not detailed:
         terminalreporter.write_line(grading.seed_line(base_seed()))

@@ -106,14 +106,18 @@ def record_launches(impl):
 
 
 def assert_runs_a_triton_kernel(impl, call, what: str) -> None:
-    """call() must launch at least one @triton.jit kernel defined in the module under test (impl)."""
-    with record_launches(impl) as launches:
+    """call() must compute its result with a @triton.jit kernel of the file under test (impl): it must
+    launch one defined in that file, and when the learner's code runs in its own process, running the
+    same call with every Triton launch turned into a no-op must change the result (else the numbers came
+    from torch, or from a copy, and the kernel only ran for show)."""
+    calling = getattr(impl, "_drills_calling", None)
+    with record_launches(impl) as launches, (calling(provenance=True) if calling else contextlib.nullcontext()):
         call()
     if launches.from_module(impl.__name__):
         return
     others = sorted({f"{module}.{name}" for module, name in launches.kernels})
     elsewhere = f" (it launched only kernels from other files: {', '.join(others)})" if others else ""
     raise AssertionError(
-        f"{what} returned without launching a Triton kernel of your file{elsewhere}: right numbers "
-        "computed with torch (a fallback, or a copy of the grader's oracle) do not count; launch your "
-        "@triton.jit kernel from the launcher")
+        f"the output did not come from your kernel: {what} returned without launching a Triton kernel of your "
+        f"file{elsewhere}; right numbers computed with torch (a fallback, or a copy of the grader's oracle) "
+        "do not count: launch your @triton.jit kernel from the launcher")

@@ -1,0 +1,132 @@
+"""Running a lesson's grader on a file: the one place that builds the pytest command, knows the
+not-started exit status, and turns what happened into a `Grade` (read from the report the grader
+writes, never from its printed output).
+
+The grader runs as `python -m pytest drills/tests/test_<stem>.py --impl...` in a child process with a
+time limit; inside it, the learner's code runs in a process of its own (drills/grading/remote.py).
+A missing or partial report is a result too ("grader error"), never a crash of the caller.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from drills.grading import report
+from drills.lessons import ROOT, Lesson
+
+NOT_STARTED_EXIT = 10  # `make test` on an untouched stub: non-zero, unlike any pytest exit status
+LESSON_TIMEOUT_ENV = "DRILLS_LESSON_TIMEOUT"
+LESSON_TIMEOUT_S = 900  # a whole lesson's grading; one call has its own limit (remote.call_timeout)
+VERBOSE_ENV = "VERBOSE"
+
+
+def verbose_requested() -> bool:
+    return os.environ.get(VERBOSE_ENV, "").strip() not in ("", "0", "no", "false")
+
+
+def pytest_args(tests: list[str | Path], impl: str = "mine", impl_file: str | Path | None = None,
+                report_path: str | Path | None = None, verbose: bool = False, extra: list[str] = ()) -> list[str]:
+    """The arguments after `python -m pytest`: one screen by default, pytest's own output with verbose."""
+    args = [str(t) for t in tests]
+    args.append(f"--impl-file={impl_file}" if impl_file else f"--impl={impl}")
+    args += ["-p", "no:cacheprovider"]
+    args += ["-v", "-rs", "--tb=short"] if verbose else ["-q", "--tb=no", "--no-header", "-rN"]
+    if report_path:
+        args.append(f"--drills-report={report_path}")
+    return args + list(extra)
+
+
+@dataclass
+class Grade:
+    lesson: Lesson
+    state: str  # "not started", "passing", "failing", "does not import", "timed out", "grader error", "missing"
+    cases: list = field(default_factory=list)  # report.Case
+    message: str = ""  # the not-started or import-error line, or what went wrong with the grader
+    seed: int = 0
+    findings: list = field(default_factory=list)  # report.finding_dict entries, best first
+    graded: str = ""  # the file graded, relative to the repository
+
+    @property
+    def summary(self) -> report.Summary:
+        return report.summarize(self.cases)
+
+    @property
+    def passed(self) -> bool:
+        return self.state == "passing"
+
+    @property
+    def status(self) -> str:
+        """One phrase for make progress: not started, k of n checks passing, passing, ..."""
+        if self.state in ("passing", "failing"):
+            if self.passed:
+                return "passing"
+            text = f"{self.summary.passing} of {self.summary.total} checks passing"
+            top = self.findings[0] if self.findings else None
+            if top and top.get("pitfall"):
+                text += f" (likely pitfall {top['pitfall']}: {top.get('title')})"
+            elif top and top.get("title"):
+                text += f" ({top['title']})"
+            return text
+        return self.state
+
+    def screen(self) -> list[str]:
+        """The one screen `make test`, `make watch` and `make hint` print."""
+        if self.state in ("passing", "failing"):
+            return report.render(self.lesson, self.cases, self.graded, self.seed, True, self.findings)
+        return [f"== {self.lesson.id} · {self.lesson.title}: {self.graded} ==", f"{self.lesson.id}: {self.state}"] + \
+            ([self.message] if self.message else [])
+
+
+def lesson_timeout() -> float:
+    try:
+        return float(os.environ.get(LESSON_TIMEOUT_ENV, "") or LESSON_TIMEOUT_S)
+    except ValueError:
+        return LESSON_TIMEOUT_S
+
+
+def grade(lesson: Lesson, file: str | Path | None = None, impl: str = "mine", timeout: float | None = None,
+          extra: list[str] = ()) -> Grade:
+    """Grade one lesson in a child process and read its report. file: a learner file elsewhere than
+    drills/mine (make progress with DRILLS_MINE_DIR, make mutants); impl: "mine" or "solutions"."""
+    graded = report.relative(file) if file else f"drills/{impl}/{lesson.stem}.py"
+    if file is not None and not Path(file).exists():
+        return Grade(lesson, "missing", message=f"{graded} does not exist: make reset L={lesson.id} restores the stub",
+                     graded=graded)
+    timeout = lesson_timeout() if timeout is None else timeout
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "report.json"
+        cmd = [sys.executable, "-m", "pytest", *pytest_args([lesson.tests], impl, file, path, extra=extra)]
+        try:
+            proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return Grade(lesson, "timed out", graded=graded,
+                         message=f"grading took more than {timeout:.0f} s in all (the limit is {LESSON_TIMEOUT_ENV})")
+        if not path.exists():
+            tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-12:])
+            return Grade(lesson, "grader error", graded=graded,
+                         message=f"the grader stopped without a report (exit {proc.returncode}):\n{tail}")
+        data = report.read_report(path)
+    info = data[report.REPORT_LESSONS].get(lesson.stem, {report.CASES: []})
+    seed = data[report.REPORT_SEED]
+    if info.get(report.IMPORT_ERROR):
+        return Grade(lesson, "does not import", message=info[report.IMPORT_ERROR], seed=seed, graded=graded)
+    if info.get(report.NOT_STARTED):
+        return Grade(lesson, "not started", message=info[report.NOT_STARTED], seed=seed, graded=graded)
+    cases = info[report.CASES]
+    passed = report.summarize(cases).passed and data[report.REPORT_EXIT] == 0
+    return Grade(lesson, "passing" if passed else "failing", cases, seed=seed,
+                 findings=info.get(report.FINDINGS, []), graded=graded)
+
+
+def run_pytest_here(tests: list[str | Path], impl: str = "mine", verbose: bool = False, extra: list[str] = ()) -> int:
+    """pytest in this process (make check, make test V=1): its output streams as it runs."""
+    import pytest
+
+    import drills.runtime
+
+    print(drills.runtime.current().banner, flush=True)
+    return pytest.main(pytest_args(tests, impl, verbose=verbose, extra=list(extra)))
