@@ -55,6 +55,12 @@ def payload_of(storage: torch.UntypedStorage):
     return ("bytes", as_bytes_view(storage).numpy().tobytes())
 
 
+def _backed_by_file(storage) -> bool:
+    from drills.tests.bigmem import backing_file
+
+    return backing_file(storage) is not None
+
+
 class Storages:
     """What one side knows of the storages the two sides have exchanged."""
 
@@ -88,8 +94,11 @@ class Storages:
 
             storage = rebuild_cuda_tensor(*payload[1]).untyped_storage()
         else:
+            from drills.tests.bigmem import register
+
             _, path, nbytes = payload
             storage = torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8).untyped_storage()
+            register(storage, path, nbytes)
         self.received[key] = storage
         ptr = storage.data_ptr()
         self.key_of[ptr] = key
@@ -127,7 +136,10 @@ class _Encoder(pickle.Pickler):
             if theirs is not None and self.known.received.get(theirs) is not storage:
                 theirs = None  # a stale entry: that address now holds another storage
             if ptr not in self.payloads:
-                self.payloads[ptr] = payload_of(storage)
+                # A storage the other side sent us goes back by reference alone when the memory is
+                # shared (CUDA, sparse files); a private copy's bytes travel too, in case theirs is gone.
+                shared = storage.device.type != "cpu" or _backed_by_file(storage)
+                self.payloads[ptr] = None if (theirs is not None and shared) else payload_of(storage)
                 self.known.own[ptr] = storage
             return ("T", theirs, ptr, obj.dtype, tuple(obj.shape), tuple(obj.stride()), obj.storage_offset())
         return self.handle(obj)

@@ -53,6 +53,13 @@ def sparse_empty(shape, dtype: torch.dtype, device: str = "cpu") -> torch.Tensor
     return flat.view(shape)
 
 
+def register(storage: torch.UntypedStorage, path: str, nbytes: int) -> None:
+    """Record that `storage` maps `path` (the learner's process maps the grader's sparse files)."""
+    ptr = storage.data_ptr()
+    _FILES[ptr] = (path, nbytes)
+    weakref.finalize(storage, _FILES.pop, ptr, None)
+
+
 def backing_file(storage: torch.UntypedStorage) -> tuple[str, int] | None:
     """(path, nbytes) when `storage` came from sparse_empty, else None."""
     return _FILES.get(storage.data_ptr())
