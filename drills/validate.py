@@ -2,6 +2,9 @@
 argument, before anything is launched. Lessons that read the same layouts (L2, F1) share one check."""
 from __future__ import annotations
 
+import math
+import numbers
+
 import torch
 
 import drills.runtime
@@ -42,6 +45,76 @@ def last_dim_contiguous(**tensors: torch.Tensor) -> None:
             raise ValueError(f"{name} must be contiguous in its last dimension, got strides {tuple(t.stride())}")
 
 
+def contiguous(**tensors: torch.Tensor) -> None:
+    # For tensors a kernel reads as flat arrays (ptr + i): a strided view would be read at the wrong places.
+    for name, t in tensors.items():
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous, got strides {tuple(t.stride())} for shape "
+                             f"{tuple(t.shape)}: pass {name}.contiguous()")
+
+
+def positive_int(name: str, value) -> int:
+    """An int >= 1 (a bool or a float is a TypeError, even 2.0: a length or a count is never fractional)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")
+    return int(value)
+
+
+def finite_positive(name: str, value) -> float:
+    """A Python number, finite and > 0 (a softmax scale: NaN, inf, 0 or a negative one is never meant)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a Python float, got {type(value).__name__}")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    return float(value)
+
+
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    """[first byte, one past the last byte] of the elements t reaches."""
+    last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
+    return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
+
+
+def _index_difference_exists(delta: int, dims: list[tuple[int, int]]) -> bool:
+    """Whether some d with |d_k| < size_k gives sum(d_k * stride_k) == delta; dims = [(stride, size)] by
+    decreasing stride. In a layout without self-overlap each stride exceeds what the smaller ones reach,
+    so at most two d_k fit at each level; anything wider is answered True (assume they overlap)."""
+    if not dims:
+        return delta == 0
+    (stride, size), rest = dims[0], dims[1:]
+    reach = sum((n - 1) * s for s, n in rest)
+    lo, hi = max(-(size - 1), -((reach - delta) // stride)), min(size - 1, (delta + reach) // stride)
+    if hi - lo > 1:
+        return True
+    return any(_index_difference_exists(delta - d * stride, rest) for d in range(lo, hi + 1))
+
+
+def shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether some element of a is also an element of b. Exact for two views with one layout (K and V
+    halves of one pool interleave without sharing), conservative otherwise (overlapping byte ranges)."""
+    if a.numel() == 0 or b.numel() == 0:
+        return False
+    (a_lo, a_hi), (b_lo, b_hi) = _span(a), _span(b)
+    if a_hi <= b_lo or b_hi <= a_lo:
+        return False
+    if a.dtype != b.dtype or a.shape != b.shape or a.stride() != b.stride():
+        return True
+    delta, misaligned = divmod(b.data_ptr() - a.data_ptr(), a.element_size())
+    if misaligned:
+        return True
+    dims = sorted(((s, n) for n, s in zip(a.shape, a.stride()) if n > 1 and s > 0), reverse=True)
+    return _index_difference_exists(delta, dims)
+
+
+def disjoint(name_a: str, a: torch.Tensor, name_b: str, b: torch.Tensor) -> None:
+    if a is b or shares_memory(a, b):
+        same = "is" if a is b else "shares memory with"
+        raise ValueError(f"{name_b} {same} {name_a}: pass two separate tensors (views of one pool are fine "
+                         "when they share no element)")
+
+
 def paged_decode_inputs(q, k_cache, v_cache, block_tables, context_lens, scale=None, out=None, min_page=16,
                         max_page=None):
     """Checks for a decode step over a paged KV cache (L2, F1). Returns (B, Hq, Hkv, D, PAGE).
@@ -78,19 +151,74 @@ def paged_decode_inputs(q, k_cache, v_cache, block_tables, context_lens, scale=N
     if out is not None and out.shape != q.shape:
         raise ValueError(f"out must have q's shape {tuple(q.shape)}, got {tuple(out.shape)}")
     last_dim_contiguous(**{n: named[n] for n in ("q", "k_cache", "v_cache", "out") if n in named})
-    if block_tables.shape[0] != B or block_tables.stride(1) != 1:
-        raise ValueError(f"block_tables must be [B={B}, max_pages] with contiguous rows, got {tuple(block_tables.shape)}")
+    if block_tables.shape[0] != B:
+        raise ValueError(f"block_tables must be [B={B}, max_pages], got {tuple(block_tables.shape)}")
+    # Kernels read entry p of a row at row + p (rows may be strided: a slice of a wider table is fine).
+    if block_tables.shape[1] > 1 and block_tables.stride(1) != 1:
+        raise ValueError(f"block_tables must have contiguous rows (stride 1 along max_pages), got strides "
+                         f"{tuple(block_tables.stride())}: pass block_tables.contiguous()")
     if context_lens.shape[0] != B:
         raise ValueError(f"context_lens must have B = {B} entries, got {context_lens.shape[0]}")
-    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
-        raise TypeError(f"scale must be a Python float, got {type(scale).__name__}")
+    contiguous(context_lens=context_lens)  # kernels read context_lens[b] at context_lens_ptr + b
+    disjoint("k_cache", k_cache, "v_cache", v_cache)
+    if out is not None:
+        disjoint("k_cache", k_cache, "out", out)
+        disjoint("v_cache", v_cache, "out", out)
+    if scale is not None:
+        finite_positive("scale", scale)
 
-    # The value check costs one host sync; benchmarks time the bare launch so it stays out of kernel time.
+    # The value checks cost two host syncs; benchmarks time the bare launch so they stay out of kernel time.
     max_len = block_tables.shape[1] * PAGE
     for i, n in enumerate(context_lens.tolist()):
         if not 1 <= n <= max_len:
             raise ValueError(f"context_lens[{i}] = {n} is outside [1, max_pages * PAGE = {max_len}]")
+    live_block_ids(block_tables, context_lens, PAGE, k_cache.shape[0])
     return B, Hq, Hkv, D, PAGE
+
+
+def live_block_ids(block_tables: torch.Tensor, context_lens: torch.Tensor, PAGE: int, num_blocks: int) -> None:
+    """Every block id a kernel reads, block_tables[b, :cdiv(context_lens[b], PAGE)], lies in [0, num_blocks);
+    entries past a sequence's last page are never read and may hold anything."""
+    pages = (context_lens.long() + PAGE - 1) // PAGE  # [B]
+    live = torch.arange(block_tables.shape[1], device=block_tables.device)[None, :] < pages[:, None]
+    bad = live & ((block_tables < 0) | (block_tables >= num_blocks))  # [B, max_pages]
+    if bad.any():
+        b, p = bad.nonzero()[0].tolist()
+        raise ValueError(f"block_tables[{b}, {p}] = {int(block_tables[b, p])} is outside the pool [0, num_blocks = "
+                         f"{num_blocks}): page {p} of sequence {b} is read (context_lens[{b}] = "
+                         f"{int(context_lens[b])}, PAGE = {PAGE})")
+
+
+def decode_plan_args(context_lens, num_kv_heads, page_size, num_sms=None, num_splits=None,
+                     max_page=128) -> list[int]:
+    """Checks for a split-KV planner's arguments (F1's plan()). Returns the lengths as a list of ints.
+
+    context_lens a non-empty list of ints or a 1-D integer tensor, every length >= 1; num_kv_heads,
+    num_sms (None or) and num_splits (None or) ints >= 1; page_size a power of two from 1 to max_page.
+    """
+    if isinstance(context_lens, torch.Tensor):
+        if context_lens.dim() != 1 or context_lens.dtype.is_floating_point or context_lens.dtype.is_complex \
+                or context_lens.dtype == torch.bool:
+            raise TypeError(f"context_lens must be a 1-D integer tensor, got {str(context_lens.dtype).replace('torch.', '')} "
+                            f"of shape {tuple(context_lens.shape)}")
+        lens = context_lens.tolist()
+    elif isinstance(context_lens, (list, tuple)):
+        lens = list(context_lens)
+    else:
+        raise TypeError(f"context_lens must be a list of ints or a 1-D integer tensor, got {type(context_lens).__name__}")
+    if not lens:
+        raise ValueError("context_lens must be a non-empty list of lengths >= 1")
+    lens = [positive_int(f"context_lens[{i}]", n) for i, n in enumerate(lens)]
+    positive_int("num_kv_heads", num_kv_heads)
+    if isinstance(page_size, bool) or not isinstance(page_size, numbers.Integral):
+        raise TypeError(f"page_size must be an int, got {type(page_size).__name__} {page_size!r}")
+    if not (is_pow2(page_size) and page_size <= max_page):
+        raise ValueError(f"page_size must be a power of two from 1 to {max_page}, got {page_size!r}")
+    if num_sms is not None:
+        positive_int("num_sms", num_sms)
+    if num_splits is not None:
+        positive_int("num_splits", num_splits)
+    return lens
 
 
 def offsets_fit_int32(**tensors: torch.Tensor) -> None:

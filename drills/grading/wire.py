@@ -166,8 +166,16 @@ class _Decoder(pickle.Unpickler):
         return t.set_(storage, offset, shape, stride)
 
 
+def settle() -> None:
+    """Wait for this process's GPU work: the other process reads the same memory as soon as it gets
+    the message, and CUDA runs kernels asynchronously."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
 def dumps(obj, known: Storages, handle) -> bytes:
     """Pickle obj. handle(obj) returns a persistent id for what travels by handle, else None."""
+    settle()
     body = io.BytesIO()
     enc = _Encoder(body, known, handle)
     enc.dump(obj)

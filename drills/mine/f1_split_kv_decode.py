@@ -34,17 +34,18 @@ class DecodePlan:
 def plan(context_lens, num_kv_heads, page_size, num_sms=None, num_splits=None) -> DecodePlan:
     """Choose how many chunks each sequence's KV is cut into (host side, before the step).
 
-    context_lens  [B] ints (list or tensor); num_kv_heads Hkv; page_size PAGE
-    num_sms       SMs to fill, default the current GPU's (132, an H200's, without a GPU)
-    num_splits    force a split count (teaching and tests); otherwise split only when B * Hkv programs
+    context_lens  [B] ints >= 1 (a list, or a 1-D integer tensor); num_kv_heads Hkv, an int >= 1;
+                  page_size PAGE, a power of two from 1 to 128
+    num_sms       SMs to fill (an int >= 1), default the current GPU's (132, an H200's, without a GPU)
+    num_splits    force a split count (an int >= 1; teaching and tests); otherwise split only when B * Hkv programs
                   cannot fill the GPU (about 4 programs per SM), in chunks of at least 64 tokens
 
     Chunks are whole tiles of BLOCK_N tokens, so the plan's num_splits is the nearest count that gives
     every split of the longest sequence at least one token (never more than asked for).
     """
     raise NotImplementedError("f1 is not started: fill in plan() and the kernels in drills/mine/f1_split_kv_decode.py, then delete this line (read drills/content/f1_split_kv_decode.md)")
-    # TODO(section 4 "Planning"): lengths from context_lens; validate num_kv_heads, page_size, num_splits
-    # (ValueError naming each); when num_splits is None, split only when B * Hkv programs cannot fill
+    lens = validate.decode_plan_args(context_lens, num_kv_heads, page_size, num_sms, num_splits)  # [B] ints >= 1
+    # TODO(section 4 "Planning"): when num_splits is None, split only when B * Hkv programs cannot fill
     # num_sms SMs (about 4 programs per SM), with chunks of at least MIN_CHUNK tokens; clamp to the number of
     # BLOCK_N tiles of the longest sequence; chunk = whole tiles; return DecodePlan(num_splits, chunk, max_len).
 
@@ -126,6 +127,7 @@ def merge_states(o_a, lse_a, o_b, lse_b):
 
     o_a, o_b      [..., D] normalised partial outputs (same shape and dtype)
     lse_a, lse_b  [...] float32 log-sum-exp of each part's scaled scores, natural log; -inf = empty
+    Any of the four may be a strided view: the kernel reads contiguous copies.
     Returns (o [..., D] in o_a's dtype, lse [...] float32).
     """
     raise NotImplementedError("f1 is not started: fill in plan() and the kernels in drills/mine/f1_split_kv_decode.py, then delete this line (read drills/content/f1_split_kv_decode.md)")
@@ -203,12 +205,14 @@ def split_kv_decode(q, k_cache, v_cache, block_tables, context_lens, scale=None,
                     return_lse=False):
     """Paged decode attention with split-KV: L2's inputs and result, fast at any batch size.
 
-    q             [B, Hq, D], float16 or bfloat16
-    k_cache       [num_blocks, PAGE, Hkv, D], q's dtype, PAGE a power of two from 1 to 128; v_cache likewise
-    block_tables  [B, max_pages] int32; entries past a sequence's last page are never read
-    context_lens  [B] int32, 1 <= context_lens[b] <= max_pages * PAGE
-    scale         softmax scale, default 1 / sqrt(D)
-    plan          a DecodePlan from plan(); made here from context_lens when None
+    q             [B, Hq, D], float16 or bfloat16 (a strided view is fine)
+    k_cache       [num_blocks, PAGE, Hkv, D], q's dtype, PAGE a power of two from 1 to 128; v_cache likewise.
+                  Strided views are fine (one layer of a bigger pool), but the two must share no element
+    block_tables  [B, max_pages] int32, each row contiguous; ids of the pages a sequence uses in
+                  [0, num_blocks); entries past a sequence's last page are never read
+    context_lens  [B] int32, contiguous, 1 <= context_lens[b] <= max_pages * PAGE
+    scale         softmax scale, a finite number > 0, default 1 / sqrt(D)
+    plan          a DecodePlan from plan() covering these lengths; made here from context_lens when None
     out           optional [B, Hq, D] of q's dtype (a strided view is fine), written in place
     return_lse    also return lse [B, Hq] float32, the natural-log log-sum-exp of each head's scaled scores
 
@@ -221,9 +225,15 @@ def split_kv_decode(q, k_cache, v_cache, block_tables, context_lens, scale=None,
         plan = _make_plan(context_lens, Hkv, PAGE)
     elif not isinstance(plan, DecodePlan):
         raise TypeError(f"plan must be a DecodePlan from plan(), got {type(plan).__name__}")
-    elif plan.max_len < int(context_lens.max()):
-        raise ValueError(f"plan covers contexts up to {plan.max_len} tokens, but context_lens holds "
-                         f"{int(context_lens.max())}: make a new plan for this batch")
+    else:
+        for field in ("num_splits", "chunk", "max_len"):
+            validate.positive_int(f"plan.{field}", getattr(plan, field))
+        if plan.chunk % BLOCK_N or plan.num_splits * plan.chunk < plan.max_len:
+            raise ValueError(f"plan.chunk = {plan.chunk} must be a multiple of BLOCK_N = {BLOCK_N}, and "
+                             f"plan.num_splits = {plan.num_splits} chunks must cover plan.max_len = {plan.max_len}")
+        if plan.max_len < int(context_lens.max()):
+            raise ValueError(f"plan covers contexts up to {plan.max_len} tokens, but context_lens holds "
+                             f"{int(context_lens.max())}: make a new plan for this batch")
     if scale is None:
         scale = 1.0 / math.sqrt(D)
     if out is None:

@@ -169,6 +169,38 @@ def store_kvcache_kernel(
     pass
 
 
+def _check_caches_apart(k_cache, v_cache):
+    """Every element of k_cache and v_cache belongs to one slot of one cache: no two slots of a cache
+    share memory (an expand()ed cache), and V shares none with K (v_cache is k_cache, or a shifted view).
+    Both have one shape and strides, so they share an element exactly when the distance between their
+    first elements is a sum of c_k * stride_k with |c_k| < size_k."""
+    if k_cache.numel() == 0:
+        return
+    dims = sorted((s, n) for s, n in zip(k_cache.stride(), k_cache.shape) if n > 1)  # smallest stride first
+    reach = 0  # the largest offset the dimensions seen so far reach
+    for s, n in dims:
+        if s <= reach:  # two different index tuples can land on one element
+            raise ValueError(f"k_cache and v_cache have strides {tuple(k_cache.stride())} for shape "
+                             f"{tuple(k_cache.shape)}: two slots would share memory (an expand()ed cache?)")
+        reach += (n - 1) * s
+    elt = k_cache.element_size()
+    d, misaligned = divmod(v_cache.data_ptr() - k_cache.data_ptr(), elt)
+    if misaligned:  # not a whole number of elements apart: apart only if the byte ranges are
+        shared = abs(v_cache.data_ptr() - k_cache.data_ptr()) < (reach + 1) * elt
+    else:
+        # Largest stride first; each stride exceeds what the smaller ones reach, so at most two c_k
+        # leave a remainder those can still cover: a handful of candidates, not a search.
+        rests = [d]
+        for s, n in reversed(dims):
+            reach -= (n - 1) * s  # what the smaller strides reach
+            rests = [r - c * s for r in rests
+                     for c in range(max(1 - n, -((reach - r) // s)), min(n - 1, (r + reach) // s) + 1)]
+        shared = 0 in rests
+    if shared:
+        raise ValueError("v_cache shares memory with k_cache (the same tensor, or overlapping views of one "
+                         "buffer): the V store would overwrite K")
+
+
 def _check_inputs(key, value, k_cache, v_cache, slot_mapping):
     """Section 3.7 "The launcher's checks": shapes, dtypes, and the slot values themselves."""
     validate.tensor("key", key, 3, (torch.float16, torch.bfloat16, torch.float32))
@@ -188,8 +220,12 @@ def _check_inputs(key, value, k_cache, v_cache, slot_mapping):
         raise ValueError(f"v_cache (shape {tuple(v_cache.shape)}, strides {v_cache.stride()}) must have "
                          f"k_cache's shape {tuple(k_cache.shape)} and strides {k_cache.stride()}")
     validate.last_dim_contiguous(key=key, value=value, k_cache=k_cache, v_cache=v_cache)
+    _check_caches_apart(k_cache, v_cache)
     if slot_mapping.shape[0] != N:
         raise ValueError(f"slot_mapping must have one entry per key row, N = {N}, got {slot_mapping.shape[0]}")
+    if N > 1 and slot_mapping.stride(0) != 1:  # the kernel reads entry i at slot_mapping_ptr + i
+        raise ValueError(f"slot_mapping must be contiguous, got stride {slot_mapping.stride(0)} (a view such as "
+                         "wide[::2]?): pass slot_mapping.contiguous()")
 
     # Value checks cost a host sync; the benchmark times _launch without them.
     num_slots = num_blocks * PAGE
@@ -229,10 +265,13 @@ def _launch(key, value, k_cache, v_cache, slot_mapping):
 def store_kvcache(key, value, k_cache, v_cache, slot_mapping):
     """Write each new token's K and V into its slot of the paged cache, in place.
 
-    key, value    [N, Hkv, D] float16, bfloat16 or float32; rows may be strided (a view of a fused qkv)
-    k_cache       [num_blocks, PAGE, Hkv, D] of key's dtype (the layout L2 reads); v_cache likewise,
-                  with k_cache's strides
-    slot_mapping  [N] int64: row i goes to slot s = block * PAGE + offset, that is
+    key, value    [N, Hkv, D] float16, bfloat16 or float32, any strides with the last dimension
+                  contiguous (views of a fused qkv projection, say); value's strides may differ from key's
+    k_cache       [num_blocks, PAGE, Hkv, D] of key's dtype (the layout L2 reads), any strides with the
+                  last dimension contiguous (one layer of a larger pool, K and V pages interleaved, heads
+                  before tokens); v_cache likewise, with k_cache's strides. No element may belong to two
+                  slots, or to both caches.
+    slot_mapping  [N] int64, contiguous: row i goes to slot s = block * PAGE + offset, that is
                   k_cache[s // PAGE, s % PAGE] = key[i]; -1 marks a padding row, which writes nothing.
                   Every other entry must lie in [0, num_blocks * PAGE) and appear once.
 

@@ -82,13 +82,18 @@ def _launch(q, k_cache, v_cache, block_tables, context_lens, scale, out):
 def paged_decode(q, k_cache, v_cache, block_tables, context_lens, scale=None, out=None):
     """Decode attention over a paged KV cache, query heads grouped onto KV heads (GQA).
 
-    q             [B, Hq, D], float16 or bfloat16: one new token per sequence
-    k_cache       [num_blocks, PAGE, Hkv, D], q's dtype; v_cache likewise
-    block_tables  [B, max_pages] int32: logical page p of sequence b is physical block block_tables[b, p];
-                  entries past a sequence's last page are never read
-    context_lens  [B] int32, 1 <= context_lens[b] <= max_pages * PAGE
-    scale         softmax scale, default 1 / sqrt(D)
+    q             [B, Hq, D], float16 or bfloat16: one new token per sequence (a strided view is fine)
+    k_cache       [num_blocks, PAGE, Hkv, D], q's dtype; v_cache likewise. Strided views are fine (one
+                  layer of a bigger pool), but k_cache and v_cache must share no element
+    block_tables  [B, max_pages] int32, each row contiguous (a slice of a wider table is fine): logical
+                  page p of sequence b is physical block block_tables[b, p], in [0, num_blocks) for every
+                  page the sequence uses; entries past a sequence's last page are never read
+    context_lens  [B] int32, contiguous, 1 <= context_lens[b] <= max_pages * PAGE
+    scale         softmax scale, a finite number > 0, default 1 / sqrt(D)
     out           optional [B, Hq, D] of q's dtype (a strided view is fine), written in place
+
+    Every (strided) view is read through its strides; only the last dimension must be contiguous. Bad
+    input raises ValueError or TypeError naming the argument, before anything is launched.
 
     Query head h attends with KV head h // (Hq // Hkv). Returns out [B, Hq, D].
     """

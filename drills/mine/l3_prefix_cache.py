@@ -20,6 +20,22 @@ def _chain_hash(prev_hash, token_ids):
     return hash((prev_hash, token_ids))
 
 
+# Arguments are checked before anything changes: a list seq_id or token id would otherwise fail inside a
+# dict lookup or a hash, with "unhashable type" and, in append, after the token was already added.
+def _check_seq_id(seq_id):
+    try:
+        hash(seq_id)
+    except TypeError:
+        raise TypeError(f"seq_id must be hashable (a str, an int, a tuple), got {type(seq_id).__name__} "
+                        f"{seq_id!r}") from None
+    return seq_id
+
+
+def _check_token_id(name, token_id):
+    if isinstance(token_id, bool) or not isinstance(token_id, int):
+        raise TypeError(f"{name} must be an int token id, got {type(token_id).__name__} {token_id!r}")
+
+
 class BlockManager:
     """Hands out the blocks of a paged KV cache and shares full blocks between sequences with a common prefix.
 
@@ -52,8 +68,9 @@ class BlockManager:
         Returns the block table as a new list: block i holds tokens [i * block_size, (i + 1) * block_size).
         Raises ValueError, changing nothing, when the free blocks do not suffice.
         """
-        # TODO(section 3.1 "The state"): reject a duplicate seq_id (ValueError naming it), token_ids that
-        # is not a list or tuple (TypeError) or is empty (ValueError).
+        # TODO(section 3.1 "The state"): reject a seq_id that is not hashable (_check_seq_id) or already
+        # allocated (ValueError naming it), token_ids that is not a list or tuple (TypeError) or is empty
+        # (ValueError), and any token id that is not an int (_check_token_id(f"token_ids[{i}]", ...)).
 
         # TODO(section 3.2 "Keys: chained, full blocks only"): cut the prompt into chunks of block_size
         # (tuples); only the full ones may be looked up and keyed.
@@ -78,7 +95,8 @@ class BlockManager:
         takes the token; when the token fills it, the block is sealed with its key and can be shared.
         Raises ValueError, changing nothing, when a new block is needed and none is free.
         """
-        # TODO(section 3.6 "Append: grow, fill, seal"): unknown seq_id -> KeyError. If the last block is
+        # TODO(section 3.6 "Append: grow, fill, seal"): unknown seq_id -> KeyError, a token_id that is not
+        # an int -> TypeError (_check_token_id), both before anything changes. If the last block is
         # full, take a new block (whose parent is the old last block); add the token to the last block;
         # if that fills it, key it.
         pass
@@ -89,7 +107,8 @@ class BlockManager:
         A block whose count reaches 0 joins the back of the free list; it keeps its KV and its key until
         it is handed out again, so a later request with the same prefix can revive it.
         """
-        # TODO(section 3.7 "Free: tail first"): unknown seq_id -> KeyError. Forget the sequence; walk
+        # TODO(section 3.7 "Free: tail first"): unknown seq_id -> KeyError (every method taking a seq_id
+        # also rejects an unhashable one with _check_seq_id: TypeError). Forget the sequence; walk
         # its table from the last block to the first, dropping each ref count; a block that reaches 0
         # goes to the back of the free list.
         pass

@@ -44,11 +44,20 @@ def softmax_kernel(
     pass
 
 
+def _byte_span(t):
+    """[first byte, one past the last byte] of the memory t's elements lie in (t non-empty)."""
+    last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
+    return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
+
+
 def _launch(x, out, BLOCK=None, num_warps=None):
-    """Launch without checks: the benchmark times this (and tries other settings), softmax adds the checks."""
+    """Launch without the input checks: the benchmark times this (and tries other settings), softmax adds
+    the checks. Only BLOCK is checked here, since only callers of _launch choose it."""
     M, N = x.shape
     if BLOCK is None:
         BLOCK = min(triton.next_power_of_2(N), MAX_BLOCK)
+    elif isinstance(BLOCK, bool) or not isinstance(BLOCK, int) or not validate.is_pow2(BLOCK):
+        raise ValueError(f"BLOCK = {BLOCK!r} must be a power of two: tl.arange(0, BLOCK) needs one")
     if num_warps is None:
         # More threads for longer rows, so each thread holds at most 32 columns.
         num_warps = 4 if BLOCK <= 2048 else 8 if BLOCK <= 8192 else 16
@@ -63,7 +72,8 @@ def softmax(x, out=None):
     """Softmax over the last dimension, computed in fp32, returned in x's dtype.
 
     x    [M, N], float16, bfloat16 or float32; rows may be strided, columns contiguous
-    out  optional [M, N] of x's dtype (a strided view is fine), written in place
+    out  optional [M, N] of x's dtype, rows may be strided, columns contiguous, written in place; it may
+         be x itself, but its rows must not overlap each other or partly overlap x
 
     A row of x that is -inf everywhere gives a row of NaN, as torch.softmax does. Returns out [M, N].
     """
@@ -76,6 +86,17 @@ def softmax(x, out=None):
             raise ValueError(f"out must have x's shape {tuple(x.shape)}, got {tuple(out.shape)}")
     validate.same_device(**named)
     validate.last_dim_contiguous(**named)
+    if out is not None and x.numel() > 0:
+        M, N = x.shape
+        # One program per row writes its row of out: rows that share memory would be written by two programs.
+        if M > 1 and out.stride(0) < N:
+            raise ValueError(f"out's rows overlap: row stride {out.stride(0)} < N = {N} (strides {tuple(out.stride())})")
+        # out may be x itself (each program reads its row before writing it), but a shifted view would make
+        # a program read a row that another program has already overwritten.
+        if (out.data_ptr(), out.stride()) != (x.data_ptr(), x.stride()):
+            (x_start, x_end), (out_start, out_end) = _byte_span(x), _byte_span(out)
+            if out_start < x_end and x_start < out_end:
+                raise ValueError("out overlaps x's memory: it may be x itself or separate memory, not a shifted view")
     if out is None:
         out = torch.empty_like(x)
     if x.numel() == 0:

@@ -1,4 +1,4 @@
-"""L2 mutants: the seed's four pitfalls and the online-softmax mistakes (explainer section 5)."""
+"""L2 mutants: one per pitfall of explainer section 5 (pitfall 9 has two: q's strides and the cache's)."""
 from drills.mutants import Mutant
 
 MUTANTS = [
@@ -10,13 +10,29 @@ MUTANTS = [
            's = tl.where(t_mask[None, :], s, float("-inf"))', "s = s"),
     Mutant("page_index_int32", "4. page index left int32",
            "phys = tl.load(block_tables_ptr + b * stride_bt + p).to(tl.int64)",
-           "phys = tl.load(block_tables_ptr + b * stride_bt + p)", gpu_only=True),
+           "phys = tl.load(block_tables_ptr + b * stride_bt + p)"),
     Mutant("padding_rows_stored", "5. padding rows written back",
            "out.to(out_ptr.dtype.element_ty),\n        mask=g_mask[:, None],", "out.to(out_ptr.dtype.element_ty),"),
     Mutant("rescale_dropped", "6. missing rescale (alpha = 1)",
-           "alpha = tl.exp(m_i - m_new)", "alpha = tl.exp(m_i - m_i)"),
+           "alpha = tl.exp(m_i - m_new)", "alpha = tl.full([GROUP_PAD], 1.0, dtype=tl.float32)"),
     Mutant("no_normalisation", "7. no final normalisation by l",
            "out = acc / l_i[:, None]", "out = acc"),
-    Mutant("scale_missing", "7. scale forgotten",
+    Mutant("scale_missing", "8. scale forgotten",
            "s = tl.dot(q, tl.trans(k)) * scale", "s = tl.dot(q, tl.trans(k))"),
+    Mutant("q_assumed_contiguous", "9. q's head stride taken as D",
+           "q_ptr + b * stride_qb + q_heads[:, None] * stride_qh", "q_ptr + b * stride_qb + q_heads[:, None] * D"),
+    Mutant("cache_assumed_contiguous", "9. the cache's head stride taken as D",
+           "offs_t[:, None] * stride_kt + kvh * stride_kh", "offs_t[:, None] * stride_kt + kvh * D"),
+    Mutant("max_starts_at_zero", "10. running max initialised to 0",
+           'm_i = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)', "m_i = tl.zeros([GROUP_PAD], dtype=tl.float32)"),
+    Mutant("one_max_per_group", "11. one max shared by the heads of a group",
+           "m_new = tl.maximum(m_i, tl.max(s, axis=1))", "m_new = tl.maximum(m_i, tl.max(tl.max(s, axis=1), axis=0))"),
+    Mutant("q_load_unmasked", "12. q loaded without a mask (padding rows read past q)",
+           "q_heads[:, None] * stride_qh + offs_d[None, :],\n        mask=g_mask[:, None],\n        other=0.0,\n    )",
+           "q_heads[:, None] * stride_qh + offs_d[None, :],\n    )"),
+    Mutant("v_load_without_other", "13. V load masked without other=",
+           "kvh * stride_vh + offs_d[None, :],\n            mask=t_mask[:, None],\n            other=0.0,",
+           "kvh * stride_vh + offs_d[None, :],\n            mask=t_mask[:, None],"),
+    Mutant("p_not_cast_for_dot", "14. p left fp32 in tl.dot(p, v)",
+           "tl.dot(p_.to(v.dtype), v)", "tl.dot(p_, v)"),
 ]

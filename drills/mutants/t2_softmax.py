@@ -8,6 +8,9 @@ MUTANTS = [
            "m = tl.max(m_lanes, axis=0)  # scalar", "m = 0.0  # scalar"),
     Mutant("padding_other_zero", "2. padded columns loaded as 0 instead of -inf",
            'other=float("-inf")).to(tl.float32)', "other=0.0).to(tl.float32)"),
+    # Masked lanes without `other` are undefined: the grader's interpreter fills them with NaN.
+    Mutant("padding_without_other", "2. padded columns loaded without `other`",
+           ', other=float("-inf")).to(tl.float32)', ").to(tl.float32)"),
     Mutant("store_unmasked", "2. padded columns stored",
            "tl.store(out_row + cols, y.to(out_ptr.dtype.element_ty), mask=cols < N)",
            "tl.store(out_row + cols, y.to(out_ptr.dtype.element_ty))"),
@@ -24,5 +27,7 @@ MUTANTS = [
     Mutant("out_uses_x_stride", "5. out addressed with x's row stride",
            "out_row = out_ptr + row * stride_om", "out_row = out_ptr + row * stride_xm"),
     Mutant("row_offset_int32", "6. row index left int32",
-           "row = tl.program_id(0).to(tl.int64)", "row = tl.program_id(0)", gpu_only=True),
+           "row = tl.program_id(0).to(tl.int64)", "row = tl.program_id(0)"),
+    Mutant("max_starts_at_zero", "7. running max started at 0 instead of -inf",
+           'm_lanes = tl.full([BLOCK], float("-inf"), dtype=tl.float32)', "m_lanes = tl.zeros([BLOCK], dtype=tl.float32)"),
 ]

@@ -36,4 +36,11 @@ MUTANTS = [
            "inv_l = 1.0 / tl.maximum(l_row, 1.0)", "inv_l = 1.0 / l_row"),
     Mutant("store_past_row_end", "12. p stored without the mask at the row's end",
            "p.to(out_ptr.dtype.element_ty), mask=cols < hi)", "p.to(out_ptr.dtype.element_ty))"),
+    Mutant("merge_through_exp_of_m", "13. merge weights each l by e^m, then divides by e^(max)",
+           "l = l_a * tl.exp(m_a - shift) + l_b * tl.exp(m_b - shift)",
+           "l = (l_a * tl.exp(m_a) + l_b * tl.exp(m_b)) / tl.exp(shift)"),
+    Mutant("x_rows_assumed_contiguous", "14. x's rows assumed N elements apart (stride_xm ignored)",
+           "x_row = x_ptr + row * stride_xm", "x_row = x_ptr + row * N"),
+    Mutant("out_rows_assumed_contiguous", "14. out's rows assumed N elements apart (stride_om ignored)",
+           "tl.store(out_ptr + row * stride_om + cols", "tl.store(out_ptr + row * N + cols"),
 ]

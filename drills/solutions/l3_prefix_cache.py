@@ -22,6 +22,22 @@ def _chain_hash(prev_hash, token_ids):
     return hash((prev_hash, token_ids))
 
 
+# Arguments are checked before anything changes: a list seq_id or token id would otherwise fail inside a
+# dict lookup or a hash, with "unhashable type" and, in append, after the token was already added.
+def _check_seq_id(seq_id):
+    try:
+        hash(seq_id)
+    except TypeError:
+        raise TypeError(f"seq_id must be hashable (a str, an int, a tuple), got {type(seq_id).__name__} "
+                        f"{seq_id!r}") from None
+    return seq_id
+
+
+def _check_token_id(name, token_id):
+    if isinstance(token_id, bool) or not isinstance(token_id, int):
+        raise TypeError(f"{name} must be an int token id, got {type(token_id).__name__} {token_id!r}")
+
+
 class BlockManager:
     """Hands out the blocks of a paged KV cache and shares full blocks between sequences with a common prefix.
 
@@ -74,12 +90,14 @@ class BlockManager:
         Returns the block table as a new list: block i holds tokens [i * block_size, (i + 1) * block_size).
         Raises ValueError, changing nothing, when the free blocks do not suffice.
         """
-        if seq_id in self._tables:
+        if _check_seq_id(seq_id) in self._tables:
             raise ValueError(f"seq_id {seq_id!r} is already allocated: free it first or use a new id")
         if not isinstance(token_ids, (list, tuple)):
             raise TypeError(f"token_ids must be a list or tuple of ints, got {type(token_ids).__name__}")
         if len(token_ids) == 0:
             raise ValueError(f"token_ids of seq_id {seq_id!r} is empty: a sequence needs at least one token")
+        for i, token_id in enumerate(token_ids):
+            _check_token_id(f"token_ids[{i}]", token_id)
         bs = self.block_size
         chunks = [tuple(token_ids[i:i + bs]) for i in range(0, len(token_ids), bs)]
         # Section 3.2: only full blocks get a key; a partial block's KV is still growing.
@@ -130,6 +148,7 @@ class BlockManager:
         Raises ValueError, changing nothing, when a new block is needed and none is free.
         """
         table = self._table(seq_id)
+        _check_token_id("token_id", token_id)
         n = self._num_tokens[seq_id]
         # Section 3.6 "Append: grow, fill, seal".
         if n % self.block_size == 0:
@@ -183,7 +202,7 @@ class BlockManager:
     # --- helpers ------------------------------------------------------------------------------------
 
     def _table(self, seq_id):
-        if seq_id not in self._tables:
+        if _check_seq_id(seq_id) not in self._tables:
             raise KeyError(f"seq_id {seq_id!r} is not allocated (never allocated, or already freed)")
         return self._tables[seq_id]
 

@@ -43,7 +43,10 @@ def vector_add_kernel(
 
 
 def _launch(x, y, out, BLOCK=2048, num_warps=4):
-    """Launch without checks: the benchmark times this (and tries other BLOCKs), vector_add adds the checks."""
+    """Launch without the input checks: the benchmark times this (and tries other BLOCKs), vector_add adds
+    the checks. Only BLOCK is checked here, since only callers of _launch choose it."""
+    if isinstance(BLOCK, bool) or not isinstance(BLOCK, int) or not validate.is_pow2(BLOCK):
+        raise ValueError(f"BLOCK = {BLOCK!r} must be a power of two: tl.arange(0, BLOCK) needs one")
     n = x.numel()
     # Section 3.4 "The grid": one program per BLOCK elements, rounded up so the tail gets its program.
     grid = (triton.cdiv(n, BLOCK),)
@@ -57,7 +60,7 @@ def vector_add(x, y, out=None):
     x    [n], float16, bfloat16 or float32, contiguous
     y    [n], x's dtype and device, contiguous
     out  optional [n] of x's dtype (a contiguous view into a larger buffer is fine), written in place;
-         it may be x or y itself
+         it may be x or y itself, but must not partly overlap them
 
     Returns out [n].
     """
@@ -72,6 +75,14 @@ def vector_add(x, y, out=None):
             raise ValueError(f"{name} must have x's shape {tuple(x.shape)}, got {tuple(t.shape)}")
     # The kernel adds offs to a base pointer, so the elements must be adjacent.
     validate.last_dim_contiguous(**named)
+    if out is not None:
+        for name in ("x", "y"):
+            # out may be x or y itself (each lane reads its element before writing it), but a shifted view
+            # would make a program read elements that another program has already overwritten.
+            gap = abs(out.data_ptr() - named[name].data_ptr())
+            if 0 < gap < out.numel() * out.element_size():
+                raise ValueError(f"out partly overlaps {name}: it may be {name} itself or separate memory, "
+                                 f"not a shifted view of it")
     if out is None:
         out = torch.empty_like(x)
     if x.numel() == 0:

@@ -237,9 +237,10 @@ def softmax_stats_trace(x, block):
 def merge_stats(m_a, l_a, m_b, l_b):
     """Merge two softmax states over disjoint parts of the same rows.
 
-    m_a, l_a  float32, any shape: max and sum of exp(x - m_a) over part a of each row
-    m_b, l_b  float32, the same shape: the same over part b
-    The empty state is (m, l) = (-inf, 0); merging with it changes nothing.
+    m_a, l_a  float32, any shape, contiguous: max and sum of exp(x - m_a) over part a of each row
+    m_b, l_b  float32, the same shape, contiguous: the same over part b
+    The empty state is (m, l) = (-inf, 0); merging with it changes nothing. The kernel reads the four
+    as flat arrays, so a strided view is refused (pass .contiguous()).
 
     Returns (m, l) of a and b together: m = max(m_a, m_b), l = l_a e^(m_a - m) + l_b e^(m_b - m).
     """

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from drills.compare import assert_untouched
-from drills.tests import seeded
+from drills.tests import bigmem, seeded
 
 GARBAGE_BLOCK_IDS = (2**31 - 1, -(2**31), -1, 1 << 24)
 
@@ -32,13 +32,15 @@ class PagedCase:
 
 def make_paged_case(context_lens, Hq, Hkv, D, PAGE, dtype=torch.float16, device="cpu", seed=0,
                     extra_pages=2, shared_prefix_pages=0, num_blocks=None, first_block=0, poison=True,
-                    max_pages=None) -> PagedCase:
+                    max_pages=None, sparse=False) -> PagedCase:
     """Random q/K/V in a shuffled page pool.
 
     shared_prefix_pages: the first n logical pages of every sequence map to the same physical blocks
     (prefix sharing); those pages are full in every sequence, so their contents are the same for all.
     num_blocks / first_block: a pool larger than needed, with the used blocks placed from first_block
     upwards (a large first_block makes block id * page stride exceed 2**31).
+    sparse: caches from bigmem.sparse_empty (a pool of more than 2**31 elements on a CPU); only the
+    used blocks are written (poisoned, then filled), every other block reads as zeros.
     """
     gen = torch.Generator().manual_seed(seeded(seed))
     lens = [int(n) for n in context_lens]
@@ -67,8 +69,13 @@ def make_paged_case(context_lens, Hq, Hkv, D, PAGE, dtype=torch.float16, device=
 
     shape = (num_blocks, PAGE, Hkv, D)
     fill = float("nan") if poison else 0.0
-    k_cache = torch.full(shape, fill, dtype=dtype, device=device)
-    v_cache = torch.full(shape, fill, dtype=dtype, device=device)
+    if sparse:
+        k_cache, v_cache = (bigmem.sparse_empty(shape, dtype, device) for _ in range(2))
+        in_use = valid.any(dim=1).nonzero()[:, 0].to(device)  # the used blocks: the only pages touched
+        k_cache[in_use], v_cache[in_use] = fill, fill
+    else:
+        k_cache = torch.full(shape, fill, dtype=dtype, device=device)
+        v_cache = torch.full(shape, fill, dtype=dtype, device=device)
     used = valid.nonzero()  # [n_valid, 2] (block, slot) pairs, written in one indexed copy each
     blk, slot = used[:, 0].to(device), used[:, 1].to(device)
     k_cache[blk, slot] = torch.randn(len(used), Hkv, D, generator=gen).to(dtype).to(device)
@@ -81,6 +88,68 @@ def make_paged_case(context_lens, Hq, Hkv, D, PAGE, dtype=torch.float16, device=
         block_tables=tables.to(torch.int32).to(device),
         context_lens=torch.tensor(lens, dtype=torch.int32, device=device),
     )
+
+
+def live_slots(case: PagedCase) -> tuple[torch.Tensor, torch.Tensor]:
+    """(block ids, slots) of every token some sequence holds, each [total tokens]."""
+    PAGE = case.k_cache.shape[1]
+    blocks, slots = [], []
+    for b, n in enumerate(case.context_lens.tolist()):
+        t = torch.arange(n, device=case.q.device)
+        blocks.append(case.block_tables[b].long()[t // PAGE])
+        slots.append(t % PAGE)
+    return torch.cat(blocks), torch.cat(slots)
+
+
+def tail_slots(case: PagedCase) -> tuple[torch.Tensor, torch.Tensor]:
+    """(block ids, slots) of the stale tail of every partly filled last page, each [stale slots]."""
+    PAGE = case.k_cache.shape[1]
+    blocks, slots = [], []
+    for b, n in enumerate(case.context_lens.tolist()):
+        if n % PAGE:
+            slot = torch.arange(n % PAGE, PAGE, device=case.q.device)
+            blocks.append(torch.full_like(slot, int(case.block_tables[b, n // PAGE])))
+            slots.append(slot)
+    return torch.cat(blocks), torch.cat(slots)
+
+
+def shift_scores(case: PagedCase, shift, scale=None) -> PagedCase:
+    """Add about `shift` (a number, or one per query head: [Hq]) to every score of every head, in place.
+
+    Feature 0 of every live key becomes 16 and feature 0 of query head h becomes shift[h] / (16 * scale),
+    so scale * q.k gains shift[h] whatever the key (the other features keep their random part). A
+    softmax does not change under a shift; a kernel whose running max assumes scores near 0 does.
+    """
+    B, Hq, D = case.q.shape
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    shift = torch.as_tensor(shift, dtype=torch.float32).expand(Hq)  # [Hq]
+    blocks, slots = live_slots(case)
+    case.k_cache[blocks, slots, :, 0] = 16.0
+    case.q[:, :, 0] = (shift / (16.0 * scale)).to(case.q.dtype).to(case.q.device)  # [Hq], broadcast over B
+    return case
+
+
+def strided_q(case: PagedCase) -> PagedCase:
+    """The same case with q a view of every other head of a NaN-filled [B, 2 * Hq, D] buffer:
+    stride(1) = 2 * D and stride(0) = 2 * Hq * D, so a kernel that assumes q contiguous reads NaN."""
+    B, Hq, D = case.q.shape
+    buffer = torch.full((B, 2 * Hq, D), float("nan"), dtype=case.q.dtype, device=case.q.device)
+    q = buffer[:, 1::2]  # [B, Hq, D], strides (2 * Hq * D, 2 * D, 1)
+    q.copy_(case.q)
+    return PagedCase(q, case.k_cache, case.v_cache, case.block_tables, case.context_lens)
+
+
+def in_layer_pool(case: PagedCase, layers: int = 2, layer: int = 1) -> PagedCase:
+    """The same case with K and V one layer of a NaN-filled pool [num_blocks, layers, PAGE, Hkv, 2, D]
+    (K and V of a head side by side): every stride but the last differs from a contiguous cache's, and
+    the K and V views interleave without sharing an element."""
+    num_blocks, PAGE, Hkv, D = case.k_cache.shape
+    pool = torch.full((num_blocks, layers, PAGE, Hkv, 2, D), float("nan"), dtype=case.k_cache.dtype,
+                      device=case.k_cache.device)
+    k_cache, v_cache = pool[:, layer, :, :, 0], pool[:, layer, :, :, 1]  # [num_blocks, PAGE, Hkv, D] each
+    k_cache.copy_(case.k_cache)
+    v_cache.copy_(case.v_cache)
+    return PagedCase(case.q, k_cache, v_cache, case.block_tables, case.context_lens)
 
 
 def gather_kv(cache: torch.Tensor, table_row: torch.Tensor, n: int) -> torch.Tensor:

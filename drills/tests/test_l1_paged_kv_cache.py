@@ -14,7 +14,9 @@ import torch
 
 from drills.compare import assert_close, assert_untouched, mismatch
 from drills.solutions.l2_paged_decode import paged_decode
+from drills.grading.diagnose import Mistake
 from drills.tests import seeded
+from drills.tests.bigmem import free_bytes, sparse_empty
 from drills.tests.launches import assert_runs_a_triton_kernel
 from drills.tests.paged_kv import GARBAGE_BLOCK_IDS, gather_kv, paged_attention_reference
 
@@ -27,6 +29,64 @@ ROW_DIMS = ("row", "head", "d")
 # and one request whose block table is [3, 1, 5].
 SEED_LENGTHS = [3, 5, 2]
 SEED_TABLE = [3, 1, 5]
+
+
+# The explainer's pitfalls (section 5) and the pattern of checks each leaves, for the diagnosis.
+MISTAKES = [
+    Mistake(1, fails=("test_all_padding_batch_writes_nothing",), passes=("test_first_and_last_slot_of_the_cache",),
+            question="What does your kernel do for a row whose slot_mapping entry is -1?", section="2.5"),
+    Mistake(2, fails=("test_slot_index_widened_to_int64",),
+            passes=("test_store_then_gather_through_block_tables", "test_first_and_last_slot_of_the_cache"),
+            question="In which integer type is block * stride(0) computed, and how large does it get in a cache "
+                     "of 2**32 elements?", section="3.5"),
+    Mistake(3, fails=("test_seed_slot_mapping",), passes=("test_free_returns_the_block_to_the_free_list",),
+            question="For table [3, 1, 5] and block size 4, which slot does your BlockTable give token 9?",
+            section="2.4"),
+    Mistake(3, fails=("test_first_and_last_slot_of_the_cache", "test_store_then_gather_through_block_tables"),
+            passes=("test_seed_slot_mapping",),
+            question="In your kernel's address, which of slot // PAGE and slot % PAGE multiplies the block "
+                     "stride?", section="3.5"),
+    Mistake(4, fails=("test_double_free_rejected",), passes=("test_free_returns_the_block_to_the_free_list",),
+            question="What stops free() from putting a block on the free list that is already there?",
+            section="3.1"),
+    Mistake(5, fails=("test_free_returns_the_block_to_the_free_list",),
+            question="After free(b), where is b, and can allocate() hand it out again?", section="3.1"),
+    Mistake(6, fails=("test_seed_last_block_is_full_check", "test_table_grows_one_block_at_a_time"),
+            question="With block size 4, is the last block full at 12 tokens? At 11? What does your check say?",
+            section="2.3"),
+    Mistake(7, fails=("test_append_that_does_not_fit_allocates_nothing",),
+            passes=("test_table_grows_one_block_at_a_time",),
+            question="When append_tokens cannot get every block it needs, what has it taken before it fails?",
+            section="3.2"),
+    Mistake(8, fails=("test_seed_paged_waste_is_37_5_percent",),
+            passes=("test_seed_contiguous_waste_is_58_33_percent",),
+            question="How many 4-token blocks does a 3-token request hold: what does your count give?",
+            section="2.1"),
+    Mistake(8, fails=("test_seed_contiguous_waste_is_58_33_percent",),
+            question="Wasted as a fraction of what: the tokens used, or the slots allocated?", section="2.1"),
+    Mistake(9, fails=("test_heads_and_dims_not_powers_of_two",),
+            passes=("test_store_then_gather_through_block_tables",),
+            question="Which lanes of the [HKV_PAD, D_PAD] tile are real when Hkv or D is not a power of two, and "
+                     "does every store skip the others?", section="3.6"),
+    Mistake(9, fails=("test_heads_and_dims_not_powers_of_two",), passes=("test_strided_key_value_rows",),
+            messages=(r"out of bounds load of (key|value)",),
+            question="Your loads read the padded lanes too: where do lanes past Hkv or D point for the last row "
+                     "of key?", section="3.6"),
+    Mistake(10, fails=("test_launcher_rejects_bad_input[slot_past_the_cache]",),
+            question="Which slot values must the launcher refuse before it launches?", section="3.7"),
+    Mistake(10, fails=("test_launcher_rejects_bad_input[duplicate_slot]",),
+            question="What happens when two rows of one batch name the same slot?", section="3.7"),
+    Mistake(11, fails=("test_cache_strides_are_used",),
+            passes=("test_all_padding_batch_writes_nothing", "test_store_then_gather_through_block_tables"),
+            question="Where does slot s live in a cache whose strides are not (PAGE * Hkv * D, Hkv * D, D, 1)?",
+            section="3.5"),
+    Mistake(12, fails=("test_strided_key_value_rows[fused_qkv]",),
+            passes=("test_store_then_gather_through_block_tables",),
+            question="How far apart are two rows of key when key is a view of a fused qkv tensor?", section="3.4"),
+    Mistake(12, fails=("test_strided_key_value_rows[value_own_strides]",),
+            passes=("test_strided_key_value_rows[fused_qkv]",),
+            question="Are value's rows always as far apart as key's?", section="3.4"),
+]
 
 
 def sizes(runtime, small, large):
@@ -446,15 +506,64 @@ def test_heads_and_dims_not_powers_of_two(impl, runtime, Hkv, D, PAGE):
     store_and_check(impl, key, value, slots, num_blocks, PAGE)
 
 
-def test_strided_key_value_rows(impl, runtime):
-    """key and value are usually views into one fused qkv projection [N, Hq + 2 * Hkv, D]: their rows are
-    (Hq + 2 * Hkv) * D apart, not Hkv * D. Read them with their own strides."""
-    N, Hq, Hkv, D, PAGE, num_blocks = sizes(runtime, 9, 300), 8, 2, 32, 4, sizes(runtime, 5, 200)
-    gen = torch.Generator().manual_seed(seeded(6))
-    qkv = torch.randn(N, Hq + 2 * Hkv, D, generator=gen).half().to(runtime.device)  # [N, Hq + 2 Hkv, D]
+def _strided_rows(layout, N, Hkv, D, device, seed):
+    """key and value [N, Hkv, D] as views whose strides are not those of a contiguous tensor."""
+    gen = torch.Generator().manual_seed(seeded(seed))
+    Hq = 8
+    qkv = torch.randn(N, Hq + 2 * Hkv, D, generator=gen).half().to(device)  # [N, Hq + 2 Hkv, D]
     key, value = qkv[:, Hq:Hq + Hkv], qkv[:, Hq + Hkv:]  # [N, Hkv, D] views, stride(0) = (Hq + 2 Hkv) * D
-    assert not key.is_contiguous()
+    if layout == "value_own_strides":  # key still a view of qkv, value a plain contiguous tensor
+        value = value.clone()
+    elif layout == "padded_head_dim":  # heads D + 8 apart: stride(1) is not D either
+        padded = torch.randn(2, N, Hkv, D + 8, generator=gen).half().to(device)  # [2, N, Hkv, D + 8]
+        key, value = padded[0, ..., :D], padded[1, ..., :D]
+    return key, value
+
+
+@pytest.mark.parametrize("layout", ["fused_qkv", "value_own_strides", "padded_head_dim"])
+def test_strided_key_value_rows(impl, runtime, layout):
+    """key and value are usually views into one fused qkv projection [N, Hq + 2 * Hkv, D]: their rows are
+    (Hq + 2 * Hkv) * D apart, not Hkv * D. Read each with its own strides: value's may differ from key's
+    (value_own_strides), and heads need not be D apart (padded_head_dim)."""
+    N, Hkv, D, PAGE, num_blocks = sizes(runtime, 9, 300), 2, 32, 4, sizes(runtime, 5, 200)
+    key, value = _strided_rows(layout, N, Hkv, D, runtime.device, seed=6)
+    assert not key.is_contiguous() and (layout == "value_own_strides") == (value.stride() != key.stride())
     store_and_check(impl, key, value, distinct_slots(N, num_blocks * PAGE, runtime.device, seed=6), num_blocks, PAGE)
+
+
+# name -> (the pool's shape, how k_cache and v_cache [num_blocks, PAGE, Hkv, D] are cut from it). Each
+# cache starts and ends inside the pool, not at its edge, so that a mis-addressed row lands in canary.
+CACHE_LAYOUTS = {
+    # layer 1 of a [layers, num_blocks, 2, PAGE, Hkv, D] pool, each block's K page beside its V page
+    "layer_of_interleaved_pool": (lambda nb, P, H, D: (3, nb, 2, P, H, D), lambda pool: (pool[1, :, 0], pool[1, :, 1])),
+    # heads before tokens inside a block (FlashInfer's HND): stride(1) = D, stride(2) = PAGE * D
+    "heads_before_tokens": (lambda nb, P, H, D: (4, nb, H, P, D),
+                            lambda pool: (pool[1].transpose(1, 2), pool[2].transpose(1, 2))),
+}
+
+
+@pytest.mark.parametrize("layout", list(CACHE_LAYOUTS))
+def test_cache_strides_are_used(impl, runtime, layout):
+    """A cache need not be contiguous: address slot s as block * stride(0) + offset * stride(1) + h *
+    stride(2), with the cache's own strides. The whole pool is canary, so a row stored where a contiguous
+    cache would have it shows up as an overwritten canary (and a missing row)."""
+    N, PAGE, Hkv, D, num_blocks = sizes(runtime, 10, 2000), 4, 2, 32, sizes(runtime, 6, 1024)
+    shape, cut = CACHE_LAYOUTS[layout]
+    pool = torch.full(shape(num_blocks, PAGE, Hkv, D), CANARY, dtype=torch.float16, device=runtime.device)
+    k_cache, v_cache = cut(pool)  # [num_blocks, PAGE, Hkv, D] views, not contiguous
+    assert not k_cache.is_contiguous()
+    key, value = random_rows(N, Hkv, D, torch.float16, runtime.device, seed=18)
+    slots = distinct_slots(N, num_blocks * PAGE, runtime.device, seed=18)
+    slots[::4] = -1
+    impl.store_kvcache(key, value, k_cache, v_cache, slots)
+    real = slots >= 0
+    block, offset = slots[real] // PAGE, slots[real] % PAGE
+    keep = torch.zeros(pool.shape, dtype=torch.bool, device=runtime.device)
+    for cache, keep_view, src in zip((k_cache, v_cache), cut(keep), (key, value)):
+        keep_view[block, offset] = True  # writes through the view into keep
+        assert_close(cache[block, offset], src[real], ROW_DIMS, **EXACT)
+    assert_untouched(pool, CANARY, keep, f"the pool holding k_cache and v_cache ({layout}): rows stored as if "
+                     "the cache were contiguous, or a padding row written?")
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=["fp16", "bf16", "fp32"])
@@ -521,24 +630,38 @@ def test_paged_decode_reads_what_store_kvcache_wrote(impl, runtime):
 
 
 def test_slot_index_widened_to_int64(impl, runtime):
-    """Blocks whose first element lies past 2**32: slot // PAGE * block stride in int32 wraps around and
-    the row lands in a low block of the same cache instead of its own."""
-    if runtime.interpreter:
-        pytest.skip("GPU only: the cache must hold more than 2**32 elements (8.6 GB per K or V cache in fp16)")
+    """Blocks whose first element lies past 2**32: block * stride(0) in int32 wraps around and the row
+    lands in a low block of the same cache (blocks 0-3 here) instead of its own. Each cache holds 2**32
+    elements (8.6 GB in fp16); on the CPU it is a sparse file, and only the pages this test writes (the
+    first and the last 4 blocks) take memory."""
     PAGE, Hkv, D = 16, 1, 128
     first = 2**32 // (PAGE * Hkv * D)  # the first block whose offset is 2**32 elements
     num_blocks = first + 4
-    k_cache = torch.zeros(num_blocks, PAGE, Hkv, D, dtype=torch.float16, device="cuda")
-    v_cache = torch.zeros_like(k_cache)
+    if runtime.interpreter:
+        if free_bytes() < 2**30:
+            pytest.skip(f"needs about 1 GB of free memory for the pages it writes, {free_bytes() / 2**30:.2f} GB free")
+    elif torch.cuda.mem_get_info()[0] < 2 * num_blocks * PAGE * Hkv * D * 2 + 2**30:
+        pytest.skip(f"needs 18 GB of free GPU memory, {torch.cuda.mem_get_info()[0] / 1e9:.1f} GB free")
+    caches = [sparse_empty((num_blocks, PAGE, Hkv, D), torch.float16, runtime.device) for _ in range(2)]
+    for cache in caches:  # the only pages the test touches
+        cache[:4].fill_(CANARY)
+        cache[first:].fill_(CANARY)
     N = 37
-    key, value = random_rows(N, Hkv, D, torch.float16, "cuda", seed=12)
-    slots = first * PAGE + distinct_slots(N, 4 * PAGE, "cuda", seed=12)
-    impl.store_kvcache(key, value, k_cache, v_cache, slots)
-    assert_close(k_cache.view(-1, Hkv, D)[slots], key, ROW_DIMS, **EXACT)
-    assert_close(v_cache.view(-1, Hkv, D)[slots], value, ROW_DIMS, **EXACT)
-    assert not k_cache[:4].any() and not v_cache[:4].any(), "rows landed in blocks 0-3: int32 offsets wrapped"
-    del k_cache, v_cache
-    torch.cuda.empty_cache()
+    key, value = random_rows(N, Hkv, D, torch.float16, runtime.device, seed=12)
+    local = distinct_slots(N, 4 * PAGE, runtime.device, seed=12)  # slots inside the last 4 blocks
+    impl.store_kvcache(key, value, caches[0], caches[1], first * PAGE + local)
+    keep = torch.zeros((4, PAGE, Hkv, D), dtype=torch.bool, device=runtime.device)
+    keep.view(-1, Hkv, D)[local] = True
+    nothing = torch.zeros_like(keep)
+    for name, cache, src in (("k_cache", caches[0], key), ("v_cache", caches[1], value)):
+        tail = cache[first:]  # [4, PAGE, Hkv, D], starting 2**32 elements in
+        assert_close(tail.reshape(-1, Hkv, D)[local], src, ROW_DIMS, **EXACT)
+        assert_untouched(tail, CANARY, keep, f"the last 4 blocks of {name}", CACHE_DIMS)
+        assert_untouched(cache[:4], CANARY, nothing, f"blocks 0-3 of {name} (int32 offsets wrapped around?)",
+                         CACHE_DIMS)
+    del caches, tail
+    if not runtime.interpreter:
+        torch.cuda.empty_cache()
 
 
 # --- Section 3.7 "The launcher's checks" --------------------------------------------------------------
@@ -548,6 +671,19 @@ def _slots(dev, *values):
     return torch.tensor(values, dtype=torch.int64, device=dev)
 
 
+def _shifted_by_one_block(cache):
+    """A view of cache's buffer with its shape and strides, one block further on: it shares all but one
+    block with cache (the canary margin holds the extra block)."""
+    return cache.as_strided(cache.shape, cache.stride(), cache.storage_offset() + cache.stride(0))
+
+
+def _every_other(slots):
+    """The same values as a strided view (stride 2) of a buffer whose other entries are valid slots too,
+    so a kernel that reads entry i at slot_mapping + i stores rows at the wrong slots without an error."""
+    wide = torch.stack([slots, torch.arange(8, 8 + len(slots), device=slots.device)], dim=1).flatten()  # [2N]
+    return wide[::2]
+
+
 # name -> (how to spoil the arguments of a valid call, the error, what the message must name)
 BAD_INPUTS = {
     "key_not_a_tensor": (lambda a, dev: dict(key=a["key"].tolist()), TypeError, "key"),
@@ -555,8 +691,11 @@ BAD_INPUTS = {
     "key_dtype_fp64": (lambda a, dev: dict(key=a["key"].double()), TypeError, "key"),
     "value_dtype": (lambda a, dev: dict(value=a["value"].float()), TypeError, "value"),
     "k_cache_dtype": (lambda a, dev: dict(k_cache=a["k_cache"].float()), TypeError, "k_cache"),
+    "v_cache_dtype": (lambda a, dev: dict(v_cache=a["v_cache"].float()), TypeError, "v_cache"),
     "v_cache_rank": (lambda a, dev: dict(v_cache=a["v_cache"][0]), ValueError, "v_cache"),
     "value_shape": (lambda a, dev: dict(value=a["value"][:, :1]), ValueError, "value"),
+    "value_rows": (lambda a, dev: dict(value=a["value"][:4]), ValueError, "value"),
+    "value_head_dim": (lambda a, dev: dict(value=a["value"][..., :8]), ValueError, "value"),
     "cache_heads_mismatch": (lambda a, dev: {n: a[n][:, :, :1] for n in ("k_cache", "v_cache")}, ValueError, "k_cache"),
     "cache_head_dim_mismatch": (lambda a, dev: {n: a[n][..., :8] for n in ("k_cache", "v_cache")}, ValueError, "k_cache"),
     "v_cache_shape": (lambda a, dev: dict(v_cache=a["v_cache"][:2]), ValueError, "v_cache"),
@@ -564,9 +703,16 @@ BAD_INPUTS = {
                         ValueError, "v_cache"),
     "key_last_dim_strided": (lambda a, dev: dict(key=a["key"].transpose(1, 2).contiguous().transpose(1, 2)),
                              ValueError, "key"),
+    "v_cache_is_k_cache": (lambda a, dev: dict(v_cache=a["k_cache"]), ValueError, "v_cache"),
+    "v_cache_overlaps_k_cache": (lambda a, dev: dict(v_cache=_shifted_by_one_block(a["k_cache"])), ValueError,
+                                 "v_cache"),
+    "caches_expanded": (lambda a, dev: {n: a[n][:1].expand(a[n].shape) for n in ("k_cache", "v_cache")},
+                        ValueError, "k_cache"),
     "slot_mapping_int32": (lambda a, dev: dict(slot_mapping=a["slot_mapping"].int()), TypeError, "slot_mapping"),
     "slot_mapping_2d": (lambda a, dev: dict(slot_mapping=a["slot_mapping"][:, None]), ValueError, "slot_mapping"),
     "slot_mapping_wrong_length": (lambda a, dev: dict(slot_mapping=a["slot_mapping"][:4]), ValueError, "slot_mapping"),
+    "slot_mapping_strided": (lambda a, dev: dict(slot_mapping=_every_other(a["slot_mapping"])), ValueError,
+                             "slot_mapping"),
     "slot_past_the_cache": (lambda a, dev: dict(slot_mapping=_slots(dev, 3, 16, 0, 15, 7)), ValueError,
                             r"slot_mapping\[1\]"),
     "slot_below_minus_one": (lambda a, dev: dict(slot_mapping=_slots(dev, 3, -1, 0, -2, 7)), ValueError,

@@ -12,9 +12,11 @@ import pytest
 import torch
 
 from drills.compare import assert_close, mismatch
-from drills.tests import seeded
+from drills.grading.diagnose import Mistake
+from drills.tests import bigmem, seeded
 from drills.tests.launches import assert_runs_a_triton_kernel
-from drills.tests.paged_kv import call_with_canary_out, gather_kv, make_paged_case, paged_attention_reference
+from drills.tests.paged_kv import (call_with_canary_out, gather_kv, in_layer_pool, make_paged_case,
+                                   paged_attention_reference, shift_scores, strided_q, tail_slots)
 
 DIMS = ("b", "head", "d")  # how a mismatch names its position: sequence, query head, feature
 
@@ -39,8 +41,9 @@ def lens_for(runtime, small, large):
 
 def test_seed_example_ctx37_reads_three_pages(impl, runtime):
     """ctx = 37, PAGE = 16, block table [9, 3, 7, garbage...]: three pages, 5 valid tokens in the last.
-    Everything but blocks 9, 3, 7 (and slots 0..4 of block 7) is NaN."""
-    Hq, Hkv, D, PAGE = 4, 1, 64, 16
+    Everything but blocks 9, 3, 7 (and slots 0..4 of block 7) is NaN. The lecture's heads: Hq = 32,
+    Hkv = 8, D = 128, so token 36 of KV head 3 starts at element 119168 of k_cache (section 2)."""
+    Hq, Hkv, D, PAGE = 32, 8, 128, 16
     case = make_paged_case([37], Hq, Hkv, D, PAGE, num_blocks=12, device=runtime.device, seed=37)
     # Re-place the three pages at the blocks the seed uses.
     k, v = case.k_cache.clone(), case.v_cache.clone()
@@ -52,6 +55,7 @@ def test_seed_example_ctx37_reads_three_pages(impl, runtime):
     case.block_tables[0, :3] = new.to(torch.int32)
     garbage = case.block_tables[0, 3:]
     assert torch.isnan(case.k_cache[7, 5:]).all() and ((garbage < 0) | (garbage >= 12)).all()
+    assert case.k_cache[7, 36 - 32, 3].data_ptr() - case.k_cache.data_ptr() == 119168 * 2  # fp16: 2 bytes
     check(impl, case)
 
 
@@ -60,9 +64,24 @@ def test_seed_example_ctx37_reads_three_pages(impl, runtime):
 
 @pytest.mark.parametrize("PAGE", [16, 32])
 def test_last_page_is_masked(impl, runtime, PAGE):
-    """Lengths 1, PAGE - 1, PAGE, PAGE + 1 and others: the stale tail of every last page is NaN."""
+    """Lengths 1, PAGE - 1, PAGE, PAGE + 1 and others: the stale tail of every last page is NaN. Real
+    scores are high (about +40), so a tail key would get no weight even scored 0: this check is about
+    the loads; test_tail_keys_get_no_weight is about the scores."""
     lens = [1, PAGE - 1, PAGE, PAGE + 1, 2 * PAGE - 3] + lens_for(runtime, [], [3 * PAGE, 777, 1000])
-    case = make_paged_case(lens, 8, 2, 64, PAGE, device=runtime.device, seed=PAGE)
+    case = shift_scores(make_paged_case(lens, 8, 2, 64, PAGE, device=runtime.device, seed=PAGE), 40.0)
+    check(impl, case)
+
+
+def test_masked_v_lanes_are_zero(impl, runtime):
+    """The stale tail of each last page holds finite values here, and keys that score about -8000, so
+    reading it does no harm; what the V load's masked lanes hold still matters: p = 0 times an undefined
+    lane (NaN, when the load has a mask but no `other=`) is NaN in p @ v."""
+    case = make_paged_case([20, 7, 16], 8, 2, 64, 16, device=runtime.device, seed=71)
+    shift_scores(case, 128.0)  # real scores about +128: even a zero key (score 0) weighs exp(-128) = 0
+    blocks, slots = tail_slots(case)
+    case.k_cache[blocks, slots] = 0.0
+    case.k_cache[blocks, slots, :, 0] = -1024.0  # score (128 / 16 * 8) * -1024 / 8 = -8192
+    case.v_cache[blocks, slots] = 1000.0
     check(impl, case)
 
 
@@ -77,10 +96,12 @@ def test_tail_keys_get_no_weight(impl, runtime):
     check(impl, case)
 
 
-@pytest.mark.parametrize("Hq,Hkv", [(4, 4), (4, 2), (8, 2), (16, 2), (32, 1), (64, 2)],
-                         ids=["group1-MHA", "group2", "group4", "group8", "group32-MQA", "group32x2"])
+@pytest.mark.parametrize("Hq,Hkv", [(4, 4), (4, 2), (8, 2), (32, 8), (16, 2), (32, 1), (64, 2)],
+                         ids=["group1-MHA", "group2", "group4", "group4-lecture", "group8", "group32-MQA",
+                              "group32x2"])
 def test_kv_head_grouping_is_contiguous(impl, runtime, Hq, Hkv):
-    """Query head h reads KV head h // GROUP, not h % Hkv (interleaved). GROUP > 16 needs GROUP_PAD > 16."""
+    """Query head h reads KV head h // GROUP, not h % Hkv (interleaved). GROUP > 16 needs GROUP_PAD > 16.
+    Interleaved and contiguous agree when GROUP = 1 (MHA) or Hkv = 1 (MQA): those cases pass either way."""
     lens = lens_for(runtime, [20, 9], [300, 129, 64])
     case = make_paged_case(lens, Hq, Hkv, 64, 16, device=runtime.device, seed=Hq * 7 + Hkv)
     check(impl, case)
@@ -109,6 +130,34 @@ def test_online_softmax_rescales_old_pages(impl, runtime):
     k = 0.3 * case.k_cache[blocks, slots, 0].float() + ramp * math.sqrt(D) * q0 / q0.dot(q0)
     case.k_cache[blocks, slots, 0] = k.to(case.q.dtype)  # [n, D]
     check(impl, case)
+
+
+def test_max_starts_at_minus_inf(impl, runtime):
+    """Every score is about -128 (keys point away from the queries), far below 0. A running max that
+    starts at 0 instead of -inf stays 0, so p = exp(s - 0) underflows to 0 for every key and l = 0."""
+    case = make_paged_case([32, 16], 16, 1, 64, 16, device=runtime.device, seed=73)  # full pages only
+    check(impl, shift_scores(case, -128.0))
+
+
+def test_each_head_keeps_its_own_max(impl, runtime):
+    """The heads of one group score in different ranges: even heads about +128, odd heads about 0. One
+    max shared by the group (about 128) makes every odd head's exp(s - 128) underflow to 0."""
+    case = make_paged_case([32, 48], 8, 1, 64, 16, device=runtime.device, seed=79)  # full pages only
+    check(impl, shift_scores(case, torch.tensor([128.0, 0.0]).repeat(4)))
+
+
+def test_q_strides_are_used(impl, runtime):
+    """q is every other head of a [B, 2 * Hq, D] buffer (stride(1) = 2 * D), the other heads NaN: a
+    kernel that steps through q by D per head, or Hq * D per sequence, reads them."""
+    case = make_paged_case([32, 9], 8, 1, 64, 16, device=runtime.device, seed=83)
+    check(impl, strided_q(case))
+
+
+def test_cache_strides_are_used(impl, runtime):
+    """k_cache and v_cache are layer 1 of a NaN-filled pool [num_blocks, layers, PAGE, Hkv, 2, D]: block,
+    token and head strides all differ from a contiguous cache's, as in an engine's per-layer KV pool."""
+    case = make_paged_case([40, 9], 8, 2, 64, 16, device=runtime.device, seed=89)
+    check(impl, in_layer_pool(case))
 
 
 def test_scale_is_applied(impl, runtime):
@@ -149,6 +198,11 @@ def test_pages_are_looked_up_through_the_block_table(impl, runtime):
     case0 = make_paged_case([40], 4, 1, 64, 16, num_blocks=3, device=runtime.device, seed=23)
     assert 0 in case0.block_tables[0, :3].tolist(), "this case should use physical block 0"
     check(impl, case0)
+    # The rows of a wider table: row stride max_pages + 5 (the kernel must use stride_bt).
+    wide = torch.full((len(lens), case.block_tables.shape[1] + 5), -1, dtype=torch.int32, device=runtime.device)
+    wide[:, : case.block_tables.shape[1]] = case.block_tables
+    case.block_tables = wide[:, : case.block_tables.shape[1]]
+    check(impl, case)
 
 
 @pytest.mark.parametrize("D", [64, 128])
@@ -186,15 +240,18 @@ def test_dtypes(impl, runtime, dtype):
 
 
 def test_page_index_widened_to_int64(impl, runtime):
-    """Block ids above 2**31 / page stride: block id * stride_kb overflows int32 and reads the wrong page."""
-    if runtime.interpreter:
-        pytest.skip("GPU only: the cache must hold more than 2**31 elements (over 4 GB per cache)")
+    """Block ids above 2**32 / page stride: block id * stride_kb overflows int32 and wraps around to
+    block 0 onwards, which reads zeros here. The 8.6 GB caches are sparse files on a CPU: only the pages
+    the sequences use take memory."""
+    if runtime.interpreter and bigmem.free_bytes() < 2**30:
+        pytest.skip(f"needs about 1 GB of free memory for the pages it touches, "
+                    f"{bigmem.free_bytes() / 2**30:.1f} GB free")
     PAGE, Hkv, D = 16, 1, 128
     stride = PAGE * Hkv * D  # elements per block
-    first = 2**31 // stride + 8  # every used block id is past the int32 limit
-    case = make_paged_case([300, 45], 4, Hkv, D, PAGE, device=runtime.device, seed=41,
-                           num_blocks=first + 64, first_block=first, poison=False)
-    assert case.block_tables[:, 0].min().item() * stride > 2**31
+    first = 2**32 // stride + 8  # every used block id is past the int32 limit, wrapped past 0
+    case = make_paged_case(lens_for(runtime, [40, 7], [300, 45]), 4, Hkv, D, PAGE, device=runtime.device,
+                           seed=41, num_blocks=first + 64, first_block=first, sparse=True)
+    assert case.block_tables[:, 0].min().item() * stride > 2**32
     check(impl, case)
 
 
@@ -228,7 +285,34 @@ BAD_INPUTS = {
     "context_len_zero": (lambda a, dev: dict(context_lens=_int32(dev, 20, 0)), ValueError, r"context_lens\[1\]"),
     "context_len_past_table": (lambda a, dev: dict(context_lens=_int32(dev, 10**6, 5)), ValueError, r"context_lens\[0\]"),
     "mixed_devices": (lambda a, dev: dict(block_tables=a["block_tables"].to("meta")), ValueError, "block_tables"),
+    # What the kernel indexes: flat context_lens, rows of block_tables, live block ids inside the pool.
+    "context_lens_strided": (lambda a, dev: dict(context_lens=_int32(dev, 20, 99, 5, 99)[::2]), ValueError,
+                             "context_lens"),
+    "block_tables_columns_strided": (lambda a, dev: dict(block_tables=a["block_tables"].repeat_interleave(2, 1)[:, ::2]),
+                                     ValueError, "block_tables"),
+    "live_block_id_past_pool": (lambda a, dev: dict(block_tables=_set(a["block_tables"], 0, 1, a["k_cache"].shape[0])),
+                                ValueError, r"block_tables\[0, 1\]"),
+    "live_block_id_negative": (lambda a, dev: dict(block_tables=_set(a["block_tables"], 1, 0, -1)), ValueError,
+                               r"block_tables\[1, 0\]"),
+    "scale_nan": (lambda a, dev: dict(scale=float("nan")), ValueError, "scale"),
+    "scale_inf": (lambda a, dev: dict(scale=float("inf")), ValueError, "scale"),
+    "scale_negative": (lambda a, dev: dict(scale=-0.125), ValueError, "scale"),
+    "scale_zero": (lambda a, dev: dict(scale=0.0), ValueError, "scale"),
+    "scale_bool": (lambda a, dev: dict(scale=True), TypeError, "scale"),
+    "v_cache_is_k_cache": (lambda a, dev: dict(v_cache=a["k_cache"]), ValueError, "v_cache"),
+    "v_cache_overlaps_k_cache": (lambda a, dev: _overlapping_caches(a["k_cache"]), ValueError, "v_cache"),
 }
+
+
+def _set(table, b, p, value):
+    table = table.clone()
+    table[b, p] = value
+    return table
+
+
+def _overlapping_caches(k_cache):
+    pool = torch.cat([k_cache, k_cache[:1]])  # [num_blocks + 1, PAGE, Hkv, D]
+    return dict(k_cache=pool[:-1], v_cache=pool[1:])  # v's block i is k's block i + 1
 
 
 @pytest.mark.parametrize("name", list(BAD_INPUTS))

@@ -3,23 +3,80 @@
 Run: make test L=l3 (your drills/mine) or make test L=l3 IMPL=solutions. Pure Python: no kernel and no
 tensors, so every test runs the same on a CPU and on a GPU machine.
 
-The tests use only the public API of issue 4. The random-stream tests also keep a model of the KV cache
-itself: whenever a token's KV is not reused, the engine would write it into the slot the block table
+The tests use only the public API of issue 4. The random-stream tests run where your code runs (one
+round trip, not thousands of calls through the grading process boundary) and write down every call and
+its answer; the checks then run here, on that record. They also keep a model of the KV cache itself: whenever a token's KV is not reused, the engine would write it into the slot the block table
 names, so the model writes there the token's whole prefix; after every step, every live sequence must
 read its own prefix back from every slot of its table. A block shared by mistake, written while shared
 or handed out while still in use breaks that, whatever the ref counts say.
 """
 from __future__ import annotations
 
+import builtins
 import math
 import random
 from collections import Counter
 
 import pytest
 
-from drills.tests import seeded
+from drills.grading.diagnose import Mistake
+from drills.tests import probe, seeded
 
 A, B, C, D, E, F, G, H, X, Y = range(1, 11)  # the seed's letters as token ids, and two more
+
+
+# The explainer's pitfalls (section 5) and the pattern of checks each leaves, for the diagnosis.
+MISTAKES = [
+    Mistake(1, fails=("test_free_drops_every_ref_count", "test_seed_example_step_by_step"),
+            passes=("test_partial_block_is_never_shared",),
+            question="After request 1 of the seed's example ends, what are the ref counts of blocks 0, 1 and 2 "
+                     "in your manager?", section="2"),
+    Mistake(2, fails=("test_block_still_shared_stays_off_the_free_list",),
+            passes=("test_free_drops_every_ref_count",),
+            question="When free() drops a block's count from 2 to 1, does that block go to the free list?",
+            section="3.7"),
+    Mistake(3, fails=("test_hash_chains_the_previous_block",),
+            question="Do [C, D] after [A, B] and [C, D] after [E, F] get different keys in your manager?",
+            section="3.2"),
+    Mistake(4, fails=("test_partial_block_is_never_shared",),
+            passes=("test_append_never_writes_into_a_full_block", "test_block_filled_by_append_is_shared"),
+            question="Two sequences [A, B, C]: may they share the block holding [C]? Who writes its next slot?",
+            section="3.2"),
+    Mistake(5, fails=("test_token_ids_checked_on_a_key_hit",),
+            question="When a key finds a block, what tells you the block holds the tokens you looked up?",
+            section="3.3"),
+    Mistake(6, fails=("test_same_tokens_after_another_block_are_not_shared",),
+            passes=("test_token_ids_checked_on_a_key_hit",),
+            question="A block holds the right tokens: what else must match before its KV is yours?",
+            section="3.3"),
+    Mistake(7, fails=("test_refused_allocation_of_new_blocks_changes_nothing",),
+            question="When allocate cannot get every block it needs, what has it taken before it raises?",
+            section="3.4"),
+    Mistake(8, fails=("test_revived_blocks_count_against_free_blocks",),
+            passes=("test_refused_allocation_of_new_blocks_changes_nothing",),
+            question="A cached block whose ref count is 0: does reusing it take a block off the free list?",
+            section="3.4"),
+    Mistake(9, fails=("test_revived_block_leaves_the_free_list",),
+            question="After a freed block is revived, where is it: in use, on the free list, or both?",
+            section="3.5"),
+    Mistake(10, fails=("test_free_returns_tail_blocks_first",),
+            question="In which order do a freed sequence's blocks join the free list, and which is evicted first?",
+            section="3.7"),
+    Mistake(11, fails=("test_append_never_writes_into_a_full_block",),
+            question="When the last block is full (and maybe shared), where does the next token go?",
+            section="3.6"),
+    Mistake(12, fails=("test_block_filled_by_append_is_shared",),
+            passes=("test_append_never_writes_into_a_full_block",),
+            question="When append fills a block, how does a later prompt with the same tokens find it?",
+            section="3.6"),
+    Mistake(13, fails=("test_bad_call_raises_and_changes_nothing[seq_id_unhashable_allocate]",),
+            question="What does `["a"] in some_dict` raise, and does your error name seq_id?", section="3.1"),
+    Mistake(13, fails=("test_bad_token_ids_rejected_before_anything_changes",),
+            question="When is a token id that is not an int noticed: before anything changes, or when its block "
+                     "is keyed?", section="3.1"),
+    Mistake(14, fails=("test_block_table_is_a_copy",),
+            question="Is the list block_table (or allocate) returns the manager's own table?", section="3.1"),
+]
 
 
 def refs(m, num_blocks):
@@ -200,6 +257,19 @@ def test_failed_allocation_changes_nothing(impl):
     assert state(m, 6, ["p", "r", "s"]) == state(twin, 6, ["p", "r", "s"])
 
 
+def test_refused_allocation_of_new_blocks_changes_nothing(impl):
+    """No cached prefix at all: a prompt needing 4 new blocks when 3 are free is refused before any block
+    is taken (counting first is the whole point, revivals or not)."""
+    N = 4
+    m = impl.BlockManager(N, 2)
+    m.allocate("a", [A, B])
+    before = state(m, N, ["a"])
+    with pytest.raises(ValueError, match="'b'"):
+        m.allocate("b", [C, D, E, F, G, H, X, Y])
+    assert state(m, N, ["a"]) == before, "the refused allocation took blocks"
+    assert m.allocate("b", [C, D, E, F, G, H]) == [1, 2, 3], "3 new blocks fit exactly"
+
+
 def test_revived_blocks_count_against_free_blocks(impl):
     """"s" ends and its blocks 0 and 1 wait in the free list. A prompt that revives both and needs three
     more needs 5 of the 4 free blocks: it must be refused up front, not after reviving and taking."""
@@ -327,12 +397,28 @@ def test_hash_fn_gets_the_previous_key_and_a_tuple(impl):
     assert all(t != (E,) for _, t in calls), "the partial block [E] must not be keyed"
 
 
-def test_block_table_is_a_copy(impl):
-    m = impl.BlockManager(4, 2)
-    table = m.allocate("s", [A, B, C])
-    table.append(3)
+def _returned_lists(module):
+    """Runs where your manager lives (a list passed between processes is a copy, so aliasing can only be
+    seen there): keep the list allocate returned while the sequence grows, then mutate every list the
+    manager hands out. Returns what the caller's list and the manager show afterwards."""
+    m = module.BlockManager(4, 2)
+    returned = m.allocate("s", [A, B, C])
+    m.append("s", D)
+    m.append("s", E)  # a third block: the manager's own table grows
+    kept = list(returned)
+    returned.append(3)
     m.block_table("s").append(3)
-    assert m.block_table("s") == [0, 1]
+    m.block_table("s")[0] = 3
+    return kept, list(m.block_table("s")), m.num_free_blocks
+
+
+def test_block_table_is_a_copy(impl):
+    """allocate and block_table return new lists: the manager's table must not change when the caller
+    changes a list it got, and a list the caller kept must not grow with the sequence."""
+    kept, table, free = probe(impl, _returned_lists)
+    assert kept == [0, 1], f"the list allocate returned changed to {kept} when the sequence grew: it is the manager's own table"
+    assert table == [0, 1, 2] and free == 1, \
+        f"after the caller changed the lists it got, block_table says {table}: it handed out its own list"
 
 
 def test_whole_prompt_cached_counts_every_token(impl):
@@ -368,6 +454,11 @@ BAD_CALLS = {
     "ref_count_negative": (lambda m: m.ref_count(-1), ValueError, "block_id"),
     "ref_count_past_the_end": (lambda m: m.ref_count(3), ValueError, "block_id"),
     "ref_count_not_int": (lambda m: m.ref_count("0"), TypeError, "block_id"),
+    "seq_id_unhashable_allocate": (lambda m: m.allocate(["c"], [E]), TypeError, "seq_id"),
+    "seq_id_unhashable_append": (lambda m: m.append(["a"], E), TypeError, "seq_id"),
+    "seq_id_unhashable_free": (lambda m: m.free(["a"]), TypeError, "seq_id"),
+    "seq_id_unhashable_block_table": (lambda m: m.block_table(["a"]), TypeError, "seq_id"),
+    "token_id_not_an_int": (lambda m: m.append("a", "E"), TypeError, "token_id"),
 }
 
 
@@ -380,6 +471,35 @@ def test_bad_call_raises_and_changes_nothing(impl, name):
     with pytest.raises(error, match=names):
         call(m)
     assert state(m, 3, ["a", "b"]) == before
+
+
+def _with_room(impl):
+    """Eight blocks, "s" = [A, B, C] holding blocks 0 and 1 (block 1 partial), six free."""
+    m = impl.BlockManager(8, 2)
+    m.allocate("s", [A, B, C])
+    return m
+
+
+@pytest.mark.parametrize("bad,names", [
+    (lambda m: m.allocate("t", [A, B, C, 2.5]), r"token_ids\[3\]"),
+    (lambda m: m.allocate("t", [A, B, [C], D]), r"token_ids\[2\]"),
+    (lambda m: m.append("s", [D]), "token_id"),
+    (lambda m: m.append("s", None), "token_id"),
+], ids=["float_in_prompt", "list_in_prompt", "list_appended", "none_appended"])
+def test_bad_token_ids_rejected_before_anything_changes(impl, bad, names):
+    """A token id that is not an int raises TypeError naming it, before anything changes: a list token
+    would otherwise fail only when its block is keyed (a bare "unhashable type"), after the token was
+    added. Afterwards the manager must behave exactly like a twin that never saw the bad call."""
+    m, twin = _with_room(impl), _with_room(impl)
+    before = state(m, 8, ["s"])
+    with pytest.raises(TypeError, match=names):
+        bad(m)
+    assert state(m, 8, ["s"]) == before, "the rejected call changed the manager"
+    for mgr in (m, twin):  # fill block 1, grow, share: no trace of the bad call may show
+        mgr.append("s", D)
+        mgr.append("s", E)
+        mgr.allocate("u", [A, B, C, D, E])
+    assert state(m, 8, ["s", "u"]) == state(twin, 8, ["s", "u"]), "the rejected call left a trace"
 
 
 def test_double_free_is_rejected(impl):
@@ -513,6 +633,91 @@ class StreamChecker:
                         f"{self.kv.get((block, slot))}, not of {tuple(toks[:pos + 1])}")
 
 
+class _Recording:
+    """Your manager, with every call and its answer written down (runs in your process). Answers are
+    passed on as copies, so the record and the run see the same values."""
+
+    def __init__(self, m, never_frees=False):
+        self._m, self._never_frees, self.trace = m, never_frees, []
+
+    def _call(self, name, *args):
+        try:
+            if name == "num_free_blocks":
+                result = self._m.num_free_blocks
+            elif name == "free" and self._never_frees:
+                result = None
+            else:
+                result = getattr(self._m, name)(*args)
+        except Exception as exc:
+            self.trace.append((name, args, "raise", type(exc).__name__, str(exc)))
+            raise
+        result = list(result) if isinstance(result, list) else result
+        self.trace.append((name, args, "return", result))
+        return result
+
+    num_free_blocks = property(lambda self: self._call("num_free_blocks"))
+
+    def allocate(self, seq_id, token_ids):
+        return self._call("allocate", seq_id, token_ids)
+
+    def append(self, seq_id, token_id):
+        return self._call("append", seq_id, token_id)
+
+    def free(self, seq_id):
+        return self._call("free", seq_id)
+
+    def block_table(self, seq_id):
+        return self._call("block_table", seq_id)
+
+    def ref_count(self, block_id):
+        return self._call("ref_count", block_id)
+
+    def num_cached_tokens(self, seq_id):
+        return self._call("num_cached_tokens", seq_id)
+
+
+class _Replay(_Recording):
+    """The record played back here: each call must be the next one written down, and gets its answer."""
+
+    def __init__(self, trace):
+        super().__init__(None)
+        self._trace, self._next = trace, 0
+
+    def _call(self, name, *args):
+        if self._next >= len(self._trace):
+            raise AssertionError(f"the stream stopped after {self._next} calls in your process (it raised "
+                                 "there, or its record was cut short)")
+        entry = self._trace[self._next]
+        self._next += 1
+        if (entry[0], tuple(entry[1])) != (name, args):
+            raise AssertionError(f"call {self._next} of the stream was {entry[0]}{tuple(entry[1])} in your "
+                                 f"process, {name}{args} here: the record does not match the run")
+        if entry[2] == "raise":
+            error = getattr(builtins, entry[3], None)
+            if not (isinstance(error, type) and issubclass(error, Exception)):
+                error = RuntimeError
+            raise error(entry[4])
+        return entry[3]
+
+
+def _record_stream(module, num_blocks, block_size, hash_name, seed, steps, echo, never_frees=False):
+    """Runs where your code runs: the stream driven against your manager, every call written down. Stops
+    at the first failure; the replay below meets the same one and reports it."""
+    m = module.BlockManager(num_blocks, block_size, hash_fn=HASHES[hash_name])
+    recording = _Recording(m, never_frees)
+    try:
+        run_stream(recording, num_blocks, block_size, seed, steps, echo)
+    except Exception:
+        pass
+    return recording.trace
+
+
+def graded_stream(impl, num_blocks, block_size, hash_name, seed, steps, echo, never_frees=False):
+    """The stream recorded in your process, then checked here on the record: what it saw (events)."""
+    trace = probe(impl, _record_stream, num_blocks, block_size, hash_name, seed, steps, echo, never_frees)
+    return run_stream(_Replay(trace), num_blocks, block_size, seed, steps, echo)
+
+
 def run_stream(m, num_blocks, block_size, seed, steps, echo):
     """A seeded random stream of allocate / append / free over a 3-token vocabulary, so that equal
     blocks after different prefixes, revivals, evictions and refusals all happen. With `echo`, every
@@ -572,26 +777,14 @@ def test_random_request_streams(impl, hash_name, seed):
     weak one (3 values) and one that ignores the block before (the same tokens always collide)."""
     block_size = 1 + seed
     num_blocks = 24 // block_size + 6  # tight enough that allocations are refused and blocks evicted
-    m = impl.BlockManager(num_blocks, block_size, hash_fn=HASHES[hash_name])
-    events = run_stream(m, num_blocks, block_size, seed=100 * seed + len(hash_name), steps=400,
-                        echo=hash_name == "default")
+    events = graded_stream(impl, num_blocks, block_size, hash_name, seed=100 * seed + len(hash_name), steps=400,
+                           echo=hash_name == "default")
     for event in MUST_SEE[hash_name]:
         assert events[event] > 0, f"this stream never saw a {event!r} event: {dict(events)}"
 
 
 def test_stream_checker_rejects_a_manager_that_never_frees(impl):
-    """Not a test of your manager: proves the stream checker fails a manager whose free() does nothing,
-    so that passing the random streams means something."""
-
-    class NeverFrees:
-        def __init__(self, m):
-            self._m = m
-
-        def __getattr__(self, name):
-            return getattr(self._m, name)
-
-        def free(self, seq_id):
-            pass
-
+    """Not a test of your manager: proves the stream checker fails a manager whose free() does nothing
+    (recorded in your process, judged here), so that passing the random streams means something."""
     with pytest.raises(AssertionError):
-        run_stream(NeverFrees(impl.BlockManager(10, 2)), 10, 2, seed=5, steps=50, echo=False)
+        graded_stream(impl, 10, 2, "default", seed=5, steps=50, echo=False, never_frees=True)

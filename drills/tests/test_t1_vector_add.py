@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from drills.compare import assert_close, assert_untouched, mismatch
+from drills.grading.diagnose import Mistake
 from drills.tests import seeded
-from drills.tests.launches import assert_runs_a_triton_kernel
+from drills.tests.launches import assert_runs_a_triton_kernel, record_launches
 
 DIMS = ("i",)
 CANARY = 1234.5  # exactly representable in fp16, bf16 and fp32
@@ -71,6 +72,45 @@ def test_by_hand_kernel_masks_lanes_10_and_11(impl, runtime):
         return out
 
     out = into_canary(launch_by_hand, x)
+    assert out.tolist() == [11.0 * i for i in range(10)], f"expected 0, 11, ..., 99, got {out.tolist()}"
+
+
+def test_by_hand_lane_11_is_masked(impl, runtime):
+    """The same launch inside vectors of 12 elements, so that lane 10 (element n itself) lies in memory
+    the kernel may touch and is ignored here: lane 11 must still be masked. A kernel without a mask
+    fails this; a mask off by one (offs <= n) passes it and fails only the check above."""
+    i = torch.arange(12, dtype=torch.float32, device=runtime.device)  # [12]
+    x, y = i.clone(), 10 * i
+    x[11] = y[11] = float("nan")  # read by lane 11 only if it is not masked
+    out = torch.full((12,), CANARY, device=runtime.device)  # [12]
+    impl.vector_add_kernel[(3,)](x, y, out, 10, BLOCK=4)
+    assert out[:10].tolist() == [11.0 * i for i in range(10)], f"expected 0, 11, ..., 99, got {out[:10].tolist()}"
+    assert out[11].item() == CANARY, f"lane 11 (past n = 10) was written: out[11] = {out[11].item()}"
+
+
+def test_by_hand_loads_stop_at_element_9(impl, runtime):
+    """x and y of exactly 10 elements, with nothing of theirs after element 9; out has room for 12, and
+    its elements 10 and 11 are not checked here. A load without the mask reads past the end of x, which
+    the grader's check of every load lane reports as an out-of-bounds load."""
+    i = torch.arange(10, dtype=torch.float32, device=runtime.device)  # [10]
+    x, y = i.clone(), 10 * i
+    out = torch.full((12,), CANARY, device=runtime.device)  # [12]
+    impl.vector_add_kernel[(3,)](x, y, out, 10, BLOCK=4)
+    assert out[:10].tolist() == [11.0 * i for i in range(10)], f"expected 0, 11, ..., 99, got {out[:10].tolist()}"
+
+
+def test_by_hand_store_stops_at_element_9(impl, runtime):
+    """x and y of 12 elements, so loading lanes 10 and 11 stays inside them; out ends at element 9, with
+    a canary after it. A store without the mask, or with a mask off by one (offs <= n), writes element
+    10 into the canary; a kernel that masks its store but not its loads passes this one."""
+    i = torch.arange(12, dtype=torch.float32, device=runtime.device)  # [12]
+    x, y = i.clone(), 10 * i
+
+    def launch_by_hand(out):
+        impl.vector_add_kernel[(3,)](x, y, out, 10, BLOCK=4)
+        return out
+
+    out = into_canary(launch_by_hand, x[:10])
     assert out.tolist() == [11.0 * i for i in range(10)], f"expected 0, 11, ..., 99, got {out.tolist()}"
 
 
@@ -146,10 +186,19 @@ def _strided(t):
     return buffer[::2]
 
 
+def _shifted_by_one(t):
+    """(a copy of t, and out: the same memory one element further on), a partial overlap."""
+    buffer = torch.zeros(t.numel() + 1, dtype=t.dtype, device=t.device)
+    buffer[:-1] = t
+    return dict(x=buffer[:-1], out=buffer[1:])
+
+
 # name -> (how to spoil the arguments of a valid call, the error, what the message must name)
 BAD_INPUTS = {
     "x_not_a_tensor": (lambda a: dict(x=a["x"].tolist()), TypeError, "x"),
     "y_a_python_float": (lambda a: dict(y=1.0), TypeError, "y"),
+    "out_not_a_tensor": (lambda a: dict(out=a["x"].tolist()), TypeError, "out"),
+    "x_rank_0": (lambda a: dict(x=a["x"][0], y=a["y"][0]), ValueError, "x"),
     "x_rank_2": (lambda a: dict(x=a["x"].view(2, -1), y=a["y"].view(2, -1)), ValueError, "x"),
     "x_int32": (lambda a: dict(x=a["x"].int(), y=a["y"].int()), TypeError, "x"),
     "x_float64": (lambda a: dict(x=a["x"].double(), y=a["y"].double()), TypeError, "x"),
@@ -158,10 +207,14 @@ BAD_INPUTS = {
     "x_not_contiguous": (lambda a: dict(x=_strided(a["x"])), ValueError, "x"),
     "y_not_contiguous": (lambda a: dict(y=_strided(a["y"])), ValueError, "y"),
     "y_on_another_device": (lambda a: dict(y=a["y"].to("meta")), ValueError, "y"),
+    "x_on_a_device_the_runtime_cannot_run": (lambda a: dict(x=a["x"].to("meta"), y=a["y"].to("meta")),
+                                             ValueError, "x is on meta"),
+    "out_on_another_device": (lambda a: dict(out=a["x"].to("meta")), ValueError, "out"),
     "out_shorter": (lambda a: dict(out=a["x"][:-1].clone()), ValueError, "out"),
     "out_dtype_differs": (lambda a: dict(out=a["x"].half()), TypeError, "out"),
     "out_not_contiguous": (lambda a: dict(out=_strided(a["x"])), ValueError, "out"),
     "out_rank_2": (lambda a: dict(out=a["x"].clone().view(2, -1)), ValueError, "out"),
+    "out_partly_overlaps_x": (lambda a: _shifted_by_one(a["x"]), ValueError, "out partly overlaps x"),
 }
 
 
@@ -172,8 +225,18 @@ def test_launcher_rejects_bad_input(impl, runtime, name):
     x, y = make_inputs(64, torch.float32, runtime.device, seed=17)
     args = dict(x=x, y=y)
     args.update(spoil(args))
-    with pytest.raises(error, match=names):
+    with record_launches(impl) as launches, pytest.raises(error, match=names):
         impl.vector_add(**args)
+    assert not launches.calls, "the error must come before any kernel is launched"
+
+
+@pytest.mark.parametrize("BLOCK", [3, 0, 1000, 2.0])
+def test_launch_rejects_block_not_a_power_of_two(impl, runtime, BLOCK):
+    """tl.arange(0, BLOCK) needs a power of two: _launch says so, naming BLOCK, before launching."""
+    x, y = make_inputs(64, torch.float32, runtime.device, seed=17)
+    with record_launches(impl) as launches, pytest.raises(ValueError, match="BLOCK"):
+        impl._launch(x, y, torch.empty_like(x), BLOCK=BLOCK)
+    assert not launches.calls, "the error must come before any kernel is launched"
 
 
 # --- Your kernel does the work ------------------------------------------------------------------
@@ -206,7 +269,9 @@ def test_offsets_widened_to_int64(impl, runtime):
     """n > 2**31: pid * BLOCK in int32 wraps to a negative offset for the programs past element 2**31,
     which then read and write the wrong memory (or fault)."""
     if runtime.interpreter:
-        pytest.skip("GPU only: needs vectors of more than 2**31 elements (three 4 GB fp16 tensors)")
+        pytest.skip("GPU only, for time rather than memory: past 2**31 elements the grid has over a million "
+                    "programs of 2048 (two million, as the grader runs every launch twice), hours in the "
+                    "interpreter")
     n = 2**31 + 2**20 + 3
     x = torch.randn(n, dtype=torch.float16, device=runtime.device)  # [n]
     y = torch.randn(n, dtype=torch.float16, device=runtime.device)
@@ -216,3 +281,32 @@ def test_offsets_widened_to_int64(impl, runtime):
     assert_close(out[tail], x[tail].float() + y[tail].float(), DIMS)
     assert_close(out[:4096], x[:4096].float() + y[:4096].float(), DIMS)
     assert (out[n:] == CANARY).all(), "the canary past out was overwritten"
+
+
+# --- Diagnosis: which pitfall of drills/content/t1_vector_add.md a pattern of results points to ----------
+
+MISTAKES = [
+    Mistake(1, fails=("test_by_hand_lane_11_is_masked", "test_last_block_is_masked[n1]"),
+            question="Program 2 of the by-hand example owns offsets 8 to 11, but n = 10: what keeps lanes 10 "
+                     "and 11 from writing past the end of out?",
+            section="2"),
+    Mistake(1, fails=("test_by_hand_loads_stop_at_element_9",), passes=("test_by_hand_store_stops_at_element_9",),
+            question="Your store stops at n, but which elements do your loads read in the last block when BLOCK "
+                     "does not divide n?",
+            section="2"),
+    Mistake(2, fails=("test_by_hand_grid_has_three_programs",), passes=("test_by_hand_kernel_masks_lanes_10_and_11",),
+            question="For n = 10 and BLOCK = 4, how many programs does your grid start, and which program "
+                     "writes elements 8 and 9?",
+            section="2"),
+    Mistake(3, fails=("test_each_program_adds_its_own_block",), passes=("test_last_block_is_masked[n1]",),
+            question="Which elements does program 1 of the by-hand example load: where in your offsets does "
+                     "its program id come in, and multiplied by what?",
+            section="2"),
+    Mistake(4, fails=("test_offsets_widened_to_int64",), passes=("test_last_block_is_masked",),
+            question="Once n passes 2**31, in which integer type is pid * BLOCK computed, and what happens to "
+                     "it past 2**31 - 1?",
+            section="3.1"),
+    Mistake(5, fails=("test_by_hand_store_stops_at_element_9",), passes=("test_by_hand_lane_11_is_masked",),
+            question="For n = 10, the last element is out[9]: does your mask let lane 10 through?",
+            section="2"),
+]

@@ -10,8 +10,10 @@ import pytest
 import torch
 
 from drills.compare import assert_close, assert_untouched, mismatch
+from drills.grading.diagnose import Mistake
 from drills.tests import seeded
-from drills.tests.launches import assert_runs_a_triton_kernel
+from drills.tests.bigmem import free_bytes, sparse_empty
+from drills.tests.launches import assert_runs_a_triton_kernel, record_launches
 
 DIMS = ("row", "col")
 CANARY = 1234.5  # exactly representable in fp16, bf16 and fp32
@@ -176,6 +178,16 @@ def test_padded_columns_load_as_minus_inf(impl, runtime, N):
     check(impl, x)
 
 
+@pytest.mark.parametrize("where", ["one_block", "long_rows"])
+def test_max_starts_at_minus_inf(impl, runtime, where):
+    """Every value between -300 and -200: a row max that starts at 0 instead of -inf stays 0, every
+    exp(x - 0) underflows to 0 in fp32 (below about -104), and the row becomes 0 / 0 = NaN."""
+    M, N = (4, 300) if where == "one_block" else (2, long_row(impl, 3))
+    gen = torch.Generator().manual_seed(seeded(9))
+    x = framed_input((-250.0 + 50.0 * (2 * torch.rand(M, N, generator=gen) - 1)).to(runtime.device))
+    check(impl, x)
+
+
 @pytest.mark.parametrize("extra", [1, 77], ids=lambda e: f"2*MAX_BLOCK+{e}")
 def test_rows_longer_than_one_block(impl, runtime, extra):
     """Rows of more than MAX_BLOCK columns: three blocks, the last one nearly empty. The row max sits in
@@ -233,6 +245,13 @@ def _transposed(t):
     return t.t().contiguous().t()  # same values, columns strided
 
 
+def _shifted_by_one_row(t):
+    """x (a copy of t) and out, the same memory one row further on: a partial overlap."""
+    buffer = torch.zeros(t.shape[0] + 1, t.shape[1], dtype=t.dtype, device=t.device)  # [M + 1, N]
+    buffer[:-1] = t
+    return dict(x=buffer[:-1], out=buffer[1:])
+
+
 # name -> (a bad call's arguments from a valid x, the error, what the message must name)
 BAD_INPUTS = {
     "x_not_a_tensor": (lambda x: dict(x=x.tolist()), TypeError, "x"),
@@ -246,6 +265,11 @@ BAD_INPUTS = {
     "out_rank_1": (lambda x: dict(x=x, out=torch.empty_like(x).view(-1)), ValueError, "out"),
     "out_columns_strided": (lambda x: dict(x=x, out=_transposed(torch.empty_like(x))), ValueError, "out"),
     "out_on_another_device": (lambda x: dict(x=x, out=torch.empty_like(x, device="meta")), ValueError, "out"),
+    "x_on_a_device_the_runtime_cannot_run": (lambda x: dict(x=x.to("meta")), ValueError, "x is on meta"),
+    "out_not_a_tensor": (lambda x: dict(x=x, out=x.tolist()), TypeError, "out"),
+    "out_rows_overlap": (lambda x: dict(x=x, out=torch.empty_like(x[:1]).expand(x.shape)), ValueError,
+                         "out's rows overlap"),
+    "out_partly_overlaps_x": (lambda x: _shifted_by_one_row(x), ValueError, "out overlaps x"),
 }
 
 
@@ -254,8 +278,18 @@ def test_launcher_rejects_bad_input(impl, runtime, name):
     """Each bad argument raises ValueError/TypeError naming it, before any kernel runs."""
     spoil, error, names = BAD_INPUTS[name]
     x = torch.randn(6, 10, device=runtime.device)
-    with pytest.raises(error, match=names):
+    with record_launches(impl) as launches, pytest.raises(error, match=names):
         impl.softmax(**spoil(x))
+    assert not launches.calls, "the error must come before any kernel is launched"
+
+
+@pytest.mark.parametrize("BLOCK", [3, 0, 48, 8.0])
+def test_launch_rejects_block_not_a_power_of_two(impl, runtime, BLOCK):
+    """tl.arange(0, BLOCK) needs a power of two: _launch says so, naming BLOCK, before launching."""
+    x = torch.randn(6, 10, device=runtime.device)
+    with record_launches(impl) as launches, pytest.raises(ValueError, match="BLOCK"):
+        impl._launch(x, torch.empty_like(x), BLOCK=BLOCK)
+    assert not launches.calls, "the error must come before any kernel is launched"
 
 
 # --- Your kernel does the work ------------------------------------------------------------------
@@ -291,19 +325,48 @@ def test_out_is_allocated_when_not_given(impl, runtime):
     assert_close(out, softmax_reference(x), DIMS)
 
 
-# --- GPU only; last in the file, because an out-of-bounds access ends the CUDA context ------------
+def test_out_may_be_x(impl, runtime):
+    """In place, softmax(x, out=x): each program reads its row before it writes it."""
+    x = randn(5, 300, torch.float32, runtime.device, seed=15)
+    expected = softmax_reference(x)
+    returned = impl.softmax(x, out=x)
+    assert isinstance(returned, torch.Tensor) and returned.data_ptr() == x.data_ptr(), \
+        "softmax must write into the `out` it is given and return it"
+    assert_close(x, expected, DIMS)
 
 
-@pytest.mark.parametrize("N", [16384, 32768], ids=["one_block", "long_rows"])
-def test_row_offsets_widened_to_int64(impl, runtime, N):
-    """M * N > 2**31: row * stride in int32 wraps for the rows past element 2**31, which then read and
-    write the wrong memory (or fault)."""
-    if runtime.interpreter:
-        pytest.skip("GPU only: needs an input of more than 2**31 elements (4 GB in fp16, and as much out)")
-    M = 2**31 // N + 3
-    x = torch.randn(M, N, dtype=torch.float16, device=runtime.device)  # [M, N]
-    out = impl.softmax(x)
-    for rows in (slice(0, 8), slice(M - 16, M)):
-        assert_close(out[rows], softmax_reference(x[rows]), DIMS)
-    del x, out
-    torch.cuda.empty_cache()
+# --- Offsets past 2**31 elements, on sparse buffers -----------------------------------------------
+
+ROW_STRIDE = 2**30 + 2**20  # fits in int32; 2 * ROW_STRIDE does not
+WRAP = 2**32 - 2 * ROW_STRIDE  # how far before row 0 an int32 row * stride puts row 2: 2**31 - 2**21
+
+
+def rows_past_int32(N, device):
+    """A [3, N] fp16 view whose rows lie ROW_STRIDE elements apart, WRAP elements into a buffer of
+    zeros, and the buffer: row 2 starts past element 2**31 of the view, and where an int32 offset would
+    put it (element 0 of the buffer) lies inside the buffer, so the mistake reads zeros instead of
+    faulting. On the CPU the buffer is a sparse file: only the pages of the three rows take memory."""
+    flat = sparse_empty((WRAP + 2 * ROW_STRIDE + N,), torch.float16, device)  # [2**32 + N]
+    flat[:N].zero_()  # where a wrapped row lands (already zeros on the CPU; torch.empty on a GPU)
+    return flat.as_strided((3, N), (ROW_STRIDE, 1), WRAP), flat
+
+
+@pytest.mark.parametrize("where", ["one_block", "long_rows"])
+def test_row_offsets_widened_to_int64(impl, runtime, where):
+    """Row 2 starts 2 * (2**30 + 2**20) elements into x and out, past 2**31: row * stride computed in
+    int32 wraps to a negative offset, 2**31 - 2**21 elements before row 0, so that row is read from
+    the wrong place and stored there too."""
+    if runtime.interpreter and free_bytes() < 2**30:
+        pytest.skip(f"needs about 1 GB of free memory for the touched pages and the interpreter; "
+                    f"{free_bytes() / 2**30:.1f} GB free")
+    N = 781 if where == "one_block" else long_row(impl, 5)
+    gen = torch.Generator().manual_seed(seeded(21))
+    x, _ = rows_past_int32(N, runtime.device)
+    x.copy_(torch.randn(3, N, generator=gen).to(torch.float16))
+    out, out_flat = rows_past_int32(N, runtime.device)
+    out.fill_(CANARY)
+    impl.softmax(x, out=out)
+    assert (out_flat[:N] == 0).all(), (f"a row of out was stored {WRAP} elements before row 0: the row offset "
+                                       "row * stride wrapped around in int32")
+    assert_close(out, softmax_reference(x), DIMS)
+MISTAKES = []

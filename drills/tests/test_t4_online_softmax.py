@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from drills.compare import assert_close, assert_untouched, mismatch
+from drills.grading.diagnose import Mistake
 from drills.tests import seeded
 from drills.tests.launches import assert_runs_a_triton_kernel
 
@@ -196,11 +197,14 @@ def test_old_sum_is_rescaled_when_the_max_grows(impl, runtime):
 
 def test_first_block_starts_from_minus_inf(impl, runtime):
     """All entries negative: a state that starts at m = 0 instead of -inf never sees a larger max, so
-    m stays 0 and l is summed against it."""
-    M, N = sizes(runtime, (3, 50), (257, 3000))
-    x = -3.0 - randn((M, N), runtime, seed=2).abs()
-    check_trace(impl, x, 16)
-    check_stats(impl, x, block=16)
+    m stays 0 and l is summed against it. Below about -104 every e^(x - 0) underflows to 0, so l = 0
+    and every p = 0. N is a multiple of the block: no padding lane takes part."""
+    M, N = sizes(runtime, (3, 48), (257, 3008))
+    for offset in (-3.0, -300.0):
+        x = offset - randn((M, N), runtime, seed=2).abs()
+        check_trace(impl, x, 16)
+        check_stats(impl, x, block=16)
+        check_softmax(impl, x, block=16)
 
 
 def test_large_magnitudes_do_not_overflow(impl, runtime):
@@ -249,6 +253,24 @@ def test_last_block_is_masked(impl, runtime):
         check_stats(impl, x, block=block)
         check_trace(impl, x, block)
         check_softmax(impl, x, block=block)
+
+
+def test_rows_are_read_through_their_strides(impl, runtime):
+    """x is a column slice of a wider buffer, so its rows are stride_xm = N + 24 elements apart, not N;
+    out is a view with rows N + 16 apart. The columns around x hold 50, larger than any entry of x: a
+    kernel that steps from row to row by N reads them, and its max and sum show it. N is a multiple of
+    every block here, so no mask is involved."""
+    M, N = sizes(runtime, (5, 64), (300, 4096))
+    wide = torch.full((M, N + 24), 50.0, device=runtime.device)  # [M, N + 24]
+    wide[:, 8:8 + N] = randn((M, N), runtime, seed=26, scale=3.0)
+    x = wide[:, 8:8 + N]  # [M, N], rows N + 24 apart
+    assert x.stride() == (N + 24, 1)
+    for block in (16, None):
+        check_stats(impl, x, block=block)
+        check_softmax(impl, x, block=block)
+    check_trace(impl, x, 16)
+    check_stats(impl, x, block=16, splits=2)
+    check_softmax(impl, x, block=16, splits=2)
 
 
 @pytest.mark.parametrize("shape", [(1, 1), (1, 5), (7, 100), (3, 781)], ids=str)
@@ -318,6 +340,24 @@ def test_merge_shifts_to_the_larger_max(impl, runtime):
     m_b[8:16] = m_a[8:16]  # equal maxes: the sums simply add
     m, l = impl.merge_stats(m_a, l_a, m_b, l_b)
     assert_stats_close(m, l, *merge_reference(m_a, l_a, m_b, l_b))
+
+
+def test_merge_with_maxes_beyond_fp32_exp_range(impl, runtime):
+    """Maxes of several hundred, of either sign: e^m alone is inf above m = 88.7 and 0 below -103.3 in
+    fp32, so a merge that weights each l by e^m and divides by e^(max) afterwards (right on paper) gives
+    inf / inf = NaN, or 0 / 0. Shifted by the common max, every exponent is <= 0 and nothing overflows."""
+    gen = torch.Generator().manual_seed(seeded(27))
+    n = 48
+    m_a = 200.0 + 100.0 * torch.rand(n, generator=gen)  # [n] in [200, 300)
+    m_a[n // 3:2 * n // 3] *= -1.0  # a third far below zero: e^m_a underflows
+    m_b = m_a + 10.0 * torch.randn(n, generator=gen)  # close to a: both shares count
+    m_b[2 * n // 3:] = -m_a[2 * n // 3:]  # the last third: a at +200..300, b at -300..-200
+    l_a = 1 + 50 * torch.rand(n, generator=gen)
+    l_b = 1 + 50 * torch.rand(n, generator=gen)
+    a = (m_a.to(runtime.device), l_a.to(runtime.device))
+    b = (m_b.to(runtime.device), l_b.to(runtime.device))
+    m, l = impl.merge_stats(*a, *b)
+    assert_stats_close(m, l, *merge_reference(*a, *b))
 
 
 def test_merge_is_commutative(impl, runtime):
@@ -423,6 +463,13 @@ BAD_INPUTS = {
     "out_wrong_dtype": ("online_softmax", lambda d: dict(x=_x(d), out=_x(d).half()), TypeError, "out"),
     "out_last_dim_strided": ("online_softmax", lambda d: dict(x=_x(d), out=torch.empty(20, 3, device=d).t()),
                              ValueError, "out"),
+    "block_bool": ("both", lambda d: dict(x=_x(d), block=True), TypeError, "block"),
+    "splits_too_large": ("both", lambda d: dict(x=_x(d), splits=2048), ValueError, "splits"),
+    "splits_float": ("both", lambda d: dict(x=_x(d), splits=2.0), TypeError, "splits"),
+    "out_not_a_tensor": ("online_softmax", lambda d: dict(x=_x(d), out=_x(d).tolist()), TypeError, "out"),
+    "out_rank_3": ("online_softmax", lambda d: dict(x=_x(d), out=torch.empty(1, 3, 20, device=d)), ValueError, "out"),
+    "out_on_meta": ("online_softmax", lambda d: dict(x=_x(d), out=torch.empty(3, 20, device="meta")),
+                    ValueError, "out"),
 }
 
 
@@ -437,6 +484,12 @@ BAD_MERGES = {
     "l_b_wrong_shape": (lambda d: dict(l_b=torch.ones(5, device=d)), ValueError, "l_b"),
     "l_a_strided": (lambda d: dict(l_a=torch.ones(12, device=d)[::2]), ValueError, "l_a"),
     "m_b_on_meta": (lambda d: dict(m_b=torch.randn(6, device="meta")), ValueError, "m_b"),
+    "m_a_not_a_tensor": (lambda d: dict(m_a=[0.0] * 6), TypeError, "m_a"),
+    "l_a_fp64": (lambda d: dict(l_a=torch.ones(6, device=d, dtype=torch.float64)), TypeError, "l_a"),
+    "m_b_strided": (lambda d: dict(m_b=torch.randn(12, device=d)[::2]), ValueError, "m_b"),
+    # Same shape as the others but transposed: flat offsets would pair the wrong lanes, so it is refused.
+    "l_b_transposed": (lambda d: {**{n: t.reshape(2, 3) for n, t in _states(d).items()},
+                                  "l_b": torch.ones(3, 2, device=d).t()}, ValueError, "l_b"),
 }
 
 
