@@ -71,6 +71,10 @@ class Storages:
         self.received: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
         self.key_of: dict[int, int] = {}
         self.copies: dict[int, torch.UntypedStorage] = {}  # their key -> our private copy, this request
+        # Shared storages (CUDA, sparse files) we sent: kept alive until the other side drops its view, so
+        # that it can always send them back by reference. `dropped`: keys of theirs we no longer hold.
+        self.lent: dict[int, torch.UntypedStorage] = {}
+        self.dropped: list[int] = []
 
     def receive(self, key: int, payload) -> torch.UntypedStorage:
         kind = payload[0]
@@ -99,11 +103,21 @@ class Storages:
             _, path, nbytes = payload
             storage = torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8).untyped_storage()
             register(storage, path, nbytes)
-        self.received[key] = storage
-        ptr = storage.data_ptr()
-        self.key_of[ptr] = key
-        weakref.finalize(storage, self.key_of.pop, ptr, None)
+        if self.received.get(key) is not storage:
+            self.received[key] = storage
+            ptr = storage.data_ptr()
+            self.key_of[ptr] = key
+            weakref.finalize(storage, self._drop, ptr, key, kind != "bytes")
         return storage
+
+    def _drop(self, ptr: int, key: int, shared: bool) -> None:
+        self.key_of.pop(ptr, None)
+        if shared:
+            self.dropped.append(key)
+
+    def forget(self, keys) -> None:
+        for key in keys:
+            self.lent.pop(key, None)
 
     def take_copies(self) -> dict[int, bytes]:
         """{their key: bytes} of the private copies received in this request (to send back)."""
@@ -141,6 +155,8 @@ class _Encoder(pickle.Pickler):
                 shared = storage.device.type != "cpu" or _backed_by_file(storage)
                 self.payloads[ptr] = None if (theirs is not None and shared) else payload_of(storage)
                 self.known.own[ptr] = storage
+                if shared and theirs is None:
+                    self.known.lent[ptr] = storage
             return ("T", theirs, ptr, obj.dtype, tuple(obj.shape), tuple(obj.stride()), obj.storage_offset())
         return self.handle(obj)
 
@@ -158,6 +174,8 @@ class _Decoder(pickle.Unpickler):
             return self.resolve(pid)
         _, ours, key, dtype, shape, stride, offset = pid
         storage = self.known.own.get(ours) if ours is not None else None
+        if storage is None and self.payloads.get(key) is None:
+            raise RuntimeError("a shared storage came back after its owner freed it (grading harness bug)")
         if storage is None:  # new to us (or ours was freed meanwhile): build it from what was sent
             if key not in self.made:
                 self.made[key] = self.known.receive(key, self.payloads[key])
@@ -179,11 +197,13 @@ def dumps(obj, known: Storages, handle) -> bytes:
     body = io.BytesIO()
     enc = _Encoder(body, known, handle)
     enc.dump(obj)
-    header = pickle.dumps(enc.payloads, protocol=pickle.HIGHEST_PROTOCOL)
+    dropped, known.dropped = known.dropped, []
+    header = pickle.dumps((enc.payloads, dropped), protocol=pickle.HIGHEST_PROTOCOL)
     return struct.pack("<Q", len(header)) + header + body.getvalue()
 
 
 def loads(data: bytes, known: Storages, resolve):
     (n,) = struct.unpack("<Q", data[:8])
-    payloads = pickle.loads(data[8:8 + n])
+    payloads, dropped = pickle.loads(data[8:8 + n])
+    known.forget(dropped)
     return _Decoder(io.BytesIO(data[8 + n:]), known, payloads, resolve).load()
