@@ -93,7 +93,7 @@ def cmd_check(args) -> int:
     args.gpu_only_mutants = not drills.runtime.current().interpreter
     results = {
         "tests (solutions, tools)": run_pytest([str(lesson.tests) for lesson in LESSONS] + tool_tests(),
-                                               "solutions", ["-q"]),
+                                               "solutions", ["--tb=short", "-rfEs"]),
         "stub contract": cmd_contract(args),
         "notebooks": cmd_notebooks(args),
         "mutants": cmd_mutants(args),

@@ -333,7 +333,7 @@ def cmd_reset(args) -> int:
     saved = backup(path, lesson.stem) if path.exists() else None
     path.write_text(stub)
     if saved:
-        print(f"your {rel(path)} is saved as {rel(saved)}")
+        print(f"your {rel(path)} is saved as {rel(saved)}; to get it back: cp {rel(saved)} {rel(path)}")
     print(f"{rel(path)} is the stub again, as committed; make test L={lesson.id} now says not started")
     return 0
 
@@ -413,6 +413,16 @@ def _version(module_name: str) -> str:
         return "not installed"
 
 
+def _distribution_version(name: str) -> str:
+    """An installed distribution's own version (the jupyter meta-package has no __version__)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
 def _older(version: str, than: tuple[int, ...]) -> bool:
     numbers = tuple(int(n) for n in re.findall(r"\d+", version)[: len(than)])
     return numbers < than
@@ -446,7 +456,8 @@ def doctor_lines() -> list[str]:
         lines.append(f"runtime Triton's interpreter on the CPU, because {why}: kernels run as Python, on small shapes")
     else:
         lines.append(f"runtime compiled Triton on {runtime.gpu_name}")
-    lines.append(f"extras  Jupyter (make notebooks): {_version('nbclient')}; FlashInfer (a benchmark peer): "
+    lines.append(f"extras  Jupyter (make notebooks): {_distribution_version('jupyter')} (nbclient "
+                 f"{_distribution_version('nbclient')}); FlashInfer (a benchmark peer): "
                  f"{_version('flashinfer')}")
 
     traps = [
