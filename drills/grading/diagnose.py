@@ -16,7 +16,6 @@ consistent, the one with the largest share of conditions holding is named as "mo
 """
 from __future__ import annotations
 
-import fnmatch
 import re
 from dataclasses import dataclass, field
 
@@ -53,8 +52,11 @@ class Finding:
 
 
 def _matches(case_id: str, pattern: str) -> bool:
+    """A case id against a pattern: the exact id, or the check's name (all its cases), with * and ? as
+    wildcards. Brackets are literal: "test_x[n1]" names that one case, not a character class."""
     check = case_id.split("[", 1)[0]
-    return fnmatch.fnmatchcase(case_id, pattern) or ("[" not in pattern and fnmatch.fnmatchcase(check, pattern))
+    regex = "".join(".*" if ch == "*" else "." if ch == "?" else re.escape(ch) for ch in pattern)
+    return re.fullmatch(regex, case_id) is not None or ("[" not in pattern and re.fullmatch(regex, check) is not None)
 
 
 @dataclass

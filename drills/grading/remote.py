@@ -152,6 +152,10 @@ class LearnerProcess:
             info = message[1]
             self.stop()
             raise ImportFailed(info)
+        # Imported; the worker now calls the public functions with None arguments, as the stub contract
+        # does, to see whether the lesson is started (an untouched stub raises NotImplementedError).
+        message = self._wait(START_TIMEOUT_S, during="while your functions were called with None arguments "
+                                                     "to see whether the lesson is started")
         self.ready = message[1]
         return self.ready
 

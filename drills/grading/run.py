@@ -77,8 +77,10 @@ class Grade:
         """The one screen `make test`, `make watch` and `make hint` print."""
         if self.state in ("passing", "failing"):
             return report.render(self.lesson, self.cases, self.graded, self.seed, True, self.findings)
-        return [f"== {self.lesson.id} · {self.lesson.title}: {self.graded} ==", f"{self.lesson.id}: {self.state}"] + \
-            ([self.message] if self.message else [])
+        head = f"== {self.lesson.id} · {self.lesson.title}: {self.graded} =="
+        if self.message.startswith(f"{self.lesson.id}: ") or self.message.startswith(f"{self.lesson.id} is"):
+            return [head, self.message]  # the grader's own line already says the state
+        return [head, f"{self.lesson.id}: {self.state}"] + ([self.message] if self.message else [])
 
 
 def lesson_timeout() -> float:

@@ -56,8 +56,30 @@ def _protect(graded_file: str) -> None:
         return (real.startswith((solutions, mutants)) or ".git" in parts
                 or (os.sep + os.path.join("drills", "solutions") + os.sep) in real)
 
+    # Files are also known by inode, so a hard link to a reference file is refused like the file itself.
+    inodes = set()
+    for folder in (solutions, mutants):
+        for dirpath, _, files in os.walk(folder):
+            for name in files:
+                try:
+                    st = os.stat(os.path.join(dirpath, name))
+                    inodes.add((st.st_dev, st.st_ino))
+                except OSError:
+                    pass
+
+    def same_file(path) -> bool:
+        try:
+            st = os.stat(path) if isinstance(path, (str, bytes, os.PathLike)) else None
+        except (OSError, ValueError):
+            return False
+        return st is not None and (st.st_dev, st.st_ino) in inodes
+
     def hook(event, args):
-        if event == "open" and args and forbidden_path(args[0]):
+        if event in ("os.link", "os.symlink", "shutil.copyfile", "shutil.copymode", "shutil.copystat") and args \
+                and (forbidden_path(args[0]) or same_file(args[0])):
+            raise PermissionError(f"grading: your file may not copy or link {args[0]} (the reference solutions "
+                                  "are off limits while your file is graded)")
+        if event == "open" and args and (forbidden_path(args[0]) or same_file(args[0])):
             raise PermissionError(f"grading: your file may not read {args[0]} (the reference solutions "
                                   "and the repository's history are off limits while your file is graded)")
         if event == "import" and args and isinstance(args[0], str) and \
@@ -271,9 +293,11 @@ def _nearest(ranges, ptr: int, size: int) -> tuple[str, str]:
     best = None
     for name, start, end in ranges:
         if ptr >= end:
-            d, text = ptr - end, f"{(ptr - end) // size + 1} elements past its end"
+            n = (ptr - end) // size + 1
+            d, text = ptr - end, f"{n} element{'s' if n != 1 else ''} past its end"
         elif ptr < start:
-            d, text = start - ptr, f"{(start - ptr + size - 1) // size} elements before its start"
+            n = (start - ptr + size - 1) // size
+            d, text = start - ptr, f"{n} element{'s' if n != 1 else ''} before its start"
         else:
             d, text = 0, "straddling its end"
         if best is None or d < best[0]:
@@ -396,8 +420,13 @@ def _argument_names(fn, args, kwargs) -> dict:
     import inspect
 
     names = {}
+    kernel = next((c.cell_contents for c in (getattr(fn, "__closure__", None) or ())
+                   if hasattr(c.cell_contents, "arg_names")), None)  # kernel[grid] is a lambda around it
     try:
-        bound = inspect.signature(fn).bind_partial(*args, **kwargs).arguments
+        if kernel is not None:
+            bound = dict(zip(kernel.arg_names, args)) | dict(kwargs)
+        else:
+            bound = inspect.signature(fn).bind_partial(*args, **kwargs).arguments
     except (TypeError, ValueError):
         bound = {f"argument {i}": a for i, a in enumerate(args)} | dict(kwargs)
     for name, value in bound.items():
@@ -648,6 +677,7 @@ def main(argv=None) -> int:
             exc = RuntimeError(f"your file called sys.exit({exc.code!r}) while being imported")
         server.send(("import_error", describe_error(exc, graded_file)))
         return 0
+    server.send(("imported", None))  # a crash from here on is not an import problem
     try:
         not_started = contract.not_started_message(module)
     except BaseException:  # noqa: BLE001

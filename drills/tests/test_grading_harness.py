@@ -1,0 +1,374 @@
+"""Tests of the grading harness (drills/grading): the learner's code runs in a process of its own, every
+kernel launch is checked there (bounds, program order, provenance), and what a learner reads is one
+screen that names the mistake. Not a lesson's grader: it runs in `make check`.
+
+Each test writes a learner file into tmp_path, built from T1's solution with a small edit (L3's where a
+pure-Python lesson is needed), and grades it as `make test` does, in a child pytest, with `-k` narrowed
+to the checks the test needs: a whole T1 grading takes tens of seconds under the interpreter. The real
+drills/mine and drills/solutions files are never written.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import types
+
+import pytest
+import torch
+
+import drills.runtime
+from drills import learner
+from drills.grading import diagnose, run
+from drills.grading.remote import ImportFailed, LearnerProcess, RemoteObject
+from drills.grading.report import Case
+from drills.lessons import ROOT, find
+from drills.mutants import load_mutants
+
+T1, L3 = find("t1"), find("l3")
+SCREEN_LINES = 60  # issue 10: the summary fits on one screen
+CANARY = 1234.5  # exactly representable in fp32
+T1_STORE = "tl.store(out_ptr + offs, x + y, mask=mask)"  # the store of T1's kernel
+RUNTIME = drills.runtime.current()
+# The harness checks every load and store lane and visits programs in reverse only in the interpreter;
+# on a GPU the same kernels write past their tensors, or hang the device, for real.
+interpreter_only = pytest.mark.skipif(not RUNTIME.interpreter, reason="the harness checks bounds, program "
+                                      "order and endless kernels only under the Triton interpreter (CPU)")
+
+
+# --- Building and grading learner files --------------------------------------------------------
+
+
+def t1_source(old: str | None = None, new: str = "", extra: str = "") -> str:
+    """T1's solution with `old` replaced by `new`, and `extra` appended."""
+    source = T1.solution.read_text()
+    if old is not None:
+        assert source.count(old) == 1, f"T1's solution no longer holds {old!r} exactly once: update this test"
+        source = source.replace(old, new)
+    return source + extra
+
+
+def t1_mutant(name: str) -> tuple[str, int]:
+    """(T1's solution with the named mutant applied, the number of the pitfall it stands for)."""
+    mutant = next(m for m in load_mutants(T1.stem) if m.name == name)
+    return mutant.apply(T1.solution.read_text()), int(mutant.pitfall.split(".", 1)[0])
+
+
+def write_learner_file(folder, source: str, stem: str = T1.stem):
+    path = folder / f"{stem}.py"
+    path.write_text(source)
+    return path
+
+
+def grade_t1(folder, source: str, *checks: str) -> run.Grade:
+    """Grade `source` as the learner's T1 file, running only the named checks (a -k expression each)."""
+    result = run.grade(T1, file=write_learner_file(folder, source), extra=["-k", " or ".join(checks)])
+    if result.state in ("passing", "failing"):
+        ran = {c.id for c in result.cases} | {c.check for c in result.cases}
+        missing = [c for c in checks if c not in ran]
+        assert not missing, f"no such check in T1's grader any more: {missing}; update this test"
+    return result
+
+
+def one_screen(result: run.Grade) -> str:
+    lines = result.screen()
+    assert len(lines) < SCREEN_LINES, f"the summary takes {len(lines)} lines:\n" + "\n".join(lines)
+    return "\n".join(lines)
+
+
+def failures(result: run.Grade) -> dict[str, str]:
+    """case id -> failure message, for the cases that failed."""
+    return {c.id: c.message for c in result.cases if c.outcome == "failed"}
+
+
+def outcome(result: run.Grade, check: str) -> set[str]:
+    return {c.outcome for c in result.cases if c.check == check}
+
+
+def words(text: str) -> str:
+    """Whitespace collapsed, so text wrapped for the terminal compares with the text it came from."""
+    return " ".join(text.split())
+
+
+# --- Cheats: each must fail with a message a learner understands (issue 11 point 1) --------------
+
+SOLUTION = str(T1.solution)
+CHEATS_AT_IMPORT = {
+    # The reference re-exported: the import itself is refused, before any relabelling could run.
+    "imports_the_reference": ("from drills.solutions.t1_vector_add import *  # noqa: F401,F403\n",
+                              "may not import drills.solutions"),
+    # The reference's source read and run from the learner's file.
+    "execs_the_reference_source": (f"exec(open({SOLUTION!r}).read())\n", "may not read"),
+    # Another program asked for the reference.
+    "cats_the_reference": (t1_source(extra=f"\nimport subprocess\nsubprocess.run(['cat', {SOLUTION!r}])\n"),
+                           "may not start programs"),
+    # The process ended before any check could run: once graded as passing with only the banner printed.
+    "os_exit_0": (t1_source(extra="\nimport os\nos._exit(0)\n"), "ended the process"),
+    "sys_exit_0": (t1_source(extra="\nimport sys\nsys.exit(0)\n"), "sys.exit(0)"),
+}
+
+
+@pytest.mark.parametrize("cheat", list(CHEATS_AT_IMPORT))
+def test_cheat_at_import_does_not_import(tmp_path, cheat):
+    source, says = CHEATS_AT_IMPORT[cheat]
+    result = grade_t1(tmp_path, source, "test_by_hand_lane_11_is_masked")
+    screen = one_screen(result)
+    assert result.state == "does not import", screen
+    assert not result.passed and not result.cases
+    assert says in result.message and str(tmp_path) in result.message, screen
+
+
+def test_hard_link_to_the_reference_is_refused(tmp_path):
+    """The reference read through a hard link made next to the learner's file (the path differs, the file
+    is the same), then run under the learner file's name so its kernel counts as the learner's."""
+    source = ("import os\n"
+              "_link = os.path.join(os.path.dirname(__file__), 'reference_link.py')\n"
+              f"os.link({SOLUTION!r}, _link)\n"
+              "exec(compile(open(_link).read(), __file__, 'exec'))\n")
+    process = LearnerProcess(write_learner_file(tmp_path, source), f"drills._graded_{T1.stem}")
+    try:
+        with pytest.raises(ImportFailed, match="may not"):
+            process.start()
+    finally:
+        process.close()
+
+
+def test_torch_answer_beside_a_decoy_kernel_did_not_come_from_your_kernel(tmp_path):
+    """Right numbers from torch, and a kernel of the learner's file launched to look like work."""
+    decoy = '''
+
+@triton.jit
+def _decoy_kernel(x_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.load(x_ptr + offs, mask=offs < n)  # reads, writes nothing
+
+
+def _launch(x, y, out, BLOCK=2048, num_warps=4):
+    _decoy_kernel[(1,)](x, x.numel(), BLOCK=BLOCK)
+    return torch.add(x, y, out=out)
+'''
+    result = grade_t1(tmp_path, t1_source(extra=decoy), "test_runs_a_triton_kernel")
+    screen = one_screen(result)
+    assert result.state == "failing", screen
+    assert "did not come from your kernel" in failures(result)["test_runs_a_triton_kernel"]
+    assert result.findings[0]["kind"] == "not_from_kernel" and "did not come from your kernel" in screen
+
+
+def test_wrong_kernel_fails_with_the_comparison_helpers_replaced(tmp_path):
+    """x - y, and drills.compare's helpers replaced by no-ops from the learner's file: the comparison runs
+    in the grader's process, which the learner's file never reaches."""
+    forge = '''
+import drills.compare
+drills.compare.mismatch = lambda *args, **kwargs: None
+drills.compare.assert_close = lambda *args, **kwargs: None
+'''
+    source = t1_source(T1_STORE, T1_STORE.replace("x + y", "x - y"), extra=forge)
+    result = grade_t1(tmp_path, source, "test_out_is_allocated_when_not_given")
+    screen = one_screen(result)
+    assert result.state == "failing", screen
+    assert "relative error" in failures(result)["test_out_is_allocated_when_not_given"], screen
+
+
+# --- Kernels that crash, hang, race or write out of bounds: graded, never fatal (issue 10 point 1) -
+
+
+def test_store_without_a_mask_is_graded_on_one_screen(tmp_path):
+    source, pitfall = t1_mutant("store_unmasked")
+    result = grade_t1(tmp_path, source, "test_by_hand_lane_11_is_masked", "test_by_hand_store_stops_at_element_9",
+                      "test_last_block_is_masked[n1]")
+    screen = one_screen(result)
+    assert result.state == "failing", screen
+    assert failures(result) and all(re.search(r"canary|out of bounds|past n", m) for m in failures(result).values()), \
+        screen
+    assert result.findings[0]["pitfall"] == pitfall, screen
+    assert f"likely mistake: pitfall {pitfall}" in screen
+
+
+@interpreter_only
+def test_store_past_the_end_names_the_learner_line(tmp_path):
+    """Every store shifted one block on: the last program writes past the end of an `out` that has no
+    canary around it. The interpreter checks every lane, so this is a failed check naming the line, not
+    a write into whatever memory follows."""
+    source = t1_source(T1_STORE, T1_STORE.replace("out_ptr + offs", "out_ptr + offs + BLOCK"))
+    line = next(i for i, text in enumerate(source.splitlines(), 1) if "out_ptr + offs + BLOCK" in text)
+    result = grade_t1(tmp_path, source, "test_by_hand_lane_11_is_masked")
+    screen = one_screen(result)
+    message = failures(result)["test_by_hand_lane_11_is_masked"]
+    assert "out of bounds store of out_ptr" in message, screen
+    assert f"{tmp_path / T1.stem}.py:{line}" in message, message
+    assert result.findings[0]["kind"] == "out_of_bounds" and "out of bounds store" in screen
+
+
+def test_crash_fails_its_check_and_the_next_checks_still_run(tmp_path):
+    """vector_add kills its own process (as a wild store does on a GPU) after validating its arguments;
+    the kernel and _launch are right, so the checks that call them after the crash must pass."""
+    crash = "    import os, signal\n    os.kill(os.getpid(), signal.SIGSEGV)\n    return _launch(x, y, out)\n"
+    source = t1_source("    return _launch(x, y, out)\n", crash)
+    result = grade_t1(tmp_path, source, "test_out_is_allocated_when_not_given",
+                      "test_launch_rejects_block_not_a_power_of_two")
+    screen = one_screen(result)
+    message = failures(result).get("test_out_is_allocated_when_not_given", "")
+    assert "ended the process" in message and "SIGSEGV" in message, screen
+    assert outcome(result, "test_launch_rejects_block_not_a_power_of_two") == {"passed"}, screen
+    assert result.findings[0]["kind"] == "crash", screen
+
+
+@interpreter_only
+def test_endless_loop_times_out_and_the_next_checks_still_run(tmp_path, monkeypatch):
+    monkeypatch.setenv("DRILLS_CALL_TIMEOUT", "5")
+    source = t1_source("    mask = offs < n  # [BLOCK]\n",
+                       "    mask = offs < n  # [BLOCK]\n    while n > 0:  # never ends\n        pass\n")
+    result = grade_t1(tmp_path, source, "test_by_hand_lane_11_is_masked",
+                      "test_launch_rejects_block_not_a_power_of_two")
+    screen = one_screen(result)
+    assert "did not return within 5 s" in failures(result).get("test_by_hand_lane_11_is_masked", ""), screen
+    assert outcome(result, "test_launch_rejects_block_not_a_power_of_two") == {"passed"}, screen
+    assert result.findings[0]["kind"] == "timeout", screen
+
+
+@interpreter_only
+def test_zeroing_the_next_block_is_a_write_race(tmp_path):
+    """Each program stores its block and zeros the next one: in forward order the next program repairs
+    the damage (the interpreter alone would pass it); in reverse order, or on a GPU, it does not."""
+    clobber = T1_STORE + "\n    tl.store(out_ptr + offs + BLOCK, tl.zeros_like(x), mask=offs + BLOCK < n)"
+    result = grade_t1(tmp_path, t1_source(T1_STORE, clobber), "test_by_hand_lane_11_is_masked")
+    screen = one_screen(result)
+    assert "write race" in failures(result).get("test_by_hand_lane_11_is_masked", ""), screen
+    assert result.findings[0]["kind"] == "write_race", screen
+
+
+# --- What the learner reads: one screen by default, pytest's own lines with VERBOSE (point 4) ----
+
+
+def test_verbose_prints_pytest_lines_and_the_default_one_screen():
+    check = "test_by_hand_lane_11_is_masked"
+    env = dict(os.environ, PYTEST_ADDOPTS=f"-k {check}")  # the whole T1 grader is tens of seconds here
+    env.pop(run.VERBOSE_ENV, None)
+    cmd = [sys.executable, "-m", "drills", "test", "t1", "--impl", "solutions"]
+    runs = {
+        "default": subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    text=True),
+        "VERBOSE=1": subprocess.Popen(cmd, cwd=ROOT, env=dict(env, **{run.VERBOSE_ENV: "1"}), stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True),
+    }
+    out = {name: proc.communicate(timeout=300)[0] for name, proc in runs.items()}
+    assert runs["default"].returncode == 0, out["default"]
+    assert f"pass  {check}" in out["default"] and "t1: passing" in out["default"], out["default"]
+    assert "PASSED" not in out["default"] and len(out["default"].splitlines()) < SCREEN_LINES, out["default"]
+    assert runs["VERBOSE=1"].returncode == 0, out["VERBOSE=1"]
+    assert re.search(rf"{check} PASSED", out["VERBOSE=1"]), out["VERBOSE=1"]
+
+
+# --- make hint follows the diagnosed mistake (point 5) -------------------------------------------
+
+
+def test_hint_follows_the_diagnosed_mistake(tmp_path, monkeypatch, capsys):
+    """A T1 file with the grid rounded down: the first hint is the diagnosed pitfall's question, the
+    second goes on from it without grading again, and RESTART goes back to the first."""
+    source, pitfall = t1_mutant("grid_floor")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    write_learner_file(mine, source)
+    monkeypatch.setenv(learner.MINE_DIR_ENV, str(mine))
+    monkeypatch.setenv(learner.STATE_DIR_ENV, str(tmp_path / "state"))
+    # The two checks that tell this mistake from an unmasked kernel; the whole grader takes far longer.
+    monkeypatch.setenv("PYTEST_ADDOPTS",
+                       "-k 'test_by_hand_grid_has_three_programs or test_by_hand_kernel_masks_lanes_10_and_11'")
+
+    def hint(restart=False):
+        assert learner.cmd_hint(types.SimpleNamespace(lesson="t1", restart=restart)) == 0
+        return capsys.readouterr().out
+
+    first = hint()
+    finding = learner.last_grade(T1)["findings"][0]  # the file is unchanged: the grading just remembered
+    assert finding["pitfall"] == pitfall and finding["question"], finding
+    assert "hint 1 of" in first and f"pitfall {pitfall}" in first, first
+    assert words(finding["question"]) in words(first), first
+    second = hint()
+    assert "hint 2 of" in second and f"pitfall {pitfall}" in second, second
+    assert "does the same" not in second, "an unchanged file must not be graded again:\n" + second
+    assert "hint 1 of" in hint(restart=True)
+
+
+# --- The proxy: the learner's module in its own process behaves as if it were here ---------------
+
+
+@pytest.fixture
+def remote(tmp_path):
+    """start(lesson) -> the lesson's solution, copied as a learner file, served by its own process."""
+    processes = []
+
+    def start(lesson):
+        path = write_learner_file(tmp_path, lesson.solution.read_text(), lesson.stem)
+        process = LearnerProcess(path, f"drills._graded_{lesson.stem}")
+        processes.append(process)
+        process.start()
+        return process.module, path
+
+    yield start
+    for process in processes:
+        process.close()
+
+
+def test_proxy_writes_into_views_of_the_graders_tensors(remote):
+    impl, _ = remote(T1)
+    n = 10
+    x = torch.arange(n, dtype=torch.float32, device=RUNTIME.device)  # [n]
+    y = 10 * x  # [n]
+    buffer = torch.full((3, n + 4), CANARY, device=RUNTIME.device)  # [3, n + 4]
+    out = buffer[1, 2:2 + n]  # [n], a view into the middle of the buffer: storage offset n + 6
+    returned = impl.vector_add(x, y, out=out)
+    assert returned.data_ptr() == out.data_ptr(), "a returned view of `out` must be the caller's own `out`"
+    assert out.tolist() == [11.0 * i for i in range(n)], "the learner's write into out did not reach the grader"
+    around = buffer.clone()
+    around[1, 2:2 + n] = CANARY
+    assert (around == CANARY).all(), "memory around out changed"
+    # The kernel launched by hand on a view, and in place on an input: the same writes come back.
+    impl.vector_add_kernel[(3,)](x, y, x, n, BLOCK=4)
+    assert x.tolist() == [11.0 * i for i in range(n)]
+    fresh = impl.vector_add(y, y)  # allocated in the learner's process: comes back by value
+    assert fresh.tolist() == [20.0 * i for i in range(n)] and fresh.data_ptr() != y.data_ptr()
+
+
+def test_proxy_raises_the_learners_value_error_naming_its_line(remote):
+    impl, path = remote(T1)
+    x = torch.arange(8, dtype=torch.float32, device=RUNTIME.device)  # [8]
+    with pytest.raises(ValueError, match=r"y must have x's shape \(8,\), got \(7,\)") as info:
+        impl.vector_add(x, x[:-1].clone())
+    assert info.value.drills_where.startswith(f"{path}:"), info.value.drills_where
+    # [8], stride 2: the stride travels with the view, and the learner's launcher rejects it.
+    strided = torch.arange(16, dtype=torch.float32, device=RUNTIME.device)[::2]
+    with pytest.raises(ValueError, match="x must be contiguous"):
+        impl.vector_add(strided, x)
+
+
+def test_proxy_calls_back_the_graders_hash_fn(remote):
+    impl, _ = remote(L3)
+    calls = []
+
+    def hash_fn(prev_hash, token_ids):  # runs here, in the grader's process
+        calls.append((prev_hash, token_ids))
+        return hash((prev_hash, token_ids))
+
+    manager = impl.BlockManager(8, 4, hash_fn=hash_fn)
+    assert isinstance(manager, RemoteObject) and manager.block_size == 4
+    table = manager.allocate("a", list(range(9)))  # two full blocks and one partial
+    assert type(table) is list and table == [0, 1, 2]
+    # Each full block is keyed from the key of the block before it (the order of the calls is the learner's).
+    assert (None, (0, 1, 2, 3)) in calls and (hash((None, (0, 1, 2, 3))), (4, 5, 6, 7)) in calls, calls
+    shared = manager.allocate("b", list(range(8)) + [99])  # the same two full blocks, then its own
+    assert shared[:2] == table[:2] and manager.ref_count(table[0]) == 2
+    with pytest.raises(ValueError, match="already allocated"):
+        manager.allocate("a", [1])
+
+
+# --- The diagnosis engine ------------------------------------------------------------------------
+
+
+def test_mistake_naming_one_parametrized_case_matches_it():
+    cases = [Case("test_last_block_is_masked[n1]", "test_last_block_is_masked", "failed", "canary overwritten"),
+             Case("test_last_block_is_masked[n2]", "test_last_block_is_masked", "passed")]
+    found = diagnose.diagnose(cases, [diagnose.Mistake(1, fails=("test_last_block_is_masked[n1]",),
+                                                       passes=("test_last_block_is_masked[n2]",))])
+    assert found and found[0].pitfall == 1 and found[0].consistent, found
