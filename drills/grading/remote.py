@@ -104,9 +104,9 @@ def _rebuild_error(info: dict) -> BaseException:
     else:
         place = f" at {where} (`{code}`)" if where else ""
         exc = LearnerError(f"your code raised {info.get('type')}{place}: {message}")
+    # Where it was raised travels as attributes, not in the message or a note: `pytest.raises(match=...)`
+    # searches notes too, and the learner's line of code must not satisfy a check on the message.
     exc.drills_where, exc.drills_code, exc.drills_type = where, code, info.get("type")
-    if where and hasattr(exc, "add_note"):
-        exc.add_note(f"raised in your code at {where}: {code}")
     return exc
 
 

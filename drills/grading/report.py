@@ -46,6 +46,9 @@ def failure_message(excinfo) -> str:
         return "\n".join(own).strip() or (lines[0] if lines else "assertion failed")
     if type(exc).__name__ in ("Failed", "Skipped", "XFailed"):  # pytest.fail / pytest.raises' DID NOT RAISE
         return text
+    where = getattr(exc, "drills_where", None)  # raised in the learner's code (drills/grading/remote.py)
+    if where and "your code raised" not in text:
+        return f"your code raised {type(exc).__name__} at {where} (`{getattr(exc, 'drills_code', '')}`): {text}"
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
