@@ -164,6 +164,9 @@ def mutant_workers(on_gpu: bool) -> int:
     return 1 if on_gpu else max(1, min(3, (os.cpu_count() or 2) - 1))
 
 
+ONE_SCREEN = 60  # lines: what a learner reads after make test
+
+
 def mutant_verdict(m, result) -> tuple[str, bool]:
     """(the line to print, whether the mutant was killed and diagnosed as its own pitfall)."""
     import re
@@ -173,6 +176,9 @@ def mutant_verdict(m, result) -> tuple[str, bool]:
         return f"SURVIVED   [{m.pitfall}]", False
     if result.state in ("not started", "grader error", "missing"):
         return f"NOT GRADED ({result.state}: {result.message.splitlines()[0] if result.message else ''})", False
+    screen = result.screen()
+    if len(screen) >= ONE_SCREEN:
+        return f"killed, but its summary takes {len(screen)} lines (one screen is under {ONE_SCREEN})", False
     top = result.findings[0] if result.findings else {}
     named = top.get("pitfall") or 0
     first_failed = next((c.id for c in result.cases if c.outcome == "failed"), result.state)
