@@ -158,10 +158,11 @@ def cmd_mutants(args) -> int:
 
 
 def mutant_workers(on_gpu: bool) -> int:
-    # Each grading is a pytest process plus the learner's process; on a GPU one at a time.
+    # Each grading is a pytest process plus the learner's process, one of them waiting on the other most
+    # of the time, so one grading per core; on a GPU one at a time.
     import os
 
-    return 1 if on_gpu else max(1, min(3, (os.cpu_count() or 2) - 1))
+    return 1 if on_gpu else max(1, min(4, os.cpu_count() or 2))
 
 
 ONE_SCREEN = 60  # lines: what a learner reads after make test
