@@ -313,3 +313,29 @@ def test_every_benchmark_with_a_headline_names_value_unit_label():
                 assert list(inspect.signature(module.headline).parameters) == ["impl"]
                 with_headline.append(lesson.id)
     assert {"l2", "f1"} <= set(with_headline)
+
+
+# --- The classic mistakes a new learner makes are graded as such -----------------------------------
+
+# Issue-tracker reports of what learners met: each mistake made in a lesson's file must be one of that
+# lesson's mutants, so that `make mutants` (part of make check) proves it is caught, diagnosed as its own
+# pitfall and summarised on one screen.
+CLASSIC_MISTAKES = {
+    "l2": ["unmasked_last_page", "interleaved_grouping", "masked_scores_not_minus_inf", "rescale_dropped",
+           "scale_missing", "p_not_cast_for_dot", "padding_rows_stored"],
+    "t1": ["store_unmasked"],
+    "t5": ["causal_top_left", "acc_not_rescaled", "rows_past_nq_stored", "causal_shift_clamped"],
+}
+
+
+@pytest.mark.parametrize("lesson_id", sorted(CLASSIC_MISTAKES))
+def test_classic_mistakes_are_mutants_with_their_own_pitfall(lesson_id):
+    from drills.mutants import load_mutants
+
+    lesson = find(lesson_id)
+    mutants = {m.name: m for m in load_mutants(lesson.stem)}
+    numbers = {p.number for p in explainer.pitfalls(lesson)}
+    for name in CLASSIC_MISTAKES[lesson_id]:
+        assert name in mutants, f"{lesson_id}: the classic mistake {name} has no mutant"
+        assert int(mutants[name].pitfall.split(".", 1)[0]) in numbers, f"{name} names no pitfall of the explainer"
+        assert not mutants[name].gpu_only, f"{name} must be graded on the CPU, where most learners are"
