@@ -87,10 +87,25 @@ def _protect(graded_file: str) -> None:
             raise ImportError(f"grading: your file may not import {args[0]}: the reference solutions are "
                               "off limits while your file is graded")
         if event in ("subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork",
-                     "os.forkpty"):
+                     "os.forkpty") and not _started_by_triton():
             raise PermissionError(f"grading: your file may not start programs ({event})")
 
     sys.addaudithook(hook)
+
+
+def _started_by_triton() -> bool:
+    """True when Triton's compiler (or torch's) is the one starting a program: compiled Triton runs
+    ptxas and builds its launcher with a C compiler on a GPU."""
+    import torch
+    import triton
+
+    trusted = tuple(os.path.dirname(m.__file__) + os.sep for m in (triton, torch))
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code.co_filename.startswith(trusted):
+            return True
+        frame = frame.f_back
+    return False
 
 
 # --- The learner's line ----------------------------------------------------------------------------
@@ -307,15 +322,22 @@ def _nearest(ranges, ptr: int, size: int) -> tuple[str, str]:
     return best[1], best[2]
 
 
+# What torch.empty returns in the learner's process: NaN, so that output a kernel never wrote shows; a
+# different value while launches are disabled, so that a kernel whose output is NaN is not taken for
+# no kernel at all.
+POISON = {"value": float("nan")}
+DISABLED_POISON = 7777.0
+
+
 def _poison_empty() -> None:
-    """torch.empty and friends return NaN (floats) so that output a kernel never wrote shows."""
+    """torch.empty and friends return poisoned memory (floats)."""
     import torch
 
     def poisoned(fn):
         def wrapper(*args, **kwargs):
             t = fn(*args, **kwargs)
             if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel() and t.device.type == "cpu":
-                t.fill_(float("nan"))
+                t.fill_(POISON["value"])
             return t
 
         wrapper.__wrapped__ = fn
@@ -465,20 +487,21 @@ def run_call(watch: TritonWatch, fn, args, kwargs, options: dict):
                 "GPU, where programs run in any order, gives wrong results")
     if provenance:
         _restore(storages, snap)
-        watch.disabled = True
+        watch.disabled, POISON["value"] = True, DISABLED_POISON
         try:
             disabled_result = fn(*args, **kwargs)
         except Exception:
             disabled_result = None
         finally:
-            watch.disabled = False
+            watch.disabled, POISON["value"] = False, float("nan")
         unchanged = _compare_states(storages, after, results, disabled_result, names) is None and \
             len(_tensors_in(disabled_result)) == len(results)
         _restore(storages, {ptr: a for ptr, a in after.items()})
         if unchanged:
             raise NotFromKernel(
                 "the output did not come from your kernel: with every Triton launch turned into a no-op the "
-                "call returned the same result, so it was computed some other way (torch, or a copy)")
+                "call returned the same result, so it was computed some other way (torch, or a copy), or your "
+                "kernel writes nothing (no tl.store into the output?)")
     return result
 
 
