@@ -6,6 +6,9 @@ MUTANTS = [
            "k_mask = offs_k < K - k * BLOCK_K", "k_mask = offs_k < BLOCK_K"),
     Mutant("k_edge_masked_in_a_only", "1. the K edge masked in one operand only (0 * NaN = NaN)",
            "b = tl.load(b_ptrs, mask=k_mask[:, None], other=0.0)", "b = tl.load(b_ptrs)"),
+    # Masked lanes without `other` are undefined: the grader's interpreter fills them with NaN.
+    Mutant("k_edge_without_other", "1. the K edge masked without other=0",
+           "a = tl.load(a_ptrs, mask=k_mask[None, :], other=0.0)", "a = tl.load(a_ptrs, mask=k_mask[None, :])"),
     Mutant("store_unmasked", "2. no mask on the store at the M and N edges",
            "tl.store(c_ptrs, c, mask=c_mask)", "tl.store(c_ptrs, c)"),
     Mutant("fp16_accumulator", "3. the sum kept in fp16",
@@ -16,6 +19,8 @@ MUTANTS = [
            "offs_k[None, :] * stride_ak", "offs_k[None, :]"),
     Mutant("c_assumed_contiguous", "4. a stride assumed to be 1 (C written as if row-major)",
            "offs_n[None, :] * stride_cn", "offs_n[None, :]"),
+    Mutant("c_row_stride_assumed_n", "4. C's row stride assumed to be N",
+           "offs_m[:, None] * stride_cm", "offs_m[:, None] * N"),
     Mutant("b_advanced_along_n", "5. the K step advances B by BLOCK_K elements instead of BLOCK_K rows",
            "b_ptrs += BLOCK_K * stride_bk", "b_ptrs += BLOCK_K"),
     Mutant("last_group_not_shortened", "6. the last group taken as GROUP_M tile rows long",
@@ -24,5 +29,8 @@ MUTANTS = [
            "pid_m = first_m + r % rows_in_group\n    pid_n = r // rows_in_group",
            "pid_m = pid // num_pid_n\n    pid_n = pid % num_pid_n"),
     Mutant("block_k_below_16", "8. a tl.dot K dimension below 16 (the interpreter accepts it, a GPU does not)",
-           'dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32', 'dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=8', gpu_only=True),
+           'dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32', 'dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=8'),
+    # Rows past M are computed but never stored: only the grader's out-of-bounds load check sees them.
+    Mutant("rows_past_m_loaded", "9. rows past M loaded without the wrap or a mask",
+           "a_rows = offs_m % M", "a_rows = offs_m"),
 ]

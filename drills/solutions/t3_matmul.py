@@ -15,6 +15,8 @@ Explainer: drills/content/t3_matmul.md.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -90,6 +92,36 @@ _CONFIGS = {
 }
 
 
+def _check_config(cfg):
+    """A configuration the kernel can compile: every tl.dot dimension a power of two >= 16 (section 3.5)."""
+    for key in ("BLOCK_M", "BLOCK_N", "BLOCK_K"):
+        value = cfg.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or not validate.is_pow2(value) or value < 16:
+            raise ValueError(f"config {key} = {value!r} must be a power of two >= 16: tl.arange needs a power of "
+                             f"two, and tl.dot a K of at least 16 (section 3.5)")
+    group = cfg.get("GROUP_M")
+    if isinstance(group, bool) or not isinstance(group, int) or group < 1:
+        raise ValueError(f"config GROUP_M = {group!r} must be a positive int")
+
+
+def _byte_span(t):
+    """[first byte, one past the last byte] of the memory t's elements lie in (t non-empty)."""
+    last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
+    return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
+
+
+def _elements_overlap(t):
+    """Whether two elements of the 2-D tensor t share memory: i * s0 + j * s1 = i' * s0 + j' * s1 for
+    some (i, j) != (i', j'). The smallest such step is (s1 / g, -s0 / g) with g = gcd(s0, s1)."""
+    (n0, n1), (s0, s1) = t.shape, t.stride()
+    if (n0 > 1 and s0 == 0) or (n1 > 1 and s1 == 0):
+        return True
+    if n0 < 2 or n1 < 2:
+        return False
+    g = math.gcd(s0, s1)
+    return s1 // g < n0 and s0 // g < n1
+
+
 def _config(M, N):
     if drills.runtime.current().interpreter:
         return _CONFIGS["interpreter"]
@@ -97,11 +129,13 @@ def _config(M, N):
 
 
 def _launch(a, b, out, config=None):
-    """Launch without checks: the benchmark times this, the public function adds the checks.
-    config: a dict like those in _CONFIGS (the sweep passes its own); by default chosen by size."""
+    """Launch without the input checks: the benchmark times this, the public function adds the checks.
+    config: a dict like those in _CONFIGS (the sweep passes its own); by default chosen by size. Only the
+    configuration is checked here, since only callers of _launch choose it."""
     M, K = a.shape
     N = b.shape[1]
     cfg = config or _config(M, N)
+    _check_config(cfg)
     grid = (triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"]),)
     matmul_kernel[grid](
         a, b, out,
@@ -119,7 +153,8 @@ def matmul(a, b, out=None):
 
     a    [M, K], float16 or bfloat16, any strides (a transposed view is fine)
     b    [K, N], a's dtype, any strides
-    out  optional [M, N] of a's dtype, any strides, written in place; it must not overlap a or b
+    out  optional [M, N] of a's dtype, any strides under which no two elements share memory, written in
+         place; it must not overlap a or b
 
     Returns out [M, N].
     """
@@ -138,6 +173,15 @@ def matmul(a, b, out=None):
     if out is not None and out.shape != (M, N):
         raise ValueError(f"out must have shape (M, N) = {(M, N)}, got {tuple(out.shape)}")
     validate.offsets_fit_int32(**named)
+    if out is not None:
+        # Each element of C is stored by one program: two elements at one address would be stored twice,
+        # and C written over A or B would change inputs that other programs have not read yet.
+        if _elements_overlap(out):
+            raise ValueError(f"out's elements overlap: strides {tuple(out.stride())} for shape {tuple(out.shape)}")
+        for name in ("a", "b"):
+            (t_start, t_end), (out_start, out_end) = _byte_span(named[name]), _byte_span(out)
+            if out_start < t_end and t_start < out_end:
+                raise ValueError(f"out overlaps {name}'s memory: C must be written to memory of its own")
     if out is None:
         out = torch.empty((M, N), dtype=a.dtype, device=a.device)
     return _launch(a, b, out)

@@ -10,8 +10,10 @@ import pytest
 import torch
 
 from drills.compare import assert_close, assert_untouched, mismatch
+from drills.grading.diagnose import Mistake
 from drills.tests import seeded
-from drills.tests.launches import assert_runs_a_triton_kernel
+from drills.tests.bigmem import sparse_empty
+from drills.tests.launches import assert_runs_a_triton_kernel, record_launches
 
 DIMS = ("m", "n")  # how a mismatch names its position in C
 PAD = 256  # NaN rows and columns after every input: more than any block reaches past an edge
@@ -37,26 +39,35 @@ def reference(a, b):
     return (a.double() @ b.double()).float()
 
 
-def run_into_canary(impl, a, b, out_transposed=False):
+# How out lies in its canary buffer: (buffer rows, buffer columns, the [M, N] view of the buffer).
+OUT_LAYOUTS = {
+    "plain": (lambda M, N: (M, N), lambda x, M, N: x[MARGIN:MARGIN + M, MARGIN:MARGIN + N]),
+    "transposed": (lambda M, N: (N, M), lambda x, M, N: x[MARGIN:MARGIN + N, MARGIN:MARGIN + M].t()),
+    "strided_columns": (lambda M, N: (M, 2 * N), lambda x, M, N: x[MARGIN:MARGIN + M, MARGIN:MARGIN + 2 * N:2]),
+}
+
+
+def run_into_canary(impl, a, b, out_layout="plain"):
     """matmul(a, b, out=view) with the view inside a canary-filled buffer, MARGIN spare rows and columns
-    on every side; checks that matmul returns the view and that nothing outside it changed."""
+    on every side (and, for strided columns, a canary between every two columns); checks that matmul
+    returns the view and that nothing outside it changed."""
     M, N = a.shape[0], b.shape[1]
-    rows, cols = (N, M) if out_transposed else (M, N)
+    size, view_of = OUT_LAYOUTS[out_layout]
+    rows, cols = size(M, N)
     buffer = torch.full((rows + 2 * MARGIN, cols + 2 * MARGIN), CANARY, dtype=a.dtype, device=a.device)
-    inner = buffer[MARGIN:MARGIN + rows, MARGIN:MARGIN + cols]
-    out = inner.t() if out_transposed else inner  # [M, N]
+    out = view_of(buffer, M, N)  # [M, N]
     returned = impl.matmul(a, b, out=out)
     assert isinstance(returned, torch.Tensor) and returned.data_ptr() == out.data_ptr(), \
         "matmul must write into the `out` it is given and return it"
     keep = torch.zeros(buffer.shape, dtype=torch.bool, device=buffer.device)
-    keep[MARGIN:MARGIN + rows, MARGIN:MARGIN + cols] = True
-    assert_untouched(buffer, CANARY, keep, "the buffer around out (a store past M or N?)",
+    view_of(keep, M, N).fill_(True)
+    assert_untouched(buffer, CANARY, keep, "the buffer around out (a store past M or N, or at the wrong stride?)",
                      ("row+256", "col+256"))
     return out
 
 
-def check(impl, a, b, out_transposed=False, **tol):
-    out = run_into_canary(impl, a, b, out_transposed)
+def check(impl, a, b, out_layout="plain", **tol):
+    out = run_into_canary(impl, a, b, out_layout)
     assert_close(out, reference(a, b), DIMS, **tol)
     return out
 
@@ -201,10 +212,23 @@ def test_strides_are_respected(impl, runtime, layout):
     check(impl, a, b)
 
 
-def test_output_strides_are_respected(impl, runtime):
-    """out as a transposed view (strides (1, M + 2 * MARGIN)): the store must use stride_cm and stride_cn."""
+@pytest.mark.parametrize("out_layout", ["transposed", "strided_columns"])
+def test_output_strides_are_respected(impl, runtime, out_layout):
+    """out as a transposed view (strides (1, M + 2 * MARGIN)) or every other column of a wider buffer
+    (strides (2 * N + 2 * MARGIN, 2)): the store must use stride_cm and stride_cn."""
     a, b = inputs(37, 45, 70, runtime.device, seed=13)
-    check(impl, a, b, out_transposed=True)
+    check(impl, a, b, out_layout=out_layout)
+
+
+def test_loads_stay_inside_a_and_b(impl, runtime):
+    """A and B allocated to the exact element, nothing of theirs after the last row or column, and M and
+    N not multiples of any block: loading rows past M or columns past N (without the % M wrap or a mask)
+    reads outside both, which the grader's check of every load lane reports as an out-of-bounds load,
+    even though those rows and columns of the tile are never stored."""
+    gen = torch.Generator().manual_seed(seeded(41))
+    a = torch.randn(37, 40, generator=gen).half().to(runtime.device)  # [M, K], contiguous
+    b = torch.randn(40, 45, generator=gen).half().t().contiguous().t().to(runtime.device)  # [K, N], column-major
+    check(impl, a, b)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
@@ -245,6 +269,12 @@ BAD_INPUTS = {
                     TypeError, "out must"),
     "out_other_device": (lambda a, b: dict(out=torch.empty(a.shape[0], b.shape[1], dtype=a.dtype,
                                                            device="meta")), ValueError, "out is on meta"),
+    "out_not_a_tensor": (lambda a, b: dict(out=[[0.0] * b.shape[1]] * a.shape[0]), TypeError, "out must"),
+    "out_elements_overlap": (lambda a, b: dict(out=torch.empty(1, b.shape[1], dtype=a.dtype,
+                                                               device=a.device).expand(a.shape[0], -1)),
+                             ValueError, "out's elements overlap"),
+    "out_overlaps_a": (lambda a, b: dict(out=a[:, :b.shape[1]]), ValueError, "out overlaps a"),
+    "out_overlaps_b": (lambda a, b: dict(out=b[:a.shape[0]]), ValueError, "out overlaps b"),
 }
 
 
@@ -255,19 +285,62 @@ def test_launcher_rejects_bad_input(impl, runtime, name):
     a, b = inputs(37, 45, 61, runtime.device, seed=19)
     args = dict(a=a, b=b)
     args.update(spoil(a, b))
-    with pytest.raises(error, match=names):
+    with record_launches(impl) as launches, pytest.raises(error, match=names):
         impl.matmul(**args)
+    assert not launches.calls, "the error must come before any kernel is launched"
 
 
-def test_launcher_rejects_offsets_past_int32(impl, runtime):
+def past_int32(shape, dtype, device):
+    """A view of `shape` whose rows lie 2**31 elements apart, in a sparse buffer (CPU) that costs no memory."""
+    flat = sparse_empty((2**31 * (shape[0] - 1) + shape[1],), dtype, device)
+    return flat.as_strided(shape, (2**31, 1))
+
+
+@pytest.mark.parametrize("name", ["a", "b", "out"])
+def test_launcher_rejects_offsets_past_int32(impl, runtime, name):
     """A view whose last element sits 2**31 elements or more from its first cannot be addressed with the
-    kernel's int32 offsets: rejected, not silently wrapped."""
-    if runtime.interpreter:
-        pytest.skip("GPU only: the test allocates a 4 GB buffer for the view")
-    a = torch.empty_strided((2, 16), (2**31, 1), dtype=torch.float16, device=runtime.device)  # [2, 16]
-    b = torch.zeros(16, 8, dtype=torch.float16, device=runtime.device)
-    with pytest.raises(ValueError, match="a spans"):
-        impl.matmul(a, b)
+    kernel's int32 offsets: rejected, naming it, not silently wrapped."""
+    args = dict(a=torch.zeros(2, 16, dtype=torch.float16, device=runtime.device),
+                b=torch.zeros(16, 8, dtype=torch.float16, device=runtime.device))
+    shapes = dict(a=(2, 16), b=(16, 8), out=(2, 8))
+    args[name] = past_int32(shapes[name], torch.float16, runtime.device)
+    with record_launches(impl) as launches, pytest.raises(ValueError, match=f"{name} spans"):
+        impl.matmul(**args)
+    assert not launches.calls, "the error must come before any kernel is launched"
+
+
+# name -> a configuration _launch must refuse, and the key its message must name
+BAD_CONFIGS = {
+    "block_k_8": (dict(BLOCK_K=8), "BLOCK_K"),
+    "block_m_48": (dict(BLOCK_M=48), "BLOCK_M"),
+    "block_n_0": (dict(BLOCK_N=0), "BLOCK_N"),
+    "block_n_missing": (dict(BLOCK_N=None), "BLOCK_N"),
+    "group_m_0": (dict(GROUP_M=0), "GROUP_M"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_CONFIGS))
+def test_launch_rejects_a_bad_config(impl, runtime, name):
+    """Block sizes must be powers of two (tl.arange) and at least 16 (tl.dot's K on a GPU; the interpreter
+    checks neither): _launch refuses others, naming the key, before launching."""
+    change, key = BAD_CONFIGS[name]
+    config = {k: v for k, v in {**impl._CONFIGS["interpreter"], **change}.items() if v is not None}
+    a, b = inputs(37, 45, 61, runtime.device, seed=19)
+    with record_launches(impl) as launches, pytest.raises(ValueError, match=key):
+        impl._launch(a, b, torch.empty(37, 45, dtype=a.dtype, device=a.device), config=config)
+    assert not launches.calls, "the error must come before any kernel is launched"
+
+
+def test_every_configuration_has_dot_dims_of_16(impl, runtime):
+    """Each configuration of the launcher's table, the GPU ones included, run here on a problem with
+    every edge partial. The interpreter would run a BLOCK_K of 8 that a GPU cannot compile (section 3.5),
+    so the check that each block is a power of two >= 16 is what fails here for such a table."""
+    a, b = inputs(37, 45, 61, runtime.device, seed=43)
+    for name, config in impl._CONFIGS.items():
+        out = torch.full((37, 45), CANARY, dtype=a.dtype, device=a.device)
+        impl._launch(a, b, out, config=config)
+        problem = mismatch(out, reference(a, b), DIMS)
+        assert problem is None, f"configuration {name!r} {config}: {problem}"
 
 
 # --- Your kernel does the work ------------------------------------------------------------------
@@ -301,3 +374,68 @@ def test_out_is_allocated_when_not_given(impl, runtime):
     out = impl.matmul(a, b)
     assert out.shape == (64, 64) and out.dtype == a.dtype and out.device == a.device
     assert_close(out, reference(a, b), DIMS)
+
+
+# --- Diagnosis: which pitfall of drills/content/t3_matmul.md a pattern of results points to ----------
+
+MISTAKES = [
+    Mistake(1, fails=("test_k_edge_is_masked[1]", "test_non_power_of_two_shapes[1-1-1]"), messages=("NaN",),
+            question="K = 61, BLOCK_K = 32: which k does your last K step load, from which of A and B, and "
+                     "what value do the lanes past K hold?",
+            section="3.3"),
+    Mistake(2, fails=("test_store_masked_at_m_and_n_edges[1-1-16]",),
+            messages=(r"canary elements|out of bounds store",),
+            question="M = 37 and BLOCK_M = 32: which rows does the last tile row's store write, and which of "
+                     "them belong to C?",
+            section="3.4"),
+    Mistake(3, fails=("test_accumulates_in_fp32",),
+            passes=("test_k_edge_is_masked", "test_store_masked_at_m_and_n_edges"),
+            question="What is 2048 + 0.125 in fp16, and in which dtype does your kernel keep the running sum?",
+            section="2.4"),
+    Mistake(4, fails=("test_strides_are_respected",),
+            passes=("test_non_power_of_two_shapes", "test_by_hand_37x100x61_every_edge_partial"),
+            question="A [37, 61] stored transposed: where is A[5, 7], and which stride does your kernel "
+                     "multiply k by?",
+            section="2.2"),
+    Mistake(4, fails=("test_output_strides_are_respected",), passes=("test_by_hand_37x100x61_every_edge_partial",),
+            question="out may be a transposed view: which strides does your store multiply the rows and the "
+                     "columns of C by?",
+            section="2.2"),
+    Mistake(4, fails=("test_strides_are_respected[b_transposed]", "test_by_hand_37x100x61_every_edge_partial",
+                      "test_k_edge_is_masked[1]"),
+            passes=("test_non_power_of_two_shapes[1-1-1]", "test_store_masked_at_m_and_n_edges[100-1-7]"),
+            question="Shapes with N = 1 pass, every other fails: which stride does your kernel multiply B's "
+                     "columns by?",
+            section="2.2"),
+    Mistake(4, fails=("test_by_hand_37x100x61_every_edge_partial",),
+            passes=("test_out_is_allocated_when_not_given", "test_store_masked_at_m_and_n_edges[1-1-16]"),
+            messages=(r"canary elements",),
+            question="A contiguous out passes, a view of a wider buffer does not: how far apart are the rows "
+                     "of out, and what does your store use for that distance?",
+            section="2.2"),
+    Mistake(5, fails=("test_k_longer_than_one_block", "test_by_hand_37x100x61_every_edge_partial"),
+            passes=("test_k_edge_is_masked[17]", "test_strides_are_respected[b_transposed]"),
+            question="B [61, 100] row-major and BLOCK_K = 32: by how many elements must b_ptrs move for the "
+                     "second K step, and by how many does yours?",
+            section="2.2"),
+    Mistake(6, fails=("test_every_tile_computed_when_last_group_is_short",),
+            passes=("test_k_edge_is_masked", "test_programs_visit_tiles_in_grouped_order[3]"),
+            question="5 tile rows in groups of GROUP_M = 2: how many tile rows has the last group, and how "
+                     "many does your pid_m mapping assume?",
+            section="2.3"),
+    Mistake(7, fails=("test_programs_visit_tiles_in_grouped_order[3]",),
+            passes=("test_by_hand_37x100x61_every_edge_partial", "test_every_tile_computed_when_last_group_is_short"),
+            question="Which tiles do programs 0, 1 and 2 compute in the explainer's 5 x 4 grid with "
+                     "GROUP_M = 2, and which do yours?",
+            section="2.3"),
+    Mistake(8, fails=("test_every_configuration_has_dot_dims_of_16",), messages=("BLOCK_K",),
+            passes=("test_by_hand_37x100x61_every_edge_partial",),
+            question="Which configuration of the table has a block dimension below 16, and what does a GPU's "
+                     "tl.dot need for K?",
+            section="3.5"),
+    Mistake(9, fails=("test_loads_stay_inside_a_and_b",), messages=("out of bounds load",),
+            passes=("test_by_hand_37x100x61_every_edge_partial",),
+            question="M = 37, BLOCK_M = 32: which rows of A does your last tile row load, and does A have "
+                     "them?",
+            section="3.2"),
+]
