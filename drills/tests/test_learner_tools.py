@@ -68,7 +68,7 @@ def test_progress_counts_checks_of_a_partly_right_file(mine):
     solve_t1(mine, TORCH_FALLBACK)
     grade = learner.grade(T1)
     summary = grade.summary
-    assert grade.state == "failing" and summary.total - summary.passing == 1
+    assert grade.state == "failing" and summary.total - summary.passing >= 1
     assert grade.status.startswith(f"{summary.passing} of {summary.total} checks passing")
     assert learner.next_lesson_line([grade]).startswith("next: t1")
 
@@ -80,9 +80,9 @@ def test_torch_fallback_fails_the_launch_check(mine):
     solve_t1(mine, TORCH_FALLBACK)
     grade = learner.grade(T1)
     failed = {case.check for case in grade.cases if case.outcome == "failed"}
-    assert failed == {"test_runs_a_triton_kernel"}, failed
-    first = grade.summary.first_failure()
-    assert "without launching a Triton kernel" in first.message
+    assert "test_runs_a_triton_kernel" in failed, failed
+    case = next(c for c in grade.cases if c.check == "test_runs_a_triton_kernel" and c.outcome == "failed")
+    assert "did not come from your kernel" in case.message and "without launching a Triton kernel" in case.message
 
 
 def test_launch_counter_counts_each_launch_and_unpatches():
@@ -159,8 +159,10 @@ def _mistakes(lesson):
 
 @pytest.mark.parametrize("lesson", LESSONS, ids=[lesson.id for lesson in LESSONS])
 def test_hints_never_show_the_solution(lesson):
-    """No hint for any diagnosable mistake quotes a line of the solution that the stub does not have."""
+    """No hint for any diagnosable mistake quotes a line of the solution that neither the stub nor the
+    explainer already shows the learner (the worked examples quote the lines they teach)."""
     stub = {line.strip() for line in (contract.pristine_stub_source(lesson) or "").splitlines()}
+    stub |= {line.strip().strip("`") for line in lesson.explainer.read_text().splitlines()}
     solution_only = [line.strip() for line in lesson.solution.read_text().splitlines()
                      if len(line.strip()) > 30 and line.strip() not in stub and not line.strip().startswith("#")]
     mistakes = _mistakes(lesson)
