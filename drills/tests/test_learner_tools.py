@@ -162,9 +162,10 @@ def test_hints_never_show_the_solution(lesson):
     """No hint for any diagnosable mistake quotes a line of the solution that neither the stub nor the
     explainer already shows the learner (the worked examples quote the lines they teach)."""
     stub = {line.strip() for line in (contract.pristine_stub_source(lesson) or "").splitlines()}
-    stub |= {line.strip().strip("`") for line in lesson.explainer.read_text().splitlines()}
+    taught = lesson.explainer.read_text()
     solution_only = [line.strip() for line in lesson.solution.read_text().splitlines()
-                     if len(line.strip()) > 30 and line.strip() not in stub and not line.strip().startswith("#")]
+                     if len(line.strip()) > 30 and line.strip() not in stub and not line.strip().startswith("#")
+                     and line.strip() not in taught]
     mistakes = _mistakes(lesson)
     assert mistakes, f"{lesson.id}'s grader declares no MISTAKES to diagnose"
     for m in mistakes:
