@@ -44,7 +44,7 @@ def plan(context_lens, num_kv_heads, page_size, num_sms=None, num_splits=None) -
     every split of the longest sequence at least one token (never more than asked for).
     """
     raise NotImplementedError("f1 is not started: fill in plan() and the kernels in drills/mine/f1_split_kv_decode.py, then delete this line (read drills/content/f1_split_kv_decode.md)")
-    lens = validate.decode_plan_args(context_lens, num_kv_heads, page_size, num_sms, num_splits)  # [B] ints >= 1
+    lens = validate.decode_plan_args(context_lens, num_kv_heads, page_size, num_sms, num_splits)  # noqa: F841 [B] ints >= 1
     # TODO(section 4 "Planning"): when num_splits is None, split only when B * Hkv programs cannot fill
     # num_sms SMs (about 4 programs per SM), with chunks of at least MIN_CHUNK tokens; clamp to the number of
     # BLOCK_N tiles of the longest sequence; chunk = whole tiles; return DecodePlan(num_splits, chunk, max_len).
@@ -79,7 +79,8 @@ def split_kv_kernel(
 ):
     # TODO(section 3.1 "The grid"): b, kvh (int64) and split from the program ids; this split's token range
     # [start, end) = [split * chunk, min((split + 1) * chunk, ctx)), empty when start >= ctx.
-    # TODO(section 3.1): load q as [GROUP_PAD, D] with padding rows masked to 0 (as in L2); m_i, l_i, acc.
+    # TODO(section 3.1): load q as [GROUP_PAD, D] through its strides with padding rows masked to 0 (as in
+    # L2); m_i (from -inf), l_i, acc.
     # TODO(section 3.2 "Gathering tokens"): loop over the range in tiles of BLOCK_N tokens; each token's
     # physical block is block_tables[b, tok // PAGE] (one load per tile when PAGE >= BLOCK_N), slot tok % PAGE.
     # TODO(section 3.3 "Online softmax per split"): scores in base 2 (qk_scale already holds log2(e)),

@@ -40,15 +40,18 @@ def paged_decode_kernel(
     # both to int64), and the sequence's length ctx from context_lens.
 
     # TODO(section 3.2 "Packing the group"): the GROUP query heads of KV head kvh, padded to GROUP_PAD
-    # rows with a mask; load q as [GROUP_PAD, D] with the padding rows set to 0.
+    # rows with a mask; load q as [GROUP_PAD, D] through stride_qb and stride_qh (q may be a view), the
+    # padding rows masked (never read) and set to 0.
 
-    # TODO(section 3.4 "Online softmax"): the running max m_i, sum l_i and accumulator acc, one row per
-    # query head, all fp32.
+    # TODO(section 3.4 "Online softmax"): the running max m_i (from -inf), sum l_i and accumulator acc,
+    # one row per query head, all fp32.
 
     # TODO(section 3.3 "The page loop"): for each of the cdiv(ctx, PAGE) pages, look up the physical
-    # block in block_tables, load K and V [PAGE, D] with the last page masked, score with tl.dot.
+    # block in block_tables, load K and V [PAGE, D] through the cache strides with the last page masked
+    # (other=0.0), score with tl.dot.
 
-    # TODO(section 3.4 "Online softmax"): update m_i, l_i and acc with the rescale factor alpha.
+    # TODO(section 3.4 "Online softmax"): update m_i, l_i and acc with the rescale factor alpha (p in V's
+    # dtype for tl.dot).
 
     # TODO(section 3.5 "Storing only real rows"): normalise by l_i and store the GROUP real rows.
     pass

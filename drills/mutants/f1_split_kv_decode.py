@@ -1,4 +1,5 @@
-"""F1 mutants: the split-KV mistakes of explainer section 5, and L2's that carry over."""
+"""F1 mutants: one per pitfall of explainer section 6 (pitfalls 3 and 4 have two each), L2's mistakes
+through the split path included."""
 from drills.mutants import Mutant
 
 MUTANTS = [
@@ -11,18 +12,27 @@ MUTANTS = [
            "end = tl.minimum(start + chunk, ctx)", "end = tl.minimum(start + chunk + 16, ctx)"),
     Mutant("split_ranges_leave_a_gap", "3. split ranges leave a gap",
            "start = split * chunk\n", "start = split * chunk + tl.where(split > 0, 1, 0)\n"),
-    Mutant("merge_without_max_shift", "4. merge without the max shift",
+    Mutant("merge_states_without_max_shift", "4. merge_states weighs the parts by exp(lse), no max shift",
            "w_a = tl.exp(lse_a - m_safe)\n    w_b = tl.exp(lse_b - m_safe)",
-           "w_a = tl.exp(lse_a)\n    w_b = tl.exp(lse_b)"),
-    Mutant("merge_splits_rescale_dropped", "4. split merge without rescaling the running sum",
-           "w_sum = w_sum * alpha + tl.sum(w, axis=0)", "w_sum = w_sum + tl.sum(w, axis=0)"),
+           "w_a = tl.exp(lse_a)\n    w_b = tl.exp(lse_b)\n    m_safe = tl.zeros_like(m)"),
+    Mutant("split_merge_without_max_shift", "4. the split merge weighs the splits by exp(lse), no max shift",
+           "m_new = tl.maximum(m, tl.max(lse, axis=0))", "m_new = tl.zeros([1], dtype=tl.float32)"),
     Mutant("small_pages_read_as_one_page", "5. pages smaller than a tile read as if contiguous",
            "phys = tl.load(bt_row + tok // PAGE, mask=t_mask, other=0).to(tl.int64)  # [BLOCK_N]",
            "phys = tl.load(bt_row + t0 // PAGE).to(tl.int64)"),
-    Mutant("interleaved_grouping", "L2 pitfall 1: interleaved head grouping",
+    Mutant("merge_splits_rescale_dropped", "6. split merge without rescaling the running sum",
+           "w_sum = w_sum * alpha + tl.sum(w, axis=0)", "w_sum = w_sum + tl.sum(w, axis=0)"),
+    Mutant("interleaved_grouping", "7. interleaved head grouping (L2 pitfall 1)",
            "q_heads = kvh * GROUP + offs_g  #", "q_heads = kvh + offs_g * tl.num_programs(1)  #"),
-    Mutant("unmasked_tail", "L2 pitfall 2: no mask on the last tile",
+    Mutant("unmasked_tail", "8. no mask on the last tile (L2 pitfall 2)",
            "t_mask = tok < end\n", "t_mask = tok >= 0\n"),
-    Mutant("page_index_int32", "L2 pitfall 4: page index left int32",
-           "phys = tl.load(bt_row + t0 // PAGE).to(tl.int64)", "phys = tl.load(bt_row + t0 // PAGE)", gpu_only=True),
+    Mutant("page_index_int32", "9. page index left int32 (L2 pitfall 4)",
+           "phys = tl.load(bt_row + t0 // PAGE).to(tl.int64)", "phys = tl.load(bt_row + t0 // PAGE)"),
+    Mutant("q_assumed_contiguous", "10. q's head stride taken as D (L2 pitfall 9)",
+           "q_ptr + b * stride_qb + q_heads[:, None] * stride_qh", "q_ptr + b * stride_qb + q_heads[:, None] * D"),
+    Mutant("max_starts_at_zero", "11. running max initialised to 0 (L2 pitfall 10)",
+           'm_i = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)', "m_i = tl.zeros([GROUP_PAD], dtype=tl.float32)"),
+    Mutant("merge_states_without_contiguous", "12. merge_states hands strided views to a kernel that assumes rows of D",
+           "    o_a, o_b = o_a.contiguous(), o_b.contiguous()\n    lse_a, lse_b = lse_a.contiguous(), lse_b.contiguous()\n",
+           ""),
 ]

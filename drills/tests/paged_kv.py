@@ -120,7 +120,7 @@ def shift_scores(case: PagedCase, shift, scale=None) -> PagedCase:
     so scale * q.k gains shift[h] whatever the key (the other features keep their random part). A
     softmax does not change under a shift; a kernel whose running max assumes scores near 0 does.
     """
-    B, Hq, D = case.q.shape
+    _, Hq, D = case.q.shape
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     shift = torch.as_tensor(shift, dtype=torch.float32).expand(Hq)  # [Hq]
     blocks, slots = live_slots(case)

@@ -11,9 +11,17 @@ import pytest
 import torch
 
 from drills.compare import assert_close, mismatch
-from drills.tests import seeded
+from drills.grading.diagnose import Mistake
+from drills.tests import bigmem, seeded
 from drills.tests.launches import assert_runs_a_triton_kernel
-from drills.tests.paged_kv import call_with_canary_out, make_paged_case, paged_attention_reference
+from drills.tests.paged_kv import (
+    call_with_canary_out,
+    in_layer_pool,
+    make_paged_case,
+    paged_attention_reference,
+    shift_scores,
+    strided_q,
+)
 
 DIMS = ("b", "head", "d")
 
@@ -32,7 +40,9 @@ def check(impl, case, plan=None, scale=None):
     assert_close(out, ref, DIMS)
     lse = lse_box[0]
     assert lse.dtype == torch.float32 and lse.shape == ref_lse.shape, "lse must be [B, Hq] float32"
-    assert_close(lse, ref_lse, ("b", "head"), atol=2e-3, rtol=1e-3, rel=1e-3)
+    problem = mismatch(lse, ref_lse, ("b", "head"), atol=2e-3, rtol=1e-3, rel=1e-3)
+    if problem is not None:  # said apart: out right and lse wrong points at the lse formula alone
+        raise AssertionError(f"out matches, but the returned lse does not:\n{problem}")
     return out, lse
 
 
@@ -85,13 +95,49 @@ def test_many_splits_merge_with_rescale(impl, runtime):
     check(impl, case, plan=fixed_plan(impl, 16, n))  # 80 splits of one tile each
 
 
-def test_lse_is_natural_log(impl, runtime):
-    """lse must equal torch.logsumexp of the scaled scores (base e). Base 2, or forgetting to convert
-    back after exp2 tricks, is off by a factor ln 2."""
-    case = make_paged_case([45, 3], 8, 2, 64, 16, device=runtime.device, seed=3)
+def test_split_merge_shifts_by_the_max(impl, runtime):
+    """Every score is about +128 (keys aligned with the queries), so every split's lse is above 128: e^lse
+    overflows fp32 (past 88.7) and a merge that weighs splits by e^lse instead of e^(lse - max) gives
+    inf / inf = NaN."""
+    case = shift_scores(make_paged_case([70, 33], 8, 2, 64, 16, device=runtime.device, seed=19), 128.0)
+    _, lse = check(impl, case, plan=impl.plan(case.context_lens, 2, 16, num_splits=3))
+    assert lse.min().item() > 88.7, "every head's lse should be past fp32's exp range here"
+
+
+def test_max_starts_at_minus_inf(impl, runtime):
+    """Every score is about -128: a split's running max that starts at 0 stays 0 and every exp2 underflows
+    (l = 0, the split looks empty); with 3 splits, each split's lse is below -104, where e^lse underflows
+    too, so the split merge must shift by the max as well."""
+    case = shift_scores(make_paged_case([70, 33], 8, 2, 64, 16, device=runtime.device, seed=20), -128.0)
+    for splits in (1, 3):
+        _, lse = check(impl, case, plan=impl.plan(case.context_lens, 2, 16, num_splits=splits))
+    assert lse.max().item() < -104, "every head's lse should be below fp32's exp range here"
+
+
+def test_q_strides_are_used(impl, runtime):
+    """q is every other head of a [B, 2 * Hq, D] buffer (stride(1) = 2 * D), the other heads NaN: a
+    kernel that steps through q by D per head reads them. Unsplit and split."""
+    case = strided_q(make_paged_case([40, 9], 8, 2, 64, 16, device=runtime.device, seed=21))
     for splits in (1, 3):
         check(impl, case, plan=impl.plan(case.context_lens, 2, 16, num_splits=splits))
-    check(impl, case, plan=impl.plan(case.context_lens, 2, 16, num_splits=2), scale=0.37)
+
+
+@pytest.mark.parametrize("PAGE", [4, 16])
+def test_cache_strides_are_used(impl, runtime, PAGE):
+    """k_cache and v_cache are layer 1 of a NaN-filled pool [num_blocks, layers, PAGE, Hkv, 2, D]: block,
+    token and head strides all differ from a contiguous cache's. PAGE = 4 gathers token by token."""
+    case = in_layer_pool(make_paged_case([40, 9], 8, 2, 64, PAGE, device=runtime.device, seed=22 + PAGE))
+    check(impl, case, plan=impl.plan(case.context_lens, 2, PAGE, num_splits=2))
+
+
+def test_lse_is_natural_log(impl, runtime):
+    """lse must equal torch.logsumexp of the scaled scores (base e). Base 2, or forgetting to convert
+    back after exp2 tricks, is off by a factor ln 2. Unsplit (the split kernel writes the final lse
+    itself), so that out is right and only lse can be wrong; the split path's lse is checked by every
+    other test."""
+    case = make_paged_case([45, 3], 8, 2, 64, 16, device=runtime.device, seed=3)
+    check(impl, case, plan=impl.plan(case.context_lens, 2, 16, num_splits=1))
+    check(impl, case, plan=impl.plan(case.context_lens, 2, 16, num_splits=1), scale=0.37)
 
 
 # --- L2's edge cases, through the split path -------------------------------------------------
@@ -139,18 +185,19 @@ def test_dtypes(impl, runtime, dtype):
 
 
 def test_page_index_widened_to_int64(impl, runtime):
-    """Block ids above 2**31 / page stride: int32 offsets read the wrong page (GPU only)."""
-    if runtime.interpreter:
-        pytest.skip("GPU only: the cache must hold more than 2**31 elements (over 4 GB per cache)")
-    PAGE, Hkv, D = 16, 1, 128
-    first = 2**31 // (PAGE * Hkv * D) + 8
-    case = make_paged_case([300, 45], 4, Hkv, D, PAGE, device=runtime.device, seed=9,
-                           num_blocks=first + 64, first_block=first, poison=False)
-    for splits in (1, 4):
-        check(impl, case, plan=impl.plan(case.context_lens, Hkv, PAGE, num_splits=splits))
-    gathered = make_paged_case([100], 4, Hkv, D, 8, device=runtime.device, seed=10,
-                               num_blocks=2**31 // (8 * D) + 64, first_block=2**31 // (8 * D) + 8, poison=False)
-    check(impl, gathered, plan=impl.plan(gathered.context_lens, Hkv, 8, num_splits=2))
+    """Block ids above 2**32 / page stride: int32 offsets wrap around to block 0 onwards and read zeros,
+    on the one-page-per-tile path (PAGE = 16) and the token-by-token one (PAGE = 8). The caches are
+    sparse files on a CPU: only the pages the sequences use take memory."""
+    if runtime.interpreter and bigmem.free_bytes() < 2**30:
+        pytest.skip(f"needs about 1 GB of free memory for the pages it touches, "
+                    f"{bigmem.free_bytes() / 2**30:.1f} GB free")
+    Hkv, D = 1, 128
+    for PAGE, lens, splits in ((16, small(runtime, [40, 7], [300, 45]), (1, 3)), (8, [small(runtime, 40, 100)], (2,))):
+        first = 2**32 // (PAGE * Hkv * D) + 8  # every used block id is past the int32 limit, wrapped past 0
+        case = make_paged_case(lens, 4, Hkv, D, PAGE, device=runtime.device, seed=9 + PAGE,
+                               num_blocks=first + 64, first_block=first, sparse=True)
+        for n in splits:
+            check(impl, case, plan=impl.plan(case.context_lens, Hkv, PAGE, num_splits=n))
 
 
 # --- merge_states -----------------------------------------------------------------------------
@@ -195,6 +242,46 @@ def test_merge_states_is_associative_and_handles_empty_parts(impl, runtime):
     assert_close(o, a_o, ("row", "d"), atol=1e-6, rtol=1e-6, rel=1e-6)
     o, lse = impl.merge_states(empty_o, empty_l, empty_o, empty_l)  # both empty: 0 and -inf, no NaN
     assert not torch.isnan(o).any() and (o == 0).all() and (lse == float("-inf")).all()
+
+
+def test_merge_states_lse_beyond_fp32_exp_range(impl, runtime):
+    """lse values near +200 and -200 are legal (large scores, a large scale): e^lse overflows fp32 past
+    88.7 and underflows below -103, so a merge that weighs the parts by e^lse directly, instead of
+    e^(lse - max), gives inf / inf or 0 / 0. Rows 0-7 both parts high, 8-15 both low, 16-23 one high
+    and one low (the low part then weighs e^-300 = 0)."""
+    gen = torch.Generator().manual_seed(seeded(24))
+    R, D, dev = 24, 32, runtime.device
+    s = torch.randn(R, 16, generator=gen) * 2
+    v = torch.randn(R, 16, D, generator=gen)
+    shift_a = torch.tensor([200.0] * 8 + [-200.0] * 8 + [150.0] * 8)[:, None]  # [R, 1]
+    shift_b = torch.tensor([205.0] * 8 + [-190.0] * 8 + [-150.0] * 8)[:, None]
+    s_a, s_b = s[:, :6] + shift_a, s[:, 6:] + shift_b
+    (o_a, lse_a), (o_b, lse_b) = _state(s_a, v[:, :6]), _state(s_b, v[:, 6:])
+    want_o, want_lse = _state(torch.cat([s_a, s_b], dim=1), v)
+    o, lse = impl.merge_states(o_a.to(dev), lse_a.to(dev), o_b.to(dev), lse_b.to(dev))
+    assert_close(o, want_o, ("row", "d"), atol=1e-4, rtol=1e-4, rel=1e-4)
+    assert_close(lse, want_lse, ("row",), atol=1e-4, rtol=1e-5, rel=1e-5)
+
+
+def test_merge_states_reads_strided_views(impl, runtime):
+    """o_a is one half of a [R, 2, D] buffer, o_b every other row of a [2 * R, D] one, each lse a column
+    of a [R, 3] buffer, everything around them NaN. merge_states_kernel indexes rows as row * D, so
+    the launcher must hand it contiguous copies."""
+    gen = torch.Generator().manual_seed(seeded(25))
+    R, D, dev = 12, 32, runtime.device
+    s, v = torch.randn(R, 16, generator=gen) * 3, torch.randn(R, 16, D, generator=gen)
+    (o_a, lse_a), (o_b, lse_b) = _state(s[:, :7], v[:, :7]), _state(s[:, 7:], v[:, 7:])
+    nan = float("nan")
+    o_a_view = torch.full((R, 2, D), nan, device=dev)[:, 1]  # [R, D], stride (2 * D, 1)
+    o_b_view = torch.full((2 * R, D), nan, device=dev)[::2]  # [R, D], stride (2 * D, 1)
+    lse_a_view = torch.full((R, 3), nan, device=dev)[:, 0]  # [R], stride 3
+    lse_b_view = torch.full((R, 3), nan, device=dev)[:, 2]
+    for view, value in ((o_a_view, o_a), (o_b_view, o_b), (lse_a_view, lse_a), (lse_b_view, lse_b)):
+        view.copy_(value)
+    o, lse = impl.merge_states(o_a_view, lse_a_view, o_b_view, lse_b_view)
+    want_o, want_lse = _state(s, v)
+    assert_close(o, want_o, ("row", "d"), atol=1e-4, rtol=1e-4, rel=1e-4)
+    assert_close(lse, want_lse, ("row",), atol=1e-4, rtol=1e-5, rel=1e-5)
 
 
 def test_merge_states_fp16_outputs(impl, runtime):
@@ -249,29 +336,101 @@ def test_runs_a_triton_kernel(impl, runtime, splits):
 # --- The launcher rejects bad input ----------------------------------------------------------
 
 
-def test_launcher_rejects_bad_input(impl, runtime):
+def _int32(device, *values):
+    return torch.tensor(values, dtype=torch.int32, device=device)
+
+
+def _set(table, b, p, value):
+    table = table.clone()
+    table[b, p] = value
+    return table
+
+
+def _overlapping_caches(k_cache):
+    pool = torch.cat([k_cache, k_cache[:1]])  # [num_blocks + 1, PAGE, Hkv, D]
+    return dict(k_cache=pool[:-1], v_cache=pool[1:])  # v's block i is k's block i + 1
+
+
+# name -> (how to spoil the arguments of a valid split_kv_decode call, the error, what the message names)
+BAD_INPUTS = {
+    "q_dtype_fp32": (lambda a, impl, dev: dict(q=a["q"].float()), TypeError, "q"),
+    "block_tables_int64": (lambda a, impl, dev: dict(block_tables=a["block_tables"].long()), TypeError, "block_tables"),
+    "context_len_zero": (lambda a, impl, dev: dict(context_lens=_int32(dev, 20, 0)), ValueError, "context_lens"),
+    "page_not_pow2": (lambda a, impl, dev: {n: a["k_cache"].repeat(1, 3, 1, 1)[:, :48].contiguous()
+                                            for n in ("k_cache", "v_cache")}, ValueError, "PAGE"),
+    "context_lens_strided": (lambda a, impl, dev: dict(context_lens=_int32(dev, 20, 99, 5, 99)[::2]), ValueError,
+                             "context_lens"),
+    "block_tables_columns_strided": (lambda a, impl, dev: dict(block_tables=a["block_tables"].repeat_interleave(2, 1)[:, ::2]),
+                                     ValueError, "block_tables"),
+    "live_block_id_past_pool": (lambda a, impl, dev: dict(block_tables=_set(a["block_tables"], 0, 1, a["k_cache"].shape[0])),
+                                ValueError, r"block_tables\[0, 1\]"),
+    "live_block_id_negative": (lambda a, impl, dev: dict(block_tables=_set(a["block_tables"], 1, 0, -5)), ValueError,
+                               r"block_tables\[1, 0\]"),
+    "scale_nan": (lambda a, impl, dev: dict(scale=float("nan")), ValueError, "scale"),
+    "scale_inf": (lambda a, impl, dev: dict(scale=float("inf")), ValueError, "scale"),
+    "scale_negative": (lambda a, impl, dev: dict(scale=-0.125), ValueError, "scale"),
+    "scale_zero": (lambda a, impl, dev: dict(scale=0.0), ValueError, "scale"),
+    "v_cache_is_k_cache": (lambda a, impl, dev: dict(v_cache=a["k_cache"]), ValueError, "v_cache"),
+    "v_cache_overlaps_k_cache": (lambda a, impl, dev: _overlapping_caches(a["k_cache"]), ValueError, "v_cache"),
+    "plan_not_a_plan": (lambda a, impl, dev: dict(plan=4), TypeError, "plan"),
+    "plan_too_short": (lambda a, impl, dev: dict(plan=impl.plan([8], 2, 16)), ValueError, "plan"),
+    "plan_zero_splits": (lambda a, impl, dev: dict(plan=impl.DecodePlan(num_splits=0, chunk=32, max_len=20)),
+                         ValueError, "plan.num_splits"),
+    "plan_chunk_not_tiles": (lambda a, impl, dev: dict(plan=impl.DecodePlan(num_splits=2, chunk=10, max_len=20)),
+                             ValueError, "plan.chunk"),
+    "plan_chunks_too_few": (lambda a, impl, dev: dict(plan=impl.DecodePlan(num_splits=1, chunk=16, max_len=20)),
+                            ValueError, "plan"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_INPUTS))
+def test_launcher_rejects_bad_input(impl, runtime, name):
+    """Each bad argument raises ValueError/TypeError naming it, before any kernel runs."""
+    spoil, error, names = BAD_INPUTS[name]
     case = make_paged_case([20, 5], 4, 2, 64, 16, device=runtime.device, seed=14)
-    with pytest.raises(TypeError, match="q"):
-        impl.split_kv_decode(case.q.float(), *case.args[1:])
-    with pytest.raises(TypeError, match="block_tables"):
-        impl.split_kv_decode(case.q, case.k_cache, case.v_cache, case.block_tables.long(), case.context_lens)
-    with pytest.raises(ValueError, match="context_lens"):
-        bad = torch.tensor([20, 0], dtype=torch.int32, device=runtime.device)
-        impl.split_kv_decode(*case.args[:4], bad)
-    with pytest.raises(ValueError, match="PAGE"):
-        kc = case.k_cache.repeat(1, 3, 1, 1)[:, :48].contiguous()  # 48 tokens a page: not a power of two
-        impl.split_kv_decode(case.q, kc, kc, case.block_tables, case.context_lens)
-    with pytest.raises(TypeError, match="plan"):
-        impl.split_kv_decode(*case.args, plan=4)
-    with pytest.raises(ValueError, match="plan"):
-        impl.split_kv_decode(*case.args, plan=impl.plan([8], 2, 16))  # planned for shorter contexts
-    with pytest.raises(ValueError, match="page_size"):
-        impl.plan([10], 2, 12)
-    with pytest.raises(ValueError, match="num_splits"):
-        impl.plan([10], 2, 16, num_splits=0)
+    args = dict(q=case.q, k_cache=case.k_cache, v_cache=case.v_cache, block_tables=case.block_tables,
+                context_lens=case.context_lens)
+    args.update(spoil(args, impl, runtime.device))
+    with pytest.raises(error, match=names):
+        impl.split_kv_decode(**args)
+
+
+# name -> (plan()'s arguments, the error, what the message names); plan(context_lens, num_kv_heads, page_size)
+BAD_PLANS = {
+    "page_size_not_pow2": (([10], 2, 12), {}, ValueError, "page_size"),
+    "page_size_bool": (([10], 2, True), {}, TypeError, "page_size"),
+    "num_splits_zero": (([10], 2, 16), dict(num_splits=0), ValueError, "num_splits"),
+    "num_splits_bool": (([10], 2, 16), dict(num_splits=True), TypeError, "num_splits"),
+    "num_splits_float": (([10], 2, 16), dict(num_splits=2.0), TypeError, "num_splits"),
+    "num_sms_negative": (([10], 2, 16), dict(num_sms=-5), ValueError, "num_sms"),
+    "num_sms_bool": (([10], 2, 16), dict(num_sms=True), TypeError, "num_sms"),
+    "num_kv_heads_bool": (([10], True, 16), {}, TypeError, "num_kv_heads"),
+    "num_kv_heads_zero": (([10], 0, 16), {}, ValueError, "num_kv_heads"),
+    "lengths_float": (([10.5, 3], 2, 16), {}, TypeError, r"context_lens\[0\]"),
+    "lengths_float_tensor": ((torch.tensor([10.0, 3.0]), 2, 16), {}, TypeError, "context_lens"),
+    "lengths_empty": (([], 2, 16), {}, ValueError, "context_lens"),
+    "length_zero": (([10, 0], 2, 16), {}, ValueError, r"context_lens\[1\]"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_PLANS))
+def test_plan_rejects_bad_arguments(impl, name):
+    args, kwargs, error, names = BAD_PLANS[name]
+    with pytest.raises(error, match=names):
+        impl.plan(*args, **kwargs)
+
+
+def test_merge_states_rejects_bad_input(impl, runtime):
+    o = torch.zeros(4, 64, device=runtime.device)
+    lse = torch.zeros(4, device=runtime.device)
     with pytest.raises(ValueError, match="lse_b"):
-        o = torch.zeros(4, 64, device=runtime.device)
-        impl.merge_states(o, torch.zeros(4, device=runtime.device), o, torch.zeros(3, device=runtime.device))
+        impl.merge_states(o, lse, o, torch.zeros(3, device=runtime.device))
+    with pytest.raises(TypeError, match="o_b"):
+        impl.merge_states(o, lse, o.half(), lse)
+    with pytest.raises(TypeError, match="lse_a"):
+        impl.merge_states(o, lse.half(), o, lse)
+    with pytest.raises(ValueError, match="D"):
+        impl.merge_states(o[:, :48], lse, o[:, :48], lse)
 
 
 def test_tolerance_rejects_zeros(runtime):
@@ -279,3 +438,70 @@ def test_tolerance_rejects_zeros(runtime):
     case = make_paged_case([37, 20], 8, 2, 64, 16, device=runtime.device, seed=15)
     ref, _ = paged_attention_reference(*case.args)
     assert mismatch(torch.zeros_like(ref).half(), ref) is not None
+
+
+# --- Diagnosis: which pitfall of section 6 a pattern of results points at ------------------------
+# Narrow mistakes fail their own check and pass test_every_split_count_matches_unsplit; the broad ones
+# are told apart by what they still get right (unsplit runs, merge_states, one page size or another).
+
+EVERY_SPLIT = "test_every_split_count_matches_unsplit"
+MISTAKES = [
+    Mistake(1, fails=("test_empty_splits_do_not_divide_zero_by_zero",), passes=(EVERY_SPLIT,), messages=("NaN",),
+            question="A split whose token range is empty never enters the loop: what are its l and acc, "
+                     "and what does acc / l give?",
+            section="3.4"),
+    Mistake(2, fails=("test_lse_is_natural_log",), messages=(r"out matches, but the returned lse",),
+            question="Your kernel works in base 2 (exp2, scores times log2 e): in which base is m_i + "
+                     "log2(l_i), and in which base must lse be returned?",
+            section="3.3"),
+    Mistake(3, fails=(EVERY_SPLIT,), passes=("test_lse_is_natural_log", "test_last_page_is_masked[1]"),
+            question="Unsplit is right and some split counts are not: with chunk = 48 and ctx = 100, which "
+                     "tokens does each of your splits read, and is any read twice or never?",
+            section="2"),
+    Mistake(4, fails=("test_merge_states_lse_beyond_fp32_exp_range",), passes=("test_merge_states_equals_one_shot_softmax",),
+            question="Both parts have lse near +200 (or -200): what is e^200 in fp32, and what do you "
+                     "subtract from each lse before the exp so that nothing overflows?",
+            section="2"),
+    Mistake(4, fails=("test_split_merge_shifts_by_the_max",),
+            passes=(EVERY_SPLIT, "test_empty_splits_do_not_divide_zero_by_zero"),
+            question="Every split's lse is above 128 here: what is e^lse in fp32, and what does the split "
+                     "merge subtract from each lse before the exp?",
+            section="3.5"),
+    Mistake(5, fails=("test_page_sizes_gathered_token_by_token[1]",),
+            passes=("test_page_sizes_gathered_token_by_token[16]", "test_page_sizes_gathered_token_by_token[64]"),
+            question="With PAGE = 4, how many pages does one 16-token tile span, and how many block-table "
+                     "entries does your kernel read for it?",
+            section="3.2"),
+    Mistake(6, fails=("test_many_splits_merge_with_rescale",),
+            passes=(EVERY_SPLIT, "test_empty_splits_do_not_divide_zero_by_zero"),
+            question="More than 64 splits are merged in groups: when a later group has a larger lse, what "
+                     "happens to the running sum of the earlier groups' weights?",
+            section="3.5"),
+    Mistake(7, fails=("test_kv_head_grouping_is_contiguous[group4]",),
+            passes=("test_kv_head_grouping_is_contiguous[group1-MHA]", "test_kv_head_grouping_is_contiguous[group32-MQA]"),
+            question="Only the cases with 1 < GROUP < Hq fail: with Hq = 32 and Hkv = 8, which KV head "
+                     "should query head 13 read, and which one does your kernel give it?",
+            section="3.1"),
+    Mistake(8, fails=("test_last_page_is_masked", EVERY_SPLIT), messages=(r"NaN|out of bounds",),
+            question="A split ends at min((s + 1) * chunk, ctx): does your mask stop the last tile at the "
+                     "split's end, or load the tokens after it?",
+            section="3.1"),
+    Mistake(9, fails=("test_page_index_widened_to_int64",),
+            passes=(EVERY_SPLIT, "test_page_sizes_gathered_token_by_token"),
+            question="Only block ids past 2**31 / stride_kb fail: in which integer type is the block id "
+                     "multiplied by the page stride in your kernel?",
+            section="3.2"),
+    Mistake(10, fails=("test_q_strides_are_used",),
+            passes=(EVERY_SPLIT, "test_lse_is_natural_log", "test_empty_splits_do_not_divide_zero_by_zero"),
+            question="q is a view here (every other head of a bigger buffer): how far apart are two query "
+                     "heads in memory, and what does your kernel step by?",
+            section="3.1"),
+    Mistake(11, fails=("test_max_starts_at_minus_inf",), passes=(EVERY_SPLIT, "test_split_merge_shifts_by_the_max"),
+            question="Every score is about -128 here: what is your running max after the first tile, if it "
+                     "starts at 0, and what is exp2 of the scores minus it?",
+            section="3.3"),
+    Mistake(12, fails=("test_merge_states_reads_strided_views",), passes=("test_merge_states_equals_one_shot_softmax",),
+            question="merge_states_kernel finds row r at r * D: where does row r of a strided view really "
+                     "start, and what must the launcher give the kernel?",
+            section="3.5"),
+]

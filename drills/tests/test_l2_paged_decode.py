@@ -15,8 +15,16 @@ from drills.compare import assert_close, mismatch
 from drills.grading.diagnose import Mistake
 from drills.tests import bigmem, seeded
 from drills.tests.launches import assert_runs_a_triton_kernel
-from drills.tests.paged_kv import (call_with_canary_out, gather_kv, in_layer_pool, make_paged_case,
-                                   paged_attention_reference, shift_scores, strided_q, tail_slots)
+from drills.tests.paged_kv import (
+    call_with_canary_out,
+    gather_kv,
+    in_layer_pool,
+    make_paged_case,
+    paged_attention_reference,
+    shift_scores,
+    strided_q,
+    tail_slots,
+)
 
 DIMS = ("b", "head", "d")  # how a mismatch names its position: sequence, query head, feature
 
@@ -80,7 +88,7 @@ def test_masked_v_lanes_are_zero(impl, runtime):
     shift_scores(case, 128.0)  # real scores about +128: even a zero key (score 0) weighs exp(-128) = 0
     blocks, slots = tail_slots(case)
     case.k_cache[blocks, slots] = 0.0
-    case.k_cache[blocks, slots, :, 0] = -1024.0  # score (128 / 16 * 8) * -1024 / 8 = -8192
+    case.k_cache[blocks, slots, :, 0] = -1024.0  # q.k * scale = 64 * -1024 / 8 = -8192 (q[..., 0] = 64 here)
     case.v_cache[blocks, slots] = 1000.0
     check(impl, case)
 
@@ -161,8 +169,10 @@ def test_cache_strides_are_used(impl, runtime):
 
 
 def test_scale_is_applied(impl, runtime):
-    """The default scale is 1 / sqrt(D); an explicit scale replaces it."""
-    case = make_paged_case([50, 7], 4, 2, 128, 16, device=runtime.device, seed=13)
+    """The default scale is 1 / sqrt(D); an explicit scale replaces it. One page per sequence and one KV
+    head, so that among the mistakes of section 5 mostly a missing scale fails here (no rescale, no
+    grouping involved)."""
+    case = make_paged_case([16, 7], 4, 1, 128, 16, device=runtime.device, seed=13)
     check(impl, case)  # default 1 / sqrt(128)
     check(impl, case, scale=0.3)
 
@@ -371,3 +381,77 @@ def test_out_is_allocated_when_not_given(impl, runtime):
     assert out.shape == case.q.shape and out.dtype == case.q.dtype and out.device == case.q.device
     ref, _ = paged_attention_reference(*case.args)
     assert_close(out, ref, DIMS)
+
+
+# --- Diagnosis: which pitfall of section 5 a pattern of results points at ------------------------
+# The narrow mistakes (4, 9-11) fail only their own check and pass the worked example; the broad ones
+# are told apart by the checks they still pass (ctx = 1, V all ones, one page, GROUP = 1 or Hkv = 1).
+
+WORKED = "test_seed_example_ctx37_reads_three_pages"
+MISTAKES = [
+    Mistake(1, fails=("test_kv_head_grouping_is_contiguous[group4-lecture]", WORKED),
+            passes=("test_kv_head_grouping_is_contiguous[group1-MHA]", "test_kv_head_grouping_is_contiguous[group32-MQA]"),
+            question="Only the cases with 1 < GROUP < Hq fail: with Hq = 32 and Hkv = 8, which KV head should "
+                     "query head 13 read, and which one does your kernel give it?",
+            section="3.2"),
+    Mistake(2, fails=("test_last_page_is_masked",), passes=("test_masked_v_lanes_are_zero",), messages=("NaN",),
+            question="For ctx = 37 and PAGE = 16, which slots of the last page hold tokens of this sequence, "
+                     "and does your kernel load the others too?",
+            section="2"),
+    Mistake(3, fails=("test_tail_keys_get_no_weight",),
+            passes=("test_last_page_is_masked", "test_masked_v_lanes_are_zero"),
+            question="A masked key is loaded as zeros: what score does it get, and what weight does the "
+                     "softmax give that score when every real score is negative?",
+            section="3.3"),
+    Mistake(4, fails=("test_page_index_widened_to_int64",), passes=(WORKED, "test_single_sequence_long_context"),
+            question="Only block ids past 2**31 / stride_kb fail: in which integer type is phys * stride_kb "
+                     "computed in your kernel?",
+            section="2"),
+    Mistake(5, fails=("test_padding_rows_not_written",),
+            messages=(r"buffer around out|out of bounds store of out|write race",),
+            question="Your kernel computes GROUP_PAD rows but a KV head owns only GROUP query heads: whose "
+                     "rows of out do the other GROUP_PAD - GROUP rows land on?",
+            section="3.5"),
+    Mistake(6, fails=("test_online_softmax_rescales_old_pages",),
+            passes=("test_scale_is_applied", "test_output_is_normalised_by_the_softmax_sum"),
+            question="One-page contexts pass and multi-page ones fail: when the running max grows on a new "
+                     "page, what happens to the l and acc summed under the old max?",
+            section="2"),
+    Mistake(7, fails=("test_output_is_normalised_by_the_softmax_sum",),
+            passes=("test_single_token_context_returns_its_value_row",),
+            question="With every V row equal to 1 your output is not 1: what must acc be divided by once "
+                     "the last page is done?",
+            section="3.5"),
+    Mistake(8, fails=("test_scale_is_applied",),
+            passes=("test_output_is_normalised_by_the_softmax_sum", "test_single_token_context_returns_its_value_row"),
+            question="Only the outputs that depend on how sharp the softmax is are off: is every score "
+                     "multiplied by scale before the max and the exp?",
+            section="3.3"),
+    Mistake(9, fails=("test_q_strides_are_used",), passes=(WORKED,),
+            question="q is a view here (every other head of a bigger buffer): how far apart are two query "
+                     "heads in memory, and what does your kernel step by?",
+            section="2"),
+    Mistake(9, fails=("test_cache_strides_are_used",), passes=(WORKED,),
+            question="The cache is one layer of a bigger pool here: which strides does your kernel use to "
+                     "find block phys, token t and KV head kvh?",
+            section="2"),
+    Mistake(10, fails=("test_max_starts_at_minus_inf",), passes=(WORKED, "test_each_head_keeps_its_own_max"),
+            question="Every score is about -128 here: what is your running max after the first page, if it "
+                     "starts at 0, and what is exp(-128 - m) in fp32?",
+            section="3.4"),
+    Mistake(11, fails=("test_each_head_keeps_its_own_max",), passes=(WORKED, "test_max_starts_at_minus_inf"),
+            question="Two heads of one group score about +128 and about 0: is your running max one number "
+                     "per query head, or one for the whole group?",
+            section="3.4"),
+    Mistake(12, fails=("test_padding_rows_not_written",), messages=(r"out of bounds load of q",),
+            question="Which query heads do the padding rows of the last KV head address, and does your q "
+                     "load read them?",
+            section="3.2"),
+    Mistake(13, fails=("test_masked_v_lanes_are_zero",), messages=("NaN",),
+            question="What value does a masked-off lane of tl.load hold when the load has no other=, and what "
+                     "is 0 times that value?",
+            section="3.3"),
+    Mistake(14, messages=(r"operands must be (the )?same dtype",),
+            question="tl.dot(p, v) refuses its operands: what dtype is p after tl.exp, and what dtype is v?",
+            section="3.4"),
+]

@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from drills.compare import assert_close, assert_untouched, mismatch
+from drills.grading.diagnose import Mistake
 from drills.tests import seeded
-from drills.tests.launches import assert_runs_a_triton_kernel
+from drills.tests.launches import assert_runs_a_triton_kernel, record_launches
 
 DIMS = ("b", "head", "query", "d")  # how a mismatch names its position
 LSE_DIMS = ("b", "head", "query")
@@ -37,6 +38,21 @@ def make_qkv(B, H, Hkv, Nq, Nk, D, dtype=torch.float16, device="cpu", seed=0, he
         return view
 
     return one(H, Nq), one(Hkv, Nk), one(Hkv, Nk)
+
+
+def packed_qkv(B, H, Hkv, N, D, device="cpu", seed=0):
+    """q [B, H, N, D] and k, v [B, Hkv, N, D] as the three parts of one fused QKV projection's output
+    [B, N, (H + 2 Hkv) * D], each viewed as [B, heads, N, D]: strides (N W, D, W, 1) with W = (H + 2 Hkv) D,
+    none of them what a contiguous tensor would have. Nothing follows the buffer, so the last batch's
+    rows end at its last element: a load of a row past N reads outside every tensor."""
+    gen = torch.Generator().manual_seed(seeded(seed))
+    W = (H + 2 * Hkv) * D
+    buf = torch.randn(B, N, W, generator=gen).to(torch.float16).to(device)  # [B, N, W]
+
+    def part(start, heads):
+        return buf[..., start * D:(start + heads) * D].view(B, N, heads, D).transpose(1, 2)  # [B, heads, N, D]
+
+    return part(0, H), part(H, Hkv), part(H + Hkv, Hkv)
 
 
 def attention_reference(q, k, v, causal=False, scale=None):
@@ -166,14 +182,14 @@ def test_keys_not_a_multiple_of_the_block(impl, runtime, Nq, Nk):
     check(impl, q, k, v)
 
 
-def test_last_key_block_is_masked(impl, runtime):
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_last_key_block_is_masked(impl, runtime, causal):
     """Keys past Nk must score -inf, not merely load as zeros: here every real score is negative, so a
     zero-filled key (score 0) would outweigh all of them. (Reading them unmasked reads NaN.)"""
     q, k, v = make_qkv(1, 2, 1, 20, 35, 64, device=runtime.device, seed=3)
     q.copy_(q.abs())
     k.copy_(-k.abs())
-    check(impl, q, k, v)
-    check(impl, q, k, v, causal=True)
+    check(impl, q, k, v, causal=causal)
 
 
 def test_k_is_read_through_its_strides(impl, runtime):
@@ -183,6 +199,34 @@ def test_k_is_read_through_its_strides(impl, runtime):
     assert not q.is_contiguous() and k.stride(2) == 64 and q.stride(2) == 2 * 64
     check(impl, q, k, v)
     check(impl, q, k, v, causal=True)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_q_k_v_are_read_through_their_strides(impl, runtime, causal):
+    """q, k and v sliced out of one packed QKV buffer [B, N, (H + 2 Hkv) D]: every stride but the last
+    differs from a contiguous tensor's (rows (H + 2 Hkv) D elements apart, heads D apart, batches N rows
+    apart). A kernel that computes an offset from the shape instead of the strides reads other rows,
+    heads or batches. The last query block of the last batch is partial and nothing follows the buffer."""
+    q, k, v = packed_qkv(2, 4, 2, 45, 32, device=runtime.device, seed=67)
+    assert q.stride(2) == 8 * 32 and k.stride(1) == 32 and not k.is_contiguous()
+    check(impl, q, k, v, causal=causal)
+
+
+def test_running_max_starts_at_minus_inf(impl, runtime):
+    """Every score is near -128 (q and k point in opposite directions). The running max must start at
+    -inf: started at 0, it stays 0, every exp2(s - 0) underflows to 0 (2^-184 is below fp32's smallest
+    number), and the output is 0 with lse 0. Any start value at all is harmless as long as it is not
+    above the scores, which is why only scores this far below zero show it."""
+    q, k, v = make_qkv(1, 2, 1, 20, 50, 64, device=runtime.device, seed=71)
+    q[..., 0] = 32.0
+    k[..., 0] = -32.0  # q . k = -1024 + (63 random products), times 1/8
+    scores = q.float() @ k.float().repeat_interleave(2, dim=1).transpose(-1, -2) / 8.0  # [1, 2, 20, 50]
+    assert (scores < -100).all(), "the case must have every score below -100"
+    for causal in (False, True):
+        out, lse = attend(impl, q, k, v, causal=causal, return_lse=True)
+        ref, ref_lse = attention_reference(q, k, v, causal)
+        assert_close(out, ref, DIMS)
+        assert_lse_close(lse, ref_lse)
 
 
 def test_online_softmax_rescales_old_blocks(impl, runtime):
@@ -249,6 +293,33 @@ def test_any_block_shape(impl, runtime, config):
         assert_close(out, attention_reference(q, k, v, causal)[0], DIMS)
 
 
+def test_keys_are_walked_block_by_block(impl, runtime):
+    """FlashAttention walks the keys in blocks of BLOCK_N with an online softmax; one tile that holds
+    every key (BLOCK_N = next_pow2(Nk), a plain softmax) is right for short sequences and cannot run
+    long ones (its tile grows with Nk). The launch must use the config it is given, and by default a
+    BLOCK_N smaller than a sequence of a few hundred keys: several key blocks per query block."""
+    q, k, v = make_qkv(1, 2, 1, 45, 77, 64, device=runtime.device, seed=73)
+    with record_launches(impl) as launches:
+        launch_into_canary(impl, q, k, v, False, 0.125, config=(16, 16, 4, 1))
+    kernels = [c for c in launches.calls if c.name == "flash_attention_kernel"]
+    assert kernels, "_launch did not launch flash_attention_kernel"
+    for c in kernels:
+        blocks = (c.constexprs.get("BLOCK_M"), c.constexprs.get("BLOCK_N"))
+        assert blocks == (16, 16), (f"_launch was given config (16, 16, 4, 1) for Nk = 77 but launched "
+                                    f"BLOCK_M, BLOCK_N = {blocks}: the launch must use the config it is given")
+        assert c.grid in ((), (3, 2, 1)), f"grid {c.grid} for Nq = 45, BLOCK_M = 16, B * H = 2; expected (3, 2, 1)"
+    Nk = pick(runtime, 100, 1000)
+    q, k, v = make_qkv(1, 2, 1, 64, Nk, 64, device=runtime.device, seed=79)
+    with record_launches(impl) as launches:
+        impl.flash_attention(q, k, v)
+    kernels = [c for c in launches.calls if c.name == "flash_attention_kernel"]
+    assert kernels, "flash_attention did not launch flash_attention_kernel"
+    for c in kernels:
+        assert c.constexprs.get("BLOCK_N", Nk) < Nk, (
+                f"BLOCK_N = {c.constexprs.get('BLOCK_N')} for Nk = {Nk}: one key block holds every key, so "
+                "nothing is walked block by block (the default config is _config(D))")
+
+
 # --- Section 3.5 "Causal" -----------------------------------------------------------------------------
 
 
@@ -284,6 +355,20 @@ def test_fully_masked_rows_are_zero_not_nan(impl, runtime, Nq, Nk):
     ref, ref_lse = attention_reference(q, k, v, causal=True)
     assert_close(out, ref, DIMS)
     assert_lse_close(lse, ref_lse)
+
+
+def test_negative_causal_shift_is_not_clamped(impl, runtime):
+    """Nq = 70 > Nk = 45: the shift Nk - Nq = -25 is negative, and query i sees keys j <= i - 25. Clamped
+    to 0 it becomes the top-left rule j <= i: the first 25 rows see keys they must not, and every later
+    row sees 25 keys too many. Only the rows that see at least one key are compared here (rows 25-69);
+    the empty ones are test_fully_masked_rows_are_zero_not_nan's."""
+    Nq, Nk = 70, 45
+    q, k, v = make_qkv(1, 2, 1, Nq, Nk, 64, device=runtime.device, seed=83)
+    out, _ = launch_into_canary(impl, q, k, v, True, 0.125)  # lse has its own test (test_lse_is_natural_log)
+    ref, _ = attention_reference(q, k, v, causal=True, scale=0.125)
+    seen = slice(Nq - Nk, Nq)
+    assert_close(out[:, :, Nq - Nk], v[:, :, 0].float().repeat_interleave(2, dim=1), ("b", "head", "d"))
+    assert_close(out[:, :, seen], ref[:, :, seen], ("b", "head", "query-25", "d"))
 
 
 # --- Layout: heads, head dims, dtypes, sizes -----------------------------------------------------
@@ -373,6 +458,14 @@ BAD_INPUTS = {
     "scale_negative": (lambda a: dict(scale=-0.125), ValueError, "scale"),
     "scale_zero": (lambda a: dict(scale=0.0), ValueError, "scale"),
     "scale_nan": (lambda a: dict(scale=float("nan")), ValueError, "scale"),
+    "scale_inf": (lambda a: dict(scale=float("inf")), ValueError, "scale"),
+    "scale_bool": (lambda a: dict(scale=True), TypeError, "scale"),
+    "scale_tensor": (lambda a: dict(scale=torch.tensor(0.125)), TypeError, "scale"),
+    "k_not_a_tensor": (lambda a: dict(k=a["k"].tolist()), TypeError, "k"),
+    "k_rank": (lambda a: dict(k=a["k"][0]), ValueError, "k"),
+    "v_dtype": (lambda a: dict(v=a["v"].float()), TypeError, "v"),
+    "hkv_zero": (lambda a: {n: a[n][:, :0] for n in ("k", "v")}, ValueError, "Hkv"),
+    "v_last_dim_strided": (lambda a: dict(v=_strided_last(a["v"])), ValueError, "v"),
 }
 
 
@@ -407,3 +500,121 @@ def test_runs_a_triton_kernel(impl, runtime):
     with torch (scaled_dot_product_attention, or a copy of the grader's oracle)."""
     q, k, v = make_qkv(1, 2, 1, 20, 35, 64, device=runtime.device, seed=17)
     assert_runs_a_triton_kernel(impl, lambda: impl.flash_attention(q, k, v, causal=True), "flash_attention")
+
+
+# --- Diagnosis: which pitfall of drills/content/t5_flash_attention.md a pattern of results points to -------
+# The look-alikes and what tells them apart: the square causal cases (37-37, 64-64) agree under top-left
+# and bottom-right alignment; 64-64 has no partial query or key block, so it passes every masking and
+# padding mistake; test_last_key_block_is_masked[full] and test_keys_not_a_multiple_of_the_block have no
+# causal mask to blame; the by-hand cases (B = H = 1, one key block, contiguous rows) pass every mistake
+# of rescaling, strides and grouping; test_negative_causal_shift_is_not_clamped compares only rows that
+# see a key, so it passes the empty-row mistakes (9) and fails the clamp (15).
+
+MISTAKES = [
+    Mistake(1, fails=("test_first_causal_row_sees_only_key_0", "test_causal_is_aligned_bottom_right[37-37]",
+                      "test_fully_masked_rows_are_zero_not_nan[50-1]"),
+            passes=("test_last_key_block_is_masked[full]", "test_keys_not_a_multiple_of_the_block",
+                    "test_q_k_v_are_read_through_their_strides[full]"),
+            question="With Nq = Nk = 40, which keys may query 0 see, and does your causal comparison let it "
+                     "see its own key?",
+            section="3.5"),
+    Mistake(2, fails=("test_causal_is_aligned_bottom_right[37-100]", "test_causal_is_aligned_bottom_right[1-50]"),
+            passes=("test_causal_is_aligned_bottom_right[37-37]", "test_causal_is_aligned_bottom_right[64-64]",
+                    "test_first_causal_row_sees_only_key_0", "test_last_key_block_is_masked[full]",
+                    "test_keys_not_a_multiple_of_the_block"),
+            question="Your causal results are right when Nq = Nk and wrong when Nq = 37, Nk = 100: with 63 keys "
+                     "already cached, which keys may query 0 see?",
+            section="3.5"),
+    Mistake(3, fails=("test_any_block_shape", "test_causal_is_aligned_bottom_right[64-64]"),
+            passes=("test_fully_masked_rows_are_zero_not_nan[50-1]", "test_last_key_block_is_masked[full]",
+                    "test_keys_not_a_multiple_of_the_block"),
+            question="For the query block of rows m0 to m0 + BLOCK_M - 1, which is the last key its FIRST row "
+                     "may see, and does your unmasked loop stop before it?",
+            section="3.5"),
+    Mistake(4, fails=("test_last_key_block_is_masked[full]", "test_keys_not_a_multiple_of_the_block[5-17]"),
+            passes=("test_causal_is_aligned_bottom_right[64-64]", "test_keys_are_walked_block_by_block"),
+            messages=(r"NaN|nan|out of bounds load of [kv]_ptr",),
+            question="Nk = 35 with BLOCK_N = 16: what do keys 35 to 47 of the last block load, and what score "
+                     "does your kernel give them?",
+            section="3.4"),
+    Mistake(5, fails=("test_online_softmax_rescales_old_blocks",),
+            passes=("test_seed_example_O1_to_three_decimals", "test_seed_state_after_each_key_block",
+                    "test_keys_not_a_multiple_of_the_block[1-1]", "test_keys_are_walked_block_by_block"),
+            question="When a later key block raises a row's max, what happens in your kernel to the l and the "
+                     "acc summed under the old max?",
+            section="3.4"),
+    Mistake(5, fails=("test_output_is_normalised_by_the_softmax_sum", "test_seed_example_O1_to_three_decimals"),
+            passes=("test_keys_not_a_multiple_of_the_block[1-1]", "test_fully_masked_rows_are_zero_not_nan[50-1]"),
+            question="In the by-hand example O after K2 is [[2, 1.493], [1.493, 1.493]]: what is left to do "
+                     "before it is the output [[0.670, 0.500], [0.500, 0.500]]?",
+            section="2"),
+    Mistake(6, fails=("test_scale_is_applied", "test_seed_example_O1_to_three_decimals"),
+            passes=("test_output_is_normalised_by_the_softmax_sum", "test_keys_not_a_multiple_of_the_block[1-1]"),
+            question="exp2(x) is 2^x: which two factors must multiply a raw score q . k before it goes "
+                     "through exp2, so that the weight is e^(score * scale)?",
+            section="3.3"),
+    Mistake(6, fails=("test_lse_is_natural_log", "test_seed_state_after_each_key_block"),
+            passes=("test_seed_example_O1_to_three_decimals", "test_keys_not_a_multiple_of_the_block",
+                    "test_scale_is_applied"),
+            question="Your output is right and your lse is not: in which base is m + log2(l), and what turns it "
+                     "into a natural log?",
+            section="3.3"),
+    Mistake(7, fails=("test_k_is_read_through_its_strides", "test_seed_example_O1_to_three_decimals",
+                      "test_causal_is_aligned_bottom_right[64-64]", "test_keys_not_a_multiple_of_the_block[1-1]"),
+            passes=("test_keys_are_walked_block_by_block",),
+            question="Element (d, n) of the K^T tile is K[n, d]: at which address does it live, and which of "
+                     "your two offsets is multiplied by stride_kn?",
+            section="3.2"),
+    Mistake(8, fails=("test_kv_head_grouping_is_contiguous[group2]",),
+            passes=("test_kv_head_grouping_is_contiguous[group1-MHA]", "test_kv_head_grouping_is_contiguous[group8-MQA]",
+                    "test_seed_example_O1_to_three_decimals", "test_online_softmax_rescales_old_blocks"),
+            question="With H = 8 and Hkv = 2, which KV head does your kernel give query head 1, and which "
+                     "should share KV head 0?",
+            section="3.1"),
+    Mistake(9, fails=("test_fully_masked_rows_are_zero_not_nan[100-37]", "test_fully_masked_rows_are_zero_not_nan[50-1]"),
+            passes=("test_negative_causal_shift_is_not_clamped", "test_causal_is_aligned_bottom_right[37-100]",
+                    "test_first_causal_row_sees_only_key_0"),
+            messages=(r"NaN|nan",),
+            question="A row that sees no key has m = -inf and l = 0 after the loop: what do exp2(m_i - m_new) "
+                     "and acc / l give for it in your kernel?",
+            section="3.5"),
+    Mistake(10, fails=("test_rows_past_nq_not_written", "test_seed_example_O1_to_three_decimals"),
+            passes=("test_causal_is_aligned_bottom_right[64-64]",),
+            messages=(r"canary elements of the buffer around out|out of bounds store of out_ptr|write race",),
+            question="Nq = 37 with BLOCK_M = 32: which rows of the second query block does your kernel store, "
+                     "and whose memory comes after row 36?",
+            section="3.6"),
+    Mistake(11, fails=("test_running_max_starts_at_minus_inf",),
+            passes=("test_seed_example_O1_to_three_decimals", "test_seed_state_after_each_key_block",
+                    "test_keys_not_a_multiple_of_the_block", "test_online_softmax_rescales_old_blocks",
+                    "test_scale_is_applied", "test_causal_is_aligned_bottom_right[37-100]",
+                    "test_first_causal_row_sees_only_key_0"),
+            question="Every score here is near -128: what is your running max after the first key block if it "
+                     "started at 0, and what is exp2 of a score minus it?",
+            section="3.1"),
+    Mistake(12, fails=("test_q_k_v_are_read_through_their_strides",),
+            passes=("test_seed_example_O1_to_three_decimals", "test_seed_state_after_each_key_block",
+                    "test_online_softmax_rescales_old_blocks"),
+            question="q, k and v here are slices of one packed QKV buffer: how many elements apart are two rows "
+                     "of q, and does your kernel take that from the strides or from D and Nq?",
+            section="3.1"),
+    Mistake(13, passes=("test_seed_example_O1_to_three_decimals", "test_keys_not_a_multiple_of_the_block",
+                        "test_online_softmax_rescales_old_blocks", "test_k_is_read_through_its_strides",
+                        "test_running_max_starts_at_minus_inf"),
+            messages=(r"out of bounds load of q_ptr",),
+            question="Nq = 45 with BLOCK_M = 32: which rows does your q load read in the second query block, "
+                     "and what lies past row 44 of the last batch?",
+            section="3.1"),
+    Mistake(14, fails=("test_keys_are_walked_block_by_block",),
+            passes=("test_seed_example_O1_to_three_decimals", "test_keys_not_a_multiple_of_the_block",
+                    "test_online_softmax_rescales_old_blocks"),
+            question="How many key blocks does one of your programs visit for Nk = 100, and which BLOCK_N does "
+                     "your launch use when _launch is given a config?",
+            section="3.7"),
+    Mistake(15, fails=("test_negative_causal_shift_is_not_clamped", "test_fully_masked_rows_are_zero_not_nan[100-37]"),
+            passes=("test_causal_is_aligned_bottom_right[37-100]", "test_causal_is_aligned_bottom_right[1-50]",
+                    "test_causal_is_aligned_bottom_right[37-37]", "test_first_causal_row_sees_only_key_0"),
+            question="Nq = 70 and Nk = 45: what is Nk - Nq, and which keys may query 30 see? Does your kernel "
+                     "let the shift go below 0?",
+            section="3.5"),
+]
