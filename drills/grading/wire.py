@@ -75,6 +75,18 @@ class Storages:
         # that it can always send them back by reference. `dropped`: keys of theirs we no longer hold.
         self.lent: dict[int, torch.UntypedStorage] = {}
         self.dropped: list[int] = []
+        # Our storages are named by a serial number, never reused: an address is reused as soon as a
+        # storage is freed, and the other side must not take a new storage for an old one it still holds.
+        self._serials: dict[int, int] = {}  # id(storage) -> serial
+        self._next = 0
+
+    def serial(self, storage: torch.UntypedStorage) -> int:
+        key = id(storage)
+        if key not in self._serials:
+            self._next += 1
+            self._serials[key] = self._next
+            weakref.finalize(storage, self._serials.pop, key, None)
+        return self._serials[key]
 
     def receive(self, key: int, payload) -> torch.UntypedStorage:
         kind = payload[0]
@@ -145,19 +157,19 @@ class _Encoder(pickle.Pickler):
             if obj.layout != torch.strided or obj.is_quantized:
                 raise TypeError(f"a {obj.layout} tensor cannot be passed between the processes")
             storage = obj.untyped_storage()
-            ptr = storage.data_ptr()
-            theirs = self.known.key_of.get(ptr)
+            theirs = self.known.key_of.get(storage.data_ptr())
             if theirs is not None and self.known.received.get(theirs) is not storage:
                 theirs = None  # a stale entry: that address now holds another storage
-            if ptr not in self.payloads:
+            key = self.known.serial(storage)
+            if key not in self.payloads:
                 # A storage the other side sent us goes back by reference alone when the memory is
                 # shared (CUDA, sparse files); a private copy's bytes travel too, in case theirs is gone.
-                shared = storage.device.type != "cpu" or _backed_by_file(storage)
-                self.payloads[ptr] = None if (theirs is not None and shared) else payload_of(storage)
-                self.known.own[ptr] = storage
+                shared = storage.device.type not in ("cpu", "meta") or _backed_by_file(storage)
+                self.payloads[key] = None if (theirs is not None and shared) else payload_of(storage)
+                self.known.own[key] = storage
                 if shared and theirs is None:
-                    self.known.lent[ptr] = storage
-            return ("T", theirs, ptr, obj.dtype, tuple(obj.shape), tuple(obj.stride()), obj.storage_offset())
+                    self.known.lent[key] = storage
+            return ("T", theirs, key, obj.dtype, tuple(obj.shape), tuple(obj.stride()), obj.storage_offset())
         return self.handle(obj)
 
 
@@ -180,6 +192,8 @@ class _Decoder(pickle.Unpickler):
             if key not in self.made:
                 self.made[key] = self.known.receive(key, self.payloads[key])
             storage = self.made[key]
+        if storage.device.type == "meta":  # no data, and meta storages cannot be re-viewed: a fresh one
+            return torch.empty_strided(shape, stride, dtype=dtype, device="meta")
         t = torch.empty(0, dtype=dtype, device=storage.device)
         return t.set_(storage, offset, shape, stride)
 
