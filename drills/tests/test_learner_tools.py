@@ -17,6 +17,7 @@ import pytest
 import drills.runtime
 from drills import contract, explainer, grading, learner
 from drills.lessons import LESSONS, ROOT, find
+from drills.grading import run
 from drills.tests import seeded
 from drills.tests.launches import count_triton_launches
 
@@ -235,8 +236,6 @@ def test_doctor_prints_versions_and_the_traps(capsys):
 
 
 def run_grader(path, *extra):
-    from drills.grading import run
-
     return subprocess.run([sys.executable, "-m", "pytest", *run.pytest_args([T1.tests], impl_file=path), *extra],
                           capture_output=True, text=True, cwd=ROOT)
 
@@ -266,7 +265,7 @@ def test_untouched_stub_is_one_not_started_line(tmp_path):
     path = tmp_path / f"{T1.stem}.py"
     path.write_text(contract.pristine_stub_source(T1))
     proc = run_grader(path)
-    assert proc.returncode == 10
+    assert proc.returncode == run.NOT_STARTED_EXIT
     assert [line for line in proc.stdout.splitlines() if "not started" in line] == [
         contract.not_started_message(contract.load_from_file(path, "drills._stub_t1"))]
     assert "first failure" not in proc.stdout and "checks passing" not in proc.stdout
