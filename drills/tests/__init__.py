@@ -5,7 +5,9 @@ grades the same cases, and `SEED=7 make test L=l2` grades other ones (the summar
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 
 SEED_ENV = "SEED"
 
@@ -32,3 +34,16 @@ def probe(impl, fn, *args, **kwargs):
     themselves (mutating a list a method returned)."""
     runner = getattr(impl, "_drills_probe", None)
     return runner(fn, *args, **kwargs) if runner is not None else fn(impl, *args, **kwargs)
+
+
+@contextlib.contextmanager
+def raises_naming(error, pattern):
+    """pytest.raises(error, match=pattern), matched against the error's own message only (str(error)):
+    pytest's `match` also searches an exception's notes, and the words of a learner's line of code must
+    never be what satisfies a check that the message names the argument."""
+    import pytest
+
+    with pytest.raises(error) as info:
+        yield info
+    message = str(info.value)
+    assert re.search(pattern, message), f"{error.__name__} raised, but its message {message!r} does not say {pattern!r}"

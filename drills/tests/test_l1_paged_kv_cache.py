@@ -6,10 +6,8 @@ canary-filled buffer with spare blocks on each side, so a write to any slot it d
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import random
-import re
 
 import pytest
 import torch
@@ -17,7 +15,7 @@ import torch
 from drills.compare import assert_close, assert_untouched, mismatch
 from drills.solutions.l2_paged_decode import paged_decode
 from drills.grading.diagnose import Mistake
-from drills.tests import seeded
+from drills.tests import raises_naming, seeded
 from drills.tests.bigmem import free_bytes, sparse_empty
 from drills.tests.launches import assert_runs_a_triton_kernel
 from drills.tests.paged_kv import GARBAGE_BLOCK_IDS, gather_kv, paged_attention_reference
@@ -90,16 +88,6 @@ MISTAKES = [
             question="Are value's rows always as far apart as key's?", section="3.4"),
 ]
 
-
-
-@contextlib.contextmanager
-def raises_naming(error, pattern):
-    """pytest.raises(error, match=pattern), matched against the error's own message only: the grader
-    adds a note quoting the line of your code that raised, and that line alone must not pass the check."""
-    with pytest.raises(error) as info:
-        yield info
-    message = str(info.value)
-    assert re.search(pattern, message), f"{error.__name__} raised, but its message {message!r} does not say {pattern!r}"
 
 
 def sizes(runtime, small, large):

@@ -14,16 +14,14 @@ still in use breaks that, whatever the ref counts say.
 from __future__ import annotations
 
 import builtins
-import contextlib
 import math
 import random
-import re
 from collections import Counter
 
 import pytest
 
 from drills.grading.diagnose import Mistake
-from drills.tests import probe, seeded
+from drills.tests import probe, raises_naming, seeded
 
 A, B, C, D, E, F, G, H, X, Y = range(1, 11)  # the seed's letters as token ids, and two more
 
@@ -81,16 +79,6 @@ MISTAKES = [
             question="Is the list block_table (or allocate) returns the manager's own table?", section="3.1"),
 ]
 
-
-
-@contextlib.contextmanager
-def raises_naming(error, pattern):
-    """pytest.raises(error, match=pattern), matched against the error's own message only: the grader
-    adds a note quoting the line of your code that raised, and that line alone must not pass the check."""
-    with pytest.raises(error) as info:
-        yield info
-    message = str(info.value)
-    assert re.search(pattern, message), f"{error.__name__} raised, but its message {message!r} does not say {pattern!r}"
 
 
 def refs(m, num_blocks):
