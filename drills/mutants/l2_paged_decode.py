@@ -13,6 +13,11 @@ MUTANTS = [
            "phys = tl.load(block_tables_ptr + b * stride_bt + p)"),
     Mutant("padding_rows_stored", "5. padding rows written back",
            "out.to(out_ptr.dtype.element_ty),\n        mask=g_mask[:, None],", "out.to(out_ptr.dtype.element_ty),"),
+    # Rows past Hq are masked, so no store leaves `out`, but each group's padding rows land on the next
+    # group's heads: in program order the next program repairs them, in any other order it does not.
+    Mutant("padding_rows_over_next_group", "5. padding rows stored over the next group's heads",
+           "out.to(out_ptr.dtype.element_ty),\n        mask=g_mask[:, None],",
+           "out.to(out_ptr.dtype.element_ty),\n        mask=(q_heads < tl.num_programs(1) * GROUP)[:, None],"),
     Mutant("rescale_dropped", "6. missing rescale (alpha = 1)",
            "alpha = tl.exp(m_i - m_new)", "alpha = tl.full([GROUP_PAD], 1.0, dtype=tl.float32)"),
     Mutant("no_normalisation", "7. no final normalisation by l",
