@@ -1,7 +1,7 @@
 """L3 benchmark: how fast the block manager allocates, and how many blocks prefix sharing saves.
 
 10,000 requests share a 1,000-token system prompt, each followed by its own user turn of 20 to 199
-tokens (seeded). All are allocated into one manager and stay live together, then all are freed. This
+tokens (a fixed random draw). All are allocated into one manager and stay live together, then all are freed. This
 is plain Python on the host CPU: no GPU is touched (the CPU is named in the notes).
 
     blocks without sharing = sum over requests of ceil(len / block_size)
@@ -121,7 +121,7 @@ def run(impl) -> tuple[bench.Table, list[str]]:
         f"Host CPU, one thread: {cpu_name()}; Python {platform.python_version()}. No GPU is used: the GPU in "
         "the header is only the machine the run happened on.",
         f"{N_REQUESTS} requests, each a {SYSTEM_TOKENS}-token system prompt plus {USER_TOKENS[0]} to "
-        f"{USER_TOKENS[1] - 1} tokens of its own (seeded), {num_tokens} prompt tokens in all, all live at once.",
+        f"{USER_TOKENS[1] - 1} tokens of its own (a fixed random draw), {num_tokens} prompt tokens in all, all live at once.",
         "blocks, no sharing: sum of ceil(len / block_size); blocks, shared: what the manager used, checked "
         "against that minus (requests - 1) * floor(1000 / block_size). With block size 256 only 768 of "
         "the 1000 system tokens fill whole blocks, so the other 232 are recomputed by every request.",

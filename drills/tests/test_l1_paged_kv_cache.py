@@ -1,6 +1,6 @@
 """Grader for L1, the paged KV cache. Each test is named for the mistake it catches.
 
-Run: make test L=l1 (your drills/mine) or make test L=l1 IMPL=solutions. The seed's numbers (section 2
+Run: make test L=l1 (your drills/mine) or make test L=l1 IMPL=solutions. The worked example's numbers (section 2
 of the explainer) are checked through your functions; every store goes into caches that sit inside a
 canary-filled buffer with spare blocks on each side, so a write to any slot it does not own is seen.
 """
@@ -25,10 +25,10 @@ EXACT = dict(atol=0.0, rtol=0.0, rel=0.0)  # a store is a copy: every bit must a
 CACHE_DIMS = ("block+margin", "offset", "head", "d")  # positions inside the canary buffer
 ROW_DIMS = ("row", "head", "d")
 
-# The seed's example (explainer section 2): three requests, an 8-token reservation, 4-token blocks,
+# The worked example (explainer section 2): three requests, an 8-token reservation, 4-token blocks,
 # and one request whose block table is [3, 1, 5].
-SEED_LENGTHS = [3, 5, 2]
-SEED_TABLE = [3, 1, 5]
+EXAMPLE_LENGTHS = [3, 5, 2]
+EXAMPLE_TABLE = [3, 1, 5]
 
 
 # The explainer's pitfalls (section 5) and the pattern of checks each leaves, for the diagnosis.
@@ -39,11 +39,11 @@ MISTAKES = [
             passes=("test_store_then_gather_through_block_tables", "test_first_and_last_slot_of_the_cache"),
             question="In which integer type is block * stride(0) computed, and how large does it get in a cache "
                      "of 2**32 elements?", section="3.5"),
-    Mistake(3, fails=("test_seed_slot_mapping",), passes=("test_free_returns_the_block_to_the_free_list",),
+    Mistake(3, fails=("test_worked_example_slot_mapping",), passes=("test_free_returns_the_block_to_the_free_list",),
             question="For table [3, 1, 5] and block size 4, which slot does your BlockTable give token 9?",
             section="2.4"),
     Mistake(3, fails=("test_first_and_last_slot_of_the_cache", "test_store_then_gather_through_block_tables"),
-            passes=("test_seed_slot_mapping",),
+            passes=("test_worked_example_slot_mapping",),
             question="In your kernel's address, which of slot // PAGE and slot % PAGE multiplies the block "
                      "stride?", section="3.5"),
     Mistake(4, fails=("test_double_free_rejected",), passes=("test_free_returns_the_block_to_the_free_list",),
@@ -51,18 +51,18 @@ MISTAKES = [
             section="3.1"),
     Mistake(5, fails=("test_free_returns_the_block_to_the_free_list",),
             question="After free(b), where is b, and can allocate() hand it out again?", section="3.1"),
-    Mistake(6, fails=("test_seed_last_block_is_full_check", "test_table_grows_one_block_at_a_time"),
+    Mistake(6, fails=("test_worked_example_last_block_is_full_check", "test_table_grows_one_block_at_a_time"),
             question="With block size 4, is the last block full at 12 tokens? At 11? What does your check say?",
             section="2.3"),
     Mistake(7, fails=("test_append_that_does_not_fit_allocates_nothing",),
             passes=("test_table_grows_one_block_at_a_time",),
             question="When append_tokens cannot get every block it needs, what has it taken before it fails?",
             section="3.2"),
-    Mistake(8, fails=("test_seed_paged_waste_is_37_5_percent",),
-            passes=("test_seed_contiguous_waste_is_58_33_percent",),
+    Mistake(8, fails=("test_worked_example_paged_waste_is_37_5_percent",),
+            passes=("test_worked_example_contiguous_waste_is_58_33_percent",),
             question="How many 4-token blocks does a 3-token request hold: what does your count give?",
             section="2.1"),
-    Mistake(8, fails=("test_seed_contiguous_waste_is_58_33_percent",),
+    Mistake(8, fails=("test_worked_example_contiguous_waste_is_58_33_percent",),
             question="Wasted as a fraction of what: the tokens used, or the slots allocated?", section="2.1"),
     Mistake(9, fails=("test_heads_and_dims_not_powers_of_two",),
             passes=("test_store_then_gather_through_block_tables",),
@@ -97,13 +97,13 @@ def sizes(runtime, small, large):
 # --- Helpers: tables from your allocator, caches inside a canary ------------------------------------
 
 
-def seed_table(impl, n_tokens):
-    """A BlockTable that holds blocks [3, 1, 5] (the seed's), built through your allocator: take all
-    8 blocks of the seed's 32-token pool, give back 3, 1 and 5 in that order, and grow from there."""
+def example_table(impl, n_tokens):
+    """A BlockTable that holds blocks [3, 1, 5] (the worked example's), built through your allocator: take all
+    8 blocks of the worked example's 32-token pool, give back 3, 1 and 5 in that order, and grow from there."""
     alloc = impl.BlockAllocator(8)
     taken = [alloc.allocate() for _ in range(8)]
     assert sorted(taken) == list(range(8)), f"a pool of 8 blocks handed out {taken}"
-    for b in SEED_TABLE:
+    for b in EXAMPLE_TABLE:
         alloc.free(b)
     table = impl.BlockTable(alloc, 4)
     table.append_tokens(n_tokens)
@@ -173,24 +173,24 @@ def distinct_slots(N, num_slots, device, seed):
     return torch.randperm(num_slots, generator=gen)[:N].to(device)  # [N] int64, no repeats
 
 
-# --- Section 2 "By hand": the seed's numbers through your functions --------------------------------
+# --- Section 2 "By hand": the worked example's numbers through your functions --------------------------------
 
 
-def test_seed_contiguous_waste_is_58_33_percent(impl):
+def test_worked_example_contiguous_waste_is_58_33_percent(impl):
     """Requests of 3, 5 and 2 tokens, 8 slots reserved for each: 24 allocated, 14 wasted, 58.33%."""
-    allocated, wasted, fraction = impl.waste_contiguous(SEED_LENGTHS, 8)
+    allocated, wasted, fraction = impl.waste_contiguous(EXAMPLE_LENGTHS, 8)
     assert (allocated, wasted) == (24, 14)
     assert fraction == pytest.approx(14 / 24) and round(100 * fraction, 2) == 58.33
 
 
-def test_seed_paged_waste_is_37_5_percent(impl):
+def test_worked_example_paged_waste_is_37_5_percent(impl):
     """The same requests in 4-token blocks: 1 + 2 + 1 blocks = 16 slots, 6 wasted, 37.5%. Your block
-    tables on the seed's 8-block pool must hold exactly those blocks and leave 4 free."""
-    allocated, wasted, fraction = impl.waste_paged(SEED_LENGTHS, 4)
+    tables on the worked example's 8-block pool must hold exactly those blocks and leave 4 free."""
+    allocated, wasted, fraction = impl.waste_paged(EXAMPLE_LENGTHS, 4)
     assert (allocated, wasted) == (16, 6) and fraction == pytest.approx(0.375)
     alloc = impl.BlockAllocator(8)
-    tables = [impl.BlockTable(alloc, 4) for _ in SEED_LENGTHS]
-    for table, n in zip(tables, SEED_LENGTHS):
+    tables = [impl.BlockTable(alloc, 4) for _ in EXAMPLE_LENGTHS]
+    for table, n in zip(tables, EXAMPLE_LENGTHS):
         table.append_tokens(n)
     assert [len(t.blocks) for t in tables] == [1, 2, 1]
     assert alloc.num_free == 4
@@ -207,7 +207,7 @@ def test_waste_of_an_empty_batch_and_exact_fits(impl):
     assert impl.waste_paged([1], 4) == (4, 3, 0.75)
 
 
-def test_seed_growth_5_to_7_keeps_its_blocks(impl):
+def test_worked_example_growth_5_to_7_keeps_its_blocks(impl):
     """Request B grows from 5 to 7 tokens: its second block has room, so no block is taken."""
     alloc = impl.BlockAllocator(8)
     table = impl.BlockTable(alloc, 4)
@@ -219,7 +219,7 @@ def test_seed_growth_5_to_7_keeps_its_blocks(impl):
     assert impl.waste_contiguous([7], 8) == (8, 1, 1 / 8)  # still inside the 8-slot reservation
 
 
-def test_seed_growth_5_to_9_takes_one_more_block(impl):
+def test_worked_example_growth_5_to_9_takes_one_more_block(impl):
     """From 5 to 9 tokens: exactly one more block, the first two unchanged (nothing copied). The
     contiguous layout cannot hold 9 tokens in 8 reserved slots: waste_contiguous says so."""
     alloc = impl.BlockAllocator(8)
@@ -233,11 +233,11 @@ def test_seed_growth_5_to_9_takes_one_more_block(impl):
         impl.waste_contiguous([3, 9, 2], 8)
 
 
-def test_seed_block_table_lookup_for_every_token(impl):
+def test_worked_example_block_table_lookup_for_every_token(impl):
     """Table [3, 1, 5], block size 4, 10 tokens: token t is in logical block t // 4, physical block
     table[t // 4], offset t % 4. Token 9 -> logical 2 -> physical 5, offset 1."""
-    _, table = seed_table(impl, 10)
-    assert table.blocks == SEED_TABLE
+    _, table = example_table(impl, 10)
+    assert table.blocks == EXAMPLE_TABLE
     expected = [(0, 3, 0), (0, 3, 1), (0, 3, 2), (0, 3, 3),
                 (1, 1, 0), (1, 1, 1), (1, 1, 2), (1, 1, 3),
                 (2, 5, 0), (2, 5, 1)]
@@ -246,10 +246,10 @@ def test_seed_block_table_lookup_for_every_token(impl):
         assert got == want, f"lookup({t}) = {got}, expected (logical, physical, offset) = {want}"
 
 
-def test_seed_physical_layout(impl):
+def test_worked_example_physical_layout(impl):
     """Which tokens each physical block holds: block 3 tokens 0-3, block 1 tokens 4-7, block 5 tokens 8
     and 9 (slots 2 and 3 of block 5 are empty); blocks 0, 2 and 4 hold none of this request's tokens."""
-    _, table = seed_table(impl, 10)
+    _, table = example_table(impl, 10)
     layout = {}
     for t in range(10):
         _, physical, offset = table.lookup(t)
@@ -258,34 +258,34 @@ def test_seed_physical_layout(impl):
                       5: [(0, 8), (1, 9)]}
 
 
-def test_seed_slot_mapping(impl):
+def test_worked_example_slot_mapping(impl):
     """slot = physical block * 4 + offset: tokens 0-9 of table [3, 1, 5] go to slots 12-15, 4-7, 20, 21.
     Swapping block and offset (offset * 4 + block) gives token 9 slot 9 instead of 21."""
-    _, table = seed_table(impl, 10)
+    _, table = example_table(impl, 10)
     assert [table.slot(t) for t in range(10)] == [12, 13, 14, 15, 4, 5, 6, 7, 20, 21]
 
 
-def test_seed_last_block_is_full_check(impl):
+def test_worked_example_last_block_is_full_check(impl):
     """10 tokens in [3, 1, 5]: the last block (5) holds tokens 8 and 9 only: not full. At 12 tokens it
     is full and still 3 blocks; the 13th token takes a fourth block, which is not full."""
-    alloc, table = seed_table(impl, 10)
+    alloc, table = example_table(impl, 10)
     assert table.last_block_is_full is False
     table.append_tokens(1)
     assert table.last_block_is_full is False and len(table.blocks) == 3
     table.append_tokens(1)
-    assert table.last_block_is_full is True and table.blocks == SEED_TABLE
-    alloc.free(0)  # the seed's pool is otherwise in use: make room for a fourth block
+    assert table.last_block_is_full is True and table.blocks == EXAMPLE_TABLE
+    alloc.free(0)  # the worked example's pool is otherwise in use: make room for a fourth block
     table.append_tokens(1)
-    assert table.last_block_is_full is False and table.blocks == SEED_TABLE + [0]
+    assert table.last_block_is_full is False and table.blocks == EXAMPLE_TABLE + [0]
 
 
-def test_seed_decode_step_writes_slots_3_9_14(impl, runtime):
+def test_worked_example_decode_step_writes_slots_3_9_14(impl, runtime):
     """Section 2.5: A, B, C (3, 5, 2 tokens) on a fresh 8-block pool hold [0], [1, 2], [3]. One decode
     step appends a token to each: slots 3, 9 and 14, padded to a batch of 4 with -1. The new rows land
     at k_cache[0, 3], k_cache[2, 1] and k_cache[3, 2]; nothing else changes."""
     alloc = impl.BlockAllocator(8)
-    tables = [impl.BlockTable(alloc, 4) for _ in SEED_LENGTHS]
-    for table, n in zip(tables, SEED_LENGTHS):
+    tables = [impl.BlockTable(alloc, 4) for _ in EXAMPLE_LENGTHS]
+    for table, n in zip(tables, EXAMPLE_LENGTHS):
         table.append_tokens(n)
     assert [t.blocks for t in tables] == [[0], [1, 2], [3]]
     step = [t.append_tokens(1) for t in tables]
@@ -381,11 +381,11 @@ def test_table_grows_one_block_at_a_time(impl, block_size):
 
 def test_append_tokens_returns_the_new_slots(impl):
     """append_tokens(n) returns the n new tokens' slots, which is the slot_mapping of that step."""
-    _, table = seed_table(impl, 0)
+    _, table = example_table(impl, 0)
     assert table.append_tokens(0) == []
     assert table.append_tokens(6) == [12, 13, 14, 15, 4, 5]
     assert table.append_tokens(4) == [6, 7, 20, 21]
-    assert table.blocks == SEED_TABLE
+    assert table.blocks == EXAMPLE_TABLE
 
 
 def test_append_that_does_not_fit_allocates_nothing(impl):
@@ -422,7 +422,7 @@ def test_release_returns_every_block(impl):
 @pytest.mark.parametrize("t", [10, 11, -1])
 def test_lookup_outside_the_sequence_raises(impl, t):
     """Token 10 does not exist in a 10-token sequence, even though block 5 has room for it."""
-    _, table = seed_table(impl, 10)
+    _, table = example_table(impl, 10)
     with pytest.raises(IndexError):
         table.lookup(t)
     with pytest.raises(IndexError):

@@ -44,16 +44,16 @@ def lens_for(runtime, small, large):
     return small if runtime.interpreter else large
 
 
-# --- Section 2 "By hand": the seed's example through your kernel -------------------------------------
+# --- Section 2 "By hand": the worked example through your kernel -------------------------------------
 
 
-def test_seed_example_ctx37_reads_three_pages(impl, runtime):
+def test_worked_example_ctx37_reads_three_pages(impl, runtime):
     """ctx = 37, PAGE = 16, block table [9, 3, 7, garbage...]: three pages, 5 valid tokens in the last.
     Everything but blocks 9, 3, 7 (and slots 0..4 of block 7) is NaN. The lecture's heads: Hq = 32,
     Hkv = 8, D = 128, so token 36 of KV head 3 starts at element 119168 of k_cache (section 2)."""
     Hq, Hkv, D, PAGE = 32, 8, 128, 16
     case = make_paged_case([37], Hq, Hkv, D, PAGE, num_blocks=12, device=runtime.device, seed=37)
-    # Re-place the three pages at the blocks the seed uses.
+    # Re-place the three pages at the blocks the worked example uses.
     k, v = case.k_cache.clone(), case.v_cache.clone()
     case.k_cache.fill_(float("nan"))
     case.v_cache.fill_(float("nan"))
@@ -387,7 +387,7 @@ def test_out_is_allocated_when_not_given(impl, runtime):
 # The narrow mistakes (4, 9-11) fail only their own check and pass the worked example; the broad ones
 # are told apart by the checks they still pass (ctx = 1, V all ones, one page, GROUP = 1 or Hkv = 1).
 
-WORKED = "test_seed_example_ctx37_reads_three_pages"
+WORKED = "test_worked_example_ctx37_reads_three_pages"
 MISTAKES = [
     Mistake(1, fails=("test_kv_head_grouping_is_contiguous[group4-lecture]", WORKED),
             passes=("test_kv_head_grouping_is_contiguous[group1-MHA]", "test_kv_head_grouping_is_contiguous[group32-MQA]"),

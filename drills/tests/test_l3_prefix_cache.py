@@ -23,14 +23,14 @@ import pytest
 from drills.grading.diagnose import Mistake
 from drills.tests import probe, raises_naming, seeded
 
-A, B, C, D, E, F, G, H, X, Y = range(1, 11)  # the seed's letters as token ids, and two more
+A, B, C, D, E, F, G, H, X, Y = range(1, 11)  # the worked example's letters as token ids, and two more
 
 
 # The explainer's pitfalls (section 5) and the pattern of checks each leaves, for the diagnosis.
 MISTAKES = [
-    Mistake(1, fails=("test_free_drops_every_ref_count", "test_seed_example_step_by_step"),
+    Mistake(1, fails=("test_free_drops_every_ref_count", "test_worked_example_step_by_step"),
             passes=("test_partial_block_is_never_shared",),
-            question="After request 1 of the seed's example ends, what are the ref counts of blocks 0, 1 and 2 "
+            question="After request 1 of the worked example ends, what are the ref counts of blocks 0, 1 and 2 "
                      "in your manager?", section="2"),
     Mistake(2, fails=("test_block_still_shared_stays_off_the_free_list",),
             passes=("test_free_drops_every_ref_count",),
@@ -96,10 +96,10 @@ def same_key(prev_hash, token_ids):
     return 0
 
 
-# --- Section 2 "By hand": the seed's example through your manager ---------------------------------
+# --- Section 2 "By hand": the worked example through your manager ---------------------------------
 
 
-def test_seed_example_step_by_step(impl):
+def test_worked_example_step_by_step(impl):
     """Block size 2, base prefix [A, B, C, D], request 1 = prefix + [E, F], request 2 = prefix + [G, H]:
     every table, every ref count and the free count after each step, then request 1 ends."""
     N = 8
@@ -127,7 +127,7 @@ def test_seed_example_step_by_step(impl):
     assert m.block_table("prefix") == [0, 1]
 
 
-def test_seed_example_freed_block_is_revived(impl):
+def test_worked_example_freed_block_is_revived(impl):
     """After step 4, block 2 still holds the KV of [A, B, C, D, E, F]: it waits at the back of the free
     list (an unrelated request gets block 4), and the same prompt again revives it: 6 cached tokens."""
     N = 8

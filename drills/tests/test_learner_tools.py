@@ -8,6 +8,7 @@ cheapest lesson with a Triton kernel.
 """
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import types
@@ -284,7 +285,7 @@ def test_first_failure_points_at_the_pitfall_that_names_the_test():
     assert "each pitfall names" in explainer.where_taught(find("l2"), "test_no_such_check")
 
 
-def test_seed_shifts_every_base_seed(monkeypatch):
+def test_worked_example_shifts_every_base_seed(monkeypatch):
     monkeypatch.delenv("SEED", raising=False)
     assert seeded(5) == 5
     monkeypatch.setenv("SEED", "3")
@@ -341,3 +342,40 @@ def test_classic_mistakes_are_mutants_with_their_own_pitfall(lesson_id):
         assert name in mutants, f"{lesson_id}: the classic mistake {name} has no mutant"
         assert int(mutants[name].pitfall.split(".", 1)[0]) in numbers, f"{name} names no pitfall of the explainer"
         assert not mutants[name].gpu_only, f"{name} must be graded on the CPU, where most learners are"
+
+
+# --- The course speaks for itself ----------------------------------------------------------------
+
+# The worked examples are the course's own: no learner-facing text may point at notes a learner has
+# never seen. "SEED" (the variable that picks other random cases) and a `seed` argument in code are fine.
+NAMES_NOTES = re.compile(r"(?i)\bseed(?:'s|\s+notes|\s+example)|\bthe\s+seed\b|\btest_\w*seed")
+PROSE_SEED = re.compile(r"\b(?!SEED\b)[Ss][Ee][Ee][Dd](?:s|ed|'s)?\b")
+
+
+def _learner_facing_text():
+    """(where, text, is_prose) for every explainer, stub, notebook cell, README and lesson grader."""
+    import json
+
+    yield "README.md", (ROOT / "README.md").read_text(), True
+    for lesson in LESSONS:
+        yield grading.relative(lesson.explainer), lesson.explainer.read_text(), True
+        yield grading.relative(lesson.stub), contract.pristine_stub_source(lesson) or lesson.stub.read_text(), False
+        yield grading.relative(lesson.tests), lesson.tests.read_text(), False
+        for i, cell in enumerate(json.loads(lesson.notebook.read_text())["cells"]):
+            yield f"{grading.relative(lesson.notebook)} cell {i}", "".join(cell["source"]), cell["cell_type"] == "markdown"
+
+
+def test_learner_facing_text_never_names_the_source_notes():
+    found = []
+    for where, text, prose in _learner_facing_text():
+        for n, line in enumerate(text.splitlines(), 1):
+            words = re.sub(r"`[^`]*`", "", line)  # code spans name functions (`seeded`), not notes
+            if NAMES_NOTES.search(line) or (prose and PROSE_SEED.search(words)):
+                found.append(f"{where}:{n}: {line.strip()}")
+    assert not found, "learner-facing text names the source notes:\n" + "\n".join(found[:20])
+
+
+def test_source_notes_check_can_fail():
+    for line in ("## 2. By hand: the seed's example", "The seed notes measured 176 us", "def test_seed_trace():"):
+        assert NAMES_NOTES.search(line) or PROSE_SEED.search(line), line
+    assert not PROSE_SEED.search("`SEED=7 make test L=t1` grades other ones")

@@ -131,10 +131,10 @@ def check_trace(impl, x, block):
     return m_trace, l_trace
 
 
-# --- Section 2 "By hand": the seed's numbers through your functions ----------------------------------
+# --- Section 2 "By hand": the worked example's numbers through your functions ----------------------------------
 
 
-def test_seed_trace_one_element_at_a_time(impl, runtime):
+def test_worked_example_trace_one_element_at_a_time(impl, runtime):
     """x = [2, 1, 4, 3] with block = 1: (2, 1) -> (2, 1.3679) -> (4, 1.1851) -> (4, 1.5530)."""
     x = torch.tensor([HAND_X], device=runtime.device)
     m_trace, l_trace = check_trace(impl, x, 1)
@@ -143,7 +143,7 @@ def test_seed_trace_one_element_at_a_time(impl, runtime):
 
 
 @pytest.mark.parametrize("block", [None, 1, 2, 4, 64])
-def test_seed_final_state(impl, runtime, block):
+def test_worked_example_final_state(impl, runtime, block):
     """Whatever the block size, [2, 1, 4, 3] ends at m = 4, l = 1.5530."""
     x = torch.tensor([HAND_X], device=runtime.device)
     m, l = check_stats(impl, x, block=block)
@@ -151,7 +151,7 @@ def test_seed_final_state(impl, runtime, block):
     assert_close(l, torch.tensor([1.5530]), **FOUR_DECIMALS)
 
 
-def test_seed_trace_two_elements_per_block(impl, runtime):
+def test_worked_example_trace_two_elements_per_block(impl, runtime):
     """block = 2: (2, 1.3679) after [2, 1], then (4, 1.5530) after [4, 3]."""
     x = torch.tensor([HAND_X], device=runtime.device)
     m_trace, l_trace = check_trace(impl, x, 2)
@@ -160,7 +160,7 @@ def test_seed_trace_two_elements_per_block(impl, runtime):
 
 
 def test_order_changes_the_trace_not_the_result(impl, runtime):
-    """[2, 1, 3, 4] (the order the seed's closing line names) passes through other states,
+    """[2, 1, 3, 4] (the order the lecture's closing line names) passes through other states,
     (3, 1.5032) after three elements, but ends at the same (4, 1.5530): the sum is over a set."""
     x = torch.tensor([[2.0, 1.0, 3.0, 4.0]], device=runtime.device)
     m_trace, l_trace = check_trace(impl, x, 1)
@@ -168,7 +168,7 @@ def test_order_changes_the_trace_not_the_result(impl, runtime):
     assert_close(l_trace[0], torch.tensor([1.0, 1.3679, 1.5032, 1.5530]), **FOUR_DECIMALS)
 
 
-def test_seed_merge_of_two_halves(impl, runtime):
+def test_worked_example_merge_of_two_halves(impl, runtime):
     """The state of [2, 1] is (2, 1.3679), of [4, 3] is (4, 1.3679); merged: (4, 1.5530), computed by
     your softmax_stats on each half and your merge_stats."""
     left = torch.tensor([HAND_X[:2]], device=runtime.device)
@@ -557,51 +557,51 @@ def test_out_is_allocated_when_not_given(impl, runtime):
 
 
 # --- Diagnosis: which pitfall of drills/content/t4_online_softmax.md a pattern of results points to -------
-# Single-block cases (test_seed_final_state[4]: x = [2, 1, 4, 3] in one block) never rescale, so they
+# Single-block cases (test_worked_example_final_state[4]: x = [2, 1, 4, 3] in one block) never rescale, so they
 # separate the rescale mistakes (1) from the ones that break every block (2, 3, 4). Rows whose N is a
 # multiple of the block (test_first_block_starts_from_minus_inf, test_rows_are_read_through_their_strides)
 # have no padding lane, so they separate the masking mistakes (7, 12) from the start value (5) and the
 # strides (14).
 
 MISTAKES = [
-    Mistake(1, fails=("test_seed_trace_one_element_at_a_time", "test_old_sum_is_rescaled_when_the_max_grows"),
-            passes=("test_seed_final_state[4]", "test_merge_shifts_to_the_larger_max"),
+    Mistake(1, fails=("test_worked_example_trace_one_element_at_a_time", "test_old_sum_is_rescaled_when_the_max_grows"),
+            passes=("test_worked_example_final_state[4]", "test_merge_shifts_to_the_larger_max"),
             question="At step 3 of the by-hand trace the max jumps from 2 to 4: what max is the sum 1.3679 "
                      "measured against, and what must happen to it before e^(4 - 4) is added?",
             section="2"),
-    Mistake(2, fails=("test_seed_trace_one_element_at_a_time", "test_seed_final_state[4]"),
+    Mistake(2, fails=("test_worked_example_trace_one_element_at_a_time", "test_worked_example_final_state[4]"),
             passes=("test_merge_shifts_to_the_larger_max",), messages=(r"NaN in l at \(0, 0\)",),
             question="At step 1 of the by-hand trace m is still -inf: what factor does your kernel multiply "
                      "the empty sum l = 0 by, and is it a finite number between 0 and 1?",
             section="2"),
-    Mistake(3, fails=("test_seed_final_state[4]", "test_large_magnitudes_do_not_overflow"),
+    Mistake(3, fails=("test_worked_example_final_state[4]", "test_large_magnitudes_do_not_overflow"),
             passes=("test_merge_shifts_to_the_larger_max",),
             question="For x = [2, 1, 4, 3] your l is far from 1.5530: is each term e^x, or e^(x - m)? And what "
                      "is e^x in fp32 for an entry of 1e4?",
             section="2"),
-    Mistake(4, fails=("test_seed_trace_one_element_at_a_time", "test_seed_final_state[4]",
+    Mistake(4, fails=("test_worked_example_trace_one_element_at_a_time", "test_worked_example_final_state[4]",
                       "test_large_magnitudes_do_not_overflow"),
             passes=("test_merge_shifts_to_the_larger_max",), messages=(r"got m = -inf, expected",),
             question="Your m is still -inf after a block of finite entries: where does the new max go once a "
                      "block has been folded in?",
             section="3.3"),
     Mistake(5, fails=("test_first_block_starts_from_minus_inf",),
-            passes=("test_seed_final_state", "test_non_power_of_two_shapes", "test_merge_shifts_to_the_larger_max"),
+            passes=("test_worked_example_final_state", "test_non_power_of_two_shapes", "test_merge_shifts_to_the_larger_max"),
             question="For a row whose entries are all below -3, what is max(m, x) after the first block if m "
                      "starts at 0, and what is e^(x - 0) for x = -300?",
             section="3.2"),
     Mistake(6, fails=("test_row_of_only_minus_inf_is_the_empty_state",),
-            passes=("test_seed_final_state", "test_first_block_starts_from_minus_inf", "test_non_power_of_two_shapes"),
+            passes=("test_worked_example_final_state", "test_first_block_starts_from_minus_inf", "test_non_power_of_two_shapes"),
             question="For a row of only -inf, what does your kernel compute for x - m_new, and for l times 1 / l "
                      "when l = 0?",
             section="3.3"),
-    Mistake(7, fails=("test_last_block_is_masked", "test_seed_final_state[64]"),
+    Mistake(7, fails=("test_last_block_is_masked", "test_worked_example_final_state[64]"),
             passes=("test_first_block_starts_from_minus_inf", "test_rows_are_read_through_their_strides"),
             question="N = 37 with BLOCK = 16: what do lanes 37 to 47 of the last block load, and what do they "
                      "add to m and l?",
             section="3.3"),
-    Mistake(8, fails=("test_seed_merge_of_two_halves", "test_merge_shifts_to_the_larger_max"),
-            passes=("test_seed_final_state", "test_first_block_starts_from_minus_inf"),
+    Mistake(8, fails=("test_worked_example_merge_of_two_halves", "test_merge_shifts_to_the_larger_max"),
+            passes=("test_worked_example_final_state", "test_first_block_starts_from_minus_inf"),
             question="Merging (2, 1.3679) with (4, 1.3679): against which max is each l measured, and by what "
                      "must each be multiplied before they are added?",
             section="2"),
@@ -616,28 +616,28 @@ MISTAKES = [
                      "state of the whole row, or the state of one split?",
             section="3.5"),
     Mistake(11, fails=("test_rows_sum_to_one",),
-            passes=("test_seed_final_state", "test_merge_shifts_to_the_larger_max"), messages=(r"relative error",),
+            passes=("test_worked_example_final_state", "test_merge_shifts_to_the_larger_max"), messages=(r"relative error",),
             question="What does each row of your output sum to, and which number of the state should it have "
                      "been divided by?",
             section="3.5"),
     Mistake(12, fails=("test_non_power_of_two_shapes", "test_out_is_allocated_when_not_given"),
-            passes=("test_rows_are_read_through_their_strides", "test_seed_final_state"),
+            passes=("test_rows_are_read_through_their_strides", "test_worked_example_final_state"),
             messages=(r"canary elements of the buffer around out|out of bounds store of out_ptr|write race",),
             question="N = 37 with BLOCK = 16: which columns does the last block of your second pass store to?",
             section="3.5"),
     Mistake(13, fails=("test_merge_with_maxes_beyond_fp32_exp_range",),
             passes=("test_merge_takes_any_shape", "test_merge_with_the_empty_state_is_identity",
-                    "test_seed_final_state"),
+                    "test_worked_example_final_state"),
             question="For m_a = 250, what is e^(m_a) in fp32, and what is it for m_a = -250? Does your merge "
                      "ever take e of a max on its own?",
             section="3.4"),
     Mistake(14, fails=("test_rows_are_read_through_their_strides",),
-            passes=("test_seed_final_state", "test_merge_shifts_to_the_larger_max", "test_non_power_of_two_shapes"),
+            passes=("test_worked_example_final_state", "test_merge_shifts_to_the_larger_max", "test_non_power_of_two_shapes"),
             question="x here is a column slice of a wider buffer: how many elements apart are its rows, and "
                      "what does your kernel multiply the row index by?",
             section="3.1"),
     Mistake(14, fails=("test_rows_are_read_through_their_strides",),
-            passes=("test_seed_final_state", "test_merge_shifts_to_the_larger_max", "test_out_is_allocated_when_not_given"),
+            passes=("test_worked_example_final_state", "test_merge_shifts_to_the_larger_max", "test_out_is_allocated_when_not_given"),
             messages=(r"canary elements of the buffer around out",),
             question="out here is a view whose rows are N + 16 elements apart: what does your second pass "
                      "multiply the row index by when it stores p?",

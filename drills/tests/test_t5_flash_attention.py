@@ -122,49 +122,49 @@ def pick(runtime, small, large):
     return small if runtime.interpreter else large
 
 
-# --- Section 2 "By hand": the seed's 4 x 2 example through your kernel --------------------------------
+# --- Section 2 "By hand": the 4 x 2 worked example through your kernel --------------------------------
 
-SEED_Q = [[1, 0], [0, 1], [1, 1], [0, 0]]
-SEED_K = [[1, 1], [0, 1], [1, 0], [0, 0]]
-SEED_V = [[1, 0], [0, 1], [1, 1], [0, 0]]
-SEED_SCALE = 1 / math.sqrt(2)  # the seed's d = 2, kept when D is padded to 16
+EXAMPLE_Q = [[1, 0], [0, 1], [1, 1], [0, 0]]
+EXAMPLE_K = [[1, 1], [0, 1], [1, 0], [0, 0]]
+EXAMPLE_V = [[1, 0], [0, 1], [1, 1], [0, 0]]
+EXAMPLE_SCALE = 1 / math.sqrt(2)  # the worked example's d = 2, kept when D is padded to 16
 
 
-def seed_tensors(device, rows=4, keys=4):
-    """The seed's first `rows` queries and first `keys` keys and values as [1, 1, n, 16]: D = 2 padded
+def example_tensors(device, rows=4, keys=4):
+    """The worked example's first `rows` queries and first `keys` keys and values as [1, 1, n, 16]: D = 2 padded
     with 14 zero columns, which add 0 to every score and give 0 in the padded output columns (tl.dot
-    needs D >= 16). Each is a view into a buffer with NaN rows after the seed's 4, as in make_qkv."""
+    needs D >= 16). Each is a view into a buffer with NaN rows after the worked example's 4, as in make_qkv."""
     def pad(m, n):
         buf = torch.full((1, 1, len(m) + PAD, 16), float("nan"), dtype=torch.float16, device=device)
         buf[:, :, :len(m)] = 0.0
         buf[0, 0, :len(m), :2] = torch.tensor(m, dtype=torch.float16)
         return buf[:, :, :n]
-    return pad(SEED_Q, rows), pad(SEED_K, keys), pad(SEED_V, keys)
+    return pad(EXAMPLE_Q, rows), pad(EXAMPLE_K, keys), pad(EXAMPLE_V, keys)
 
 
-def test_seed_example_O1_to_three_decimals(impl, runtime):
+def test_worked_example_O1_to_three_decimals(impl, runtime):
     """O1 (the outputs of Q1 = Q[0:2]) ~ [[0.670, 0.500], [0.500, 0.500]]; the padded columns stay 0."""
-    q, k, v = seed_tensors(runtime.device)
-    out = attend(impl, q, k, v, scale=SEED_SCALE)  # [1, 1, 4, 16]
+    q, k, v = example_tensors(runtime.device)
+    out = attend(impl, q, k, v, scale=EXAMPLE_SCALE)  # [1, 1, 4, 16]
     o1 = out[0, 0, :2, :2].float().cpu()
     assert torch.equal(torch.round(o1 * 1000), torch.tensor([[670.0, 500.0], [500.0, 500.0]])), \
-        f"O1 = {o1.tolist()}, the seed's hand iteration gives [[0.670, 0.500], [0.500, 0.500]]"
+        f"O1 = {o1.tolist()}, the hand iteration gives [[0.670, 0.500], [0.500, 0.500]]"
     assert (out[..., 2:] == 0).all(), "zero-padded V columns must give zero output columns"
-    ref, _ = attention_reference(q, k, v, scale=SEED_SCALE)
+    ref, _ = attention_reference(q, k, v, scale=EXAMPLE_SCALE)
     assert_close(out, ref, DIMS)
 
 
-def test_seed_state_after_each_key_block(impl, runtime):
-    """The seed's (m, l, O) after K1 and after K2, recovered from your kernel's lse and output:
+def test_worked_example_state_after_each_key_block(impl, runtime):
+    """The worked example's (m, l, O) after K1 and after K2, recovered from your kernel's lse and output:
     running on keys 0..1 only gives the state after K1; l = e^(lse - m), unnormalised O = out * l."""
-    m = SEED_SCALE  # 0.707 in both rows, after K1 and after K2
+    m = EXAMPLE_SCALE  # 0.707 in both rows, after K1 and after K2
     hand = {  # keys seen -> (l, unnormalised O), from the explainer's section 2
         2: ([1.493, 2.000], [[1.000, 0.493], [1.000, 1.000]]),
         4: ([2.986, 2.986], [[2.000, 1.493], [1.493, 1.493]]),
     }
     for n_keys, (l_hand, o_hand) in hand.items():
-        q, k, v = seed_tensors(runtime.device, rows=2, keys=n_keys)
-        out, lse = attend(impl, q, k, v, scale=SEED_SCALE, return_lse=True)
+        q, k, v = example_tensors(runtime.device, rows=2, keys=n_keys)
+        out, lse = attend(impl, q, k, v, scale=EXAMPLE_SCALE, return_lse=True)
         l = torch.exp(lse[0, 0].cpu() - m)  # [2]
         o = out[0, 0, :, :2].float().cpu() * l[:, None]  # [2, 2]
         after = "K1" if n_keys == 2 else "K2"
@@ -538,28 +538,28 @@ MISTAKES = [
                      "does your kernel give them?",
             section="3.4"),
     Mistake(5, fails=("test_online_softmax_rescales_old_blocks",),
-            passes=("test_seed_example_O1_to_three_decimals", "test_seed_state_after_each_key_block",
+            passes=("test_worked_example_O1_to_three_decimals", "test_worked_example_state_after_each_key_block",
                     "test_keys_not_a_multiple_of_the_block[1-1]", "test_keys_are_walked_block_by_block"),
             question="When a later key block raises a row's max, what happens in your kernel to the l and the "
                      "acc summed under the old max?",
             section="3.4"),
-    Mistake(5, fails=("test_output_is_normalised_by_the_softmax_sum", "test_seed_example_O1_to_three_decimals"),
+    Mistake(5, fails=("test_output_is_normalised_by_the_softmax_sum", "test_worked_example_O1_to_three_decimals"),
             passes=("test_keys_not_a_multiple_of_the_block[1-1]", "test_fully_masked_rows_are_zero_not_nan[50-1]"),
             question="In the by-hand example O after K2 is [[2, 1.493], [1.493, 1.493]]: what is left to do "
                      "before it is the output [[0.670, 0.500], [0.500, 0.500]]?",
             section="2"),
-    Mistake(6, fails=("test_scale_is_applied", "test_seed_example_O1_to_three_decimals"),
+    Mistake(6, fails=("test_scale_is_applied", "test_worked_example_O1_to_three_decimals"),
             passes=("test_output_is_normalised_by_the_softmax_sum", "test_keys_not_a_multiple_of_the_block[1-1]"),
             question="exp2(x) is 2^x: which two factors must multiply a raw score q . k before it goes "
                      "through exp2, so that the weight is e^(score * scale)?",
             section="3.3"),
-    Mistake(6, fails=("test_lse_is_natural_log", "test_seed_state_after_each_key_block"),
-            passes=("test_seed_example_O1_to_three_decimals", "test_keys_not_a_multiple_of_the_block",
+    Mistake(6, fails=("test_lse_is_natural_log", "test_worked_example_state_after_each_key_block"),
+            passes=("test_worked_example_O1_to_three_decimals", "test_keys_not_a_multiple_of_the_block",
                     "test_scale_is_applied"),
             question="Your output is right and your lse is not: in which base is m + log2(l), and what turns it "
                      "into a natural log?",
             section="3.3"),
-    Mistake(7, fails=("test_k_is_read_through_its_strides", "test_seed_example_O1_to_three_decimals",
+    Mistake(7, fails=("test_k_is_read_through_its_strides", "test_worked_example_O1_to_three_decimals",
                       "test_causal_is_aligned_bottom_right[64-64]", "test_keys_not_a_multiple_of_the_block[1-1]"),
             passes=("test_keys_are_walked_block_by_block",),
             question="Element (d, n) of the K^T tile is K[n, d]: at which address does it live, and which of "
@@ -567,7 +567,7 @@ MISTAKES = [
             section="3.2"),
     Mistake(8, fails=("test_kv_head_grouping_is_contiguous[group2]",),
             passes=("test_kv_head_grouping_is_contiguous[group1-MHA]", "test_kv_head_grouping_is_contiguous[group8-MQA]",
-                    "test_seed_example_O1_to_three_decimals", "test_online_softmax_rescales_old_blocks"),
+                    "test_worked_example_O1_to_three_decimals", "test_online_softmax_rescales_old_blocks"),
             question="With H = 8 and Hkv = 2, which KV head does your kernel give query head 1, and which "
                      "should share KV head 0?",
             section="3.1"),
@@ -578,14 +578,14 @@ MISTAKES = [
             question="A row that sees no key has m = -inf and l = 0 after the loop: what do exp2(m_i - m_new) "
                      "and acc / l give for it in your kernel?",
             section="3.5"),
-    Mistake(10, fails=("test_rows_past_nq_not_written", "test_seed_example_O1_to_three_decimals"),
+    Mistake(10, fails=("test_rows_past_nq_not_written", "test_worked_example_O1_to_three_decimals"),
             passes=("test_causal_is_aligned_bottom_right[64-64]",),
             messages=(r"canary elements of the buffer around out|out of bounds store of out_ptr|write race",),
             question="Nq = 37 with BLOCK_M = 32: which rows of the second query block does your kernel store, "
                      "and whose memory comes after row 36?",
             section="3.6"),
     Mistake(11, fails=("test_running_max_starts_at_minus_inf",),
-            passes=("test_seed_example_O1_to_three_decimals", "test_seed_state_after_each_key_block",
+            passes=("test_worked_example_O1_to_three_decimals", "test_worked_example_state_after_each_key_block",
                     "test_keys_not_a_multiple_of_the_block", "test_online_softmax_rescales_old_blocks",
                     "test_scale_is_applied", "test_causal_is_aligned_bottom_right[37-100]",
                     "test_first_causal_row_sees_only_key_0"),
@@ -593,12 +593,12 @@ MISTAKES = [
                      "started at 0, and what is exp2 of a score minus it?",
             section="3.1"),
     Mistake(12, fails=("test_q_k_v_are_read_through_their_strides",),
-            passes=("test_seed_example_O1_to_three_decimals", "test_seed_state_after_each_key_block",
+            passes=("test_worked_example_O1_to_three_decimals", "test_worked_example_state_after_each_key_block",
                     "test_online_softmax_rescales_old_blocks"),
             question="q, k and v here are slices of one packed QKV buffer: how many elements apart are two rows "
                      "of q, and does your kernel take that from the strides or from D and Nq?",
             section="3.1"),
-    Mistake(13, passes=("test_seed_example_O1_to_three_decimals", "test_keys_not_a_multiple_of_the_block",
+    Mistake(13, passes=("test_worked_example_O1_to_three_decimals", "test_keys_not_a_multiple_of_the_block",
                         "test_online_softmax_rescales_old_blocks", "test_k_is_read_through_its_strides",
                         "test_running_max_starts_at_minus_inf"),
             messages=(r"out of bounds load of q_ptr",),
@@ -606,7 +606,7 @@ MISTAKES = [
                      "and what lies past row 44 of the last batch?",
             section="3.1"),
     Mistake(14, fails=("test_keys_are_walked_block_by_block",),
-            passes=("test_seed_example_O1_to_three_decimals", "test_keys_not_a_multiple_of_the_block",
+            passes=("test_worked_example_O1_to_three_decimals", "test_keys_not_a_multiple_of_the_block",
                     "test_online_softmax_rescales_old_blocks"),
             question="How many key blocks does one of your programs visit for Nk = 100, and which BLOCK_N does "
                      "your launch use when _launch is given a config?",
