@@ -202,3 +202,23 @@ def call_with_canary_out(fn, q):
     assert_untouched(buffer, CANARY, keep, "the buffer around out (padding rows or wrong heads stored?)",
                      ("b+1", "head+16", "d"))
     return out
+
+
+# --- Spoiling a valid call, for the launchers' bad-input checks (L2, F1) -----------------------------
+
+
+def int32_tensor(device, *values):
+    return torch.tensor(values, dtype=torch.int32, device=device)
+
+
+def with_entry(table, b, p, value):
+    """A copy of a block table with entry [b, p] replaced."""
+    table = table.clone()
+    table[b, p] = value
+    return table
+
+
+def overlapping_caches(k_cache):
+    """k_cache and a v_cache that share all but one block of memory with it."""
+    pool = torch.cat([k_cache, k_cache[:1]])  # [num_blocks + 1, PAGE, Hkv, D]
+    return dict(k_cache=pool[:-1], v_cache=pool[1:])  # v's block i is k's block i + 1

@@ -15,6 +15,7 @@ from drills.grading.diagnose import Mistake
 from drills.tests import bigmem, seeded
 from drills.tests.launches import assert_runs_a_triton_kernel
 from drills.tests.paged_kv import (
+    int32_tensor, overlapping_caches, with_entry,
     call_with_canary_out,
     in_layer_pool,
     make_paged_case,
@@ -336,42 +337,30 @@ def test_runs_a_triton_kernel(impl, runtime, splits):
 # --- The launcher rejects bad input ----------------------------------------------------------
 
 
-def _int32(device, *values):
-    return torch.tensor(values, dtype=torch.int32, device=device)
 
-
-def _set(table, b, p, value):
-    table = table.clone()
-    table[b, p] = value
-    return table
-
-
-def _overlapping_caches(k_cache):
-    pool = torch.cat([k_cache, k_cache[:1]])  # [num_blocks + 1, PAGE, Hkv, D]
-    return dict(k_cache=pool[:-1], v_cache=pool[1:])  # v's block i is k's block i + 1
 
 
 # name -> (how to spoil the arguments of a valid split_kv_decode call, the error, what the message names)
 BAD_INPUTS = {
     "q_dtype_fp32": (lambda a, impl, dev: dict(q=a["q"].float()), TypeError, "q"),
     "block_tables_int64": (lambda a, impl, dev: dict(block_tables=a["block_tables"].long()), TypeError, "block_tables"),
-    "context_len_zero": (lambda a, impl, dev: dict(context_lens=_int32(dev, 20, 0)), ValueError, "context_lens"),
+    "context_len_zero": (lambda a, impl, dev: dict(context_lens=int32_tensor(dev, 20, 0)), ValueError, "context_lens"),
     "page_not_pow2": (lambda a, impl, dev: {n: a["k_cache"].repeat(1, 3, 1, 1)[:, :48].contiguous()
                                             for n in ("k_cache", "v_cache")}, ValueError, "PAGE"),
-    "context_lens_strided": (lambda a, impl, dev: dict(context_lens=_int32(dev, 20, 99, 5, 99)[::2]), ValueError,
+    "context_lens_strided": (lambda a, impl, dev: dict(context_lens=int32_tensor(dev, 20, 99, 5, 99)[::2]), ValueError,
                              "context_lens"),
     "block_tables_columns_strided": (lambda a, impl, dev: dict(block_tables=a["block_tables"].repeat_interleave(2, 1)[:, ::2]),
                                      ValueError, "block_tables"),
-    "live_block_id_past_pool": (lambda a, impl, dev: dict(block_tables=_set(a["block_tables"], 0, 1, a["k_cache"].shape[0])),
+    "live_block_id_past_pool": (lambda a, impl, dev: dict(block_tables=with_entry(a["block_tables"], 0, 1, a["k_cache"].shape[0])),
                                 ValueError, r"block_tables\[0, 1\]"),
-    "live_block_id_negative": (lambda a, impl, dev: dict(block_tables=_set(a["block_tables"], 1, 0, -5)), ValueError,
+    "live_block_id_negative": (lambda a, impl, dev: dict(block_tables=with_entry(a["block_tables"], 1, 0, -5)), ValueError,
                                r"block_tables\[1, 0\]"),
     "scale_nan": (lambda a, impl, dev: dict(scale=float("nan")), ValueError, "scale"),
     "scale_inf": (lambda a, impl, dev: dict(scale=float("inf")), ValueError, "scale"),
     "scale_negative": (lambda a, impl, dev: dict(scale=-0.125), ValueError, "scale"),
     "scale_zero": (lambda a, impl, dev: dict(scale=0.0), ValueError, "scale"),
     "v_cache_is_k_cache": (lambda a, impl, dev: dict(v_cache=a["k_cache"]), ValueError, "v_cache"),
-    "v_cache_overlaps_k_cache": (lambda a, impl, dev: _overlapping_caches(a["k_cache"]), ValueError, "v_cache"),
+    "v_cache_overlaps_k_cache": (lambda a, impl, dev: overlapping_caches(a["k_cache"]), ValueError, "v_cache"),
     "plan_not_a_plan": (lambda a, impl, dev: dict(plan=4), TypeError, "plan"),
     "plan_too_short": (lambda a, impl, dev: dict(plan=impl.plan([8], 2, 16)), ValueError, "plan"),
     "plan_zero_splits": (lambda a, impl, dev: dict(plan=impl.DecodePlan(num_splits=0, chunk=32, max_len=20)),

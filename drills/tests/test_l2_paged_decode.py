@@ -16,6 +16,7 @@ from drills.grading.diagnose import Mistake
 from drills.tests import bigmem, seeded
 from drills.tests.launches import assert_runs_a_triton_kernel
 from drills.tests.paged_kv import (
+    int32_tensor, overlapping_caches, with_entry,
     call_with_canary_out,
     gather_kv,
     in_layer_pool,
@@ -268,9 +269,6 @@ def test_page_index_widened_to_int64(impl, runtime):
 # --- The launcher rejects bad input before launching -----------------------------------------------
 
 
-def _int32(device, *values):
-    return torch.tensor(values, dtype=torch.int32, device=device)
-
 
 # name -> (how to spoil the arguments of a valid call, the error, what the message must name)
 BAD_INPUTS = {
@@ -292,17 +290,17 @@ BAD_INPUTS = {
     "block_tables_wrong_batch": (lambda a, dev: dict(block_tables=a["block_tables"][:1]), ValueError, "block_tables"),
     "context_lens_int64": (lambda a, dev: dict(context_lens=a["context_lens"].long()), TypeError, "context_lens"),
     "context_lens_wrong_batch": (lambda a, dev: dict(context_lens=a["context_lens"][:1]), ValueError, "context_lens"),
-    "context_len_zero": (lambda a, dev: dict(context_lens=_int32(dev, 20, 0)), ValueError, r"context_lens\[1\]"),
-    "context_len_past_table": (lambda a, dev: dict(context_lens=_int32(dev, 10**6, 5)), ValueError, r"context_lens\[0\]"),
+    "context_len_zero": (lambda a, dev: dict(context_lens=int32_tensor(dev, 20, 0)), ValueError, r"context_lens\[1\]"),
+    "context_len_past_table": (lambda a, dev: dict(context_lens=int32_tensor(dev, 10**6, 5)), ValueError, r"context_lens\[0\]"),
     "mixed_devices": (lambda a, dev: dict(block_tables=a["block_tables"].to("meta")), ValueError, "block_tables"),
     # What the kernel indexes: flat context_lens, rows of block_tables, live block ids inside the pool.
-    "context_lens_strided": (lambda a, dev: dict(context_lens=_int32(dev, 20, 99, 5, 99)[::2]), ValueError,
+    "context_lens_strided": (lambda a, dev: dict(context_lens=int32_tensor(dev, 20, 99, 5, 99)[::2]), ValueError,
                              "context_lens"),
     "block_tables_columns_strided": (lambda a, dev: dict(block_tables=a["block_tables"].repeat_interleave(2, 1)[:, ::2]),
                                      ValueError, "block_tables"),
-    "live_block_id_past_pool": (lambda a, dev: dict(block_tables=_set(a["block_tables"], 0, 1, a["k_cache"].shape[0])),
+    "live_block_id_past_pool": (lambda a, dev: dict(block_tables=with_entry(a["block_tables"], 0, 1, a["k_cache"].shape[0])),
                                 ValueError, r"block_tables\[0, 1\]"),
-    "live_block_id_negative": (lambda a, dev: dict(block_tables=_set(a["block_tables"], 1, 0, -1)), ValueError,
+    "live_block_id_negative": (lambda a, dev: dict(block_tables=with_entry(a["block_tables"], 1, 0, -1)), ValueError,
                                r"block_tables\[1, 0\]"),
     "scale_nan": (lambda a, dev: dict(scale=float("nan")), ValueError, "scale"),
     "scale_inf": (lambda a, dev: dict(scale=float("inf")), ValueError, "scale"),
@@ -310,19 +308,10 @@ BAD_INPUTS = {
     "scale_zero": (lambda a, dev: dict(scale=0.0), ValueError, "scale"),
     "scale_bool": (lambda a, dev: dict(scale=True), TypeError, "scale"),
     "v_cache_is_k_cache": (lambda a, dev: dict(v_cache=a["k_cache"]), ValueError, "v_cache"),
-    "v_cache_overlaps_k_cache": (lambda a, dev: _overlapping_caches(a["k_cache"]), ValueError, "v_cache"),
+    "v_cache_overlaps_k_cache": (lambda a, dev: overlapping_caches(a["k_cache"]), ValueError, "v_cache"),
 }
 
 
-def _set(table, b, p, value):
-    table = table.clone()
-    table[b, p] = value
-    return table
-
-
-def _overlapping_caches(k_cache):
-    pool = torch.cat([k_cache, k_cache[:1]])  # [num_blocks + 1, PAGE, Hkv, D]
-    return dict(k_cache=pool[:-1], v_cache=pool[1:])  # v's block i is k's block i + 1
 
 
 @pytest.mark.parametrize("name", list(BAD_INPUTS))
