@@ -16,7 +16,7 @@ ENV := env-check
 endif
 
 .DEFAULT_GOAL := help
-.PHONY: help list test check bench contract notebooks mutants progress hint reset diff watch doctor env-check clean-venv
+.PHONY: help list test check bench contract notebooks mutants lint progress hint reset diff watch doctor env-check clean-venv
 
 help: ## every target, one line each
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | awk -F'\t' '{printf "  make %-11s %s\n", $$1, $$2}'
@@ -55,8 +55,11 @@ watch: $(ENV) ## re-grade a lesson on every save of your file (Ctrl-C stops): ma
 doctor: $(ENV) ## versions, GPU and compute capability, interpreter or not, the known traps and what to do
 	@$(PYTHON) -m drills doctor
 
-check: $(ENV) ## what CI runs: tests on the solutions, stub contract, notebooks, mutants (GPU-only ones on a GPU)
+check: $(ENV) ## what CI runs: format and lint, tests on the solutions, stub contract, notebooks, mutants (GPU-only ones on a GPU)
 	@$(PYTHON) -m drills check
+
+lint: $(ENV) ## the formatter and the linter (ruff, as configured in pyproject.toml); FIX=1 rewrites
+	@$(PYTHON) -m drills lint $(if $(filter 1,$(FIX)),--fix)
 
 contract: $(ENV) ## the stub contract alone: same names and signatures, untouched stubs say "not started"
 	@$(PYTHON) -m drills contract
@@ -78,7 +81,7 @@ $(VENV)/.ready: pyproject.toml
 	$(VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(VENV)/bin/python -m pip install --quiet "$(TORCH_PIN)"
 	$(VENV)/bin/python -c "import triton" 2>/dev/null || $(VENV)/bin/python -m pip install --quiet "$(TRITON_PIN)"
-	PYTHONWARNINGS=ignore $(VENV)/bin/python -m pip install --quiet -e ".[notebooks]"
+	PYTHONWARNINGS=ignore $(VENV)/bin/python -m pip install --quiet -e ".[notebooks,dev]"
 	@touch $@
 
 env-check:

@@ -1,5 +1,6 @@
 """Command line behind the Makefile: python -m drills {list,test,check,contract,notebooks,mutants,bench},
 and the learner's tools {progress,hint,reset,diff,watch,doctor} (drills/learner.py)."""
+
 from __future__ import annotations
 
 import argparse
@@ -31,8 +32,9 @@ def cmd_test(args) -> int:
     verbose = args.verbose or run.verbose_requested()
     lessons = [find(args.lesson)] if args.lesson else LESSONS
     if verbose or len(lessons) > 1 or args.pytest_args:
-        return run.run_pytest_here([str(lesson.tests) for lesson in lessons], args.impl, verbose=verbose,
-                                   extra=args.pytest_args)
+        return run.run_pytest_here(
+            [str(lesson.tests) for lesson in lessons], args.impl, verbose=verbose, extra=args.pytest_args
+        )
     lesson = lessons[0]
     print(drills.runtime.current().banner, flush=True)
     result = run.grade(lesson, impl=args.impl)
@@ -68,7 +70,9 @@ def cmd_notebooks(args) -> int:
         nb = nbformat.read(lesson.notebook, as_version=4)
         try:
             # Executed in a copy held in memory, from the repository root, so the committed file is unchanged.
-            NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}}).execute()
+            NotebookClient(
+                nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}}
+            ).execute()
             print(f"notebook {lesson.notebook.name}: ran top to bottom")
         except Exception as exc:  # nbclient raises CellExecutionError with the cell's traceback
             print(f"notebook {lesson.notebook.name}: FAILED\n{exc}")
@@ -82,6 +86,25 @@ def tool_tests() -> list[str]:
     return sorted(str(p) for p in (ROOT / "drills" / "tests").glob("test_*.py") if p.name not in graders)
 
 
+def cmd_lint(args) -> int:
+    """The formatter and the linter, configured in pyproject.toml ([tool.ruff]); args.fix rewrites."""
+    import shutil
+    import subprocess
+
+    ruff = shutil.which("ruff", path=str(Path(sys.executable).parent)) or shutil.which("ruff")
+    if ruff is None:
+        print(
+            "lint: ruff is not installed in this Python; pip install -e '.[dev]' (make builds it into .venv)"
+        )
+        return 1
+    fix = getattr(args, "fix", False)
+    steps = [
+        [ruff, "format", *([] if fix else ["--check", "--diff"]), "drills"],
+        [ruff, "check", *(["--fix"] if fix else []), "drills"],
+    ]
+    return max(subprocess.run(step, cwd=ROOT).returncode for step in steps)
+
+
 def cmd_check(args) -> int:
     """What CI runs: every lesson's tests on the solutions and the learner tools' tests, the stub
     contract, every notebook, and every mutant this machine can expose."""
@@ -92,8 +115,10 @@ def cmd_check(args) -> int:
     # ones are graded by CI (make mutants on a GPU grades them all).
     args.gpu_only_mutants = not drills.runtime.current().interpreter
     results = {
-        "tests (solutions, tools)": run_pytest([str(lesson.tests) for lesson in LESSONS] + tool_tests(),
-                                               "solutions", ["--tb=short", "-rfEs"]),
+        "format and lint": cmd_lint(args),
+        "tests (solutions, tools)": run_pytest(
+            [str(lesson.tests) for lesson in LESSONS] + tool_tests(), "solutions", ["--tb=short", "-rfEs"]
+        ),
         "stub contract": cmd_contract(args),
         "notebooks": cmd_notebooks(args),
         "mutants": cmd_mutants(args),
@@ -136,7 +161,7 @@ def cmd_mutants(args) -> int:
                 continue
             todo.append((m, mutated))
 
-        def grade_one(item):
+        def grade_one(item, lesson=lesson):
             m, mutated = item
             with tempfile.TemporaryDirectory() as tmp:
                 path = Path(tmp) / f"{lesson.stem}.py"
@@ -176,7 +201,10 @@ def mutant_verdict(m, result) -> tuple[str, bool]:
     if result.state == "passing":
         return f"SURVIVED   [{m.pitfall}]", False
     if result.state in ("not started", "grader error", "missing"):
-        return f"NOT GRADED ({result.state}: {result.message.splitlines()[0] if result.message else ''})", False
+        return (
+            f"NOT GRADED ({result.state}: {result.message.splitlines()[0] if result.message else ''})",
+            False,
+        )
     screen = result.screen()
     if len(screen) >= ONE_SCREEN:
         return f"killed, but its summary takes {len(screen)} lines (one screen is under {ONE_SCREEN})", False
@@ -193,11 +221,12 @@ def mutant_verdict(m, result) -> tuple[str, bool]:
 
 def cmd_bench(args) -> int:
     """Time each lesson's benchmark; a module with NEEDS_CUDA = False (pure-Python lessons) runs on a CPU."""
+    import drills.runtime
     from drills import bench
 
-    import drills.runtime
-
-    lessons = [find(args.lesson)] if args.lesson else [lesson for lesson in LESSONS if lesson.benchmark.exists()]
+    lessons = (
+        [find(args.lesson)] if args.lesson else [lesson for lesson in LESSONS if lesson.benchmark.exists()]
+    )
     print(drills.runtime.current().banner, flush=True)
     failed = 0
     for lesson in lessons:
@@ -210,7 +239,11 @@ def cmd_bench(args) -> int:
             print(f"make bench L={lesson.id}: {reason}")
             failed += 1
             continue
-        impl = learner.load_mine(lesson) if args.impl == "mine" else importlib.import_module(lesson.module(args.impl))
+        impl = (
+            learner.load_mine(lesson)
+            if args.impl == "mine"
+            else importlib.import_module(lesson.module(args.impl))
+        )
         message = contract.not_started_message(impl)
         if message:
             print(message)
@@ -235,7 +268,12 @@ def main(argv=None) -> int:
     p.add_argument("-v", "--verbose", action="store_true", help="pytest's full output too (or VERBOSE=1)")
     p.add_argument("pytest_args", nargs="*")
     p.set_defaults(fn=cmd_test)
-    sub.add_parser("check", help="tests on the solutions, stub contract, notebooks").set_defaults(fn=cmd_check)
+    sub.add_parser("check", help="tests on the solutions, stub contract, notebooks").set_defaults(
+        fn=cmd_check
+    )
+    p = sub.add_parser("lint", help="ruff: the formatter (check) and the linter; --fix rewrites")
+    p.add_argument("--fix", action="store_true")
+    p.set_defaults(fn=cmd_lint)
     p = sub.add_parser("contract", help="the stub contract only (one lesson or all)")
     p.add_argument("lesson", nargs="?")
     p.set_defaults(fn=cmd_contract)
@@ -249,8 +287,9 @@ def main(argv=None) -> int:
     p.add_argument("lesson", nargs="?")
     p.add_argument("--impl", choices=("mine", "solutions"), default="solutions")
     p.set_defaults(fn=cmd_bench)
-    sub.add_parser("progress", help="every lesson's status for your files, and the next one to take"
-                   ).set_defaults(fn=learner.cmd_progress)
+    sub.add_parser(
+        "progress", help="every lesson's status for your files, and the next one to take"
+    ).set_defaults(fn=learner.cmd_progress)
     p = sub.add_parser("hint", help="one more hint for a lesson (its TODOs, then its pitfalls)")
     p.add_argument("lesson")
     p.add_argument("--restart", action="store_true", help="start again from the first hint")
@@ -266,8 +305,9 @@ def main(argv=None) -> int:
     p.add_argument("--interval", type=float, default=1.0, help="seconds between looks at the file")
     p.add_argument("--max-runs", type=int, default=None, help="stop after this many gradings")
     p.set_defaults(fn=learner.cmd_watch)
-    sub.add_parser("doctor", help="versions, GPU, runtime, and the known traps with what to do"
-                   ).set_defaults(fn=learner.cmd_doctor)
+    sub.add_parser("doctor", help="versions, GPU, runtime, and the known traps with what to do").set_defaults(
+        fn=learner.cmd_doctor
+    )
     args = parser.parse_args(argv)
     return args.fn(args)
 

@@ -1,6 +1,7 @@
 """The one benchmarking helper: timing, a read ceiling measured in the same run, the GPU's datasheet
 peak, and publishing (a table rewritten between markers in the lesson's explainer, a JSON of the raw
 numbers and a PNG plot beside it under drills/content/). CUDA GPUs only."""
+
 from __future__ import annotations
 
 import datetime
@@ -145,8 +146,10 @@ class Table:
         print(" | ".join(_fmt(row.get(k)) for k, _ in self.columns), flush=True)
 
     def markdown(self) -> str:
-        lines = ["| " + " | ".join(h for _, h in self.columns) + " |",
-                 "|" + "|".join(" --- " for _ in self.columns) + "|"]
+        lines = [
+            "| " + " | ".join(h for _, h in self.columns) + " |",
+            "|" + "|".join(" --- " for _ in self.columns) + "|",
+        ]
         lines += ["| " + " | ".join(_fmt(r.get(k)) for k, _ in self.columns) + " |" for r in self.rows]
         return "\n".join(lines)
 
@@ -169,10 +172,13 @@ def publish(lesson: Lesson, table: Table, notes: list[str], plot) -> None:
     json_path.write_text(json.dumps({"meta": meta, "notes": notes, "rows": table.rows}, indent=1) + "\n")
     plot(table.rows, meta, png_path)
     where = meta["gpu"] or f"the CPU ({meta['cpu']}, no GPU involved)"
-    header = (f"Measured on {where}, torch {meta['torch']} (CUDA {meta['cuda']}), Triton {meta['triton']}, "
-              f"{meta['date']}, by `make bench L={lesson.id}`.")
-    block = "\n\n".join([header, table.markdown(), "\n".join(f"- {n}" for n in notes),
-                         f"![benchmark plot]({png_path.name})"])
+    header = (
+        f"Measured on {where}, torch {meta['torch']} (CUDA {meta['cuda']}), Triton {meta['triton']}, "
+        f"{meta['date']}, by `make bench L={lesson.id}`."
+    )
+    block = "\n\n".join(
+        [header, table.markdown(), "\n".join(f"- {n}" for n in notes), f"![benchmark plot]({png_path.name})"]
+    )
     text = lesson.explainer.read_text()
     pattern = re.compile(r"<!-- bench:start -->.*?<!-- bench:end -->", re.S)
     if not pattern.search(text):
@@ -182,8 +188,15 @@ def publish(lesson: Lesson, table: Table, notes: list[str], plot) -> None:
     print(f"wrote {json_path.name}, {png_path.name} and the table in {lesson.explainer.name}", flush=True)
 
 
-def plot_bars(rows: list[dict], series: list[tuple[str, str]], labels: list[str], title: str, path,
-              ylabel: str = "fraction of the same-run ceiling", hline: tuple[float, str | None] | None = (1.0, None)) -> None:
+def plot_bars(
+    rows: list[dict],
+    series: list[tuple[str, str]],
+    labels: list[str],
+    title: str,
+    path,
+    ylabel: str = "fraction of the same-run ceiling",
+    hline: tuple[float, str | None] | None = (1.0, None),
+) -> None:
     """Grouped bars saved as a PNG at path: one group per row (labelled by labels), one bar per (key, name)
     in series (a missing value drawn as 0), and a dashed line at hline = (value, legend name or None)."""
     import matplotlib
@@ -194,7 +207,9 @@ def plot_bars(rows: list[dict], series: list[tuple[str, str]], labels: list[str]
     fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(rows) + 2), 4))
     width = 0.8 / len(series)
     for i, (key, name) in enumerate(series):
-        ax.bar([x + i * width for x in range(len(rows))], [r.get(key) or 0.0 for r in rows], width, label=name)
+        ax.bar(
+            [x + i * width for x in range(len(rows))], [r.get(key) or 0.0 for r in rows], width, label=name
+        )
     if hline is not None:
         ax.axhline(hline[0], color="gray", lw=0.8, ls="--", label=hline[1])
     ax.set_xticks([x + width * (len(series) - 1) / 2 for x in range(len(rows))], labels)

@@ -7,6 +7,7 @@
   3. every element within atol + rtol * |ref|.
 A failure says what went wrong in words and where, naming the dimensions (sequence, head, ...).
 """
+
 from __future__ import annotations
 
 import torch
@@ -25,21 +26,33 @@ def _where(index: tuple[int, ...], dims: tuple[str, ...] | None) -> str:
     return str(index)
 
 
-def mismatch(actual: torch.Tensor, expected: torch.Tensor, dims: tuple[str, ...] | None = None,
-             atol: float | None = None, rtol: float | None = None, rel: float | None = None) -> str | None:
+def mismatch(
+    actual: torch.Tensor,
+    expected: torch.Tensor,
+    dims: tuple[str, ...] | None = None,
+    atol: float | None = None,
+    rtol: float | None = None,
+    rel: float | None = None,
+) -> str | None:
     """None when `actual` matches `expected`; otherwise a few lines saying what is wrong and where."""
     if actual.shape != expected.shape:
         return f"shape {tuple(actual.shape)} != expected {tuple(expected.shape)}"
     d_atol, d_rtol, d_rel = TOLERANCES.get(actual.dtype, TOLERANCES[torch.float16])
-    atol, rtol, rel = (d_atol if atol is None else atol), (d_rtol if rtol is None else rtol), (d_rel if rel is None else rel)
+    atol, rtol, rel = (
+        (d_atol if atol is None else atol),
+        (d_rtol if rtol is None else rtol),
+        (d_rel if rel is None else rel),
+    )
     a = actual.detach().float().cpu()
     e = expected.detach().float().cpu()
 
     bad_values = ~torch.isfinite(a) & torch.isfinite(e)
     if bad_values.any():
         first = tuple(bad_values.nonzero()[0].tolist())
-        return (f"{int(bad_values.sum())} NaN/inf values where the reference is finite; "
-                f"first at [{_where(first, dims)}] = {a[first].item()}")
+        return (
+            f"{int(bad_values.sum())} NaN/inf values where the reference is finite; "
+            f"first at [{_where(first, dims)}] = {a[first].item()}"
+        )
 
     ref_norm = e.norm().item()
     rel_err = (a - e).norm().item() / max(ref_norm, 1e-30)
@@ -59,7 +72,9 @@ def mismatch(actual: torch.Tensor, expected: torch.Tensor, dims: tuple[str, ...]
     ]
     if over.any():
         first = tuple(over.nonzero()[0].tolist())
-        lines.append(f"first mismatch at [{_where(first, dims)}]: got {a[first].item():.5g}, expected {e[first].item():.5g}")
+        lines.append(
+            f"first mismatch at [{_where(first, dims)}]: got {a[first].item():.5g}, expected {e[first].item():.5g}"
+        )
     return "\n".join(lines)
 
 
@@ -71,18 +86,23 @@ def divmod_index(flat: int, shape: torch.Size) -> list[int]:
     return index[::-1]
 
 
-def assert_close(actual: torch.Tensor, expected: torch.Tensor, dims: tuple[str, ...] | None = None, **tol) -> None:
+def assert_close(
+    actual: torch.Tensor, expected: torch.Tensor, dims: tuple[str, ...] | None = None, **tol
+) -> None:
     problem = mismatch(actual, expected, dims, **tol)
     if problem is not None:
         raise AssertionError(problem)
 
 
-def assert_untouched(buffer: torch.Tensor, canary: float, keep: torch.Tensor, what: str,
-                     dims: tuple[str, ...] | None = None) -> None:
+def assert_untouched(
+    buffer: torch.Tensor, canary: float, keep: torch.Tensor, what: str, dims: tuple[str, ...] | None = None
+) -> None:
     """Every element outside `keep` (bool mask) must still hold `canary`: nothing wrote past its rows."""
     outside = ~keep
     changed = outside & ~(buffer == canary)
     if changed.any():
         first = tuple(changed.nonzero()[0].tolist())
-        raise AssertionError(f"{int(changed.sum())} canary elements of {what} were overwritten; "
-                             f"first at [{_where(first, dims)}] = {buffer[first].item()}")
+        raise AssertionError(
+            f"{int(changed.sum())} canary elements of {what} were overwritten; "
+            f"first at [{_where(first, dims)}] = {buffer[first].item()}"
+        )

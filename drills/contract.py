@@ -3,6 +3,7 @@ signatures and docstrings; until the learner starts, its public functions raise 
 with one line naming the file to edit and the explainer to read; and every top-level definition of
 the stub that holds no TODO (a launcher, an input check, a config) is the solution's own code, so a
 retuned `num_warps` in the solution cannot leave the stub launching the old configuration."""
+
 from __future__ import annotations
 
 import ast
@@ -45,7 +46,11 @@ def _python(obj):
 def _probe_args(obj) -> list:
     sig = inspect.signature(obj)
     params = [p for p in sig.parameters.values() if p.name != "self"]
-    return [None for p in params if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return [
+        None
+        for p in params
+        if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
 
 
 def not_started_message(module: ModuleType) -> str | None:
@@ -80,24 +85,33 @@ def pristine_stub_source(lesson: Lesson, committed_only: bool = False) -> str | 
     committed_only (`make reset` must not take the learner's own file for the stub)."""
     rel = lesson.stub.relative_to(ROOT).as_posix()
     try:
-        return subprocess.run(["git", "show", f"HEAD:{rel}"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout
+        return subprocess.run(
+            ["git", "show", f"HEAD:{rel}"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout
     except (subprocess.CalledProcessError, FileNotFoundError):
         return None if committed_only else lesson.stub.read_text()
 
 
 def _todo_comments(source: str) -> list[tuple[int, int]]:
     """(line, column) of each comment that holds a TODO: those parts of the stub are the learner's."""
-    return [tok.start for tok in tokenize.generate_tokens(StringIO(source).readline)
-            if tok.type == tokenize.COMMENT and "TODO" in tok.string]
+    return [
+        tok.start
+        for tok in tokenize.generate_tokens(StringIO(source).readline)
+        if tok.type == tokenize.COMMENT and "TODO" in tok.string
+    ]
 
 
 def _defined_names(node: ast.stmt) -> list[str]:
     """The names a top-level statement (or class member) defines: def, class, or assignment."""
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
         return [node.name]
-    targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
-        node, ast.AnnAssign) else []
+    targets = (
+        node.targets
+        if isinstance(node, ast.Assign)
+        else [node.target]
+        if isinstance(node, ast.AnnAssign)
+        else []
+    )
     return [n.id for target in targets for n in ast.walk(target) if isinstance(n, ast.Name)]
 
 
@@ -133,9 +147,15 @@ def _holding_todo(body: list[ast.stmt], todos: list[tuple[int, int]], end: int) 
 def _is_not_started_raise(node: ast.stmt, stub_file: str) -> bool:
     """`raise NotImplementedError("... drills/mine/<stem>.py ...")`: the line the learner deletes first."""
     exc = node.exc if isinstance(node, ast.Raise) else None
-    return (isinstance(exc, ast.Call) and isinstance(exc.func, ast.Name) and exc.func.id == "NotImplementedError"
-            and any(isinstance(a, ast.Constant) and isinstance(a.value, str) and stub_file in a.value
-                    for a in exc.args))
+    return (
+        isinstance(exc, ast.Call)
+        and isinstance(exc.func, ast.Name)
+        and exc.func.id == "NotImplementedError"
+        and any(
+            isinstance(a, ast.Constant) and isinstance(a.value, str) and stub_file in a.value
+            for a in exc.args
+        )
+    )
 
 
 class _DropNotStarted(ast.NodeTransformer):
@@ -155,9 +175,13 @@ def _without_docstrings(node: ast.AST) -> ast.AST:
     node = copy.deepcopy(node)
     for n in ast.walk(node):
         body = getattr(n, "body", None)
-        if (isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and body
-                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
-                and isinstance(body[0].value.value, str)):
+        if (
+            isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+            and isinstance(body[0].value.value, str)
+        ):
             n.body = body[1:] or [ast.Pass()]
     return node
 
@@ -192,11 +216,14 @@ def drifted_definitions(stub_source: str, solution_source: str, stub_file: str) 
             theirs = want[name]
             if any(node is h for h in held):
                 if isinstance(node, ast.ClassDef) and isinstance(theirs, ast.ClassDef):
+
                     def header(cls):  # bases, keywords and decorators: the body is compared below
                         return ast.dump(ast.ClassDef(**{**vars(cls), "body": []}))
 
                     if header(node) != header(theirs):
-                        problems.append(f"{prefix}{name}: the stub's class header differs from the solution's")
+                        problems.append(
+                            f"{prefix}{name}: the stub's class header differs from the solution's"
+                        )
                     stop = next((_first_line(n) for n in have_body if _first_line(n) > node.end_lineno), end)
                     problems += compare(node.body, theirs.body, stop, prefix=f"{prefix}{name}.")
                 continue
@@ -206,12 +233,16 @@ def drifted_definitions(stub_source: str, solution_source: str, stub_file: str) 
             if ast.dump(_without_docstrings(ours)) == ast.dump(_without_docstrings(theirs)):
                 problems.append(f"{prefix}{name}: stub docstring differs from the solution's")
             else:
-                problems.append(f"{prefix}{name} (stub line {_first_line(node)}) holds no TODO, so it must be the "
-                                f"solution's code, but it differs: "
-                                f"{_first_difference(_without_docstrings(ours), _without_docstrings(theirs))}")
+                problems.append(
+                    f"{prefix}{name} (stub line {_first_line(node)}) holds no TODO, so it must be the "
+                    f"solution's code, but it differs: "
+                    f"{_first_difference(_without_docstrings(ours), _without_docstrings(theirs))}"
+                )
         return problems
 
-    return compare(ast.parse(stub_source).body, ast.parse(solution_source).body, len(stub_source.splitlines()) + 1)
+    return compare(
+        ast.parse(stub_source).body, ast.parse(solution_source).body, len(stub_source.splitlines()) + 1
+    )
 
 
 def check(lesson: Lesson, stub_file: Path | None = None, solution_file: Path | None = None) -> list[str]:
@@ -239,7 +270,9 @@ def check(lesson: Lesson, stub_file: Path | None = None, solution_file: Path | N
     for name in sorted(set(want) & set(have)):
         w, h = _python(want[name]), _python(have[name])
         if inspect.signature(w) != inspect.signature(h):
-            problems.append(f"{name}: stub signature {inspect.signature(h)} != solution {inspect.signature(w)}")
+            problems.append(
+                f"{name}: stub signature {inspect.signature(h)} != solution {inspect.signature(w)}"
+            )
         if inspect.getdoc(w) != inspect.getdoc(h):
             problems.append(f"{name}: stub docstring differs from the solution's")
     message = not_started_message(stub)

@@ -6,6 +6,7 @@ The format it reads: headings `## N. Title` (subsections `### N.M Title`, ignore
 the first section whose title says "pitfall" lists `K. **Title.** text ... Caught by `test_name`.`
 items (continuation lines indented), and ends its list at a line starting "Answers" (the self-test's
 answers). Every titled pitfall needs a mutant in drills/mutants/<stem>.py naming it as "K. ..."."""
+
 from __future__ import annotations
 
 import re
@@ -126,7 +127,7 @@ def where_taught(lesson: Lesson, test_name: str) -> str:
 
 
 def where_pitfall(lesson: Lesson, number: int) -> str | None:
-    """"<explainer>, section N "Pitfalls ...", pitfall K "Title"" for pitfall K, or None if it is not listed."""
+    """ "<explainer>, section N "Pitfalls ...", pitfall K "Title"" for pitfall K, or None if it is not listed."""
     path = lesson.explainer.relative_to(ROOT).as_posix()
     section = pitfalls_section(lesson)
     for pitfall in pitfalls(lesson):

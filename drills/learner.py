@@ -7,6 +7,7 @@ backups made by reset) lives under .drills/, which git ignores. Two environment 
 tools elsewhere, which is how their tests leave the real files alone: DRILLS_MINE_DIR (the folder of
 the learner's files, default drills/mine) and DRILLS_STATE_DIR (default .drills).
 """
+
 from __future__ import annotations
 
 import datetime
@@ -55,8 +56,12 @@ def grade(lesson: Lesson, timeout: float | None = None) -> Grade:
     """Grade the learner's file for a lesson (drills/mine, or DRILLS_MINE_DIR) in a child process."""
     default = mine_dir() == (ROOT / "drills" / "mine").resolve()
     if not mine_file(lesson).exists():
-        return Grade(lesson, "missing", graded=rel(mine_file(lesson)),
-                     message=f"{rel(mine_file(lesson))} does not exist: make reset L={lesson.id} restores the stub")
+        return Grade(
+            lesson,
+            "missing",
+            graded=rel(mine_file(lesson)),
+            message=f"{rel(mine_file(lesson))} does not exist: make reset L={lesson.id} restores the stub",
+        )
     return run.grade(lesson, file=None if default else mine_file(lesson), timeout=timeout)
 
 
@@ -108,7 +113,9 @@ def performance_line(lesson: Lesson) -> str:
     except Exception as exc:  # a passing kernel can still fail at benchmark sizes: say so, go on
         return grading.clip(f"  {lesson.id:4} error at benchmark size: {type(exc).__name__}: {exc}")
     (value, unit, label), (ref, _, _) = mine, reference
-    return f"  {lesson.id:4} {value:8.1f} {unit:8} reference {ref:8.1f} {unit:8} ({value / ref:.2f}x)  {label}"
+    return (
+        f"  {lesson.id:4} {value:8.1f} {unit:8} reference {ref:8.1f} {unit:8} ({value / ref:.2f}x)  {label}"
+    )
 
 
 def cmd_progress(args) -> int:
@@ -124,8 +131,10 @@ def cmd_progress(args) -> int:
         print(f"{g.lesson.id:4} {g.lesson.track:5} {g.lesson.title:{width}}  {g.status}")
     passing = [g for g in grades if g.passed]
     if runtime.interpreter:
-        print("performance: needs a CUDA GPU (none here); on a GPU, make progress shows your GB/s or "
-              "TFLOP/s beside the reference's for every passing lesson")
+        print(
+            "performance: needs a CUDA GPU (none here); on a GPU, make progress shows your GB/s or "
+            "TFLOP/s beside the reference's for every passing lesson"
+        )
     elif passing:
         print(f"performance on {runtime.gpu_name}, yours beside the reference's, timed now:")
         for g in passing:
@@ -137,12 +146,16 @@ def cmd_progress(args) -> int:
 def next_lesson_line(grades: list[Grade]) -> str:
     todo = next((g for g in grades if not g.passed), None)
     if todo is None:
-        return ("next: nothing left, every lesson passes. make diff L=<id> shows yours beside the reference; "
-                "on a GPU, make bench L=<id> IMPL=mine times yours")
+        return (
+            "next: nothing left, every lesson passes. make diff L=<id> shows yours beside the reference; "
+            "on a GPU, make bench L=<id> IMPL=mine times yours"
+        )
     lesson = todo.lesson
     if todo.state == "not started":
-        return (f"next: {lesson.id} ({lesson.title}): read {rel(lesson.explainer)}, fill in "
-                f"{rel(mine_file(lesson))}, grade it with make test L={lesson.id}")
+        return (
+            f"next: {lesson.id} ({lesson.title}): read {rel(lesson.explainer)}, fill in "
+            f"{rel(mine_file(lesson))}, grade it with make test L={lesson.id}"
+        )
     return f"next: {lesson.id} ({lesson.title}), {todo.status}: make test L={lesson.id}; make hint L={lesson.id} for a hint"
 
 
@@ -181,15 +194,15 @@ def _plain(text: str) -> str:
 # What to ask first about a failure no pitfall of the lesson explains, by the kind the grader reported.
 GENERIC_QUESTIONS = {
     "crash": "Which tl.load or tl.store can reach past the end of its tensor? Every lane of the last block, "
-             "and every padding row, needs a mask.",
+    "and every padding row, needs a mask.",
     "out_of_bounds": "The summary names the line and the argument: which lanes of that access point past the "
-                     "tensor, and which mask would switch them off?",
+    "tensor, and which mask would switch them off?",
     "write_race": "Could two programs store to the same element? Which rows does each program own, and does "
-                  "its store mask keep it to them?",
+    "its store mask keep it to them?",
     "not_from_kernel": "Where is the result computed? It must come out of your @triton.jit kernel, launched by "
-                       "the function the grader calls.",
+    "the function the grader calls.",
     "timeout": "Does every loop of your kernel end? Check the loop bound and the step, and what happens when a "
-               "length is 0 or 1.",
+    "length is 0 or 1.",
     "exception": "Read the line the summary names: what does the error say about the values on that line?",
 }
 
@@ -242,8 +255,13 @@ def remember(result: Grade) -> None:
         data = json.loads(_grades_file().read_text())
     except (FileNotFoundError, ValueError):
         data = {}
-    data[result.lesson.stem] = {"fingerprint": _fingerprint(result.lesson), "state": result.state,
-                                "findings": result.findings, "message": result.message, "status": result.status}
+    data[result.lesson.stem] = {
+        "fingerprint": _fingerprint(result.lesson),
+        "state": result.state,
+        "findings": result.findings,
+        "message": result.message,
+        "status": result.status,
+    }
     _grades_file().parent.mkdir(parents=True, exist_ok=True)
     _grades_file().write_text(json.dumps(data, indent=1) + "\n")
 
@@ -266,9 +284,11 @@ def cmd_hint(args) -> int:
     """The next hint for the mistake the grader diagnoses in the learner's file as it is now."""
     lesson = find(args.lesson)
     if _untouched(lesson):
-        print(f"{lesson.id} is not started: read {rel(lesson.explainer)} and fill in the TODOs of "
-              f"{rel(mine_file(lesson))} in order (each names the section that teaches it); once a check "
-              f"fails, make hint L={lesson.id} follows what went wrong")
+        print(
+            f"{lesson.id} is not started: read {rel(lesson.explainer)} and fill in the TODOs of "
+            f"{rel(mine_file(lesson))} in order (each names the section that teaches it); once a check "
+            f"fails, make hint L={lesson.id} follows what went wrong"
+        )
         return 0
     known = last_grade(lesson)
     if known["state"] == "passing":
@@ -284,15 +304,27 @@ def cmd_hint(args) -> int:
     steps = hint_steps(lesson, finding)
     state = _read_hint_state()
     shown = 0 if args.restart else int(state.get(key, 0))
-    what = f"pitfall {finding['pitfall']} \"{finding.get('title')}\"" if finding.get("pitfall") else finding.get("title")
+    what = (
+        f'pitfall {finding["pitfall"]} "{finding.get("title")}"'
+        if finding.get("pitfall")
+        else finding.get("title")
+    )
     if shown >= len(steps):
-        print(f"no more hints for {what}: all {len(steps)} shown. make hint L={lesson.id} RESTART=1 starts over; "
-              f"{rel(lesson.explainer)} has the whole story")
+        print(
+            f"no more hints for {what}: all {len(steps)} shown. make hint L={lesson.id} RESTART=1 starts over; "
+            f"{rel(lesson.explainer)} has the whole story"
+        )
         return 0
     source, text = steps[shown]
-    print(f"hint {shown + 1} of {len(steps)} for {lesson.id}, about the likely mistake ({what}), from {source}:")
+    print(
+        f"hint {shown + 1} of {len(steps)} for {lesson.id}, about the likely mistake ({what}), from {source}:"
+    )
     for para in text.split("\n"):
-        print(textwrap.fill(para, width=100, initial_indent="  ", subsequent_indent="  ") if para.strip() else "")
+        print(
+            textwrap.fill(para, width=100, initial_indent="  ", subsequent_indent="  ")
+            if para.strip()
+            else ""
+        )
     state[key] = shown + 1
     _hint_state().parent.mkdir(parents=True, exist_ok=True)
     _hint_state().write_text(json.dumps(state, indent=1) + "\n")
@@ -324,8 +356,10 @@ def cmd_reset(args) -> int:
     path = mine_file(lesson)
     stub = contract.pristine_stub_source(lesson, committed_only=True)
     if stub is None:
-        print(f"reset: cannot read the committed stub of {lesson.id} (git show HEAD:{rel(lesson.stub)} failed; "
-              "is this a git clone?); nothing was changed")
+        print(
+            f"reset: cannot read the committed stub of {lesson.id} (git show HEAD:{rel(lesson.stub)} failed; "
+            "is this a git clone?); nothing was changed"
+        )
         return 1
     if path.exists() and path.read_text() == stub:
         print(f"{rel(path)} is already the untouched stub: nothing to back up or restore")
@@ -345,21 +379,29 @@ def cmd_diff(args) -> int:
     lesson = find(args.lesson)
     result = grade(lesson)
     if not result.passed:
-        print(f"{lesson.id} must pass first ({result.status} now): make test L={lesson.id} says what fails. "
-              "The reference is shown once your own kernel passes.")
+        print(
+            f"{lesson.id} must pass first ({result.status} now): make test L={lesson.id} says what fails. "
+            "The reference is shown once your own kernel passes."
+        )
         return 1
     mine, reference = mine_file(lesson).read_text(), lesson.solution.read_text()
     if mine == reference:
         print(f"{lesson.id} passes, and {rel(mine_file(lesson))} is identical to {rel(lesson.solution)}")
         return 0
     print(f"{lesson.id} passes. The reference beside yours: lines with - are the reference's, + yours.")
-    sys.stdout.writelines(difflib.unified_diff(
-        reference.splitlines(keepends=True), mine.splitlines(keepends=True),
-        fromfile=f"{rel(lesson.solution)} (reference)", tofile=f"{rel(mine_file(lesson))} (yours)"))
+    sys.stdout.writelines(
+        difflib.unified_diff(
+            reference.splitlines(keepends=True),
+            mine.splitlines(keepends=True),
+            fromfile=f"{rel(lesson.solution)} (reference)",
+            tofile=f"{rel(mine_file(lesson))} (yours)",
+        )
+    )
     return 0
 
 
 # --- make watch ----------------------------------------------------------------------------------
+
 
 def screen(result: Grade) -> list[str]:
     """The one screen `make watch` prints after each grading: the same as `make test`'s, stamped."""
@@ -375,7 +417,9 @@ def _stamp(path: Path):
     return st.st_mtime_ns, st.st_size
 
 
-def watch(lesson: Lesson, interval: float = 1.0, max_runs: int | None = None, clear: bool = False) -> Grade | None:
+def watch(
+    lesson: Lesson, interval: float = 1.0, max_runs: int | None = None, clear: bool = False
+) -> Grade | None:
     """Grade now and after every save of the learner's file; stop after max_runs gradings (None: never)."""
     path, last, runs, result = mine_file(lesson), object(), 0, None
     while max_runs is None or runs < max_runs:
@@ -447,38 +491,55 @@ def doctor_lines() -> list[str]:
     capability = None
     if cuda:
         capability = torch.cuda.get_device_capability()
-        lines.append(f"GPU     {torch.cuda.get_device_name()}, compute capability {capability[0]}.{capability[1]} "
-                     f"(sm_{capability[0]}{capability[1]}), {torch.cuda.device_count()} visible")
+        lines.append(
+            f"GPU     {torch.cuda.get_device_name()}, compute capability {capability[0]}.{capability[1]} "
+            f"(sm_{capability[0]}{capability[1]}), {torch.cuda.device_count()} visible"
+        )
     else:
         lines.append("GPU     none (torch.cuda.is_available() is False)")
     if runtime.interpreter:
         why = "TRITON_INTERPRET=1 is set" if cuda else "there is no CUDA GPU"
-        lines.append(f"runtime Triton's interpreter on the CPU, because {why}: kernels run as Python, on small shapes")
+        lines.append(
+            f"runtime Triton's interpreter on the CPU, because {why}: kernels run as Python, on small shapes"
+        )
     else:
         lines.append(f"runtime compiled Triton on {runtime.gpu_name}")
-    lines.append(f"extras  Jupyter (make notebooks): {_distribution_version('jupyter')} (nbclient "
-                 f"{_distribution_version('nbclient')}); FlashInfer (a benchmark peer): "
-                 f"{_version('flashinfer')}")
+    lines.append(
+        f"extras  Jupyter (make notebooks): {_distribution_version('jupyter')} (nbclient "
+        f"{_distribution_version('nbclient')}); FlashInfer (a benchmark peer): "
+        f"{_version('flashinfer')}"
+    )
 
     traps = [
-        ("bf16 tl.dot returns garbage in the interpreter (values near 1e10; seen in Triton 3.6 and 3.9)",
-         runtime.interpreter,
-         "the graders skip bf16 cases on the CPU and say so; try kernels in fp16 or fp32 under the "
-         "interpreter and check bf16 on a GPU"),
-        ("CUDA tensors under the interpreter give all-zero results",
-         runtime.interpreter and cuda,
-         "create tensors on drills.runtime.current().device (the CPU under the interpreter), or unset "
-         "TRITON_INTERPRET to run compiled on this GPU"),
-        ("fp32 tl.dot runs as TF32 on GPUs (about 1e-3 relative error; the interpreter is exact fp32)",
-         cuda and not runtime.interpreter and capability is not None and capability[0] >= 8,
-         'pass input_precision="ieee" to tl.dot on fp32 inputs that are compared with an fp32 oracle'),
-        ("numpy 2.4 or newer breaks Triton 3.6's interpreter (int() of a 1-element array is an error)",
-         not _older(numpy_version, (2, 4)) and numpy_version != "not installed"
-         and _older(triton_version, (3, 7)),
-         'pip install "numpy<2.4" into this Python (the Makefile\'s .venv pins it)'),
-        ("tl.dot needs every dimension >= 16 on a GPU, which the interpreter does not check",
-         runtime.interpreter,
-         "pad small dimensions to 16 (as GROUP_PAD does in L2) before you trust an interpreter pass"),
+        (
+            "bf16 tl.dot returns garbage in the interpreter (values near 1e10; seen in Triton 3.6 and 3.9)",
+            runtime.interpreter,
+            "the graders skip bf16 cases on the CPU and say so; try kernels in fp16 or fp32 under the "
+            "interpreter and check bf16 on a GPU",
+        ),
+        (
+            "CUDA tensors under the interpreter give all-zero results",
+            runtime.interpreter and cuda,
+            "create tensors on drills.runtime.current().device (the CPU under the interpreter), or unset "
+            "TRITON_INTERPRET to run compiled on this GPU",
+        ),
+        (
+            "fp32 tl.dot runs as TF32 on GPUs (about 1e-3 relative error; the interpreter is exact fp32)",
+            cuda and not runtime.interpreter and capability is not None and capability[0] >= 8,
+            'pass input_precision="ieee" to tl.dot on fp32 inputs that are compared with an fp32 oracle',
+        ),
+        (
+            "numpy 2.4 or newer breaks Triton 3.6's interpreter (int() of a 1-element array is an error)",
+            not _older(numpy_version, (2, 4))
+            and numpy_version != "not installed"
+            and _older(triton_version, (3, 7)),
+            'pip install "numpy<2.4" into this Python (the Makefile\'s .venv pins it)',
+        ),
+        (
+            "tl.dot needs every dimension >= 16 on a GPU, which the interpreter does not check",
+            runtime.interpreter,
+            "pad small dimensions to 16 (as GROUP_PAD does in L2) before you trust an interpreter pass",
+        ),
     ]
     lines.append("known traps:")
     for what, applies, fix in traps:
@@ -495,7 +556,9 @@ def cmd_doctor(args) -> int:
 # --- make bench IMPL=mine: yours beside the reference -----------------------------------------
 
 
-def compare_rows(lesson: Lesson, columns: list[tuple[str, str]], mine: list[dict], reference: list[dict]) -> list[str]:
+def compare_rows(
+    lesson: Lesson, columns: list[tuple[str, str]], mine: list[dict], reference: list[dict]
+) -> list[str]:
     """One line per benchmark row: the lesson's own columns (keys starting with its id, else every
     number), yours and the reference's, matched by position (both ran the same shape list)."""
     headers = dict(columns)
@@ -539,5 +602,7 @@ def reference_rows(lesson: Lesson, module) -> tuple[list[dict], str]:
 
 def print_bench_comparison(lesson: Lesson, module, table) -> None:
     rows, source = reference_rows(lesson, module)
-    print(f"== {lesson.id}: yours beside the reference ({source}); the ceiling columns above are this run's ==")
+    print(
+        f"== {lesson.id}: yours beside the reference ({source}); the ceiling columns above are this run's =="
+    )
     print("\n".join(compare_rows(lesson, module.COLUMNS, table.rows, rows)))

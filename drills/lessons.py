@@ -1,6 +1,7 @@
 """The one lesson list. A lesson is one stem across content/, mine/, solutions/, tests/ and notebooks/;
 its id is the stem's prefix (`l2` for `l2_paged_decode`). Adding a lesson = adding its files and one
 entry here, in course order."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

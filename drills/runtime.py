@@ -4,6 +4,7 @@ Triton reads TRITON_INTERPRET when `@triton.jit` runs, that is when a kernel mod
 `select()` must run before any lesson module is imported. `drills/__init__.py` calls it for that
 reason; everything else asks `current()` what was chosen.
 """
+
 from __future__ import annotations
 
 import functools
@@ -29,7 +30,7 @@ def _interpreter_forced() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def select() -> Runtime:
     """Decide once per process; a TRITON_INTERPRET=1 already in the environment is respected."""
     import torch  # imported here so that `import drills.runtime` alone stays cheap

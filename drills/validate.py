@@ -1,5 +1,6 @@
 """Input validation shared by every launcher: each check raises ValueError or TypeError naming the
 argument, before anything is launched. Lessons that read the same layouts (L2, F1) share one check."""
+
 from __future__ import annotations
 
 import math
@@ -14,7 +15,9 @@ def is_pow2(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
 
-def tensor(name: str, t, rank: int | None = None, dtypes: tuple[torch.dtype, ...] | None = None) -> torch.Tensor:
+def tensor(
+    name: str, t, rank: int | None = None, dtypes: tuple[torch.dtype, ...] | None = None
+) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if rank is not None and t.dim() != rank:
@@ -42,15 +45,19 @@ def last_dim_contiguous(**tensors: torch.Tensor) -> None:
     # Kernels add offs_d to a row pointer, so elements of one row must be adjacent.
     for name, t in tensors.items():
         if t.stride(-1) != 1:
-            raise ValueError(f"{name} must be contiguous in its last dimension, got strides {tuple(t.stride())}")
+            raise ValueError(
+                f"{name} must be contiguous in its last dimension, got strides {tuple(t.stride())}"
+            )
 
 
 def contiguous(**tensors: torch.Tensor) -> None:
     # For tensors a kernel reads as flat arrays (ptr + i): a strided view would be read at the wrong places.
     for name, t in tensors.items():
         if not t.is_contiguous():
-            raise ValueError(f"{name} must be contiguous, got strides {tuple(t.stride())} for shape "
-                             f"{tuple(t.shape)}: pass {name}.contiguous()")
+            raise ValueError(
+                f"{name} must be contiguous, got strides {tuple(t.stride())} for shape "
+                f"{tuple(t.shape)}: pass {name}.contiguous()"
+            )
 
 
 def positive_int(name: str, value) -> int:
@@ -111,12 +118,15 @@ def shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
 def disjoint(name_a: str, a: torch.Tensor, name_b: str, b: torch.Tensor) -> None:
     if a is b or shares_memory(a, b):
         same = "is" if a is b else "shares memory with"
-        raise ValueError(f"{name_b} {same} {name_a}: pass two separate tensors (views of one pool are fine "
-                         "when they share no element)")
+        raise ValueError(
+            f"{name_b} {same} {name_a}: pass two separate tensors (views of one pool are fine "
+            "when they share no element)"
+        )
 
 
-def paged_decode_inputs(q, k_cache, v_cache, block_tables, context_lens, scale=None, out=None, min_page=16,
-                        max_page=None):
+def paged_decode_inputs(
+    q, k_cache, v_cache, block_tables, context_lens, scale=None, out=None, min_page=16, max_page=None
+):
     """Checks for a decode step over a paged KV cache (L2, F1). Returns (B, Hq, Hkv, D, PAGE).
 
     min_page, max_page: the page sizes the kernel handles (L2 loads one page per tile, so at least 16
@@ -138,7 +148,9 @@ def paged_decode_inputs(q, k_cache, v_cache, block_tables, context_lens, scale=N
     B, Hq, D = q.shape
     _, PAGE, Hkv, Dk = k_cache.shape
     if v_cache.shape != k_cache.shape:
-        raise ValueError(f"v_cache shape {tuple(v_cache.shape)} must equal k_cache shape {tuple(k_cache.shape)}")
+        raise ValueError(
+            f"v_cache shape {tuple(v_cache.shape)} must equal k_cache shape {tuple(k_cache.shape)}"
+        )
     if Dk != D:
         raise ValueError(f"k_cache head dim {Dk} (k_cache.shape[3]) must equal q's head dim {D}")
     if not (is_pow2(D) and 16 <= D <= 256):
@@ -155,8 +167,10 @@ def paged_decode_inputs(q, k_cache, v_cache, block_tables, context_lens, scale=N
         raise ValueError(f"block_tables must be [B={B}, max_pages], got {tuple(block_tables.shape)}")
     # Kernels read entry p of a row at row + p (rows may be strided: a slice of a wider table is fine).
     if block_tables.shape[1] > 1 and block_tables.stride(1) != 1:
-        raise ValueError(f"block_tables must have contiguous rows (stride 1 along max_pages), got strides "
-                         f"{tuple(block_tables.stride())}: pass block_tables.contiguous()")
+        raise ValueError(
+            f"block_tables must have contiguous rows (stride 1 along max_pages), got strides "
+            f"{tuple(block_tables.stride())}: pass block_tables.contiguous()"
+        )
     if context_lens.shape[0] != B:
         raise ValueError(f"context_lens must have B = {B} entries, got {context_lens.shape[0]}")
     contiguous(context_lens=context_lens)  # kernels read context_lens[b] at context_lens_ptr + b
@@ -176,7 +190,9 @@ def paged_decode_inputs(q, k_cache, v_cache, block_tables, context_lens, scale=N
     return B, Hq, Hkv, D, PAGE
 
 
-def live_block_ids(block_tables: torch.Tensor, context_lens: torch.Tensor, PAGE: int, num_blocks: int) -> None:
+def live_block_ids(
+    block_tables: torch.Tensor, context_lens: torch.Tensor, PAGE: int, num_blocks: int
+) -> None:
     """Every block id a kernel reads, block_tables[b, :cdiv(context_lens[b], PAGE)], lies in [0, num_blocks);
     entries past a sequence's last page are never read and may hold anything."""
     pages = (context_lens.long() + PAGE - 1) // PAGE  # [B]
@@ -184,28 +200,39 @@ def live_block_ids(block_tables: torch.Tensor, context_lens: torch.Tensor, PAGE:
     bad = live & ((block_tables < 0) | (block_tables >= num_blocks))  # [B, max_pages]
     if bad.any():
         b, p = bad.nonzero()[0].tolist()
-        raise ValueError(f"block_tables[{b}, {p}] = {int(block_tables[b, p])} is outside the pool [0, num_blocks = "
-                         f"{num_blocks}): page {p} of sequence {b} is read (context_lens[{b}] = "
-                         f"{int(context_lens[b])}, PAGE = {PAGE})")
+        raise ValueError(
+            f"block_tables[{b}, {p}] = {int(block_tables[b, p])} is outside the pool [0, num_blocks = "
+            f"{num_blocks}): page {p} of sequence {b} is read (context_lens[{b}] = "
+            f"{int(context_lens[b])}, PAGE = {PAGE})"
+        )
 
 
-def decode_plan_args(context_lens, num_kv_heads, page_size, num_sms=None, num_splits=None,
-                     max_page=128) -> list[int]:
+def decode_plan_args(
+    context_lens, num_kv_heads, page_size, num_sms=None, num_splits=None, max_page=128
+) -> list[int]:
     """Checks for a split-KV planner's arguments (F1's plan()). Returns the lengths as a list of ints.
 
     context_lens a non-empty list of ints or a 1-D integer tensor, every length >= 1; num_kv_heads,
     num_sms (None or) and num_splits (None or) ints >= 1; page_size a power of two from 1 to max_page.
     """
     if isinstance(context_lens, torch.Tensor):
-        if context_lens.dim() != 1 or context_lens.dtype.is_floating_point or context_lens.dtype.is_complex \
-                or context_lens.dtype == torch.bool:
-            raise TypeError(f"context_lens must be a 1-D integer tensor, got {str(context_lens.dtype).replace('torch.', '')} "
-                            f"of shape {tuple(context_lens.shape)}")
+        if (
+            context_lens.dim() != 1
+            or context_lens.dtype.is_floating_point
+            or context_lens.dtype.is_complex
+            or context_lens.dtype == torch.bool
+        ):
+            raise TypeError(
+                f"context_lens must be a 1-D integer tensor, got {str(context_lens.dtype).replace('torch.', '')} "
+                f"of shape {tuple(context_lens.shape)}"
+            )
         lens = context_lens.tolist()
     elif isinstance(context_lens, (list, tuple)):
         lens = list(context_lens)
     else:
-        raise TypeError(f"context_lens must be a list of ints or a 1-D integer tensor, got {type(context_lens).__name__}")
+        raise TypeError(
+            f"context_lens must be a list of ints or a 1-D integer tensor, got {type(context_lens).__name__}"
+        )
     if not lens:
         raise ValueError("context_lens must be a non-empty list of lengths >= 1")
     lens = [positive_int(f"context_lens[{i}]", n) for i, n in enumerate(lens)]
@@ -226,5 +253,7 @@ def offsets_fit_int32(**tensors: torch.Tensor) -> None:
     for name, t in tensors.items():
         last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()) if size > 0)
         if last >= 2**31:
-            raise ValueError(f"{name} spans {last + 1} elements (shape {tuple(t.shape)}, strides "
-                             f"{tuple(t.stride())}): past the int32 offsets this kernel computes")
+            raise ValueError(
+                f"{name} spans {last + 1} elements (shape {tuple(t.shape)}, strides "
+                f"{tuple(t.stride())}): past the int32 offsets this kernel computes"
+            )

@@ -4,6 +4,7 @@ The six shapes of ../shared/ANCHORS.md section 1 (PAGE = 16) and PAGE = 1 at B =
 GB/s counts K and V read once; every ratio is to a reduction over the same bytes timed in this run.
 Kernel times are CUDA-graph replays (GPU time, no Python launch overhead) for every implementation.
 """
+
 from __future__ import annotations
 
 import math
@@ -12,22 +13,46 @@ import torch
 import torch.nn.functional as F
 
 from drills import bench
-from drills.benchmarks.l2_paged_decode import (D, HKV, HQ, flashinfer_decode, flashinfer_note, gathered_sdpa,
-                                               make_inputs)
+from drills.benchmarks.l2_paged_decode import (
+    HKV,
+    HQ,
+    D,
+    flashinfer_decode,
+    flashinfer_note,
+    gathered_sdpa,
+    make_inputs,
+)
 from drills.compare import assert_close
 
-SHAPES = [(64, 1024, 16), (1, 32768, 16), (8, 4096, 16), (128, 2048, 16), (256, 512, 16), (1, 4096, 16),
-          (64, 1024, 1)]  # (B, ctx, PAGE)
+SHAPES = [
+    (64, 1024, 16),
+    (1, 32768, 16),
+    (8, 4096, 16),
+    (128, 2048, 16),
+    (256, 512, 16),
+    (1, 4096, 16),
+    (64, 1024, 1),
+]  # (B, ctx, PAGE)
 FIXED = (1, 4, 16, 64)
 
 COLUMNS = [
-    ("B", "B"), ("ctx", "ctx"), ("page", "PAGE"), ("kv_mb", "KV MB"), ("ceiling_gbs", "read ceiling GB/s"),
-    ("plan", "plan() splits"), ("f1_us", "F1 us"), ("f1_gbs", "F1 GB/s"), ("f1_ceiling", "F1 / ceiling"),
-    ("f1_vs_flashinfer", "F1 / FlashInfer"), ("f1_peak", "F1 / datasheet"),
+    ("B", "B"),
+    ("ctx", "ctx"),
+    ("page", "PAGE"),
+    ("kv_mb", "KV MB"),
+    ("ceiling_gbs", "read ceiling GB/s"),
+    ("plan", "plan() splits"),
+    ("f1_us", "F1 us"),
+    ("f1_gbs", "F1 GB/s"),
+    ("f1_ceiling", "F1 / ceiling"),
+    ("f1_vs_flashinfer", "F1 / FlashInfer"),
+    ("f1_peak", "F1 / datasheet"),
     *[(f"fixed{s}", f"{s} split{'s' if s > 1 else ''} / ceiling") for s in FIXED],
     ("plan_vs_best", "plan / best fixed"),
-    ("l2_ceiling", "L2 / ceiling"), ("flashinfer_ceiling", "FlashInfer / ceiling"),
-    ("sdpa_ceiling", "SDPA contiguous / ceiling"), ("eager_us", "F1 eager us"),
+    ("l2_ceiling", "L2 / ceiling"),
+    ("flashinfer_ceiling", "FlashInfer / ceiling"),
+    ("sdpa_ceiling", "SDPA contiguous / ceiling"),
+    ("eager_us", "F1 eager us"),
 ]
 
 
@@ -53,7 +78,9 @@ def run(impl) -> tuple[bench.Table, list[str]]:
         ratio = lambda us: bench.gbs(nbytes, us) / ceiling  # noqa: E731
         plan = impl.plan(context_lens, HKV, page)
         assert_close(impl.split_kv_decode(*args, plan=plan), expected)
-        row = dict(B=B, ctx=ctx, page=page, kv_mb=round(nbytes / 1e6), ceiling_gbs=ceiling, plan=plan.num_splits)
+        row = dict(
+            B=B, ctx=ctx, page=page, kv_mb=round(nbytes / 1e6), ceiling_gbs=ceiling, plan=plan.num_splits
+        )
         row["f1_us"] = bench.time_us(lambda: impl._launch(*args, scale, plan, out, None), graph=True)
         row["f1_gbs"] = bench.gbs(nbytes, row["f1_us"])
         row["f1_ceiling"] = row["f1_gbs"] / ceiling
@@ -62,7 +89,9 @@ def run(impl) -> tuple[bench.Table, list[str]]:
         for splits in FIXED:
             fixed = impl.plan(context_lens, HKV, page, num_splits=splits)
             assert_close(impl.split_kv_decode(*args, plan=fixed), expected)
-            row[f"fixed{splits}"] = ratio(bench.time_us(lambda: impl._launch(*args, scale, fixed, out, None), graph=True))
+            row[f"fixed{splits}"] = ratio(
+                bench.time_us(lambda: impl._launch(*args, scale, fixed, out, None), graph=True)
+            )
         row["plan_vs_best"] = row["f1_ceiling"] / max(row[f"fixed{s}"] for s in FIXED)
         if page >= 16:
             row["l2_ceiling"] = ratio(bench.time_us(lambda: l2._launch(*args, scale, out), graph=True))
@@ -94,10 +123,18 @@ def run(impl) -> tuple[bench.Table, list[str]]:
 
 def plot(rows, meta, path):
     bench.plot_bars(
-        rows, [("f1_ceiling", "F1 with plan()"), ("l2_ceiling", "L2 (no split)"),
-               ("flashinfer_ceiling", "FlashInfer"), ("sdpa_ceiling", "SDPA, contiguous KV")],
+        rows,
+        [
+            ("f1_ceiling", "F1 with plan()"),
+            ("l2_ceiling", "L2 (no split)"),
+            ("flashinfer_ceiling", "FlashInfer"),
+            ("sdpa_ceiling", "SDPA, contiguous KV"),
+        ],
         [f"B={r['B']}\nctx={r['ctx']}" + ("" if r["page"] == 16 else f"\nPAGE={r['page']}") for r in rows],
-        f"Split-KV decode, {meta['gpu']}, {meta['date']}", path, ylabel="fraction of the read ceiling")
+        f"Split-KV decode, {meta['gpu']}, {meta['date']}",
+        path,
+        ylabel="fraction of the read ceiling",
+    )
 
 
 def headline(impl) -> tuple[float, str, str]:
@@ -109,5 +146,8 @@ def headline(impl) -> tuple[float, str, str]:
     assert_close(impl.split_kv_decode(*args, plan=plan), gathered_sdpa(*args))
     out = torch.empty_like(q)
     us = bench.time_us(lambda: impl._launch(*args, 1.0 / math.sqrt(D), plan, out, None), graph=True)
-    return (bench.gbs(2 * B * ctx * HKV * D * q.element_size(), us), "GB/s",
-            f"B = {B}, ctx = {ctx}, fp16, {plan.num_splits} splits")
+    return (
+        bench.gbs(2 * B * ctx * HKV * D * q.element_size(), us),
+        "GB/s",
+        f"B = {B}, ctx = {ctx}, fp16, {plan.num_splits} splits",
+    )

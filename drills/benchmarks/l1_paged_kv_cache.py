@@ -7,6 +7,7 @@ A store reads N rows of K and V and writes them to N random distinct slots of a 
 Reported in GB/s and as a fraction of a device-to-device copy of the same bytes, timed in the same run.
 Each implementation's cache is checked against the rows it was given before it is timed.
 """
+
 from __future__ import annotations
 
 import torch
@@ -19,17 +20,26 @@ HKV, D, PAGE = 8, 128, 16
 NUM_BLOCKS = 16384  # 262144 slots: 537 MB per K or V cache in fp16, 8x the largest N
 
 COLUMNS = [
-    ("N", "N"), ("mb", "MB moved"), ("ceiling_gbs", "copy ceiling GB/s"),
-    ("l1_us", "L1 us"), ("l1_gbs", "L1 GB/s"), ("l1_ceiling", "L1 / ceiling"), ("l1_peak", "L1 / datasheet"),
+    ("N", "N"),
+    ("mb", "MB moved"),
+    ("ceiling_gbs", "copy ceiling GB/s"),
+    ("l1_us", "L1 us"),
+    ("l1_gbs", "L1 GB/s"),
+    ("l1_ceiling", "L1 / ceiling"),
+    ("l1_peak", "L1 / datasheet"),
     ("api_us", "L1 API us (with checks)"),
-    ("torch_us", "torch index us"), ("torch_gbs", "torch index GB/s"), ("torch_ceiling", "torch / ceiling"),
+    ("torch_us", "torch index us"),
+    ("torch_gbs", "torch index GB/s"),
+    ("torch_ceiling", "torch / ceiling"),
 ]
 
 
 def run(impl) -> tuple[bench.Table, list[str]]:
     table = bench.Table(COLUMNS)
     peak = bench.peak_gbs()
-    k_cache = torch.zeros(NUM_BLOCKS, PAGE, HKV, D, dtype=torch.float16, device="cuda")  # [num_blocks, PAGE, Hkv, D]
+    k_cache = torch.zeros(
+        NUM_BLOCKS, PAGE, HKV, D, dtype=torch.float16, device="cuda"
+    )  # [num_blocks, PAGE, Hkv, D]
     v_cache = torch.zeros_like(k_cache)
     k_rows, v_rows = k_cache.view(-1, HKV, D), v_cache.view(-1, HKV, D)  # [num_blocks * PAGE, Hkv, D]
     for N in N_LIST:
@@ -81,14 +91,20 @@ def run(impl) -> tuple[bench.Table, list[str]]:
 
 def plot(rows, meta, path):
     bench.plot_bars(
-        rows, [("l1_ceiling", "L1 store_kvcache"), ("torch_ceiling", "torch indexed assignment")],
-        [f"N={r['N']}\n{r['mb']} MB" for r in rows], f"store_kvcache, {meta['gpu']}, {meta['date']}", path)
+        rows,
+        [("l1_ceiling", "L1 store_kvcache"), ("torch_ceiling", "torch indexed assignment")],
+        [f"N={r['N']}\n{r['mb']} MB" for r in rows],
+        f"store_kvcache, {meta['gpu']}, {meta['date']}",
+        path,
+    )
 
 
 def headline(impl) -> tuple[float, str, str]:
     """make progress on a GPU: impl's GB/s storing N = 32768 rows (the bare launch, checked first)."""
     N = N_LIST[-1]
-    k_cache = torch.zeros(NUM_BLOCKS, PAGE, HKV, D, dtype=torch.float16, device="cuda")  # [num_blocks, PAGE, Hkv, D]
+    k_cache = torch.zeros(
+        NUM_BLOCKS, PAGE, HKV, D, dtype=torch.float16, device="cuda"
+    )  # [num_blocks, PAGE, Hkv, D]
     v_cache = torch.zeros_like(k_cache)
     key = torch.randn(N, HKV, D, dtype=torch.float16, device="cuda")  # [N, Hkv, D]
     value = torch.randn_like(key)

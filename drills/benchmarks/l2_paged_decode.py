@@ -4,6 +4,7 @@ Every implementation reads the same KV bytes, 2 * B * ctx * Hkv * D * 2, so all 
 and as a fraction of a plain reduction over a buffer of that size, timed in the same run. Each peer's
 output is checked against the lesson's before it is timed, so a fast wrong answer cannot enter the table.
 """
+
 from __future__ import annotations
 
 import math
@@ -18,11 +19,19 @@ SHAPES = [(64, 1024), (1, 32768), (8, 4096), (128, 2048), (256, 512), (1, 4096)]
 HQ, HKV, D, PAGE = 32, 8, 128, 16
 
 COLUMNS = [
-    ("B", "B"), ("ctx", "ctx"), ("kv_mb", "KV MB"), ("ceiling_gbs", "read ceiling GB/s"),
-    ("l2_us", "L2 us"), ("l2_gbs", "L2 GB/s"), ("l2_ceiling", "L2 / ceiling"), ("l2_peak", "L2 / datasheet"),
+    ("B", "B"),
+    ("ctx", "ctx"),
+    ("kv_mb", "KV MB"),
+    ("ceiling_gbs", "read ceiling GB/s"),
+    ("l2_us", "L2 us"),
+    ("l2_gbs", "L2 GB/s"),
+    ("l2_ceiling", "L2 / ceiling"),
+    ("l2_peak", "L2 / datasheet"),
     ("api_us", "L2 API us (with checks)"),
-    ("flashinfer_gbs", "FlashInfer GB/s"), ("flashinfer_ceiling", "FlashInfer / ceiling"),
-    ("sdpa_gbs", "SDPA contiguous GB/s"), ("sdpa_ceiling", "SDPA / ceiling"),
+    ("flashinfer_gbs", "FlashInfer GB/s"),
+    ("flashinfer_ceiling", "FlashInfer / ceiling"),
+    ("sdpa_gbs", "SDPA contiguous GB/s"),
+    ("sdpa_ceiling", "SDPA / ceiling"),
     ("gather_gbs", "gather + SDPA GB/s"),
 ]
 
@@ -91,7 +100,9 @@ def run(impl) -> tuple[bench.Table, list[str]]:
 
         try:
             fi = flashinfer_decode(*args)
-        except Exception as exc:  # it compiles its kernels on first use; a failed build is a note, not a crash
+        except (
+            Exception
+        ) as exc:  # it compiles its kernels on first use; a failed build is a note, not a crash
             fi, flashinfer_error = None, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
         if fi is None:
             have_flashinfer = False
@@ -107,13 +118,19 @@ def run(impl) -> tuple[bench.Table, list[str]]:
         del args, q, k_cache, v_cache, k_contig, v_contig, out
         torch.cuda.empty_cache()
 
-    notes.append(f"Hq = {HQ}, Hkv = {HKV}, D = {D}, PAGE = {PAGE}, fp16, pages shuffled; GB/s counts K and V "
-                 "read once; the read ceiling is `x.sum()` over an fp16 buffer of the KV's size, same run.")
-    notes.append("Kernel times (L2 us, and every peer's GB/s) are CUDA-graph replays: GPU time without "
-                 "Python's launch overhead, as serving engines run decode. L2 API us is a plain eager call of "
-                 "paged_decode, with the launcher's checks, whose context_lens range check costs a host sync.")
-    notes.append("SDPA contiguous reads KV that is not paged (an upper reference); gather + SDPA copies the "
-                 "pages into contiguous tensors first, as one would without a paged kernel.")
+    notes.append(
+        f"Hq = {HQ}, Hkv = {HKV}, D = {D}, PAGE = {PAGE}, fp16, pages shuffled; GB/s counts K and V "
+        "read once; the read ceiling is `x.sum()` over an fp16 buffer of the KV's size, same run."
+    )
+    notes.append(
+        "Kernel times (L2 us, and every peer's GB/s) are CUDA-graph replays: GPU time without "
+        "Python's launch overhead, as serving engines run decode. L2 API us is a plain eager call of "
+        "paged_decode, with the launcher's checks, whose context_lens range check costs a host sync."
+    )
+    notes.append(
+        "SDPA contiguous reads KV that is not paged (an upper reference); gather + SDPA copies the "
+        "pages into contiguous tensors first, as one would without a paged kernel."
+    )
     notes.append(flashinfer_note(flashinfer_error, have_flashinfer))
     return table, notes
 
@@ -126,16 +143,25 @@ def flashinfer_note(error: str | None, ran: bool) -> str:
         return "FlashInfer: not importable in this environment, so its columns are n/a."
     import flashinfer
 
-    return (f"FlashInfer {flashinfer.__version__}: BatchDecodeWithPagedKVCacheWrapper, use_tensor_cores=True, "
-            "plan() outside the timed call.")
+    return (
+        f"FlashInfer {flashinfer.__version__}: BatchDecodeWithPagedKVCacheWrapper, use_tensor_cores=True, "
+        "plan() outside the timed call."
+    )
 
 
 def plot(rows, meta, path):
     bench.plot_bars(
-        rows, [("l2_ceiling", "L2 (this lesson)"), ("flashinfer_ceiling", "FlashInfer"),
-               ("sdpa_ceiling", "SDPA, contiguous KV")],
-        [f"B={r['B']}\nctx={r['ctx']}" for r in rows], f"Paged decode, {meta['gpu']}, {meta['date']}", path,
-        ylabel="fraction of the read ceiling")
+        rows,
+        [
+            ("l2_ceiling", "L2 (this lesson)"),
+            ("flashinfer_ceiling", "FlashInfer"),
+            ("sdpa_ceiling", "SDPA, contiguous KV"),
+        ],
+        [f"B={r['B']}\nctx={r['ctx']}" for r in rows],
+        f"Paged decode, {meta['gpu']}, {meta['date']}",
+        path,
+        ylabel="fraction of the read ceiling",
+    )
 
 
 def gathered_sdpa(q, k_cache, v_cache, block_tables, context_lens):

@@ -11,6 +11,7 @@ Each row's counts are checked against these formulas (and every request's cached
 floor(1000 / block_size) * block_size) before its times are reported. The ceiling measured in the same
 run is computing every request's chained keys and nothing else, which any hash-based lookup must do.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -32,12 +33,20 @@ VOCAB = 32_000
 CONFIGS = [(16, "python hash"), (16, "sha256"), (256, "python hash")]  # (block_size, key function)
 
 COLUMNS = [
-    ("block_size", "block size"), ("hash", "key"), ("requests", "requests"),
-    ("blocks_shared", "blocks, shared"), ("blocks_unshared", "blocks, no sharing"), ("saved", "saved"),
+    ("block_size", "block size"),
+    ("hash", "key"),
+    ("requests", "requests"),
+    ("blocks_shared", "blocks, shared"),
+    ("blocks_unshared", "blocks, no sharing"),
+    ("saved", "saved"),
     ("cached_per_request", "cached tokens / request"),
-    ("alloc_rps", "allocate req/s"), ("alloc_us", "us / request"), ("alloc_mtok_s", "prompt Mtok/s"),
-    ("ceiling_rps", "keys only req/s"), ("alloc_ceiling", "allocate / keys only"),
-    ("unshared_rps", "allocate req/s, no sharing"), ("free_rps", "free req/s"),
+    ("alloc_rps", "allocate req/s"),
+    ("alloc_us", "us / request"),
+    ("alloc_mtok_s", "prompt Mtok/s"),
+    ("ceiling_rps", "keys only req/s"),
+    ("alloc_ceiling", "allocate / keys only"),
+    ("unshared_rps", "allocate req/s, no sharing"),
+    ("free_rps", "free req/s"),
 ]
 
 
@@ -53,7 +62,9 @@ def sha256_chain(prev_hash, token_ids):
 def make_requests(seed=0):
     rng = random.Random(seed)
     system = [rng.randrange(VOCAB) for _ in range(SYSTEM_TOKENS)]
-    return [system + [rng.randrange(VOCAB) for _ in range(rng.randrange(*USER_TOKENS))] for _ in range(N_REQUESTS)]
+    return [
+        system + [rng.randrange(VOCAB) for _ in range(rng.randrange(*USER_TOKENS))] for _ in range(N_REQUESTS)
+    ]
 
 
 def seconds(fn):
@@ -67,7 +78,7 @@ def keys_only(requests, block_size, hash_fn):
     for tokens in requests:
         prev = None
         for i in range(0, len(tokens) // block_size * block_size, block_size):
-            prev = hash_fn(prev, tuple(tokens[i:i + block_size]))
+            prev = hash_fn(prev, tuple(tokens[i : i + block_size]))
 
 
 def cpu_name() -> str:
@@ -94,7 +105,9 @@ def run(impl) -> tuple[bench.Table, list[str]]:
         m = impl.BlockManager(unshared, block_size, hash_fn=hash_fn)
         t_alloc = seconds(lambda: [m.allocate(i, tokens) for i, tokens in enumerate(requests)])
         used = unshared - m.num_free_blocks
-        assert used == expected_shared, f"bs={block_size}: {used} blocks used with sharing, expected {expected_shared}"
+        assert used == expected_shared, (
+            f"bs={block_size}: {used} blocks used with sharing, expected {expected_shared}"
+        )
         cached = [m.num_cached_tokens(i) for i in range(N_REQUESTS)]
         assert cached[0] == 0 and set(cached[1:]) == {shared_blocks * block_size}, "wrong cached-token counts"
         t_free = seconds(lambda: [m.free(i) for i in range(N_REQUESTS)])
@@ -108,12 +121,21 @@ def run(impl) -> tuple[bench.Table, list[str]]:
         del never
 
         t_keys = seconds(lambda: keys_only(requests, block_size, hash_fn or (lambda p, t: hash((p, t)))))
-        row = dict(block_size=block_size, hash=key_name, requests=N_REQUESTS,
-                   blocks_shared=used, blocks_unshared=unshared, saved=1 - used / unshared,
-                   cached_per_request=shared_blocks * block_size,
-                   alloc_rps=N_REQUESTS / t_alloc, alloc_us=1e6 * t_alloc / N_REQUESTS,
-                   alloc_mtok_s=num_tokens / t_alloc / 1e6, ceiling_rps=N_REQUESTS / t_keys,
-                   unshared_rps=N_REQUESTS / t_unshared, free_rps=N_REQUESTS / t_free)
+        row = dict(
+            block_size=block_size,
+            hash=key_name,
+            requests=N_REQUESTS,
+            blocks_shared=used,
+            blocks_unshared=unshared,
+            saved=1 - used / unshared,
+            cached_per_request=shared_blocks * block_size,
+            alloc_rps=N_REQUESTS / t_alloc,
+            alloc_us=1e6 * t_alloc / N_REQUESTS,
+            alloc_mtok_s=num_tokens / t_alloc / 1e6,
+            ceiling_rps=N_REQUESTS / t_keys,
+            unshared_rps=N_REQUESTS / t_unshared,
+            free_rps=N_REQUESTS / t_free,
+        )
         row["alloc_ceiling"] = row["alloc_rps"] / row["ceiling_rps"]
         table.add(row)
 
@@ -151,8 +173,13 @@ def plot(rows, meta, path):
     ax0.set_ylabel(f"KV blocks held by {rows[0]['requests']:,} live requests")
     ax0.legend()
     w = 0.27
-    for k, (key, name) in enumerate([("alloc_rps", "allocate"), ("unshared_rps", "allocate, no sharing"),
-                                     ("ceiling_rps", "keys only (ceiling)")]):
+    for k, (key, name) in enumerate(
+        [
+            ("alloc_rps", "allocate"),
+            ("unshared_rps", "allocate, no sharing"),
+            ("ceiling_rps", "keys only (ceiling)"),
+        ]
+    ):
         ax1.bar([i + (k - 1) * w for i in x], [r[key] for r in rows], w, label=name)
     ax1.set_xticks(list(x), labels)
     ax1.set_ylabel("requests per second (host CPU)")

@@ -6,6 +6,7 @@ kernel's output is checked against torch's before anything is timed. A small swe
 num_warps is kept in the JSON (and the best one named in the table), so the launcher's default can be
 judged against its neighbours.
 """
+
 from __future__ import annotations
 
 import torch
@@ -18,10 +19,18 @@ DEVICE = "cuda"
 SWEEP = [(1024, 4), (2048, 4), (4096, 4), (4096, 8)]  # (BLOCK, num_warps)
 
 COLUMNS = [
-    ("n", "n"), ("dtype", "dtype"), ("mb", "MB moved"), ("ceiling_gbs", "copy ceiling GB/s"),
-    ("t1_us", "T1 us"), ("t1_gbs", "T1 GB/s"), ("t1_ceiling", "T1 / ceiling"), ("t1_peak", "T1 / datasheet"),
+    ("n", "n"),
+    ("dtype", "dtype"),
+    ("mb", "MB moved"),
+    ("ceiling_gbs", "copy ceiling GB/s"),
+    ("t1_us", "T1 us"),
+    ("t1_gbs", "T1 GB/s"),
+    ("t1_ceiling", "T1 / ceiling"),
+    ("t1_peak", "T1 / datasheet"),
     ("api_us", "T1 API us (with checks)"),
-    ("torch_gbs", "torch x + y GB/s"), ("torch_ceiling", "torch / ceiling"), ("vs_torch", "T1 / torch"),
+    ("torch_gbs", "torch x + y GB/s"),
+    ("torch_ceiling", "torch / ceiling"),
+    ("vs_torch", "T1 / torch"),
     ("best", "best of sweep (BLOCK x warps: GB/s)"),
 ]
 
@@ -43,8 +52,12 @@ def run(impl) -> tuple[bench.Table, list[str]]:
         nbytes = 3 * n * x.element_size()
         check_against_torch(impl.vector_add(x, y), x + y)
 
-        row = dict(n=n, dtype=str(dtype).replace("torch.", ""), mb=round(nbytes / 1e6),
-                   ceiling_gbs=bench.copy_ceiling_gbs(nbytes // 2))  # a copy reading half moves them all
+        row = dict(
+            n=n,
+            dtype=str(dtype).replace("torch.", ""),
+            mb=round(nbytes / 1e6),
+            ceiling_gbs=bench.copy_ceiling_gbs(nbytes // 2),
+        )  # a copy reading half moves them all
         row["t1_us"] = bench.time_us(lambda: impl._launch(x, y, out))
         row["t1_gbs"] = bench.gbs(nbytes, row["t1_us"])
         row["t1_ceiling"] = row["t1_gbs"] / row["ceiling_gbs"]
@@ -54,11 +67,15 @@ def run(impl) -> tuple[bench.Table, list[str]]:
         row["torch_ceiling"] = row["torch_gbs"] / row["ceiling_gbs"]
         row["vs_torch"] = row["t1_gbs"] / row["torch_gbs"]
 
-        launches = {f"{block}x{warps}":
-                    (lambda block=block, warps=warps: impl._launch(x, y, out, BLOCK=block, num_warps=warps))
-                    for block, warps in SWEEP}
-        row["sweep_gbs"], row["best"] = bench.sweep_gbs(nbytes, launches, out,
-                                                        lambda got: check_against_torch(got, x + y))
+        launches = {
+            f"{block}x{warps}": (
+                lambda block=block, warps=warps: impl._launch(x, y, out, BLOCK=block, num_warps=warps)
+            )
+            for block, warps in SWEEP
+        }
+        row["sweep_gbs"], row["best"] = bench.sweep_gbs(
+            nbytes, launches, out, lambda got: check_against_torch(got, x + y)
+        )
         table.add(row)
         del x, y, out
         torch.cuda.empty_cache()
@@ -68,16 +85,23 @@ def run(impl) -> tuple[bench.Table, list[str]]:
         "`dst.copy_(src)` moving as many bytes, same run.",
         "T1 us times the launch alone (BLOCK 2048, 4 warps, the launcher's default); T1 API us adds "
         "vector_add's checks. torch is `x + y`, which also allocates its output (from the caching allocator).",
-        "best of sweep: the fastest (BLOCK, num_warps) of " + ", ".join(f"{b}x{w}" for b, w in SWEEP) +
-        "; every sweep result is in t1_vector_add.bench.json under sweep_gbs.",
+        "best of sweep: the fastest (BLOCK, num_warps) of "
+        + ", ".join(f"{b}x{w}" for b, w in SWEEP)
+        + "; every sweep result is in t1_vector_add.bench.json under sweep_gbs.",
     ]
     return table, notes
 
 
 def plot(rows, meta, path):
     labels = [f"n=2^{r['n'].bit_length() - 1}\n{r['dtype']}" for r in rows]
-    bench.plot_bars(rows, [("t1_ceiling", "T1 (this lesson)"), ("torch_ceiling", "torch x + y")], labels,
-                    f"Vector add, {meta['gpu']}, {meta['date']}", path, "fraction of the copy ceiling")
+    bench.plot_bars(
+        rows,
+        [("t1_ceiling", "T1 (this lesson)"), ("torch_ceiling", "torch x + y")],
+        labels,
+        f"Vector add, {meta['gpu']}, {meta['date']}",
+        path,
+        "fraction of the copy ceiling",
+    )
 
 
 def headline(impl) -> tuple[float, str, str]:
@@ -87,4 +111,8 @@ def headline(impl) -> tuple[float, str, str]:
     y = torch.randn(n, device=DEVICE, dtype=torch.float16)  # [n]
     out = torch.empty_like(x)  # [n]
     check_against_torch(impl.vector_add(x, y), x + y)
-    return bench.gbs(3 * n * x.element_size(), bench.time_us(lambda: impl._launch(x, y, out))), "GB/s", "n = 2^28, fp16"
+    return (
+        bench.gbs(3 * n * x.element_size(), bench.time_us(lambda: impl._launch(x, y, out))),
+        "GB/s",
+        "n = 2^28, fp16",
+    )

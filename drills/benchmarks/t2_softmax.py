@@ -6,6 +6,7 @@ many bytes, timed in the same run. The naive chain really moves about four times
 elements); its GB/s column shows what that costs. Each output is checked against torch.softmax in fp32
 before it is timed. A sweep over num_warps (and a 3-pass run with blocks of 4096) is kept in the JSON.
 """
+
 from __future__ import annotations
 
 import torch
@@ -20,11 +21,21 @@ DTYPE = torch.float16
 SWEEP = [(None, 4), (None, 8), (None, 16), (4096, 8)]  # (BLOCK, num_warps); None = the launcher's BLOCK
 
 COLUMNS = [
-    ("M", "M"), ("N", "N"), ("path", "path"), ("mb", "MB moved"), ("ceiling_gbs", "copy ceiling GB/s"),
-    ("t2_us", "T2 us"), ("t2_gbs", "T2 GB/s"), ("t2_ceiling", "T2 / ceiling"), ("t2_peak", "T2 / datasheet"),
+    ("M", "M"),
+    ("N", "N"),
+    ("path", "path"),
+    ("mb", "MB moved"),
+    ("ceiling_gbs", "copy ceiling GB/s"),
+    ("t2_us", "T2 us"),
+    ("t2_gbs", "T2 GB/s"),
+    ("t2_ceiling", "T2 / ceiling"),
+    ("t2_peak", "T2 / datasheet"),
     ("api_us", "T2 API us (with checks)"),
-    ("torch_gbs", "torch.softmax GB/s"), ("torch_ceiling", "torch / ceiling"), ("vs_torch", "T2 / torch"),
-    ("naive_gbs", "naive chain GB/s"), ("best", "best of sweep (BLOCK x warps: GB/s)"),
+    ("torch_gbs", "torch.softmax GB/s"),
+    ("torch_ceiling", "torch / ceiling"),
+    ("vs_torch", "T2 / torch"),
+    ("naive_gbs", "naive chain GB/s"),
+    ("best", "best of sweep (BLOCK x warps: GB/s)"),
 ]
 
 
@@ -49,8 +60,13 @@ def run(impl) -> tuple[bench.Table, list[str]]:
         assert_close(impl.softmax(x), expected)
         assert_close(torch.softmax(x, dim=-1), expected)
 
-        row = dict(M=M, N=N, path="one block" if N <= impl.MAX_BLOCK else "3 passes", mb=round(nbytes / 1e6),
-                   ceiling_gbs=bench.copy_ceiling_gbs(nbytes // 2))  # a copy reading half moves them all
+        row = dict(
+            M=M,
+            N=N,
+            path="one block" if N <= impl.MAX_BLOCK else "3 passes",
+            mb=round(nbytes / 1e6),
+            ceiling_gbs=bench.copy_ceiling_gbs(nbytes // 2),
+        )  # a copy reading half moves them all
         row["t2_us"] = bench.time_us(lambda: impl._launch(x, out))
         row["t2_gbs"] = bench.gbs(nbytes, row["t2_us"])
         row["t2_ceiling"] = row["t2_gbs"] / row["ceiling_gbs"]
@@ -65,13 +81,17 @@ def run(impl) -> tuple[bench.Table, list[str]]:
         else:  # fp16 intermediates can lose too much on long rows: a note, not a crash
             naive_problems.append(f"({M}, {N}): {problem.splitlines()[0]}")
 
-        launches = {f"{block or 'default'}x{warps}":
-                    (lambda block=block, warps=warps: impl._launch(x, out, BLOCK=block, num_warps=warps))
-                    for block, warps in SWEEP}
+        launches = {
+            f"{block or 'default'}x{warps}": (
+                lambda block=block, warps=warps: impl._launch(x, out, BLOCK=block, num_warps=warps)
+            )
+            for block, warps in SWEEP
+        }
         # Every 8th row is enough to reject a broken setting (rows are independent programs), at an
         # eighth of the host-side comparison time.
-        row["sweep_gbs"], row["best"] = bench.sweep_gbs(nbytes, launches, out,
-                                                        lambda got: assert_close(got[::8], expected[::8]))
+        row["sweep_gbs"], row["best"] = bench.sweep_gbs(
+            nbytes, launches, out, lambda got: assert_close(got[::8], expected[::8])
+        )
         table.add(row)
         del x, out, expected
         torch.cuda.empty_cache()
@@ -84,18 +104,27 @@ def run(impl) -> tuple[bench.Table, list[str]]:
         "by BLOCK); T2 API us adds softmax's checks. Rows longer than MAX_BLOCK take three passes.",
         "naive chain: max, subtract, exp, sum, divide as five PyTorch ops, which move about 8MN + 4M "
         "elements; its GB/s is credited with 2MN like the others, so it reads as an effective rate.",
-        "best of sweep: the fastest (BLOCK, num_warps) of " + ", ".join(f"{b or 'default'}x{w}" for b, w in SWEEP) +
-        "; 4096x8 runs three passes over blocks of 4096 whenever N > 4096. All in t2_softmax.bench.json.",
+        "best of sweep: the fastest (BLOCK, num_warps) of "
+        + ", ".join(f"{b or 'default'}x{w}" for b, w in SWEEP)
+        + "; 4096x8 runs three passes over blocks of 4096 whenever N > 4096. All in t2_softmax.bench.json.",
     ]
     if naive_problems:
-        notes.append("naive chain not timed where its fp16 result missed the tolerance: " + "; ".join(naive_problems))
+        notes.append(
+            "naive chain not timed where its fp16 result missed the tolerance: " + "; ".join(naive_problems)
+        )
     return table, notes
 
 
 def plot(rows, meta, path):
     labels = [f"{r['M']} x {r['N']}\n{r['path']}" for r in rows]
-    bench.plot_bars(rows, [("t2_ceiling", "T2 (this lesson)"), ("torch_ceiling", "torch.softmax")], labels,
-                    f"Row softmax, fp16, {meta['gpu']}, {meta['date']}", path, "fraction of the copy ceiling")
+    bench.plot_bars(
+        rows,
+        [("t2_ceiling", "T2 (this lesson)"), ("torch_ceiling", "torch.softmax")],
+        labels,
+        f"Row softmax, fp16, {meta['gpu']}, {meta['date']}",
+        path,
+        "fraction of the copy ceiling",
+    )
 
 
 def headline(impl) -> tuple[float, str, str]:

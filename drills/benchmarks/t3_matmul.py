@@ -5,6 +5,7 @@ launch, and the public function with its checks), the same kernel launched in pl
 (GROUP_M = 1), and torch.matmul. The kernel's output is checked against torch's before anything is
 timed, so a fast wrong answer cannot enter the table.
 """
+
 from __future__ import annotations
 
 import torch
@@ -15,17 +16,25 @@ from drills.compare import assert_close
 SHAPES = [(2048, 2048, 2048), (4096, 4096, 4096), (8192, 8192, 8192), (4000, 4000, 4000)]  # (M, N, K)
 
 COLUMNS = [
-    ("shape", "M x N x K"), ("blocks", "blocks BM x BN x BK, GROUP_M, warps, stages"),
-    ("t3_us", "T3 us"), ("t3_tflops", "T3 TFLOP/s"), ("t3_vs_cublas", "T3 / cuBLAS"),
-    ("t3_peak", "T3 / datasheet"), ("api_us", "T3 API us (with checks)"),
-    ("rowmajor_tflops", "T3 row-major TFLOP/s"), ("rowmajor_vs_cublas", "row-major / cuBLAS"),
-    ("cublas_tflops", "cuBLAS TFLOP/s"), ("cublas_peak", "cuBLAS / datasheet"),
+    ("shape", "M x N x K"),
+    ("blocks", "blocks BM x BN x BK, GROUP_M, warps, stages"),
+    ("t3_us", "T3 us"),
+    ("t3_tflops", "T3 TFLOP/s"),
+    ("t3_vs_cublas", "T3 / cuBLAS"),
+    ("t3_peak", "T3 / datasheet"),
+    ("api_us", "T3 API us (with checks)"),
+    ("rowmajor_tflops", "T3 row-major TFLOP/s"),
+    ("rowmajor_vs_cublas", "row-major / cuBLAS"),
+    ("cublas_tflops", "cuBLAS TFLOP/s"),
+    ("cublas_peak", "cuBLAS / datasheet"),
 ]
 
 
 def describe(cfg: dict) -> str:
-    return (f"{cfg['BLOCK_M']}x{cfg['BLOCK_N']}x{cfg['BLOCK_K']}, {cfg['GROUP_M']}, "
-            f"{cfg['num_warps']}, {cfg['num_stages']}")
+    return (
+        f"{cfg['BLOCK_M']}x{cfg['BLOCK_N']}x{cfg['BLOCK_K']}, {cfg['GROUP_M']}, "
+        f"{cfg['num_warps']}, {cfg['num_stages']}"
+    )
 
 
 def run(impl) -> tuple[bench.Table, list[str]]:
@@ -62,8 +71,9 @@ def run(impl) -> tuple[bench.Table, list[str]]:
     notes = [
         "fp16 inputs and output, fp32 accumulation; TFLOP/s = 2 * M * N * K / time. cuBLAS is "
         "`torch.matmul(a, b, out=out)` on the same tensors, timed in the same run.",
-        f"Datasheet fraction: against {peak:g} TFLOP/s dense fp16 (bench.peak_tflops_fp16)." if peak else
-        "Datasheet fraction: n/a, bench.PEAK_TFLOPS_FP16 does not know this GPU.",
+        f"Datasheet fraction: against {peak:g} TFLOP/s dense fp16 (bench.peak_tflops_fp16)."
+        if peak
+        else "Datasheet fraction: n/a, bench.PEAK_TFLOPS_FP16 does not know this GPU.",
         "T3 us times the bare launch; T3 API us adds the launcher's checks. Row-major is the same kernel "
         "and blocks with GROUP_M = 1, which visits the tiles row by row (section 3.1).",
     ]
@@ -74,10 +84,16 @@ def plot(rows, meta, path):
     peak = meta.get("datasheet_peak_tflops_fp16")
     bench.plot_bars(
         rows,
-        [("t3_tflops", "T3 (grouped order)"), ("rowmajor_tflops", "T3, row-major order"),
-         ("cublas_tflops", "cuBLAS (torch.matmul)")],
-        [r["shape"].replace(" x ", "x") for r in rows], f"Matmul, {meta['gpu']}, {meta['date']}", path,
-        ylabel="TFLOP/s (fp16 in, fp32 accumulate)", hline=(peak, "datasheet peak") if peak else None,
+        [
+            ("t3_tflops", "T3 (grouped order)"),
+            ("rowmajor_tflops", "T3, row-major order"),
+            ("cublas_tflops", "cuBLAS (torch.matmul)"),
+        ],
+        [r["shape"].replace(" x ", "x") for r in rows],
+        f"Matmul, {meta['gpu']}, {meta['date']}",
+        path,
+        ylabel="TFLOP/s (fp16 in, fp32 accumulate)",
+        hline=(peak, "datasheet peak") if peak else None,
     )
 
 
@@ -88,4 +104,8 @@ def headline(impl) -> tuple[float, str, str]:
     b = torch.randn(K, N, device="cuda", dtype=torch.float16)  # [K, N]
     out = torch.empty(M, N, device="cuda", dtype=torch.float16)  # [M, N]
     assert_close(impl.matmul(a, b), torch.matmul(a, b).float())
-    return bench.tflops(2 * M * N * K, bench.time_us(lambda: impl._launch(a, b, out))), "TFLOP/s", "4096^3, fp16"
+    return (
+        bench.tflops(2 * M * N * K, bench.time_us(lambda: impl._launch(a, b, out))),
+        "TFLOP/s",
+        "4096^3, fp16",
+    )

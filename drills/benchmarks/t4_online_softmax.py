@@ -7,6 +7,7 @@ the least, so its GB/s counts those and is compared with a device copy of x (ben
 it actually reads x twice (see the explainer, section 4). Each output is checked against torch's
 before it is timed.
 """
+
 from __future__ import annotations
 
 import torch
@@ -17,15 +18,24 @@ from drills.compare import assert_close
 SHAPES = [(4096, 32768), (64, 1_048_576), (16384, 8192)]  # (M rows, N columns), fp16
 
 COLUMNS = [
-    ("M", "M"), ("N", "N"), ("mb", "x MB"), ("splits", "splits"),
+    ("M", "M"),
+    ("N", "N"),
+    ("mb", "x MB"),
+    ("splits", "splits"),
     ("read_gbs", "read ceiling GB/s"),
-    ("stats_gbs", "stats GB/s, 1 split"), ("stats_ceiling", "/ ceiling"),
-    ("stats_split_gbs", "stats GB/s, split"), ("stats_split_ceiling", "/ ceiling"),
-    ("lse_gbs", "torch.logsumexp GB/s"), ("lse_ceiling", "/ ceiling"),
+    ("stats_gbs", "stats GB/s, 1 split"),
+    ("stats_ceiling", "/ ceiling"),
+    ("stats_split_gbs", "stats GB/s, split"),
+    ("stats_split_ceiling", "/ ceiling"),
+    ("lse_gbs", "torch.logsumexp GB/s"),
+    ("lse_ceiling", "/ ceiling"),
     ("copy_gbs", "copy ceiling GB/s"),
-    ("softmax_gbs", "online_softmax GB/s, 1 split"), ("softmax_ceiling", "/ ceiling"),
-    ("softmax_split_gbs", "online_softmax GB/s, split"), ("softmax_split_ceiling", "/ ceiling"),
-    ("torch_gbs", "torch.softmax GB/s"), ("torch_ceiling", "/ ceiling"),
+    ("softmax_gbs", "online_softmax GB/s, 1 split"),
+    ("softmax_ceiling", "/ ceiling"),
+    ("softmax_split_gbs", "online_softmax GB/s, split"),
+    ("softmax_split_ceiling", "/ ceiling"),
+    ("torch_gbs", "torch.softmax GB/s"),
+    ("torch_ceiling", "/ ceiling"),
     ("best_peak", "best T4 / datasheet"),
 ]
 
@@ -105,19 +115,34 @@ def plot(rows, meta, path):
     import matplotlib.pyplot as plt
 
     panels = [
-        ("statistics (read ceiling)", [("stats_ceiling", "softmax_stats, 1 split"),
-                                       ("stats_split_ceiling", "softmax_stats, split"),
-                                       ("lse_ceiling", "torch.logsumexp")]),
-        ("softmax (copy ceiling)", [("softmax_ceiling", "online_softmax, 1 split"),
-                                    ("softmax_split_ceiling", "online_softmax, split"),
-                                    ("torch_ceiling", "torch.softmax")]),
+        (
+            "statistics (read ceiling)",
+            [
+                ("stats_ceiling", "softmax_stats, 1 split"),
+                ("stats_split_ceiling", "softmax_stats, split"),
+                ("lse_ceiling", "torch.logsumexp"),
+            ],
+        ),
+        (
+            "softmax (copy ceiling)",
+            [
+                ("softmax_ceiling", "online_softmax, 1 split"),
+                ("softmax_split_ceiling", "online_softmax, split"),
+                ("torch_ceiling", "torch.softmax"),
+            ],
+        ),
     ]
     labels = [f"{r['M']} x {r['N']}\nsplits={r['splits']}" for r in rows]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
     for ax, (title, series) in zip(axes, panels):
         width = 0.8 / len(series)
         for i, (key, name) in enumerate(series):
-            ax.bar([x + i * width for x in range(len(rows))], [r.get(key) or 0.0 for r in rows], width, label=name)
+            ax.bar(
+                [x + i * width for x in range(len(rows))],
+                [r.get(key) or 0.0 for r in rows],
+                width,
+                label=name,
+            )
         ax.axhline(1.0, color="gray", lw=0.8, ls="--")
         ax.set_xticks([x + width for x in range(len(rows))], labels)
         ax.set_title(title)

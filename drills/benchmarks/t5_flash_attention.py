@@ -6,6 +6,7 @@ its FlashAttention-2 backend forced and with its default backend choice, timed i
 a fraction of the GPU's datasheet fp16 rate. Each output is checked before it is timed, so a fast wrong
 answer cannot enter the table.
 """
+
 from __future__ import annotations
 
 import math
@@ -21,11 +22,20 @@ SHAPES = [(4, 32, 4096, 128), (4, 32, 1024, 64), (1, 32, 16384, 128)]  # (B, H, 
 ROWS = [(shape, causal) for shape in SHAPES for causal in (False, True)]
 
 COLUMNS = [
-    ("B", "B"), ("H", "H"), ("N", "N"), ("D", "D"), ("causal", "causal"),
+    ("B", "B"),
+    ("H", "H"),
+    ("N", "N"),
+    ("D", "D"),
+    ("causal", "causal"),
     ("config", "BLOCK_M x BLOCK_N, warps, stages"),
-    ("t5_us", "T5 us"), ("t5_tflops", "T5 TFLOP/s"),
-    ("fa2_tflops", "SDPA FA2 TFLOP/s"), ("default_tflops", "SDPA default TFLOP/s"), ("default_backend", "default is"),
-    ("vs_fa2", "T5 / FA2"), ("vs_default", "T5 / default"), ("t5_peak", "T5 / datasheet"),
+    ("t5_us", "T5 us"),
+    ("t5_tflops", "T5 TFLOP/s"),
+    ("fa2_tflops", "SDPA FA2 TFLOP/s"),
+    ("default_tflops", "SDPA default TFLOP/s"),
+    ("default_backend", "default is"),
+    ("vs_fa2", "T5 / FA2"),
+    ("vs_default", "T5 / default"),
+    ("t5_peak", "T5 / datasheet"),
 ]
 
 
@@ -50,7 +60,9 @@ def run(impl) -> tuple[bench.Table, list[str]]:
     for (B, H, N, D), causal in ROWS:
         gen = torch.Generator(device="cuda").manual_seed(N + D)
         # [B, H, N, D] each
-        q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.float16, generator=gen) for _ in range(3))
+        q, k, v = (
+            torch.randn(B, H, N, D, device="cuda", dtype=torch.float16, generator=gen) for _ in range(3)
+        )
         scale = 1.0 / math.sqrt(D)
         out = torch.empty_like(q)
 
@@ -66,10 +78,19 @@ def run(impl) -> tuple[bench.Table, list[str]]:
         t5_us = bench.time_us(lambda: impl._launch(q, k, v, causal, scale, out))
         work = flops(B, H, N, D, causal)
         bm, bn, warps, stages = impl._config(D)
-        row = dict(B=B, H=H, N=N, D=D, causal="yes" if causal else "no", config=f"{bm}x{bn}, {warps}, {stages}",
-                   t5_us=t5_us, t5_tflops=bench.tflops(work, t5_us),
-                   fa2_tflops=bench.tflops(work, fa2_us), default_tflops=bench.tflops(work, default_us),
-                   default_backend=default_backend(q, k, v, causal))
+        row = dict(
+            B=B,
+            H=H,
+            N=N,
+            D=D,
+            causal="yes" if causal else "no",
+            config=f"{bm}x{bn}, {warps}, {stages}",
+            t5_us=t5_us,
+            t5_tflops=bench.tflops(work, t5_us),
+            fa2_tflops=bench.tflops(work, fa2_us),
+            default_tflops=bench.tflops(work, default_us),
+            default_backend=default_backend(q, k, v, causal),
+        )
         row["vs_fa2"] = row["t5_tflops"] / row["fa2_tflops"]
         row["vs_default"] = row["t5_tflops"] / row["default_tflops"]
         row["t5_peak"] = row["t5_tflops"] / peak if peak else None
@@ -91,8 +112,15 @@ def run(impl) -> tuple[bench.Table, list[str]]:
 def plot(rows, meta, path):
     peak = meta.get("datasheet_peak_tflops_fp16")
     bench.plot_bars(
-        rows, [("t5_tflops", "T5 (this lesson)"), ("fa2_tflops", "SDPA, FlashAttention-2 backend"),
-               ("default_tflops", "SDPA, default backend")],
+        rows,
+        [
+            ("t5_tflops", "T5 (this lesson)"),
+            ("fa2_tflops", "SDPA, FlashAttention-2 backend"),
+            ("default_tflops", "SDPA, default backend"),
+        ],
         [f"B={r['B']} N={r['N']}\nD={r['D']} {'causal' if r['causal'] == 'yes' else 'full'}" for r in rows],
-        f"FlashAttention forward, fp16, {meta['gpu']}, {meta['date']}", path, ylabel="TFLOP/s",
-        hline=(peak, "datasheet fp16 peak") if peak else None)
+        f"FlashAttention forward, fp16, {meta['gpu']}, {meta['date']}",
+        path,
+        ylabel="TFLOP/s",
+        hline=(peak, "datasheet fp16 peak") if peak else None,
+    )

@@ -8,6 +8,27 @@ in a child process) -> the report file -> diagnose -> report -> one screen.
 
 # The report's names, where the rest of the course has always found them (drills.grading.Case, ...).
 from drills.grading.report import (  # noqa: E402,F401
-    CASES, FINDINGS, IMPORT_ERROR, NOT_STARTED, REPORT_EXIT, REPORT_LESSONS, REPORT_SEED, Case, Summary,
-    check_lines, check_name, clip, failure_lines, failure_message, finding_dict, finding_lines, read_report,
-    relative, render, seed_line, skip_reason, summarize, write_report)
+    CASES,
+    FINDINGS,
+    IMPORT_ERROR,
+    NOT_STARTED,
+    REPORT_EXIT,
+    REPORT_LESSONS,
+    REPORT_SEED,
+    Case,
+    Summary,
+    check_lines,
+    check_name,
+    clip,
+    failure_lines,
+    failure_message,
+    finding_dict,
+    finding_lines,
+    read_report,
+    relative,
+    render,
+    seed_line,
+    skip_reason,
+    summarize,
+    write_report,
+)

@@ -14,6 +14,7 @@ A mistake whose every condition holds is consistent with the results; the most s
 one (most conditions) is named first, and a second consistent one is named too. When none is fully
 consistent, the one with the largest share of conditions holding is named as "most likely".
 """
+
 from __future__ import annotations
 
 import re
@@ -43,6 +44,7 @@ class Mistake:
 class Finding:
     """One diagnosis: a pitfall of the lesson's explainer (pitfall > 0), or a failure of another kind
     that no lesson pitfall explains (pitfall == 0; `title` says what)."""
+
     pitfall: int
     title: str
     evidence: tuple[str, ...]  # one or two lines: which check, and how far off (or where it crashed)
@@ -56,7 +58,9 @@ def _matches(case_id: str, pattern: str) -> bool:
     wildcards. Brackets are literal: "test_x[n1]" names that one case, not a character class."""
     check = case_id.split("[", 1)[0]
     regex = "".join(".*" if ch == "*" else "." if ch == "?" else re.escape(ch) for ch in pattern)
-    return re.fullmatch(regex, case_id) is not None or ("[" not in pattern and re.fullmatch(regex, check) is not None)
+    return re.fullmatch(regex, case_id) is not None or (
+        "[" not in pattern and re.fullmatch(regex, check) is not None
+    )
 
 
 @dataclass
@@ -97,8 +101,11 @@ def score(mistake: Mistake, cases) -> _Score:
 GENERIC = (
     ("crash", r"ended the process that runs it", "your code crashed the process that runs it"),
     ("timeout", r"did not return within", "your code did not finish (a loop that never ends?)"),
-    ("not_from_kernel", r"did not come from your kernel|without launching a Triton kernel of your file",
-     "the output did not come from your kernel"),
+    (
+        "not_from_kernel",
+        r"did not come from your kernel|without launching a Triton kernel of your file",
+        "the output did not come from your kernel",
+    ),
     ("out_of_bounds", r"out of bounds (load|store|atomic)", "a load or store outside the tensors"),
     ("write_race", r"write race", "programs overwrite each other's output (a write race)"),
     ("exception", r"your code raised|raised in your code|^\w*Error: ", "your code raised an exception"),

@@ -14,6 +14,7 @@ arrives here as an exception the grader can report:
   LearnerTimeout                a call ran past its time limit; the process is killed and restarted
   LearnerError                  any other exception (a Triton compile error, a class of the learner's)
 """
+
 from __future__ import annotations
 
 import builtins
@@ -84,18 +85,28 @@ def call_timeout() -> float:
         return DEFAULT_CALL_TIMEOUT_S
 
 
-_SIGNALS = {signal.SIGSEGV: "a segmentation fault", signal.SIGABRT: "an abort", signal.SIGBUS: "a bus error",
-            signal.SIGKILL: "killed (out of memory?)", signal.SIGFPE: "a floating-point exception"}
+_SIGNALS = {
+    signal.SIGSEGV: "a segmentation fault",
+    signal.SIGABRT: "an abort",
+    signal.SIGBUS: "a bus error",
+    signal.SIGKILL: "killed (out of memory?)",
+    signal.SIGFPE: "a floating-point exception",
+}
 
 
 def _rebuild_error(info: dict) -> BaseException:
     kind, message = info.get("kind"), info.get("message", "")
     where, code = info.get("where"), info.get("code")
-    cls = {"out_of_bounds": OutOfBoundsAccess, "write_race": WriteRace, "not_from_kernel": NotFromKernel}.get(kind)
+    cls = {"out_of_bounds": OutOfBoundsAccess, "write_race": WriteRace, "not_from_kernel": NotFromKernel}.get(
+        kind
+    )
     if cls is not None:
         exc = cls(message)
-    elif info.get("builtin") and isinstance(getattr(builtins, info.get("type", ""), None), type) and \
-            issubclass(getattr(builtins, info["type"]), Exception):
+    elif (
+        info.get("builtin")
+        and isinstance(getattr(builtins, info.get("type", ""), None), type)
+        and issubclass(getattr(builtins, info["type"]), Exception)
+    ):
         exc_type = getattr(builtins, info["type"])
         try:
             exc = exc_type(*info.get("args", (message,)))
@@ -135,13 +146,27 @@ class LearnerProcess:
         parent, child = socket.socketpair()
         env = dict(os.environ)
         env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        cmd = [sys.executable, "-m", "drills.grading.worker", str(child.fileno()), self.path, self.module_name]
+        cmd = [
+            sys.executable,
+            "-m",
+            "drills.grading.worker",
+            str(child.fileno()),
+            self.path,
+            self.module_name,
+        ]
         if self.reference:
             cmd.append("--reference")
         self.log.seek(0)
         self.log.truncate()
-        self.proc = subprocess.Popen(cmd, pass_fds=(child.fileno(),), cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
-                                     stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            cmd,
+            pass_fds=(child.fileno(),),
+            cwd=ROOT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
         child.close()
         self.conn = Connection(parent.detach())
         self.generation += 1
@@ -154,8 +179,11 @@ class LearnerProcess:
             raise ImportFailed(info)
         # Imported; the worker now calls the public functions with None arguments, as the stub contract
         # does, to see whether the lesson is started (an untouched stub raises NotImplementedError).
-        message = self._wait(START_TIMEOUT_S, during="while your functions were called with None arguments "
-                                                     "to see whether the lesson is started")
+        message = self._wait(
+            START_TIMEOUT_S,
+            during="while your functions were called with None arguments "
+            "to see whether the lesson is started",
+        )
         self.ready = message[1]
         return self.ready
 
@@ -205,8 +233,11 @@ class LearnerProcess:
             except ValueError:
                 name = f"signal {-code}"
             how = f"{name}, {_SIGNALS.get(-code, 'a fatal signal')}"
-            likely = "; an out-of-bounds load or store is the usual cause" if -code in (
-                signal.SIGSEGV, signal.SIGBUS, signal.SIGABRT) else ""
+            likely = (
+                "; an out-of-bounds load or store is the usual cause"
+                if -code in (signal.SIGSEGV, signal.SIGBUS, signal.SIGABRT)
+                else ""
+            )
         else:
             how = f"exit status {code}"
             likely = "; os._exit() or sys.exit() in your file?"
@@ -225,8 +256,10 @@ class LearnerProcess:
                 raise self._died(during) from None
             if not ready:
                 self.stop()
-                raise LearnerTimeout(f"your code did not return within {timeout:.0f} s {during} (an endless "
-                                     "loop? a loop bound that never grows?); the process was stopped")
+                raise LearnerTimeout(
+                    f"your code did not return within {timeout:.0f} s {during} (an endless "
+                    "loop? a loop bound that never grows?); the process was stopped"
+                )
             try:
                 data = self.conn.recv_bytes()
             except (EOFError, OSError):

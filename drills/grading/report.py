@@ -6,6 +6,7 @@ machine (bf16 and GPU-only cases under the interpreter). For the first failure t
 mismatch in words (the first lines of its assertion message, which drills/compare.py writes) and the
 explainer section to reread.
 """
+
 from __future__ import annotations
 
 import json
@@ -48,7 +49,9 @@ def failure_message(excinfo) -> str:
         return text
     where = getattr(exc, "drills_where", None)  # raised in the learner's code (drills/grading/remote.py)
     if where and "your code raised" not in text:
-        return f"your code raised {type(exc).__name__} at {where} (`{getattr(exc, 'drills_code', '')}`): {text}"
+        return (
+            f"your code raised {type(exc).__name__} at {where} (`{getattr(exc, 'drills_code', '')}`): {text}"
+        )
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
@@ -135,17 +138,19 @@ def check_lines(summary: Summary) -> list[str]:
 
 def failure_lines(lesson: Lesson, case: Case) -> list[str]:
     message = [line for line in case.message.splitlines() if line.strip()][:MESSAGE_LINES]
-    return ([f"first failure: {case.id}"]
-            + [clip("  " + line, 240) for line in message]
-            + [f"  reread {explainer.where_taught(lesson, case.check)}"])
+    return (
+        [f"first failure: {case.id}"]
+        + [clip("  " + line, 240) for line in message]
+        + [f"  reread {explainer.where_taught(lesson, case.check)}"]
+    )
 
 
 # What to do about a failure that no pitfall of the lesson explains, by the kind the grader reported.
 GENERIC_TODO = {
     "not_from_kernel": "compute the result inside your @triton.jit kernel and launch it from the function "
-                       "graded; torch may allocate and check, not compute",
+    "graded; torch may allocate and check, not compute",
     "crash": "the line that crashed is not known: look for a tl.load or tl.store without a mask, or a pointer "
-             "built from an index that can run past the tensor",
+    "built from an index that can run past the tensor",
     "timeout": "look for a loop whose bound or step never lets it end",
 }
 
@@ -159,7 +164,7 @@ def finding_lines(lesson: Lesson, findings: list[dict], cases: list[Case]) -> li
     for i, f in enumerate(findings):
         lead = "likely mistake" if i == 0 else "or else"
         if f["pitfall"]:
-            what = f'pitfall {f["pitfall"]}' + (f' "{f["title"]}"' if f["title"] else "")
+            what = f"pitfall {f['pitfall']}" + (f' "{f["title"]}"' if f["title"] else "")
             sure = "" if f["consistent"] else " (the closest match to what failed)"
             lines.append(f"{lead}: {what}{sure}")
         else:
@@ -188,8 +193,14 @@ def seed_line(seed: int, lesson_id: str | None = None) -> str:
     return f"seed {seed}, from SEED; without it the default cases (seed 0) are graded"
 
 
-def render(lesson: Lesson, cases: list[Case], graded: str, seed: int, detailed: bool = True,
-           findings: list[dict] | None = None) -> list[str]:
+def render(
+    lesson: Lesson,
+    cases: list[Case],
+    graded: str,
+    seed: int,
+    detailed: bool = True,
+    findings: list[dict] | None = None,
+) -> list[str]:
     """The summary of one lesson: every check when detailed, else one line; then the diagnosis."""
     summary = summarize(cases)
     lines = []
@@ -216,8 +227,13 @@ CASES, FINDINGS, NOT_STARTED, IMPORT_ERROR = "cases", "findings", "not_started",
 
 def write_report(path: str | Path, lessons: dict[str, dict], seed: int, exitstatus: int) -> None:
     """lessons: stem -> {CASES: [Case, ...], FINDINGS: [dict], NOT_STARTED: str | None, IMPORT_ERROR: str | None}."""
-    data = {REPORT_SEED: seed, REPORT_EXIT: int(exitstatus), REPORT_LESSONS: {
-        stem: {**info, CASES: [asdict(c) for c in info.get(CASES, [])]} for stem, info in lessons.items()}}
+    data = {
+        REPORT_SEED: seed,
+        REPORT_EXIT: int(exitstatus),
+        REPORT_LESSONS: {
+            stem: {**info, CASES: [asdict(c) for c in info.get(CASES, [])]} for stem, info in lessons.items()
+        },
+    }
     Path(path).write_text(json.dumps(data, indent=1) + "\n")
 
 
@@ -232,9 +248,15 @@ def read_report(path: str | Path) -> dict:
 def finding_dict(finding) -> dict:
     """A diagnose.Finding as the report stores it."""
     m = finding.mistake
-    return {"pitfall": finding.pitfall, "title": finding.title, "evidence": list(finding.evidence),
-            "consistent": finding.consistent, "kind": finding.kind,
-            "question": m.question if m else "", "section": m.section if m else ""}
+    return {
+        "pitfall": finding.pitfall,
+        "title": finding.title,
+        "evidence": list(finding.evidence),
+        "consistent": finding.consistent,
+        "kind": finding.kind,
+        "question": m.question if m else "",
+        "section": m.section if m else "",
+    }
 
 
 def relative(path: str | Path) -> str:

@@ -6,6 +6,7 @@ The grader runs as `python -m pytest drills/tests/test_<stem>.py --impl...` in a
 time limit; inside it, the learner's code runs in a process of its own (drills/grading/remote.py).
 A missing or partial report is a result too ("grader error"), never a crash of the caller.
 """
+
 from __future__ import annotations
 
 import os
@@ -28,8 +29,14 @@ def verbose_requested() -> bool:
     return os.environ.get(VERBOSE_ENV, "").strip() not in ("", "0", "no", "false")
 
 
-def pytest_args(tests: list[str | Path], impl: str = "mine", impl_file: str | Path | None = None,
-                report_path: str | Path | None = None, verbose: bool = False, extra: list[str] = ()) -> list[str]:
+def pytest_args(
+    tests: list[str | Path],
+    impl: str = "mine",
+    impl_file: str | Path | None = None,
+    report_path: str | Path | None = None,
+    verbose: bool = False,
+    extra: list[str] = (),
+) -> list[str]:
     """The arguments after `python -m pytest`: one screen by default, pytest's own output with verbose."""
     args = [str(t) for t in tests]
     args.append(f"--impl-file={impl_file}" if impl_file else f"--impl={impl}")
@@ -43,7 +50,9 @@ def pytest_args(tests: list[str | Path], impl: str = "mine", impl_file: str | Pa
 @dataclass
 class Grade:
     lesson: Lesson
-    state: str  # "not started", "passing", "failing", "does not import", "timed out", "grader error", "missing"
+    state: (
+        str  # "not started", "passing", "failing", "does not import", "timed out", "grader error", "missing"
+    )
     cases: list = field(default_factory=list)  # report.Case
     message: str = ""  # the not-started or import-error line, or what went wrong with the grader
     seed: int = 0
@@ -90,14 +99,23 @@ def lesson_timeout() -> float:
         return LESSON_TIMEOUT_S
 
 
-def grade(lesson: Lesson, file: str | Path | None = None, impl: str = "mine", timeout: float | None = None,
-          extra: list[str] = ()) -> Grade:
+def grade(
+    lesson: Lesson,
+    file: str | Path | None = None,
+    impl: str = "mine",
+    timeout: float | None = None,
+    extra: list[str] = (),
+) -> Grade:
     """Grade one lesson in a child process and read its report. file: a learner file elsewhere than
     drills/mine (make progress with DRILLS_MINE_DIR, make mutants); impl: "mine" or "solutions"."""
     graded = report.relative(file) if file else f"drills/{impl}/{lesson.stem}.py"
     if file is not None and not Path(file).exists():
-        return Grade(lesson, "missing", message=f"{graded} does not exist: make reset L={lesson.id} restores the stub",
-                     graded=graded)
+        return Grade(
+            lesson,
+            "missing",
+            message=f"{graded} does not exist: make reset L={lesson.id} restores the stub",
+            graded=graded,
+        )
     timeout = lesson_timeout() if timeout is None else timeout
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "report.json"
@@ -105,12 +123,20 @@ def grade(lesson: Lesson, file: str | Path | None = None, impl: str = "mine", ti
         try:
             proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
-            return Grade(lesson, "timed out", graded=graded,
-                         message=f"grading took more than {timeout:.0f} s in all (the limit is {LESSON_TIMEOUT_ENV})")
+            return Grade(
+                lesson,
+                "timed out",
+                graded=graded,
+                message=f"grading took more than {timeout:.0f} s in all (the limit is {LESSON_TIMEOUT_ENV})",
+            )
         if not path.exists():
             tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-12:])
-            return Grade(lesson, "grader error", graded=graded,
-                         message=f"the grader stopped without a report (exit {proc.returncode}):\n{tail}")
+            return Grade(
+                lesson,
+                "grader error",
+                graded=graded,
+                message=f"the grader stopped without a report (exit {proc.returncode}):\n{tail}",
+            )
         data = report.read_report(path)
     info = data[report.REPORT_LESSONS].get(lesson.stem, {report.CASES: []})
     seed = data[report.REPORT_SEED]
@@ -120,11 +146,19 @@ def grade(lesson: Lesson, file: str | Path | None = None, impl: str = "mine", ti
         return Grade(lesson, "not started", message=info[report.NOT_STARTED], seed=seed, graded=graded)
     cases = info[report.CASES]
     passed = report.summarize(cases).passed and data[report.REPORT_EXIT] == 0
-    return Grade(lesson, "passing" if passed else "failing", cases, seed=seed,
-                 findings=info.get(report.FINDINGS, []), graded=graded)
+    return Grade(
+        lesson,
+        "passing" if passed else "failing",
+        cases,
+        seed=seed,
+        findings=info.get(report.FINDINGS, []),
+        graded=graded,
+    )
 
 
-def run_pytest_here(tests: list[str | Path], impl: str = "mine", verbose: bool = False, extra: list[str] = ()) -> int:
+def run_pytest_here(
+    tests: list[str | Path], impl: str = "mine", verbose: bool = False, extra: list[str] = ()
+) -> int:
     """pytest in this process (make check, make test V=1): its output streams as it runs."""
     import pytest
 

@@ -13,6 +13,7 @@ A message is pickled, with three kinds of object sent by reference rather than b
   callables of the grader (a hash_fn passed to the learner's code) travel as a handle too; calling
             one from the learner's process asks the grader to run it.
 """
+
 from __future__ import annotations
 
 import io
@@ -23,8 +24,26 @@ import weakref
 import torch
 
 # Types sent by value; anything else the learner's process returns stays there, sent as a handle.
-PLAIN = (type(None), bool, int, float, complex, str, bytes, tuple, list, dict, set, frozenset, slice, range,
-         torch.dtype, torch.device, torch.Size, type(Ellipsis))
+PLAIN = (
+    type(None),
+    bool,
+    int,
+    float,
+    complex,
+    str,
+    bytes,
+    tuple,
+    list,
+    dict,
+    set,
+    frozenset,
+    slice,
+    range,
+    torch.dtype,
+    torch.device,
+    torch.Size,
+    type(Ellipsis),
+)
 
 
 def is_plain(obj) -> bool:
@@ -98,7 +117,11 @@ class Storages:
                     as_bytes_view(existing).copy_(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
                 storage = existing
             else:
-                u8 = torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
+                u8 = (
+                    torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+                    if raw
+                    else torch.empty(0, dtype=torch.uint8)
+                )
                 storage = u8.untyped_storage()
             self.copies[key] = storage
         elif existing is not None:
@@ -218,6 +241,6 @@ def dumps(obj, known: Storages, handle) -> bytes:
 
 def loads(data: bytes, known: Storages, resolve):
     (n,) = struct.unpack("<Q", data[:8])
-    payloads, dropped = pickle.loads(data[8:8 + n])
+    payloads, dropped = pickle.loads(data[8 : 8 + n])
     known.forget(dropped)
-    return _Decoder(io.BytesIO(data[8 + n:]), known, payloads, resolve).load()
+    return _Decoder(io.BytesIO(data[8 + n :]), known, payloads, resolve).load()

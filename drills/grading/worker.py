@@ -15,6 +15,7 @@ comparisons and report live in the other process, out of this file's reach. Here
 - with `provenance`, the call is run once more with every Triton launch turned into a no-op: if the
   result does not change, it did not come from the learner's kernel.
 """
+
 from __future__ import annotations
 
 import linecache
@@ -53,8 +54,11 @@ def _protect(graded_file: str) -> None:
         if not real or real == graded:
             return False
         parts = real.split(os.sep)
-        return (real.startswith((solutions, mutants)) or ".git" in parts
-                or (os.sep + os.path.join("drills", "solutions") + os.sep) in real)
+        return (
+            real.startswith((solutions, mutants))
+            or ".git" in parts
+            or (os.sep + os.path.join("drills", "solutions") + os.sep) in real
+        )
 
     # Files are also known by inode, so a hard link to a reference file is refused like the file itself.
     inodes = set()
@@ -75,19 +79,43 @@ def _protect(graded_file: str) -> None:
         return st is not None and (st.st_dev, st.st_ino) in inodes
 
     def hook(event, args):
-        if event in ("os.link", "os.symlink", "shutil.copyfile", "shutil.copymode", "shutil.copystat") and args \
-                and (forbidden_path(args[0]) or same_file(args[0])):
-            raise PermissionError(f"grading: your file may not copy or link {args[0]} (the reference solutions "
-                                  "are off limits while your file is graded)")
+        if (
+            event in ("os.link", "os.symlink", "shutil.copyfile", "shutil.copymode", "shutil.copystat")
+            and args
+            and (forbidden_path(args[0]) or same_file(args[0]))
+        ):
+            raise PermissionError(
+                f"grading: your file may not copy or link {args[0]} (the reference solutions "
+                "are off limits while your file is graded)"
+            )
         if event == "open" and args and (forbidden_path(args[0]) or same_file(args[0])):
-            raise PermissionError(f"grading: your file may not read {args[0]} (the reference solutions "
-                                  "and the repository's history are off limits while your file is graded)")
-        if event == "import" and args and isinstance(args[0], str) and \
-                args[0].startswith(("drills.solutions", "drills.mutants")):
-            raise ImportError(f"grading: your file may not import {args[0]}: the reference solutions are "
-                              "off limits while your file is graded")
-        if event in ("subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork",
-                     "os.forkpty") and not _started_by_triton():
+            raise PermissionError(
+                f"grading: your file may not read {args[0]} (the reference solutions "
+                "and the repository's history are off limits while your file is graded)"
+            )
+        if (
+            event == "import"
+            and args
+            and isinstance(args[0], str)
+            and args[0].startswith(("drills.solutions", "drills.mutants"))
+        ):
+            raise ImportError(
+                f"grading: your file may not import {args[0]}: the reference solutions are "
+                "off limits while your file is graded"
+            )
+        if (
+            event
+            in (
+                "subprocess.Popen",
+                "os.system",
+                "os.exec",
+                "os.posix_spawn",
+                "os.spawn",
+                "os.fork",
+                "os.forkpty",
+            )
+            and not _started_by_triton()
+        ):
             raise PermissionError(f"grading: your file may not start programs ({event})")
 
     sys.addaudithook(hook)
@@ -157,7 +185,8 @@ def describe_error(exc: BaseException, graded_file: str) -> dict:
         frames = learner_frames(c.__traceback__, graded_file) or frames
     where = getattr(root, "drills_where", None) or (frames[-1] if frames else None)
     kind = {OutOfBounds: "out_of_bounds", WriteRace: "write_race", NotFromKernel: "not_from_kernel"}.get(
-        type(root), "exception")
+        type(root), "exception"
+    )
     message = str(root)
     if type(exc).__name__ == "CompilationError":
         kind, message = "compile_error", str(exc)
@@ -208,11 +237,14 @@ class TritonWatch:
                     launch = describe(self, args, kwargs)
                     fn = getattr(self, "fn", None)
                     code = getattr(fn, "__code__", None)
-                    if code is not None and os.path.realpath(code.co_filename) == os.path.realpath(watch.graded_file):
+                    if code is not None and os.path.realpath(code.co_filename) == os.path.realpath(
+                        watch.graded_file
+                    ):
                         launch = type(launch)(watch.module_name, launch.name, launch.grid, launch.constexprs)
                     else:
-                        launch = type(launch)(f"(not your file) {launch.module}", launch.name, launch.grid,
-                                              launch.constexprs)
+                        launch = type(launch)(
+                            f"(not your file) {launch.module}", launch.name, launch.grid, launch.constexprs
+                        )
                     watch.recording.append(launch)
                 if watch.disabled:
                     return None
@@ -262,7 +294,8 @@ class TritonWatch:
             err = OutOfBounds(
                 f"out of bounds {what} of {name} ({distance}): {bad.size} of {p.size} active lanes point "
                 f"outside every tensor the kernel was given"
-                + (f", at {_relative(where[0])}:{where[1]}: {where[2]}" if where else ""))
+                + (f", at {_relative(where[0])}:{where[1]}: {where[2]}" if where else "")
+            )
             err.drills_where = where
             raise err
 
@@ -272,7 +305,9 @@ class TritonWatch:
                 dtype_tt = ptrs.get_element_ty()
                 if dtype_tt.is_floating():
                     dtype_np = interp._get_np_dtype(dtype_tt)
-                    other = interp.TensorHandle(np.full(np.shape(ptrs.data), np.nan, dtype=dtype_np), dtype_tt)
+                    other = interp.TensorHandle(
+                        np.full(np.shape(ptrs.data), np.nan, dtype=dtype_np), dtype_tt
+                    )
             return load(self, ptrs, mask, other, *rest)
 
         def create_masked_store(self, ptrs, value, mask, *rest):
@@ -426,7 +461,9 @@ def _typed_copy(u8_copy, like):
     import torch
 
     n = u8_copy.numel() // like.element_size()
-    return torch.empty(0, dtype=like.dtype, device=u8_copy.device).set_(u8_copy.untyped_storage(), 0, (n,), (1,))
+    return torch.empty(0, dtype=like.dtype, device=u8_copy.device).set_(
+        u8_copy.untyped_storage(), 0, (n,), (1,)
+    )
 
 
 def _count_diff(a, b) -> int:
@@ -442,8 +479,14 @@ def _argument_names(fn, args, kwargs) -> dict:
     import inspect
 
     names = {}
-    kernel = next((c.cell_contents for c in (getattr(fn, "__closure__", None) or ())
-                   if hasattr(c.cell_contents, "arg_names")), None)  # kernel[grid] is a lambda around it
+    kernel = next(
+        (
+            c.cell_contents
+            for c in (getattr(fn, "__closure__", None) or ())
+            if hasattr(c.cell_contents, "arg_names")
+        ),
+        None,
+    )  # kernel[grid] is a lambda around it
     try:
         if kernel is not None:
             bound = dict(zip(kernel.arg_names, args)) | dict(kwargs)
@@ -484,7 +527,8 @@ def run_call(watch: TritonWatch, fn, args, kwargs, options: dict):
             raise WriteRace(
                 "write race: the same call gave different results with the kernel's programs run in "
                 f"reverse order ({where}); programs overwrite memory another program writes, which on a "
-                "GPU, where programs run in any order, gives wrong results")
+                "GPU, where programs run in any order, gives wrong results"
+            )
     if provenance:
         _restore(storages, snap)
         watch.disabled, POISON["value"] = True, DISABLED_POISON
@@ -494,14 +538,16 @@ def run_call(watch: TritonWatch, fn, args, kwargs, options: dict):
             disabled_result = None
         finally:
             watch.disabled, POISON["value"] = False, float("nan")
-        unchanged = _compare_states(storages, after, results, disabled_result, names) is None and \
-            len(_tensors_in(disabled_result)) == len(results)
+        unchanged = _compare_states(storages, after, results, disabled_result, names) is None and len(
+            _tensors_in(disabled_result)
+        ) == len(results)
         _restore(storages, {ptr: a for ptr, a in after.items()})
         if unchanged:
             raise NotFromKernel(
                 "the output did not come from your kernel: with every Triton launch turned into a no-op the "
                 "call returned the same result, so it was computed some other way (torch, or a copy), or your "
-                "kernel writes nothing (no tl.store into the output?)")
+                "kernel writes nothing (no tl.store into the output?)"
+            )
     return result
 
 
@@ -532,15 +578,27 @@ class Server:
         if self.wire.is_plain(obj) or isinstance(obj, BaseException):
             return None
         bound_to = getattr(obj, "__self__", None)
-        if bound_to is not None and not isinstance(bound_to, type(sys)) and callable(obj) and \
-                id(bound_to) in self.objects and getattr(obj, "__name__", None):
+        if (
+            bound_to is not None
+            and not isinstance(bound_to, type(sys))
+            and callable(obj)
+            and id(bound_to) in self.objects
+            and getattr(obj, "__name__", None)
+        ):
             # A method of an object the grader already holds: no handle of its own, called by name.
             return ("M", id(bound_to), obj.__name__)
         key = id(obj)
         self.objects[key] = obj
         self.counts[key] = self.counts.get(key, 0) + 1  # one per handle the grader holds
-        kind = "kernel" if hasattr(obj, "fn") and hasattr(obj, "run") else \
-            "class" if isinstance(obj, type) else "callable" if callable(obj) else "object"
+        kind = (
+            "kernel"
+            if hasattr(obj, "fn") and hasattr(obj, "run")
+            else "class"
+            if isinstance(obj, type)
+            else "callable"
+            if callable(obj)
+            else "object"
+        )
         return ("R", key, kind, type(obj).__name__)
 
     def resolve(self, pid):
@@ -679,6 +737,7 @@ def main(argv=None) -> int:
 
     drills.runtime.select()
     import torch  # noqa: F401
+
     from drills import contract
     from drills.grading import wire  # noqa: F401  (loaded before the learner's file can reach it)
     from drills.tests import launches  # noqa: F401
@@ -702,8 +761,12 @@ def main(argv=None) -> int:
         not_started = contract.not_started_message(module)
     except BaseException:  # noqa: BLE001
         not_started = None
-    server.send(("ready", {"not_started": not_started, "name": module.__name__,
-                           "interpreter": server.watch.interpreter}))
+    server.send(
+        (
+            "ready",
+            {"not_started": not_started, "name": module.__name__, "interpreter": server.watch.interpreter},
+        )
+    )
     server.serve(module)
     return 0
 

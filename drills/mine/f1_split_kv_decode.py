@@ -6,6 +6,7 @@ Grade with `make test L=f1`. Start by deleting the `raise NotImplementedError` l
 
     bytes = 2 (K and V) * sum(context_lens) * Hkv * D * 2 (fp16), plus B * Hq * num_splits * (D + 1) * 4
 """
+
 from __future__ import annotations
 
 import math
@@ -43,7 +44,9 @@ def plan(context_lens, num_kv_heads, page_size, num_sms=None, num_splits=None) -
     Chunks are whole tiles of BLOCK_N tokens, so the plan's num_splits is the nearest count that gives
     every split of the longest sequence at least one token (never more than asked for).
     """
-    raise NotImplementedError("f1 is not started: fill in plan() and the kernels in drills/mine/f1_split_kv_decode.py, then delete this line (read drills/content/f1_split_kv_decode.md)")
+    raise NotImplementedError(
+        "f1 is not started: fill in plan() and the kernels in drills/mine/f1_split_kv_decode.py, then delete this line (read drills/content/f1_split_kv_decode.md)"
+    )
     lens = validate.decode_plan_args(context_lens, num_kv_heads, page_size, num_sms, num_splits)  # noqa: F841 [B] ints >= 1
     # TODO(section 4 "Planning"): when num_splits is None, split only when B * Hkv programs cannot fill
     # num_sms SMs (about 4 programs per SM), with chunks of at least MIN_CHUNK tokens; clamp to the number of
@@ -64,11 +67,19 @@ def split_kv_kernel(
     lse_ptr,  # [B, Hq] or [B, Hq, SPLITS] fp32, natural log
     qk_scale,  # softmax scale * log2(e)
     chunk,  # tokens per split
-    stride_qb, stride_qh,
-    stride_kb, stride_kt, stride_kh,
-    stride_vb, stride_vt, stride_vh,
-    stride_ob, stride_oh, stride_os,
-    stride_lb, stride_lh,
+    stride_qb,
+    stride_qh,
+    stride_kb,
+    stride_kt,
+    stride_kh,
+    stride_vb,
+    stride_vt,
+    stride_vh,
+    stride_ob,
+    stride_oh,
+    stride_os,
+    stride_lb,
+    stride_lh,
     stride_bt,
     GROUP: tl.constexpr,
     GROUP_PAD: tl.constexpr,
@@ -97,10 +108,15 @@ def merge_splits_kernel(
     out_ptr,  # [B, Hq, D]
     lse_ptr,  # [B, Hq] fp32 (written when WRITE_LSE)
     num_splits,
-    stride_pb, stride_ph, stride_ps,
-    stride_lb, stride_lh,
-    stride_ob, stride_oh,
-    stride_fb, stride_fh,
+    stride_pb,
+    stride_ph,
+    stride_ps,
+    stride_lb,
+    stride_lh,
+    stride_ob,
+    stride_oh,
+    stride_fb,
+    stride_fh,
     D: tl.constexpr,
     BLOCK_S: tl.constexpr,
     WRITE_LSE: tl.constexpr,
@@ -113,7 +129,12 @@ def merge_splits_kernel(
 
 @triton.jit
 def merge_states_kernel(
-    o_a_ptr, lse_a_ptr, o_b_ptr, lse_b_ptr, o_ptr, lse_ptr,  # o [R, D], lse [R], all contiguous
+    o_a_ptr,
+    lse_a_ptr,
+    o_b_ptr,
+    lse_b_ptr,
+    o_ptr,
+    lse_ptr,  # o [R, D], lse [R], all contiguous
     R,
     D: tl.constexpr,
     BLOCK_R: tl.constexpr,
@@ -131,7 +152,9 @@ def merge_states(o_a, lse_a, o_b, lse_b):
     Any of the four may be a strided view: the kernel reads contiguous copies.
     Returns (o [..., D] in o_a's dtype, lse [...] float32).
     """
-    raise NotImplementedError("f1 is not started: fill in plan() and the kernels in drills/mine/f1_split_kv_decode.py, then delete this line (read drills/content/f1_split_kv_decode.md)")
+    raise NotImplementedError(
+        "f1 is not started: fill in plan() and the kernels in drills/mine/f1_split_kv_decode.py, then delete this line (read drills/content/f1_split_kv_decode.md)"
+    )
     for name, t in (("o_a", o_a), ("lse_a", lse_a), ("o_b", o_b), ("lse_b", lse_b)):
         validate.tensor(name, t)
     validate.tensor("o_a", o_a, dtypes=(torch.float16, torch.bfloat16, torch.float32))
@@ -143,7 +166,9 @@ def merge_states(o_a, lse_a, o_b, lse_b):
         raise ValueError(f"o_b shape {tuple(o_b.shape)} must equal o_a shape {tuple(o_a.shape)}")
     for name, t in (("lse_a", lse_a), ("lse_b", lse_b)):
         if t.shape != o_a.shape[:-1]:
-            raise ValueError(f"{name} must have shape {tuple(o_a.shape[:-1])} (o_a without its last dim), got {tuple(t.shape)}")
+            raise ValueError(
+                f"{name} must have shape {tuple(o_a.shape[:-1])} (o_a without its last dim), got {tuple(t.shape)}"
+            )
     D = o_a.shape[-1]
     if not (validate.is_pow2(D) and D <= 256):
         raise ValueError(f"head dim D = {D} (o_a.shape[-1]) must be a power of two up to 256")
@@ -165,45 +190,100 @@ def _launch(q, k_cache, v_cache, block_tables, context_lens, scale, decode_plan,
     splits = decode_plan.num_splits
     # Measured on an H200 against 16/64/128/256-token tiles and 2-8 warps: one 16-token tile with 2
     # warps and 5 loads in flight is fastest at every batch size once the grid is full (as in L2).
-    common = dict(GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), PAGE=PAGE, D=D,
-                  BLOCK_N=BLOCK_N, num_warps=2, num_stages=5)
-    kv_args = (k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-               v_cache.stride(0), v_cache.stride(1), v_cache.stride(2))
+    common = dict(
+        GROUP=group,
+        GROUP_PAD=max(16, triton.next_power_of_2(group)),
+        PAGE=PAGE,
+        D=D,
+        BLOCK_N=BLOCK_N,
+        num_warps=2,
+        num_stages=5,
+    )
+    kv_args = (
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+    )
     if splits == 1:  # nothing to merge: write the final output directly
         lse_arg = lse if lse is not None else out  # unused pointer when WRITE_LSE is False
         split_kv_kernel[(B, Hkv, 1)](
-            q, k_cache, v_cache, block_tables, context_lens, out, lse_arg,
-            scale * LOG2E, decode_plan.chunk,
-            q.stride(0), q.stride(1), *kv_args,
-            out.stride(0), out.stride(1), 0,
-            lse.stride(0) if lse is not None else 0, lse.stride(1) if lse is not None else 0,
+            q,
+            k_cache,
+            v_cache,
+            block_tables,
+            context_lens,
+            out,
+            lse_arg,
+            scale * LOG2E,
+            decode_plan.chunk,
+            q.stride(0),
+            q.stride(1),
+            *kv_args,
+            out.stride(0),
+            out.stride(1),
+            0,
+            lse.stride(0) if lse is not None else 0,
+            lse.stride(1) if lse is not None else 0,
             block_tables.stride(0),
-            WRITE_LSE=lse is not None, **common)
+            WRITE_LSE=lse is not None,
+            **common,
+        )
         return out
     o_part = torch.empty(B, Hq, splits, D, dtype=torch.float32, device=q.device)  # [B, Hq, S, D]
     lse_part = torch.empty(B, Hq, splits, dtype=torch.float32, device=q.device)  # [B, Hq, S]
     split_kv_kernel[(B, Hkv, splits)](
-        q, k_cache, v_cache, block_tables, context_lens, o_part, lse_part,
-        scale * LOG2E, decode_plan.chunk,
-        q.stride(0), q.stride(1), *kv_args,
-        o_part.stride(0), o_part.stride(1), o_part.stride(2),
-        lse_part.stride(0), lse_part.stride(1),
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        context_lens,
+        o_part,
+        lse_part,
+        scale * LOG2E,
+        decode_plan.chunk,
+        q.stride(0),
+        q.stride(1),
+        *kv_args,
+        o_part.stride(0),
+        o_part.stride(1),
+        o_part.stride(2),
+        lse_part.stride(0),
+        lse_part.stride(1),
         block_tables.stride(0),
-        WRITE_LSE=True, **common)
+        WRITE_LSE=True,
+        **common,
+    )
     lse_arg = lse if lse is not None else lse_part
     merge_splits_kernel[(B, Hq)](
-        o_part, lse_part, out, lse_arg, splits,
-        o_part.stride(0), o_part.stride(1), o_part.stride(2),
-        lse_part.stride(0), lse_part.stride(1),
-        out.stride(0), out.stride(1),
-        lse.stride(0) if lse is not None else 0, lse.stride(1) if lse is not None else 0,
+        o_part,
+        lse_part,
+        out,
+        lse_arg,
+        splits,
+        o_part.stride(0),
+        o_part.stride(1),
+        o_part.stride(2),
+        lse_part.stride(0),
+        lse_part.stride(1),
+        out.stride(0),
+        out.stride(1),
+        lse.stride(0) if lse is not None else 0,
+        lse.stride(1) if lse is not None else 0,
         # Up to 64 splits per step: the merge has only B * Hq programs, so fewer, wider loads win.
-        D=D, BLOCK_S=min(64, max(16, triton.next_power_of_2(splits))), WRITE_LSE=lse is not None, num_warps=4)
+        D=D,
+        BLOCK_S=min(64, max(16, triton.next_power_of_2(splits))),
+        WRITE_LSE=lse is not None,
+        num_warps=4,
+    )
     return out
 
 
-def split_kv_decode(q, k_cache, v_cache, block_tables, context_lens, scale=None, plan=None, out=None,
-                    return_lse=False):
+def split_kv_decode(
+    q, k_cache, v_cache, block_tables, context_lens, scale=None, plan=None, out=None, return_lse=False
+):
     """Paged decode attention with split-KV: L2's inputs and result, fast at any batch size.
 
     q             [B, Hq, D], float16 or bfloat16 (a strided view is fine)
@@ -219,9 +299,12 @@ def split_kv_decode(q, k_cache, v_cache, block_tables, context_lens, scale=None,
 
     Returns out, or (out, lse).
     """
-    raise NotImplementedError("f1 is not started: fill in plan() and the kernels in drills/mine/f1_split_kv_decode.py, then delete this line (read drills/content/f1_split_kv_decode.md)")
+    raise NotImplementedError(
+        "f1 is not started: fill in plan() and the kernels in drills/mine/f1_split_kv_decode.py, then delete this line (read drills/content/f1_split_kv_decode.md)"
+    )
     B, Hq, Hkv, D, PAGE = validate.paged_decode_inputs(
-        q, k_cache, v_cache, block_tables, context_lens, scale, out, min_page=1, max_page=128)
+        q, k_cache, v_cache, block_tables, context_lens, scale, out, min_page=1, max_page=128
+    )
     if plan is None:
         plan = _make_plan(context_lens, Hkv, PAGE)
     elif not isinstance(plan, DecodePlan):
@@ -230,11 +313,15 @@ def split_kv_decode(q, k_cache, v_cache, block_tables, context_lens, scale=None,
         for field in ("num_splits", "chunk", "max_len"):
             validate.positive_int(f"plan.{field}", getattr(plan, field))
         if plan.chunk % BLOCK_N or plan.num_splits * plan.chunk < plan.max_len:
-            raise ValueError(f"plan.chunk = {plan.chunk} must be a multiple of BLOCK_N = {BLOCK_N}, and "
-                             f"plan.num_splits = {plan.num_splits} chunks must cover plan.max_len = {plan.max_len}")
+            raise ValueError(
+                f"plan.chunk = {plan.chunk} must be a multiple of BLOCK_N = {BLOCK_N}, and "
+                f"plan.num_splits = {plan.num_splits} chunks must cover plan.max_len = {plan.max_len}"
+            )
         if plan.max_len < int(context_lens.max()):
-            raise ValueError(f"plan covers contexts up to {plan.max_len} tokens, but context_lens holds "
-                             f"{int(context_lens.max())}: make a new plan for this batch")
+            raise ValueError(
+                f"plan covers contexts up to {plan.max_len} tokens, but context_lens holds "
+                f"{int(context_lens.max())}: make a new plan for this batch"
+            )
     if scale is None:
         scale = 1.0 / math.sqrt(D)
     if out is None:

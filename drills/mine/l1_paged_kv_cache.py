@@ -7,6 +7,7 @@ first: every TODO names the section that teaches it. Grade with `make test L=l1`
 
     bytes = 2 (K and V) * N * Hkv * D * elt read + the same written   # N=32768, Hkv=8, D=128, fp16: 268 MB
 """
+
 from __future__ import annotations
 
 import math
@@ -30,7 +31,9 @@ class BlockAllocator:
     """
 
     def __init__(self, num_blocks):
-        raise NotImplementedError("l1 is not started: fill in BlockAllocator in drills/mine/l1_paged_kv_cache.py, then delete this line (read drills/content/l1_paged_kv_cache.md)")
+        raise NotImplementedError(
+            "l1 is not started: fill in BlockAllocator in drills/mine/l1_paged_kv_cache.py, then delete this line (read drills/content/l1_paged_kv_cache.md)"
+        )
         # TODO(section 3.1 "The allocator"): reject a num_blocks that is not a positive int (ValueError);
         # keep num_blocks, a free list that hands out 0, 1, 2, ... first (collections.deque), and the set
         # of blocks now allocated (free() needs it to recognise a double free).
@@ -67,7 +70,9 @@ class BlockTable:
     """
 
     def __init__(self, allocator, block_size):
-        raise NotImplementedError("l1 is not started: fill in BlockTable in drills/mine/l1_paged_kv_cache.py, then delete this line (read drills/content/l1_paged_kv_cache.md)")
+        raise NotImplementedError(
+            "l1 is not started: fill in BlockTable in drills/mine/l1_paged_kv_cache.py, then delete this line (read drills/content/l1_paged_kv_cache.md)"
+        )
         # TODO(section 3.2 "The block table"): reject a block_size that is not a positive int
         # (ValueError); keep the allocator, block_size, num_tokens = 0 and an empty list of blocks.
 
@@ -120,7 +125,9 @@ def waste_contiguous(lengths, reserved):
     A request longer than its reservation raises ValueError: a contiguous cache must reallocate
     and copy it.
     """
-    raise NotImplementedError("l1 is not started: fill in waste_contiguous in drills/mine/l1_paged_kv_cache.py, then delete this line (read drills/content/l1_paged_kv_cache.md)")
+    raise NotImplementedError(
+        "l1 is not started: fill in waste_contiguous in drills/mine/l1_paged_kv_cache.py, then delete this line (read drills/content/l1_paged_kv_cache.md)"
+    )
     lengths = _check_lengths(lengths)
     # TODO(section 2.1 "Contiguous vs paged"): ValueError for a reserved that is not a positive int, and
     # for a request longer than its reservation (name lengths[i] and say it must be reallocated). Then
@@ -136,7 +143,9 @@ def waste_paged(lengths, block_size):
     Returns (allocated, wasted, wasted / allocated): (16, 6, 0.375) for the example. Only the last
     block of each request can be partly empty.
     """
-    raise NotImplementedError("l1 is not started: fill in waste_paged in drills/mine/l1_paged_kv_cache.py, then delete this line (read drills/content/l1_paged_kv_cache.md)")
+    raise NotImplementedError(
+        "l1 is not started: fill in waste_paged in drills/mine/l1_paged_kv_cache.py, then delete this line (read drills/content/l1_paged_kv_cache.md)"
+    )
     lengths = _check_lengths(lengths)
     # TODO(section 2.1 "Contiguous vs paged"): ValueError for a block_size that is not a positive int.
     # Each request holds whole blocks; return (allocated, wasted, wasted / allocated), 0.0 when empty.
@@ -150,9 +159,13 @@ def store_kvcache_kernel(
     k_cache_ptr,  # [num_blocks, PAGE, Hkv, D]
     v_cache_ptr,  # [num_blocks, PAGE, Hkv, D], k_cache's strides
     slot_mapping_ptr,  # [N] int64, -1 for a padding row
-    stride_kn, stride_kh,
-    stride_vn, stride_vh,
-    stride_cb, stride_ct, stride_ch,
+    stride_kn,
+    stride_kh,
+    stride_vn,
+    stride_vh,
+    stride_cb,
+    stride_ct,
+    stride_ch,
     PAGE: tl.constexpr,
     Hkv: tl.constexpr,
     D: tl.constexpr,
@@ -180,8 +193,10 @@ def _check_caches_apart(k_cache, v_cache):
     reach = 0  # the largest offset the dimensions seen so far reach
     for s, n in dims:
         if s <= reach:  # two different index tuples can land on one element
-            raise ValueError(f"k_cache and v_cache have strides {tuple(k_cache.stride())} for shape "
-                             f"{tuple(k_cache.shape)}: two slots would share memory (an expand()ed cache?)")
+            raise ValueError(
+                f"k_cache and v_cache have strides {tuple(k_cache.stride())} for shape "
+                f"{tuple(k_cache.shape)}: two slots would share memory (an expand()ed cache?)"
+            )
         reach += (n - 1) * s
     elt = k_cache.element_size()
     d, misaligned = divmod(v_cache.data_ptr() - k_cache.data_ptr(), elt)
@@ -193,12 +208,17 @@ def _check_caches_apart(k_cache, v_cache):
         rests = [d]
         for s, n in reversed(dims):
             reach -= (n - 1) * s  # what the smaller strides reach
-            rests = [r - c * s for r in rests
-                     for c in range(max(1 - n, -((reach - r) // s)), min(n - 1, (r + reach) // s) + 1)]
+            rests = [
+                r - c * s
+                for r in rests
+                for c in range(max(1 - n, -((reach - r) // s)), min(n - 1, (r + reach) // s) + 1)
+            ]
         shared = 0 in rests
     if shared:
-        raise ValueError("v_cache shares memory with k_cache (the same tensor, or overlapping views of one "
-                         "buffer): the V store would overwrite K")
+        raise ValueError(
+            "v_cache shares memory with k_cache (the same tensor, or overlapping views of one "
+            "buffer): the V store would overwrite K"
+        )
 
 
 def _check_inputs(key, value, k_cache, v_cache, slot_mapping):
@@ -214,33 +234,45 @@ def _check_inputs(key, value, k_cache, v_cache, slot_mapping):
     if value.shape != key.shape:
         raise ValueError(f"value shape {tuple(value.shape)} must equal key shape {tuple(key.shape)}")
     if tuple(k_cache.shape[2:]) != (Hkv, D):
-        raise ValueError(f"k_cache is [num_blocks, PAGE, Hkv, D] = {tuple(k_cache.shape)}, but key has "
-                         f"Hkv = {Hkv}, D = {D}")
+        raise ValueError(
+            f"k_cache is [num_blocks, PAGE, Hkv, D] = {tuple(k_cache.shape)}, but key has "
+            f"Hkv = {Hkv}, D = {D}"
+        )
     if v_cache.shape != k_cache.shape or v_cache.stride() != k_cache.stride():
-        raise ValueError(f"v_cache (shape {tuple(v_cache.shape)}, strides {v_cache.stride()}) must have "
-                         f"k_cache's shape {tuple(k_cache.shape)} and strides {k_cache.stride()}")
+        raise ValueError(
+            f"v_cache (shape {tuple(v_cache.shape)}, strides {v_cache.stride()}) must have "
+            f"k_cache's shape {tuple(k_cache.shape)} and strides {k_cache.stride()}"
+        )
     validate.last_dim_contiguous(key=key, value=value, k_cache=k_cache, v_cache=v_cache)
     _check_caches_apart(k_cache, v_cache)
     if slot_mapping.shape[0] != N:
-        raise ValueError(f"slot_mapping must have one entry per key row, N = {N}, got {slot_mapping.shape[0]}")
+        raise ValueError(
+            f"slot_mapping must have one entry per key row, N = {N}, got {slot_mapping.shape[0]}"
+        )
     if N > 1 and slot_mapping.stride(0) != 1:  # the kernel reads entry i at slot_mapping_ptr + i
-        raise ValueError(f"slot_mapping must be contiguous, got stride {slot_mapping.stride(0)} (a view such as "
-                         "wide[::2]?): pass slot_mapping.contiguous()")
+        raise ValueError(
+            f"slot_mapping must be contiguous, got stride {slot_mapping.stride(0)} (a view such as "
+            "wide[::2]?): pass slot_mapping.contiguous()"
+        )
 
     # Value checks cost a host sync; the benchmark times _launch without them.
     num_slots = num_blocks * PAGE
     bad = ((slot_mapping < -1) | (slot_mapping >= num_slots)).nonzero()
     if len(bad):
         i = int(bad[0])
-        raise ValueError(f"slot_mapping[{i}] = {int(slot_mapping[i])} is outside [-1, num_blocks * PAGE = "
-                         f"{num_slots}) (-1 marks a padding row)")
+        raise ValueError(
+            f"slot_mapping[{i}] = {int(slot_mapping[i])} is outside [-1, num_blocks * PAGE = "
+            f"{num_slots}) (-1 marks a padding row)"
+        )
     real = slot_mapping[slot_mapping >= 0].sort().values
     repeated = real[1:][real[1:] == real[:-1]]
     if len(repeated):
         s = int(repeated[0])
         rows = (slot_mapping == s).nonzero().flatten()[:2].tolist()
-        raise ValueError(f"slot_mapping holds slot {s} twice (rows {rows[0]} and {rows[1]}): two tokens "
-                         "would race to write one slot")
+        raise ValueError(
+            f"slot_mapping holds slot {s} twice (rows {rows[0]} and {rows[1]}): two tokens "
+            "would race to write one slot"
+        )
 
 
 def _launch(key, value, k_cache, v_cache, slot_mapping):
@@ -249,10 +281,18 @@ def _launch(key, value, k_cache, v_cache, slot_mapping):
     if N == 0:
         return
     store_kvcache_kernel[(N,)](
-        key, value, k_cache, v_cache, slot_mapping,
-        key.stride(0), key.stride(1),
-        value.stride(0), value.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        key,
+        value,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        key.stride(0),
+        key.stride(1),
+        value.stride(0),
+        value.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
         PAGE=k_cache.shape[1],
         Hkv=Hkv,
         D=D,
@@ -277,6 +317,8 @@ def store_kvcache(key, value, k_cache, v_cache, slot_mapping):
 
     Returns None; k_cache and v_cache are updated.
     """
-    raise NotImplementedError("l1 is not started: fill in store_kvcache_kernel in drills/mine/l1_paged_kv_cache.py, then delete this line (read drills/content/l1_paged_kv_cache.md)")
+    raise NotImplementedError(
+        "l1 is not started: fill in store_kvcache_kernel in drills/mine/l1_paged_kv_cache.py, then delete this line (read drills/content/l1_paged_kv_cache.md)"
+    )
     _check_inputs(key, value, k_cache, v_cache, slot_mapping)
     _launch(key, value, k_cache, v_cache, slot_mapping)

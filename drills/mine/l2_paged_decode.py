@@ -6,6 +6,7 @@ Grade with `make test L=l2`. Start by deleting the `raise NotImplementedError` l
 
     bytes = 2 (K and V) * sum(context_lens) * Hkv * D * 2 (fp16)   # B=64, ctx=1024: 268 MB
 """
+
 from __future__ import annotations
 
 import math
@@ -26,10 +27,16 @@ def paged_decode_kernel(
     block_tables_ptr,  # [B, max_pages] int32
     context_lens_ptr,  # [B] int32
     scale,
-    stride_qb, stride_qh,
-    stride_kb, stride_kt, stride_kh,
-    stride_vb, stride_vt, stride_vh,
-    stride_ob, stride_oh,
+    stride_qb,
+    stride_qh,
+    stride_kb,
+    stride_kt,
+    stride_kh,
+    stride_vb,
+    stride_vt,
+    stride_vh,
+    stride_ob,
+    stride_oh,
     stride_bt,
     GROUP: tl.constexpr,  # query heads per KV head, Hq // Hkv
     GROUP_PAD: tl.constexpr,  # max(16, next_pow2(GROUP)): tl.dot needs >= 16 rows
@@ -63,12 +70,23 @@ def _launch(q, k_cache, v_cache, block_tables, context_lens, scale, out):
     _, PAGE, Hkv, _ = k_cache.shape
     group = Hq // Hkv
     paged_decode_kernel[(B, Hkv)](
-        q, k_cache, v_cache, out, block_tables, context_lens,
+        q,
+        k_cache,
+        v_cache,
+        out,
+        block_tables,
+        context_lens,
         scale,
-        q.stride(0), q.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        out.stride(0), out.stride(1),
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        out.stride(0),
+        out.stride(1),
         block_tables.stride(0),
         GROUP=group,
         GROUP_PAD=max(16, triton.next_power_of_2(group)),
@@ -100,7 +118,9 @@ def paged_decode(q, k_cache, v_cache, block_tables, context_lens, scale=None, ou
 
     Query head h attends with KV head h // (Hq // Hkv). Returns out [B, Hq, D].
     """
-    raise NotImplementedError("l2 is not started: fill in paged_decode_kernel in drills/mine/l2_paged_decode.py, then delete this line (read drills/content/l2_paged_decode.md)")
+    raise NotImplementedError(
+        "l2 is not started: fill in paged_decode_kernel in drills/mine/l2_paged_decode.py, then delete this line (read drills/content/l2_paged_decode.md)"
+    )
     validate.paged_decode_inputs(q, k_cache, v_cache, block_tables, context_lens, scale, out)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])

@@ -10,6 +10,7 @@ names the section that teaches it. Grade with `make test L=l3`. Start by deletin
 The public methods and their docstrings are the contract (`make contract` checks the class's); the
 private helpers at the bottom are a suggestion: keep, change or drop them.
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -26,8 +27,9 @@ def _check_seq_id(seq_id):
     try:
         hash(seq_id)
     except TypeError:
-        raise TypeError(f"seq_id must be hashable (a str, an int, a tuple), got {type(seq_id).__name__} "
-                        f"{seq_id!r}") from None
+        raise TypeError(
+            f"seq_id must be hashable (a str, an int, a tuple), got {type(seq_id).__name__} {seq_id!r}"
+        ) from None
     return seq_id
 
 
@@ -52,7 +54,9 @@ class BlockManager:
     """
 
     def __init__(self, num_blocks, block_size, hash_fn=None):
-        raise NotImplementedError("l3 is not started: fill in BlockManager in drills/mine/l3_prefix_cache.py, then delete this line (read drills/content/l3_prefix_cache.md)")
+        raise NotImplementedError(
+            "l3 is not started: fill in BlockManager in drills/mine/l3_prefix_cache.py, then delete this line (read drills/content/l3_prefix_cache.md)"
+        )
         # TODO(section 3.1 "The state"): check num_blocks and block_size (ints >= 1: TypeError or
         # ValueError naming the argument) and hash_fn (None or callable); keep hash_fn, or _chain_hash.
         # Per block: ref count, the token ids it holds, the block before it, its key once full.

@@ -6,6 +6,7 @@ Grade with `make test L=t1`. Start by deleting the `raise NotImplementedError` l
 
     bytes = 3 * n * element_size   # n = 2**28 fp16: 3 * 268,435,456 * 2 = 1.61 GB, >= 335 us at 4.8 TB/s
 """
+
 from __future__ import annotations
 
 import torch
@@ -58,7 +59,9 @@ def vector_add(x, y, out=None):
 
     Returns out [n].
     """
-    raise NotImplementedError("t1 is not started: fill in vector_add_kernel and the grid in drills/mine/t1_vector_add.py, then delete this line (read drills/content/t1_vector_add.md)")
+    raise NotImplementedError(
+        "t1 is not started: fill in vector_add_kernel and the grid in drills/mine/t1_vector_add.py, then delete this line (read drills/content/t1_vector_add.md)"
+    )
     validate.tensor("x", x, 1, DTYPES)
     validate.tensor("y", y, 1, (x.dtype,))
     named = dict(x=x, y=y)
@@ -76,8 +79,10 @@ def vector_add(x, y, out=None):
             # would make a program read elements that another program has already overwritten.
             gap = abs(out.data_ptr() - named[name].data_ptr())
             if 0 < gap < out.numel() * out.element_size():
-                raise ValueError(f"out partly overlaps {name}: it may be {name} itself or separate memory, "
-                                 f"not a shifted view of it")
+                raise ValueError(
+                    f"out partly overlaps {name}: it may be {name} itself or separate memory, "
+                    f"not a shifted view of it"
+                )
     if out is None:
         out = torch.empty_like(x)
     if x.numel() == 0:

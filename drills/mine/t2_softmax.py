@@ -8,6 +8,7 @@ the `raise NotImplementedError` line in softmax.
 
 A row that is -inf everywhere has no distribution; like torch.softmax, its output must be NaN.
 """
+
 from __future__ import annotations
 
 import torch
@@ -62,8 +63,14 @@ def _launch(x, out, BLOCK=None, num_warps=None):
         # More threads for longer rows, so each thread holds at most 32 columns.
         num_warps = 4 if BLOCK <= 2048 else 8 if BLOCK <= 8192 else 16
     softmax_kernel[(M,)](
-        x, out, x.stride(0), out.stride(0), N,
-        BLOCK=BLOCK, ONE_BLOCK=N <= BLOCK, num_warps=num_warps,
+        x,
+        out,
+        x.stride(0),
+        out.stride(0),
+        N,
+        BLOCK=BLOCK,
+        ONE_BLOCK=N <= BLOCK,
+        num_warps=num_warps,
     )
     return out
 
@@ -77,7 +84,9 @@ def softmax(x, out=None):
 
     A row of x that is -inf everywhere gives a row of NaN, as torch.softmax does. Returns out [M, N].
     """
-    raise NotImplementedError("t2 is not started: fill in softmax_kernel in drills/mine/t2_softmax.py, then delete this line (read drills/content/t2_softmax.md)")
+    raise NotImplementedError(
+        "t2 is not started: fill in softmax_kernel in drills/mine/t2_softmax.py, then delete this line (read drills/content/t2_softmax.md)"
+    )
     validate.tensor("x", x, 2, DTYPES)
     named = dict(x=x)
     if out is not None:
@@ -90,13 +99,17 @@ def softmax(x, out=None):
         M, N = x.shape
         # One program per row writes its row of out: rows that share memory would be written by two programs.
         if M > 1 and out.stride(0) < N:
-            raise ValueError(f"out's rows overlap: row stride {out.stride(0)} < N = {N} (strides {tuple(out.stride())})")
+            raise ValueError(
+                f"out's rows overlap: row stride {out.stride(0)} < N = {N} (strides {tuple(out.stride())})"
+            )
         # out may be x itself (each program reads its row before writing it), but a shifted view would make
         # a program read a row that another program has already overwritten.
         if (out.data_ptr(), out.stride()) != (x.data_ptr(), x.stride()):
             (x_start, x_end), (out_start, out_end) = _byte_span(x), _byte_span(out)
             if out_start < x_end and x_start < out_end:
-                raise ValueError("out overlaps x's memory: it may be x itself or separate memory, not a shifted view")
+                raise ValueError(
+                    "out overlaps x's memory: it may be x itself or separate memory, not a shifted view"
+                )
     if out is None:
         out = torch.empty_like(x)
     if x.numel() == 0:

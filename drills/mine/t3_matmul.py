@@ -7,6 +7,7 @@ Grade with `make test L=t3`. Start by deleting the `raise NotImplementedError` l
     FLOPs = 2 * M * N * K               # a multiply and an add per term; 4096^3: 137.4 GFLOP
     bytes >= 2 * (M*K + K*N + M*N)      # each matrix read or written once in fp16; 4096^3: 100.7 MB
 """
+
 from __future__ import annotations
 
 import math
@@ -24,10 +25,15 @@ def matmul_kernel(
     a_ptr,  # [M, K], any strides
     b_ptr,  # [K, N], any strides
     c_ptr,  # [M, N], any strides
-    M, N, K,
-    stride_am, stride_ak,
-    stride_bk, stride_bn,
-    stride_cm, stride_cn,
+    M,
+    N,
+    K,
+    stride_am,
+    stride_ak,
+    stride_bk,
+    stride_bn,
+    stride_cm,
+    stride_cn,
     BLOCK_M: tl.constexpr,  # rows of C per program
     BLOCK_N: tl.constexpr,  # columns of C per program
     BLOCK_K: tl.constexpr,  # step of the K loop: >= 16, the K of one fp16 tensor-core instruction
@@ -65,8 +71,10 @@ def _check_config(cfg):
     for key in ("BLOCK_M", "BLOCK_N", "BLOCK_K"):
         value = cfg.get(key)
         if isinstance(value, bool) or not isinstance(value, int) or not validate.is_pow2(value) or value < 16:
-            raise ValueError(f"config {key} = {value!r} must be a power of two >= 16: tl.arange needs a power of "
-                             f"two, and tl.dot a K of at least 16 (section 3.5)")
+            raise ValueError(
+                f"config {key} = {value!r} must be a power of two >= 16: tl.arange needs a power of "
+                f"two, and tl.dot a K of at least 16 (section 3.5)"
+            )
     group = cfg.get("GROUP_M")
     if isinstance(group, bool) or not isinstance(group, int) or group < 1:
         raise ValueError(f"config GROUP_M = {group!r} must be a positive int")
@@ -106,11 +114,18 @@ def _launch(a, b, out, config=None):
     _check_config(cfg)
     grid = (triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"]),)
     matmul_kernel[grid](
-        a, b, out,
-        M, N, K,
-        a.stride(0), a.stride(1),
-        b.stride(0), b.stride(1),
-        out.stride(0), out.stride(1),
+        a,
+        b,
+        out,
+        M,
+        N,
+        K,
+        a.stride(0),
+        a.stride(1),
+        b.stride(0),
+        b.stride(1),
+        out.stride(0),
+        out.stride(1),
         **cfg,
     )
     return out
@@ -126,7 +141,9 @@ def matmul(a, b, out=None):
 
     Returns out [M, N].
     """
-    raise NotImplementedError("t3 is not started: fill in matmul_kernel in drills/mine/t3_matmul.py, then delete this line (read drills/content/t3_matmul.md)")
+    raise NotImplementedError(
+        "t3 is not started: fill in matmul_kernel in drills/mine/t3_matmul.py, then delete this line (read drills/content/t3_matmul.md)"
+    )
     validate.tensor("a", a, 2, (torch.float16, torch.bfloat16))
     validate.tensor("b", b, 2, (a.dtype,))
     named = dict(a=a, b=b)
@@ -146,7 +163,9 @@ def matmul(a, b, out=None):
         # Each element of C is stored by one program: two elements at one address would be stored twice,
         # and C written over A or B would change inputs that other programs have not read yet.
         if _elements_overlap(out):
-            raise ValueError(f"out's elements overlap: strides {tuple(out.stride())} for shape {tuple(out.shape)}")
+            raise ValueError(
+                f"out's elements overlap: strides {tuple(out.stride())} for shape {tuple(out.shape)}"
+            )
         for name in ("a", "b"):
             (t_start, t_end), (out_start, out_end) = _byte_span(named[name]), _byte_span(out)
             if out_start < t_end and t_start < out_end:

@@ -8,6 +8,7 @@ function (softmax_stats, softmax_stats_trace, merge_stats, online_softmax).
     softmax_stats:  M * N * elt bytes read (+ 8 * M written)       # (64, 1_048_576) fp16: 134 MB
     online_softmax: 3 * M * N * elt bytes moved (read, read again, write); floor 2 * M * N * elt
 """
+
 from __future__ import annotations
 
 import torch
@@ -24,7 +25,8 @@ def softmax_stats_kernel(
     l_ptr,  # [splits, M] fp32: sum of exp(x - m) over the split's columns
     trace_m_ptr,  # [M, cdiv(N, BLOCK)] fp32: m after each block; touched only when TRACE
     trace_l_ptr,  # [M, cdiv(N, BLOCK)] fp32: l after each block; touched only when TRACE
-    M, N,
+    M,
+    N,
     cols_per_split,  # a multiple of BLOCK, so splits cut the row between blocks
     stride_xm,
     BLOCK: tl.constexpr,
@@ -48,9 +50,12 @@ def softmax_stats_kernel(
 
 @triton.jit
 def merge_stats_kernel(
-    m_a_ptr, l_a_ptr,  # [n] fp32: state a
-    m_b_ptr, l_b_ptr,  # [n] fp32: state b, over other columns of the same rows
-    m_ptr, l_ptr,  # [n] fp32: the state of both together
+    m_a_ptr,
+    l_a_ptr,  # [n] fp32: state a
+    m_b_ptr,
+    l_b_ptr,  # [n] fp32: state b, over other columns of the same rows
+    m_ptr,
+    l_ptr,  # [n] fp32: the state of both together
     n,
     BLOCK: tl.constexpr,
 ):
@@ -68,7 +73,8 @@ def softmax_normalize_kernel(
     out_ptr,  # [M, N], rows stride_om elements apart
     N,
     cols_per_split,
-    stride_xm, stride_om,
+    stride_xm,
+    stride_om,
     BLOCK: tl.constexpr,
 ):
     # TODO(section 3.5 "Writing p"): the row and this split's columns [lo, hi) as in softmax_stats_kernel;
@@ -96,9 +102,18 @@ def _launch_stats(x, block, splits):
     m_part = torch.empty(splits, M, dtype=torch.float32, device=x.device)  # [splits, M]
     l_part = torch.empty_like(m_part)
     softmax_stats_kernel[(M, splits)](
-        x, m_part, l_part, m_part, l_part,  # no trace: its pointers are never touched
-        M, N, cols_per_split, x.stride(0),
-        BLOCK=block, TRACE=False, num_warps=_warps(block),
+        x,
+        m_part,
+        l_part,
+        m_part,
+        l_part,  # no trace: its pointers are never touched
+        M,
+        N,
+        cols_per_split,
+        x.stride(0),
+        BLOCK=block,
+        TRACE=False,
+        num_warps=_warps(block),
     )
     return m_part, l_part
 
@@ -125,8 +140,16 @@ def _launch_normalize(x, m, l, out, block, splits):
     M, N = x.shape
     block, cols_per_split = _block_and_split(N, block, splits)
     softmax_normalize_kernel[(M, splits)](
-        x, m, l, out, N, cols_per_split, x.stride(0), out.stride(0),
-        BLOCK=block, num_warps=_warps(block),
+        x,
+        m,
+        l,
+        out,
+        N,
+        cols_per_split,
+        x.stride(0),
+        out.stride(0),
+        BLOCK=block,
+        num_warps=_warps(block),
     )
     return out
 
@@ -166,7 +189,9 @@ def softmax_stats(x, block=None, splits=1):
     Returns (m, l), each [M] float32: m = max_j x[i, j], l = sum_j exp(x[i, j] - m) (natural exp), so
     logsumexp = m + log(l). A row whose entries are all -inf gets m = -inf, l = 0 (no NaN).
     """
-    raise NotImplementedError("t4 is not started: fill in the kernels in drills/mine/t4_online_softmax.py, then delete this line (read drills/content/t4_online_softmax.md)")
+    raise NotImplementedError(
+        "t4 is not started: fill in the kernels in drills/mine/t4_online_softmax.py, then delete this line (read drills/content/t4_online_softmax.md)"
+    )
     _check_rows(x, block, splits)
     return _merge_splits(*_launch_stats(x, block, splits))
 
@@ -179,7 +204,9 @@ def softmax_stats_trace(x, block):
 
     Returns (m_trace, l_trace), each [M, cdiv(N, block)] float32; the last column is softmax_stats(x).
     """
-    raise NotImplementedError("t4 is not started: fill in the kernels in drills/mine/t4_online_softmax.py, then delete this line (read drills/content/t4_online_softmax.md)")
+    raise NotImplementedError(
+        "t4 is not started: fill in the kernels in drills/mine/t4_online_softmax.py, then delete this line (read drills/content/t4_online_softmax.md)"
+    )
     _check_rows(x, None, 1)
     _pow2_int("block", block, 65536)
     M, N = x.shape
@@ -189,7 +216,17 @@ def softmax_stats_trace(x, block):
     m = torch.empty(1, M, dtype=torch.float32, device=x.device)  # [1 split, M]
     l = torch.empty_like(m)
     softmax_stats_kernel[(M, 1)](
-        x, m, l, m_trace, l_trace, M, N, steps * block, x.stride(0), BLOCK=block, TRACE=True,
+        x,
+        m,
+        l,
+        m_trace,
+        l_trace,
+        M,
+        N,
+        steps * block,
+        x.stride(0),
+        BLOCK=block,
+        TRACE=True,
     )
     return m_trace, l_trace
 
@@ -204,7 +241,9 @@ def merge_stats(m_a, l_a, m_b, l_b):
 
     Returns (m, l) of a and b together: m = max(m_a, m_b), l = l_a e^(m_a - m) + l_b e^(m_b - m).
     """
-    raise NotImplementedError("t4 is not started: fill in the kernels in drills/mine/t4_online_softmax.py, then delete this line (read drills/content/t4_online_softmax.md)")
+    raise NotImplementedError(
+        "t4 is not started: fill in the kernels in drills/mine/t4_online_softmax.py, then delete this line (read drills/content/t4_online_softmax.md)"
+    )
     named = dict(m_a=m_a, l_a=l_a, m_b=m_b, l_b=l_b)
     for name, t in named.items():
         validate.tensor(name, t, None, (torch.float32,))
@@ -228,7 +267,9 @@ def online_softmax(x, block=None, splits=1, out=None):
     Returns out [M, N] with out[i, j] = exp(x[i, j] - m_i) / l_i. A row of only -inf gets zeros
     (torch.softmax gives NaN there).
     """
-    raise NotImplementedError("t4 is not started: fill in the kernels in drills/mine/t4_online_softmax.py, then delete this line (read drills/content/t4_online_softmax.md)")
+    raise NotImplementedError(
+        "t4 is not started: fill in the kernels in drills/mine/t4_online_softmax.py, then delete this line (read drills/content/t4_online_softmax.md)"
+    )
     _check_rows(x, block, splits)
     if out is None:
         out = torch.empty_like(x)

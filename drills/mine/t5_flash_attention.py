@@ -8,6 +8,7 @@ flash_attention.
     FLOPs = 4 * B * H * Nq * Nk * D     # two matmuls (Q K^T and P V) of 2 * Nq * Nk * D each per head
           (about half of that when causal: key blocks above the diagonal are skipped, not masked)
 """
+
 from __future__ import annotations
 
 import math
@@ -21,14 +22,20 @@ from drills import validate
 
 @triton.jit
 def _attend_kv_block(
-    acc, l_i, m_i,  # running state: [BLOCK_M, D] fp32, [BLOCK_M], [BLOCK_M] (m in base-2 units)
+    acc,
+    l_i,
+    m_i,  # running state: [BLOCK_M, D] fp32, [BLOCK_M], [BLOCK_M] (m in base-2 units)
     q,  # [BLOCK_M, D]
     kt_ptrs,  # [D, BLOCK_N] pointers to K^T for keys 0..BLOCK_N-1 of this head
     v_ptrs,  # [BLOCK_N, D] pointers to V for keys 0..BLOCK_N-1 of this head
-    start_n, offs_m, offs_n,
+    start_n,
+    offs_m,
+    offs_n,
     qk_scale,  # scale * log2(e)
-    Nk, causal_shift,
-    stride_kn, stride_vn,
+    Nk,
+    causal_shift,
+    stride_kn,
+    stride_vn,
     MASKED: tl.constexpr,  # True only on blocks that cross the diagonal or the end of the keys
     CAUSAL: tl.constexpr,
 ):
@@ -55,12 +62,22 @@ def flash_attention_kernel(
     out_ptr,  # [B, H, Nq, D], possibly a strided view
     lse_ptr,  # [B, H, Nq] fp32 (only written when STORE_LSE)
     scale,
-    Nq, Nk,
-    stride_qb, stride_qh, stride_qm,
-    stride_kb, stride_kh, stride_kn,
-    stride_vb, stride_vh, stride_vn,
-    stride_ob, stride_oh, stride_om,
-    stride_lb, stride_lh,
+    Nq,
+    Nk,
+    stride_qb,
+    stride_qh,
+    stride_qm,
+    stride_kb,
+    stride_kh,
+    stride_kn,
+    stride_vb,
+    stride_vh,
+    stride_vn,
+    stride_ob,
+    stride_oh,
+    stride_om,
+    stride_lb,
+    stride_lh,
     H,
     GROUP: tl.constexpr,  # query heads per KV head, H // Hkv
     D: tl.constexpr,
@@ -110,14 +127,28 @@ def _launch(q, k, v, causal, scale, out, lse=None, config=None):
     BLOCK_M, BLOCK_N, num_warps, num_stages = config or _config(D)
     grid = (triton.cdiv(Nq, BLOCK_M), B * H)
     flash_attention_kernel[grid](
-        q, k, v, out, out if lse is None else lse,  # out stands in for lse when none is asked for
+        q,
+        k,
+        v,
+        out,
+        out if lse is None else lse,  # out stands in for lse when none is asked for
         scale,
-        Nq, Nk,
-        q.stride(0), q.stride(1), q.stride(2),
-        k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2),
-        out.stride(0), out.stride(1), out.stride(2),
-        0 if lse is None else lse.stride(0), 0 if lse is None else lse.stride(1),
+        Nq,
+        Nk,
+        q.stride(0),
+        q.stride(1),
+        q.stride(2),
+        k.stride(0),
+        k.stride(1),
+        k.stride(2),
+        v.stride(0),
+        v.stride(1),
+        v.stride(2),
+        out.stride(0),
+        out.stride(1),
+        out.stride(2),
+        0 if lse is None else lse.stride(0),
+        0 if lse is None else lse.stride(1),
         H,
         GROUP=H // Hkv,
         D=D,
@@ -144,7 +175,9 @@ def flash_attention(q, k, v, causal=False, scale=None, return_lse=False):
     Returns out [B, H, Nq, D] in q's dtype, and with return_lse=True also lse [B, H, Nq] fp32, the
     natural-log log-sum-exp of each row's scaled (and masked) scores.
     """
-    raise NotImplementedError("t5 is not started: fill in flash_attention_kernel and _attend_kv_block in drills/mine/t5_flash_attention.py, then delete this line (read drills/content/t5_flash_attention.md)")
+    raise NotImplementedError(
+        "t5 is not started: fill in flash_attention_kernel and _attend_kv_block in drills/mine/t5_flash_attention.py, then delete this line (read drills/content/t5_flash_attention.md)"
+    )
     _check_inputs(q, k, v, causal, scale, return_lse)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
@@ -166,8 +199,10 @@ def _check_inputs(q, k, v, causal, scale, return_lse):
     if k.shape[3] != D:
         raise ValueError(f"k head dim {k.shape[3]} (k.shape[3]) must equal q's head dim {D}")
     if not (validate.is_pow2(D) and 16 <= D <= 256):
-        raise ValueError(f"head dim D = {D} (q.shape[3]) must be a power of two from 16 to 256 "
-                         "(pad with zero columns: they change no score)")
+        raise ValueError(
+            f"head dim D = {D} (q.shape[3]) must be a power of two from 16 to 256 "
+            "(pad with zero columns: they change no score)"
+        )
     Hkv, Nk = k.shape[1], k.shape[2]
     if Hkv < 1 or H % Hkv != 0:
         raise ValueError(f"H = {H} (q.shape[1]) must be a multiple of Hkv = {Hkv} (k.shape[1])")

@@ -19,6 +19,7 @@ kind of quotes) keeps every mutant applying. The rules an author relies on:
 The lexer is a small regex one rather than the `tokenize` module: `old` is a fragment (unbalanced
 brackets, a line cut in the middle), which tokenize rejects since Python 3.12.
 """
+
 from __future__ import annotations
 
 import ast
@@ -79,7 +80,9 @@ def mutate(lesson: Lesson | str, source: str | None = None) -> list[Mutated]:
         except MutantError as exc:
             results.append(Mutated(mutant, None, str(exc)))
         except SyntaxError as exc:
-            results.append(Mutated(mutant, None, f"mutant {mutant.name}: the mutated solution does not parse ({exc})"))
+            results.append(
+                Mutated(mutant, None, f"mutant {mutant.name}: the mutated solution does not parse ({exc})")
+            )
         else:
             results.append(Mutated(mutant, mutated, None))
     return results
@@ -113,7 +116,8 @@ def pitfall_mismatches(stem: str, explainer_text: str) -> list[str]:
 
 # --- The engine: tokens, matching, replacement ------------------------------------------------------
 
-_LEXER = re.compile(r"""
+_LEXER = re.compile(
+    r"""
     (?P<newline>\r?\n)
   | (?P<space>[ \t\f]+)
   | (?P<continuation>\\\r?\n)
@@ -124,7 +128,9 @@ _LEXER = re.compile(r"""
   | (?P<name>[^\W\d]\w*)
   | (?P<op>\*\*=|//=|>>=|<<=|\.\.\.|->|:=|\*\*|//|<<|>>|[<>=!]=|[-+*/%@&|^]=|[-+*/%@&|^~<>()\[\]{},:;.=])
   | (?P<error>.)
-""", re.X | re.S)
+""",
+    re.X | re.S,
+)
 
 _CODE = ("string", "number", "name", "op", "error")
 _OPENERS, _CLOSERS = "([{", ")]}"
@@ -165,9 +171,15 @@ def _code_tokens(text: str) -> list[_Token]:
             continue
         if kind not in _CODE:
             continue
-        tok = _Token(kind, m.group(), m.start(), m.end(), _key(kind, m.group()),
-                     starts_statement=statement_break or bool(tokens and tokens[-1].text == ";"),
-                     first_on_line=line_break)
+        tok = _Token(
+            kind,
+            m.group(),
+            m.start(),
+            m.end(),
+            _key(kind, m.group()),
+            starts_statement=statement_break or bool(tokens and tokens[-1].text == ";"),
+            first_on_line=line_break,
+        )
         line_break = statement_break = False
         if kind == "op" and tok.text in _OPENERS:
             depth += 1
@@ -218,7 +230,7 @@ def _shift(text: str, delta: int, first_line_too: bool) -> str:
         if delta > 0:
             lines[n] = " " * delta + line
         else:
-            lines[n] = line[min(-delta, len(line) - len(line.lstrip(" "))):]
+            lines[n] = line[min(-delta, len(line) - len(line.lstrip(" "))) :]
     return "\n".join(lines)
 
 
@@ -232,9 +244,11 @@ def _apply(mutant: Mutant, source: str) -> str:
     if not want:
         raise MutantError(f"mutant {mutant.name}: its old text holds no code")
     if any(t.kind == "error" for t in want):
-        raise MutantError(f"mutant {mutant.name}: its old text is not whole Python tokens "
-                          f"(an unclosed string?): {mutant.old!r}")
-    old_head, old_tail = mutant.old[:want[0].start], mutant.old[want[-1].end:]
+        raise MutantError(
+            f"mutant {mutant.name}: its old text is not whole Python tokens "
+            f"(an unclosed string?): {mutant.old!r}"
+        )
+    old_head, old_tail = mutant.old[: want[0].start], mutant.old[want[-1].end :]
     anchored_start = old_head != "" and old_head.strip() == ""  # `old` starts with its indentation
     anchored_end = "\n" in old_tail  # `old` ends its line
 
@@ -251,8 +265,10 @@ def _apply(mutant: Mutant, source: str) -> str:
             continue
         matches.append(pairs)
     if len(matches) != 1:
-        raise MutantError(f"mutant {mutant.name}: its old code occurs {len(matches)} times in the solution, "
-                          f"not once: {mutant.old!r}")
+        raise MutantError(
+            f"mutant {mutant.name}: its old code occurs {len(matches)} times in the solution, "
+            f"not once: {mutant.old!r}"
+        )
     pairs = matches[0]
     first, last = have[pairs[0][1]], have[pairs[-1][1]]
     start, end = first.start, last.end

@@ -1,50 +1,107 @@
 """L1 mutants: the pitfalls of explainer section 5, in the allocator, the block table, the waste
 statistics, the kernel and the launcher's checks."""
+
 from drills.mutants import Mutant
 
 MUTANTS = [
-    Mutant("padding_slot_written", "1. a padding row (slot -1) written",
-           "if slot < 0:", "if slot < -1:"),
-    Mutant("slot_int32", "2. slot arithmetic in int32",
-           "slot = tl.load(slot_mapping_ptr + i)", "slot = tl.load(slot_mapping_ptr + i).to(tl.int32)"),
-    Mutant("slot_block_offset_swapped", "3. block and offset swapped in the slot (host side)",
-           "return physical * self.block_size + offset", "return offset * self.block_size + physical"),
-    Mutant("address_block_offset_swapped", "3. block and offset swapped in the address (kernel side)",
-           "dst = block * stride_cb + offset * stride_ct", "dst = offset * stride_cb + block * stride_ct"),
-    Mutant("double_free_accepted", "4. double free accepted",
-           '        if block not in self._allocated:\n'
-           '            raise ValueError(f"block {block} is already free: double free")\n', ""),
-    Mutant("free_list_not_restored", "5. free() forgets the block instead of returning it",
-           "        self._free.append(block)\n", ""),
-    Mutant("last_block_full_off_by_one", "6. last-block-full check off by one",
-           "self.num_tokens == len(self._blocks) * self.block_size",
-           "self.num_tokens == len(self._blocks) * self.block_size - 1"),
-    Mutant("append_not_all_or_nothing", "7. a growth that does not fit leaves blocks half-allocated",
-           "        if needed > self.allocator.num_free:\n", "        if False:\n"),
-    Mutant("blocks_rounded_down", "8. blocks per request rounded down, not up",
-           "math.ceil(n / block_size) for n in lengths", "n // block_size for n in lengths"),
-    Mutant("waste_over_used", "8. waste divided by the tokens used, not the slots allocated",
-           "(allocated - used) / allocated if allocated", "(allocated - used) / used if used"),
-    Mutant("padded_lanes_unmasked", "9. padded heads and features stored",
-           "mask = (offs_h < Hkv)[:, None] & (offs_d < D)[None, :]",
-           "mask = (offs_h < HKV_PAD)[:, None] & (offs_d < D_PAD)[None, :]"),
-    Mutant("padded_lanes_loaded_unmasked", "9. padded heads and features loaded without the mask",
-           "offs_d[None, :], mask=mask)\n    v = tl.load(value_ptr + i * stride_vn + offs_h[:, None] * stride_vh + offs_d[None, :], mask=mask)",
-           "offs_d[None, :])\n    v = tl.load(value_ptr + i * stride_vn + offs_h[:, None] * stride_vh + offs_d[None, :])"),
-    Mutant("slot_range_unchecked", "10. slots past the cache accepted",
-           "bad = ((slot_mapping < -1) | (slot_mapping >= num_slots)).nonzero()",
-           "bad = (slot_mapping < -1).nonzero()"),
-    Mutant("duplicate_slots_accepted", "10. duplicate slots accepted",
-           "    if len(repeated):\n", "    if False:\n"),
-    Mutant("cache_assumed_contiguous", "11. the cache assumed contiguous",
-           "dst = block * stride_cb + offset * stride_ct + offs_h[:, None] * stride_ch + offs_d[None, :]",
-           "dst = slot * Hkv * D + offs_h[:, None] * D + offs_d[None, :]"),
-    Mutant("key_value_rows_assumed_contiguous", "12. key and value rows assumed contiguous",
-           "k = tl.load(key_ptr + i * stride_kn + offs_h[:, None] * stride_kh + offs_d[None, :], mask=mask)\n"
-           "    v = tl.load(value_ptr + i * stride_vn + offs_h[:, None] * stride_vh + offs_d[None, :], mask=mask)",
-           "k = tl.load(key_ptr + i * Hkv * D + offs_h[:, None] * D + offs_d[None, :], mask=mask)\n"
-           "    v = tl.load(value_ptr + i * Hkv * D + offs_h[:, None] * D + offs_d[None, :], mask=mask)"),
-    Mutant("value_read_with_key_strides", "12. value read with key's strides",
-           "v = tl.load(value_ptr + i * stride_vn + offs_h[:, None] * stride_vh",
-           "v = tl.load(value_ptr + i * stride_kn + offs_h[:, None] * stride_kh"),
+    Mutant("padding_slot_written", "1. a padding row (slot -1) written", "if slot < 0:", "if slot < -1:"),
+    Mutant(
+        "slot_int32",
+        "2. slot arithmetic in int32",
+        "slot = tl.load(slot_mapping_ptr + i)",
+        "slot = tl.load(slot_mapping_ptr + i).to(tl.int32)",
+    ),
+    Mutant(
+        "slot_block_offset_swapped",
+        "3. block and offset swapped in the slot (host side)",
+        "return physical * self.block_size + offset",
+        "return offset * self.block_size + physical",
+    ),
+    Mutant(
+        "address_block_offset_swapped",
+        "3. block and offset swapped in the address (kernel side)",
+        "dst = block * stride_cb + offset * stride_ct",
+        "dst = offset * stride_cb + block * stride_ct",
+    ),
+    Mutant(
+        "double_free_accepted",
+        "4. double free accepted",
+        "        if block not in self._allocated:\n"
+        '            raise ValueError(f"block {block} is already free: double free")\n',
+        "",
+    ),
+    Mutant(
+        "free_list_not_restored",
+        "5. free() forgets the block instead of returning it",
+        "        self._free.append(block)\n",
+        "",
+    ),
+    Mutant(
+        "last_block_full_off_by_one",
+        "6. last-block-full check off by one",
+        "self.num_tokens == len(self._blocks) * self.block_size",
+        "self.num_tokens == len(self._blocks) * self.block_size - 1",
+    ),
+    Mutant(
+        "append_not_all_or_nothing",
+        "7. a growth that does not fit leaves blocks half-allocated",
+        "        if needed > self.allocator.num_free:\n",
+        "        if False:\n",
+    ),
+    Mutant(
+        "blocks_rounded_down",
+        "8. blocks per request rounded down, not up",
+        "math.ceil(n / block_size) for n in lengths",
+        "n // block_size for n in lengths",
+    ),
+    Mutant(
+        "waste_over_used",
+        "8. waste divided by the tokens used, not the slots allocated",
+        "(allocated - used) / allocated if allocated",
+        "(allocated - used) / used if used",
+    ),
+    Mutant(
+        "padded_lanes_unmasked",
+        "9. padded heads and features stored",
+        "mask = (offs_h < Hkv)[:, None] & (offs_d < D)[None, :]",
+        "mask = (offs_h < HKV_PAD)[:, None] & (offs_d < D_PAD)[None, :]",
+    ),
+    Mutant(
+        "padded_lanes_loaded_unmasked",
+        "9. padded heads and features loaded without the mask",
+        "offs_d[None, :], mask=mask)\n    v = tl.load(value_ptr + i * stride_vn + offs_h[:, None] * stride_vh + offs_d[None, :], mask=mask)",
+        "offs_d[None, :])\n    v = tl.load(value_ptr + i * stride_vn + offs_h[:, None] * stride_vh + offs_d[None, :])",
+    ),
+    Mutant(
+        "slot_range_unchecked",
+        "10. slots past the cache accepted",
+        "bad = ((slot_mapping < -1) | (slot_mapping >= num_slots)).nonzero()",
+        "bad = (slot_mapping < -1).nonzero()",
+    ),
+    Mutant(
+        "duplicate_slots_accepted",
+        "10. duplicate slots accepted",
+        "    if len(repeated):\n",
+        "    if False:\n",
+    ),
+    Mutant(
+        "cache_assumed_contiguous",
+        "11. the cache assumed contiguous",
+        "dst = block * stride_cb + offset * stride_ct + offs_h[:, None] * stride_ch + offs_d[None, :]",
+        "dst = slot * Hkv * D + offs_h[:, None] * D + offs_d[None, :]",
+    ),
+    Mutant(
+        "key_value_rows_assumed_contiguous",
+        "12. key and value rows assumed contiguous",
+        "k = tl.load(key_ptr + i * stride_kn + offs_h[:, None] * stride_kh + offs_d[None, :], mask=mask)\n"
+        "    v = tl.load(value_ptr + i * stride_vn + offs_h[:, None] * stride_vh + offs_d[None, :], mask=mask)",
+        "k = tl.load(key_ptr + i * Hkv * D + offs_h[:, None] * D + offs_d[None, :], mask=mask)\n"
+        "    v = tl.load(value_ptr + i * Hkv * D + offs_h[:, None] * D + offs_d[None, :], mask=mask)",
+    ),
+    Mutant(
+        "value_read_with_key_strides",
+        "12. value read with key's strides",
+        "v = tl.load(value_ptr + i * stride_vn + offs_h[:, None] * stride_vh",
+        "v = tl.load(value_ptr + i * stride_kn + offs_h[:, None] * stride_kh",
+    ),
 ]

@@ -1,22 +1,56 @@
 """T1 mutants: the launch mistakes of a first kernel (explainer section 5)."""
+
 from drills.mutants import Mutant
 
 MUTANTS = [
-    Mutant("mask_dropped", "1. no mask on the last block",
-           "mask = offs < n  # [BLOCK]", "mask = offs >= 0  # [BLOCK]"),
-    Mutant("store_unmasked", "1. mask on the loads but not on the store",
-           "tl.store(out_ptr + offs, x + y, mask=mask)", "tl.store(out_ptr + offs, x + y)"),
+    Mutant(
+        "mask_dropped",
+        "1. no mask on the last block",
+        "mask = offs < n  # [BLOCK]",
+        "mask = offs >= 0  # [BLOCK]",
+    ),
+    Mutant(
+        "store_unmasked",
+        "1. mask on the loads but not on the store",
+        "tl.store(out_ptr + offs, x + y, mask=mask)",
+        "tl.store(out_ptr + offs, x + y)",
+    ),
     # Reads past the end without writing there: only the grader's out-of-bounds load check sees it.
-    Mutant("loads_unmasked", "1. mask on the store but not on the loads",
-           "x = tl.load(x_ptr + offs, mask=mask)", "x = tl.load(x_ptr + offs)"),
-    Mutant("grid_floor", "2. grid rounded down (n // BLOCK)",
-           "grid = (triton.cdiv(n, BLOCK),)", "grid = (n // BLOCK,)"),
-    Mutant("offsets_missing_block_start", "3. offsets without pid * BLOCK",
-           "offs = pid * BLOCK + tl.arange(0, BLOCK)", "offs = tl.arange(0, BLOCK)"),
-    Mutant("block_start_not_scaled", "3. block start pid instead of pid * BLOCK",
-           "offs = pid * BLOCK + tl.arange(0, BLOCK)", "offs = pid + tl.arange(0, BLOCK)"),
-    Mutant("offsets_int32", "4. program id left int32",
-           "pid = tl.program_id(0).to(tl.int64)", "pid = tl.program_id(0)", gpu_only=True),
-    Mutant("mask_off_by_one", "5. mask off by one (offs <= n)",
-           "mask = offs < n  # [BLOCK]", "mask = offs <= n  # [BLOCK]"),
+    Mutant(
+        "loads_unmasked",
+        "1. mask on the store but not on the loads",
+        "x = tl.load(x_ptr + offs, mask=mask)",
+        "x = tl.load(x_ptr + offs)",
+    ),
+    Mutant(
+        "grid_floor",
+        "2. grid rounded down (n // BLOCK)",
+        "grid = (triton.cdiv(n, BLOCK),)",
+        "grid = (n // BLOCK,)",
+    ),
+    Mutant(
+        "offsets_missing_block_start",
+        "3. offsets without pid * BLOCK",
+        "offs = pid * BLOCK + tl.arange(0, BLOCK)",
+        "offs = tl.arange(0, BLOCK)",
+    ),
+    Mutant(
+        "block_start_not_scaled",
+        "3. block start pid instead of pid * BLOCK",
+        "offs = pid * BLOCK + tl.arange(0, BLOCK)",
+        "offs = pid + tl.arange(0, BLOCK)",
+    ),
+    Mutant(
+        "offsets_int32",
+        "4. program id left int32",
+        "pid = tl.program_id(0).to(tl.int64)",
+        "pid = tl.program_id(0)",
+        gpu_only=True,
+    ),
+    Mutant(
+        "mask_off_by_one",
+        "5. mask off by one (offs <= n)",
+        "mask = offs < n  # [BLOCK]",
+        "mask = offs <= n  # [BLOCK]",
+    ),
 ]

@@ -1,33 +1,77 @@
 """T2 mutants: the mistakes of a first reduction kernel (explainer section 5)."""
+
 from drills.mutants import Mutant
 
 MUTANTS = [
-    Mutant("no_max_subtraction", "1. no max subtraction (exp overflows)",
-           "z = x - tl.max(x, axis=0)", "z = x"),
-    Mutant("no_max_subtraction_long_rows", "1. no max subtraction, on rows longer than one block",
-           "m = tl.max(m_lanes, axis=0)  # scalar", "m = 0.0  # scalar"),
-    Mutant("padding_other_zero", "2. padded columns loaded as 0 instead of -inf",
-           'other=float("-inf")).to(tl.float32)', "other=0.0).to(tl.float32)"),
+    Mutant(
+        "no_max_subtraction", "1. no max subtraction (exp overflows)", "z = x - tl.max(x, axis=0)", "z = x"
+    ),
+    Mutant(
+        "no_max_subtraction_long_rows",
+        "1. no max subtraction, on rows longer than one block",
+        "m = tl.max(m_lanes, axis=0)  # scalar",
+        "m = 0.0  # scalar",
+    ),
+    Mutant(
+        "padding_other_zero",
+        "2. padded columns loaded as 0 instead of -inf",
+        'other=float("-inf")).to(tl.float32)',
+        "other=0.0).to(tl.float32)",
+    ),
     # Masked lanes without `other` are undefined: the grader's interpreter fills them with NaN.
-    Mutant("padding_without_other", "2. padded columns loaded without `other`",
-           ', other=float("-inf")).to(tl.float32)', ").to(tl.float32)"),
-    Mutant("store_unmasked", "2. padded columns stored",
-           "tl.store(out_row + cols, y.to(out_ptr.dtype.element_ty), mask=cols < N)",
-           "tl.store(out_row + cols, y.to(out_ptr.dtype.element_ty))"),
-    Mutant("no_normalisation", "3. no division by the sum",
-           "y = num / tl.sum(num, axis=0)", "y = num"),
-    Mutant("no_normalisation_long_rows", "3. no division by the sum, on rows longer than one block",
-           "p = tl.exp(_load_block(x_row, c, N) - m) / l", "p = tl.exp(_load_block(x_row, c, N) - m)"),
-    Mutant("first_block_only", "4. only the first block of a long row processed",
-           "ONE_BLOCK=N <= BLOCK", "ONE_BLOCK=True"),
-    Mutant("long_row_tail_block_skipped", "4. block count rounded down (N // BLOCK)",
-           "num_blocks = tl.cdiv(N, BLOCK)", "num_blocks = N // BLOCK"),
-    Mutant("row_stride_assumed_n", "5. row stride assumed to be N",
-           "x_row = x_ptr + row * stride_xm", "x_row = x_ptr + row * N"),
-    Mutant("out_uses_x_stride", "5. out addressed with x's row stride",
-           "out_row = out_ptr + row * stride_om", "out_row = out_ptr + row * stride_xm"),
-    Mutant("row_offset_int32", "6. row index left int32",
-           "row = tl.program_id(0).to(tl.int64)", "row = tl.program_id(0)"),
-    Mutant("max_starts_at_zero", "7. running max started at 0 instead of -inf",
-           'm_lanes = tl.full([BLOCK], float("-inf"), dtype=tl.float32)', "m_lanes = tl.zeros([BLOCK], dtype=tl.float32)"),
+    Mutant(
+        "padding_without_other",
+        "2. padded columns loaded without `other`",
+        ', other=float("-inf")).to(tl.float32)',
+        ").to(tl.float32)",
+    ),
+    Mutant(
+        "store_unmasked",
+        "2. padded columns stored",
+        "tl.store(out_row + cols, y.to(out_ptr.dtype.element_ty), mask=cols < N)",
+        "tl.store(out_row + cols, y.to(out_ptr.dtype.element_ty))",
+    ),
+    Mutant("no_normalisation", "3. no division by the sum", "y = num / tl.sum(num, axis=0)", "y = num"),
+    Mutant(
+        "no_normalisation_long_rows",
+        "3. no division by the sum, on rows longer than one block",
+        "p = tl.exp(_load_block(x_row, c, N) - m) / l",
+        "p = tl.exp(_load_block(x_row, c, N) - m)",
+    ),
+    Mutant(
+        "first_block_only",
+        "4. only the first block of a long row processed",
+        "ONE_BLOCK=N <= BLOCK",
+        "ONE_BLOCK=True",
+    ),
+    Mutant(
+        "long_row_tail_block_skipped",
+        "4. block count rounded down (N // BLOCK)",
+        "num_blocks = tl.cdiv(N, BLOCK)",
+        "num_blocks = N // BLOCK",
+    ),
+    Mutant(
+        "row_stride_assumed_n",
+        "5. row stride assumed to be N",
+        "x_row = x_ptr + row * stride_xm",
+        "x_row = x_ptr + row * N",
+    ),
+    Mutant(
+        "out_uses_x_stride",
+        "5. out addressed with x's row stride",
+        "out_row = out_ptr + row * stride_om",
+        "out_row = out_ptr + row * stride_xm",
+    ),
+    Mutant(
+        "row_offset_int32",
+        "6. row index left int32",
+        "row = tl.program_id(0).to(tl.int64)",
+        "row = tl.program_id(0)",
+    ),
+    Mutant(
+        "max_starts_at_zero",
+        "7. running max started at 0 instead of -inf",
+        'm_lanes = tl.full([BLOCK], float("-inf"), dtype=tl.float32)',
+        "m_lanes = tl.zeros([BLOCK], dtype=tl.float32)",
+    ),
 ]

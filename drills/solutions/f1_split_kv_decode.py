@@ -11,6 +11,7 @@ rescale. `plan()` picks the split count on the host, before the step, as FlashIn
 Read top to bottom: the planner, the split kernel, the merge kernels, the launcher.
 Explainer: drills/content/f1_split_kv_decode.md.
 """
+
 from __future__ import annotations
 
 import math
@@ -48,17 +49,25 @@ def plan(context_lens, num_kv_heads, page_size, num_sms=None, num_splits=None) -
     Chunks are whole tiles of BLOCK_N tokens, so the plan's num_splits is the nearest count that gives
     every split of the longest sequence at least one token (never more than asked for).
     """
-    lens = validate.decode_plan_args(context_lens, num_kv_heads, page_size, num_sms, num_splits)  # [B] ints >= 1
+    lens = validate.decode_plan_args(
+        context_lens, num_kv_heads, page_size, num_sms, num_splits
+    )  # [B] ints >= 1
     max_len = max(lens)
     max_tiles = triton.cdiv(max_len, BLOCK_N)
     if num_splits is None:
         if num_sms is None:
-            num_sms = torch.cuda.get_device_properties().multi_processor_count if torch.cuda.is_available() else H200_SMS
+            num_sms = (
+                torch.cuda.get_device_properties().multi_processor_count
+                if torch.cuda.is_available()
+                else H200_SMS
+            )
         # About four resident programs per SM keep enough page loads in flight (measured on an H200:
         # B=64, ctx=1024 is 512 programs and runs best unsplit; B=1 runs best at 8 x 64 programs).
         num_splits = max(1, (4 * num_sms) // (len(lens) * num_kv_heads))
         num_splits = min(num_splits, triton.cdiv(max_len, MIN_CHUNK))  # tiny chunks cost more to merge
-    num_splits = min(num_splits, max_tiles)  # more splits than tiles would leave the longest with empty splits
+    num_splits = min(
+        num_splits, max_tiles
+    )  # more splits than tiles would leave the longest with empty splits
     chunk = triton.cdiv(max_tiles, num_splits) * BLOCK_N
     return DecodePlan(num_splits=triton.cdiv(max_len, chunk), chunk=chunk, max_len=max_len)
 
@@ -77,11 +86,19 @@ def split_kv_kernel(
     lse_ptr,  # [B, Hq] or [B, Hq, SPLITS] fp32, natural log
     qk_scale,  # softmax scale * log2(e)
     chunk,  # tokens per split
-    stride_qb, stride_qh,
-    stride_kb, stride_kt, stride_kh,
-    stride_vb, stride_vt, stride_vh,
-    stride_ob, stride_oh, stride_os,
-    stride_lb, stride_lh,
+    stride_qb,
+    stride_qh,
+    stride_kb,
+    stride_kt,
+    stride_kh,
+    stride_vb,
+    stride_vt,
+    stride_vh,
+    stride_ob,
+    stride_oh,
+    stride_os,
+    stride_lb,
+    stride_lh,
     stride_bt,
     GROUP: tl.constexpr,
     GROUP_PAD: tl.constexpr,
@@ -103,8 +120,11 @@ def split_kv_kernel(
     q_heads = kvh * GROUP + offs_g  # [GROUP_PAD]: contiguous grouping, as in L2
     offs_d = tl.arange(0, D)
     offs_n = tl.arange(0, BLOCK_N)
-    q = tl.load(q_ptr + b * stride_qb + q_heads[:, None] * stride_qh + offs_d[None, :],
-                mask=g_mask[:, None], other=0.0)  # [GROUP_PAD, D]
+    q = tl.load(
+        q_ptr + b * stride_qb + q_heads[:, None] * stride_qh + offs_d[None, :],
+        mask=g_mask[:, None],
+        other=0.0,
+    )  # [GROUP_PAD, D]
 
     m_i = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)  # running max, base-2 units
     l_i = tl.zeros([GROUP_PAD], dtype=tl.float32)
@@ -123,10 +143,12 @@ def split_kv_kernel(
             phys = tl.load(bt_row + tok // PAGE, mask=t_mask, other=0).to(tl.int64)  # [BLOCK_N]
             row = phys * stride_kb + (tok % PAGE) * stride_kt
             vrow = phys * stride_vb + (tok % PAGE) * stride_vt
-        k = tl.load(k_cache_ptr + row[:, None] + kvh * stride_kh + offs_d[None, :],
-                    mask=t_mask[:, None], other=0.0)  # [BLOCK_N, D]
-        v = tl.load(v_cache_ptr + vrow[:, None] + kvh * stride_vh + offs_d[None, :],
-                    mask=t_mask[:, None], other=0.0)  # [BLOCK_N, D]
+        k = tl.load(
+            k_cache_ptr + row[:, None] + kvh * stride_kh + offs_d[None, :], mask=t_mask[:, None], other=0.0
+        )  # [BLOCK_N, D]
+        v = tl.load(
+            v_cache_ptr + vrow[:, None] + kvh * stride_vh + offs_d[None, :], mask=t_mask[:, None], other=0.0
+        )  # [BLOCK_N, D]
         s = tl.dot(q, tl.trans(k)) * qk_scale  # [GROUP_PAD, BLOCK_N], base-2 logits
         s = tl.where(t_mask[None, :], s, float("-inf"))
         # Section 3.3 "Online softmax per split": the first tile of a non-empty split holds a real
@@ -156,10 +178,15 @@ def merge_splits_kernel(
     out_ptr,  # [B, Hq, D]
     lse_ptr,  # [B, Hq] fp32 (written when WRITE_LSE)
     num_splits,
-    stride_pb, stride_ph, stride_ps,
-    stride_lb, stride_lh,
-    stride_ob, stride_oh,
-    stride_fb, stride_fh,
+    stride_pb,
+    stride_ph,
+    stride_ps,
+    stride_lb,
+    stride_lh,
+    stride_ob,
+    stride_oh,
+    stride_fb,
+    stride_fh,
     D: tl.constexpr,
     BLOCK_S: tl.constexpr,
     WRITE_LSE: tl.constexpr,
@@ -174,10 +201,14 @@ def merge_splits_kernel(
     acc = tl.zeros([D], dtype=tl.float32)
     for s0 in range(0, num_splits, BLOCK_S):
         s_mask = s0 + offs_s < num_splits
-        lse = tl.load(lse_part_ptr + b * stride_lb + h * stride_lh + s0 + offs_s, mask=s_mask,
-                      other=float("-inf"))  # [BLOCK_S]
-        o = tl.load(o_part_ptr + b * stride_pb + h * stride_ph + (s0 + offs_s)[:, None] * stride_ps
-                    + offs_d[None, :], mask=s_mask[:, None], other=0.0)  # [BLOCK_S, D]
+        lse = tl.load(
+            lse_part_ptr + b * stride_lb + h * stride_lh + s0 + offs_s, mask=s_mask, other=float("-inf")
+        )  # [BLOCK_S]
+        o = tl.load(
+            o_part_ptr + b * stride_pb + h * stride_ph + (s0 + offs_s)[:, None] * stride_ps + offs_d[None, :],
+            mask=s_mask[:, None],
+            other=0.0,
+        )  # [BLOCK_S, D]
         m_new = tl.maximum(m, tl.max(lse, axis=0))  # split 0 is never empty, so m_new is finite
         alpha = tl.exp(m - m_new)
         w = tl.exp(lse - m_new)  # [BLOCK_S]; empty splits have lse = -inf, weight 0
@@ -191,7 +222,12 @@ def merge_splits_kernel(
 
 @triton.jit
 def merge_states_kernel(
-    o_a_ptr, lse_a_ptr, o_b_ptr, lse_b_ptr, o_ptr, lse_ptr,  # o [R, D], lse [R], all contiguous
+    o_a_ptr,
+    lse_a_ptr,
+    o_b_ptr,
+    lse_b_ptr,
+    o_ptr,
+    lse_ptr,  # o [R, D], lse [R], all contiguous
     R,
     D: tl.constexpr,
     BLOCK_R: tl.constexpr,
@@ -235,7 +271,9 @@ def merge_states(o_a, lse_a, o_b, lse_b):
         raise ValueError(f"o_b shape {tuple(o_b.shape)} must equal o_a shape {tuple(o_a.shape)}")
     for name, t in (("lse_a", lse_a), ("lse_b", lse_b)):
         if t.shape != o_a.shape[:-1]:
-            raise ValueError(f"{name} must have shape {tuple(o_a.shape[:-1])} (o_a without its last dim), got {tuple(t.shape)}")
+            raise ValueError(
+                f"{name} must have shape {tuple(o_a.shape[:-1])} (o_a without its last dim), got {tuple(t.shape)}"
+            )
     D = o_a.shape[-1]
     if not (validate.is_pow2(D) and D <= 256):
         raise ValueError(f"head dim D = {D} (o_a.shape[-1]) must be a power of two up to 256")
@@ -257,45 +295,100 @@ def _launch(q, k_cache, v_cache, block_tables, context_lens, scale, decode_plan,
     splits = decode_plan.num_splits
     # Measured on an H200 against 16/64/128/256-token tiles and 2-8 warps: one 16-token tile with 2
     # warps and 5 loads in flight is fastest at every batch size once the grid is full (as in L2).
-    common = dict(GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), PAGE=PAGE, D=D,
-                  BLOCK_N=BLOCK_N, num_warps=2, num_stages=5)
-    kv_args = (k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-               v_cache.stride(0), v_cache.stride(1), v_cache.stride(2))
+    common = dict(
+        GROUP=group,
+        GROUP_PAD=max(16, triton.next_power_of_2(group)),
+        PAGE=PAGE,
+        D=D,
+        BLOCK_N=BLOCK_N,
+        num_warps=2,
+        num_stages=5,
+    )
+    kv_args = (
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+    )
     if splits == 1:  # nothing to merge: write the final output directly
         lse_arg = lse if lse is not None else out  # unused pointer when WRITE_LSE is False
         split_kv_kernel[(B, Hkv, 1)](
-            q, k_cache, v_cache, block_tables, context_lens, out, lse_arg,
-            scale * LOG2E, decode_plan.chunk,
-            q.stride(0), q.stride(1), *kv_args,
-            out.stride(0), out.stride(1), 0,
-            lse.stride(0) if lse is not None else 0, lse.stride(1) if lse is not None else 0,
+            q,
+            k_cache,
+            v_cache,
+            block_tables,
+            context_lens,
+            out,
+            lse_arg,
+            scale * LOG2E,
+            decode_plan.chunk,
+            q.stride(0),
+            q.stride(1),
+            *kv_args,
+            out.stride(0),
+            out.stride(1),
+            0,
+            lse.stride(0) if lse is not None else 0,
+            lse.stride(1) if lse is not None else 0,
             block_tables.stride(0),
-            WRITE_LSE=lse is not None, **common)
+            WRITE_LSE=lse is not None,
+            **common,
+        )
         return out
     o_part = torch.empty(B, Hq, splits, D, dtype=torch.float32, device=q.device)  # [B, Hq, S, D]
     lse_part = torch.empty(B, Hq, splits, dtype=torch.float32, device=q.device)  # [B, Hq, S]
     split_kv_kernel[(B, Hkv, splits)](
-        q, k_cache, v_cache, block_tables, context_lens, o_part, lse_part,
-        scale * LOG2E, decode_plan.chunk,
-        q.stride(0), q.stride(1), *kv_args,
-        o_part.stride(0), o_part.stride(1), o_part.stride(2),
-        lse_part.stride(0), lse_part.stride(1),
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        context_lens,
+        o_part,
+        lse_part,
+        scale * LOG2E,
+        decode_plan.chunk,
+        q.stride(0),
+        q.stride(1),
+        *kv_args,
+        o_part.stride(0),
+        o_part.stride(1),
+        o_part.stride(2),
+        lse_part.stride(0),
+        lse_part.stride(1),
         block_tables.stride(0),
-        WRITE_LSE=True, **common)
+        WRITE_LSE=True,
+        **common,
+    )
     lse_arg = lse if lse is not None else lse_part
     merge_splits_kernel[(B, Hq)](
-        o_part, lse_part, out, lse_arg, splits,
-        o_part.stride(0), o_part.stride(1), o_part.stride(2),
-        lse_part.stride(0), lse_part.stride(1),
-        out.stride(0), out.stride(1),
-        lse.stride(0) if lse is not None else 0, lse.stride(1) if lse is not None else 0,
+        o_part,
+        lse_part,
+        out,
+        lse_arg,
+        splits,
+        o_part.stride(0),
+        o_part.stride(1),
+        o_part.stride(2),
+        lse_part.stride(0),
+        lse_part.stride(1),
+        out.stride(0),
+        out.stride(1),
+        lse.stride(0) if lse is not None else 0,
+        lse.stride(1) if lse is not None else 0,
         # Up to 64 splits per step: the merge has only B * Hq programs, so fewer, wider loads win.
-        D=D, BLOCK_S=min(64, max(16, triton.next_power_of_2(splits))), WRITE_LSE=lse is not None, num_warps=4)
+        D=D,
+        BLOCK_S=min(64, max(16, triton.next_power_of_2(splits))),
+        WRITE_LSE=lse is not None,
+        num_warps=4,
+    )
     return out
 
 
-def split_kv_decode(q, k_cache, v_cache, block_tables, context_lens, scale=None, plan=None, out=None,
-                    return_lse=False):
+def split_kv_decode(
+    q, k_cache, v_cache, block_tables, context_lens, scale=None, plan=None, out=None, return_lse=False
+):
     """Paged decode attention with split-KV: L2's inputs and result, fast at any batch size.
 
     q             [B, Hq, D], float16 or bfloat16 (a strided view is fine)
@@ -312,7 +405,8 @@ def split_kv_decode(q, k_cache, v_cache, block_tables, context_lens, scale=None,
     Returns out, or (out, lse).
     """
     B, Hq, Hkv, D, PAGE = validate.paged_decode_inputs(
-        q, k_cache, v_cache, block_tables, context_lens, scale, out, min_page=1, max_page=128)
+        q, k_cache, v_cache, block_tables, context_lens, scale, out, min_page=1, max_page=128
+    )
     if plan is None:
         plan = _make_plan(context_lens, Hkv, PAGE)
     elif not isinstance(plan, DecodePlan):
@@ -321,11 +415,15 @@ def split_kv_decode(q, k_cache, v_cache, block_tables, context_lens, scale=None,
         for field in ("num_splits", "chunk", "max_len"):
             validate.positive_int(f"plan.{field}", getattr(plan, field))
         if plan.chunk % BLOCK_N or plan.num_splits * plan.chunk < plan.max_len:
-            raise ValueError(f"plan.chunk = {plan.chunk} must be a multiple of BLOCK_N = {BLOCK_N}, and "
-                             f"plan.num_splits = {plan.num_splits} chunks must cover plan.max_len = {plan.max_len}")
+            raise ValueError(
+                f"plan.chunk = {plan.chunk} must be a multiple of BLOCK_N = {BLOCK_N}, and "
+                f"plan.num_splits = {plan.num_splits} chunks must cover plan.max_len = {plan.max_len}"
+            )
         if plan.max_len < int(context_lens.max()):
-            raise ValueError(f"plan covers contexts up to {plan.max_len} tokens, but context_lens holds "
-                             f"{int(context_lens.max())}: make a new plan for this batch")
+            raise ValueError(
+                f"plan covers contexts up to {plan.max_len} tokens, but context_lens holds "
+                f"{int(context_lens.max())}: make a new plan for this batch"
+            )
     if scale is None:
         scale = 1.0 / math.sqrt(D)
     if out is None:

@@ -10,6 +10,7 @@ Read top to bottom: the allocator, the block table, the waste statistics (all pl
 kernel (grid (N,), one program per token) and the launcher that validates and launches.
 Explainer: drills/content/l1_paged_kv_cache.md.
 """
+
 from __future__ import annotations
 
 import math
@@ -95,8 +96,10 @@ class BlockTable:
             raise ValueError(f"n must be a non-negative int, got {n!r}")
         needed = math.ceil((self.num_tokens + n) / self.block_size) - len(self._blocks)
         if needed > self.allocator.num_free:
-            raise RuntimeError(f"out of KV blocks: {n} more tokens need {needed} new blocks, "
-                               f"{self.allocator.num_free} are free")
+            raise RuntimeError(
+                f"out of KV blocks: {n} more tokens need {needed} new blocks, "
+                f"{self.allocator.num_free} are free"
+            )
         first = self.num_tokens
         for _ in range(n):
             if not self._blocks or self.last_block_is_full:  # the next token starts a new block
@@ -147,8 +150,10 @@ def waste_contiguous(lengths, reserved):
         raise ValueError(f"reserved must be a positive int, got {reserved!r}")
     for i, n in enumerate(lengths):
         if n > reserved:
-            raise ValueError(f"lengths[{i}] = {n} exceeds the {reserved} reserved slots: a contiguous cache "
-                             "must reallocate a larger region and copy the tokens it holds over")
+            raise ValueError(
+                f"lengths[{i}] = {n} exceeds the {reserved} reserved slots: a contiguous cache "
+                "must reallocate a larger region and copy the tokens it holds over"
+            )
     return _waste(len(lengths) * reserved, sum(lengths))
 
 
@@ -173,9 +178,13 @@ def store_kvcache_kernel(
     k_cache_ptr,  # [num_blocks, PAGE, Hkv, D]
     v_cache_ptr,  # [num_blocks, PAGE, Hkv, D], k_cache's strides
     slot_mapping_ptr,  # [N] int64, -1 for a padding row
-    stride_kn, stride_kh,
-    stride_vn, stride_vh,
-    stride_cb, stride_ct, stride_ch,
+    stride_kn,
+    stride_kh,
+    stride_vn,
+    stride_vh,
+    stride_cb,
+    stride_ct,
+    stride_ch,
     PAGE: tl.constexpr,
     Hkv: tl.constexpr,
     D: tl.constexpr,
@@ -197,7 +206,9 @@ def store_kvcache_kernel(
     offs_d = tl.arange(0, D_PAD)
     mask = (offs_h < Hkv)[:, None] & (offs_d < D)[None, :]
     k = tl.load(key_ptr + i * stride_kn + offs_h[:, None] * stride_kh + offs_d[None, :], mask=mask)
-    v = tl.load(value_ptr + i * stride_vn + offs_h[:, None] * stride_vh + offs_d[None, :], mask=mask)  # [HKV_PAD, D_PAD]
+    v = tl.load(
+        value_ptr + i * stride_vn + offs_h[:, None] * stride_vh + offs_d[None, :], mask=mask
+    )  # [HKV_PAD, D_PAD]
     dst = block * stride_cb + offset * stride_ct + offs_h[:, None] * stride_ch + offs_d[None, :]
     tl.store(k_cache_ptr + dst, k, mask=mask)
     tl.store(v_cache_ptr + dst, v, mask=mask)
@@ -214,8 +225,10 @@ def _check_caches_apart(k_cache, v_cache):
     reach = 0  # the largest offset the dimensions seen so far reach
     for s, n in dims:
         if s <= reach:  # two different index tuples can land on one element
-            raise ValueError(f"k_cache and v_cache have strides {tuple(k_cache.stride())} for shape "
-                             f"{tuple(k_cache.shape)}: two slots would share memory (an expand()ed cache?)")
+            raise ValueError(
+                f"k_cache and v_cache have strides {tuple(k_cache.stride())} for shape "
+                f"{tuple(k_cache.shape)}: two slots would share memory (an expand()ed cache?)"
+            )
         reach += (n - 1) * s
     elt = k_cache.element_size()
     d, misaligned = divmod(v_cache.data_ptr() - k_cache.data_ptr(), elt)
@@ -227,12 +240,17 @@ def _check_caches_apart(k_cache, v_cache):
         rests = [d]
         for s, n in reversed(dims):
             reach -= (n - 1) * s  # what the smaller strides reach
-            rests = [r - c * s for r in rests
-                     for c in range(max(1 - n, -((reach - r) // s)), min(n - 1, (r + reach) // s) + 1)]
+            rests = [
+                r - c * s
+                for r in rests
+                for c in range(max(1 - n, -((reach - r) // s)), min(n - 1, (r + reach) // s) + 1)
+            ]
         shared = 0 in rests
     if shared:
-        raise ValueError("v_cache shares memory with k_cache (the same tensor, or overlapping views of one "
-                         "buffer): the V store would overwrite K")
+        raise ValueError(
+            "v_cache shares memory with k_cache (the same tensor, or overlapping views of one "
+            "buffer): the V store would overwrite K"
+        )
 
 
 def _check_inputs(key, value, k_cache, v_cache, slot_mapping):
@@ -248,33 +266,45 @@ def _check_inputs(key, value, k_cache, v_cache, slot_mapping):
     if value.shape != key.shape:
         raise ValueError(f"value shape {tuple(value.shape)} must equal key shape {tuple(key.shape)}")
     if tuple(k_cache.shape[2:]) != (Hkv, D):
-        raise ValueError(f"k_cache is [num_blocks, PAGE, Hkv, D] = {tuple(k_cache.shape)}, but key has "
-                         f"Hkv = {Hkv}, D = {D}")
+        raise ValueError(
+            f"k_cache is [num_blocks, PAGE, Hkv, D] = {tuple(k_cache.shape)}, but key has "
+            f"Hkv = {Hkv}, D = {D}"
+        )
     if v_cache.shape != k_cache.shape or v_cache.stride() != k_cache.stride():
-        raise ValueError(f"v_cache (shape {tuple(v_cache.shape)}, strides {v_cache.stride()}) must have "
-                         f"k_cache's shape {tuple(k_cache.shape)} and strides {k_cache.stride()}")
+        raise ValueError(
+            f"v_cache (shape {tuple(v_cache.shape)}, strides {v_cache.stride()}) must have "
+            f"k_cache's shape {tuple(k_cache.shape)} and strides {k_cache.stride()}"
+        )
     validate.last_dim_contiguous(key=key, value=value, k_cache=k_cache, v_cache=v_cache)
     _check_caches_apart(k_cache, v_cache)
     if slot_mapping.shape[0] != N:
-        raise ValueError(f"slot_mapping must have one entry per key row, N = {N}, got {slot_mapping.shape[0]}")
+        raise ValueError(
+            f"slot_mapping must have one entry per key row, N = {N}, got {slot_mapping.shape[0]}"
+        )
     if N > 1 and slot_mapping.stride(0) != 1:  # the kernel reads entry i at slot_mapping_ptr + i
-        raise ValueError(f"slot_mapping must be contiguous, got stride {slot_mapping.stride(0)} (a view such as "
-                         "wide[::2]?): pass slot_mapping.contiguous()")
+        raise ValueError(
+            f"slot_mapping must be contiguous, got stride {slot_mapping.stride(0)} (a view such as "
+            "wide[::2]?): pass slot_mapping.contiguous()"
+        )
 
     # Value checks cost a host sync; the benchmark times _launch without them.
     num_slots = num_blocks * PAGE
     bad = ((slot_mapping < -1) | (slot_mapping >= num_slots)).nonzero()
     if len(bad):
         i = int(bad[0])
-        raise ValueError(f"slot_mapping[{i}] = {int(slot_mapping[i])} is outside [-1, num_blocks * PAGE = "
-                         f"{num_slots}) (-1 marks a padding row)")
+        raise ValueError(
+            f"slot_mapping[{i}] = {int(slot_mapping[i])} is outside [-1, num_blocks * PAGE = "
+            f"{num_slots}) (-1 marks a padding row)"
+        )
     real = slot_mapping[slot_mapping >= 0].sort().values
     repeated = real[1:][real[1:] == real[:-1]]
     if len(repeated):
         s = int(repeated[0])
         rows = (slot_mapping == s).nonzero().flatten()[:2].tolist()
-        raise ValueError(f"slot_mapping holds slot {s} twice (rows {rows[0]} and {rows[1]}): two tokens "
-                         "would race to write one slot")
+        raise ValueError(
+            f"slot_mapping holds slot {s} twice (rows {rows[0]} and {rows[1]}): two tokens "
+            "would race to write one slot"
+        )
 
 
 def _launch(key, value, k_cache, v_cache, slot_mapping):
@@ -283,10 +313,18 @@ def _launch(key, value, k_cache, v_cache, slot_mapping):
     if N == 0:
         return
     store_kvcache_kernel[(N,)](
-        key, value, k_cache, v_cache, slot_mapping,
-        key.stride(0), key.stride(1),
-        value.stride(0), value.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        key,
+        value,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        key.stride(0),
+        key.stride(1),
+        value.stride(0),
+        value.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
         PAGE=k_cache.shape[1],
         Hkv=Hkv,
         D=D,

@@ -9,6 +9,7 @@ byte exactly once, so its time is bytes / bandwidth:
 Read top to bottom: the kernel (grid (B, Hkv), one program per sequence and KV head), then the
 launcher that validates, allocates and launches. Explainer: drills/content/l2_paged_decode.md.
 """
+
 from __future__ import annotations
 
 import math
@@ -29,10 +30,16 @@ def paged_decode_kernel(
     block_tables_ptr,  # [B, max_pages] int32
     context_lens_ptr,  # [B] int32
     scale,
-    stride_qb, stride_qh,
-    stride_kb, stride_kt, stride_kh,
-    stride_vb, stride_vt, stride_vh,
-    stride_ob, stride_oh,
+    stride_qb,
+    stride_qh,
+    stride_kb,
+    stride_kt,
+    stride_kh,
+    stride_vb,
+    stride_vt,
+    stride_vh,
+    stride_ob,
+    stride_oh,
     stride_bt,
     GROUP: tl.constexpr,  # query heads per KV head, Hq // Hkv
     GROUP_PAD: tl.constexpr,  # max(16, next_pow2(GROUP)): tl.dot needs >= 16 rows
@@ -107,12 +114,23 @@ def _launch(q, k_cache, v_cache, block_tables, context_lens, scale, out):
     _, PAGE, Hkv, _ = k_cache.shape
     group = Hq // Hkv
     paged_decode_kernel[(B, Hkv)](
-        q, k_cache, v_cache, out, block_tables, context_lens,
+        q,
+        k_cache,
+        v_cache,
+        out,
+        block_tables,
+        context_lens,
         scale,
-        q.stride(0), q.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        out.stride(0), out.stride(1),
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        out.stride(0),
+        out.stride(1),
         block_tables.stride(0),
         GROUP=group,
         GROUP_PAD=max(16, triton.next_power_of_2(group)),

@@ -12,6 +12,7 @@ There is no kernel here: this is the host-side bookkeeping that decides which ph
 entry of a block table (L1, L2) names. Read top to bottom: the default key function, the state, then
 allocate / append / free and the small helpers they share. Explainer: drills/content/l3_prefix_cache.md.
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -28,8 +29,9 @@ def _check_seq_id(seq_id):
     try:
         hash(seq_id)
     except TypeError:
-        raise TypeError(f"seq_id must be hashable (a str, an int, a tuple), got {type(seq_id).__name__} "
-                        f"{seq_id!r}") from None
+        raise TypeError(
+            f"seq_id must be hashable (a str, an int, a tuple), got {type(seq_id).__name__} {seq_id!r}"
+        ) from None
     return seq_id
 
 
@@ -61,7 +63,9 @@ class BlockManager:
             if value < 1:
                 raise ValueError(f"{name} must be at least 1, got {value}")
         if hash_fn is not None and not callable(hash_fn):
-            raise TypeError(f"hash_fn must be callable as hash_fn(prev_hash, token_ids), got {type(hash_fn).__name__}")
+            raise TypeError(
+                f"hash_fn must be callable as hash_fn(prev_hash, token_ids), got {type(hash_fn).__name__}"
+            )
         self.num_blocks = num_blocks
         self.block_size = block_size
         self._hash_fn = _chain_hash if hash_fn is None else hash_fn
@@ -99,7 +103,7 @@ class BlockManager:
         for i, token_id in enumerate(token_ids):
             _check_token_id(f"token_ids[{i}]", token_id)
         bs = self.block_size
-        chunks = [tuple(token_ids[i:i + bs]) for i in range(0, len(token_ids), bs)]
+        chunks = [tuple(token_ids[i : i + bs]) for i in range(0, len(token_ids), bs)]
         # Section 3.2: only full blocks get a key; a partial block's KV is still growing.
         num_full = len(token_ids) // bs
 
@@ -117,8 +121,10 @@ class BlockManager:
         revived = sum(1 for block in hits if self._ref[block] == 0)
         need = len(chunks) - len(hits) + revived
         if need > len(self._free):
-            raise ValueError(f"out of KV blocks: seq_id {seq_id!r} needs {need} free blocks, "
-                             f"{len(self._free)} of {self.num_blocks} are free")
+            raise ValueError(
+                f"out of KV blocks: seq_id {seq_id!r} needs {need} free blocks, "
+                f"{len(self._free)} of {self.num_blocks} are free"
+            )
 
         table = []
         for block in hits:
@@ -227,8 +233,9 @@ class BlockManager:
     def _take_free_block(self, seq_id):
         """Evict the least recently freed block and hand it out empty, with ref count 1."""
         if not self._free:
-            raise ValueError(f"out of KV blocks: seq_id {seq_id!r} needs a new block and all "
-                             f"{self.num_blocks} are in use")
+            raise ValueError(
+                f"out of KV blocks: seq_id {seq_id!r} needs a new block and all {self.num_blocks} are in use"
+            )
         block, _ = self._free.popitem(last=False)
         # Section 3.5: its KV is about to be overwritten, so its key must stop finding it.
         if self._hash[block] is not None and self._hash_to_block.get(self._hash[block]) == block:

@@ -9,6 +9,7 @@ Read top to bottom: the kernel (one program per BLOCK elements), then the launch
 allocates and computes the grid. Every later lesson keeps this split: the kernel only computes, the
 launcher owns shapes, dtypes and the grid. Explainer: drills/content/t1_vector_add.md.
 """
+
 from __future__ import annotations
 
 import torch
@@ -81,8 +82,10 @@ def vector_add(x, y, out=None):
             # would make a program read elements that another program has already overwritten.
             gap = abs(out.data_ptr() - named[name].data_ptr())
             if 0 < gap < out.numel() * out.element_size():
-                raise ValueError(f"out partly overlaps {name}: it may be {name} itself or separate memory, "
-                                 f"not a shifted view of it")
+                raise ValueError(
+                    f"out partly overlaps {name}: it may be {name} itself or separate memory, "
+                    f"not a shifted view of it"
+                )
     if out is None:
         out = torch.empty_like(x)
     if x.numel() == 0:

@@ -13,6 +13,7 @@ Read top to bottom: the kernel (a 1-D grid, one program per [BLOCK_M, BLOCK_N] t
 in grouped order), the table of block sizes, then the launcher that validates, allocates and launches.
 Explainer: drills/content/t3_matmul.md.
 """
+
 from __future__ import annotations
 
 import math
@@ -30,10 +31,15 @@ def matmul_kernel(
     a_ptr,  # [M, K], any strides
     b_ptr,  # [K, N], any strides
     c_ptr,  # [M, N], any strides
-    M, N, K,
-    stride_am, stride_ak,
-    stride_bk, stride_bn,
-    stride_cm, stride_cn,
+    M,
+    N,
+    K,
+    stride_am,
+    stride_ak,
+    stride_bk,
+    stride_bn,
+    stride_cm,
+    stride_cn,
     BLOCK_M: tl.constexpr,  # rows of C per program
     BLOCK_N: tl.constexpr,  # columns of C per program
     BLOCK_K: tl.constexpr,  # step of the K loop: >= 16, the K of one fp16 tensor-core instruction
@@ -97,8 +103,10 @@ def _check_config(cfg):
     for key in ("BLOCK_M", "BLOCK_N", "BLOCK_K"):
         value = cfg.get(key)
         if isinstance(value, bool) or not isinstance(value, int) or not validate.is_pow2(value) or value < 16:
-            raise ValueError(f"config {key} = {value!r} must be a power of two >= 16: tl.arange needs a power of "
-                             f"two, and tl.dot a K of at least 16 (section 3.5)")
+            raise ValueError(
+                f"config {key} = {value!r} must be a power of two >= 16: tl.arange needs a power of "
+                f"two, and tl.dot a K of at least 16 (section 3.5)"
+            )
     group = cfg.get("GROUP_M")
     if isinstance(group, bool) or not isinstance(group, int) or group < 1:
         raise ValueError(f"config GROUP_M = {group!r} must be a positive int")
@@ -138,11 +146,18 @@ def _launch(a, b, out, config=None):
     _check_config(cfg)
     grid = (triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"]),)
     matmul_kernel[grid](
-        a, b, out,
-        M, N, K,
-        a.stride(0), a.stride(1),
-        b.stride(0), b.stride(1),
-        out.stride(0), out.stride(1),
+        a,
+        b,
+        out,
+        M,
+        N,
+        K,
+        a.stride(0),
+        a.stride(1),
+        b.stride(0),
+        b.stride(1),
+        out.stride(0),
+        out.stride(1),
         **cfg,
     )
     return out
@@ -177,7 +192,9 @@ def matmul(a, b, out=None):
         # Each element of C is stored by one program: two elements at one address would be stored twice,
         # and C written over A or B would change inputs that other programs have not read yet.
         if _elements_overlap(out):
-            raise ValueError(f"out's elements overlap: strides {tuple(out.stride())} for shape {tuple(out.shape)}")
+            raise ValueError(
+                f"out's elements overlap: strides {tuple(out.stride())} for shape {tuple(out.shape)}"
+            )
         for name in ("a", "b"):
             (t_start, t_end), (out_start, out_end) = _byte_span(named[name]), _byte_span(out)
             if out_start < t_end and t_start < out_end:

@@ -15,6 +15,7 @@ Every kernel here streams memory and does little arithmetic, so time = bytes / b
 Read top to bottom: the statistics kernel (section 3.1-3.3 of the explainer), the merge kernel (3.4),
 the kernel that writes p (3.5), then the launchers. Explainer: drills/content/t4_online_softmax.md.
 """
+
 from __future__ import annotations
 
 import torch
@@ -31,7 +32,8 @@ def softmax_stats_kernel(
     l_ptr,  # [splits, M] fp32: sum of exp(x - m) over the split's columns
     trace_m_ptr,  # [M, cdiv(N, BLOCK)] fp32: m after each block; touched only when TRACE
     trace_l_ptr,  # [M, cdiv(N, BLOCK)] fp32: l after each block; touched only when TRACE
-    M, N,
+    M,
+    N,
     cols_per_split,  # a multiple of BLOCK, so splits cut the row between blocks
     stride_xm,
     BLOCK: tl.constexpr,
@@ -70,9 +72,12 @@ def softmax_stats_kernel(
 
 @triton.jit
 def merge_stats_kernel(
-    m_a_ptr, l_a_ptr,  # [n] fp32: state a
-    m_b_ptr, l_b_ptr,  # [n] fp32: state b, over other columns of the same rows
-    m_ptr, l_ptr,  # [n] fp32: the state of both together
+    m_a_ptr,
+    l_a_ptr,  # [n] fp32: state a
+    m_b_ptr,
+    l_b_ptr,  # [n] fp32: state b, over other columns of the same rows
+    m_ptr,
+    l_ptr,  # [n] fp32: the state of both together
     n,
     BLOCK: tl.constexpr,
 ):
@@ -99,7 +104,8 @@ def softmax_normalize_kernel(
     out_ptr,  # [M, N], rows stride_om elements apart
     N,
     cols_per_split,
-    stride_xm, stride_om,
+    stride_xm,
+    stride_om,
     BLOCK: tl.constexpr,
 ):
     # Section 3.5 "Writing p": the second pass; every p needs the state of the WHOLE row.
@@ -138,9 +144,18 @@ def _launch_stats(x, block, splits):
     m_part = torch.empty(splits, M, dtype=torch.float32, device=x.device)  # [splits, M]
     l_part = torch.empty_like(m_part)
     softmax_stats_kernel[(M, splits)](
-        x, m_part, l_part, m_part, l_part,  # no trace: its pointers are never touched
-        M, N, cols_per_split, x.stride(0),
-        BLOCK=block, TRACE=False, num_warps=_warps(block),
+        x,
+        m_part,
+        l_part,
+        m_part,
+        l_part,  # no trace: its pointers are never touched
+        M,
+        N,
+        cols_per_split,
+        x.stride(0),
+        BLOCK=block,
+        TRACE=False,
+        num_warps=_warps(block),
     )
     return m_part, l_part
 
@@ -167,8 +182,16 @@ def _launch_normalize(x, m, l, out, block, splits):
     M, N = x.shape
     block, cols_per_split = _block_and_split(N, block, splits)
     softmax_normalize_kernel[(M, splits)](
-        x, m, l, out, N, cols_per_split, x.stride(0), out.stride(0),
-        BLOCK=block, num_warps=_warps(block),
+        x,
+        m,
+        l,
+        out,
+        N,
+        cols_per_split,
+        x.stride(0),
+        out.stride(0),
+        BLOCK=block,
+        num_warps=_warps(block),
     )
     return out
 
@@ -229,7 +252,17 @@ def softmax_stats_trace(x, block):
     m = torch.empty(1, M, dtype=torch.float32, device=x.device)  # [1 split, M]
     l = torch.empty_like(m)
     softmax_stats_kernel[(M, 1)](
-        x, m, l, m_trace, l_trace, M, N, steps * block, x.stride(0), BLOCK=block, TRACE=True,
+        x,
+        m,
+        l,
+        m_trace,
+        l_trace,
+        M,
+        N,
+        steps * block,
+        x.stride(0),
+        BLOCK=block,
+        TRACE=True,
     )
     return m_trace, l_trace
 

@@ -11,6 +11,7 @@ Read top to bottom: the per-block update (`_attend_kv_block`), the kernel (grid 
 the block-size table, then the launcher that validates, allocates and launches.
 Explainer: drills/content/t5_flash_attention.md.
 """
+
 from __future__ import annotations
 
 import math
@@ -24,14 +25,20 @@ from drills import validate
 
 @triton.jit
 def _attend_kv_block(
-    acc, l_i, m_i,  # running state: [BLOCK_M, D] fp32, [BLOCK_M], [BLOCK_M] (m in base-2 units)
+    acc,
+    l_i,
+    m_i,  # running state: [BLOCK_M, D] fp32, [BLOCK_M], [BLOCK_M] (m in base-2 units)
     q,  # [BLOCK_M, D]
     kt_ptrs,  # [D, BLOCK_N] pointers to K^T for keys 0..BLOCK_N-1 of this head
     v_ptrs,  # [BLOCK_N, D] pointers to V for keys 0..BLOCK_N-1 of this head
-    start_n, offs_m, offs_n,
+    start_n,
+    offs_m,
+    offs_n,
     qk_scale,  # scale * log2(e)
-    Nk, causal_shift,
-    stride_kn, stride_vn,
+    Nk,
+    causal_shift,
+    stride_kn,
+    stride_vn,
     MASKED: tl.constexpr,  # True only on blocks that cross the diagonal or the end of the keys
     CAUSAL: tl.constexpr,
 ):
@@ -75,12 +82,22 @@ def flash_attention_kernel(
     out_ptr,  # [B, H, Nq, D], possibly a strided view
     lse_ptr,  # [B, H, Nq] fp32 (only written when STORE_LSE)
     scale,
-    Nq, Nk,
-    stride_qb, stride_qh, stride_qm,
-    stride_kb, stride_kh, stride_kn,
-    stride_vb, stride_vh, stride_vn,
-    stride_ob, stride_oh, stride_om,
-    stride_lb, stride_lh,
+    Nq,
+    Nk,
+    stride_qb,
+    stride_qh,
+    stride_qm,
+    stride_kb,
+    stride_kh,
+    stride_kn,
+    stride_vb,
+    stride_vh,
+    stride_vn,
+    stride_ob,
+    stride_oh,
+    stride_om,
+    stride_lb,
+    stride_lh,
     H,
     GROUP: tl.constexpr,  # query heads per KV head, H // Hkv
     D: tl.constexpr,
@@ -101,8 +118,11 @@ def flash_attention_kernel(
     offs_d = tl.arange(0, D)  # [D]
     row_ok = offs_m < Nq  # the last query block is usually partial
 
-    q = tl.load(q_ptr + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :],
-                mask=row_ok[:, None], other=0.0)  # [BLOCK_M, D], stays in registers for the whole loop
+    q = tl.load(
+        q_ptr + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :],
+        mask=row_ok[:, None],
+        other=0.0,
+    )  # [BLOCK_M, D], stays in registers for the whole loop
     # Section 3.2 "K read transposed": K^T as a [D, BLOCK_N] tile, just by swapping which stride
     # goes with which axis. No copy, no tl.trans: the dot reads it as the transposed matrix.
     kt_ptrs = k_ptr + b * stride_kb + kvh * stride_kh + offs_d[:, None] + offs_n[None, :] * stride_kn
@@ -127,20 +147,53 @@ def flash_attention_kernel(
         hi = Nk
         full_end = Nk // BLOCK_N * BLOCK_N
     for start_n in range(0, full_end, BLOCK_N):
-        acc, l_i, m_i = _attend_kv_block(acc, l_i, m_i, q, kt_ptrs, v_ptrs, start_n, offs_m, offs_n,
-                                         qk_scale, Nk, causal_shift, stride_kn, stride_vn,
-                                         MASKED=False, CAUSAL=CAUSAL)
+        acc, l_i, m_i = _attend_kv_block(
+            acc,
+            l_i,
+            m_i,
+            q,
+            kt_ptrs,
+            v_ptrs,
+            start_n,
+            offs_m,
+            offs_n,
+            qk_scale,
+            Nk,
+            causal_shift,
+            stride_kn,
+            stride_vn,
+            MASKED=False,
+            CAUSAL=CAUSAL,
+        )
     for start_n in range(full_end, hi, BLOCK_N):
-        acc, l_i, m_i = _attend_kv_block(acc, l_i, m_i, q, kt_ptrs, v_ptrs, start_n, offs_m, offs_n,
-                                         qk_scale, Nk, causal_shift, stride_kn, stride_vn,
-                                         MASKED=True, CAUSAL=CAUSAL)
+        acc, l_i, m_i = _attend_kv_block(
+            acc,
+            l_i,
+            m_i,
+            q,
+            kt_ptrs,
+            v_ptrs,
+            start_n,
+            offs_m,
+            offs_n,
+            qk_scale,
+            Nk,
+            causal_shift,
+            stride_kn,
+            stride_vn,
+            MASKED=True,
+            CAUSAL=CAUSAL,
+        )
 
     # Section 3.6 "Normalise once, store real rows": a row that saw no key (Nq > Nk, causal) has
     # l = 0 and acc = 0; dividing by 1 instead of 0 makes it 0, and its lse -inf, never NaN.
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     out = acc / l_safe[:, None]  # [BLOCK_M, D]
-    tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :],
-             out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+    tl.store(
+        out_ptr + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=row_ok[:, None],
+    )
     if STORE_LSE:
         lse = (m_i + tl.math.log2(l_safe)) * 0.6931471805599453  # base 2 -> natural log: times ln(2)
         tl.store(lse_ptr + b * stride_lb + h * stride_lh + offs_m, lse, mask=row_ok)
@@ -169,14 +222,28 @@ def _launch(q, k, v, causal, scale, out, lse=None, config=None):
     BLOCK_M, BLOCK_N, num_warps, num_stages = config or _config(D)
     grid = (triton.cdiv(Nq, BLOCK_M), B * H)
     flash_attention_kernel[grid](
-        q, k, v, out, out if lse is None else lse,  # out stands in for lse when none is asked for
+        q,
+        k,
+        v,
+        out,
+        out if lse is None else lse,  # out stands in for lse when none is asked for
         scale,
-        Nq, Nk,
-        q.stride(0), q.stride(1), q.stride(2),
-        k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2),
-        out.stride(0), out.stride(1), out.stride(2),
-        0 if lse is None else lse.stride(0), 0 if lse is None else lse.stride(1),
+        Nq,
+        Nk,
+        q.stride(0),
+        q.stride(1),
+        q.stride(2),
+        k.stride(0),
+        k.stride(1),
+        k.stride(2),
+        v.stride(0),
+        v.stride(1),
+        v.stride(2),
+        out.stride(0),
+        out.stride(1),
+        out.stride(2),
+        0 if lse is None else lse.stride(0),
+        0 if lse is None else lse.stride(1),
         H,
         GROUP=H // Hkv,
         D=D,
@@ -224,8 +291,10 @@ def _check_inputs(q, k, v, causal, scale, return_lse):
     if k.shape[3] != D:
         raise ValueError(f"k head dim {k.shape[3]} (k.shape[3]) must equal q's head dim {D}")
     if not (validate.is_pow2(D) and 16 <= D <= 256):
-        raise ValueError(f"head dim D = {D} (q.shape[3]) must be a power of two from 16 to 256 "
-                         "(pad with zero columns: they change no score)")
+        raise ValueError(
+            f"head dim D = {D} (q.shape[3]) must be a power of two from 16 to 256 "
+            "(pad with zero columns: they change no score)"
+        )
     Hkv, Nk = k.shape[1], k.shape[2]
     if Hkv < 1 or H % Hkv != 0:
         raise ValueError(f"H = {H} (q.shape[1]) must be a multiple of Hkv = {Hkv} (k.shape[1])")

@@ -3,6 +3,7 @@
 Every random case is built from a fixed base seed passed through `seeded`, so a default run always
 grades the same cases, and `SEED=7 make test L=l2` grades other ones (the summary prints the seed).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -46,4 +47,6 @@ def raises_naming(error, pattern):
     with pytest.raises(error) as info:
         yield info
     message = str(info.value)
-    assert re.search(pattern, message), f"{error.__name__} raised, but its message {message!r} does not say {pattern!r}"
+    assert re.search(pattern, message), (
+        f"{error.__name__} raised, but its message {message!r} does not say {pattern!r}"
+    )

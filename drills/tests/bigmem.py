@@ -7,6 +7,7 @@ of copying it. On a GPU it is a plain `torch.empty` on the device.
 
 Contents start as zeros (a sparse file reads as zeros); write only the few pages a test uses.
 """
+
 from __future__ import annotations
 
 import atexit

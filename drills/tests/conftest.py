@@ -3,6 +3,7 @@ runs it, a lesson whose stub is untouched is reported as "not started" in one li
 with a grading summary (drills/grading.py): a line per check, the first failure in words, the
 explainer section to reread, and the seed. Test files that are not a lesson's grader (test_<stem>.py
 for a stem in drills/lessons.py), such as the learner tools' own tests, are run as plain tests."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,25 +12,37 @@ import pytest
 
 import drills.runtime
 from drills import grading
-from drills.lessons import LESSONS, by_stem
 from drills.grading.run import NOT_STARTED_EXIT
+from drills.lessons import LESSONS, by_stem
 from drills.tests import base_seed
 
 
 def pytest_addoption(parser):
-    parser.addoption("--impl", choices=("mine", "solutions"), default="mine",
-                     help="grade the learner's drills/mine (default) or the reference drills/solutions")
-    parser.addoption("--impl-file", default=None,
-                     help="grade this file instead (how `make mutants` grades a mutated copy of a solution)")
-    parser.addoption("--drills-report", default=None,
-                     help="also write the grading results as JSON here (read by make progress, diff, watch)")
+    parser.addoption(
+        "--impl",
+        choices=("mine", "solutions"),
+        default="mine",
+        help="grade the learner's drills/mine (default) or the reference drills/solutions",
+    )
+    parser.addoption(
+        "--impl-file",
+        default=None,
+        help="grade this file instead (how `make mutants` grades a mutated copy of a solution)",
+    )
+    parser.addoption(
+        "--drills-report",
+        default=None,
+        help="also write the grading results as JSON here (read by make progress, diff, watch)",
+    )
 
 
 LOADED = pytest.StashKey[dict]()  # stem -> LearnerProcess
 NOT_STARTED = pytest.StashKey[list]()
 IMPORT_ERRORS = pytest.StashKey[list]()
 RESULTS = pytest.StashKey[dict]()
-FINDINGS = pytest.StashKey[dict]()  # stem -> the diagnosis, as the report stores it  # stem -> {case id: grading.Case}, in the order the cases ran
+FINDINGS = pytest.StashKey[
+    dict
+]()  # stem -> the diagnosis, as the report stores it  # stem -> {case id: grading.Case}, in the order the cases ran
 # NOT_STARTED and IMPORT_ERRORS hold (stem, the one line to print) pairs
 LESSON_STEMS = {lesson.stem for lesson in LESSONS}
 
@@ -87,8 +100,13 @@ def pytest_collection_modifyitems(session, config, items):
         except ImportFailed as exc:  # a syntax error or a failing import in the learner's file
             info = exc.info
             where = f" (at {info['where']}: {info['code']})" if info.get("where") else ""
-            errors.append((stem, f"{by_stem(stem).id}: {graded} does not import: "
-                                 f"{info.get('type')}: {info.get('message')}{where}"))
+            errors.append(
+                (
+                    stem,
+                    f"{by_stem(stem).id}: {graded} does not import: "
+                    f"{info.get('type')}: {info.get('message')}{where}",
+                )
+            )
             continue
         except LearnerFailure as exc:  # os._exit() at import, a crash or a hang while importing
             errors.append((stem, f"{by_stem(stem).id}: {graded} could not be imported: {exc}"))
@@ -129,8 +147,9 @@ class Recorder:
             if case_id not in cases or cases[case_id].outcome != "failed":
                 cases[case_id] = grading.Case(case_id, grading.check_name(case_id), "failed", message)
         elif report.skipped:
-            cases[case_id] = grading.Case(case_id, grading.check_name(case_id), "skipped",
-                                          grading.skip_reason(report.longrepr))
+            cases[case_id] = grading.Case(
+                case_id, grading.check_name(case_id), "skipped", grading.skip_reason(report.longrepr)
+            )
         elif case_id not in cases:
             cases[case_id] = grading.Case(case_id, grading.check_name(case_id), "passed")
 
@@ -157,8 +176,10 @@ def findings_for(session, stem: str, cases: list) -> list[dict]:
 def _findings(session) -> dict:
     config = session.config
     if FINDINGS not in config.stash:
-        config.stash[FINDINGS] = {stem: findings_for(session, stem, list(cases.values()))
-                                  for stem, cases in config.stash.get(RESULTS, {}).items()}
+        config.stash[FINDINGS] = {
+            stem: findings_for(session, stem, list(cases.values()))
+            for stem, cases in config.stash.get(RESULTS, {}).items()
+        }
     return config.stash[FINDINGS]
 
 
@@ -174,8 +195,10 @@ def pytest_sessionfinish(session, exitstatus):
     path = config.getoption("--drills-report")
     if path:
         findings = _findings(session)
-        lessons = {stem: {grading.CASES: list(cases.values()), grading.FINDINGS: findings.get(stem, [])}
-                   for stem, cases in config.stash.get(RESULTS, {}).items()}
+        lessons = {
+            stem: {grading.CASES: list(cases.values()), grading.FINDINGS: findings.get(stem, [])}
+            for stem, cases in config.stash.get(RESULTS, {}).items()
+        }
         for key, found in ((grading.NOT_STARTED, not_started), (grading.IMPORT_ERROR, errors)):
             for stem, line in found:
                 lessons.setdefault(stem, {grading.CASES: []})[key] = line
@@ -203,10 +226,19 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     terminalreporter.write_line("")
     for stem, cases in results.items():
         lesson = by_stem(stem)
-        for line in grading.render(lesson, list(cases.values()), _graded_path(config, stem), base_seed(), detailed,
-                                   findings.get(stem)):
-            terminalreporter.write_line(line, red=line.startswith(("  FAIL", "likely mistake")),
-                                        bold=line.startswith(f"{lesson.id}: "))
+        for line in grading.render(
+            lesson,
+            list(cases.values()),
+            _graded_path(config, stem),
+            base_seed(),
+            detailed,
+            findings.get(stem),
+        ):
+            terminalreporter.write_line(
+                line,
+                red=line.startswith(("  FAIL", "likely mistake")),
+                bold=line.startswith(f"{lesson.id}: "),
+            )
     if not detailed:
         terminalreporter.write_line(grading.seed_line(base_seed()))
 

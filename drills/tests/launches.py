@@ -9,6 +9,7 @@ method on both classes, only inside the `with` block, sees them all.
 When the grader talks to the learner's code in another process (drills/grading), `record_launches`
 asks that process to record; the `Launch` records come back the same way.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -63,8 +64,12 @@ def describe(fn_self, args, kwargs) -> Launch:
     fn = getattr(fn_self, "fn", None)
     simple = (bool, int, float, str)
     constexprs = {k: v for k, v in kwargs.items() if k not in ("grid", "warmup") and isinstance(v, simple)}
-    return Launch(getattr(fn, "__module__", "?"), getattr(fn, "__name__", "?"),
-                  _grid(kwargs.get("grid"), args, kwargs), constexprs)
+    return Launch(
+        getattr(fn, "__module__", "?"),
+        getattr(fn, "__name__", "?"),
+        _grid(kwargs.get("grid"), args, kwargs),
+        constexprs,
+    )
 
 
 @contextlib.contextmanager
@@ -111,7 +116,7 @@ def assert_runs_a_triton_kernel(impl, call, what: str) -> None:
     same call with every Triton launch turned into a no-op must change the result (else the numbers came
     from torch, or from a copy, and the kernel only ran for show)."""
     calling = getattr(impl, "_drills_calling", None)
-    with record_launches(impl) as launches, (calling(provenance=True) if calling else contextlib.nullcontext()):
+    with record_launches(impl) as launches, calling(provenance=True) if calling else contextlib.nullcontext():
         call()
     if launches.from_module(impl.__name__):
         return
@@ -120,4 +125,5 @@ def assert_runs_a_triton_kernel(impl, call, what: str) -> None:
     raise AssertionError(
         f"the output did not come from your kernel: {what} returned without launching a Triton kernel of your "
         f"file{elsewhere}; right numbers computed with torch (a fallback, or a copy of the grader's oracle) "
-        "do not count: launch your @triton.jit kernel from the launcher")
+        "do not count: launch your @triton.jit kernel from the launcher"
+    )

@@ -4,6 +4,7 @@ A case fills only the cache slots that some sequence really uses; every other sl
 last page, every unused block) holds NaN, and every block-table entry past a sequence's last page holds
 a garbage id. A kernel that reads anything it should not gets NaN or faults.
 """
+
 from __future__ import annotations
 
 import math
@@ -30,9 +31,23 @@ class PagedCase:
         return self.q, self.k_cache, self.v_cache, self.block_tables, self.context_lens
 
 
-def make_paged_case(context_lens, Hq, Hkv, D, PAGE, dtype=torch.float16, device="cpu", seed=0,
-                    extra_pages=2, shared_prefix_pages=0, num_blocks=None, first_block=0, poison=True,
-                    max_pages=None, sparse=False) -> PagedCase:
+def make_paged_case(
+    context_lens,
+    Hq,
+    Hkv,
+    D,
+    PAGE,
+    dtype=torch.float16,
+    device="cpu",
+    seed=0,
+    extra_pages=2,
+    shared_prefix_pages=0,
+    num_blocks=None,
+    first_block=0,
+    poison=True,
+    max_pages=None,
+    sparse=False,
+) -> PagedCase:
     """Random q/K/V in a shuffled page pool.
 
     shared_prefix_pages: the first n logical pages of every sequence map to the same physical blocks
@@ -47,7 +62,9 @@ def make_paged_case(context_lens, Hq, Hkv, D, PAGE, dtype=torch.float16, device=
     B = len(lens)
     pages = [math.ceil(n / PAGE) for n in lens]
     if shared_prefix_pages:
-        assert all(n >= shared_prefix_pages * PAGE for n in lens), "shared pages must be full in every sequence"
+        assert all(n >= shared_prefix_pages * PAGE for n in lens), (
+            "shared pages must be full in every sequence"
+        )
     max_pages = max_pages or max(pages) + extra_pages
     own = [p - shared_prefix_pages for p in pages]
     needed = shared_prefix_pages + sum(own)
@@ -62,7 +79,7 @@ def make_paged_case(context_lens, Hq, Hkv, D, PAGE, dtype=torch.float16, device=
     valid = torch.zeros(num_blocks, PAGE, dtype=torch.bool)  # slots some sequence reads
     for b, n in enumerate(lens):
         row = shared + ids[: own[b]]
-        ids = ids[own[b]:]
+        ids = ids[own[b] :]
         tables[b, : len(row)] = torch.tensor(row, dtype=torch.int64)
         for p, blk in enumerate(row):
             valid[blk, : min(PAGE, n - p * PAGE)] = True
@@ -144,8 +161,12 @@ def in_layer_pool(case: PagedCase, layers: int = 2, layer: int = 1) -> PagedCase
     (K and V of a head side by side): every stride but the last differs from a contiguous cache's, and
     the K and V views interleave without sharing an element."""
     num_blocks, PAGE, Hkv, D = case.k_cache.shape
-    pool = torch.full((num_blocks, layers, PAGE, Hkv, 2, D), float("nan"), dtype=case.k_cache.dtype,
-                      device=case.k_cache.device)
+    pool = torch.full(
+        (num_blocks, layers, PAGE, Hkv, 2, D),
+        float("nan"),
+        dtype=case.k_cache.dtype,
+        device=case.k_cache.device,
+    )
     k_cache, v_cache = pool[:, layer, :, :, 0], pool[:, layer, :, :, 1]  # [num_blocks, PAGE, Hkv, D] each
     k_cache.copy_(case.k_cache)
     v_cache.copy_(case.v_cache)
@@ -191,16 +212,22 @@ def call_with_canary_out(fn, q):
     instead of past an allocation; check that fn returned `out` and that nothing outside it changed."""
     B, Hq, D = q.shape
     buffer = torch.full((B + 2, Hq + 2 * MARGIN, D), CANARY, dtype=q.dtype, device=q.device)
-    out = buffer[1:B + 1, MARGIN:MARGIN + Hq]  # stride(0) = (Hq + 2 * MARGIN) * D
+    out = buffer[1 : B + 1, MARGIN : MARGIN + Hq]  # stride(0) = (Hq + 2 * MARGIN) * D
     returned = fn(out)
     if isinstance(returned, tuple):
         returned = returned[0]
-    assert isinstance(returned, torch.Tensor) and returned.data_ptr() == out.data_ptr(), \
+    assert isinstance(returned, torch.Tensor) and returned.data_ptr() == out.data_ptr(), (
         "the kernel must write into the `out` it is given and return it"
+    )
     keep = torch.zeros(buffer.shape, dtype=torch.bool, device=buffer.device)
-    keep[1:B + 1, MARGIN:MARGIN + Hq] = True
-    assert_untouched(buffer, CANARY, keep, "the buffer around out (padding rows or wrong heads stored?)",
-                     ("b+1", "head+16", "d"))
+    keep[1 : B + 1, MARGIN : MARGIN + Hq] = True
+    assert_untouched(
+        buffer,
+        CANARY,
+        keep,
+        "the buffer around out (padding rows or wrong heads stored?)",
+        ("b+1", "head+16", "d"),
+    )
     return out
 
 

@@ -3,6 +3,7 @@ a TODO are the solution's code (drills/contract.py), and the mutation engine, wh
 `old` in the solution as code, so that reformatting a solution keeps every mutant applying
 (drills/mutants/__init__.py). Not a lesson's grader: it runs in `make check`, on copies in temporary
 folders; the real stubs and solutions are only read."""
+
 from __future__ import annotations
 
 import ast
@@ -72,24 +73,33 @@ def test_kernel_holding_todos_may_differ_from_the_solution(tmp_path):
 
 def test_formatting_and_comments_may_differ_but_code_may_not():
     solution = "def f(a, b):\n    return a + b\n\n\nBLOCK = 128\n"
-    assert contract.drifted_definitions("def f(a,b):  # why\n    return (a+b)\n\n\nBLOCK = 128\n", solution,
-                                        STUB_FILE) == []
-    problems = contract.drifted_definitions("def f(a, b):\n    return a - b\n\n\nBLOCK = 64\n", solution, STUB_FILE)
+    assert (
+        contract.drifted_definitions(
+            "def f(a,b):  # why\n    return (a+b)\n\n\nBLOCK = 128\n", solution, STUB_FILE
+        )
+        == []
+    )
+    problems = contract.drifted_definitions(
+        "def f(a, b):\n    return a - b\n\n\nBLOCK = 64\n", solution, STUB_FILE
+    )
     assert [p.split(" ")[0] for p in problems] == ["f", "BLOCK"], problems
     assert "'return a - b'" in problems[0] and "'return a + b'" in problems[0]
 
 
 def test_docstring_of_a_private_helper_must_match():
-    problems = contract.drifted_definitions('def _f():\n    """Old."""\n    return 1\n',
-                                            'def _f():\n    """New."""\n    return 1\n', STUB_FILE)
+    problems = contract.drifted_definitions(
+        'def _f():\n    """Old."""\n    return 1\n', 'def _f():\n    """New."""\n    return 1\n', STUB_FILE
+    )
     assert problems == ["_f: stub docstring differs from the solution's"]
 
 
 def test_not_started_raise_is_left_out_and_a_trailing_todo_exempts():
     solution = "def f(x):\n    return x\n\n\ndef g(x):\n    return 2 * x\n"
-    stub = ("def f(x):\n    raise NotImplementedError('x is not started: edit drills/mine/x.py')\n    return x\n\n\n"
-            "def g(x):\n    raise NotImplementedError('x is not started: edit drills/mine/x.py')\n"
-            "    # TODO: return twice x.\n")
+    stub = (
+        "def f(x):\n    raise NotImplementedError('x is not started: edit drills/mine/x.py')\n    return x\n\n\n"
+        "def g(x):\n    raise NotImplementedError('x is not started: edit drills/mine/x.py')\n"
+        "    # TODO: return twice x.\n"
+    )
     assert contract.drifted_definitions(stub, solution, STUB_FILE) == []
     other = stub.replace("    return x\n", "    return -x\n")
     assert [p.split(" ")[0] for p in contract.drifted_definitions(other, solution, STUB_FILE)] == ["f"]
@@ -97,7 +107,9 @@ def test_not_started_raise_is_left_out_and_a_trailing_todo_exempts():
 
 def test_class_holding_a_todo_is_compared_method_by_method():
     solution = "class C:\n    def a(self):\n        return 1\n\n    def b(self):\n        return 2\n"
-    stub = "class C:\n    def a(self):\n        pass  # TODO: return 1\n\n    def b(self):\n        return 3\n"
+    stub = (
+        "class C:\n    def a(self):\n        pass  # TODO: return 1\n\n    def b(self):\n        return 3\n"
+    )
     assert [p.split(" ")[0] for p in contract.drifted_definitions(stub, solution, STUB_FILE)] == ["C.b"]
 
 
@@ -128,8 +140,11 @@ def _insert(source: str, inserts: list[tuple[tuple[int, int], str]]) -> str:
 def spaced(source: str) -> str:
     """One more space after every operator and bracket: `f(a, b=1)` becomes `f( a,  b= 1)`."""
     tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
-    inserts = [(tok.end, " ") for tok, in_f in zip(tokens, _fstring_depths(tokens))
-               if tok.type == tokenize.OP and not in_f]
+    inserts = [
+        (tok.end, " ")
+        for tok, in_f in zip(tokens, _fstring_depths(tokens))
+        if tok.type == tokenize.OP and not in_f
+    ]
     return _insert(source, inserts)
 
 
@@ -146,8 +161,12 @@ def wrapped_with_comments(source: str) -> str:
         elif tok.string in ")]}":
             depth -= 1
         following = tokens[n + 1]
-        if depth > 0 and tok.string in ("(", ",") and following.start[0] == tok.end[0] and following.type not in (
-                tokenize.NL, tokenize.COMMENT):
+        if (
+            depth > 0
+            and tok.string in ("(", ",")
+            and following.start[0] == tok.end[0]
+            and following.type not in (tokenize.NL, tokenize.COMMENT)
+        ):
             inserts.append((tok.end, "  # reformatted\n" + " " * 12))
     return _insert(source, inserts)
 
@@ -155,12 +174,16 @@ def wrapped_with_comments(source: str) -> str:
 def reindented(source: str) -> str:
     """Every line's indentation doubled, except the lines inside a multi-line string."""
     tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
-    inside_strings = {row for tok in tokens if tok.type == tokenize.STRING
-                      for row in range(tok.start[0] + 1, tok.end[0] + 1)}
+    inside_strings = {
+        row
+        for tok in tokens
+        if tok.type == tokenize.STRING
+        for row in range(tok.start[0] + 1, tok.end[0] + 1)
+    }
     lines = source.splitlines(keepends=True)
     for n, line in enumerate(lines, start=1):
         if n not in inside_strings:
-            lines[n - 1] = line[:len(line) - len(line.lstrip(" "))] + line
+            lines[n - 1] = line[: len(line) - len(line.lstrip(" "))] + line
     return "".join(lines)
 
 
@@ -172,8 +195,9 @@ MUTANTS = [(lesson, m) for lesson in LESSONS for m in load_mutants(lesson.stem)]
 
 
 @pytest.mark.parametrize("reformat", [spaced, wrapped_with_comments, reindented], ids=lambda f: f.__name__)
-@pytest.mark.parametrize("lesson", [lesson for lesson in LESSONS if load_mutants(lesson.stem)],
-                         ids=lambda lesson: lesson.id)
+@pytest.mark.parametrize(
+    "lesson", [lesson for lesson in LESSONS if load_mutants(lesson.stem)], ids=lambda lesson: lesson.id
+)
 def test_every_mutant_applies_to_a_reformatted_solution(lesson, reformat):
     source = lesson.solution.read_text()
     reformatted = reformat(source)
@@ -197,11 +221,11 @@ def test_mutate_gives_every_mutant_of_a_lesson_its_source():
     assert all(r.problem is None and r.source != find("t2").solution.read_text() for r in results)
 
 
-SOURCE = '''def f(a, b):
+SOURCE = """def f(a, b):
     x = foo(a, b)  # why
     y = foo(a, "s")
     return x + y
-'''
+"""
 
 
 def test_old_that_occurs_twice_raises_with_the_mutant_name():
@@ -226,7 +250,7 @@ def test_other_quotes_and_a_trailing_comma_still_match():
 
 
 def test_whole_line_old_matches_a_statement_and_follows_its_indentation():
-    m = Mutant("m", "1. x", "    y = foo(a, \"s\")\n", "    if a:\n        y = 0\n")
+    m = Mutant("m", "1. x", '    y = foo(a, "s")\n', "    if a:\n        y = 0\n")
     out = m.apply(reindented(SOURCE))
     assert "        if a:\n            y = 0\n" in out
     assert dump(out) == dump(reindented(m.apply(SOURCE)))
@@ -241,6 +265,8 @@ def test_repeated_trailing_comment_keeps_the_solutions_comment():
 
 
 def test_pitfalls_without_a_title_need_no_mutant():
-    text = ("## 5. Pitfalls and self-test\n\n1. **One.** Caught by `test_a`.\n2. **Two.** Caught by `test_b`.\n"
-            "3. L2's pitfalls carry over.\n\nAnswers: 1) 1.\n")
+    text = (
+        "## 5. Pitfalls and self-test\n\n1. **One.** Caught by `test_a`.\n2. **Two.** Caught by `test_b`.\n"
+        "3. L2's pitfalls carry over.\n\nAnswers: 1) 1.\n"
+    )
     assert titled_pitfalls(text) == [1, 2]

@@ -3,6 +3,7 @@
 Run: make test L=f1 (your drills/mine) or make test L=f1 IMPL=solutions. Caches are poisoned as in L2:
 NaN past every sequence's end and in unused blocks, garbage block ids past every last page.
 """
+
 from __future__ import annotations
 
 import math
@@ -15,13 +16,15 @@ from drills.grading.diagnose import Mistake
 from drills.tests import bigmem, seeded
 from drills.tests.launches import assert_runs_a_triton_kernel
 from drills.tests.paged_kv import (
-    int32_tensor, overlapping_caches, with_entry,
     call_with_canary_out,
     in_layer_pool,
+    int32_tensor,
     make_paged_case,
+    overlapping_caches,
     paged_attention_reference,
     shift_scores,
     strided_q,
+    with_entry,
 )
 
 DIMS = ("b", "head", "d")
@@ -151,10 +154,15 @@ def test_last_page_is_masked(impl, runtime, splits):
     check(impl, case, plan=impl.plan(case.context_lens, 2, 16, num_splits=splits))
 
 
-@pytest.mark.parametrize("Hq,Hkv", [(4, 4), (4, 2), (8, 2), (16, 2), (32, 1)],
-                         ids=["group1-MHA", "group2", "group4", "group8", "group32-MQA"])
+@pytest.mark.parametrize(
+    "Hq,Hkv",
+    [(4, 4), (4, 2), (8, 2), (16, 2), (32, 1)],
+    ids=["group1-MHA", "group2", "group4", "group8", "group32-MQA"],
+)
 def test_kv_head_grouping_is_contiguous(impl, runtime, Hq, Hkv):
-    case = make_paged_case(small(runtime, [40, 9], [300, 129]), Hq, Hkv, 64, 16, device=runtime.device, seed=Hq + Hkv)
+    case = make_paged_case(
+        small(runtime, [40, 9], [300, 129]), Hq, Hkv, 64, 16, device=runtime.device, seed=Hq + Hkv
+    )
     check(impl, case, plan=impl.plan(case.context_lens, Hkv, 16, num_splits=2))
 
 
@@ -168,8 +176,16 @@ def test_page_sizes_gathered_token_by_token(impl, runtime, PAGE):
 
 
 def test_shared_and_shuffled_pages_single_sequence(impl, runtime):
-    case = make_paged_case(small(runtime, [64, 40], [2048, 700]), 8, 2, 128, 16, device=runtime.device,
-                           seed=6, shared_prefix_pages=2)
+    case = make_paged_case(
+        small(runtime, [64, 40], [2048, 700]),
+        8,
+        2,
+        128,
+        16,
+        device=runtime.device,
+        seed=6,
+        shared_prefix_pages=2,
+    )
     check(impl, case)  # the planner's own choice
     one = make_paged_case([small(runtime, 150, 32768)], 32, 8, 128, 16, device=runtime.device, seed=7)
     check(impl, one)  # B = 1: the case split-KV exists for
@@ -178,10 +194,13 @@ def test_shared_and_shuffled_pages_single_sequence(impl, runtime):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_dtypes(impl, runtime, dtype):
     if dtype == torch.bfloat16 and runtime.interpreter:
-        pytest.skip("bf16 runs on a GPU only: the Triton interpreter's tl.dot returns garbage for bf16 "
-                    "(seen in Triton 3.6 and 3.9)")
-    case = make_paged_case(small(runtime, [33, 4], [1500, 17]), 8, 2, 128, 16, dtype=dtype,
-                           device=runtime.device, seed=8)
+        pytest.skip(
+            "bf16 runs on a GPU only: the Triton interpreter's tl.dot returns garbage for bf16 "
+            "(seen in Triton 3.6 and 3.9)"
+        )
+    case = make_paged_case(
+        small(runtime, [33, 4], [1500, 17]), 8, 2, 128, 16, dtype=dtype, device=runtime.device, seed=8
+    )
     check(impl, case, plan=impl.plan(case.context_lens, 2, 16, num_splits=3))
 
 
@@ -190,13 +209,28 @@ def test_page_index_widened_to_int64(impl, runtime):
     on the one-page-per-tile path (PAGE = 16) and the token-by-token one (PAGE = 8). The caches are
     sparse files on a CPU: only the pages the sequences use take memory."""
     if runtime.interpreter and bigmem.free_bytes() < 2**30:
-        pytest.skip(f"needs about 1 GB of free memory for the pages it touches, "
-                    f"{bigmem.free_bytes() / 2**30:.1f} GB free")
+        pytest.skip(
+            f"needs about 1 GB of free memory for the pages it touches, "
+            f"{bigmem.free_bytes() / 2**30:.1f} GB free"
+        )
     Hkv, D = 1, 128
-    for PAGE, lens, splits in ((16, small(runtime, [40, 7], [300, 45]), (1, 3)), (8, [small(runtime, 40, 100)], (2,))):
+    for PAGE, lens, splits in (
+        (16, small(runtime, [40, 7], [300, 45]), (1, 3)),
+        (8, [small(runtime, 40, 100)], (2,)),
+    ):
         first = 2**32 // (PAGE * Hkv * D) + 8  # every used block id is past the int32 limit, wrapped past 0
-        case = make_paged_case(lens, 4, Hkv, D, PAGE, device=runtime.device, seed=9 + PAGE,
-                               num_blocks=first + 64, first_block=first, sparse=True)
+        case = make_paged_case(
+            lens,
+            4,
+            Hkv,
+            D,
+            PAGE,
+            device=runtime.device,
+            seed=9 + PAGE,
+            num_blocks=first + 64,
+            first_block=first,
+            sparse=True,
+        )
         for n in splits:
             check(impl, case, plan=impl.plan(case.context_lens, Hkv, PAGE, num_splits=n))
 
@@ -232,7 +266,7 @@ def test_merge_states_is_associative_and_handles_empty_parts(impl, runtime):
     R, D, dev = 20, 32, runtime.device
     s = torch.randn(R, 24, generator=gen) * 4
     v = torch.randn(R, 24, D, generator=gen)
-    parts = [_state(s[:, i:i + 8], v[:, i:i + 8]) for i in (0, 8, 16)]
+    parts = [_state(s[:, i : i + 8], v[:, i : i + 8]) for i in (0, 8, 16)]
     (a_o, a_l), (b_o, b_l), (c_o, c_l) = [(o.to(dev), l.to(dev)) for o, l in parts]
     left = impl.merge_states(*impl.merge_states(a_o, a_l, b_o, b_l), c_o, c_l)
     right = impl.merge_states(a_o, a_l, *impl.merge_states(b_o, b_l, c_o, c_l))
@@ -298,15 +332,26 @@ def test_merge_states_fp16_outputs(impl, runtime):
 # --- plan() -------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("lens,Hkv", [([1], 8), ([32768], 8), ([4096] * 8, 8), ([1024] * 64, 8),
-                                      ([512] * 256, 8), ([5, 3000, 17], 2), ([16], 1)])
+@pytest.mark.parametrize(
+    "lens,Hkv",
+    [
+        ([1], 8),
+        ([32768], 8),
+        ([4096] * 8, 8),
+        ([1024] * 64, 8),
+        ([512] * 256, 8),
+        ([5, 3000, 17], 2),
+        ([16], 1),
+    ],
+)
 def test_plan_never_returns_empty_or_zero_splits(impl, lens, Hkv):
     """Whatever it chooses, every split of the longest sequence has tokens and chunks are tile-sized."""
     for forced in (None, 1, 7, 10_000):
         p = impl.plan(lens, Hkv, 16, num_sms=132, num_splits=forced)
         assert p.num_splits >= 1 and p.chunk >= 1 and p.max_len == max(lens)
-        assert (p.num_splits - 1) * p.chunk < max(lens) <= p.num_splits * p.chunk, \
+        assert (p.num_splits - 1) * p.chunk < max(lens) <= p.num_splits * p.chunk, (
             f"{p}: the last split of the longest sequence is empty, or the splits do not cover it"
+        )
         if forced is not None:
             assert p.num_splits <= forced
 
@@ -329,46 +374,86 @@ def test_runs_a_triton_kernel(impl, runtime, splits):
     plan = impl.plan(case.context_lens, 2, 16, num_splits=splits)
     assert_runs_a_triton_kernel(impl, lambda: impl.split_kv_decode(*case.args, plan=plan), "split_kv_decode")
     gen = torch.Generator().manual_seed(seeded(18))
-    (o_a, l_a), (o_b, l_b) = [(torch.randn(6, 32, generator=gen).to(runtime.device),
-                               torch.randn(6, generator=gen).to(runtime.device)) for _ in range(2)]
+    (o_a, l_a), (o_b, l_b) = [
+        (
+            torch.randn(6, 32, generator=gen).to(runtime.device),
+            torch.randn(6, generator=gen).to(runtime.device),
+        )
+        for _ in range(2)
+    ]
     assert_runs_a_triton_kernel(impl, lambda: impl.merge_states(o_a, l_a, o_b, l_b), "merge_states")
 
 
 # --- The launcher rejects bad input ----------------------------------------------------------
 
 
-
-
-
 # name -> (how to spoil the arguments of a valid split_kv_decode call, the error, what the message names)
 BAD_INPUTS = {
     "q_dtype_fp32": (lambda a, impl, dev: dict(q=a["q"].float()), TypeError, "q"),
-    "block_tables_int64": (lambda a, impl, dev: dict(block_tables=a["block_tables"].long()), TypeError, "block_tables"),
-    "context_len_zero": (lambda a, impl, dev: dict(context_lens=int32_tensor(dev, 20, 0)), ValueError, "context_lens"),
-    "page_not_pow2": (lambda a, impl, dev: {n: a["k_cache"].repeat(1, 3, 1, 1)[:, :48].contiguous()
-                                            for n in ("k_cache", "v_cache")}, ValueError, "PAGE"),
-    "context_lens_strided": (lambda a, impl, dev: dict(context_lens=int32_tensor(dev, 20, 99, 5, 99)[::2]), ValueError,
-                             "context_lens"),
-    "block_tables_columns_strided": (lambda a, impl, dev: dict(block_tables=a["block_tables"].repeat_interleave(2, 1)[:, ::2]),
-                                     ValueError, "block_tables"),
-    "live_block_id_past_pool": (lambda a, impl, dev: dict(block_tables=with_entry(a["block_tables"], 0, 1, a["k_cache"].shape[0])),
-                                ValueError, r"block_tables\[0, 1\]"),
-    "live_block_id_negative": (lambda a, impl, dev: dict(block_tables=with_entry(a["block_tables"], 1, 0, -5)), ValueError,
-                               r"block_tables\[1, 0\]"),
+    "block_tables_int64": (
+        lambda a, impl, dev: dict(block_tables=a["block_tables"].long()),
+        TypeError,
+        "block_tables",
+    ),
+    "context_len_zero": (
+        lambda a, impl, dev: dict(context_lens=int32_tensor(dev, 20, 0)),
+        ValueError,
+        "context_lens",
+    ),
+    "page_not_pow2": (
+        lambda a, impl, dev: {
+            n: a["k_cache"].repeat(1, 3, 1, 1)[:, :48].contiguous() for n in ("k_cache", "v_cache")
+        },
+        ValueError,
+        "PAGE",
+    ),
+    "context_lens_strided": (
+        lambda a, impl, dev: dict(context_lens=int32_tensor(dev, 20, 99, 5, 99)[::2]),
+        ValueError,
+        "context_lens",
+    ),
+    "block_tables_columns_strided": (
+        lambda a, impl, dev: dict(block_tables=a["block_tables"].repeat_interleave(2, 1)[:, ::2]),
+        ValueError,
+        "block_tables",
+    ),
+    "live_block_id_past_pool": (
+        lambda a, impl, dev: dict(block_tables=with_entry(a["block_tables"], 0, 1, a["k_cache"].shape[0])),
+        ValueError,
+        r"block_tables\[0, 1\]",
+    ),
+    "live_block_id_negative": (
+        lambda a, impl, dev: dict(block_tables=with_entry(a["block_tables"], 1, 0, -5)),
+        ValueError,
+        r"block_tables\[1, 0\]",
+    ),
     "scale_nan": (lambda a, impl, dev: dict(scale=float("nan")), ValueError, "scale"),
     "scale_inf": (lambda a, impl, dev: dict(scale=float("inf")), ValueError, "scale"),
     "scale_negative": (lambda a, impl, dev: dict(scale=-0.125), ValueError, "scale"),
     "scale_zero": (lambda a, impl, dev: dict(scale=0.0), ValueError, "scale"),
     "v_cache_is_k_cache": (lambda a, impl, dev: dict(v_cache=a["k_cache"]), ValueError, "v_cache"),
-    "v_cache_overlaps_k_cache": (lambda a, impl, dev: overlapping_caches(a["k_cache"]), ValueError, "v_cache"),
+    "v_cache_overlaps_k_cache": (
+        lambda a, impl, dev: overlapping_caches(a["k_cache"]),
+        ValueError,
+        "v_cache",
+    ),
     "plan_not_a_plan": (lambda a, impl, dev: dict(plan=4), TypeError, "plan"),
     "plan_too_short": (lambda a, impl, dev: dict(plan=impl.plan([8], 2, 16)), ValueError, "plan"),
-    "plan_zero_splits": (lambda a, impl, dev: dict(plan=impl.DecodePlan(num_splits=0, chunk=32, max_len=20)),
-                         ValueError, "plan.num_splits"),
-    "plan_chunk_not_tiles": (lambda a, impl, dev: dict(plan=impl.DecodePlan(num_splits=2, chunk=10, max_len=20)),
-                             ValueError, "plan.chunk"),
-    "plan_chunks_too_few": (lambda a, impl, dev: dict(plan=impl.DecodePlan(num_splits=1, chunk=16, max_len=20)),
-                            ValueError, "plan"),
+    "plan_zero_splits": (
+        lambda a, impl, dev: dict(plan=impl.DecodePlan(num_splits=0, chunk=32, max_len=20)),
+        ValueError,
+        "plan.num_splits",
+    ),
+    "plan_chunk_not_tiles": (
+        lambda a, impl, dev: dict(plan=impl.DecodePlan(num_splits=2, chunk=10, max_len=20)),
+        ValueError,
+        "plan.chunk",
+    ),
+    "plan_chunks_too_few": (
+        lambda a, impl, dev: dict(plan=impl.DecodePlan(num_splits=1, chunk=16, max_len=20)),
+        ValueError,
+        "plan",
+    ),
 }
 
 
@@ -377,8 +462,13 @@ def test_launcher_rejects_bad_input(impl, runtime, name):
     """Each bad argument raises ValueError/TypeError naming it, before any kernel runs."""
     spoil, error, names = BAD_INPUTS[name]
     case = make_paged_case([20, 5], 4, 2, 64, 16, device=runtime.device, seed=14)
-    args = dict(q=case.q, k_cache=case.k_cache, v_cache=case.v_cache, block_tables=case.block_tables,
-                context_lens=case.context_lens)
+    args = dict(
+        q=case.q,
+        k_cache=case.k_cache,
+        v_cache=case.v_cache,
+        block_tables=case.block_tables,
+        context_lens=case.context_lens,
+    )
     args.update(spoil(args, impl, runtime.device))
     with pytest.raises(error, match=names):
         impl.split_kv_decode(**args)
@@ -435,62 +525,112 @@ def test_tolerance_rejects_zeros(runtime):
 
 EVERY_SPLIT = "test_every_split_count_matches_unsplit"
 MISTAKES = [
-    Mistake(1, fails=("test_empty_splits_do_not_divide_zero_by_zero",), passes=(EVERY_SPLIT,), messages=("NaN",),
-            question="A split whose token range is empty never enters the loop: what are its l and acc, "
-                     "and what does acc / l give?",
-            section="3.4"),
-    Mistake(2, fails=("test_lse_is_natural_log",), messages=(r"out matches, but the returned lse",),
-            question="Your kernel works in base 2 (exp2, scores times log2 e): in which base is m_i + "
-                     "log2(l_i), and in which base must lse be returned?",
-            section="3.3"),
-    Mistake(3, fails=(EVERY_SPLIT,), passes=("test_lse_is_natural_log", "test_last_page_is_masked[1]"),
-            question="Unsplit is right and some split counts are not: with chunk = 48 and ctx = 100, which "
-                     "tokens does each of your splits read, and is any read twice or never?",
-            section="2"),
-    Mistake(4, fails=("test_merge_states_lse_beyond_fp32_exp_range",), passes=("test_merge_states_equals_one_shot_softmax",),
-            question="Both parts have lse near +200 (or -200): what is e^200 in fp32, and what do you "
-                     "subtract from each lse before the exp so that nothing overflows?",
-            section="2"),
-    Mistake(4, fails=("test_split_merge_shifts_by_the_max",),
-            passes=(EVERY_SPLIT, "test_empty_splits_do_not_divide_zero_by_zero"),
-            question="Every split's lse is above 128 here: what is e^lse in fp32, and what does the split "
-                     "merge subtract from each lse before the exp?",
-            section="3.5"),
-    Mistake(5, fails=("test_page_sizes_gathered_token_by_token[1]",),
-            passes=("test_page_sizes_gathered_token_by_token[16]", "test_page_sizes_gathered_token_by_token[64]"),
-            question="With PAGE = 4, how many pages does one 16-token tile span, and how many block-table "
-                     "entries does your kernel read for it?",
-            section="3.2"),
-    Mistake(6, fails=("test_many_splits_merge_with_rescale",),
-            passes=(EVERY_SPLIT, "test_empty_splits_do_not_divide_zero_by_zero"),
-            question="More than 64 splits are merged in groups: when a later group has a larger lse, what "
-                     "happens to the running sum of the earlier groups' weights?",
-            section="3.5"),
-    Mistake(7, fails=("test_kv_head_grouping_is_contiguous[group4]",),
-            passes=("test_kv_head_grouping_is_contiguous[group1-MHA]", "test_kv_head_grouping_is_contiguous[group32-MQA]"),
-            question="Only the cases with 1 < GROUP < Hq fail: with Hq = 32 and Hkv = 8, which KV head "
-                     "should query head 13 read, and which one does your kernel give it?",
-            section="3.1"),
-    Mistake(8, fails=("test_last_page_is_masked", EVERY_SPLIT), messages=(r"NaN|out of bounds",),
-            question="A split ends at min((s + 1) * chunk, ctx): does your mask stop the last tile at the "
-                     "split's end, or load the tokens after it?",
-            section="3.1"),
-    Mistake(9, fails=("test_page_index_widened_to_int64",),
-            passes=(EVERY_SPLIT, "test_page_sizes_gathered_token_by_token"),
-            question="Only block ids past 2**31 / stride_kb fail: in which integer type is the block id "
-                     "multiplied by the page stride in your kernel?",
-            section="3.2"),
-    Mistake(10, fails=("test_q_strides_are_used",),
-            passes=(EVERY_SPLIT, "test_lse_is_natural_log", "test_empty_splits_do_not_divide_zero_by_zero"),
-            question="q is a view here (every other head of a bigger buffer): how far apart are two query "
-                     "heads in memory, and what does your kernel step by?",
-            section="3.1"),
-    Mistake(11, fails=("test_max_starts_at_minus_inf",), passes=(EVERY_SPLIT, "test_split_merge_shifts_by_the_max"),
-            question="Every score is about -128 here: what is your running max after the first tile, if it "
-                     "starts at 0, and what is exp2 of the scores minus it?",
-            section="3.3"),
-    Mistake(12, fails=("test_merge_states_reads_strided_views",), passes=("test_merge_states_equals_one_shot_softmax",),
-            question="merge_states_kernel finds row r at r * D: where does row r of a strided view really "
-                     "start, and what must the launcher give the kernel?",
-            section="3.5"),
+    Mistake(
+        1,
+        fails=("test_empty_splits_do_not_divide_zero_by_zero",),
+        passes=(EVERY_SPLIT,),
+        messages=("NaN",),
+        question="A split whose token range is empty never enters the loop: what are its l and acc, "
+        "and what does acc / l give?",
+        section="3.4",
+    ),
+    Mistake(
+        2,
+        fails=("test_lse_is_natural_log",),
+        messages=(r"out matches, but the returned lse",),
+        question="Your kernel works in base 2 (exp2, scores times log2 e): in which base is m_i + "
+        "log2(l_i), and in which base must lse be returned?",
+        section="3.3",
+    ),
+    Mistake(
+        3,
+        fails=(EVERY_SPLIT,),
+        passes=("test_lse_is_natural_log", "test_last_page_is_masked[1]"),
+        question="Unsplit is right and some split counts are not: with chunk = 48 and ctx = 100, which "
+        "tokens does each of your splits read, and is any read twice or never?",
+        section="2",
+    ),
+    Mistake(
+        4,
+        fails=("test_merge_states_lse_beyond_fp32_exp_range",),
+        passes=("test_merge_states_equals_one_shot_softmax",),
+        question="Both parts have lse near +200 (or -200): what is e^200 in fp32, and what do you "
+        "subtract from each lse before the exp so that nothing overflows?",
+        section="2",
+    ),
+    Mistake(
+        4,
+        fails=("test_split_merge_shifts_by_the_max",),
+        passes=(EVERY_SPLIT, "test_empty_splits_do_not_divide_zero_by_zero"),
+        question="Every split's lse is above 128 here: what is e^lse in fp32, and what does the split "
+        "merge subtract from each lse before the exp?",
+        section="3.5",
+    ),
+    Mistake(
+        5,
+        fails=("test_page_sizes_gathered_token_by_token[1]",),
+        passes=("test_page_sizes_gathered_token_by_token[16]", "test_page_sizes_gathered_token_by_token[64]"),
+        question="With PAGE = 4, how many pages does one 16-token tile span, and how many block-table "
+        "entries does your kernel read for it?",
+        section="3.2",
+    ),
+    Mistake(
+        6,
+        fails=("test_many_splits_merge_with_rescale",),
+        passes=(EVERY_SPLIT, "test_empty_splits_do_not_divide_zero_by_zero"),
+        question="More than 64 splits are merged in groups: when a later group has a larger lse, what "
+        "happens to the running sum of the earlier groups' weights?",
+        section="3.5",
+    ),
+    Mistake(
+        7,
+        fails=("test_kv_head_grouping_is_contiguous[group4]",),
+        passes=(
+            "test_kv_head_grouping_is_contiguous[group1-MHA]",
+            "test_kv_head_grouping_is_contiguous[group32-MQA]",
+        ),
+        question="Only the cases with 1 < GROUP < Hq fail: with Hq = 32 and Hkv = 8, which KV head "
+        "should query head 13 read, and which one does your kernel give it?",
+        section="3.1",
+    ),
+    Mistake(
+        8,
+        fails=("test_last_page_is_masked", EVERY_SPLIT),
+        messages=(r"NaN|out of bounds",),
+        question="A split ends at min((s + 1) * chunk, ctx): does your mask stop the last tile at the "
+        "split's end, or load the tokens after it?",
+        section="3.1",
+    ),
+    Mistake(
+        9,
+        fails=("test_page_index_widened_to_int64",),
+        passes=(EVERY_SPLIT, "test_page_sizes_gathered_token_by_token"),
+        question="Only block ids past 2**31 / stride_kb fail: in which integer type is the block id "
+        "multiplied by the page stride in your kernel?",
+        section="3.2",
+    ),
+    Mistake(
+        10,
+        fails=("test_q_strides_are_used",),
+        passes=(EVERY_SPLIT, "test_lse_is_natural_log", "test_empty_splits_do_not_divide_zero_by_zero"),
+        question="q is a view here (every other head of a bigger buffer): how far apart are two query "
+        "heads in memory, and what does your kernel step by?",
+        section="3.1",
+    ),
+    Mistake(
+        11,
+        fails=("test_max_starts_at_minus_inf",),
+        passes=(EVERY_SPLIT, "test_split_merge_shifts_by_the_max"),
+        question="Every score is about -128 here: what is your running max after the first tile, if it "
+        "starts at 0, and what is exp2 of the scores minus it?",
+        section="3.3",
+    ),
+    Mistake(
+        12,
+        fails=("test_merge_states_reads_strided_views",),
+        passes=("test_merge_states_equals_one_shot_softmax",),
+        question="merge_states_kernel finds row r at r * D: where does row r of a strided view really "
+        "start, and what must the launcher give the kernel?",
+        section="3.5",
+    ),
 ]

@@ -7,6 +7,7 @@ pure-Python lesson is needed), and grades it as `make test` does, in a child pyt
 to the checks the test needs: a whole T1 grading takes tens of seconds under the interpreter. The real
 drills/mine and drills/solutions files are never written.
 """
+
 from __future__ import annotations
 
 import os
@@ -33,8 +34,11 @@ T1_STORE = "tl.store(out_ptr + offs, x + y, mask=mask)"  # the store of T1's ker
 RUNTIME = drills.runtime.current()
 # The harness checks every load and store lane and visits programs in reverse only in the interpreter;
 # on a GPU the same kernels write past their tensors, or hang the device, for real.
-interpreter_only = pytest.mark.skipif(not RUNTIME.interpreter, reason="the harness checks bounds, program "
-                                      "order and endless kernels only under the Triton interpreter (CPU)")
+interpreter_only = pytest.mark.skipif(
+    not RUNTIME.interpreter,
+    reason="the harness checks bounds, program "
+    "order and endless kernels only under the Triton interpreter (CPU)",
+)
 
 
 # --- Building and grading learner files --------------------------------------------------------
@@ -96,13 +100,17 @@ def words(text: str) -> str:
 SOLUTION = str(T1.solution)
 CHEATS_AT_IMPORT = {
     # The reference re-exported: the import itself is refused, before any relabelling could run.
-    "imports_the_reference": ("from drills.solutions.t1_vector_add import *  # noqa: F401,F403\n",
-                              "may not import drills.solutions"),
+    "imports_the_reference": (
+        "from drills.solutions.t1_vector_add import *  # noqa: F401,F403\n",
+        "may not import drills.solutions",
+    ),
     # The reference's source read and run from the learner's file.
     "execs_the_reference_source": (f"exec(open({SOLUTION!r}).read())\n", "may not read"),
     # Another program asked for the reference.
-    "cats_the_reference": (t1_source(extra=f"\nimport subprocess\nsubprocess.run(['cat', {SOLUTION!r}])\n"),
-                           "may not start programs"),
+    "cats_the_reference": (
+        t1_source(extra=f"\nimport subprocess\nsubprocess.run(['cat', {SOLUTION!r}])\n"),
+        "may not start programs",
+    ),
     # The process ended before any check could run: once graded as passing with only the banner printed.
     "os_exit_0": (t1_source(extra="\nimport os\nos._exit(0)\n"), "ended the process"),
     "sys_exit_0": (t1_source(extra="\nimport sys\nsys.exit(0)\n"), "sys.exit(0)"),
@@ -122,10 +130,12 @@ def test_cheat_at_import_does_not_import(tmp_path, cheat):
 def test_hard_link_to_the_reference_is_refused(tmp_path):
     """The reference read through a hard link made next to the learner's file (the path differs, the file
     is the same), then run under the learner file's name so its kernel counts as the learner's."""
-    source = ("import os\n"
-              "_link = os.path.join(os.path.dirname(__file__), 'reference_link.py')\n"
-              f"os.link({SOLUTION!r}, _link)\n"
-              "exec(compile(open(_link).read(), __file__, 'exec'))\n")
+    source = (
+        "import os\n"
+        "_link = os.path.join(os.path.dirname(__file__), 'reference_link.py')\n"
+        f"os.link({SOLUTION!r}, _link)\n"
+        "exec(compile(open(_link).read(), __file__, 'exec'))\n"
+    )
     process = LearnerProcess(write_learner_file(tmp_path, source), f"drills._graded_{T1.stem}")
     try:
         with pytest.raises(ImportFailed, match="may not"):
@@ -136,7 +146,7 @@ def test_hard_link_to_the_reference_is_refused(tmp_path):
 
 def test_torch_answer_beside_a_decoy_kernel_did_not_come_from_your_kernel(tmp_path):
     """Right numbers from torch, and a kernel of the learner's file launched to look like work."""
-    decoy = '''
+    decoy = """
 
 @triton.jit
 def _decoy_kernel(x_ptr, n, BLOCK: tl.constexpr):
@@ -147,7 +157,7 @@ def _decoy_kernel(x_ptr, n, BLOCK: tl.constexpr):
 def _launch(x, y, out, BLOCK=2048, num_warps=4):
     _decoy_kernel[(1,)](x, x.numel(), BLOCK=BLOCK)
     return torch.add(x, y, out=out)
-'''
+"""
     result = grade_t1(tmp_path, t1_source(extra=decoy), "test_runs_a_triton_kernel")
     screen = one_screen(result)
     assert result.state == "failing", screen
@@ -158,11 +168,11 @@ def _launch(x, y, out, BLOCK=2048, num_warps=4):
 def test_wrong_kernel_fails_with_the_comparison_helpers_replaced(tmp_path):
     """x - y, and drills.compare's helpers replaced by no-ops from the learner's file: the comparison runs
     in the grader's process, which the learner's file never reaches."""
-    forge = '''
+    forge = """
 import drills.compare
 drills.compare.mismatch = lambda *args, **kwargs: None
 drills.compare.assert_close = lambda *args, **kwargs: None
-'''
+"""
     source = t1_source(T1_STORE, T1_STORE.replace("x + y", "x - y"), extra=forge)
     result = grade_t1(tmp_path, source, "test_out_is_allocated_when_not_given")
     screen = one_screen(result)
@@ -175,12 +185,18 @@ drills.compare.assert_close = lambda *args, **kwargs: None
 
 def test_store_without_a_mask_is_graded_on_one_screen(tmp_path):
     source, pitfall = t1_mutant("store_unmasked")
-    result = grade_t1(tmp_path, source, "test_by_hand_lane_11_is_masked", "test_by_hand_store_stops_at_element_9",
-                      "test_last_block_is_masked[n1]")
+    result = grade_t1(
+        tmp_path,
+        source,
+        "test_by_hand_lane_11_is_masked",
+        "test_by_hand_store_stops_at_element_9",
+        "test_last_block_is_masked[n1]",
+    )
     screen = one_screen(result)
     assert result.state == "failing", screen
-    assert failures(result) and all(re.search(r"canary|out of bounds|past n", m) for m in failures(result).values()), \
-        screen
+    assert failures(result) and all(
+        re.search(r"canary|out of bounds|past n", m) for m in failures(result).values()
+    ), screen
     assert result.findings[0]["pitfall"] == pitfall, screen
     assert f"likely mistake: pitfall {pitfall}" in screen
 
@@ -205,8 +221,12 @@ def test_crash_fails_its_check_and_the_next_checks_still_run(tmp_path):
     the kernel and _launch are right, so the checks that call them after the crash must pass."""
     crash = "    import os, signal\n    os.kill(os.getpid(), signal.SIGSEGV)\n    return _launch(x, y, out)\n"
     source = t1_source("    return _launch(x, y, out)\n", crash)
-    result = grade_t1(tmp_path, source, "test_out_is_allocated_when_not_given",
-                      "test_launch_rejects_block_not_a_power_of_two")
+    result = grade_t1(
+        tmp_path,
+        source,
+        "test_out_is_allocated_when_not_given",
+        "test_launch_rejects_block_not_a_power_of_two",
+    )
     screen = one_screen(result)
     message = failures(result).get("test_out_is_allocated_when_not_given", "")
     assert "ended the process" in message and "SIGSEGV" in message, screen
@@ -217,10 +237,13 @@ def test_crash_fails_its_check_and_the_next_checks_still_run(tmp_path):
 @interpreter_only
 def test_endless_loop_times_out_and_the_next_checks_still_run(tmp_path, monkeypatch):
     monkeypatch.setenv("DRILLS_CALL_TIMEOUT", "5")
-    source = t1_source("    mask = offs < n  # [BLOCK]\n",
-                       "    mask = offs < n  # [BLOCK]\n    while n > 0:  # never ends\n        pass\n")
-    result = grade_t1(tmp_path, source, "test_by_hand_lane_11_is_masked",
-                      "test_launch_rejects_block_not_a_power_of_two")
+    source = t1_source(
+        "    mask = offs < n  # [BLOCK]\n",
+        "    mask = offs < n  # [BLOCK]\n    while n > 0:  # never ends\n        pass\n",
+    )
+    result = grade_t1(
+        tmp_path, source, "test_by_hand_lane_11_is_masked", "test_launch_rejects_block_not_a_power_of_two"
+    )
     screen = one_screen(result)
     assert "did not return within 5 s" in failures(result).get("test_by_hand_lane_11_is_masked", ""), screen
     assert outcome(result, "test_launch_rejects_block_not_a_power_of_two") == {"passed"}, screen
@@ -247,10 +270,17 @@ def test_verbose_prints_pytest_lines_and_the_default_one_screen():
     env.pop(run.VERBOSE_ENV, None)
     cmd = [sys.executable, "-m", "drills", "test", "t1", "--impl", "solutions"]
     runs = {
-        "default": subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    text=True),
-        "VERBOSE=1": subprocess.Popen(cmd, cwd=ROOT, env=dict(env, **{run.VERBOSE_ENV: "1"}), stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True),
+        "default": subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        ),
+        "VERBOSE=1": subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            env=dict(env, **{run.VERBOSE_ENV: "1"}),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        ),
     }
     out = {name: proc.communicate(timeout=300)[0] for name, proc in runs.items()}
     assert runs["default"].returncode == 0, out["default"]
@@ -273,8 +303,10 @@ def test_hint_follows_the_diagnosed_mistake(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv(learner.MINE_DIR_ENV, str(mine))
     monkeypatch.setenv(learner.STATE_DIR_ENV, str(tmp_path / "state"))
     # The two checks that tell this mistake from an unmasked kernel; the whole grader takes far longer.
-    monkeypatch.setenv("PYTEST_ADDOPTS",
-                       "-k 'test_by_hand_grid_has_three_programs or test_by_hand_kernel_masks_lanes_10_and_11'")
+    monkeypatch.setenv(
+        "PYTEST_ADDOPTS",
+        "-k 'test_by_hand_grid_has_three_programs or test_by_hand_kernel_masks_lanes_10_and_11'",
+    )
 
     def hint(restart=False):
         assert learner.cmd_hint(types.SimpleNamespace(lesson="t1", restart=restart)) == 0
@@ -317,12 +349,14 @@ def test_proxy_writes_into_views_of_the_graders_tensors(remote):
     x = torch.arange(n, dtype=torch.float32, device=RUNTIME.device)  # [n]
     y = 10 * x  # [n]
     buffer = torch.full((3, n + 4), CANARY, device=RUNTIME.device)  # [3, n + 4]
-    out = buffer[1, 2:2 + n]  # [n], a view into the middle of the buffer: storage offset n + 6
+    out = buffer[1, 2 : 2 + n]  # [n], a view into the middle of the buffer: storage offset n + 6
     returned = impl.vector_add(x, y, out=out)
     assert returned.data_ptr() == out.data_ptr(), "a returned view of `out` must be the caller's own `out`"
-    assert out.tolist() == [11.0 * i for i in range(n)], "the learner's write into out did not reach the grader"
+    assert out.tolist() == [11.0 * i for i in range(n)], (
+        "the learner's write into out did not reach the grader"
+    )
     around = buffer.clone()
-    around[1, 2:2 + n] = CANARY
+    around[1, 2 : 2 + n] = CANARY
     assert (around == CANARY).all(), "memory around out changed"
     # The kernel launched by hand on a view, and in place on an input: the same writes come back.
     impl.vector_add_kernel[(3,)](x, y, x, n, BLOCK=4)
@@ -367,8 +401,16 @@ def test_proxy_calls_back_the_graders_hash_fn(remote):
 
 
 def test_mistake_naming_one_parametrized_case_matches_it():
-    cases = [Case("test_last_block_is_masked[n1]", "test_last_block_is_masked", "failed", "canary overwritten"),
-             Case("test_last_block_is_masked[n2]", "test_last_block_is_masked", "passed")]
-    found = diagnose.diagnose(cases, [diagnose.Mistake(1, fails=("test_last_block_is_masked[n1]",),
-                                                       passes=("test_last_block_is_masked[n2]",))])
+    cases = [
+        Case("test_last_block_is_masked[n1]", "test_last_block_is_masked", "failed", "canary overwritten"),
+        Case("test_last_block_is_masked[n2]", "test_last_block_is_masked", "passed"),
+    ]
+    found = diagnose.diagnose(
+        cases,
+        [
+            diagnose.Mistake(
+                1, fails=("test_last_block_is_masked[n1]",), passes=("test_last_block_is_masked[n2]",)
+            )
+        ],
+    )
     assert found and found[0].pitfall == 1 and found[0].consistent, found

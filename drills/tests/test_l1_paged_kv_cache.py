@@ -4,6 +4,7 @@ Run: make test L=l1 (your drills/mine) or make test L=l1 IMPL=solutions. The wor
 of the explainer) are checked through your functions; every store goes into caches that sit inside a
 canary-filled buffer with spare blocks on each side, so a write to any slot it does not own is seen.
 """
+
 from __future__ import annotations
 
 import math
@@ -13,8 +14,8 @@ import pytest
 import torch
 
 from drills.compare import assert_close, assert_untouched, mismatch
-from drills.solutions.l2_paged_decode import paged_decode
 from drills.grading.diagnose import Mistake
+from drills.solutions.l2_paged_decode import paged_decode
 from drills.tests import raises_naming, seeded
 from drills.tests.bigmem import free_bytes, sparse_empty
 from drills.tests.launches import assert_runs_a_triton_kernel
@@ -33,61 +34,126 @@ EXAMPLE_TABLE = [3, 1, 5]
 
 # The explainer's pitfalls (section 5) and the pattern of checks each leaves, for the diagnosis.
 MISTAKES = [
-    Mistake(1, fails=("test_all_padding_batch_writes_nothing",), passes=("test_first_and_last_slot_of_the_cache",),
-            question="What does your kernel do for a row whose slot_mapping entry is -1?", section="2.5"),
-    Mistake(2, fails=("test_slot_index_widened_to_int64",),
-            passes=("test_store_then_gather_through_block_tables", "test_first_and_last_slot_of_the_cache"),
-            question="In which integer type is block * stride(0) computed, and how large does it get in a cache "
-                     "of 2**32 elements?", section="3.5"),
-    Mistake(3, fails=("test_worked_example_slot_mapping",), passes=("test_free_returns_the_block_to_the_free_list",),
-            question="For table [3, 1, 5] and block size 4, which slot does your BlockTable give token 9?",
-            section="2.4"),
-    Mistake(3, fails=("test_first_and_last_slot_of_the_cache", "test_store_then_gather_through_block_tables"),
-            passes=("test_worked_example_slot_mapping",),
-            question="In your kernel's address, which of slot // PAGE and slot % PAGE multiplies the block "
-                     "stride?", section="3.5"),
-    Mistake(4, fails=("test_double_free_rejected",), passes=("test_free_returns_the_block_to_the_free_list",),
-            question="What stops free() from putting a block on the free list that is already there?",
-            section="3.1"),
-    Mistake(5, fails=("test_free_returns_the_block_to_the_free_list",),
-            question="After free(b), where is b, and can allocate() hand it out again?", section="3.1"),
-    Mistake(6, fails=("test_worked_example_last_block_is_full_check", "test_table_grows_one_block_at_a_time"),
-            question="With block size 4, is the last block full at 12 tokens? At 11? What does your check say?",
-            section="2.3"),
-    Mistake(7, fails=("test_append_that_does_not_fit_allocates_nothing",),
-            passes=("test_table_grows_one_block_at_a_time",),
-            question="When append_tokens cannot get every block it needs, what has it taken before it fails?",
-            section="3.2"),
-    Mistake(8, fails=("test_worked_example_paged_waste_is_37_5_percent",),
-            passes=("test_worked_example_contiguous_waste_is_58_33_percent",),
-            question="How many 4-token blocks does a 3-token request hold: what does your count give?",
-            section="2.1"),
-    Mistake(8, fails=("test_worked_example_contiguous_waste_is_58_33_percent",),
-            question="Wasted as a fraction of what: the tokens used, or the slots allocated?", section="2.1"),
-    Mistake(9, fails=("test_heads_and_dims_not_powers_of_two",),
-            passes=("test_store_then_gather_through_block_tables",),
-            question="Which lanes of the [HKV_PAD, D_PAD] tile are real when Hkv or D is not a power of two, and "
-                     "does every store skip the others?", section="3.6"),
-    Mistake(9, fails=("test_heads_and_dims_not_powers_of_two",), passes=("test_strided_key_value_rows",),
-            messages=(r"out of bounds load of (key|value)",),
-            question="Your loads read the padded lanes too: where do lanes past Hkv or D point for the last row "
-                     "of key?", section="3.6"),
-    Mistake(10, fails=("test_launcher_rejects_bad_input[slot_past_the_cache]",),
-            question="Which slot values must the launcher refuse before it launches?", section="3.7"),
-    Mistake(10, fails=("test_launcher_rejects_bad_input[duplicate_slot]",),
-            question="What happens when two rows of one batch name the same slot?", section="3.7"),
-    Mistake(11, fails=("test_cache_strides_are_used",),
-            passes=("test_all_padding_batch_writes_nothing", "test_store_then_gather_through_block_tables"),
-            question="Where does slot s live in a cache whose strides are not (PAGE * Hkv * D, Hkv * D, D, 1)?",
-            section="3.5"),
-    Mistake(12, fails=("test_strided_key_value_rows[fused_qkv]",),
-            passes=("test_store_then_gather_through_block_tables",),
-            question="How far apart are two rows of key when key is a view of a fused qkv tensor?", section="3.4"),
-    Mistake(12, fails=("test_strided_key_value_rows[value_own_strides]",),
-            passes=("test_strided_key_value_rows[fused_qkv]",),
-            question="Are value's rows always as far apart as key's?", section="3.4"),
+    Mistake(
+        1,
+        fails=("test_all_padding_batch_writes_nothing",),
+        passes=("test_first_and_last_slot_of_the_cache",),
+        question="What does your kernel do for a row whose slot_mapping entry is -1?",
+        section="2.5",
+    ),
+    Mistake(
+        2,
+        fails=("test_slot_index_widened_to_int64",),
+        passes=("test_store_then_gather_through_block_tables", "test_first_and_last_slot_of_the_cache"),
+        question="In which integer type is block * stride(0) computed, and how large does it get in a cache "
+        "of 2**32 elements?",
+        section="3.5",
+    ),
+    Mistake(
+        3,
+        fails=("test_worked_example_slot_mapping",),
+        passes=("test_free_returns_the_block_to_the_free_list",),
+        question="For table [3, 1, 5] and block size 4, which slot does your BlockTable give token 9?",
+        section="2.4",
+    ),
+    Mistake(
+        3,
+        fails=("test_first_and_last_slot_of_the_cache", "test_store_then_gather_through_block_tables"),
+        passes=("test_worked_example_slot_mapping",),
+        question="In your kernel's address, which of slot // PAGE and slot % PAGE multiplies the block "
+        "stride?",
+        section="3.5",
+    ),
+    Mistake(
+        4,
+        fails=("test_double_free_rejected",),
+        passes=("test_free_returns_the_block_to_the_free_list",),
+        question="What stops free() from putting a block on the free list that is already there?",
+        section="3.1",
+    ),
+    Mistake(
+        5,
+        fails=("test_free_returns_the_block_to_the_free_list",),
+        question="After free(b), where is b, and can allocate() hand it out again?",
+        section="3.1",
+    ),
+    Mistake(
+        6,
+        fails=("test_worked_example_last_block_is_full_check", "test_table_grows_one_block_at_a_time"),
+        question="With block size 4, is the last block full at 12 tokens? At 11? What does your check say?",
+        section="2.3",
+    ),
+    Mistake(
+        7,
+        fails=("test_append_that_does_not_fit_allocates_nothing",),
+        passes=("test_table_grows_one_block_at_a_time",),
+        question="When append_tokens cannot get every block it needs, what has it taken before it fails?",
+        section="3.2",
+    ),
+    Mistake(
+        8,
+        fails=("test_worked_example_paged_waste_is_37_5_percent",),
+        passes=("test_worked_example_contiguous_waste_is_58_33_percent",),
+        question="How many 4-token blocks does a 3-token request hold: what does your count give?",
+        section="2.1",
+    ),
+    Mistake(
+        8,
+        fails=("test_worked_example_contiguous_waste_is_58_33_percent",),
+        question="Wasted as a fraction of what: the tokens used, or the slots allocated?",
+        section="2.1",
+    ),
+    Mistake(
+        9,
+        fails=("test_heads_and_dims_not_powers_of_two",),
+        passes=("test_store_then_gather_through_block_tables",),
+        question="Which lanes of the [HKV_PAD, D_PAD] tile are real when Hkv or D is not a power of two, and "
+        "does every store skip the others?",
+        section="3.6",
+    ),
+    Mistake(
+        9,
+        fails=("test_heads_and_dims_not_powers_of_two",),
+        passes=("test_strided_key_value_rows",),
+        messages=(r"out of bounds load of (key|value)",),
+        question="Your loads read the padded lanes too: where do lanes past Hkv or D point for the last row "
+        "of key?",
+        section="3.6",
+    ),
+    Mistake(
+        10,
+        fails=("test_launcher_rejects_bad_input[slot_past_the_cache]",),
+        question="Which slot values must the launcher refuse before it launches?",
+        section="3.7",
+    ),
+    Mistake(
+        10,
+        fails=("test_launcher_rejects_bad_input[duplicate_slot]",),
+        question="What happens when two rows of one batch name the same slot?",
+        section="3.7",
+    ),
+    Mistake(
+        11,
+        fails=("test_cache_strides_are_used",),
+        passes=("test_all_padding_batch_writes_nothing", "test_store_then_gather_through_block_tables"),
+        question="Where does slot s live in a cache whose strides are not (PAGE * Hkv * D, Hkv * D, D, 1)?",
+        section="3.5",
+    ),
+    Mistake(
+        12,
+        fails=("test_strided_key_value_rows[fused_qkv]",),
+        passes=("test_store_then_gather_through_block_tables",),
+        question="How far apart are two rows of key when key is a view of a fused qkv tensor?",
+        section="3.4",
+    ),
+    Mistake(
+        12,
+        fails=("test_strided_key_value_rows[value_own_strides]",),
+        passes=("test_strided_key_value_rows[fused_qkv]",),
+        question="Are value's rows always as far apart as key's?",
+        section="3.4",
+    ),
 ]
-
 
 
 def sizes(runtime, small, large):
@@ -138,7 +204,9 @@ def canary_caches(num_blocks, PAGE, Hkv, D, dtype, device):
     """(buffer_k, buffer_v, k_cache, v_cache): each cache is buffer[M:-M], with M = margin(PAGE) spare
     blocks of canary on each side."""
     M = margin(PAGE)
-    buffers = [torch.full((num_blocks + 2 * M, PAGE, Hkv, D), CANARY, dtype=dtype, device=device) for _ in range(2)]
+    buffers = [
+        torch.full((num_blocks + 2 * M, PAGE, Hkv, D), CANARY, dtype=dtype, device=device) for _ in range(2)
+    ]
     return buffers[0], buffers[1], buffers[0][M:-M], buffers[1][M:-M]
 
 
@@ -155,8 +223,14 @@ def store_and_check(impl, key, value, slot_mapping, num_blocks, PAGE):
     M = margin(PAGE)
     keep[M:-M].view(-1, Hkv, D)[slots] = True
     for name, buf, cache, src in (("k_cache", buf_k, k_cache, key), ("v_cache", buf_v, v_cache, value)):
-        assert_untouched(buf, CANARY, keep, f"the buffer around {name} (a padding row written, a slot "
-                         "mis-addressed, or padded heads/features stored?)", CACHE_DIMS)
+        assert_untouched(
+            buf,
+            CANARY,
+            keep,
+            f"the buffer around {name} (a padding row written, a slot "
+            "mis-addressed, or padded heads/features stored?)",
+            CACHE_DIMS,
+        )
         assert_close(cache.reshape(-1, Hkv, D)[slots], src[real], ROW_DIMS, **EXACT)
     return k_cache, v_cache
 
@@ -238,9 +312,18 @@ def test_worked_example_block_table_lookup_for_every_token(impl):
     table[t // 4], offset t % 4. Token 9 -> logical 2 -> physical 5, offset 1."""
     _, table = example_table(impl, 10)
     assert table.blocks == EXAMPLE_TABLE
-    expected = [(0, 3, 0), (0, 3, 1), (0, 3, 2), (0, 3, 3),
-                (1, 1, 0), (1, 1, 1), (1, 1, 2), (1, 1, 3),
-                (2, 5, 0), (2, 5, 1)]
+    expected = [
+        (0, 3, 0),
+        (0, 3, 1),
+        (0, 3, 2),
+        (0, 3, 3),
+        (1, 1, 0),
+        (1, 1, 1),
+        (1, 1, 2),
+        (1, 1, 3),
+        (2, 5, 0),
+        (2, 5, 1),
+    ]
     for t, want in enumerate(expected):
         got = tuple(table.lookup(t))
         assert got == want, f"lookup({t}) = {got}, expected (logical, physical, offset) = {want}"
@@ -254,8 +337,11 @@ def test_worked_example_physical_layout(impl):
     for t in range(10):
         _, physical, offset = table.lookup(t)
         layout.setdefault(physical, []).append((offset, t))
-    assert layout == {3: [(0, 0), (1, 1), (2, 2), (3, 3)], 1: [(0, 4), (1, 5), (2, 6), (3, 7)],
-                      5: [(0, 8), (1, 9)]}
+    assert layout == {
+        3: [(0, 0), (1, 1), (2, 2), (3, 3)],
+        1: [(0, 4), (1, 5), (2, 6), (3, 7)],
+        5: [(0, 8), (1, 9)],
+    }
 
 
 def test_worked_example_slot_mapping(impl):
@@ -373,7 +459,7 @@ def test_table_grows_one_block_at_a_time(impl, block_size):
         table.append_tokens(1)
         blocks = table.blocks
         assert len(blocks) == math.ceil(n / block_size), f"{n} tokens in blocks of {block_size}: {blocks}"
-        assert blocks[:len(held)] == held, "a block already held changed"
+        assert blocks[: len(held)] == held, "a block already held changed"
         held = blocks
         assert table.last_block_is_full is (n % block_size == 0), f"last_block_is_full wrong at {n} tokens"
     assert alloc.num_free == 16 - len(held)
@@ -429,16 +515,27 @@ def test_lookup_outside_the_sequence_raises(impl, t):
         table.slot(t)
 
 
-@pytest.mark.parametrize("make", [
-    lambda impl: impl.BlockAllocator(0),
-    lambda impl: impl.BlockAllocator(-3),
-    lambda impl: impl.BlockTable(impl.BlockAllocator(2), 0),
-    lambda impl: impl.BlockTable(impl.BlockAllocator(2), 4).append_tokens(-1),
-    lambda impl: impl.waste_contiguous([3, 5], 0),
-    lambda impl: impl.waste_paged([3, 5], 0),
-    lambda impl: impl.waste_paged([3, -5], 4),
-], ids=["pool_of_0", "pool_negative", "block_size_0", "append_negative", "reserved_0", "paged_block_size_0",
-        "negative_length"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda impl: impl.BlockAllocator(0),
+        lambda impl: impl.BlockAllocator(-3),
+        lambda impl: impl.BlockTable(impl.BlockAllocator(2), 0),
+        lambda impl: impl.BlockTable(impl.BlockAllocator(2), 4).append_tokens(-1),
+        lambda impl: impl.waste_contiguous([3, 5], 0),
+        lambda impl: impl.waste_paged([3, 5], 0),
+        lambda impl: impl.waste_paged([3, -5], 4),
+    ],
+    ids=[
+        "pool_of_0",
+        "pool_negative",
+        "block_size_0",
+        "append_negative",
+        "reserved_0",
+        "paged_block_size_0",
+        "negative_length",
+    ],
+)
 def test_bad_sizes_rejected(impl, make):
     with pytest.raises(ValueError):
         make(impl)
@@ -459,10 +556,10 @@ def test_store_then_gather_through_block_tables(impl, runtime):
     slot_mapping = torch.tensor(slots, dtype=torch.int64, device=runtime.device)
     k_cache, v_cache = store_and_check(impl, key, value, slot_mapping, num_blocks, PAGE)
     start = 0
-    for s, (table, n) in enumerate(zip(tables, lens)):
+    for table, n in zip(tables, lens):
         row = torch.tensor(table.blocks, device=runtime.device)
-        assert_close(gather_kv(k_cache, row, n), key[start:start + n], ROW_DIMS, **EXACT)
-        assert_close(gather_kv(v_cache, row, n), value[start:start + n], ROW_DIMS, **EXACT)
+        assert_close(gather_kv(k_cache, row, n), key[start : start + n], ROW_DIMS, **EXACT)
+        assert_close(gather_kv(v_cache, row, n), value[start : start + n], ROW_DIMS, **EXACT)
         start += n
 
 
@@ -493,8 +590,11 @@ def test_first_and_last_slot_of_the_cache(impl, runtime):
     store_and_check(impl, key, value, slots, num_blocks, PAGE)
 
 
-@pytest.mark.parametrize("Hkv,D,PAGE", [(3, 24, 5), (1, 128, 16), (6, 40, 3), (8, 128, 16)],
-                         ids=["Hkv3-D24-PAGE5", "Hkv1-D128", "Hkv6-D40-PAGE3", "Hkv8-D128"])
+@pytest.mark.parametrize(
+    "Hkv,D,PAGE",
+    [(3, 24, 5), (1, 128, 16), (6, 40, 3), (8, 128, 16)],
+    ids=["Hkv3-D24-PAGE5", "Hkv1-D128", "Hkv6-D40-PAGE3", "Hkv8-D128"],
+)
 def test_heads_and_dims_not_powers_of_two(impl, runtime, Hkv, D, PAGE):
     """Hkv and D padded up to powers of two for tl.arange: the padded heads and features must be masked
     on the store, or they land on the next slot's heads (or past the cache: the spare block sees it)."""
@@ -512,7 +612,7 @@ def _strided_rows(layout, N, Hkv, D, device, seed):
     gen = torch.Generator().manual_seed(seeded(seed))
     Hq = 8
     qkv = torch.randn(N, Hq + 2 * Hkv, D, generator=gen).half().to(device)  # [N, Hq + 2 Hkv, D]
-    key, value = qkv[:, Hq:Hq + Hkv], qkv[:, Hq + Hkv:]  # [N, Hkv, D] views, stride(0) = (Hq + 2 Hkv) * D
+    key, value = qkv[:, Hq : Hq + Hkv], qkv[:, Hq + Hkv :]  # [N, Hkv, D] views, stride(0) = (Hq + 2 Hkv) * D
     if layout == "value_own_strides":  # key still a view of qkv, value a plain contiguous tensor
         value = value.clone()
     elif layout == "padded_head_dim":  # heads D + 8 apart: stride(1) is not D either
@@ -529,17 +629,24 @@ def test_strided_key_value_rows(impl, runtime, layout):
     N, Hkv, D, PAGE, num_blocks = sizes(runtime, 9, 300), 2, 32, 4, sizes(runtime, 5, 200)
     key, value = _strided_rows(layout, N, Hkv, D, runtime.device, seed=6)
     assert not key.is_contiguous() and (layout == "value_own_strides") == (value.stride() != key.stride())
-    store_and_check(impl, key, value, distinct_slots(N, num_blocks * PAGE, runtime.device, seed=6), num_blocks, PAGE)
+    store_and_check(
+        impl, key, value, distinct_slots(N, num_blocks * PAGE, runtime.device, seed=6), num_blocks, PAGE
+    )
 
 
 # name -> (the pool's shape, how k_cache and v_cache [num_blocks, PAGE, Hkv, D] are cut from it). Each
 # cache starts and ends inside the pool, not at its edge, so that a mis-addressed row lands in canary.
 CACHE_LAYOUTS = {
     # layer 1 of a [layers, num_blocks, 2, PAGE, Hkv, D] pool, each block's K page beside its V page
-    "layer_of_interleaved_pool": (lambda nb, P, H, D: (3, nb, 2, P, H, D), lambda pool: (pool[1, :, 0], pool[1, :, 1])),
+    "layer_of_interleaved_pool": (
+        lambda nb, P, H, D: (3, nb, 2, P, H, D),
+        lambda pool: (pool[1, :, 0], pool[1, :, 1]),
+    ),
     # heads before tokens inside a block (FlashInfer's HND): stride(1) = D, stride(2) = PAGE * D
-    "heads_before_tokens": (lambda nb, P, H, D: (4, nb, H, P, D),
-                            lambda pool: (pool[1].transpose(1, 2), pool[2].transpose(1, 2))),
+    "heads_before_tokens": (
+        lambda nb, P, H, D: (4, nb, H, P, D),
+        lambda pool: (pool[1].transpose(1, 2), pool[2].transpose(1, 2)),
+    ),
 }
 
 
@@ -563,16 +670,25 @@ def test_cache_strides_are_used(impl, runtime, layout):
     for cache, keep_view, src in zip((k_cache, v_cache), cut(keep), (key, value)):
         keep_view[block, offset] = True  # writes through the view into keep
         assert_close(cache[block, offset], src[real], ROW_DIMS, **EXACT)
-    assert_untouched(pool, CANARY, keep, f"the pool holding k_cache and v_cache ({layout}): rows stored as if "
-                     "the cache were contiguous, or a padding row written?")
+    assert_untouched(
+        pool,
+        CANARY,
+        keep,
+        f"the pool holding k_cache and v_cache ({layout}): rows stored as if "
+        "the cache were contiguous, or a padding row written?",
+    )
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=["fp16", "bf16", "fp32"])
+@pytest.mark.parametrize(
+    "dtype", [torch.float16, torch.bfloat16, torch.float32], ids=["fp16", "bf16", "fp32"]
+)
 def test_dtypes(impl, runtime, dtype):
     """A copy in any dtype: bit for bit (bf16 runs in the interpreter too: no tl.dot here)."""
     N, Hkv, D, PAGE, num_blocks = sizes(runtime, 10, 4096), 2, 64, 16, sizes(runtime, 2, 1024)
     key, value = random_rows(N, Hkv, D, dtype, runtime.device, seed=7)
-    store_and_check(impl, key, value, distinct_slots(N, num_blocks * PAGE, runtime.device, seed=7), num_blocks, PAGE)
+    store_and_check(
+        impl, key, value, distinct_slots(N, num_blocks * PAGE, runtime.device, seed=7), num_blocks, PAGE
+    )
 
 
 def test_random_slots_in_a_large_cache(impl, runtime):
@@ -617,8 +733,11 @@ def test_paged_decode_reads_what_store_kvcache_wrote(impl, runtime):
 
     context_lens = torch.tensor([t.num_tokens for t in tables], dtype=torch.int32, device=dev)
     max_pages = max(len(t.blocks) for t in tables) + 1
-    block_tables = torch.tensor([t.blocks + [GARBAGE_BLOCK_IDS[i % 4]] * (max_pages - len(t.blocks))
-                                 for i, t in enumerate(tables)], dtype=torch.int32, device=dev)
+    block_tables = torch.tensor(
+        [t.blocks + [GARBAGE_BLOCK_IDS[i % 4]] * (max_pages - len(t.blocks)) for i, t in enumerate(tables)],
+        dtype=torch.int32,
+        device=dev,
+    )
     q = random_rows(len(lens), Hq, D, torch.float16, dev, seed=11)[0]  # [B, Hq, D]
     M = margin(PAGE)
     inside = torch.zeros(buf_k.shape, dtype=torch.bool, device=dev)
@@ -640,7 +759,9 @@ def test_slot_index_widened_to_int64(impl, runtime):
     num_blocks = first + 4
     if runtime.interpreter:
         if free_bytes() < 2**30:
-            pytest.skip(f"needs about 1 GB of free memory for the pages it writes, {free_bytes() / 2**30:.2f} GB free")
+            pytest.skip(
+                f"needs about 1 GB of free memory for the pages it writes, {free_bytes() / 2**30:.2f} GB free"
+            )
     elif torch.cuda.mem_get_info()[0] < 2 * num_blocks * PAGE * Hkv * D * 2 + 2**30:
         pytest.skip(f"needs 18 GB of free GPU memory, {torch.cuda.mem_get_info()[0] / 1e9:.1f} GB free")
     caches = [sparse_empty((num_blocks, PAGE, Hkv, D), torch.float16, runtime.device) for _ in range(2)]
@@ -658,8 +779,9 @@ def test_slot_index_widened_to_int64(impl, runtime):
         tail = cache[first:]  # [4, PAGE, Hkv, D], starting 2**32 elements in
         assert_close(tail.reshape(-1, Hkv, D)[local], src, ROW_DIMS, **EXACT)
         assert_untouched(tail, CANARY, keep, f"the last 4 blocks of {name}", CACHE_DIMS)
-        assert_untouched(cache[:4], CANARY, nothing, f"blocks 0-3 of {name} (int32 offsets wrapped around?)",
-                         CACHE_DIMS)
+        assert_untouched(
+            cache[:4], CANARY, nothing, f"blocks 0-3 of {name} (int32 offsets wrapped around?)", CACHE_DIMS
+        )
     del caches, tail
     if not runtime.interpreter:
         torch.cuda.empty_cache()
@@ -697,29 +819,78 @@ BAD_INPUTS = {
     "value_shape": (lambda a, dev: dict(value=a["value"][:, :1]), ValueError, "value"),
     "value_rows": (lambda a, dev: dict(value=a["value"][:4]), ValueError, "value"),
     "value_head_dim": (lambda a, dev: dict(value=a["value"][..., :8]), ValueError, "value"),
-    "cache_heads_mismatch": (lambda a, dev: {n: a[n][:, :, :1] for n in ("k_cache", "v_cache")}, ValueError, "k_cache"),
-    "cache_head_dim_mismatch": (lambda a, dev: {n: a[n][..., :8] for n in ("k_cache", "v_cache")}, ValueError, "k_cache"),
+    "cache_heads_mismatch": (
+        lambda a, dev: {n: a[n][:, :, :1] for n in ("k_cache", "v_cache")},
+        ValueError,
+        "k_cache",
+    ),
+    "cache_head_dim_mismatch": (
+        lambda a, dev: {n: a[n][..., :8] for n in ("k_cache", "v_cache")},
+        ValueError,
+        "k_cache",
+    ),
     "v_cache_shape": (lambda a, dev: dict(v_cache=a["v_cache"][:2]), ValueError, "v_cache"),
-    "v_cache_strides": (lambda a, dev: dict(v_cache=a["v_cache"].transpose(0, 1).contiguous().transpose(0, 1)),
-                        ValueError, "v_cache"),
-    "key_last_dim_strided": (lambda a, dev: dict(key=a["key"].transpose(1, 2).contiguous().transpose(1, 2)),
-                             ValueError, "key"),
+    "v_cache_strides": (
+        lambda a, dev: dict(v_cache=a["v_cache"].transpose(0, 1).contiguous().transpose(0, 1)),
+        ValueError,
+        "v_cache",
+    ),
+    "key_last_dim_strided": (
+        lambda a, dev: dict(key=a["key"].transpose(1, 2).contiguous().transpose(1, 2)),
+        ValueError,
+        "key",
+    ),
     "v_cache_is_k_cache": (lambda a, dev: dict(v_cache=a["k_cache"]), ValueError, "v_cache"),
-    "v_cache_overlaps_k_cache": (lambda a, dev: dict(v_cache=_shifted_by_one_block(a["k_cache"])), ValueError,
-                                 "v_cache"),
-    "caches_expanded": (lambda a, dev: {n: a[n][:1].expand(a[n].shape) for n in ("k_cache", "v_cache")},
-                        ValueError, "k_cache"),
-    "slot_mapping_int32": (lambda a, dev: dict(slot_mapping=a["slot_mapping"].int()), TypeError, "slot_mapping"),
-    "slot_mapping_2d": (lambda a, dev: dict(slot_mapping=a["slot_mapping"][:, None]), ValueError, "slot_mapping"),
-    "slot_mapping_wrong_length": (lambda a, dev: dict(slot_mapping=a["slot_mapping"][:4]), ValueError, "slot_mapping"),
-    "slot_mapping_strided": (lambda a, dev: dict(slot_mapping=_every_other(a["slot_mapping"])), ValueError,
-                             "slot_mapping"),
-    "slot_past_the_cache": (lambda a, dev: dict(slot_mapping=_slots(dev, 3, 16, 0, 15, 7)), ValueError,
-                            r"slot_mapping\[1\]"),
-    "slot_below_minus_one": (lambda a, dev: dict(slot_mapping=_slots(dev, 3, -1, 0, -2, 7)), ValueError,
-                             r"slot_mapping\[3\]"),
-    "duplicate_slot": (lambda a, dev: dict(slot_mapping=_slots(dev, 3, -1, 7, 15, 7)), ValueError, "slot_mapping"),
-    "mixed_devices": (lambda a, dev: dict(slot_mapping=a["slot_mapping"].to("meta")), ValueError, "slot_mapping"),
+    "v_cache_overlaps_k_cache": (
+        lambda a, dev: dict(v_cache=_shifted_by_one_block(a["k_cache"])),
+        ValueError,
+        "v_cache",
+    ),
+    "caches_expanded": (
+        lambda a, dev: {n: a[n][:1].expand(a[n].shape) for n in ("k_cache", "v_cache")},
+        ValueError,
+        "k_cache",
+    ),
+    "slot_mapping_int32": (
+        lambda a, dev: dict(slot_mapping=a["slot_mapping"].int()),
+        TypeError,
+        "slot_mapping",
+    ),
+    "slot_mapping_2d": (
+        lambda a, dev: dict(slot_mapping=a["slot_mapping"][:, None]),
+        ValueError,
+        "slot_mapping",
+    ),
+    "slot_mapping_wrong_length": (
+        lambda a, dev: dict(slot_mapping=a["slot_mapping"][:4]),
+        ValueError,
+        "slot_mapping",
+    ),
+    "slot_mapping_strided": (
+        lambda a, dev: dict(slot_mapping=_every_other(a["slot_mapping"])),
+        ValueError,
+        "slot_mapping",
+    ),
+    "slot_past_the_cache": (
+        lambda a, dev: dict(slot_mapping=_slots(dev, 3, 16, 0, 15, 7)),
+        ValueError,
+        r"slot_mapping\[1\]",
+    ),
+    "slot_below_minus_one": (
+        lambda a, dev: dict(slot_mapping=_slots(dev, 3, -1, 0, -2, 7)),
+        ValueError,
+        r"slot_mapping\[3\]",
+    ),
+    "duplicate_slot": (
+        lambda a, dev: dict(slot_mapping=_slots(dev, 3, -1, 7, 15, 7)),
+        ValueError,
+        "slot_mapping",
+    ),
+    "mixed_devices": (
+        lambda a, dev: dict(slot_mapping=a["slot_mapping"].to("meta")),
+        ValueError,
+        "slot_mapping",
+    ),
 }
 
 
@@ -730,8 +901,13 @@ def test_launcher_rejects_bad_input(impl, runtime, name):
     spoil, error, names = BAD_INPUTS[name]
     key, value = random_rows(5, 2, 16, torch.float16, runtime.device, seed=13)
     buf_k, buf_v, k_cache, v_cache = canary_caches(4, 4, 2, 16, torch.float16, runtime.device)
-    args = dict(key=key, value=value, k_cache=k_cache, v_cache=v_cache,
-                slot_mapping=_slots(runtime.device, 3, -1, 0, 15, 7))
+    args = dict(
+        key=key,
+        value=value,
+        k_cache=k_cache,
+        v_cache=v_cache,
+        slot_mapping=_slots(runtime.device, 3, -1, 0, 15, 7),
+    )
     impl.store_kvcache(**args)  # the unspoiled call is valid
     buf_k.fill_(CANARY)
     buf_v.fill_(CANARY)
@@ -759,8 +935,9 @@ def test_runs_a_triton_kernel(impl, runtime):
     key, value = random_rows(5, Hkv, D, torch.float16, runtime.device, seed=17)
     k_cache, v_cache = canary_caches(num_blocks, PAGE, Hkv, D, torch.float16, runtime.device)[2:]
     slots = torch.tensor([3, 9, -1, 14, 0], device=runtime.device)
-    assert_runs_a_triton_kernel(impl, lambda: impl.store_kvcache(key, value, k_cache, v_cache, slots),
-                                "store_kvcache")
+    assert_runs_a_triton_kernel(
+        impl, lambda: impl.store_kvcache(key, value, k_cache, v_cache, slots), "store_kvcache"
+    )
 
 
 # --- The grader's own checks are strict enough ----------------------------------------------------------

@@ -4,6 +4,7 @@ Run: make test L=l2 (your drills/mine) or make test L=l2 IMPL=solutions. Every c
 not be read: NaN in every cache slot past a sequence's end and in every unused block, garbage ids in
 every block-table entry past a sequence's last page.
 """
+
 from __future__ import annotations
 
 import math
@@ -16,15 +17,17 @@ from drills.grading.diagnose import Mistake
 from drills.tests import bigmem, seeded
 from drills.tests.launches import assert_runs_a_triton_kernel
 from drills.tests.paged_kv import (
-    int32_tensor, overlapping_caches, with_entry,
     call_with_canary_out,
     gather_kv,
     in_layer_pool,
+    int32_tensor,
     make_paged_case,
+    overlapping_caches,
     paged_attention_reference,
     shift_scores,
     strided_q,
     tail_slots,
+    with_entry,
 )
 
 DIMS = ("b", "head", "d")  # how a mismatch names its position: sequence, query head, feature
@@ -105,9 +108,11 @@ def test_tail_keys_get_no_weight(impl, runtime):
     check(impl, case)
 
 
-@pytest.mark.parametrize("Hq,Hkv", [(4, 4), (4, 2), (8, 2), (32, 8), (16, 2), (32, 1), (64, 2)],
-                         ids=["group1-MHA", "group2", "group4", "group4-lecture", "group8", "group32-MQA",
-                              "group32x2"])
+@pytest.mark.parametrize(
+    "Hq,Hkv",
+    [(4, 4), (4, 2), (8, 2), (32, 8), (16, 2), (32, 1), (64, 2)],
+    ids=["group1-MHA", "group2", "group4", "group4-lecture", "group8", "group32-MQA", "group32x2"],
+)
 def test_kv_head_grouping_is_contiguous(impl, runtime, Hq, Hkv):
     """Query head h reads KV head h // GROUP, not h % Hkv (interleaved). GROUP > 16 needs GROUP_PAD > 16.
     Interleaved and contiguous agree when GROUP = 1 (MHA) or Hkv = 1 (MQA): those cases pass either way."""
@@ -210,7 +215,9 @@ def test_pages_are_looked_up_through_the_block_table(impl, runtime):
     assert 0 in case0.block_tables[0, :3].tolist(), "this case should use physical block 0"
     check(impl, case0)
     # The rows of a wider table: row stride max_pages + 5 (the kernel must use stride_bt).
-    wide = torch.full((len(lens), case.block_tables.shape[1] + 5), -1, dtype=torch.int32, device=runtime.device)
+    wide = torch.full(
+        (len(lens), case.block_tables.shape[1] + 5), -1, dtype=torch.int32, device=runtime.device
+    )
     wide[:, : case.block_tables.shape[1]] = case.block_tables
     case.block_tables = wide[:, : case.block_tables.shape[1]]
     check(impl, case)
@@ -243,10 +250,20 @@ def test_large_ragged_batch(impl, runtime):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_dtypes(impl, runtime, dtype):
     if dtype == torch.bfloat16 and runtime.interpreter:
-        pytest.skip("bf16 runs on a GPU only: the Triton interpreter's tl.dot returns garbage for bf16 "
-                    "(seen in Triton 3.6 and 3.9)")
-    case = make_paged_case(lens_for(runtime, [33, 4], [1500, 17, 256]), 8, 2, 128, 16, dtype=dtype,
-                           device=runtime.device, seed=37)
+        pytest.skip(
+            "bf16 runs on a GPU only: the Triton interpreter's tl.dot returns garbage for bf16 "
+            "(seen in Triton 3.6 and 3.9)"
+        )
+    case = make_paged_case(
+        lens_for(runtime, [33, 4], [1500, 17, 256]),
+        8,
+        2,
+        128,
+        16,
+        dtype=dtype,
+        device=runtime.device,
+        seed=37,
+    )
     check(impl, case)
 
 
@@ -255,19 +272,30 @@ def test_page_index_widened_to_int64(impl, runtime):
     block 0 onwards, which reads zeros here. The 8.6 GB caches are sparse files on a CPU: only the pages
     the sequences use take memory."""
     if runtime.interpreter and bigmem.free_bytes() < 2**30:
-        pytest.skip(f"needs about 1 GB of free memory for the pages it touches, "
-                    f"{bigmem.free_bytes() / 2**30:.1f} GB free")
+        pytest.skip(
+            f"needs about 1 GB of free memory for the pages it touches, "
+            f"{bigmem.free_bytes() / 2**30:.1f} GB free"
+        )
     PAGE, Hkv, D = 16, 1, 128
     stride = PAGE * Hkv * D  # elements per block
     first = 2**32 // stride + 8  # every used block id is past the int32 limit, wrapped past 0
-    case = make_paged_case(lens_for(runtime, [40, 7], [300, 45]), 4, Hkv, D, PAGE, device=runtime.device,
-                           seed=41, num_blocks=first + 64, first_block=first, sparse=True)
+    case = make_paged_case(
+        lens_for(runtime, [40, 7], [300, 45]),
+        4,
+        Hkv,
+        D,
+        PAGE,
+        device=runtime.device,
+        seed=41,
+        num_blocks=first + 64,
+        first_block=first,
+        sparse=True,
+    )
     assert case.block_tables[:, 0].min().item() * stride > 2**32
     check(impl, case)
 
 
 # --- The launcher rejects bad input before launching -----------------------------------------------
-
 
 
 # name -> (how to spoil the arguments of a valid call, the error, what the message must name)
@@ -280,28 +308,77 @@ BAD_INPUTS = {
     "v_cache_shape": (lambda a, dev: dict(v_cache=a["v_cache"][:, :, :1]), ValueError, "v_cache"),
     "hq_not_multiple_of_hkv": (lambda a, dev: dict(q=a["q"][:, :3].contiguous()), ValueError, "Hq"),
     "head_dim_mismatch": (lambda a, dev: dict(q=a["q"][..., :32].contiguous()), ValueError, "head dim"),
-    "head_dim_not_pow2": (lambda a, dev: {n: a[n][..., :48].contiguous() for n in ("q", "k_cache", "v_cache")},
-                          ValueError, "D"),
-    "page_not_pow2_16": (lambda a, dev: {n: a[n][:, :8].contiguous() for n in ("k_cache", "v_cache")},
-                         ValueError, "PAGE"),
-    "q_last_dim_strided": (lambda a, dev: dict(q=a["q"].transpose(1, 2).contiguous().transpose(1, 2)),
-                           ValueError, "q"),
-    "block_tables_int64": (lambda a, dev: dict(block_tables=a["block_tables"].long()), TypeError, "block_tables"),
-    "block_tables_wrong_batch": (lambda a, dev: dict(block_tables=a["block_tables"][:1]), ValueError, "block_tables"),
-    "context_lens_int64": (lambda a, dev: dict(context_lens=a["context_lens"].long()), TypeError, "context_lens"),
-    "context_lens_wrong_batch": (lambda a, dev: dict(context_lens=a["context_lens"][:1]), ValueError, "context_lens"),
-    "context_len_zero": (lambda a, dev: dict(context_lens=int32_tensor(dev, 20, 0)), ValueError, r"context_lens\[1\]"),
-    "context_len_past_table": (lambda a, dev: dict(context_lens=int32_tensor(dev, 10**6, 5)), ValueError, r"context_lens\[0\]"),
-    "mixed_devices": (lambda a, dev: dict(block_tables=a["block_tables"].to("meta")), ValueError, "block_tables"),
+    "head_dim_not_pow2": (
+        lambda a, dev: {n: a[n][..., :48].contiguous() for n in ("q", "k_cache", "v_cache")},
+        ValueError,
+        "D",
+    ),
+    "page_not_pow2_16": (
+        lambda a, dev: {n: a[n][:, :8].contiguous() for n in ("k_cache", "v_cache")},
+        ValueError,
+        "PAGE",
+    ),
+    "q_last_dim_strided": (
+        lambda a, dev: dict(q=a["q"].transpose(1, 2).contiguous().transpose(1, 2)),
+        ValueError,
+        "q",
+    ),
+    "block_tables_int64": (
+        lambda a, dev: dict(block_tables=a["block_tables"].long()),
+        TypeError,
+        "block_tables",
+    ),
+    "block_tables_wrong_batch": (
+        lambda a, dev: dict(block_tables=a["block_tables"][:1]),
+        ValueError,
+        "block_tables",
+    ),
+    "context_lens_int64": (
+        lambda a, dev: dict(context_lens=a["context_lens"].long()),
+        TypeError,
+        "context_lens",
+    ),
+    "context_lens_wrong_batch": (
+        lambda a, dev: dict(context_lens=a["context_lens"][:1]),
+        ValueError,
+        "context_lens",
+    ),
+    "context_len_zero": (
+        lambda a, dev: dict(context_lens=int32_tensor(dev, 20, 0)),
+        ValueError,
+        r"context_lens\[1\]",
+    ),
+    "context_len_past_table": (
+        lambda a, dev: dict(context_lens=int32_tensor(dev, 10**6, 5)),
+        ValueError,
+        r"context_lens\[0\]",
+    ),
+    "mixed_devices": (
+        lambda a, dev: dict(block_tables=a["block_tables"].to("meta")),
+        ValueError,
+        "block_tables",
+    ),
     # What the kernel indexes: flat context_lens, rows of block_tables, live block ids inside the pool.
-    "context_lens_strided": (lambda a, dev: dict(context_lens=int32_tensor(dev, 20, 99, 5, 99)[::2]), ValueError,
-                             "context_lens"),
-    "block_tables_columns_strided": (lambda a, dev: dict(block_tables=a["block_tables"].repeat_interleave(2, 1)[:, ::2]),
-                                     ValueError, "block_tables"),
-    "live_block_id_past_pool": (lambda a, dev: dict(block_tables=with_entry(a["block_tables"], 0, 1, a["k_cache"].shape[0])),
-                                ValueError, r"block_tables\[0, 1\]"),
-    "live_block_id_negative": (lambda a, dev: dict(block_tables=with_entry(a["block_tables"], 1, 0, -1)), ValueError,
-                               r"block_tables\[1, 0\]"),
+    "context_lens_strided": (
+        lambda a, dev: dict(context_lens=int32_tensor(dev, 20, 99, 5, 99)[::2]),
+        ValueError,
+        "context_lens",
+    ),
+    "block_tables_columns_strided": (
+        lambda a, dev: dict(block_tables=a["block_tables"].repeat_interleave(2, 1)[:, ::2]),
+        ValueError,
+        "block_tables",
+    ),
+    "live_block_id_past_pool": (
+        lambda a, dev: dict(block_tables=with_entry(a["block_tables"], 0, 1, a["k_cache"].shape[0])),
+        ValueError,
+        r"block_tables\[0, 1\]",
+    ),
+    "live_block_id_negative": (
+        lambda a, dev: dict(block_tables=with_entry(a["block_tables"], 1, 0, -1)),
+        ValueError,
+        r"block_tables\[1, 0\]",
+    ),
     "scale_nan": (lambda a, dev: dict(scale=float("nan")), ValueError, "scale"),
     "scale_inf": (lambda a, dev: dict(scale=float("inf")), ValueError, "scale"),
     "scale_negative": (lambda a, dev: dict(scale=-0.125), ValueError, "scale"),
@@ -312,15 +389,18 @@ BAD_INPUTS = {
 }
 
 
-
-
 @pytest.mark.parametrize("name", list(BAD_INPUTS))
 def test_launcher_rejects_bad_input(impl, runtime, name):
     """Each bad argument raises ValueError/TypeError naming it, before any kernel runs."""
     spoil, error, names = BAD_INPUTS[name]
     case = make_paged_case([20, 5], 4, 2, 64, 16, device=runtime.device, seed=43)
-    args = dict(q=case.q, k_cache=case.k_cache, v_cache=case.v_cache, block_tables=case.block_tables,
-                context_lens=case.context_lens)
+    args = dict(
+        q=case.q,
+        k_cache=case.k_cache,
+        v_cache=case.v_cache,
+        block_tables=case.block_tables,
+        context_lens=case.context_lens,
+    )
     args.update(spoil(args, runtime.device))
     with pytest.raises(error, match=names):
         impl.paged_decode(**args)
@@ -357,7 +437,9 @@ def test_tolerance_rejects_zeros_and_mean_of_v(runtime):
     assert mismatch(torch.zeros_like(ref).half(), ref) is not None
     means = []
     for b, n in enumerate(case.context_lens.tolist()):
-        means.append(gather_kv(case.v_cache, case.block_tables[b], n).float().mean(0).repeat_interleave(4, dim=0))
+        means.append(
+            gather_kv(case.v_cache, case.block_tables[b], n).float().mean(0).repeat_interleave(4, dim=0)
+        )
     assert mismatch(torch.stack(means).half(), ref) is not None
     assert mismatch(ref.half(), ref) is None  # and the oracle rounded to fp16 passes
 
@@ -378,69 +460,129 @@ def test_out_is_allocated_when_not_given(impl, runtime):
 
 WORKED = "test_worked_example_ctx37_reads_three_pages"
 MISTAKES = [
-    Mistake(1, fails=("test_kv_head_grouping_is_contiguous[group4-lecture]", WORKED),
-            passes=("test_kv_head_grouping_is_contiguous[group1-MHA]", "test_kv_head_grouping_is_contiguous[group32-MQA]"),
-            question="Only the cases with 1 < GROUP < Hq fail: with Hq = 32 and Hkv = 8, which KV head should "
-                     "query head 13 read, and which one does your kernel give it?",
-            section="3.2"),
-    Mistake(2, fails=("test_last_page_is_masked",), passes=("test_masked_v_lanes_are_zero",), messages=("NaN",),
-            question="For ctx = 37 and PAGE = 16, which slots of the last page hold tokens of this sequence, "
-                     "and does your kernel load the others too?",
-            section="2"),
-    Mistake(3, fails=("test_tail_keys_get_no_weight",),
-            passes=("test_last_page_is_masked", "test_masked_v_lanes_are_zero"),
-            question="A masked key is loaded as zeros: what score does it get, and what weight does the "
-                     "softmax give that score when every real score is negative?",
-            section="3.3"),
-    Mistake(4, fails=("test_page_index_widened_to_int64",), passes=(WORKED, "test_single_sequence_long_context"),
-            question="Only block ids past 2**31 / stride_kb fail: in which integer type is phys * stride_kb "
-                     "computed in your kernel?",
-            section="2"),
-    Mistake(5, fails=("test_padding_rows_not_written",),
-            messages=(r"buffer around out|out of bounds store of out|write race",),
-            question="Your kernel computes GROUP_PAD rows but a KV head owns only GROUP query heads: whose "
-                     "rows of out do the other GROUP_PAD - GROUP rows land on?",
-            section="3.5"),
-    Mistake(6, fails=("test_online_softmax_rescales_old_pages",),
-            passes=("test_scale_is_applied", "test_output_is_normalised_by_the_softmax_sum"),
-            question="One-page contexts pass and multi-page ones fail: when the running max grows on a new "
-                     "page, what happens to the l and acc summed under the old max?",
-            section="2"),
-    Mistake(7, fails=("test_output_is_normalised_by_the_softmax_sum",),
-            passes=("test_single_token_context_returns_its_value_row",),
-            question="With every V row equal to 1 your output is not 1: what must acc be divided by once "
-                     "the last page is done?",
-            section="3.5"),
-    Mistake(8, fails=("test_scale_is_applied",),
-            passes=("test_output_is_normalised_by_the_softmax_sum", "test_single_token_context_returns_its_value_row"),
-            question="Only the outputs that depend on how sharp the softmax is are off: is every score "
-                     "multiplied by scale before the max and the exp?",
-            section="3.3"),
-    Mistake(9, fails=("test_q_strides_are_used",), passes=(WORKED,),
-            question="q is a view here (every other head of a bigger buffer): how far apart are two query "
-                     "heads in memory, and what does your kernel step by?",
-            section="2"),
-    Mistake(9, fails=("test_cache_strides_are_used",), passes=(WORKED,),
-            question="The cache is one layer of a bigger pool here: which strides does your kernel use to "
-                     "find block phys, token t and KV head kvh?",
-            section="2"),
-    Mistake(10, fails=("test_max_starts_at_minus_inf",), passes=(WORKED, "test_each_head_keeps_its_own_max"),
-            question="Every score is about -128 here: what is your running max after the first page, if it "
-                     "starts at 0, and what is exp(-128 - m) in fp32?",
-            section="3.4"),
-    Mistake(11, fails=("test_each_head_keeps_its_own_max",), passes=(WORKED, "test_max_starts_at_minus_inf"),
-            question="Two heads of one group score about +128 and about 0: is your running max one number "
-                     "per query head, or one for the whole group?",
-            section="3.4"),
-    Mistake(12, fails=("test_padding_rows_not_written",), messages=(r"out of bounds load of q",),
-            question="Which query heads do the padding rows of the last KV head address, and does your q "
-                     "load read them?",
-            section="3.2"),
-    Mistake(13, fails=("test_masked_v_lanes_are_zero",), messages=("NaN",),
-            question="What value does a masked-off lane of tl.load hold when the load has no other=, and what "
-                     "is 0 times that value?",
-            section="3.3"),
-    Mistake(14, messages=(r"operands must be (the )?same dtype",),
-            question="tl.dot(p, v) refuses its operands: what dtype is p after tl.exp, and what dtype is v?",
-            section="3.4"),
+    Mistake(
+        1,
+        fails=("test_kv_head_grouping_is_contiguous[group4-lecture]", WORKED),
+        passes=(
+            "test_kv_head_grouping_is_contiguous[group1-MHA]",
+            "test_kv_head_grouping_is_contiguous[group32-MQA]",
+        ),
+        question="Only the cases with 1 < GROUP < Hq fail: with Hq = 32 and Hkv = 8, which KV head should "
+        "query head 13 read, and which one does your kernel give it?",
+        section="3.2",
+    ),
+    Mistake(
+        2,
+        fails=("test_last_page_is_masked",),
+        passes=("test_masked_v_lanes_are_zero",),
+        messages=("NaN",),
+        question="For ctx = 37 and PAGE = 16, which slots of the last page hold tokens of this sequence, "
+        "and does your kernel load the others too?",
+        section="2",
+    ),
+    Mistake(
+        3,
+        fails=("test_tail_keys_get_no_weight",),
+        passes=("test_last_page_is_masked", "test_masked_v_lanes_are_zero"),
+        question="A masked key is loaded as zeros: what score does it get, and what weight does the "
+        "softmax give that score when every real score is negative?",
+        section="3.3",
+    ),
+    Mistake(
+        4,
+        fails=("test_page_index_widened_to_int64",),
+        passes=(WORKED, "test_single_sequence_long_context"),
+        question="Only block ids past 2**31 / stride_kb fail: in which integer type is phys * stride_kb "
+        "computed in your kernel?",
+        section="2",
+    ),
+    Mistake(
+        5,
+        fails=("test_padding_rows_not_written",),
+        messages=(r"buffer around out|out of bounds store of out|write race",),
+        question="Your kernel computes GROUP_PAD rows but a KV head owns only GROUP query heads: whose "
+        "rows of out do the other GROUP_PAD - GROUP rows land on?",
+        section="3.5",
+    ),
+    Mistake(
+        6,
+        fails=("test_online_softmax_rescales_old_pages",),
+        passes=("test_scale_is_applied", "test_output_is_normalised_by_the_softmax_sum"),
+        question="One-page contexts pass and multi-page ones fail: when the running max grows on a new "
+        "page, what happens to the l and acc summed under the old max?",
+        section="2",
+    ),
+    Mistake(
+        7,
+        fails=("test_output_is_normalised_by_the_softmax_sum",),
+        passes=("test_single_token_context_returns_its_value_row",),
+        question="With every V row equal to 1 your output is not 1: what must acc be divided by once "
+        "the last page is done?",
+        section="3.5",
+    ),
+    Mistake(
+        8,
+        fails=("test_scale_is_applied",),
+        passes=(
+            "test_output_is_normalised_by_the_softmax_sum",
+            "test_single_token_context_returns_its_value_row",
+        ),
+        question="Only the outputs that depend on how sharp the softmax is are off: is every score "
+        "multiplied by scale before the max and the exp?",
+        section="3.3",
+    ),
+    Mistake(
+        9,
+        fails=("test_q_strides_are_used",),
+        passes=(WORKED,),
+        question="q is a view here (every other head of a bigger buffer): how far apart are two query "
+        "heads in memory, and what does your kernel step by?",
+        section="2",
+    ),
+    Mistake(
+        9,
+        fails=("test_cache_strides_are_used",),
+        passes=(WORKED,),
+        question="The cache is one layer of a bigger pool here: which strides does your kernel use to "
+        "find block phys, token t and KV head kvh?",
+        section="2",
+    ),
+    Mistake(
+        10,
+        fails=("test_max_starts_at_minus_inf",),
+        passes=(WORKED, "test_each_head_keeps_its_own_max"),
+        question="Every score is about -128 here: what is your running max after the first page, if it "
+        "starts at 0, and what is exp(-128 - m) in fp32?",
+        section="3.4",
+    ),
+    Mistake(
+        11,
+        fails=("test_each_head_keeps_its_own_max",),
+        passes=(WORKED, "test_max_starts_at_minus_inf"),
+        question="Two heads of one group score about +128 and about 0: is your running max one number "
+        "per query head, or one for the whole group?",
+        section="3.4",
+    ),
+    Mistake(
+        12,
+        fails=("test_padding_rows_not_written",),
+        messages=(r"out of bounds load of q",),
+        question="Which query heads do the padding rows of the last KV head address, and does your q "
+        "load read them?",
+        section="3.2",
+    ),
+    Mistake(
+        13,
+        fails=("test_masked_v_lanes_are_zero",),
+        messages=("NaN",),
+        question="What value does a masked-off lane of tl.load hold when the load has no other=, and what "
+        "is 0 times that value?",
+        section="3.3",
+    ),
+    Mistake(
+        14,
+        messages=(r"operands must be (the )?same dtype",),
+        question="tl.dot(p, v) refuses its operands: what dtype is p after tl.exp, and what dtype is v?",
+        section="3.4",
+    ),
 ]

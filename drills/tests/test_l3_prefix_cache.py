@@ -11,6 +11,7 @@ writes there the token's whole prefix; after every step, every live sequence mus
 back from every slot of its table. A block shared by mistake, written while shared or handed out while
 still in use breaks that, whatever the ref counts say.
 """
+
 from __future__ import annotations
 
 import builtins
@@ -28,57 +29,105 @@ A, B, C, D, E, F, G, H, X, Y = range(1, 11)  # the worked example's letters as t
 
 # The explainer's pitfalls (section 5) and the pattern of checks each leaves, for the diagnosis.
 MISTAKES = [
-    Mistake(1, fails=("test_free_drops_every_ref_count", "test_worked_example_step_by_step"),
-            passes=("test_partial_block_is_never_shared",),
-            question="After request 1 of the worked example ends, what are the ref counts of blocks 0, 1 and 2 "
-                     "in your manager?", section="2"),
-    Mistake(2, fails=("test_block_still_shared_stays_off_the_free_list",),
-            passes=("test_free_drops_every_ref_count",),
-            question="When free() drops a block's count from 2 to 1, does that block go to the free list?",
-            section="3.7"),
-    Mistake(3, fails=("test_hash_chains_the_previous_block",),
-            question="Do [C, D] after [A, B] and [C, D] after [E, F] get different keys in your manager?",
-            section="3.2"),
-    Mistake(4, fails=("test_partial_block_is_never_shared",),
-            passes=("test_append_never_writes_into_a_full_block", "test_block_filled_by_append_is_shared"),
-            question="Two sequences [A, B, C]: may they share the block holding [C]? Who writes its next slot?",
-            section="3.2"),
-    Mistake(5, fails=("test_token_ids_checked_on_a_key_hit",),
-            question="When a key finds a block, what tells you the block holds the tokens you looked up?",
-            section="3.3"),
-    Mistake(6, fails=("test_same_tokens_after_another_block_are_not_shared",),
-            passes=("test_token_ids_checked_on_a_key_hit",),
-            question="A block holds the right tokens: what else must match before its KV is yours?",
-            section="3.3"),
-    Mistake(7, fails=("test_refused_allocation_of_new_blocks_changes_nothing",),
-            question="When allocate cannot get every block it needs, what has it taken before it raises?",
-            section="3.4"),
-    Mistake(8, fails=("test_revived_blocks_count_against_free_blocks",),
-            passes=("test_refused_allocation_of_new_blocks_changes_nothing", "test_free_drops_every_ref_count"),
-            question="A cached block whose ref count is 0: does reusing it take a block off the free list?",
-            section="3.4"),
-    Mistake(9, fails=("test_revived_block_leaves_the_free_list",),
-            question="After a freed block is revived, where is it: in use, on the free list, or both?",
-            section="3.5"),
-    Mistake(10, fails=("test_free_returns_tail_blocks_first",),
-            question="In which order do a freed sequence's blocks join the free list, and which is evicted first?",
-            section="3.7"),
-    Mistake(11, fails=("test_append_never_writes_into_a_full_block",),
-            question="When the last block is full (and maybe shared), where does the next token go?",
-            section="3.6"),
-    Mistake(12, fails=("test_block_filled_by_append_is_shared",),
-            passes=("test_append_never_writes_into_a_full_block",),
-            question="When append fills a block, how does a later prompt with the same tokens find it?",
-            section="3.6"),
-    Mistake(13, fails=("test_bad_call_raises_and_changes_nothing[seq_id_unhashable_allocate]",),
-            question="What does a list seq_id do in a dict lookup, and does your error name seq_id?", section="3.1"),
-    Mistake(13, fails=("test_bad_token_ids_rejected_before_anything_changes",),
-            question="When is a token id that is not an int noticed: before anything changes, or when its block "
-                     "is keyed?", section="3.1"),
-    Mistake(14, fails=("test_block_table_is_a_copy",),
-            question="Is the list block_table (or allocate) returns the manager's own table?", section="3.1"),
+    Mistake(
+        1,
+        fails=("test_free_drops_every_ref_count", "test_worked_example_step_by_step"),
+        passes=("test_partial_block_is_never_shared",),
+        question="After request 1 of the worked example ends, what are the ref counts of blocks 0, 1 and 2 "
+        "in your manager?",
+        section="2",
+    ),
+    Mistake(
+        2,
+        fails=("test_block_still_shared_stays_off_the_free_list",),
+        passes=("test_free_drops_every_ref_count",),
+        question="When free() drops a block's count from 2 to 1, does that block go to the free list?",
+        section="3.7",
+    ),
+    Mistake(
+        3,
+        fails=("test_hash_chains_the_previous_block",),
+        question="Do [C, D] after [A, B] and [C, D] after [E, F] get different keys in your manager?",
+        section="3.2",
+    ),
+    Mistake(
+        4,
+        fails=("test_partial_block_is_never_shared",),
+        passes=("test_append_never_writes_into_a_full_block", "test_block_filled_by_append_is_shared"),
+        question="Two sequences [A, B, C]: may they share the block holding [C]? Who writes its next slot?",
+        section="3.2",
+    ),
+    Mistake(
+        5,
+        fails=("test_token_ids_checked_on_a_key_hit",),
+        question="When a key finds a block, what tells you the block holds the tokens you looked up?",
+        section="3.3",
+    ),
+    Mistake(
+        6,
+        fails=("test_same_tokens_after_another_block_are_not_shared",),
+        passes=("test_token_ids_checked_on_a_key_hit",),
+        question="A block holds the right tokens: what else must match before its KV is yours?",
+        section="3.3",
+    ),
+    Mistake(
+        7,
+        fails=("test_refused_allocation_of_new_blocks_changes_nothing",),
+        question="When allocate cannot get every block it needs, what has it taken before it raises?",
+        section="3.4",
+    ),
+    Mistake(
+        8,
+        fails=("test_revived_blocks_count_against_free_blocks",),
+        passes=("test_refused_allocation_of_new_blocks_changes_nothing", "test_free_drops_every_ref_count"),
+        question="A cached block whose ref count is 0: does reusing it take a block off the free list?",
+        section="3.4",
+    ),
+    Mistake(
+        9,
+        fails=("test_revived_block_leaves_the_free_list",),
+        question="After a freed block is revived, where is it: in use, on the free list, or both?",
+        section="3.5",
+    ),
+    Mistake(
+        10,
+        fails=("test_free_returns_tail_blocks_first",),
+        question="In which order do a freed sequence's blocks join the free list, and which is evicted first?",
+        section="3.7",
+    ),
+    Mistake(
+        11,
+        fails=("test_append_never_writes_into_a_full_block",),
+        question="When the last block is full (and maybe shared), where does the next token go?",
+        section="3.6",
+    ),
+    Mistake(
+        12,
+        fails=("test_block_filled_by_append_is_shared",),
+        passes=("test_append_never_writes_into_a_full_block",),
+        question="When append fills a block, how does a later prompt with the same tokens find it?",
+        section="3.6",
+    ),
+    Mistake(
+        13,
+        fails=("test_bad_call_raises_and_changes_nothing[seq_id_unhashable_allocate]",),
+        question="What does a list seq_id do in a dict lookup, and does your error name seq_id?",
+        section="3.1",
+    ),
+    Mistake(
+        13,
+        fails=("test_bad_token_ids_rejected_before_anything_changes",),
+        question="When is a token id that is not an int noticed: before anything changes, or when its block "
+        "is keyed?",
+        section="3.1",
+    ),
+    Mistake(
+        14,
+        fails=("test_block_table_is_a_copy",),
+        question="Is the list block_table (or allocate) returns the manager's own table?",
+        section="3.1",
+    ),
 ]
-
 
 
 def refs(m, num_blocks):
@@ -87,8 +136,11 @@ def refs(m, num_blocks):
 
 def state(m, num_blocks, seq_ids):
     """Everything the public API shows: free count, every ref count, every table and cached count."""
-    return (m.num_free_blocks, refs(m, num_blocks),
-            {s: (m.block_table(s), m.num_cached_tokens(s)) for s in seq_ids})
+    return (
+        m.num_free_blocks,
+        refs(m, num_blocks),
+        {s: (m.block_table(s), m.num_cached_tokens(s)) for s in seq_ids},
+    )
 
 
 def same_key(prev_hash, token_ids):
@@ -273,7 +325,7 @@ def test_refused_allocation_of_new_blocks_changes_nothing(impl):
 
 
 def test_revived_blocks_count_against_free_blocks(impl):
-    """"s" ends and its blocks 0 and 1 wait in the free list. A prompt that revives both and needs three
+    """ "s" ends and its blocks 0 and 1 wait in the free list. A prompt that revives both and needs three
     more needs 5 of the 4 free blocks: it must be refused up front, not after reviving and taking."""
     N = 4
     m = impl.BlockManager(N, 2)
@@ -312,7 +364,7 @@ def test_free_returns_tail_blocks_first(impl):
 
 
 def test_append_never_writes_into_a_full_block(impl):
-    """"p" and "q" share [A, B] and [C, D], both full. Appending to "p" must take a new block; the next
+    """ "p" and "q" share [A, B] and [C, D], both full. Appending to "p" must take a new block; the next
     append fills it; the one after takes another. "q" never notices."""
     N = 8
     m = impl.BlockManager(N, 2)
@@ -418,10 +470,12 @@ def test_block_table_is_a_copy(impl):
     """allocate and block_table return new lists: the manager's table must not change when the caller
     changes a list it got, and a list the caller kept must not grow with the sequence."""
     kept, table, free = probe(impl, _returned_lists)
-    assert kept == [0, 1], \
+    assert kept == [0, 1], (
         f"the list allocate returned changed to {kept} when the sequence grew: it is the manager's own table"
-    assert table == [0, 1, 2] and free == 1, \
+    )
+    assert table == [0, 1, 2] and free == 1, (
         f"after the caller changed the lists it got, block_table says {table}: it handed out its own list"
+    )
 
 
 def test_whole_prompt_cached_counts_every_token(impl):
@@ -483,12 +537,16 @@ def _with_room(impl):
     return m
 
 
-@pytest.mark.parametrize("bad,names", [
-    (lambda m: m.allocate("t", [A, B, C, 2.5]), r"token_ids\[3\]"),
-    (lambda m: m.allocate("t", [A, B, [C], D]), r"token_ids\[2\]"),
-    (lambda m: m.append("s", [D]), "token_id"),
-    (lambda m: m.append("s", None), "token_id"),
-], ids=["float_in_prompt", "list_in_prompt", "list_appended", "none_appended"])
+@pytest.mark.parametrize(
+    "bad,names",
+    [
+        (lambda m: m.allocate("t", [A, B, C, 2.5]), r"token_ids\[3\]"),
+        (lambda m: m.allocate("t", [A, B, [C], D]), r"token_ids\[2\]"),
+        (lambda m: m.append("s", [D]), "token_id"),
+        (lambda m: m.append("s", None), "token_id"),
+    ],
+    ids=["float_in_prompt", "list_in_prompt", "list_appended", "none_appended"],
+)
 def test_bad_token_ids_rejected_before_anything_changes(impl, bad, names):
     """A token id that is not an int raises TypeError naming it, before anything changes: a list token
     would otherwise fail only when its block is keyed (a bare "unhashable type"), after the token was
@@ -514,13 +572,17 @@ def test_double_free_is_rejected(impl):
     assert m.num_free_blocks == 3 and refs(m, 3) == [0, 0, 0]
 
 
-@pytest.mark.parametrize("args,error,names", [
-    ((0, 2), ValueError, "num_blocks"),
-    ((4, 0), ValueError, "block_size"),
-    ((2.5, 2), TypeError, "num_blocks"),
-    ((4, "2"), TypeError, "block_size"),
-    ((None, 2), TypeError, "num_blocks"),
-], ids=["no_blocks", "block_size_0", "num_blocks_float", "block_size_str", "num_blocks_none"])
+@pytest.mark.parametrize(
+    "args,error,names",
+    [
+        ((0, 2), ValueError, "num_blocks"),
+        ((4, 0), ValueError, "block_size"),
+        ((2.5, 2), TypeError, "num_blocks"),
+        ((4, "2"), TypeError, "block_size"),
+        ((None, 2), TypeError, "num_blocks"),
+    ],
+    ids=["no_blocks", "block_size_0", "num_blocks_float", "block_size_str", "num_blocks_none"],
+)
 def test_constructor_rejects_bad_arguments(impl, args, error, names):
     with raises_naming(error, names):
         impl.BlockManager(*args)
@@ -557,7 +619,7 @@ class StreamChecker:
 
     def write(self, seq, pos):
         block = self.tables[seq][pos // self.bs]
-        self.kv[(block, pos % self.bs)] = tuple(self.tokens[seq][:pos + 1])
+        self.kv[(block, pos % self.bs)] = tuple(self.tokens[seq][: pos + 1])
 
     def allocate(self, seq, token_ids):
         before = self.state()
@@ -565,14 +627,16 @@ class StreamChecker:
             table = self.m.allocate(seq, list(token_ids))
         except ValueError:
             assert self.state() == before, f"a refused allocate of {seq!r} changed the manager"
-            assert before[0] < math.ceil(len(token_ids) / self.bs), \
+            assert before[0] < math.ceil(len(token_ids) / self.bs), (
                 f"allocate of {seq!r} refused although {before[0]} free blocks hold the whole prompt"
+            )
             self.events["allocate refused"] += 1
             return None
         n, cached = len(token_ids), self.m.num_cached_tokens(seq)
         assert len(table) == math.ceil(n / self.bs), f"{seq!r}: table {table} for {n} tokens"
-        assert cached % self.bs == 0 and 0 <= cached <= n // self.bs * self.bs, \
+        assert cached % self.bs == 0 and 0 <= cached <= n // self.bs * self.bs, (
             f"{seq!r}: {cached} cached tokens is not a whole number of full blocks of the prompt"
+        )
         for i, block in enumerate(table):
             if i < cached // self.bs:
                 self.events["revived" if before[1][block] == 0 else "shared"] += 1
@@ -595,7 +659,7 @@ class StreamChecker:
             self.events["append refused"] += 1
             return
         table = self.m.block_table(seq)
-        assert table[:len(old)] == old, f"append changed {seq!r}'s existing table {old} -> {table}"
+        assert table[: len(old)] == old, f"append changed {seq!r}'s existing table {old} -> {table}"
         assert len(table) == math.ceil(n / self.bs), f"{seq!r}: table {table} for {n} tokens"
         if len(table) > len(old):
             assert before[1][table[-1]] == 0, f"{seq!r} grew into block {table[-1]}, which is in use"
@@ -623,17 +687,21 @@ class StreamChecker:
             assert len(set(table)) == len(table), f"{seq!r}'s table {table} holds a block twice"
         for b in range(self.N):
             assert ref[b] >= 0, f"block {b} has ref count {ref[b]}"
-            assert ref[b] == holders[b], f"block {b}: ref_count {ref[b]}, but {holders[b]} live tables hold it"
+            assert ref[b] == holders[b], (
+                f"block {b}: ref_count {ref[b]}, but {holders[b]} live tables hold it"
+            )
         free = sum(r == 0 for r in ref)
-        assert self.m.num_free_blocks == free, \
+        assert self.m.num_free_blocks == free, (
             f"num_free_blocks = {self.m.num_free_blocks}, but {free} blocks have ref count 0"
+        )
         for seq, toks in self.tokens.items():
             for pos in range(len(toks)):
                 block, slot = self.tables[seq][pos // self.bs], pos % self.bs
-                if self.kv.get((block, slot)) != tuple(toks[:pos + 1]):
+                if self.kv.get((block, slot)) != tuple(toks[: pos + 1]):
                     raise AssertionError(
                         f"{seq!r} reads token {pos} from block {block} slot {slot}, which holds the KV of "
-                        f"{self.kv.get((block, slot))}, not of {tuple(toks[:pos + 1])}")
+                        f"{self.kv.get((block, slot))}, not of {tuple(toks[: pos + 1])}"
+                    )
 
 
 class _Recording:
@@ -688,13 +756,17 @@ class _Replay(_Recording):
 
     def _call(self, name, *args):
         if self._next >= len(self._trace):
-            raise AssertionError(f"the stream stopped after {self._next} calls in your process (it raised "
-                                 "there, or its record was cut short)")
+            raise AssertionError(
+                f"the stream stopped after {self._next} calls in your process (it raised "
+                "there, or its record was cut short)"
+            )
         entry = self._trace[self._next]
         self._next += 1
         if (entry[0], tuple(entry[1])) != (name, args):
-            raise AssertionError(f"call {self._next} of the stream was {entry[0]}{tuple(entry[1])} in your "
-                                 f"process, {name}{args} here: the record does not match the run")
+            raise AssertionError(
+                f"call {self._next} of the stream was {entry[0]}{tuple(entry[1])} in your "
+                f"process, {name}{args} here: the record does not match the run"
+            )
         if entry[2] == "raise":
             error = getattr(builtins, entry[3], None)
             if not (isinstance(error, type) and issubclass(error, Exception)):
@@ -745,8 +817,12 @@ def run_stream(m, num_blocks, block_size, seed, steps, echo):
                 again = checker.allocate(f"s{next_id}", prompt)
                 full = len(prompt) // block_size
                 if again is not None:
-                    assert again[:full] == table[:full] and m.num_cached_tokens(f"s{next_id}") == full * block_size, \
+                    assert (
+                        again[:full] == table[:full]
+                        and m.num_cached_tokens(f"s{next_id}") == full * block_size
+                    ), (
                         f"the prompt {prompt} again, right after it was allocated, must reuse all {full} full blocks"
+                    )
                     checker.free(f"s{next_id}")
         elif op < 0.75:
             seq = rng.choice(live)
@@ -756,8 +832,9 @@ def run_stream(m, num_blocks, block_size, seed, steps, echo):
             checker.free(rng.choice(live))
     for seq in list(checker.tables):
         checker.free(seq)
-    assert m.num_free_blocks == num_blocks and refs(m, num_blocks) == [0] * num_blocks, \
+    assert m.num_free_blocks == num_blocks and refs(m, num_blocks) == [0] * num_blocks, (
         "every sequence has ended, yet not every block is free"
+    )
     return checker.events
 
 
@@ -780,8 +857,15 @@ def test_random_request_streams(impl, hash_name, seed):
     weak one (3 values) and one that ignores the block before (the same tokens always collide)."""
     block_size = 1 + seed
     num_blocks = 24 // block_size + 6  # tight enough that allocations are refused and blocks evicted
-    events = graded_stream(impl, num_blocks, block_size, hash_name, seed=100 * seed + len(hash_name), steps=400,
-                           echo=hash_name == "default")
+    events = graded_stream(
+        impl,
+        num_blocks,
+        block_size,
+        hash_name,
+        seed=100 * seed + len(hash_name),
+        steps=400,
+        echo=hash_name == "default",
+    )
     for event in MUST_SEE[hash_name]:
         assert events[event] > 0, f"this stream never saw a {event!r} event: {dict(events)}"
 

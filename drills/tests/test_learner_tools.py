@@ -6,6 +6,7 @@ the committed stubs) and a temporary state folder (DRILLS_STATE_DIR), so the rea
 and .drills/ are never touched. Grading runs T1's grader in a child process (about 2 s each): the
 cheapest lesson with a Triton kernel.
 """
+
 from __future__ import annotations
 
 import re
@@ -17,19 +18,19 @@ import pytest
 
 import drills.runtime
 from drills import contract, explainer, grading, learner
-from drills.lessons import LESSONS, ROOT, find
 from drills.grading import run
+from drills.lessons import LESSONS, ROOT, find
 from drills.tests import seeded
 from drills.tests.launches import count_triton_launches
 
 T1 = find("t1")
 
 # T1's solution with the kernel launch replaced by torch: right numbers, no Triton kernel.
-TORCH_FALLBACK = '''
+TORCH_FALLBACK = """
 
 def _launch(x, y, out, BLOCK=2048, num_warps=4):
     return torch.add(x, y, out=out)
-'''
+"""
 
 
 @pytest.fixture
@@ -84,7 +85,10 @@ def test_torch_fallback_fails_the_launch_check(mine):
     failed = {case.check for case in grade.cases if case.outcome == "failed"}
     assert "test_runs_a_triton_kernel" in failed, failed
     case = next(c for c in grade.cases if c.check == "test_runs_a_triton_kernel" and c.outcome == "failed")
-    assert "did not come from your kernel" in case.message and "without launching a Triton kernel" in case.message
+    assert (
+        "did not come from your kernel" in case.message
+        and "without launching a Triton kernel" in case.message
+    )
 
 
 def test_launch_counter_counts_each_launch_and_unpatches():
@@ -165,13 +169,24 @@ def test_hints_never_show_the_solution(lesson):
     explainer already shows the learner (the worked examples quote the lines they teach)."""
     stub = {line.strip() for line in (contract.pristine_stub_source(lesson) or "").splitlines()}
     taught = lesson.explainer.read_text()
-    solution_only = [line.strip() for line in lesson.solution.read_text().splitlines()
-                     if len(line.strip()) > 30 and line.strip() not in stub and not line.strip().startswith("#")
-                     and line.strip() not in taught]
+    solution_only = [
+        line.strip()
+        for line in lesson.solution.read_text().splitlines()
+        if len(line.strip()) > 30
+        and line.strip() not in stub
+        and not line.strip().startswith("#")
+        and line.strip() not in taught
+    ]
     mistakes = _mistakes(lesson)
     assert mistakes, f"{lesson.id}'s grader declares no MISTAKES to diagnose"
     for m in mistakes:
-        finding = {"pitfall": m.pitfall, "question": m.question, "section": m.section, "kind": "", "evidence": []}
+        finding = {
+            "pitfall": m.pitfall,
+            "question": m.question,
+            "section": m.section,
+            "kind": "",
+            "evidence": [],
+        }
         steps = learner.hint_steps(lesson, finding)
         assert steps and steps[0][0] == "a question", f"{lesson.id} pitfall {m.pitfall} has no question"
         for _, text in steps:
@@ -180,11 +195,14 @@ def test_hints_never_show_the_solution(lesson):
 
 
 def test_todo_hints_say_where_they_sit():
-    source = 'class Pool:\n    def take(self):\n        # TODO(section 3.1 "The pool"): pop a block;\n' \
-             '        # say which.\n        pass\n\n\ndef free(b):\n    # TODO(section 3.2): push it back.\n'
+    source = (
+        'class Pool:\n    def take(self):\n        # TODO(section 3.1 "The pool"): pop a block;\n'
+        "        # say which.\n        pass\n\n\ndef free(b):\n    # TODO(section 3.2): push it back.\n"
+    )
     assert learner.todo_hints(source) == [
         'in Pool.take: TODO(section 3.1 "The pool"): pop a block; say which.',
-        "in free: TODO(section 3.2): push it back."]
+        "in free: TODO(section 3.2): push it back.",
+    ]
 
 
 # --- make watch --------------------------------------------------------------------------------
@@ -227,9 +245,20 @@ def test_watch_grades_for_real_and_stops_on_ctrl_c(mine, monkeypatch, capsys):
 def test_doctor_prints_versions_and_the_traps(capsys):
     assert learner.cmd_doctor(args()) == 0
     out = capsys.readouterr().out
-    for needle in ("python", "torch", "triton", "numpy", "GPU", "runtime", "bf16 tl.dot",
-                   "CUDA tensors under the interpreter", "TF32", 'input_precision="ieee"', "numpy 2.4",
-                   "what to do"):
+    for needle in (
+        "python",
+        "torch",
+        "triton",
+        "numpy",
+        "GPU",
+        "runtime",
+        "bf16 tl.dot",
+        "CUDA tensors under the interpreter",
+        "TF32",
+        'input_precision="ieee"',
+        "numpy 2.4",
+        "what to do",
+    ):
         assert needle in out, needle
 
 
@@ -237,8 +266,12 @@ def test_doctor_prints_versions_and_the_traps(capsys):
 
 
 def run_grader(path, *extra):
-    return subprocess.run([sys.executable, "-m", "pytest", *run.pytest_args([T1.tests], impl_file=path), *extra],
-                          capture_output=True, text=True, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", *run.pytest_args([T1.tests], impl_file=path), *extra],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
 
 
 def test_summary_names_each_check_and_the_first_failure(tmp_path):
@@ -268,7 +301,8 @@ def test_untouched_stub_is_one_not_started_line(tmp_path):
     proc = run_grader(path)
     assert proc.returncode == run.NOT_STARTED_EXIT
     assert [line for line in proc.stdout.splitlines() if "not started" in line] == [
-        contract.not_started_message(contract.load_from_file(path, "drills._stub_t1"))]
+        contract.not_started_message(contract.load_from_file(path, "drills._stub_t1"))
+    ]
     assert "first failure" not in proc.stdout and "checks passing" not in proc.stdout
 
 
@@ -280,8 +314,10 @@ def test_a_file_that_does_not_import_is_reported_in_one_line(mine):
 
 def test_first_failure_points_at_the_pitfall_that_names_the_test():
     where = explainer.where_taught(find("l2"), "test_last_page_is_masked")
-    assert where == ('drills/content/l2_paged_decode.md, section 5 "Pitfalls and self-test", '
-                     'pitfall 2 "Unmasked last page"')
+    assert where == (
+        'drills/content/l2_paged_decode.md, section 5 "Pitfalls and self-test", '
+        'pitfall 2 "Unmasked last page"'
+    )
     assert "each pitfall names" in explainer.where_taught(find("l2"), "test_no_such_check")
 
 
@@ -296,8 +332,14 @@ def test_worked_example_shifts_every_base_seed(monkeypatch):
 
 
 def test_bench_comparison_puts_yours_beside_the_reference():
-    columns = [("B", "B"), ("ctx", "ctx"), ("ceiling_gbs", "read ceiling GB/s"), ("l2_gbs", "L2 GB/s"),
-               ("l2_ceiling", "L2 / ceiling"), ("sdpa_gbs", "SDPA GB/s")]
+    columns = [
+        ("B", "B"),
+        ("ctx", "ctx"),
+        ("ceiling_gbs", "read ceiling GB/s"),
+        ("l2_gbs", "L2 GB/s"),
+        ("l2_ceiling", "L2 / ceiling"),
+        ("sdpa_gbs", "SDPA GB/s"),
+    ]
     mine_rows = [dict(B=64, ctx=1024, ceiling_gbs=4000.0, l2_gbs=3000.0, l2_ceiling=0.75, sdpa_gbs=2000.0)]
     ref_rows = [dict(B=64, ctx=1024, ceiling_gbs=4100.0, l2_gbs=3900.0, l2_ceiling=0.95, sdpa_gbs=2000.0)]
     [line] = learner.compare_rows(find("l2"), columns, mine_rows, ref_rows)
@@ -324,8 +366,15 @@ def test_every_benchmark_with_a_headline_names_value_unit_label():
 # lesson's mutants, so that `make mutants` (part of make check) proves it is caught, diagnosed as its own
 # pitfall and summarised on one screen.
 CLASSIC_MISTAKES = {
-    "l2": ["unmasked_last_page", "interleaved_grouping", "masked_scores_not_minus_inf", "rescale_dropped",
-           "scale_missing", "p_not_cast_for_dot", "padding_rows_stored"],
+    "l2": [
+        "unmasked_last_page",
+        "interleaved_grouping",
+        "masked_scores_not_minus_inf",
+        "rescale_dropped",
+        "scale_missing",
+        "p_not_cast_for_dot",
+        "padding_rows_stored",
+    ],
     "t1": ["store_unmasked"],
     "t5": ["causal_top_left", "acc_not_rescaled", "rows_past_nq_stored", "causal_shift_clamped"],
 }
@@ -340,7 +389,9 @@ def test_classic_mistakes_are_mutants_with_their_own_pitfall(lesson_id):
     numbers = {p.number for p in explainer.pitfalls(lesson)}
     for name in CLASSIC_MISTAKES[lesson_id]:
         assert name in mutants, f"{lesson_id}: the classic mistake {name} has no mutant"
-        assert int(mutants[name].pitfall.split(".", 1)[0]) in numbers, f"{name} names no pitfall of the explainer"
+        assert int(mutants[name].pitfall.split(".", 1)[0]) in numbers, (
+            f"{name} names no pitfall of the explainer"
+        )
         assert not mutants[name].gpu_only, f"{name} must be graded on the CPU, where most learners are"
 
 
@@ -359,10 +410,18 @@ def _learner_facing_text():
     yield "README.md", (ROOT / "README.md").read_text(), True
     for lesson in LESSONS:
         yield grading.relative(lesson.explainer), lesson.explainer.read_text(), True
-        yield grading.relative(lesson.stub), contract.pristine_stub_source(lesson) or lesson.stub.read_text(), False
+        yield (
+            grading.relative(lesson.stub),
+            contract.pristine_stub_source(lesson) or lesson.stub.read_text(),
+            False,
+        )
         yield grading.relative(lesson.tests), lesson.tests.read_text(), False
         for i, cell in enumerate(json.loads(lesson.notebook.read_text())["cells"]):
-            yield f"{grading.relative(lesson.notebook)} cell {i}", "".join(cell["source"]), cell["cell_type"] == "markdown"
+            yield (
+                f"{grading.relative(lesson.notebook)} cell {i}",
+                "".join(cell["source"]),
+                cell["cell_type"] == "markdown",
+            )
 
 
 def test_learner_facing_text_never_names_the_source_notes():
@@ -376,6 +435,10 @@ def test_learner_facing_text_never_names_the_source_notes():
 
 
 def test_source_notes_check_can_fail():
-    for line in ("## 2. By hand: the seed's example", "The seed notes measured 176 us", "def test_seed_trace():"):
+    for line in (
+        "## 2. By hand: the seed's example",
+        "The seed notes measured 176 us",
+        "def test_seed_trace():",
+    ):
         assert NAMES_NOTES.search(line) or PROSE_SEED.search(line), line
     assert not PROSE_SEED.search("`SEED=7 make test L=t1` grades other ones")

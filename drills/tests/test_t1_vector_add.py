@@ -4,6 +4,7 @@ Run: make test L=t1 (your drills/mine) or make test L=t1 IMPL=solutions. Every o
 canary-filled buffer, so a store past element n - 1 lands in the canary instead of past an allocation;
 x and y are views into NaN-filled buffers, so a load past their end reads NaN instead of faulting.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -23,8 +24,8 @@ def padded(values: torch.Tensor, fill: float) -> torch.Tensor:
     """`values` copied into the middle of a buffer of `fill`, returned as a view of length n."""
     n = values.numel()
     buffer = torch.full((n + 2 * PAD,), fill, dtype=values.dtype, device=values.device)
-    buffer[PAD:PAD + n] = values
-    return buffer[PAD:PAD + n]  # [n], data_ptr PAD elements into the buffer
+    buffer[PAD : PAD + n] = values
+    return buffer[PAD : PAD + n]  # [n], data_ptr PAD elements into the buffer
 
 
 def make_inputs(n, dtype, device, seed):
@@ -38,12 +39,13 @@ def into_canary(run, x):
     """Call `run(out)` with out a view into a canary buffer; check nothing outside out changed."""
     n = x.numel()
     buffer = torch.full((n + 2 * PAD,), CANARY, dtype=x.dtype, device=x.device)
-    out = buffer[PAD:PAD + n]  # [n]
+    out = buffer[PAD : PAD + n]  # [n]
     returned = run(out)
-    assert isinstance(returned, torch.Tensor) and returned.data_ptr() == out.data_ptr(), \
+    assert isinstance(returned, torch.Tensor) and returned.data_ptr() == out.data_ptr(), (
         "vector_add must write into the `out` it is given and return it"
+    )
     keep = torch.zeros(buffer.shape, dtype=torch.bool, device=buffer.device)
-    keep[PAD:PAD + n] = True
+    keep[PAD : PAD + n] = True
     assert_untouched(buffer, CANARY, keep, "the buffer around out (is the last block masked?)", ("i+65536",))
     return out
 
@@ -84,7 +86,9 @@ def test_by_hand_lane_11_is_masked(impl, runtime):
     x[11] = y[11] = float("nan")  # read by lane 11 only if it is not masked
     out = torch.full((12,), CANARY, device=runtime.device)  # [12]
     impl.vector_add_kernel[(3,)](x, y, out, 10, BLOCK=4)
-    assert out[:10].tolist() == [11.0 * i for i in range(10)], f"expected 0, 11, ..., 99, got {out[:10].tolist()}"
+    assert out[:10].tolist() == [11.0 * i for i in range(10)], (
+        f"expected 0, 11, ..., 99, got {out[:10].tolist()}"
+    )
     assert out[11].item() == CANARY, f"lane 11 (past n = 10) was written: out[11] = {out[11].item()}"
 
 
@@ -96,7 +100,9 @@ def test_by_hand_loads_stop_at_element_9(impl, runtime):
     x, y = i.clone(), 10 * i
     out = torch.full((12,), CANARY, device=runtime.device)  # [12]
     impl.vector_add_kernel[(3,)](x, y, out, 10, BLOCK=4)
-    assert out[:10].tolist() == [11.0 * i for i in range(10)], f"expected 0, 11, ..., 99, got {out[:10].tolist()}"
+    assert out[:10].tolist() == [11.0 * i for i in range(10)], (
+        f"expected 0, 11, ..., 99, got {out[:10].tolist()}"
+    )
 
 
 def test_by_hand_store_stops_at_element_9(impl, runtime):
@@ -142,11 +148,15 @@ def test_each_program_adds_its_own_block(impl, runtime, n):
     check(impl, *make_inputs(n, torch.float16, runtime.device, seed=n))
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=["fp16", "bf16", "fp32"])
+@pytest.mark.parametrize(
+    "dtype", [torch.float16, torch.bfloat16, torch.float32], ids=["fp16", "bf16", "fp32"]
+)
 def test_dtypes(impl, runtime, dtype):
     if dtype == torch.bfloat16 and runtime.interpreter:
-        pytest.skip("bf16 runs on a GPU only (the course's rule for the Triton interpreter, whose bf16 "
-                    "support is partial: its tl.dot returns garbage in Triton 3.6 and 3.9)")
+        pytest.skip(
+            "bf16 runs on a GPU only (the course's rule for the Triton interpreter, whose bf16 "
+            "support is partial: its tl.dot returns garbage in Triton 3.6 and 3.9)"
+        )
     n = 5_000 if runtime.interpreter else 1_000_003
     check(impl, *make_inputs(n, dtype, runtime.device, seed=7))
 
@@ -207,8 +217,11 @@ BAD_INPUTS = {
     "x_not_contiguous": (lambda a: dict(x=_strided(a["x"])), ValueError, "x"),
     "y_not_contiguous": (lambda a: dict(y=_strided(a["y"])), ValueError, "y"),
     "y_on_another_device": (lambda a: dict(y=a["y"].to("meta")), ValueError, "y"),
-    "x_on_a_device_the_runtime_cannot_run": (lambda a: dict(x=a["x"].to("meta"), y=a["y"].to("meta")),
-                                             ValueError, "x is on meta"),
+    "x_on_a_device_the_runtime_cannot_run": (
+        lambda a: dict(x=a["x"].to("meta"), y=a["y"].to("meta")),
+        ValueError,
+        "x is on meta",
+    ),
     "out_on_another_device": (lambda a: dict(out=a["x"].to("meta")), ValueError, "out"),
     "out_shorter": (lambda a: dict(out=a["x"][:-1].clone()), ValueError, "out"),
     "out_dtype_differs": (lambda a: dict(out=a["x"].half()), TypeError, "out"),
@@ -269,9 +282,11 @@ def test_offsets_widened_to_int64(impl, runtime):
     """n > 2**31: pid * BLOCK in int32 wraps to a negative offset for the programs past element 2**31,
     which then read and write the wrong memory (or fault)."""
     if runtime.interpreter:
-        pytest.skip("GPU only, for time rather than memory: past 2**31 elements the grid has over a million "
-                    "programs of 2048 (two million, as the grader runs every launch twice), hours in the "
-                    "interpreter")
+        pytest.skip(
+            "GPU only, for time rather than memory: past 2**31 elements the grid has over a million "
+            "programs of 2048 (two million, as the grader runs every launch twice), hours in the "
+            "interpreter"
+        )
     n = 2**31 + 2**20 + 3
     x = torch.randn(n, dtype=torch.float16, device=runtime.device)  # [n]
     y = torch.randn(n, dtype=torch.float16, device=runtime.device)
@@ -286,27 +301,50 @@ def test_offsets_widened_to_int64(impl, runtime):
 # --- Diagnosis: which pitfall of drills/content/t1_vector_add.md a pattern of results points to ----------
 
 MISTAKES = [
-    Mistake(1, fails=("test_by_hand_lane_11_is_masked", "test_last_block_is_masked[n1]"),
-            question="Program 2 of the by-hand example owns offsets 8 to 11, but n = 10: what keeps lanes 10 "
-                     "and 11 from writing past the end of out?",
-            section="2"),
-    Mistake(1, fails=("test_by_hand_loads_stop_at_element_9",), passes=("test_by_hand_store_stops_at_element_9",),
-            question="Your store stops at n, but which elements do your loads read in the last block when BLOCK "
-                     "does not divide n?",
-            section="2"),
-    Mistake(2, fails=("test_by_hand_grid_has_three_programs",), passes=("test_by_hand_kernel_masks_lanes_10_and_11",),
-            question="For n = 10 and BLOCK = 4, how many programs does your grid start, and which program "
-                     "writes elements 8 and 9?",
-            section="2"),
-    Mistake(3, fails=("test_each_program_adds_its_own_block",), passes=("test_last_block_is_masked[n1]",),
-            question="Which elements does program 1 of the by-hand example load: where in your offsets does "
-                     "its program id come in, and multiplied by what?",
-            section="2"),
-    Mistake(4, fails=("test_offsets_widened_to_int64",), passes=("test_last_block_is_masked",),
-            question="Once n passes 2**31, in which integer type is pid * BLOCK computed, and what happens to "
-                     "it past 2**31 - 1?",
-            section="3.1"),
-    Mistake(5, fails=("test_by_hand_store_stops_at_element_9",), passes=("test_by_hand_lane_11_is_masked",),
-            question="For n = 10, the last element is out[9]: does your mask let lane 10 through?",
-            section="2"),
+    Mistake(
+        1,
+        fails=("test_by_hand_lane_11_is_masked", "test_last_block_is_masked[n1]"),
+        question="Program 2 of the by-hand example owns offsets 8 to 11, but n = 10: what keeps lanes 10 "
+        "and 11 from writing past the end of out?",
+        section="2",
+    ),
+    Mistake(
+        1,
+        fails=("test_by_hand_loads_stop_at_element_9",),
+        passes=("test_by_hand_store_stops_at_element_9",),
+        question="Your store stops at n, but which elements do your loads read in the last block when BLOCK "
+        "does not divide n?",
+        section="2",
+    ),
+    Mistake(
+        2,
+        fails=("test_by_hand_grid_has_three_programs",),
+        passes=("test_by_hand_kernel_masks_lanes_10_and_11",),
+        question="For n = 10 and BLOCK = 4, how many programs does your grid start, and which program "
+        "writes elements 8 and 9?",
+        section="2",
+    ),
+    Mistake(
+        3,
+        fails=("test_each_program_adds_its_own_block",),
+        passes=("test_last_block_is_masked[n1]",),
+        question="Which elements does program 1 of the by-hand example load: where in your offsets does "
+        "its program id come in, and multiplied by what?",
+        section="2",
+    ),
+    Mistake(
+        4,
+        fails=("test_offsets_widened_to_int64",),
+        passes=("test_last_block_is_masked",),
+        question="Once n passes 2**31, in which integer type is pid * BLOCK computed, and what happens to "
+        "it past 2**31 - 1?",
+        section="3.1",
+    ),
+    Mistake(
+        5,
+        fails=("test_by_hand_store_stops_at_element_9",),
+        passes=("test_by_hand_lane_11_is_masked",),
+        question="For n = 10, the last element is out[9]: does your mask let lane 10 through?",
+        section="2",
+    ),
 ]

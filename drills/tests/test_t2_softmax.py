@@ -4,6 +4,7 @@ Run: make test L=t2 (your drills/mine) or make test L=t2 IMPL=solutions. Every i
 NaN-filled buffer and every output a view into a canary-filled one, with different row strides: a load
 past a row's end reads NaN, a store past it overwrites the canary, and a mixed-up stride shows.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -37,15 +38,19 @@ class Framed:
 
     def __init__(self, M, N, pad, fill, dtype, device):
         self.width = N + 2 * pad
-        self.flat = torch.full(((M + 2) * self.width + SPILL + M * STRIDE_GAP,), fill, dtype=dtype, device=device)
+        self.flat = torch.full(
+            ((M + 2) * self.width + SPILL + M * STRIDE_GAP,), fill, dtype=dtype, device=device
+        )
         self.grid = self.flat[: (M + 2) * self.width].view(M + 2, self.width)  # [M + 2, N + 2 * pad]
-        self.view = self.grid[1:M + 1, pad:pad + N]  # [M, N], stride (N + 2 * pad, 1)
+        self.view = self.grid[1 : M + 1, pad : pad + N]  # [M, N], stride (N + 2 * pad, 1)
         self.keep = torch.zeros(self.grid.shape, dtype=torch.bool, device=device)
-        self.keep[1:M + 1, pad:pad + N] = True
+        self.keep[1 : M + 1, pad : pad + N] = True
 
     def assert_untouched(self, what):
-        assert_untouched(self.grid, CANARY, self.keep, what, ("row+1", f"col+{(self.width - self.view.shape[1]) // 2}"))
-        tail = self.flat[self.grid.numel():]
+        assert_untouched(
+            self.grid, CANARY, self.keep, what, ("row+1", f"col+{(self.width - self.view.shape[1]) // 2}")
+        )
+        tail = self.flat[self.grid.numel() :]
         assert (tail == CANARY).all(), f"{what}: a store landed past the last row of the buffer"
 
 
@@ -61,8 +66,9 @@ def run_into_canary(impl, x):
     M, N = x.shape
     frame = Framed(M, N, OUT_PAD, CANARY, x.dtype, x.device)
     returned = impl.softmax(x, out=frame.view)
-    assert isinstance(returned, torch.Tensor) and returned.data_ptr() == frame.view.data_ptr(), \
+    assert isinstance(returned, torch.Tensor) and returned.data_ptr() == frame.view.data_ptr(), (
         "softmax must write into the `out` it is given and return it"
+    )
     frame.assert_untouched("the buffer around out (is every store masked, and at out's row stride?)")
     return frame.view
 
@@ -91,7 +97,9 @@ BY_HAND = [0.087144, 0.032059, 0.643914, 0.236883]  # e^(x - 4) / 1.553001
 def test_by_hand_row_2_1_4_3(impl, runtime):
     """max 4; e^(x - 4) = [0.1353, 0.0498, 1, 0.3679]; sum 1.5530; softmax [0.0871, 0.0321, 0.6439, 0.2369].
     Shifting the row by 10000 changes nothing (and overflows exp without the max)."""
-    x = framed_input(torch.tensor([[2.0, 1.0, 4.0, 3.0], [10002.0, 10001.0, 10004.0, 10003.0]], device=runtime.device))
+    x = framed_input(
+        torch.tensor([[2.0, 1.0, 4.0, 3.0], [10002.0, 10001.0, 10004.0, 10003.0]], device=runtime.device)
+    )
     out = check(impl, x)
     for row in range(2):
         assert [round(v, 4) for v in out[row].tolist()] == [round(v, 4) for v in BY_HAND], out[row].tolist()
@@ -153,7 +161,9 @@ def test_minus_inf_entries_get_zero_weight(impl, runtime, where):
 
 
 @pytest.mark.parametrize("where", ["one_block", "long_rows"])
-@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # -inf - (-inf) in the interpreter
+@pytest.mark.filterwarnings(
+    "ignore:invalid value encountered:RuntimeWarning"
+)  # -inf - (-inf) in the interpreter
 def test_fully_masked_row_is_nan_like_torch(impl, runtime, where):
     """A row that is -inf everywhere has no distribution: its output is NaN, as torch.softmax gives, and
     the NaN stays in that row (the rows around it are exact)."""
@@ -165,7 +175,9 @@ def test_fully_masked_row_is_nan_like_torch(impl, runtime, where):
     x = framed_input(x.to(runtime.device))
     out = run_into_canary(impl, x)
     assert torch.isnan(torch.softmax(x[dead].float(), dim=-1)).all()  # the behaviour being matched
-    assert torch.isnan(out[dead]).all(), f"rows {dead} are -inf everywhere: expected NaN, as torch.softmax gives"
+    assert torch.isnan(out[dead]).all(), (
+        f"rows {dead} are -inf everywhere: expected NaN, as torch.softmax gives"
+    )
     live = [r for r in range(M) if r not in dead]
     assert_close(out[live], softmax_reference(x[live]), DIMS)
 
@@ -213,11 +225,15 @@ def test_rows_sum_to_one(impl, runtime, where):
     assert_close(out.sum(dim=-1), torch.ones(M, device=runtime.device), ("row",))
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=["fp16", "bf16", "fp32"])
+@pytest.mark.parametrize(
+    "dtype", [torch.float16, torch.bfloat16, torch.float32], ids=["fp16", "bf16", "fp32"]
+)
 def test_dtypes(impl, runtime, dtype):
     if dtype == torch.bfloat16 and runtime.interpreter:
-        pytest.skip("bf16 runs on a GPU only (the course's rule for the Triton interpreter, whose bf16 "
-                    "support is partial: its tl.dot returns garbage in Triton 3.6 and 3.9)")
+        pytest.skip(
+            "bf16 runs on a GPU only (the course's rule for the Triton interpreter, whose bf16 "
+            "support is partial: its tl.dot returns garbage in Triton 3.6 and 3.9)"
+        )
     M, N = (21, 1000) if runtime.interpreter else (4096, 3000)
     out = check(impl, randn(M, N, dtype, runtime.device, seed=14, scale=3.0))
     assert out.dtype == dtype
@@ -267,8 +283,11 @@ BAD_INPUTS = {
     "out_on_another_device": (lambda x: dict(x=x, out=torch.empty_like(x, device="meta")), ValueError, "out"),
     "x_on_a_device_the_runtime_cannot_run": (lambda x: dict(x=x.to("meta")), ValueError, "x is on meta"),
     "out_not_a_tensor": (lambda x: dict(x=x, out=x.tolist()), TypeError, "out"),
-    "out_rows_overlap": (lambda x: dict(x=x, out=torch.empty_like(x[:1]).expand(x.shape)), ValueError,
-                         "out's rows overlap"),
+    "out_rows_overlap": (
+        lambda x: dict(x=x, out=torch.empty_like(x[:1]).expand(x.shape)),
+        ValueError,
+        "out's rows overlap",
+    ),
     "out_partly_overlaps_x": (lambda x: _shifted_by_one_row(x), ValueError, "out overlaps x"),
 }
 
@@ -330,8 +349,9 @@ def test_out_may_be_x(impl, runtime):
     x = randn(5, 300, torch.float32, runtime.device, seed=15)
     expected = softmax_reference(x)
     returned = impl.softmax(x, out=x)
-    assert isinstance(returned, torch.Tensor) and returned.data_ptr() == x.data_ptr(), \
+    assert isinstance(returned, torch.Tensor) and returned.data_ptr() == x.data_ptr(), (
         "softmax must write into the `out` it is given and return it"
+    )
     assert_close(x, expected, DIMS)
 
 
@@ -357,8 +377,10 @@ def test_row_offsets_widened_to_int64(impl, runtime, where):
     int32 wraps to a negative offset, 2**31 - 2**21 elements before row 0, so that row is read from
     the wrong place and stored there too."""
     if runtime.interpreter and free_bytes() < 2**30:
-        pytest.skip(f"needs about 1 GB of free memory for the touched pages and the interpreter; "
-                    f"{free_bytes() / 2**30:.1f} GB free")
+        pytest.skip(
+            f"needs about 1 GB of free memory for the touched pages and the interpreter; "
+            f"{free_bytes() / 2**30:.1f} GB free"
+        )
     N = 781 if where == "one_block" else long_row(impl, 5)
     gen = torch.Generator().manual_seed(seeded(21))
     x, _ = rows_past_int32(N, runtime.device)
@@ -366,50 +388,77 @@ def test_row_offsets_widened_to_int64(impl, runtime, where):
     out, out_flat = rows_past_int32(N, runtime.device)
     out.fill_(CANARY)
     impl.softmax(x, out=out)
-    assert (out_flat[:N] == 0).all(), (f"a row of out was stored {WRAP} elements before row 0: the row offset "
-                                       "row * stride wrapped around in int32")
+    assert (out_flat[:N] == 0).all(), (
+        f"a row of out was stored {WRAP} elements before row 0: the row offset "
+        "row * stride wrapped around in int32"
+    )
     assert_close(out, softmax_reference(x), DIMS)
 
 
 # --- Diagnosis: which pitfall of drills/content/t2_softmax.md a pattern of results points to ---------
 
 MISTAKES = [
-    Mistake(1, fails=("test_large_values_do_not_overflow",),
-            passes=("test_rows_sum_to_one", "test_padded_columns_load_as_minus_inf"),
-            question="What is exp(10000) in fp32, and what does your kernel subtract from x before it "
-                     "exponentiates?",
-            section="2"),
-    Mistake(2, fails=("test_by_hand_padding_in_a_block_of_8", "test_padded_columns_load_as_minus_inf"),
-            passes=("test_by_hand_row_2_1_4_3",),
-            question="A row of 4 in a block of 8: what values do lanes 4 to 7 hold after your load, what do "
-                     "they add to the sum, and does your store write them?",
-            section="2"),
-    Mistake(3, fails=("test_rows_sum_to_one[one_block]",),
-            passes=("test_rows_sum_to_one[long_rows]", "test_large_values_do_not_overflow"),
-            question="Your one-block outputs are e^(x - max): what do they sum to, and what must they sum to?",
-            section="2"),
-    Mistake(3, fails=("test_rows_sum_to_one[long_rows]", "test_by_hand_two_blocks_of_2_three_passes"),
-            passes=("test_rows_sum_to_one[one_block]", "test_large_values_do_not_overflow"),
-            question="In the third pass over a long row, what do you divide each e^(x - m) by?",
-            section="2"),
-    Mistake(4, fails=("test_rows_longer_than_one_block", "test_large_values_do_not_overflow[fp32-long_rows]"),
-            passes=("test_rows_sum_to_one[one_block]",),
-            question="N = 2 * 16384 + 77 and BLOCK = 16384: how many blocks do your passes visit, and which "
-                     "columns does your kernel store?",
-            section="3.4"),
-    Mistake(5, fails=("test_by_hand_row_2_1_4_3", "test_rows_sum_to_one"),
-            passes=("test_by_hand_padding_in_a_block_of_8", "test_out_is_allocated_when_not_given"),
-            question="One row, or contiguous tensors, pass; views of wider buffers fail. How far apart are "
-                     "the rows of x, and of out, when x = big[:, :781]?",
-            section="3.1"),
-    Mistake(6, fails=("test_row_offsets_widened_to_int64",), passes=("test_rows_sum_to_one",),
-            messages=(r"int32|out of bounds",),
-            question="Row 2 starts 2 * (2**30 + 2**20) elements into x: in which integer type does your "
-                     "kernel compute row * stride, and what does that type do past 2**31 - 1?",
-            section="3.1"),
-    Mistake(7, fails=("test_max_starts_at_minus_inf",),
-            passes=("test_large_values_do_not_overflow", "test_rows_sum_to_one"),
-            question="Every value of the row is below -200: what is your running max after the first pass, "
-                     "given the value it starts from?",
-            section="3.4"),
+    Mistake(
+        1,
+        fails=("test_large_values_do_not_overflow",),
+        passes=("test_rows_sum_to_one", "test_padded_columns_load_as_minus_inf"),
+        question="What is exp(10000) in fp32, and what does your kernel subtract from x before it "
+        "exponentiates?",
+        section="2",
+    ),
+    Mistake(
+        2,
+        fails=("test_by_hand_padding_in_a_block_of_8", "test_padded_columns_load_as_minus_inf"),
+        passes=("test_by_hand_row_2_1_4_3",),
+        question="A row of 4 in a block of 8: what values do lanes 4 to 7 hold after your load, what do "
+        "they add to the sum, and does your store write them?",
+        section="2",
+    ),
+    Mistake(
+        3,
+        fails=("test_rows_sum_to_one[one_block]",),
+        passes=("test_rows_sum_to_one[long_rows]", "test_large_values_do_not_overflow"),
+        question="Your one-block outputs are e^(x - max): what do they sum to, and what must they sum to?",
+        section="2",
+    ),
+    Mistake(
+        3,
+        fails=("test_rows_sum_to_one[long_rows]", "test_by_hand_two_blocks_of_2_three_passes"),
+        passes=("test_rows_sum_to_one[one_block]", "test_large_values_do_not_overflow"),
+        question="In the third pass over a long row, what do you divide each e^(x - m) by?",
+        section="2",
+    ),
+    Mistake(
+        4,
+        fails=("test_rows_longer_than_one_block", "test_large_values_do_not_overflow[fp32-long_rows]"),
+        passes=("test_rows_sum_to_one[one_block]",),
+        question="N = 2 * 16384 + 77 and BLOCK = 16384: how many blocks do your passes visit, and which "
+        "columns does your kernel store?",
+        section="3.4",
+    ),
+    Mistake(
+        5,
+        fails=("test_by_hand_row_2_1_4_3", "test_rows_sum_to_one"),
+        passes=("test_by_hand_padding_in_a_block_of_8", "test_out_is_allocated_when_not_given"),
+        question="One row, or contiguous tensors, pass; views of wider buffers fail. How far apart are "
+        "the rows of x, and of out, when x = big[:, :781]?",
+        section="3.1",
+    ),
+    Mistake(
+        6,
+        fails=("test_row_offsets_widened_to_int64",),
+        passes=("test_rows_sum_to_one",),
+        messages=(r"int32|out of bounds",),
+        question="Row 2 starts 2 * (2**30 + 2**20) elements into x: in which integer type does your "
+        "kernel compute row * stride, and what does that type do past 2**31 - 1?",
+        section="3.1",
+    ),
+    Mistake(
+        7,
+        fails=("test_max_starts_at_minus_inf",),
+        passes=("test_large_values_do_not_overflow", "test_rows_sum_to_one"),
+        question="Every value of the row is below -200: what is your running max after the first pass, "
+        "given the value it starts from?",
+        section="3.4",
+    ),
 ]

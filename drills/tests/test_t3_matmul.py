@@ -4,6 +4,7 @@ Run: make test L=t3 (your drills/mine) or make test L=t3 IMPL=solutions. Every i
 larger NaN-filled buffer, so reading past any edge of A or B brings NaN into the result; every output
 is a view into a canary-filled buffer, so storing past any edge of C overwrites a canary.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -41,9 +42,12 @@ def reference(a, b):
 
 # How out lies in its canary buffer: (buffer rows, buffer columns, the [M, N] view of the buffer).
 OUT_LAYOUTS = {
-    "plain": (lambda M, N: (M, N), lambda x, M, N: x[MARGIN:MARGIN + M, MARGIN:MARGIN + N]),
-    "transposed": (lambda M, N: (N, M), lambda x, M, N: x[MARGIN:MARGIN + N, MARGIN:MARGIN + M].t()),
-    "strided_columns": (lambda M, N: (M, 2 * N), lambda x, M, N: x[MARGIN:MARGIN + M, MARGIN:MARGIN + 2 * N:2]),
+    "plain": (lambda M, N: (M, N), lambda x, M, N: x[MARGIN : MARGIN + M, MARGIN : MARGIN + N]),
+    "transposed": (lambda M, N: (N, M), lambda x, M, N: x[MARGIN : MARGIN + N, MARGIN : MARGIN + M].t()),
+    "strided_columns": (
+        lambda M, N: (M, 2 * N),
+        lambda x, M, N: x[MARGIN : MARGIN + M, MARGIN : MARGIN + 2 * N : 2],
+    ),
 }
 
 
@@ -57,12 +61,18 @@ def run_into_canary(impl, a, b, out_layout="plain"):
     buffer = torch.full((rows + 2 * MARGIN, cols + 2 * MARGIN), CANARY, dtype=a.dtype, device=a.device)
     out = view_of(buffer, M, N)  # [M, N]
     returned = impl.matmul(a, b, out=out)
-    assert isinstance(returned, torch.Tensor) and returned.data_ptr() == out.data_ptr(), \
+    assert isinstance(returned, torch.Tensor) and returned.data_ptr() == out.data_ptr(), (
         "matmul must write into the `out` it is given and return it"
+    )
     keep = torch.zeros(buffer.shape, dtype=torch.bool, device=buffer.device)
     view_of(keep, M, N).fill_(True)
-    assert_untouched(buffer, CANARY, keep, "the buffer around out (a store past M or N, or at the wrong stride?)",
-                     ("row+256", "col+256"))
+    assert_untouched(
+        buffer,
+        CANARY,
+        keep,
+        "the buffer around out (a store past M or N, or at the wrong stride?)",
+        ("row+256", "col+256"),
+    )
     return out
 
 
@@ -93,9 +103,28 @@ def test_by_hand_37x100x61_every_edge_partial(impl, runtime):
 
 
 # The launch order of the explainer's table: 5 x 4 tiles, GROUP_M = 2; program i computes ORDER[i].
-ORDER = [(0, 0), (1, 0), (0, 1), (1, 1), (0, 2), (1, 2), (0, 3), (1, 3),
-         (2, 0), (3, 0), (2, 1), (3, 1), (2, 2), (3, 2), (2, 3), (3, 3),
-         (4, 0), (4, 1), (4, 2), (4, 3)]
+ORDER = [
+    (0, 0),
+    (1, 0),
+    (0, 1),
+    (1, 1),
+    (0, 2),
+    (1, 2),
+    (0, 3),
+    (1, 3),
+    (2, 0),
+    (3, 0),
+    (2, 1),
+    (3, 1),
+    (2, 2),
+    (3, 2),
+    (2, 3),
+    (3, 3),
+    (4, 0),
+    (4, 1),
+    (4, 2),
+    (4, 3),
+]
 
 
 @pytest.mark.parametrize("programs", [3, 6, 8, 17, 20])
@@ -107,21 +136,39 @@ def test_programs_visit_tiles_in_grouped_order(impl, runtime, programs):
     M, N, K, T = 69, 64, 40, 16
     a, b = inputs(M, N, K, runtime.device, seed=5)
     buffer = torch.full((M + 2 * MARGIN, N + 2 * MARGIN), CANARY, dtype=a.dtype, device=a.device)
-    c = buffer[MARGIN:MARGIN + M, MARGIN:MARGIN + N]  # [M, N]
+    c = buffer[MARGIN : MARGIN + M, MARGIN : MARGIN + N]  # [M, N]
     impl.matmul_kernel[(programs,)](
-        a, b, c, M, N, K,
-        a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
-        BLOCK_M=T, BLOCK_N=T, BLOCK_K=T, GROUP_M=2,
+        a,
+        b,
+        c,
+        M,
+        N,
+        K,
+        a.stride(0),
+        a.stride(1),
+        b.stride(0),
+        b.stride(1),
+        c.stride(0),
+        c.stride(1),
+        BLOCK_M=T,
+        BLOCK_N=T,
+        BLOCK_K=T,
+        GROUP_M=2,
     )
     keep = torch.zeros(buffer.shape, dtype=torch.bool, device=buffer.device)
-    keep[MARGIN:MARGIN + M, MARGIN:MARGIN + N] = True
+    keep[MARGIN : MARGIN + M, MARGIN : MARGIN + N] = True
     assert_untouched(buffer, CANARY, keep, "the buffer around C", ("row+256", "col+256"))
-    written = {(i, j) for i in range(5) for j in range(4)
-               if (c[i * T:(i + 1) * T, j * T:(j + 1) * T] != CANARY).any()}
+    written = {
+        (i, j)
+        for i in range(5)
+        for j in range(4)
+        if (c[i * T : (i + 1) * T, j * T : (j + 1) * T] != CANARY).any()
+    }
     expected = set(ORDER[:programs])
     assert written == expected, (
         f"the first {programs} programs wrote tiles {sorted(written)}; grouped order (GROUP_M = 2) "
-        f"gives {sorted(expected)} (missing {sorted(expected - written)}, extra {sorted(written - expected)})")
+        f"gives {sorted(expected)} (missing {sorted(expected - written)}, extra {sorted(written - expected)})"
+    )
     ref = reference(a, b)
     for i, j in expected:
         rows, cols = slice(i * T, (i + 1) * T), slice(j * T, (j + 1) * T)
@@ -138,7 +185,9 @@ def test_accumulates_in_fp32(impl, runtime):
     a[:, 0], b[0, :] = 32.0, 64.0
     a[:, 1:], b[1:, :] = 1.0 / 16, 1.0 / 16
     out = check(impl, a, b, rtol=1e-3, rel=1e-3)
-    assert (out == 2052).all(), f"expected exactly 2052 everywhere, got values from {out.min()} to {out.max()}"
+    assert (out == 2052).all(), (
+        f"expected exactly 2052 everywhere, got values from {out.min()} to {out.max()}"
+    )
 
 
 # --- Section 5 "Pitfalls" -----------------------------------------------------------------------------
@@ -176,8 +225,10 @@ def test_non_power_of_two_shapes(impl, runtime, M, N, K):
 def test_large_non_power_of_two_shapes(impl, runtime):
     """GPU only: shapes that use the large block configuration, with every edge partial."""
     if runtime.interpreter:
-        pytest.skip("GPU only: these shapes use the GPU's large block configuration; the interpreter "
-                    "would take minutes")
+        pytest.skip(
+            "GPU only: these shapes use the GPU's large block configuration; the interpreter "
+            "would take minutes"
+        )
     for M, N, K in [(1031, 1100, 1000), (2049, 1537, 640), (4096, 4096, 4096)]:
         a, b = inputs(M, N, K, runtime.device, seed=M)
         check(impl, a, b)
@@ -227,7 +278,9 @@ def test_loads_stay_inside_a_and_b(impl, runtime):
     even though those rows and columns of the tile are never stored."""
     gen = torch.Generator().manual_seed(seeded(41))
     a = torch.randn(37, 40, generator=gen).half().to(runtime.device)  # [M, K], contiguous
-    b = torch.randn(40, 45, generator=gen).half().t().contiguous().t().to(runtime.device)  # [K, N], column-major
+    b = (
+        torch.randn(40, 45, generator=gen).half().t().contiguous().t().to(runtime.device)
+    )  # [K, N], column-major
     check(impl, a, b)
 
 
@@ -235,8 +288,10 @@ def test_loads_stay_inside_a_and_b(impl, runtime):
 def test_dtypes(impl, runtime, dtype):
     """The output has the inputs' dtype, rounded from fp32 once."""
     if dtype == torch.bfloat16 and runtime.interpreter:
-        pytest.skip("bf16 runs on a GPU only: the Triton interpreter's tl.dot returns garbage for bf16 "
-                    "(seen in Triton 3.6 and 3.9)")
+        pytest.skip(
+            "bf16 runs on a GPU only: the Triton interpreter's tl.dot returns garbage for bf16 "
+            "(seen in Triton 3.6 and 3.9)"
+        )
     M, N, K = (37, 100, 61) if runtime.interpreter else (1031, 1100, 1000)
     a, b = inputs(M, N, K, runtime.device, seed=17, dtype=dtype)
     out = check(impl, a, b)
@@ -261,20 +316,36 @@ BAD_INPUTS = {
     "empty_k": (lambda a, b: dict(a=a[:, :0], b=b[:0]), ValueError, "non-empty"),
     "mixed_devices": (lambda a, b: dict(b=_meta(b)), ValueError, "b is on meta"),
     "device_the_runtime_cannot_run": (lambda a, b: dict(a=_meta(a), b=_meta(b)), ValueError, "a is on meta"),
-    "out_wrong_shape": (lambda a, b: dict(out=torch.empty(a.shape[0], b.shape[1] + 1, dtype=a.dtype,
-                                                          device=a.device)), ValueError, "out must"),
-    "out_rank_3": (lambda a, b: dict(out=torch.empty(1, a.shape[0], b.shape[1], dtype=a.dtype,
-                                                     device=a.device)), ValueError, "out must"),
-    "out_float32": (lambda a, b: dict(out=torch.empty(a.shape[0], b.shape[1], device=a.device)),
-                    TypeError, "out must"),
-    "out_other_device": (lambda a, b: dict(out=torch.empty(a.shape[0], b.shape[1], dtype=a.dtype,
-                                                           device="meta")), ValueError, "out is on meta"),
+    "out_wrong_shape": (
+        lambda a, b: dict(out=torch.empty(a.shape[0], b.shape[1] + 1, dtype=a.dtype, device=a.device)),
+        ValueError,
+        "out must",
+    ),
+    "out_rank_3": (
+        lambda a, b: dict(out=torch.empty(1, a.shape[0], b.shape[1], dtype=a.dtype, device=a.device)),
+        ValueError,
+        "out must",
+    ),
+    "out_float32": (
+        lambda a, b: dict(out=torch.empty(a.shape[0], b.shape[1], device=a.device)),
+        TypeError,
+        "out must",
+    ),
+    "out_other_device": (
+        lambda a, b: dict(out=torch.empty(a.shape[0], b.shape[1], dtype=a.dtype, device="meta")),
+        ValueError,
+        "out is on meta",
+    ),
     "out_not_a_tensor": (lambda a, b: dict(out=[[0.0] * b.shape[1]] * a.shape[0]), TypeError, "out must"),
-    "out_elements_overlap": (lambda a, b: dict(out=torch.empty(1, b.shape[1], dtype=a.dtype,
-                                                               device=a.device).expand(a.shape[0], -1)),
-                             ValueError, "out's elements overlap"),
-    "out_overlaps_a": (lambda a, b: dict(out=a[:, :b.shape[1]]), ValueError, "out overlaps a"),
-    "out_overlaps_b": (lambda a, b: dict(out=b[:a.shape[0]]), ValueError, "out overlaps b"),
+    "out_elements_overlap": (
+        lambda a, b: dict(
+            out=torch.empty(1, b.shape[1], dtype=a.dtype, device=a.device).expand(a.shape[0], -1)
+        ),
+        ValueError,
+        "out's elements overlap",
+    ),
+    "out_overlaps_a": (lambda a, b: dict(out=a[:, : b.shape[1]]), ValueError, "out overlaps a"),
+    "out_overlaps_b": (lambda a, b: dict(out=b[: a.shape[0]]), ValueError, "out overlaps b"),
 }
 
 
@@ -300,8 +371,10 @@ def past_int32(shape, dtype, device):
 def test_launcher_rejects_offsets_past_int32(impl, runtime, name):
     """A view whose last element sits 2**31 elements or more from its first cannot be addressed with the
     kernel's int32 offsets: rejected, naming it, not silently wrapped."""
-    args = dict(a=torch.zeros(2, 16, dtype=torch.float16, device=runtime.device),
-                b=torch.zeros(16, 8, dtype=torch.float16, device=runtime.device))
+    args = dict(
+        a=torch.zeros(2, 16, dtype=torch.float16, device=runtime.device),
+        b=torch.zeros(16, 8, dtype=torch.float16, device=runtime.device),
+    )
     shapes = dict(a=(2, 16), b=(16, 8), out=(2, 8))
     args[name] = past_int32(shapes[name], torch.float16, runtime.device)
     with record_launches(impl) as launches, pytest.raises(ValueError, match=f"{name} spans"):
@@ -379,63 +452,108 @@ def test_out_is_allocated_when_not_given(impl, runtime):
 # --- Diagnosis: which pitfall of drills/content/t3_matmul.md a pattern of results points to ----------
 
 MISTAKES = [
-    Mistake(1, fails=("test_k_edge_is_masked[1]", "test_non_power_of_two_shapes[1-1-1]"), messages=("NaN",),
-            question="K = 61, BLOCK_K = 32: which k does your last K step load, from which of A and B, and "
-                     "what value do the lanes past K hold?",
-            section="3.3"),
-    Mistake(2, fails=("test_store_masked_at_m_and_n_edges[1-1-16]",),
-            messages=(r"canary elements|out of bounds store",),
-            question="M = 37 and BLOCK_M = 32: which rows does the last tile row's store write, and which of "
-                     "them belong to C?",
-            section="3.4"),
-    Mistake(3, fails=("test_accumulates_in_fp32",),
-            passes=("test_k_edge_is_masked", "test_store_masked_at_m_and_n_edges"),
-            question="What is 2048 + 0.125 in fp16, and in which dtype does your kernel keep the running sum?",
-            section="2.4"),
-    Mistake(4, fails=("test_strides_are_respected",),
-            passes=("test_non_power_of_two_shapes", "test_by_hand_37x100x61_every_edge_partial"),
-            question="A [37, 61] stored transposed: where is A[5, 7], and which stride does your kernel "
-                     "multiply k by?",
-            section="2.2"),
-    Mistake(4, fails=("test_output_strides_are_respected",), passes=("test_by_hand_37x100x61_every_edge_partial",),
-            question="out may be a transposed view: which strides does your store multiply the rows and the "
-                     "columns of C by?",
-            section="2.2"),
-    Mistake(4, fails=("test_strides_are_respected[b_transposed]", "test_by_hand_37x100x61_every_edge_partial",
-                      "test_k_edge_is_masked[1]"),
-            passes=("test_non_power_of_two_shapes[1-1-1]", "test_store_masked_at_m_and_n_edges[100-1-7]"),
-            question="Shapes with N = 1 pass, every other fails: which stride does your kernel multiply B's "
-                     "columns by?",
-            section="2.2"),
-    Mistake(4, fails=("test_by_hand_37x100x61_every_edge_partial",),
-            passes=("test_out_is_allocated_when_not_given", "test_store_masked_at_m_and_n_edges[1-1-16]"),
-            messages=(r"canary elements",),
-            question="A contiguous out passes, a view of a wider buffer does not: how far apart are the rows "
-                     "of out, and what does your store use for that distance?",
-            section="2.2"),
-    Mistake(5, fails=("test_k_longer_than_one_block", "test_by_hand_37x100x61_every_edge_partial"),
-            passes=("test_k_edge_is_masked[17]", "test_strides_are_respected[b_transposed]"),
-            question="B [61, 100] row-major and BLOCK_K = 32: by how many elements must b_ptrs move for the "
-                     "second K step, and by how many does yours?",
-            section="2.2"),
-    Mistake(6, fails=("test_every_tile_computed_when_last_group_is_short",),
-            passes=("test_k_edge_is_masked", "test_programs_visit_tiles_in_grouped_order[3]"),
-            question="5 tile rows in groups of GROUP_M = 2: how many tile rows has the last group, and how "
-                     "many does your pid_m mapping assume?",
-            section="2.3"),
-    Mistake(7, fails=("test_programs_visit_tiles_in_grouped_order[3]",),
-            passes=("test_by_hand_37x100x61_every_edge_partial", "test_every_tile_computed_when_last_group_is_short"),
-            question="Which tiles do programs 0, 1 and 2 compute in the explainer's 5 x 4 grid with "
-                     "GROUP_M = 2, and which do yours?",
-            section="2.3"),
-    Mistake(8, fails=("test_every_configuration_has_dot_dims_of_16",), messages=("BLOCK_K",),
-            passes=("test_by_hand_37x100x61_every_edge_partial",),
-            question="Which configuration of the table has a block dimension below 16, and what does a GPU's "
-                     "tl.dot need for K?",
-            section="3.5"),
-    Mistake(9, fails=("test_loads_stay_inside_a_and_b",), messages=("out of bounds load",),
-            passes=("test_by_hand_37x100x61_every_edge_partial",),
-            question="M = 37, BLOCK_M = 32: which rows of A does your last tile row load, and does A have "
-                     "them?",
-            section="3.2"),
+    Mistake(
+        1,
+        fails=("test_k_edge_is_masked[1]", "test_non_power_of_two_shapes[1-1-1]"),
+        messages=("NaN",),
+        question="K = 61, BLOCK_K = 32: which k does your last K step load, from which of A and B, and "
+        "what value do the lanes past K hold?",
+        section="3.3",
+    ),
+    Mistake(
+        2,
+        fails=("test_store_masked_at_m_and_n_edges[1-1-16]",),
+        messages=(r"canary elements|out of bounds store",),
+        question="M = 37 and BLOCK_M = 32: which rows does the last tile row's store write, and which of "
+        "them belong to C?",
+        section="3.4",
+    ),
+    Mistake(
+        3,
+        fails=("test_accumulates_in_fp32",),
+        passes=("test_k_edge_is_masked", "test_store_masked_at_m_and_n_edges"),
+        question="What is 2048 + 0.125 in fp16, and in which dtype does your kernel keep the running sum?",
+        section="2.4",
+    ),
+    Mistake(
+        4,
+        fails=("test_strides_are_respected",),
+        passes=("test_non_power_of_two_shapes", "test_by_hand_37x100x61_every_edge_partial"),
+        question="A [37, 61] stored transposed: where is A[5, 7], and which stride does your kernel "
+        "multiply k by?",
+        section="2.2",
+    ),
+    Mistake(
+        4,
+        fails=("test_output_strides_are_respected",),
+        passes=("test_by_hand_37x100x61_every_edge_partial",),
+        question="out may be a transposed view: which strides does your store multiply the rows and the "
+        "columns of C by?",
+        section="2.2",
+    ),
+    Mistake(
+        4,
+        fails=(
+            "test_strides_are_respected[b_transposed]",
+            "test_by_hand_37x100x61_every_edge_partial",
+            "test_k_edge_is_masked[1]",
+        ),
+        passes=("test_non_power_of_two_shapes[1-1-1]", "test_store_masked_at_m_and_n_edges[100-1-7]"),
+        question="Shapes with N = 1 pass, every other fails: which stride does your kernel multiply B's "
+        "columns by?",
+        section="2.2",
+    ),
+    Mistake(
+        4,
+        fails=("test_by_hand_37x100x61_every_edge_partial",),
+        passes=("test_out_is_allocated_when_not_given", "test_store_masked_at_m_and_n_edges[1-1-16]"),
+        messages=(r"canary elements",),
+        question="A contiguous out passes, a view of a wider buffer does not: how far apart are the rows "
+        "of out, and what does your store use for that distance?",
+        section="2.2",
+    ),
+    Mistake(
+        5,
+        fails=("test_k_longer_than_one_block", "test_by_hand_37x100x61_every_edge_partial"),
+        passes=("test_k_edge_is_masked[17]", "test_strides_are_respected[b_transposed]"),
+        question="B [61, 100] row-major and BLOCK_K = 32: by how many elements must b_ptrs move for the "
+        "second K step, and by how many does yours?",
+        section="2.2",
+    ),
+    Mistake(
+        6,
+        fails=("test_every_tile_computed_when_last_group_is_short",),
+        passes=("test_k_edge_is_masked", "test_programs_visit_tiles_in_grouped_order[3]"),
+        question="5 tile rows in groups of GROUP_M = 2: how many tile rows has the last group, and how "
+        "many does your pid_m mapping assume?",
+        section="2.3",
+    ),
+    Mistake(
+        7,
+        fails=("test_programs_visit_tiles_in_grouped_order[3]",),
+        passes=(
+            "test_by_hand_37x100x61_every_edge_partial",
+            "test_every_tile_computed_when_last_group_is_short",
+        ),
+        question="Which tiles do programs 0, 1 and 2 compute in the explainer's 5 x 4 grid with "
+        "GROUP_M = 2, and which do yours?",
+        section="2.3",
+    ),
+    Mistake(
+        8,
+        fails=("test_every_configuration_has_dot_dims_of_16",),
+        messages=("BLOCK_K",),
+        passes=("test_by_hand_37x100x61_every_edge_partial",),
+        question="Which configuration of the table has a block dimension below 16, and what does a GPU's "
+        "tl.dot need for K?",
+        section="3.5",
+    ),
+    Mistake(
+        9,
+        fails=("test_loads_stay_inside_a_and_b",),
+        messages=("out of bounds load",),
+        passes=("test_by_hand_37x100x61_every_edge_partial",),
+        question="M = 37, BLOCK_M = 32: which rows of A does your last tile row load, and does A have them?",
+        section="3.2",
+    ),
 ]

@@ -5,6 +5,7 @@ Run: make test L=t4 (your drills/mine) or make test L=t4 IMPL=solutions. The ora
 fp32 PyTorch and does not scan: the state after a block is the max and the shifted sum of the whole
 prefix up to that block, computed in one shot.
 """
+
 from __future__ import annotations
 
 import math
@@ -41,7 +42,7 @@ def stats_reference(x):
 def trace_reference(x, block):
     """The state after each block = the stats of the prefix that ends with that block: [M, steps]."""
     N = x.shape[1]
-    states = [stats_reference(x[:, :min(end, N)]) for end in range(block, N + block, block)]
+    states = [stats_reference(x[:, : min(end, N)]) for end in range(block, N + block, block)]
     return torch.stack([m for m, _ in states], dim=1), torch.stack([l for _, l in states], dim=1)
 
 
@@ -73,8 +74,10 @@ def assert_stats_close(m, l, m_ref, l_ref, dims=("row",), **tol):
     wrong = torch.isneginf(m) != empty
     if wrong.any():
         first = tuple(wrong.nonzero()[0].tolist())
-        raise AssertionError(f"m is -inf exactly where nothing finite has been seen; at {first} got "
-                             f"m = {m[first].item()}, expected {m_ref[first].item()}")
+        raise AssertionError(
+            f"m is -inf exactly where nothing finite has been seen; at {first} got "
+            f"m = {m[first].item()}, expected {m_ref[first].item()}"
+        )
     if (~empty).any():
         assert_close(m[~empty], m_ref[~empty], **tol)
     assert_close(l, l_ref, dims, **tol)
@@ -102,14 +105,16 @@ def softmax_into_canary(impl, x, **kwargs):
     checks that it wrote there, returned it, and changed nothing outside."""
     M, N = x.shape
     buffer = torch.full((M + 2, N + 16), CANARY, dtype=x.dtype, device=x.device)
-    out = buffer[1:M + 1, 8:8 + N]  # [M, N], rows N + 16 apart
+    out = buffer[1 : M + 1, 8 : 8 + N]  # [M, N], rows N + 16 apart
     returned = impl.online_softmax(x, out=out, **kwargs)
-    assert isinstance(returned, torch.Tensor) and returned.data_ptr() == out.data_ptr(), \
+    assert isinstance(returned, torch.Tensor) and returned.data_ptr() == out.data_ptr(), (
         "online_softmax must write into the `out` it is given and return it"
+    )
     keep = torch.zeros(buffer.shape, dtype=torch.bool, device=x.device)
-    keep[1:M + 1, 8:8 + N] = True
-    assert_untouched(buffer, CANARY, keep, "the buffer around out (a store past the row's end?)",
-                     ("row+1", "col+8"))
+    keep[1 : M + 1, 8 : 8 + N] = True
+    assert_untouched(
+        buffer, CANARY, keep, "the buffer around out (a store past the row's end?)", ("row+1", "col+8")
+    )
     return out
 
 
@@ -262,8 +267,8 @@ def test_rows_are_read_through_their_strides(impl, runtime):
     every block here, so no mask is involved."""
     M, N = sizes(runtime, (5, 64), (300, 4096))
     wide = torch.full((M, N + 24), 50.0, device=runtime.device)  # [M, N + 24]
-    wide[:, 8:8 + N] = randn((M, N), runtime, seed=26, scale=3.0)
-    x = wide[:, 8:8 + N]  # [M, N], rows N + 24 apart
+    wide[:, 8 : 8 + N] = randn((M, N), runtime, seed=26, scale=3.0)
+    x = wide[:, 8 : 8 + N]  # [M, N], rows N + 24 apart
     assert x.stride() == (N + 24, 1)
     for block in (16, None):
         check_stats(impl, x, block=block)
@@ -283,8 +288,10 @@ def test_non_power_of_two_shapes(impl, runtime, shape):
 def test_large_non_power_of_two_sizes(impl, runtime):
     """1823 x 781 with the default block and 128-column blocks; 64 rows of 100003 columns."""
     if runtime.interpreter:
-        pytest.skip("GPU only: 1.4M and 6.4M elements take minutes in the interpreter "
-                    "(test_non_power_of_two_shapes covers the same edges small)")
+        pytest.skip(
+            "GPU only: 1.4M and 6.4M elements take minutes in the interpreter "
+            "(test_non_power_of_two_shapes covers the same edges small)"
+        )
     x = randn((1823, 781), runtime, seed=7, scale=4.0)
     for block in (None, 128):
         check_stats(impl, x, block=block)
@@ -294,12 +301,16 @@ def test_large_non_power_of_two_sizes(impl, runtime):
     check_softmax(impl, x, splits=16)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"]
+)
 def test_dtypes(impl, runtime, dtype):
     """Statistics are fp32 whatever x is; p comes back in x's dtype."""
     if dtype == torch.bfloat16 and runtime.interpreter:
-        pytest.skip("bf16 is checked on a GPU only, the course's rule under the Triton interpreter "
-                    "(whose bf16 tl.dot returns garbage in Triton 3.6 and 3.9)")
+        pytest.skip(
+            "bf16 is checked on a GPU only, the course's rule under the Triton interpreter "
+            "(whose bf16 tl.dot returns garbage in Triton 3.6 and 3.9)"
+        )
     x = randn(sizes(runtime, (5, 90), (1823, 781)), runtime, seed=9, dtype=dtype, scale=3.0)
     check_stats(impl, x, block=32)
     out = check_softmax(impl, x, block=32)
@@ -347,9 +358,9 @@ def test_merge_with_maxes_beyond_fp32_exp_range(impl, runtime):
     gen = torch.Generator().manual_seed(seeded(27))
     n = 48
     m_a = 200.0 + 100.0 * torch.rand(n, generator=gen)  # [n] in [200, 300)
-    m_a[n // 3:2 * n // 3] *= -1.0  # a third far below zero: e^m_a underflows
+    m_a[n // 3 : 2 * n // 3] *= -1.0  # a third far below zero: e^m_a underflows
     m_b = m_a + 10.0 * torch.randn(n, generator=gen)  # close to a: both shares count
-    m_b[2 * n // 3:] = -m_a[2 * n // 3:]  # the last third: a at +200..300, b at -300..-200
+    m_b[2 * n // 3 :] = -m_a[2 * n // 3 :]  # the last third: a at +200..300, b at -300..-200
     l_a = 1 + 50 * torch.rand(n, generator=gen)
     l_b = 1 + 50 * torch.rand(n, generator=gen)
     a = (m_a.to(runtime.device), l_a.to(runtime.device))
@@ -457,23 +468,45 @@ BAD_INPUTS = {
     "trace_block_missing": ("softmax_stats_trace", lambda d: dict(x=_x(d), block=None), TypeError, "block"),
     "trace_block_not_pow2": ("softmax_stats_trace", lambda d: dict(x=_x(d), block=3), ValueError, "block"),
     "trace_x_rank_1": ("softmax_stats_trace", lambda d: dict(x=_x(d)[0], block=4), ValueError, "x"),
-    "out_wrong_shape": ("online_softmax", lambda d: dict(x=_x(d), out=torch.empty(3, 19, device=d)), ValueError, "out"),
+    "out_wrong_shape": (
+        "online_softmax",
+        lambda d: dict(x=_x(d), out=torch.empty(3, 19, device=d)),
+        ValueError,
+        "out",
+    ),
     "out_wrong_dtype": ("online_softmax", lambda d: dict(x=_x(d), out=_x(d).half()), TypeError, "out"),
-    "out_last_dim_strided": ("online_softmax", lambda d: dict(x=_x(d), out=torch.empty(20, 3, device=d).t()),
-                             ValueError, "out"),
+    "out_last_dim_strided": (
+        "online_softmax",
+        lambda d: dict(x=_x(d), out=torch.empty(20, 3, device=d).t()),
+        ValueError,
+        "out",
+    ),
     "block_bool": ("both", lambda d: dict(x=_x(d), block=True), TypeError, "block"),
     "splits_too_large": ("both", lambda d: dict(x=_x(d), splits=2048), ValueError, "splits"),
     "splits_float": ("both", lambda d: dict(x=_x(d), splits=2.0), TypeError, "splits"),
     "out_not_a_tensor": ("online_softmax", lambda d: dict(x=_x(d), out=_x(d).tolist()), TypeError, "out"),
-    "out_rank_3": ("online_softmax", lambda d: dict(x=_x(d), out=torch.empty(1, 3, 20, device=d)), ValueError, "out"),
-    "out_on_meta": ("online_softmax", lambda d: dict(x=_x(d), out=torch.empty(3, 20, device="meta")),
-                    ValueError, "out"),
+    "out_rank_3": (
+        "online_softmax",
+        lambda d: dict(x=_x(d), out=torch.empty(1, 3, 20, device=d)),
+        ValueError,
+        "out",
+    ),
+    "out_on_meta": (
+        "online_softmax",
+        lambda d: dict(x=_x(d), out=torch.empty(3, 20, device="meta")),
+        ValueError,
+        "out",
+    ),
 }
 
 
 def _states(device, n=6):
-    return dict(m_a=torch.randn(n, device=device), l_a=torch.ones(n, device=device),
-                m_b=torch.randn(n, device=device), l_b=torch.ones(n, device=device))
+    return dict(
+        m_a=torch.randn(n, device=device),
+        l_a=torch.ones(n, device=device),
+        m_b=torch.randn(n, device=device),
+        l_b=torch.ones(n, device=device),
+    )
 
 
 BAD_MERGES = {
@@ -486,8 +519,14 @@ BAD_MERGES = {
     "l_a_fp64": (lambda d: dict(l_a=torch.ones(6, device=d, dtype=torch.float64)), TypeError, "l_a"),
     "m_b_strided": (lambda d: dict(m_b=torch.randn(12, device=d)[::2]), ValueError, "m_b"),
     # Same shape as the others but transposed: flat offsets would pair the wrong lanes, so it is refused.
-    "l_b_transposed": (lambda d: {**{n: t.reshape(2, 3) for n, t in _states(d).items()},
-                                  "l_b": torch.ones(3, 2, device=d).t()}, ValueError, "l_b"),
+    "l_b_transposed": (
+        lambda d: {
+            **{n: t.reshape(2, 3) for n, t in _states(d).items()},
+            "l_b": torch.ones(3, 2, device=d).t(),
+        },
+        ValueError,
+        "l_b",
+    ),
 }
 
 
@@ -516,7 +555,9 @@ def test_merge_rejects_bad_input(impl, runtime, name):
 # --- Your kernel does the work ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("function", ["softmax_stats", "softmax_stats_trace", "merge_stats", "online_softmax"])
+@pytest.mark.parametrize(
+    "function", ["softmax_stats", "softmax_stats_trace", "merge_stats", "online_softmax"]
+)
 def test_runs_a_triton_kernel(impl, runtime, function):
     """The right numbers are not enough: each function must compute them with your Triton kernels, not
     with torch (torch.logsumexp, torch.softmax, or a copy of the grader's oracle)."""
@@ -524,7 +565,9 @@ def test_runs_a_triton_kernel(impl, runtime, function):
     calls = {
         "softmax_stats": lambda: impl.softmax_stats(x),
         "softmax_stats_trace": lambda: impl.softmax_stats_trace(x, 32),
-        "merge_stats": lambda: impl.merge_stats(*random_states(runtime, (4,), 41), *random_states(runtime, (4,), 42)),
+        "merge_stats": lambda: impl.merge_stats(
+            *random_states(runtime, (4,), 41), *random_states(runtime, (4,), 42)
+        ),
         "online_softmax": lambda: impl.online_softmax(x),
     }
     assert_runs_a_triton_kernel(impl, calls[function], function)
@@ -564,82 +607,155 @@ def test_out_is_allocated_when_not_given(impl, runtime):
 # strides (14).
 
 MISTAKES = [
-    Mistake(1, fails=("test_worked_example_trace_one_element_at_a_time", "test_old_sum_is_rescaled_when_the_max_grows"),
-            passes=("test_worked_example_final_state[4]", "test_merge_shifts_to_the_larger_max"),
-            question="At step 3 of the by-hand trace the max jumps from 2 to 4: what max is the sum 1.3679 "
-                     "measured against, and what must happen to it before e^(4 - 4) is added?",
-            section="2"),
-    Mistake(2, fails=("test_worked_example_trace_one_element_at_a_time", "test_worked_example_final_state[4]"),
-            passes=("test_merge_shifts_to_the_larger_max",), messages=(r"NaN in l at \(0, 0\)",),
-            question="At step 1 of the by-hand trace m is still -inf: what factor does your kernel multiply "
-                     "the empty sum l = 0 by, and is it a finite number between 0 and 1?",
-            section="2"),
-    Mistake(3, fails=("test_worked_example_final_state[4]", "test_large_magnitudes_do_not_overflow"),
-            passes=("test_merge_shifts_to_the_larger_max",),
-            question="For x = [2, 1, 4, 3] your l is far from 1.5530: is each term e^x, or e^(x - m)? And what "
-                     "is e^x in fp32 for an entry of 1e4?",
-            section="2"),
-    Mistake(4, fails=("test_worked_example_trace_one_element_at_a_time", "test_worked_example_final_state[4]",
-                      "test_large_magnitudes_do_not_overflow"),
-            passes=("test_merge_shifts_to_the_larger_max",), messages=(r"got m = -inf, expected",),
-            question="Your m is still -inf after a block of finite entries: where does the new max go once a "
-                     "block has been folded in?",
-            section="3.3"),
-    Mistake(5, fails=("test_first_block_starts_from_minus_inf",),
-            passes=("test_worked_example_final_state", "test_non_power_of_two_shapes", "test_merge_shifts_to_the_larger_max"),
-            question="For a row whose entries are all below -3, what is max(m, x) after the first block if m "
-                     "starts at 0, and what is e^(x - 0) for x = -300?",
-            section="3.2"),
-    Mistake(6, fails=("test_row_of_only_minus_inf_is_the_empty_state",),
-            passes=("test_worked_example_final_state", "test_first_block_starts_from_minus_inf", "test_non_power_of_two_shapes"),
-            question="For a row of only -inf, what does your kernel compute for x - m_new, and for l times 1 / l "
-                     "when l = 0?",
-            section="3.3"),
-    Mistake(7, fails=("test_last_block_is_masked", "test_worked_example_final_state[64]"),
-            passes=("test_first_block_starts_from_minus_inf", "test_rows_are_read_through_their_strides"),
-            question="N = 37 with BLOCK = 16: what do lanes 37 to 47 of the last block load, and what do they "
-                     "add to m and l?",
-            section="3.3"),
-    Mistake(8, fails=("test_worked_example_merge_of_two_halves", "test_merge_shifts_to_the_larger_max"),
-            passes=("test_worked_example_final_state", "test_first_block_starts_from_minus_inf"),
-            question="Merging (2, 1.3679) with (4, 1.3679): against which max is each l measured, and by what "
-                     "must each be multiplied before they are added?",
-            section="2"),
-    Mistake(9, fails=("test_merge_with_the_empty_state_is_identity",),
-            passes=("test_merge_shifts_to_the_larger_max", "test_merge_takes_any_shape"),
-            question="Two empty states (-inf, 0) meet in your merge: what is m_a - shift when both maxes are "
-                     "-inf?",
-            section="3.4"),
-    Mistake(10, fails=("test_probabilities_use_the_final_state", "test_splits_match_one_pass"),
-            passes=("test_merge_shifts_to_the_larger_max", "test_merge_takes_any_shape", "test_rows_sum_to_one"),
-            question="Which (m, l) does your second pass divide by when a row has several splits: the merged "
-                     "state of the whole row, or the state of one split?",
-            section="3.5"),
-    Mistake(11, fails=("test_rows_sum_to_one",),
-            passes=("test_worked_example_final_state", "test_merge_shifts_to_the_larger_max"), messages=(r"relative error",),
-            question="What does each row of your output sum to, and which number of the state should it have "
-                     "been divided by?",
-            section="3.5"),
-    Mistake(12, fails=("test_non_power_of_two_shapes", "test_out_is_allocated_when_not_given"),
-            passes=("test_rows_are_read_through_their_strides", "test_worked_example_final_state"),
-            messages=(r"canary elements of the buffer around out|out of bounds store of out_ptr|write race",),
-            question="N = 37 with BLOCK = 16: which columns does the last block of your second pass store to?",
-            section="3.5"),
-    Mistake(13, fails=("test_merge_with_maxes_beyond_fp32_exp_range",),
-            passes=("test_merge_takes_any_shape", "test_merge_with_the_empty_state_is_identity",
-                    "test_worked_example_final_state"),
-            question="For m_a = 250, what is e^(m_a) in fp32, and what is it for m_a = -250? Does your merge "
-                     "ever take e of a max on its own?",
-            section="3.4"),
-    Mistake(14, fails=("test_rows_are_read_through_their_strides",),
-            passes=("test_worked_example_final_state", "test_merge_shifts_to_the_larger_max", "test_non_power_of_two_shapes"),
-            question="x here is a column slice of a wider buffer: how many elements apart are its rows, and "
-                     "what does your kernel multiply the row index by?",
-            section="3.1"),
-    Mistake(14, fails=("test_rows_are_read_through_their_strides",),
-            passes=("test_worked_example_final_state", "test_merge_shifts_to_the_larger_max", "test_out_is_allocated_when_not_given"),
-            messages=(r"canary elements of the buffer around out",),
-            question="out here is a view whose rows are N + 16 elements apart: what does your second pass "
-                     "multiply the row index by when it stores p?",
-            section="3.5"),
+    Mistake(
+        1,
+        fails=(
+            "test_worked_example_trace_one_element_at_a_time",
+            "test_old_sum_is_rescaled_when_the_max_grows",
+        ),
+        passes=("test_worked_example_final_state[4]", "test_merge_shifts_to_the_larger_max"),
+        question="At step 3 of the by-hand trace the max jumps from 2 to 4: what max is the sum 1.3679 "
+        "measured against, and what must happen to it before e^(4 - 4) is added?",
+        section="2",
+    ),
+    Mistake(
+        2,
+        fails=("test_worked_example_trace_one_element_at_a_time", "test_worked_example_final_state[4]"),
+        passes=("test_merge_shifts_to_the_larger_max",),
+        messages=(r"NaN in l at \(0, 0\)",),
+        question="At step 1 of the by-hand trace m is still -inf: what factor does your kernel multiply "
+        "the empty sum l = 0 by, and is it a finite number between 0 and 1?",
+        section="2",
+    ),
+    Mistake(
+        3,
+        fails=("test_worked_example_final_state[4]", "test_large_magnitudes_do_not_overflow"),
+        passes=("test_merge_shifts_to_the_larger_max",),
+        question="For x = [2, 1, 4, 3] your l is far from 1.5530: is each term e^x, or e^(x - m)? And what "
+        "is e^x in fp32 for an entry of 1e4?",
+        section="2",
+    ),
+    Mistake(
+        4,
+        fails=(
+            "test_worked_example_trace_one_element_at_a_time",
+            "test_worked_example_final_state[4]",
+            "test_large_magnitudes_do_not_overflow",
+        ),
+        passes=("test_merge_shifts_to_the_larger_max",),
+        messages=(r"got m = -inf, expected",),
+        question="Your m is still -inf after a block of finite entries: where does the new max go once a "
+        "block has been folded in?",
+        section="3.3",
+    ),
+    Mistake(
+        5,
+        fails=("test_first_block_starts_from_minus_inf",),
+        passes=(
+            "test_worked_example_final_state",
+            "test_non_power_of_two_shapes",
+            "test_merge_shifts_to_the_larger_max",
+        ),
+        question="For a row whose entries are all below -3, what is max(m, x) after the first block if m "
+        "starts at 0, and what is e^(x - 0) for x = -300?",
+        section="3.2",
+    ),
+    Mistake(
+        6,
+        fails=("test_row_of_only_minus_inf_is_the_empty_state",),
+        passes=(
+            "test_worked_example_final_state",
+            "test_first_block_starts_from_minus_inf",
+            "test_non_power_of_two_shapes",
+        ),
+        question="For a row of only -inf, what does your kernel compute for x - m_new, and for l times 1 / l "
+        "when l = 0?",
+        section="3.3",
+    ),
+    Mistake(
+        7,
+        fails=("test_last_block_is_masked", "test_worked_example_final_state[64]"),
+        passes=("test_first_block_starts_from_minus_inf", "test_rows_are_read_through_their_strides"),
+        question="N = 37 with BLOCK = 16: what do lanes 37 to 47 of the last block load, and what do they "
+        "add to m and l?",
+        section="3.3",
+    ),
+    Mistake(
+        8,
+        fails=("test_worked_example_merge_of_two_halves", "test_merge_shifts_to_the_larger_max"),
+        passes=("test_worked_example_final_state", "test_first_block_starts_from_minus_inf"),
+        question="Merging (2, 1.3679) with (4, 1.3679): against which max is each l measured, and by what "
+        "must each be multiplied before they are added?",
+        section="2",
+    ),
+    Mistake(
+        9,
+        fails=("test_merge_with_the_empty_state_is_identity",),
+        passes=("test_merge_shifts_to_the_larger_max", "test_merge_takes_any_shape"),
+        question="Two empty states (-inf, 0) meet in your merge: what is m_a - shift when both maxes are "
+        "-inf?",
+        section="3.4",
+    ),
+    Mistake(
+        10,
+        fails=("test_probabilities_use_the_final_state", "test_splits_match_one_pass"),
+        passes=("test_merge_shifts_to_the_larger_max", "test_merge_takes_any_shape", "test_rows_sum_to_one"),
+        question="Which (m, l) does your second pass divide by when a row has several splits: the merged "
+        "state of the whole row, or the state of one split?",
+        section="3.5",
+    ),
+    Mistake(
+        11,
+        fails=("test_rows_sum_to_one",),
+        passes=("test_worked_example_final_state", "test_merge_shifts_to_the_larger_max"),
+        messages=(r"relative error",),
+        question="What does each row of your output sum to, and which number of the state should it have "
+        "been divided by?",
+        section="3.5",
+    ),
+    Mistake(
+        12,
+        fails=("test_non_power_of_two_shapes", "test_out_is_allocated_when_not_given"),
+        passes=("test_rows_are_read_through_their_strides", "test_worked_example_final_state"),
+        messages=(r"canary elements of the buffer around out|out of bounds store of out_ptr|write race",),
+        question="N = 37 with BLOCK = 16: which columns does the last block of your second pass store to?",
+        section="3.5",
+    ),
+    Mistake(
+        13,
+        fails=("test_merge_with_maxes_beyond_fp32_exp_range",),
+        passes=(
+            "test_merge_takes_any_shape",
+            "test_merge_with_the_empty_state_is_identity",
+            "test_worked_example_final_state",
+        ),
+        question="For m_a = 250, what is e^(m_a) in fp32, and what is it for m_a = -250? Does your merge "
+        "ever take e of a max on its own?",
+        section="3.4",
+    ),
+    Mistake(
+        14,
+        fails=("test_rows_are_read_through_their_strides",),
+        passes=(
+            "test_worked_example_final_state",
+            "test_merge_shifts_to_the_larger_max",
+            "test_non_power_of_two_shapes",
+        ),
+        question="x here is a column slice of a wider buffer: how many elements apart are its rows, and "
+        "what does your kernel multiply the row index by?",
+        section="3.1",
+    ),
+    Mistake(
+        14,
+        fails=("test_rows_are_read_through_their_strides",),
+        passes=(
+            "test_worked_example_final_state",
+            "test_merge_shifts_to_the_larger_max",
+            "test_out_is_allocated_when_not_given",
+        ),
+        messages=(r"canary elements of the buffer around out",),
+        question="out here is a view whose rows are N + 16 elements apart: what does your second pass "
+        "multiply the row index by when it stores p?",
+        section="3.5",
+    ),
 ]

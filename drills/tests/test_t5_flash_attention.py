@@ -4,6 +4,7 @@ Run: make test L=t5 (your drills/mine) or make test L=t5 IMPL=solutions. Every q
 into a larger buffer whose rows past Nq and Nk hold NaN: a kernel that reads past the last key (an
 unmasked last block) gets NaN instead of a plausible wrong answer.
 """
+
 from __future__ import annotations
 
 import math
@@ -50,7 +51,9 @@ def packed_qkv(B, H, Hkv, N, D, device="cpu", seed=0):
     buf = torch.randn(B, N, W, generator=gen).to(torch.float16).to(device)  # [B, N, W]
 
     def part(start, heads):
-        return buf[..., start * D:(start + heads) * D].view(B, N, heads, D).transpose(1, 2)  # [B, heads, N, D]
+        return (
+            buf[..., start * D : (start + heads) * D].view(B, N, heads, D).transpose(1, 2)
+        )  # [B, heads, N, D]
 
     return part(0, H), part(H, Hkv), part(H + Hkv, Hkv)
 
@@ -80,21 +83,30 @@ def launch_into_canary(impl, q, k, v, causal, scale, config=None):
     B, H, Nq, D = q.shape
     out_buf = torch.full((B + 2, H + 2, Nq + 2 * PAD, D), CANARY, dtype=q.dtype, device=q.device)
     lse_buf = torch.full((B + 2, H + 2, Nq + 2 * PAD), CANARY, dtype=torch.float32, device=q.device)
-    out = out_buf[1:B + 1, 1:H + 1, PAD:PAD + Nq]  # [B, H, Nq, D], stride(2) = D, stride(1) = (Nq + 2 PAD) D
-    lse = lse_buf[1:B + 1, 1:H + 1, PAD:PAD + Nq]  # [B, H, Nq]
+    out = out_buf[
+        1 : B + 1, 1 : H + 1, PAD : PAD + Nq
+    ]  # [B, H, Nq, D], stride(2) = D, stride(1) = (Nq + 2 PAD) D
+    lse = lse_buf[1 : B + 1, 1 : H + 1, PAD : PAD + Nq]  # [B, H, Nq]
     impl._launch(q, k, v, causal, scale, out, lse, config=config)
     for buf, name in ((out_buf, "out"), (lse_buf, "lse")):
         keep = torch.zeros(buf.shape, dtype=torch.bool, device=buf.device)
-        keep[1:B + 1, 1:H + 1, PAD:PAD + Nq] = True
-        assert_untouched(buf, CANARY, keep, f"the buffer around {name} (rows past Nq stored?)",
-                         ("b+1", "head+1", f"query+{PAD}", "d")[:buf.dim()])
+        keep[1 : B + 1, 1 : H + 1, PAD : PAD + Nq] = True
+        assert_untouched(
+            buf,
+            CANARY,
+            keep,
+            f"the buffer around {name} (rows past Nq stored?)",
+            ("b+1", "head+1", f"query+{PAD}", "d")[: buf.dim()],
+        )
     return out, lse
 
 
 def attend(impl, q, k, v, causal=False, scale=None, return_lse=False):
     """Your flash_attention's result, after a first run into canary buffers: a store past the last
     query row is reported there instead of corrupting memory past flash_attention's tight allocation."""
-    first, _ = launch_into_canary(impl, q, k, v, causal, 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale)
+    first, _ = launch_into_canary(
+        impl, q, k, v, causal, 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    )
     result = impl.flash_attention(q, k, v, causal=causal, scale=scale, return_lse=return_lse)
     out = result[0] if return_lse else result
     assert isinstance(out, torch.Tensor), f"flash_attention returned {type(result).__name__}"
@@ -134,11 +146,13 @@ def example_tensors(device, rows=4, keys=4):
     """The worked example's first `rows` queries and first `keys` keys and values as [1, 1, n, 16]: D = 2 padded
     with 14 zero columns, which add 0 to every score and give 0 in the padded output columns (tl.dot
     needs D >= 16). Each is a view into a buffer with NaN rows after the worked example's 4, as in make_qkv."""
+
     def pad(m, n):
         buf = torch.full((1, 1, len(m) + PAD, 16), float("nan"), dtype=torch.float16, device=device)
-        buf[:, :, :len(m)] = 0.0
-        buf[0, 0, :len(m), :2] = torch.tensor(m, dtype=torch.float16)
+        buf[:, :, : len(m)] = 0.0
+        buf[0, 0, : len(m), :2] = torch.tensor(m, dtype=torch.float16)
         return buf[:, :, :n]
+
     return pad(EXAMPLE_Q, rows), pad(EXAMPLE_K, keys), pad(EXAMPLE_V, keys)
 
 
@@ -147,8 +161,9 @@ def test_worked_example_O1_to_three_decimals(impl, runtime):
     q, k, v = example_tensors(runtime.device)
     out = attend(impl, q, k, v, scale=EXAMPLE_SCALE)  # [1, 1, 4, 16]
     o1 = out[0, 0, :2, :2].float().cpu()
-    assert torch.equal(torch.round(o1 * 1000), torch.tensor([[670.0, 500.0], [500.0, 500.0]])), \
+    assert torch.equal(torch.round(o1 * 1000), torch.tensor([[670.0, 500.0], [500.0, 500.0]])), (
         f"O1 = {o1.tolist()}, the hand iteration gives [[0.670, 0.500], [0.500, 0.500]]"
+    )
     assert (out[..., 2:] == 0).all(), "zero-padded V columns must give zero output columns"
     ref, _ = attention_reference(q, k, v, scale=EXAMPLE_SCALE)
     assert_close(out, ref, DIMS)
@@ -168,8 +183,12 @@ def test_worked_example_state_after_each_key_block(impl, runtime):
         l = torch.exp(lse[0, 0].cpu() - m)  # [2]
         o = out[0, 0, :, :2].float().cpu() * l[:, None]  # [2, 2]
         after = "K1" if n_keys == 2 else "K2"
-        assert torch.allclose(l, torch.tensor(l_hand), atol=2e-3), f"l after {after} = {l.tolist()}, hand {l_hand}"
-        assert torch.allclose(o, torch.tensor(o_hand), atol=3e-3), f"O after {after} = {o.tolist()}, hand {o_hand}"
+        assert torch.allclose(l, torch.tensor(l_hand), atol=2e-3), (
+            f"l after {after} = {l.tolist()}, hand {l_hand}"
+        )
+        assert torch.allclose(o, torch.tensor(o_hand), atol=3e-3), (
+            f"O after {after} = {o.tolist()}, hand {o_hand}"
+        )
 
 
 # --- Section 3 "The kernel": blocks, masks, strides, the online softmax ------------------------------
@@ -305,9 +324,13 @@ def test_keys_are_walked_block_by_block(impl, runtime):
     assert kernels, "_launch did not launch flash_attention_kernel"
     for c in kernels:
         blocks = (c.constexprs.get("BLOCK_M"), c.constexprs.get("BLOCK_N"))
-        assert blocks == (16, 16), (f"_launch was given config (16, 16, 4, 1) for Nk = 77 but launched "
-                                    f"BLOCK_M, BLOCK_N = {blocks}: the launch must use the config it is given")
-        assert c.grid in ((), (3, 2, 1)), f"grid {c.grid} for Nq = 45, BLOCK_M = 16, B * H = 2; expected (3, 2, 1)"
+        assert blocks == (16, 16), (
+            f"_launch was given config (16, 16, 4, 1) for Nk = 77 but launched "
+            f"BLOCK_M, BLOCK_N = {blocks}: the launch must use the config it is given"
+        )
+        assert c.grid in ((), (3, 2, 1)), (
+            f"grid {c.grid} for Nq = 45, BLOCK_M = 16, B * H = 2; expected (3, 2, 1)"
+        )
     Nk = pick(runtime, 100, 1000)
     q, k, v = make_qkv(1, 2, 1, 64, Nk, 64, device=runtime.device, seed=79)
     with record_launches(impl) as launches:
@@ -316,8 +339,9 @@ def test_keys_are_walked_block_by_block(impl, runtime):
     assert kernels, "flash_attention did not launch flash_attention_kernel"
     for c in kernels:
         assert c.constexprs.get("BLOCK_N", Nk) < Nk, (
-                f"BLOCK_N = {c.constexprs.get('BLOCK_N')} for Nk = {Nk}: one key block holds every key, so "
-                "nothing is walked block by block (the default config is _config(D))")
+            f"BLOCK_N = {c.constexprs.get('BLOCK_N')} for Nk = {Nk}: one key block holds every key, so "
+            "nothing is walked block by block (the default config is _config(D))"
+        )
 
 
 # --- Section 3.5 "Causal" -----------------------------------------------------------------------------
@@ -374,8 +398,9 @@ def test_negative_causal_shift_is_not_clamped(impl, runtime):
 # --- Layout: heads, head dims, dtypes, sizes -----------------------------------------------------
 
 
-@pytest.mark.parametrize("H,Hkv", [(8, 8), (8, 4), (8, 2), (8, 1)],
-                         ids=["group1-MHA", "group2", "group4", "group8-MQA"])
+@pytest.mark.parametrize(
+    "H,Hkv", [(8, 8), (8, 4), (8, 2), (8, 1)], ids=["group1-MHA", "group2", "group4", "group8-MQA"]
+)
 def test_kv_head_grouping_is_contiguous(impl, runtime, H, Hkv):
     """Query head h reads KV head h // GROUP, not h % Hkv (interleaved)."""
     q, k, v = make_qkv(1, H, Hkv, 21, 40, 32, device=runtime.device, seed=31 + Hkv)
@@ -391,8 +416,10 @@ def test_head_dims(impl, runtime, D):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_dtypes(impl, runtime, dtype):
     if dtype == torch.bfloat16 and runtime.interpreter:
-        pytest.skip("bf16 runs on a GPU only: the Triton interpreter's tl.dot returns garbage for bf16 "
-                    "(seen in Triton 3.6 and 3.9)")
+        pytest.skip(
+            "bf16 runs on a GPU only: the Triton interpreter's tl.dot returns garbage for bf16 "
+            "(seen in Triton 3.6 and 3.9)"
+        )
     B, H, Hkv, Nq, Nk = pick(runtime, (1, 2, 1, 30, 50), (2, 4, 2, 700, 1500))
     q, k, v = make_qkv(B, H, Hkv, Nq, Nk, 128, dtype=dtype, device=runtime.device, seed=41)
     for causal in (False, True):
@@ -408,7 +435,11 @@ def test_long_sequences(impl, runtime, causal):
     """GPU only: sequences of thousands of tokens, many query blocks and key blocks, with GQA."""
     if runtime.interpreter:
         pytest.skip("GPU only: thousands of tokens take minutes in the Triton interpreter")
-    for B, H, Hkv, Nq, Nk, D in [(2, 8, 2, 2048, 2048, 128), (1, 4, 4, 1000, 3001, 64), (1, 8, 1, 4096, 4096, 64)]:
+    for B, H, Hkv, Nq, Nk, D in [
+        (2, 8, 2, 2048, 2048, 128),
+        (1, 4, 4, 1000, 3001, 64),
+        (1, 8, 1, 4096, 4096, 64),
+    ]:
         q, k, v = make_qkv(B, H, Hkv, Nq, Nk, D, device=runtime.device, seed=Nq + Nk)
         out, lse = attend(impl, q, k, v, causal=causal, return_lse=True)
         ref, ref_lse = attention_reference(q, k, v, causal)
@@ -420,7 +451,12 @@ def test_returns_fresh_contiguous_out_and_lse(impl, runtime):
     """out is [B, H, Nq, D] in q's dtype (contiguous even when q is not); with return_lse, (out, lse)."""
     q, k, v = make_qkv(1, 2, 1, 9, 20, 64, device=runtime.device, seed=43, heads_last=True)
     out = attend(impl, q, k, v)
-    assert isinstance(out, torch.Tensor) and out.shape == q.shape and out.dtype == q.dtype and out.is_contiguous()
+    assert (
+        isinstance(out, torch.Tensor)
+        and out.shape == q.shape
+        and out.dtype == q.dtype
+        and out.is_contiguous()
+    )
     pair = impl.flash_attention(q, k, v, return_lse=True)
     assert isinstance(pair, tuple) and len(pair) == 2, "return_lse=True returns (out, lse)"
     assert pair[1].shape == q.shape[:3] and pair[1].dtype == torch.float32
@@ -511,110 +547,220 @@ def test_runs_a_triton_kernel(impl, runtime):
 # see a key, so it passes the empty-row mistakes (9) and fails the clamp (15).
 
 MISTAKES = [
-    Mistake(1, fails=("test_first_causal_row_sees_only_key_0", "test_causal_is_aligned_bottom_right[37-37]",
-                      "test_fully_masked_rows_are_zero_not_nan[50-1]"),
-            passes=("test_last_key_block_is_masked[full]", "test_keys_not_a_multiple_of_the_block",
-                    "test_q_k_v_are_read_through_their_strides[full]"),
-            question="With Nq = Nk = 40, which keys may query 0 see, and does your causal comparison let it "
-                     "see its own key?",
-            section="3.5"),
-    Mistake(2, fails=("test_causal_is_aligned_bottom_right[37-100]", "test_causal_is_aligned_bottom_right[1-50]"),
-            passes=("test_causal_is_aligned_bottom_right[37-37]", "test_causal_is_aligned_bottom_right[64-64]",
-                    "test_first_causal_row_sees_only_key_0", "test_last_key_block_is_masked[full]",
-                    "test_keys_not_a_multiple_of_the_block"),
-            question="Your causal results are right when Nq = Nk and wrong when Nq = 37, Nk = 100: with 63 keys "
-                     "already cached, which keys may query 0 see?",
-            section="3.5"),
-    Mistake(3, fails=("test_any_block_shape", "test_causal_is_aligned_bottom_right[64-64]"),
-            passes=("test_fully_masked_rows_are_zero_not_nan[50-1]", "test_last_key_block_is_masked[full]",
-                    "test_keys_not_a_multiple_of_the_block"),
-            question="For the query block of rows m0 to m0 + BLOCK_M - 1, which is the last key its FIRST row "
-                     "may see, and does your unmasked loop stop before it?",
-            section="3.5"),
-    Mistake(4, fails=("test_last_key_block_is_masked[full]", "test_keys_not_a_multiple_of_the_block[5-17]"),
-            passes=("test_causal_is_aligned_bottom_right[64-64]", "test_keys_are_walked_block_by_block"),
-            messages=(r"NaN|nan|out of bounds load of [kv]_ptr",),
-            question="Nk = 35 with BLOCK_N = 16: what do keys 35 to 47 of the last block load, and what score "
-                     "does your kernel give them?",
-            section="3.4"),
-    Mistake(5, fails=("test_online_softmax_rescales_old_blocks",),
-            passes=("test_worked_example_O1_to_three_decimals", "test_worked_example_state_after_each_key_block",
-                    "test_keys_not_a_multiple_of_the_block[1-1]", "test_keys_are_walked_block_by_block"),
-            question="When a later key block raises a row's max, what happens in your kernel to the l and the "
-                     "acc summed under the old max?",
-            section="3.4"),
-    Mistake(5, fails=("test_output_is_normalised_by_the_softmax_sum", "test_worked_example_O1_to_three_decimals"),
-            passes=("test_keys_not_a_multiple_of_the_block[1-1]", "test_fully_masked_rows_are_zero_not_nan[50-1]"),
-            question="In the by-hand example O after K2 is [[2, 1.493], [1.493, 1.493]]: what is left to do "
-                     "before it is the output [[0.670, 0.500], [0.500, 0.500]]?",
-            section="2"),
-    Mistake(6, fails=("test_scale_is_applied", "test_worked_example_O1_to_three_decimals"),
-            passes=("test_output_is_normalised_by_the_softmax_sum", "test_keys_not_a_multiple_of_the_block[1-1]"),
-            question="exp2(x) is 2^x: which two factors must multiply a raw score q . k before it goes "
-                     "through exp2, so that the weight is e^(score * scale)?",
-            section="3.3"),
-    Mistake(6, fails=("test_lse_is_natural_log", "test_worked_example_state_after_each_key_block"),
-            passes=("test_worked_example_O1_to_three_decimals", "test_keys_not_a_multiple_of_the_block",
-                    "test_scale_is_applied"),
-            question="Your output is right and your lse is not: in which base is m + log2(l), and what turns it "
-                     "into a natural log?",
-            section="3.3"),
-    Mistake(7, fails=("test_k_is_read_through_its_strides", "test_worked_example_O1_to_three_decimals",
-                      "test_causal_is_aligned_bottom_right[64-64]", "test_keys_not_a_multiple_of_the_block[1-1]"),
-            passes=("test_keys_are_walked_block_by_block",),
-            question="Element (d, n) of the K^T tile is K[n, d]: at which address does it live, and which of "
-                     "your two offsets is multiplied by stride_kn?",
-            section="3.2"),
-    Mistake(8, fails=("test_kv_head_grouping_is_contiguous[group2]",),
-            passes=("test_kv_head_grouping_is_contiguous[group1-MHA]", "test_kv_head_grouping_is_contiguous[group8-MQA]",
-                    "test_worked_example_O1_to_three_decimals", "test_online_softmax_rescales_old_blocks"),
-            question="With H = 8 and Hkv = 2, which KV head does your kernel give query head 1, and which "
-                     "should share KV head 0?",
-            section="3.1"),
-    Mistake(9, fails=("test_fully_masked_rows_are_zero_not_nan[100-37]", "test_fully_masked_rows_are_zero_not_nan[50-1]"),
-            passes=("test_negative_causal_shift_is_not_clamped", "test_causal_is_aligned_bottom_right[37-100]",
-                    "test_first_causal_row_sees_only_key_0"),
-            messages=(r"NaN|nan",),
-            question="A row that sees no key has m = -inf and l = 0 after the loop: what do exp2(m_i - m_new) "
-                     "and acc / l give for it in your kernel?",
-            section="3.5"),
-    Mistake(10, fails=("test_rows_past_nq_not_written", "test_worked_example_O1_to_three_decimals"),
-            passes=("test_causal_is_aligned_bottom_right[64-64]",),
-            messages=(r"canary elements of the buffer around out|out of bounds store of out_ptr|write race",),
-            question="Nq = 37 with BLOCK_M = 32: which rows of the second query block does your kernel store, "
-                     "and whose memory comes after row 36?",
-            section="3.6"),
-    Mistake(11, fails=("test_running_max_starts_at_minus_inf",),
-            passes=("test_worked_example_O1_to_three_decimals", "test_worked_example_state_after_each_key_block",
-                    "test_keys_not_a_multiple_of_the_block", "test_online_softmax_rescales_old_blocks",
-                    "test_scale_is_applied", "test_causal_is_aligned_bottom_right[37-100]",
-                    "test_first_causal_row_sees_only_key_0"),
-            question="Every score here is near -128: what is your running max after the first key block if it "
-                     "started at 0, and what is exp2 of a score minus it?",
-            section="3.1"),
-    Mistake(12, fails=("test_q_k_v_are_read_through_their_strides",),
-            passes=("test_worked_example_O1_to_three_decimals", "test_worked_example_state_after_each_key_block",
-                    "test_online_softmax_rescales_old_blocks"),
-            question="q, k and v here are slices of one packed QKV buffer: how many elements apart are two rows "
-                     "of q, and does your kernel take that from the strides or from D and Nq?",
-            section="3.1"),
-    Mistake(13, passes=("test_worked_example_O1_to_three_decimals", "test_keys_not_a_multiple_of_the_block",
-                        "test_online_softmax_rescales_old_blocks", "test_k_is_read_through_its_strides",
-                        "test_running_max_starts_at_minus_inf"),
-            messages=(r"out of bounds load of q_ptr",),
-            question="Nq = 45 with BLOCK_M = 32: which rows does your q load read in the second query block, "
-                     "and what lies past row 44 of the last batch?",
-            section="3.1"),
-    Mistake(14, fails=("test_keys_are_walked_block_by_block",),
-            passes=("test_worked_example_O1_to_three_decimals", "test_keys_not_a_multiple_of_the_block",
-                    "test_online_softmax_rescales_old_blocks"),
-            question="How many key blocks does one of your programs visit for Nk = 100, and which BLOCK_N does "
-                     "your launch use when _launch is given a config?",
-            section="3.7"),
-    Mistake(15, fails=("test_negative_causal_shift_is_not_clamped", "test_fully_masked_rows_are_zero_not_nan[100-37]"),
-            passes=("test_causal_is_aligned_bottom_right[37-100]", "test_causal_is_aligned_bottom_right[1-50]",
-                    "test_causal_is_aligned_bottom_right[37-37]", "test_first_causal_row_sees_only_key_0"),
-            question="Nq = 70 and Nk = 45: what is Nk - Nq, and which keys may query 30 see? Does your kernel "
-                     "let the shift go below 0?",
-            section="3.5"),
+    Mistake(
+        1,
+        fails=(
+            "test_first_causal_row_sees_only_key_0",
+            "test_causal_is_aligned_bottom_right[37-37]",
+            "test_fully_masked_rows_are_zero_not_nan[50-1]",
+        ),
+        passes=(
+            "test_last_key_block_is_masked[full]",
+            "test_keys_not_a_multiple_of_the_block",
+            "test_q_k_v_are_read_through_their_strides[full]",
+        ),
+        question="With Nq = Nk = 40, which keys may query 0 see, and does your causal comparison let it "
+        "see its own key?",
+        section="3.5",
+    ),
+    Mistake(
+        2,
+        fails=("test_causal_is_aligned_bottom_right[37-100]", "test_causal_is_aligned_bottom_right[1-50]"),
+        passes=(
+            "test_causal_is_aligned_bottom_right[37-37]",
+            "test_causal_is_aligned_bottom_right[64-64]",
+            "test_first_causal_row_sees_only_key_0",
+            "test_last_key_block_is_masked[full]",
+            "test_keys_not_a_multiple_of_the_block",
+        ),
+        question="Your causal results are right when Nq = Nk and wrong when Nq = 37, Nk = 100: with 63 keys "
+        "already cached, which keys may query 0 see?",
+        section="3.5",
+    ),
+    Mistake(
+        3,
+        fails=("test_any_block_shape", "test_causal_is_aligned_bottom_right[64-64]"),
+        passes=(
+            "test_fully_masked_rows_are_zero_not_nan[50-1]",
+            "test_last_key_block_is_masked[full]",
+            "test_keys_not_a_multiple_of_the_block",
+        ),
+        question="For the query block of rows m0 to m0 + BLOCK_M - 1, which is the last key its FIRST row "
+        "may see, and does your unmasked loop stop before it?",
+        section="3.5",
+    ),
+    Mistake(
+        4,
+        fails=("test_last_key_block_is_masked[full]", "test_keys_not_a_multiple_of_the_block[5-17]"),
+        passes=("test_causal_is_aligned_bottom_right[64-64]", "test_keys_are_walked_block_by_block"),
+        messages=(r"NaN|nan|out of bounds load of [kv]_ptr",),
+        question="Nk = 35 with BLOCK_N = 16: what do keys 35 to 47 of the last block load, and what score "
+        "does your kernel give them?",
+        section="3.4",
+    ),
+    Mistake(
+        5,
+        fails=("test_online_softmax_rescales_old_blocks",),
+        passes=(
+            "test_worked_example_O1_to_three_decimals",
+            "test_worked_example_state_after_each_key_block",
+            "test_keys_not_a_multiple_of_the_block[1-1]",
+            "test_keys_are_walked_block_by_block",
+        ),
+        question="When a later key block raises a row's max, what happens in your kernel to the l and the "
+        "acc summed under the old max?",
+        section="3.4",
+    ),
+    Mistake(
+        5,
+        fails=("test_output_is_normalised_by_the_softmax_sum", "test_worked_example_O1_to_three_decimals"),
+        passes=(
+            "test_keys_not_a_multiple_of_the_block[1-1]",
+            "test_fully_masked_rows_are_zero_not_nan[50-1]",
+        ),
+        question="In the by-hand example O after K2 is [[2, 1.493], [1.493, 1.493]]: what is left to do "
+        "before it is the output [[0.670, 0.500], [0.500, 0.500]]?",
+        section="2",
+    ),
+    Mistake(
+        6,
+        fails=("test_scale_is_applied", "test_worked_example_O1_to_three_decimals"),
+        passes=("test_output_is_normalised_by_the_softmax_sum", "test_keys_not_a_multiple_of_the_block[1-1]"),
+        question="exp2(x) is 2^x: which two factors must multiply a raw score q . k before it goes "
+        "through exp2, so that the weight is e^(score * scale)?",
+        section="3.3",
+    ),
+    Mistake(
+        6,
+        fails=("test_lse_is_natural_log", "test_worked_example_state_after_each_key_block"),
+        passes=(
+            "test_worked_example_O1_to_three_decimals",
+            "test_keys_not_a_multiple_of_the_block",
+            "test_scale_is_applied",
+        ),
+        question="Your output is right and your lse is not: in which base is m + log2(l), and what turns it "
+        "into a natural log?",
+        section="3.3",
+    ),
+    Mistake(
+        7,
+        fails=(
+            "test_k_is_read_through_its_strides",
+            "test_worked_example_O1_to_three_decimals",
+            "test_causal_is_aligned_bottom_right[64-64]",
+            "test_keys_not_a_multiple_of_the_block[1-1]",
+        ),
+        passes=("test_keys_are_walked_block_by_block",),
+        question="Element (d, n) of the K^T tile is K[n, d]: at which address does it live, and which of "
+        "your two offsets is multiplied by stride_kn?",
+        section="3.2",
+    ),
+    Mistake(
+        8,
+        fails=("test_kv_head_grouping_is_contiguous[group2]",),
+        passes=(
+            "test_kv_head_grouping_is_contiguous[group1-MHA]",
+            "test_kv_head_grouping_is_contiguous[group8-MQA]",
+            "test_worked_example_O1_to_three_decimals",
+            "test_online_softmax_rescales_old_blocks",
+        ),
+        question="With H = 8 and Hkv = 2, which KV head does your kernel give query head 1, and which "
+        "should share KV head 0?",
+        section="3.1",
+    ),
+    Mistake(
+        9,
+        fails=(
+            "test_fully_masked_rows_are_zero_not_nan[100-37]",
+            "test_fully_masked_rows_are_zero_not_nan[50-1]",
+        ),
+        passes=(
+            "test_negative_causal_shift_is_not_clamped",
+            "test_causal_is_aligned_bottom_right[37-100]",
+            "test_first_causal_row_sees_only_key_0",
+        ),
+        messages=(r"NaN|nan",),
+        question="A row that sees no key has m = -inf and l = 0 after the loop: what do exp2(m_i - m_new) "
+        "and acc / l give for it in your kernel?",
+        section="3.5",
+    ),
+    Mistake(
+        10,
+        fails=("test_rows_past_nq_not_written", "test_worked_example_O1_to_three_decimals"),
+        passes=("test_causal_is_aligned_bottom_right[64-64]",),
+        messages=(r"canary elements of the buffer around out|out of bounds store of out_ptr|write race",),
+        question="Nq = 37 with BLOCK_M = 32: which rows of the second query block does your kernel store, "
+        "and whose memory comes after row 36?",
+        section="3.6",
+    ),
+    Mistake(
+        11,
+        fails=("test_running_max_starts_at_minus_inf",),
+        passes=(
+            "test_worked_example_O1_to_three_decimals",
+            "test_worked_example_state_after_each_key_block",
+            "test_keys_not_a_multiple_of_the_block",
+            "test_online_softmax_rescales_old_blocks",
+            "test_scale_is_applied",
+            "test_causal_is_aligned_bottom_right[37-100]",
+            "test_first_causal_row_sees_only_key_0",
+        ),
+        question="Every score here is near -128: what is your running max after the first key block if it "
+        "started at 0, and what is exp2 of a score minus it?",
+        section="3.1",
+    ),
+    Mistake(
+        12,
+        fails=("test_q_k_v_are_read_through_their_strides",),
+        passes=(
+            "test_worked_example_O1_to_three_decimals",
+            "test_worked_example_state_after_each_key_block",
+            "test_online_softmax_rescales_old_blocks",
+        ),
+        question="q, k and v here are slices of one packed QKV buffer: how many elements apart are two rows "
+        "of q, and does your kernel take that from the strides or from D and Nq?",
+        section="3.1",
+    ),
+    Mistake(
+        13,
+        passes=(
+            "test_worked_example_O1_to_three_decimals",
+            "test_keys_not_a_multiple_of_the_block",
+            "test_online_softmax_rescales_old_blocks",
+            "test_k_is_read_through_its_strides",
+            "test_running_max_starts_at_minus_inf",
+        ),
+        messages=(r"out of bounds load of q_ptr",),
+        question="Nq = 45 with BLOCK_M = 32: which rows does your q load read in the second query block, "
+        "and what lies past row 44 of the last batch?",
+        section="3.1",
+    ),
+    Mistake(
+        14,
+        fails=("test_keys_are_walked_block_by_block",),
+        passes=(
+            "test_worked_example_O1_to_three_decimals",
+            "test_keys_not_a_multiple_of_the_block",
+            "test_online_softmax_rescales_old_blocks",
+        ),
+        question="How many key blocks does one of your programs visit for Nk = 100, and which BLOCK_N does "
+        "your launch use when _launch is given a config?",
+        section="3.7",
+    ),
+    Mistake(
+        15,
+        fails=(
+            "test_negative_causal_shift_is_not_clamped",
+            "test_fully_masked_rows_are_zero_not_nan[100-37]",
+        ),
+        passes=(
+            "test_causal_is_aligned_bottom_right[37-100]",
+            "test_causal_is_aligned_bottom_right[1-50]",
+            "test_causal_is_aligned_bottom_right[37-37]",
+            "test_first_causal_row_sees_only_key_0",
+        ),
+        question="Nq = 70 and Nk = 45: what is Nk - Nq, and which keys may query 30 see? Does your kernel "
+        "let the shift go below 0?",
+        section="3.5",
+    ),
 ]
