@@ -18,9 +18,10 @@ endif
 .DEFAULT_GOAL := help
 .PHONY: help list test check bench contract notebooks mutants lint progress hint reset diff watch doctor env-check clean-venv
 
-help: ## every target, one line each
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | awk -F'\t' '{printf "  make %-11s %s\n", $$1, $$2}'
-	@echo "  variables: L=<lesson id> (make list), IMPL=mine|solutions, SEED=<int> (other random cases), V=1 (pytest's full output), PYTHON=<interpreter with torch+triton>"
+##@ Learning: your files in drills/mine
+help: ## every target, one line each, learners' first
+	@awk -F':.*## ' '/^##@ /{printf "%s\n", substr($$0, 5)} /^[a-z-]+:.*## /{printf "  make %-11s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@echo "variables: L=<lesson id> (make list), IMPL=mine|solutions, SEED=<int> (other random cases), V=1 (pytest's full output), WRITE=1 (make notebooks writes outputs), PYTHON=<interpreter with torch+triton>"
 
 list: $(ENV) ## the lessons in course order
 	@$(PYTHON) -m drills list
@@ -55,17 +56,18 @@ watch: $(ENV) ## re-grade a lesson on every save of your file (Ctrl-C stops): ma
 doctor: $(ENV) ## versions, GPU and compute capability, interpreter or not, the known traps and what to do
 	@$(PYTHON) -m drills doctor
 
+##@ Maintaining the course: the references, graders, mutants, notebooks and benchmarks
 check: $(ENV) ## what CI runs: format and lint, tests on the solutions, stub contract, notebooks, mutants (GPU-only ones on a GPU)
 	@$(PYTHON) -m drills check
 
 lint: $(ENV) ## the formatter and the linter (ruff, as configured in pyproject.toml); FIX=1 rewrites
 	@$(PYTHON) -m drills lint $(if $(filter 1,$(FIX)),--fix)
 
-contract: $(ENV) ## the stub contract alone: same names and signatures, untouched stubs say "not started"
+contract: $(ENV) ## the stub contract alone: same names, signatures, docstrings; code without a TODO as the reference's
 	@$(PYTHON) -m drills contract
 
-notebooks: $(ENV) ## execute every notebook top to bottom
-	@$(PYTHON) -m drills notebooks
+notebooks: $(ENV) ## execute every notebook top to bottom (L= for one); WRITE=1 writes the outputs into the files, to commit
+	@$(PYTHON) -m drills notebooks $(L) $(if $(filter 1,$(WRITE)),--write)
 
 mutants: $(ENV) ## every lesson's mutants (classic mistakes) must fail its grader: make mutants L=l2 for one
 	@$(PYTHON) -m drills mutants $(L)

@@ -1,5 +1,6 @@
 """Command line behind the Makefile: python -m drills {list,test,check,contract,notebooks,mutants,bench},
-and the learner's tools {progress,hint,reset,diff,watch,doctor} (drills/learner.py)."""
+and the learner's tools {progress,hint,reset,diff,watch} (drills/learner.py) and doctor (drills/doctor.py).
+The learner's tools are plain functions of their arguments; this module only parses the command line."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from drills import contract, learner
+from drills import contract, doctor, learner
 from drills.grading import run
 from drills.lessons import LESSONS, ROOT, find
 
@@ -59,24 +60,64 @@ def cmd_contract(args) -> int:
 
 
 def cmd_notebooks(args) -> int:
+    """Execute every notebook (or the lessons named) top to bottom, from the repository root. Without
+    --write each runs in a copy held in memory, so the files are unchanged (make check). With --write
+    the outputs are written back into the files, in the form that is committed: the default SEED's
+    random cases, a fixed PYTHONHASHSEED, no timing and no kernel metadata, so running it again on the
+    same machine changes nothing."""
     if importlib.util.find_spec("nbclient") is None or importlib.util.find_spec("ipykernel") is None:
         print("notebooks: skipped, Jupyter (nbclient, ipykernel) is not installed in this Python")
         return 0
+    import os
+    import time
+
     import nbformat
     from nbclient import NotebookClient
 
+    write = getattr(args, "write", False)
+    lessons = [find(name) for name in args.lesson] if getattr(args, "lesson", None) else LESSONS
+    saved = dict(os.environ)
+    if write:  # the kernel inherits this environment
+        os.environ["PYTHONHASHSEED"] = "0"
+        for name in ("SEED", "MPLBACKEND"):  # the committed cases; matplotlib's inline backend
+            os.environ.pop(name, None)
     failed = 0
-    for lesson in [find(args.lesson)] if getattr(args, "lesson", None) else LESSONS:
-        nb = nbformat.read(lesson.notebook, as_version=4)
-        try:
-            # Executed in a copy held in memory, from the repository root, so the committed file is unchanged.
-            NotebookClient(
-                nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}}
-            ).execute()
-            print(f"notebook {lesson.notebook.name}: ran top to bottom")
-        except Exception as exc:  # nbclient raises CellExecutionError with the cell's traceback
-            print(f"notebook {lesson.notebook.name}: FAILED\n{exc}")
-            failed += 1
+    try:
+        for lesson in lessons:
+            mine = learner.mine_file(lesson)
+            if write and mine.exists() and mine.read_text() != contract.pristine_stub_source(lesson):
+                print(
+                    f"notebook {lesson.notebook.name}: {mine} differs from the committed stub: the notebook "
+                    "grades it and runs it if it passes, so the outputs written may not be the reference's"
+                )
+            nb = nbformat.read(lesson.notebook, as_version=4)
+            began = time.monotonic()
+            try:
+                NotebookClient(
+                    nb,
+                    timeout=600,
+                    kernel_name="python3",
+                    record_timing=False,
+                    coalesce_streams=True,  # one stream output per cell, however the prints were flushed
+                    resources={"metadata": {"path": str(ROOT)}},
+                ).execute()
+            except Exception as exc:  # nbclient raises CellExecutionError with the cell's traceback
+                print(f"notebook {lesson.notebook.name}: FAILED\n{exc}")
+                failed += 1
+                continue
+            took = time.monotonic() - began
+            if write:
+                # language_info names this machine's Python: left out, like the execution timestamps.
+                nb.metadata = nbformat.from_dict({"kernelspec": nb.metadata["kernelspec"]})
+                nbformat.write(nb, lesson.notebook)
+            print(
+                f"notebook {lesson.notebook.name}: ran top to bottom in {took:.0f} s"
+                + (", outputs written" if write else ""),
+                flush=True,
+            )
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
     return 1 if failed else 0
 
 
@@ -233,7 +274,7 @@ def cmd_bench(args) -> int:
         if not lesson.benchmark.exists():
             print(f"{lesson.id}: has no benchmark")
             continue
-        module = importlib.import_module(f"drills.benchmarks.{lesson.stem}")
+        module = bench.benchmark_module(lesson)
         reason = bench.require_cuda() if getattr(module, "NEEDS_CUDA", True) else None
         if reason:
             print(f"make bench L={lesson.id}: {reason}")
@@ -254,7 +295,7 @@ def cmd_bench(args) -> int:
         if args.impl == "solutions":  # only the reference's numbers go into the explainer
             bench.publish(lesson, table, notes, module.plot)
         else:
-            learner.print_bench_comparison(lesson, module, table)
+            bench.print_comparison(lesson, module, table)
     return 1 if failed else 0
 
 
@@ -277,8 +318,13 @@ def main(argv=None) -> int:
     p = sub.add_parser("contract", help="the stub contract only (one lesson or all)")
     p.add_argument("lesson", nargs="?")
     p.set_defaults(fn=cmd_contract)
-    p = sub.add_parser("notebooks", help="execute every notebook (or one lesson's)")
-    p.add_argument("lesson", nargs="?")
+    p = sub.add_parser(
+        "notebooks", help="execute every notebook (or the lessons named); --write keeps the outputs"
+    )
+    p.add_argument("lesson", nargs="*")
+    p.add_argument(
+        "--write", action="store_true", help="write the outputs back into the files (to commit them)"
+    )
     p.set_defaults(fn=cmd_notebooks)
     p = sub.add_parser("mutants", help="every lesson's mutants must fail its grader")
     p.add_argument("lesson", nargs="?")
@@ -289,24 +335,24 @@ def main(argv=None) -> int:
     p.set_defaults(fn=cmd_bench)
     sub.add_parser(
         "progress", help="every lesson's status for your files, and the next one to take"
-    ).set_defaults(fn=learner.cmd_progress)
+    ).set_defaults(fn=lambda args: learner.progress())
     p = sub.add_parser("hint", help="one more hint for a lesson (its TODOs, then its pitfalls)")
     p.add_argument("lesson")
     p.add_argument("--restart", action="store_true", help="start again from the first hint")
-    p.set_defaults(fn=learner.cmd_hint)
+    p.set_defaults(fn=lambda args: learner.hint(find(args.lesson), restart=args.restart))
     p = sub.add_parser("reset", help="back up your file under .drills/backups, then restore the stub")
     p.add_argument("lesson")
-    p.set_defaults(fn=learner.cmd_reset)
+    p.set_defaults(fn=lambda args: learner.reset(find(args.lesson)))
     p = sub.add_parser("diff", help="once a lesson passes, your file beside the reference")
     p.add_argument("lesson")
-    p.set_defaults(fn=learner.cmd_diff)
+    p.set_defaults(fn=lambda args: learner.diff(find(args.lesson)))
     p = sub.add_parser("watch", help="re-grade a lesson on every save of your file")
     p.add_argument("lesson")
     p.add_argument("--interval", type=float, default=1.0, help="seconds between looks at the file")
     p.add_argument("--max-runs", type=int, default=None, help="stop after this many gradings")
-    p.set_defaults(fn=learner.cmd_watch)
+    p.set_defaults(fn=lambda args: learner.watch(find(args.lesson), args.interval, args.max_runs))
     sub.add_parser("doctor", help="versions, GPU, runtime, and the known traps with what to do").set_defaults(
-        fn=learner.cmd_doctor
+        fn=lambda args: doctor.main()
     )
     args = parser.parse_args(argv)
     return args.fn(args)

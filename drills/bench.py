@@ -1,15 +1,48 @@
-"""The one benchmarking helper: timing, a read ceiling measured in the same run, the GPU's datasheet
-peak, and publishing (a table rewritten between markers in the lesson's explainer, a JSON of the raw
-numbers and a PNG plot beside it under drills/content/). CUDA GPUs only."""
+"""The one benchmarking helper: timing, ceilings measured in the same run, the GPU's datasheet peak,
+publishing (a table rewritten between markers in the lesson's explainer, a JSON of the raw numbers and
+a PNG plot beside it under drills/content/), and the learner's numbers beside the reference's.
+
+The benchmark module protocol. A lesson has a benchmark when drills/benchmarks/<stem>.py exists
+(Lesson.benchmark). `make bench` (cmd_bench in drills/__main__.py), `make progress` and this module
+read these names from it, and nothing else:
+
+  COLUMNS       [(key, header)]: the table's columns, in order. Pass it to Table. `make bench IMPL=mine`
+                (compare_rows) labels each row by its leading columns whose values are not floats (up to
+                three) and compares the columns whose key starts with the lesson id ("l2_gbs"), or
+                every float column when none does.
+  run(impl)     -> (Table, notes): times impl, the module under test (drills.solutions.<stem>, or the
+                learner's file with IMPL=mine), and its peers, one table row per shape. Check every
+                implementation's output before timing it (a fast wrong answer must not enter the
+                table); measure the ceiling each row is a fraction of in the same run. Rows are dicts;
+                keys outside COLUMNS are kept in the JSON only. notes (list[str]) become bullets under
+                the table: inputs, what GB/s counts, which peer version ran, why a column is n/a. The
+                shape list must not depend on impl: yours and the reference's rows are matched by
+                position.
+  plot(rows, meta, path)
+                writes a PNG at path (plot_bars does the usual grouped bars); meta is stamp()'s dict
+                (gpu, cpu, versions, date). Called by publish, that is only for IMPL=solutions.
+  headline(impl) -> (value, unit, label), optional: one representative shape, checked then timed,
+                e.g. (gbs, "GB/s", "B = 64, ctx = 1024, fp16"). `make progress` shows it on a GPU
+                for every passing lesson, the learner's beside the reference's. Its one parameter is
+                named impl (test_learner_tools checks it).
+  NEEDS_CUDA    optional, default True. False (a pure-Python lesson such as L3) lets `make bench` run
+                on a CPU; publish then names the CPU instead of a GPU.
+
+`make bench L=<id>` (IMPL=solutions) calls run(reference) then publish(); `make bench L=<id> IMPL=mine`
+calls run(learner's module) then print_comparison(), which takes the reference's rows from the
+committed <stem>.bench.json when it was measured on this GPU, else runs the reference now.
+"""
 
 from __future__ import annotations
 
 import datetime
+import importlib
 import json
 import re
 
 import torch
 
+from drills import grading
 from drills.lessons import Lesson
 
 # Datasheet memory bandwidth in GB/s, matched against torch.cuda.get_device_name().
@@ -188,6 +221,14 @@ def publish(lesson: Lesson, table: Table, notes: list[str], plot) -> None:
     print(f"wrote {json_path.name}, {png_path.name} and the table in {lesson.explainer.name}", flush=True)
 
 
+def gather_pages(cache: torch.Tensor, block_tables: torch.Tensor, ctx: int) -> torch.Tensor:
+    """The first ctx tokens of every sequence of a paged cache [num_blocks, PAGE, Hkv, D], pages taken in
+    block-table order: [B, Hkv, ctx, D], SDPA's layout (a strided view of a gathered copy). The KV a
+    non-paged engine keeps, and what a peer without a paged kernel must build first."""
+    B = block_tables.shape[0]
+    return cache[block_tables.long()].reshape(B, -1, *cache.shape[2:])[:, :ctx].transpose(1, 2)
+
+
 def plot_bars(
     rows: list[dict],
     series: list[tuple[str, str]],
@@ -232,3 +273,83 @@ def sweep_gbs(nbytes: int, launches: dict, out: torch.Tensor, check) -> tuple[di
         result[name] = gbs(nbytes, time_us(launch))
     best = max(result, key=result.get)
     return result, f"{best}: {result[best]:.0f}"
+
+
+# --- Yours beside the reference: make bench IMPL=mine, and make progress on a GPU -------------------
+
+
+def benchmark_module(lesson: Lesson):
+    """The lesson's drills/benchmarks/<stem>.py, imported (its protocol: this module's docstring)."""
+    return importlib.import_module(f"drills.benchmarks.{lesson.stem}")
+
+
+def headline(lesson: Lesson, impl) -> tuple[float, str, str] | None:
+    """The benchmark's headline for impl (value, unit, label), or None when it declares none."""
+    if not lesson.benchmark.exists():
+        return None
+    hook = getattr(benchmark_module(lesson), "headline", None)
+    return hook(impl) if hook else None
+
+
+def performance_line(lesson: Lesson, load_mine) -> str:
+    """make progress on a GPU: one line with the headline of the learner's module (load_mine() imports
+    it) beside the reference's, timed now; an error at benchmark size is reported on the line."""
+    try:
+        mine = headline(lesson, load_mine())
+        if mine is None:
+            return f"  {lesson.id:4} n/a (its benchmark has no headline)"
+        reference = headline(lesson, importlib.import_module(lesson.module("solutions")))
+    except Exception as exc:  # a passing kernel can still fail at benchmark sizes: say so, go on
+        return grading.clip(f"  {lesson.id:4} error at benchmark size: {type(exc).__name__}: {exc}")
+    (value, unit, label), (ref, _, _) = mine, reference
+    return (
+        f"  {lesson.id:4} {value:8.1f} {unit:8} reference {ref:8.1f} {unit:8} ({value / ref:.2f}x)  {label}"
+    )
+
+
+def compare_rows(
+    lesson: Lesson, columns: list[tuple[str, str]], mine: list[dict], reference: list[dict]
+) -> list[str]:
+    """One line per benchmark row: the lesson's own columns (keys starting with its id, else every
+    number), yours and the reference's, matched by position (both ran the same shape list)."""
+    headers = dict(columns)
+    keys = [k for k, _ in columns if k.startswith(f"{lesson.id}_")]
+    lines = []
+    for mine_row, ref_row in zip(mine, reference):
+        label_keys = []
+        for key, _ in columns:
+            if isinstance(mine_row.get(key), float):
+                break
+            label_keys.append(key)
+        label = ", ".join(f"{headers[k]} {mine_row.get(k)}" for k in label_keys[:3])
+        shown = keys or [k for k, _ in columns if isinstance(mine_row.get(k), float)]
+        parts = []
+        for key in shown:
+            yours, ref = mine_row.get(key), ref_row.get(key)
+            if isinstance(yours, (int, float)) and isinstance(ref, (int, float)):
+                parts.append(f"{headers[key]} {_fmt(float(yours))} (reference {_fmt(float(ref))})")
+        lines.append(f"  {label}: " + "; ".join(parts))
+    return lines
+
+
+def reference_rows(lesson: Lesson, module) -> tuple[list[dict], str]:
+    """The reference's rows: the committed JSON when it was measured on this GPU, else timed now."""
+    path = lesson.explainer.parent / f"{lesson.stem}.bench.json"
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    if path.exists() and gpu is not None:  # a CPU-only lesson's JSON may come from another CPU: time it now
+        data = json.loads(path.read_text())
+        if data.get("meta", {}).get("gpu") == gpu:
+            where = f"the committed {grading.relative(path)} (measured {data['meta'].get('date')} on {gpu})"
+            return data["rows"], where
+    print(f"== {lesson.id}: the reference, timed in this run for comparison ==", flush=True)
+    table, _ = module.run(importlib.import_module(lesson.module("solutions")))
+    return table.rows, "the reference timed in this run"
+
+
+def print_comparison(lesson: Lesson, module, table: Table) -> None:
+    """make bench IMPL=mine: after the learner's own table, each row beside the reference's."""
+    rows, source = reference_rows(lesson, module)
+    print(
+        f"== {lesson.id}: yours beside the reference ({source}); the ceiling columns above are this run's =="
+    )
+    print("\n".join(compare_rows(lesson, module.COLUMNS, table.rows, rows)))

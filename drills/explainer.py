@@ -1,11 +1,32 @@
 """Reading a lesson's explainer (drills/content/<stem>.md): its numbered sections, the pitfalls of its
 "Pitfalls and self-test" section, and which section teaches the mistake a given check catches. The
-one parser of that format: the learner tools and the mutants' coverage check both read through it.
+one parser of that format: the learner tools, the grading summary and the mutants' coverage check
+all read through it.
 
-The format it reads: headings `## N. Title` (subsections `### N.M Title`, ignored inside ``` fences);
-the first section whose title says "pitfall" lists `K. **Title.** text ... Caught by `test_name`.`
-items (continuation lines indented), and ends its list at a line starting "Answers" (the self-test's
-answers). Every titled pitfall needs a mutant in drills/mutants/<stem>.py naming it as "K. ..."."""
+The format the tools parse (everything else in the file is free prose):
+
+- Sections: headings `## N. Title`, subsections `### N.M Title` (and `#### N.M.K`); the dot after
+  the number is optional, `# Title` (the file's title) is not a section, and headings inside ```
+  fences are ignored. A section's body is its text up to the next heading of any level. A grader's
+  `Mistake(section="3.4")` names one (drills/grading/diagnose.py): `make hint` quotes the first 14
+  non-blank lines of its body as the third hint, so each worked example should open its section.
+- Pitfalls: the first section whose title contains "pitfall" (`## 5. Pitfalls and self-test`). Each
+  item starts at column 0 as `K. **Title.** text`; its continuation lines are indented (lines at
+  column 0 that are not an item are skipped), so the self-test question (`*Self-test: ...*`) sits
+  indented inside its item. The list ends at the first line starting with "Answers" (the self-test's
+  answers, one paragraph); nothing after it is read as a pitfall. An item without a bold title
+  (F1's "L2's pitfalls carry over") is a pointer, not a pitfall: it needs no mutant.
+- "Caught by `test_name`": each pitfall names the checks that catch it. When a check fails, the
+  summary sends the learner to the pitfalls whose text names the check as a whole word and the
+  sections whose body does (two places at most, where_taught), else to the pitfalls section as a whole.
+- Mutants: every titled pitfall K needs a mutant in drills/mutants/<stem>.py whose `pitfall` starts
+  "K. ", and every mutant names one (or another lesson's, "L2 pitfall 5: ..."); `make mutants`
+  checks both (drills.mutants.pitfall_mismatches). The grader's MISTAKES refer to pitfall K by
+  number, `Mistake(pitfall=K)`.
+- Bench markers: a line `<!-- bench:start -->` and a line `<!-- bench:end -->` (in the "Measured"
+  section); `make bench L=<id>` replaces everything between them with the table, its notes and the
+  plot (drills.bench.publish), and stops with an error when the markers are missing.
+"""
 
 from __future__ import annotations
 

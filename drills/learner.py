@@ -1,5 +1,7 @@
-"""The learner's commands: make progress, hint, reset, diff, watch and doctor (and the comparison that
-`make bench IMPL=mine` prints).
+"""The learner's commands: make progress, hint, reset, diff and watch (make doctor is drills/doctor.py;
+the comparison of the learner's numbers with the reference's, drills/bench.py). Each command is a
+function taking its arguments (`hint(lesson, restart=True)`) and returning the exit status; the
+argparse wiring lives in drills/__main__.py.
 
 Grading always runs the lesson's grader in a child process, exactly as `make test` does, and reads
 the results it writes (`--drills-report`, drills/grading.py). Learner state (which hint comes next,
@@ -12,7 +14,6 @@ from __future__ import annotations
 
 import datetime
 import difflib
-import importlib
 import json
 import os
 import re
@@ -23,9 +24,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from drills import contract, explainer, grading
+from drills import bench, contract, explainer, grading
 from drills.grading import run
-from drills.lessons import LESSONS, ROOT, Lesson, find
+from drills.lessons import LESSONS, ROOT, Lesson
 
 MINE_DIR_ENV = "DRILLS_MINE_DIR"
 STATE_DIR_ENV = "DRILLS_STATE_DIR"
@@ -95,30 +96,9 @@ def progress_grades(on_gpu: bool = False) -> list[Grade]:
     return [graded.get(lesson) or Grade(lesson, "not started") for lesson in LESSONS]
 
 
-def headline(lesson: Lesson, impl) -> tuple[float, str, str] | None:
-    """The benchmark's headline for impl (value, unit, label), or None when it declares none."""
-    if not lesson.benchmark.exists():
-        return None
-    module = importlib.import_module(f"drills.benchmarks.{lesson.stem}")
-    hook = getattr(module, "headline", None)
-    return hook(impl) if hook else None
-
-
-def performance_line(lesson: Lesson) -> str:
-    try:
-        mine = headline(lesson, load_mine(lesson))
-        if mine is None:
-            return f"  {lesson.id:4} n/a (its benchmark has no headline)"
-        reference = headline(lesson, importlib.import_module(lesson.module("solutions")))
-    except Exception as exc:  # a passing kernel can still fail at benchmark sizes: say so, go on
-        return grading.clip(f"  {lesson.id:4} error at benchmark size: {type(exc).__name__}: {exc}")
-    (value, unit, label), (ref, _, _) = mine, reference
-    return (
-        f"  {lesson.id:4} {value:8.1f} {unit:8} reference {ref:8.1f} {unit:8} ({value / ref:.2f}x)  {label}"
-    )
-
-
-def cmd_progress(args) -> int:
+def progress() -> int:
+    """make progress: every lesson's status for the learner's files, on a GPU the performance of each
+    passing one beside the reference's, and the next lesson to take."""
     import drills.runtime
 
     runtime = drills.runtime.current()
@@ -138,7 +118,7 @@ def cmd_progress(args) -> int:
     elif passing:
         print(f"performance on {runtime.gpu_name}, yours beside the reference's, timed now:")
         for g in passing:
-            print(performance_line(g.lesson), flush=True)
+            print(bench.performance_line(g.lesson, lambda lesson=g.lesson: load_mine(lesson)), flush=True)
     print(next_lesson_line(grades))
     return 0
 
@@ -280,9 +260,9 @@ def last_grade(lesson: Lesson) -> dict:
     return json.loads(_grades_file().read_text())[lesson.stem]
 
 
-def cmd_hint(args) -> int:
-    """The next hint for the mistake the grader diagnoses in the learner's file as it is now."""
-    lesson = find(args.lesson)
+def hint(lesson: Lesson, restart: bool = False) -> int:
+    """make hint: the next hint for the mistake the grader diagnoses in the learner's file as it is now;
+    restart starts again from the first hint."""
     if _untouched(lesson):
         print(
             f"{lesson.id} is not started: read {rel(lesson.explainer)} and fill in the TODOs of "
@@ -303,7 +283,7 @@ def cmd_hint(args) -> int:
     key = f"{lesson.stem}:{finding.get('pitfall') or finding.get('kind')}"
     steps = hint_steps(lesson, finding)
     state = _read_hint_state()
-    shown = 0 if args.restart else int(state.get(key, 0))
+    shown = 0 if restart else int(state.get(key, 0))
     what = (
         f'pitfall {finding["pitfall"]} "{finding.get("title")}"'
         if finding.get("pitfall")
@@ -351,8 +331,8 @@ def backup(path: Path, stem: str) -> Path:
     return target
 
 
-def cmd_reset(args) -> int:
-    lesson = find(args.lesson)
+def reset(lesson: Lesson) -> int:
+    """make reset: back the learner's file up under .drills/backups, then restore the committed stub."""
     path = mine_file(lesson)
     stub = contract.pristine_stub_source(lesson, committed_only=True)
     if stub is None:
@@ -375,8 +355,8 @@ def cmd_reset(args) -> int:
 # --- make diff -----------------------------------------------------------------------------------
 
 
-def cmd_diff(args) -> int:
-    lesson = find(args.lesson)
+def diff(lesson: Lesson) -> int:
+    """make diff: once the learner's file passes, the reference beside it."""
     result = grade(lesson)
     if not result.passed:
         print(
@@ -417,7 +397,7 @@ def _stamp(path: Path):
     return st.st_mtime_ns, st.st_size
 
 
-def watch(
+def regrade_on_save(
     lesson: Lesson, interval: float = 1.0, max_runs: int | None = None, clear: bool = False
 ) -> Grade | None:
     """Grade now and after every save of the learner's file; stop after max_runs gradings (None: never)."""
@@ -437,172 +417,12 @@ def watch(
     return result
 
 
-def cmd_watch(args) -> int:
-    lesson = find(args.lesson)
+def watch(lesson: Lesson, interval: float = 1.0, max_runs: int | None = None) -> int:
+    """make watch: grade now and after every save until Ctrl-C (or max_runs gradings); the exit status
+    is the last grading's."""
     try:
-        result = watch(lesson, args.interval, args.max_runs, clear=sys.stdout.isatty())
+        result = regrade_on_save(lesson, interval, max_runs, clear=sys.stdout.isatty())
     except KeyboardInterrupt:
         print("\nwatch: stopped")
         return 0
     return 0 if result is not None and result.passed else 1
-
-
-# --- make doctor ---------------------------------------------------------------------------------
-
-
-def _version(module_name: str) -> str:
-    try:
-        return importlib.import_module(module_name).__version__
-    except ImportError:
-        return "not installed"
-
-
-def _distribution_version(name: str) -> str:
-    """An installed distribution's own version (the jupyter meta-package has no __version__)."""
-    from importlib import metadata
-
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return "not installed"
-
-
-def _older(version: str, than: tuple[int, ...]) -> bool:
-    numbers = tuple(int(n) for n in re.findall(r"\d+", version)[: len(than)])
-    return numbers < than
-
-
-def doctor_lines() -> list[str]:
-    import platform
-
-    import torch
-
-    import drills.runtime
-
-    runtime = drills.runtime.current()
-    numpy_version, triton_version = _version("numpy"), _version("triton")
-    cuda = torch.cuda.is_available()
-    lines = [
-        f"python  {platform.python_version()} ({sys.executable})",
-        f"torch   {torch.__version__} (CUDA build: {torch.version.cuda or 'none'})",
-        f"triton  {triton_version}",
-        f"numpy   {numpy_version}",
-    ]
-    capability = None
-    if cuda:
-        capability = torch.cuda.get_device_capability()
-        lines.append(
-            f"GPU     {torch.cuda.get_device_name()}, compute capability {capability[0]}.{capability[1]} "
-            f"(sm_{capability[0]}{capability[1]}), {torch.cuda.device_count()} visible"
-        )
-    else:
-        lines.append("GPU     none (torch.cuda.is_available() is False)")
-    if runtime.interpreter:
-        why = "TRITON_INTERPRET=1 is set" if cuda else "there is no CUDA GPU"
-        lines.append(
-            f"runtime Triton's interpreter on the CPU, because {why}: kernels run as Python, on small shapes"
-        )
-    else:
-        lines.append(f"runtime compiled Triton on {runtime.gpu_name}")
-    lines.append(
-        f"extras  Jupyter (make notebooks): {_distribution_version('jupyter')} (nbclient "
-        f"{_distribution_version('nbclient')}); FlashInfer (a benchmark peer): "
-        f"{_version('flashinfer')}"
-    )
-
-    traps = [
-        (
-            "bf16 tl.dot returns garbage in the interpreter (values near 1e10; seen in Triton 3.6 and 3.9)",
-            runtime.interpreter,
-            "the graders skip bf16 cases on the CPU and say so; try kernels in fp16 or fp32 under the "
-            "interpreter and check bf16 on a GPU",
-        ),
-        (
-            "CUDA tensors under the interpreter give all-zero results",
-            runtime.interpreter and cuda,
-            "create tensors on drills.runtime.current().device (the CPU under the interpreter), or unset "
-            "TRITON_INTERPRET to run compiled on this GPU",
-        ),
-        (
-            "fp32 tl.dot runs as TF32 on GPUs (about 1e-3 relative error; the interpreter is exact fp32)",
-            cuda and not runtime.interpreter and capability is not None and capability[0] >= 8,
-            'pass input_precision="ieee" to tl.dot on fp32 inputs that are compared with an fp32 oracle',
-        ),
-        (
-            "numpy 2.4 or newer breaks Triton 3.6's interpreter (int() of a 1-element array is an error)",
-            not _older(numpy_version, (2, 4))
-            and numpy_version != "not installed"
-            and _older(triton_version, (3, 7)),
-            'pip install "numpy<2.4" into this Python (the Makefile\'s .venv pins it)',
-        ),
-        (
-            "tl.dot needs every dimension >= 16 on a GPU, which the interpreter does not check",
-            runtime.interpreter,
-            "pad small dimensions to 16 (as GROUP_PAD does in L2) before you trust an interpreter pass",
-        ),
-    ]
-    lines.append("known traps:")
-    for what, applies, fix in traps:
-        lines.append(f"  [{'applies here' if applies else 'not here'}] {what}")
-        lines.append(f"      what to do: {fix}")
-    return lines
-
-
-def cmd_doctor(args) -> int:
-    print("\n".join(doctor_lines()))
-    return 0
-
-
-# --- make bench IMPL=mine: yours beside the reference -----------------------------------------
-
-
-def compare_rows(
-    lesson: Lesson, columns: list[tuple[str, str]], mine: list[dict], reference: list[dict]
-) -> list[str]:
-    """One line per benchmark row: the lesson's own columns (keys starting with its id, else every
-    number), yours and the reference's, matched by position (both ran the same shape list)."""
-    headers = dict(columns)
-    keys = [k for k, _ in columns if k.startswith(f"{lesson.id}_")]
-    lines = []
-    for mine_row, ref_row in zip(mine, reference):
-        label_keys = []
-        for key, _ in columns:
-            if isinstance(mine_row.get(key), float):
-                break
-            label_keys.append(key)
-        label = ", ".join(f"{headers[k]} {mine_row.get(k)}" for k in label_keys[:3])
-        shown = keys or [k for k, _ in columns if isinstance(mine_row.get(k), float)]
-        parts = []
-        for key in shown:
-            yours, ref = mine_row.get(key), ref_row.get(key)
-            if isinstance(yours, (int, float)) and isinstance(ref, (int, float)):
-                parts.append(f"{headers[key]} {_number(yours)} (reference {_number(ref)})")
-        lines.append(f"  {label}: " + "; ".join(parts))
-    return lines
-
-
-def _number(value: float) -> str:
-    return f"{value:.2f}" if abs(value) < 10 else f"{value:.0f}"
-
-
-def reference_rows(lesson: Lesson, module) -> tuple[list[dict], str]:
-    """The reference's rows: the committed JSON when it was measured on this GPU, else timed now."""
-    import torch
-
-    path = lesson.explainer.parent / f"{lesson.stem}.bench.json"
-    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
-    if path.exists() and gpu is not None:  # a CPU-only lesson's JSON may come from another CPU: time it now
-        data = json.loads(path.read_text())
-        if data.get("meta", {}).get("gpu") == gpu:
-            return data["rows"], f"the committed {rel(path)} (measured {data['meta'].get('date')} on {gpu})"
-    print(f"== {lesson.id}: the reference, timed in this run for comparison ==", flush=True)
-    table, _ = module.run(importlib.import_module(lesson.module("solutions")))
-    return table.rows, "the reference timed in this run"
-
-
-def print_bench_comparison(lesson: Lesson, module, table) -> None:
-    rows, source = reference_rows(lesson, module)
-    print(
-        f"== {lesson.id}: yours beside the reference ({source}); the ceiling columns above are this run's =="
-    )
-    print("\n".join(compare_rows(lesson, module.COLUMNS, table.rows, rows)))

@@ -57,9 +57,10 @@ LESSONS: tuple[Lesson, ...] = (
     Lesson("t4_online_softmax", "Online softmax and merging partial states", "T"),
     Lesson("t5_flash_attention", "FlashAttention forward", "T"),
     Lesson("l1_paged_kv_cache", "Paged KV cache: allocator, block tables, store_kvcache", "L"),
-    Lesson("l2_paged_decode", "Paged decode attention with GQA", "L"),
     Lesson("l3_prefix_cache", "Prefix caching with reference counts", "L"),
+    Lesson("l2_paged_decode", "Paged decode attention with GQA", "L"),
     Lesson("f1_split_kv_decode", "Split-KV decode with a planner", "F"),
+    Lesson("l4_paged_prefill", "Paged prefill over a cached prefix (chunked prefill, mixed batches)", "L"),
 )
 
 

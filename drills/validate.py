@@ -257,3 +257,107 @@ def offsets_fit_int32(**tensors: torch.Tensor) -> None:
                 f"{name} spans {last + 1} elements (shape {tuple(t.shape)}, strides "
                 f"{tuple(t.stride())}): past the int32 offsets this kernel computes"
             )
+
+
+def paged_prefill_inputs(
+    q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale=None, out=None, return_lse=False
+):
+    """Checks for a paged prefill (L4): packed new tokens over a paged cache. Returns (B, Hq, Hkv, D, PAGE).
+
+    q [total_q, Hq, D] fp16/bf16; k_cache, v_cache [num_blocks, PAGE, Hkv, D], PAGE any power of two;
+    block_tables [B, max_pages] int32; cu_seqlens_q [B + 1] int32, 0 then non-decreasing up to total_q;
+    context_lens [B] int32 with q_len_b <= context_lens[b] <= max_pages * PAGE; out None or q's shape and
+    dtype; return_lse a bool. Only sequences with new tokens have their live block ids checked: the
+    kernel never reads the table of a q_len = 0 (padding) row.
+    """
+    tensor("q", q, 3, (torch.float16, torch.bfloat16))
+    tensor("k_cache", k_cache, 4, (q.dtype,))
+    tensor("v_cache", v_cache, 4, (q.dtype,))
+    tensor("block_tables", block_tables, 2, (torch.int32,))
+    tensor("cu_seqlens_q", cu_seqlens_q, 1, (torch.int32,))
+    tensor("context_lens", context_lens, 1, (torch.int32,))
+    named = dict(
+        q=q,
+        k_cache=k_cache,
+        v_cache=v_cache,
+        block_tables=block_tables,
+        cu_seqlens_q=cu_seqlens_q,
+        context_lens=context_lens,
+    )
+    if out is not None:
+        named["out"] = tensor("out", out, 3, (q.dtype,))
+    same_device(**named)
+
+    total_q, Hq, D = q.shape
+    _, PAGE, Hkv, Dk = k_cache.shape
+    if v_cache.shape != k_cache.shape:
+        raise ValueError(
+            f"v_cache shape {tuple(v_cache.shape)} must equal k_cache shape {tuple(k_cache.shape)}"
+        )
+    if Dk != D:
+        raise ValueError(f"k_cache head dim {Dk} (k_cache.shape[3]) must equal q's head dim {D}")
+    if not (is_pow2(D) and 16 <= D <= 256):
+        raise ValueError(f"head dim D = {D} (q.shape[2]) must be a power of two from 16 to 256")
+    if not is_pow2(PAGE):
+        raise ValueError(f"page size PAGE = {PAGE} (k_cache.shape[1]) must be a power of two")
+    if Hkv < 1 or Hq % Hkv != 0:
+        raise ValueError(f"Hq = {Hq} (q.shape[1]) must be a multiple of Hkv = {Hkv} (k_cache.shape[2])")
+    if out is not None and out.shape != q.shape:
+        raise ValueError(f"out must have q's shape {tuple(q.shape)}, got {tuple(out.shape)}")
+    last_dim_contiguous(**{n: named[n] for n in ("q", "k_cache", "v_cache", "out") if n in named})
+    B = block_tables.shape[0]
+    if B < 1:
+        raise ValueError(f"block_tables must have a row per sequence, got shape {tuple(block_tables.shape)}")
+    if block_tables.shape[1] > 1 and block_tables.stride(1) != 1:
+        raise ValueError(
+            f"block_tables must have contiguous rows (stride 1 along max_pages), got strides "
+            f"{tuple(block_tables.stride())}: pass block_tables.contiguous()"
+        )
+    if context_lens.shape[0] != B:
+        raise ValueError(
+            f"context_lens must have B = {B} entries (block_tables.shape[0]), got {context_lens.shape[0]}"
+        )
+    if cu_seqlens_q.shape[0] != B + 1:
+        raise ValueError(
+            f"cu_seqlens_q must have B + 1 = {B + 1} entries (B = block_tables.shape[0]), got {cu_seqlens_q.shape[0]}"
+        )
+    contiguous(cu_seqlens_q=cu_seqlens_q, context_lens=context_lens)  # read at ptr + b by the kernel
+    disjoint("k_cache", k_cache, "v_cache", v_cache)
+    if out is not None:
+        disjoint("k_cache", k_cache, "out", out)
+        disjoint("v_cache", v_cache, "out", out)
+    if scale is not None:
+        finite_positive("scale", scale)
+    if not isinstance(return_lse, bool):
+        raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
+
+    # The value checks cost host syncs; benchmarks time the bare launch so they stay out of kernel time.
+    cu = cu_seqlens_q.tolist()
+    if cu[0] != 0:
+        raise ValueError(f"cu_seqlens_q[0] = {cu[0]} must be 0: sequence 0's new tokens start at row 0 of q")
+    for b in range(B):
+        if cu[b + 1] < cu[b]:
+            raise ValueError(
+                f"cu_seqlens_q must be non-decreasing: cu_seqlens_q[{b + 1}] = {cu[b + 1]} < "
+                f"cu_seqlens_q[{b}] = {cu[b]}"
+            )
+    if cu[B] != total_q:
+        raise ValueError(
+            f"cu_seqlens_q[{B}] = {cu[B]} must equal total_q = {total_q} (q.shape[0]): every row of q "
+            "belongs to one sequence"
+        )
+    max_len = block_tables.shape[1] * PAGE
+    for b, n in enumerate(context_lens.tolist()):
+        q_len = cu[b + 1] - cu[b]
+        if n < q_len:
+            raise ValueError(
+                f"context_lens[{b}] = {n} is less than sequence {b}'s q_len = {q_len} (cu_seqlens_q[{b + 1}] - "
+                f"cu_seqlens_q[{b}]): context_lens counts the cached prefix plus the new tokens"
+            )
+        if n > max_len:
+            raise ValueError(
+                f"context_lens[{b}] = {n} is past the block table's capacity max_pages * PAGE = {max_len}"
+            )
+    has_new = torch.tensor([cu[b + 1] > cu[b] for b in range(B)], device=context_lens.device)
+    live_block_ids(block_tables, torch.where(has_new, context_lens, 0), PAGE, k_cache.shape[0])
+    return B, Hq, Hkv, D, PAGE

@@ -1,6 +1,7 @@
 """F1 benchmark: split-KV decode against L2, fixed split counts, FlashInfer and SDPA, one run.
 
-The six shapes of ../shared/ANCHORS.md section 1 (PAGE = 16) and PAGE = 1 at B = 64, ctx = 1024.
+L2's six shapes (PAGE = 16; drills/benchmarks/l2_paged_decode.py says where they come from), on which
+vLLM's fixed split count had to range from 1 to 64 to be best, and PAGE = 1 at B = 64, ctx = 1024.
 GB/s counts K and V read once; every ratio is to a reduction over the same bytes timed in this run.
 Kernel times are CUDA-graph replays (GPU time, no Python launch overhead) for every implementation.
 """
@@ -67,8 +68,8 @@ def run(impl) -> tuple[bench.Table, list[str]]:
         nbytes = 2 * B * ctx * HKV * D * q.element_size()
         scale = 1.0 / math.sqrt(D)
         out = torch.empty_like(q)
-        k_contig = k_cache[block_tables.long()].reshape(B, -1, HKV, D)[:, :ctx].transpose(1, 2).contiguous()
-        v_contig = v_cache[block_tables.long()].reshape(B, -1, HKV, D)[:, :ctx].transpose(1, 2).contiguous()
+        k_contig = bench.gather_pages(k_cache, block_tables, ctx).contiguous()  # [B, Hkv, ctx, D]
+        v_contig = bench.gather_pages(v_cache, block_tables, ctx).contiguous()
 
         def sdpa():
             return F.scaled_dot_product_attention(q[:, :, None], k_contig, v_contig, enable_gqa=True)[:, :, 0]

@@ -55,11 +55,11 @@ def matmul_kernel(
 
 
 # Block sizes chosen on the host by case, not autotuned: under the interpreter autotuning would run every
-# candidate on the CPU. Section 3.5 "Choosing the blocks" explains the numbers.
+# candidate on the CPU. Section 3.6 "Choosing the blocks" explains the numbers.
 _CONFIGS = {
     # CPU: few, large-ish programs keep the interpreter fast; every dim >= 16 as on a GPU.
     "interpreter": dict(BLOCK_M=32, BLOCK_N=32, BLOCK_K=32, GROUP_M=4, num_warps=4, num_stages=1),
-    # GPU, small C: 64 x 64 tiles make 16x as many programs as 128 x 256 would, to fill the SMs.
+    # GPU, small C: 64 x 64 tiles make 8x as many programs as 128 x 256 would, to fill the SMs.
     "small": dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, GROUP_M=8, num_warps=4, num_stages=4),
     # GPU, large C (Hopper): big tiles for reuse, 8 warps (two warpgroups), 3 loads in flight.
     "large": dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3),

@@ -96,8 +96,10 @@ def flash_attention_kernel(
     # TODO(section 3.3 "exp2"): qk_scale = scale * log2(e); the state m_i = -inf, l_i = 0, acc = 0 (fp32).
 
     # TODO(section 3.5 "Causal"): causal_shift = Nk - Nq, and the key range: [0, full_end) unmasked,
-    # [full_end, hi) masked, nothing at or past hi (without CAUSAL: full_end = Nk rounded down to a
-    # whole block, hi = Nk). Then two loops over key blocks calling _attend_kv_block (MASKED=False, then True).
+    # [full_end, hi) masked, nothing at or past hi. When CAUSAL, full_end = m0 + causal_shift + 1 clipped
+    # at 0, then rounded down to a whole block, and hi = m0 + BLOCK_M + causal_shift clipped to [0, Nk]:
+    # both go negative when Nq > Nk (without CAUSAL: full_end = Nk rounded down to a whole block,
+    # hi = Nk). Then two loops over key blocks calling _attend_kv_block (MASKED=False, then True).
 
     # TODO(section 3.6 "Normalise once, store real rows"): out = acc / l (rows with l = 0 stay 0), store
     # the rows before Nq in out's dtype; if STORE_LSE, store lse = (m + log2 l) * ln 2 (natural log).

@@ -50,3 +50,30 @@ def raises_naming(error, pattern):
     assert re.search(pattern, message), (
         f"{error.__name__} raised, but its message {message!r} does not say {pattern!r}"
     )
+
+
+def sizes(runtime, cpu, gpu):
+    """cpu under the Triton interpreter (kernels run as Python there: small shapes), gpu on a GPU.
+    The one size picker of the graders: `n = sizes(runtime, 70, 32768)`."""
+    return cpu if runtime.interpreter else gpu
+
+
+BF16_SKIP_REASON = (
+    "bf16 runs on a GPU only, the course's rule under the Triton interpreter (whose bf16 tl.dot returns "
+    "garbage in Triton 3.6 and 3.9)"
+)
+
+
+def bf16_on_gpu_only():
+    """torch.bfloat16 as one value of a dtype parametrization, skipped under the Triton interpreter with
+    BF16_SKIP_REASON (pytest prints it): `@pytest.mark.parametrize("dtype", [torch.float16,
+    bf16_on_gpu_only()], ids=["fp16", "bf16"])`."""
+    import pytest
+    import torch
+
+    import drills.runtime
+
+    return pytest.param(
+        torch.bfloat16,
+        marks=pytest.mark.skipif(drills.runtime.current().interpreter, reason=BF16_SKIP_REASON),
+    )

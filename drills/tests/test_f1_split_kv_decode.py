@@ -13,7 +13,7 @@ import torch
 
 from drills.compare import assert_close, mismatch
 from drills.grading.diagnose import Mistake
-from drills.tests import bigmem, seeded
+from drills.tests import bf16_on_gpu_only, bigmem, seeded, sizes
 from drills.tests.launches import assert_runs_a_triton_kernel
 from drills.tests.paged_kv import (
     call_with_canary_out,
@@ -28,6 +28,7 @@ from drills.tests.paged_kv import (
 )
 
 DIMS = ("b", "head", "d")
+LOG2E, LN2 = 1 / math.log(2), math.log(2)  # a base-2 lse is the natural one times LOG2E
 
 
 def check(impl, case, plan=None, scale=None):
@@ -55,17 +56,13 @@ def fixed_plan(impl, chunk, max_len):
     return impl.DecodePlan(num_splits=math.ceil(max_len / chunk), chunk=chunk, max_len=max_len)
 
 
-def small(runtime, cpu, gpu):
-    return cpu if runtime.interpreter else gpu
-
-
 # --- Splitting ---------------------------------------------------------------------------------
 
 
 def test_every_split_count_matches_unsplit(impl, runtime):
     """Split counts 1 .. pages + 3 through plan(num_splits=...): the result must not depend on how the
     keys are cut. Gaps or overlaps between split ranges change it."""
-    n = small(runtime, 70, 1000)
+    n = sizes(runtime, 70, 1000)
     case = make_paged_case([n], 8, 2, 64, 16, device=runtime.device, seed=1)
     pages = math.ceil(n / 16)
     unsplit, _ = check(impl, case, plan=impl.plan(case.context_lens, 2, 16, num_splits=1))
@@ -78,7 +75,7 @@ def test_every_split_count_matches_unsplit(impl, runtime):
 def test_empty_splits_do_not_divide_zero_by_zero(impl, runtime):
     """A ragged batch with a 16-token chunk: the short sequences get many splits with no tokens. An
     empty split must contribute weight 0 (lse = -inf), not 0/0 = NaN."""
-    lens = small(runtime, [70, 1, 17, 33], [1000, 1, 17, 250, 999])
+    lens = sizes(runtime, [70, 1, 17, 33], [1000, 1, 17, 250, 999])
     case = make_paged_case(lens, 8, 2, 64, 16, device=runtime.device, seed=2)
     check(impl, case, plan=fixed_plan(impl, 16, max(lens)))
     # More splits than the longest sequence has tiles: trailing splits are empty for everyone.
@@ -149,7 +146,7 @@ def test_lse_is_natural_log(impl, runtime):
 
 @pytest.mark.parametrize("splits", [1, 4])
 def test_last_page_is_masked(impl, runtime, splits):
-    lens = [1, 15, 16, 17, 31] + small(runtime, [], [777, 1000])
+    lens = [1, 15, 16, 17, 31] + sizes(runtime, [], [777, 1000])
     case = make_paged_case(lens, 8, 2, 64, 16, device=runtime.device, seed=4)
     check(impl, case, plan=impl.plan(case.context_lens, 2, 16, num_splits=splits))
 
@@ -161,7 +158,7 @@ def test_last_page_is_masked(impl, runtime, splits):
 )
 def test_kv_head_grouping_is_contiguous(impl, runtime, Hq, Hkv):
     case = make_paged_case(
-        small(runtime, [40, 9], [300, 129]), Hq, Hkv, 64, 16, device=runtime.device, seed=Hq + Hkv
+        sizes(runtime, [40, 9], [300, 129]), Hq, Hkv, 64, 16, device=runtime.device, seed=Hq + Hkv
     )
     check(impl, case, plan=impl.plan(case.context_lens, Hkv, 16, num_splits=2))
 
@@ -169,7 +166,7 @@ def test_kv_head_grouping_is_contiguous(impl, runtime, Hq, Hkv):
 @pytest.mark.parametrize("PAGE", [1, 2, 8, 16, 64])
 def test_page_sizes_gathered_token_by_token(impl, runtime, PAGE):
     """Pages smaller than a 16-token tile are gathered token by token through the block table."""
-    lens = small(runtime, [37, 5, 20], [1000, 5, 333])
+    lens = sizes(runtime, [37, 5, 20], [1000, 5, 333])
     case = make_paged_case(lens, 8, 2, 64, PAGE, device=runtime.device, seed=PAGE)
     for splits in (1, 3):
         check(impl, case, plan=impl.plan(case.context_lens, 2, PAGE, num_splits=splits))
@@ -177,7 +174,7 @@ def test_page_sizes_gathered_token_by_token(impl, runtime, PAGE):
 
 def test_shared_and_shuffled_pages_single_sequence(impl, runtime):
     case = make_paged_case(
-        small(runtime, [64, 40], [2048, 700]),
+        sizes(runtime, [64, 40], [2048, 700]),
         8,
         2,
         128,
@@ -187,19 +184,14 @@ def test_shared_and_shuffled_pages_single_sequence(impl, runtime):
         shared_prefix_pages=2,
     )
     check(impl, case)  # the planner's own choice
-    one = make_paged_case([small(runtime, 150, 32768)], 32, 8, 128, 16, device=runtime.device, seed=7)
+    one = make_paged_case([sizes(runtime, 150, 32768)], 32, 8, 128, 16, device=runtime.device, seed=7)
     check(impl, one)  # B = 1: the case split-KV exists for
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("dtype", [torch.float16, bf16_on_gpu_only()], ids=["fp16", "bf16"])
 def test_dtypes(impl, runtime, dtype):
-    if dtype == torch.bfloat16 and runtime.interpreter:
-        pytest.skip(
-            "bf16 runs on a GPU only: the Triton interpreter's tl.dot returns garbage for bf16 "
-            "(seen in Triton 3.6 and 3.9)"
-        )
     case = make_paged_case(
-        small(runtime, [33, 4], [1500, 17]), 8, 2, 128, 16, dtype=dtype, device=runtime.device, seed=8
+        sizes(runtime, [33, 4], [1500, 17]), 8, 2, 128, 16, dtype=dtype, device=runtime.device, seed=8
     )
     check(impl, case, plan=impl.plan(case.context_lens, 2, 16, num_splits=3))
 
@@ -215,8 +207,8 @@ def test_page_index_widened_to_int64(impl, runtime):
         )
     Hkv, D = 1, 128
     for PAGE, lens, splits in (
-        (16, small(runtime, [40, 7], [300, 45]), (1, 3)),
-        (8, [small(runtime, 40, 100)], (2,)),
+        (16, sizes(runtime, [40, 7], [300, 45]), (1, 3)),
+        (8, [sizes(runtime, 40, 100)], (2,)),
     ):
         first = 2**32 // (PAGE * Hkv * D) + 8  # every used block id is past the int32 limit, wrapped past 0
         case = make_paged_case(
@@ -283,17 +275,49 @@ def test_merge_states_lse_beyond_fp32_exp_range(impl, runtime):
     """lse values near +200 and -200 are legal (large scores, a large scale): e^lse overflows fp32 past
     88.7 and underflows below -103, so a merge that weighs the parts by e^lse directly, instead of
     e^(lse - max), gives inf / inf or 0 / 0. Rows 0-7 both parts high, 8-15 both low, 16-23 one high
-    and one low (the low part then weighs e^-300 = 0)."""
+    and one low (the low part then weighs e^-300 = 0). Rows 24-31 have both lse near -100: e^lse is an
+    fp32 subnormal there (below e^-87.3) with only a few bits left, so e^lse weights are off by about
+    1% with no NaN anywhere: the absolute lse matters, not the gap between the parts."""
     gen = torch.Generator().manual_seed(seeded(24))
-    R, D, dev = 24, 32, runtime.device
+    R, D, dev = 32, 32, runtime.device
     s = torch.randn(R, 16, generator=gen) * 2
     v = torch.randn(R, 16, D, generator=gen)
-    shift_a = torch.tensor([200.0] * 8 + [-200.0] * 8 + [150.0] * 8)[:, None]  # [R, 1]
-    shift_b = torch.tensor([205.0] * 8 + [-190.0] * 8 + [-150.0] * 8)[:, None]
+    shift_a = torch.tensor([200.0] * 8 + [-200.0] * 8 + [150.0] * 8 + [-102.0] * 8)[:, None]  # [R, 1]
+    shift_b = torch.tensor([205.0] * 8 + [-190.0] * 8 + [-150.0] * 8 + [-102.5] * 8)[:, None]
     s_a, s_b = s[:, :6] + shift_a, s[:, 6:] + shift_b
     (o_a, lse_a), (o_b, lse_b) = _state(s_a, v[:, :6]), _state(s_b, v[:, 6:])
     want_o, want_lse = _state(torch.cat([s_a, s_b], dim=1), v)
     o, lse = impl.merge_states(o_a.to(dev), lse_a.to(dev), o_b.to(dev), lse_b.to(dev))
+    assert_close(o, want_o, ("row", "d"), atol=1e-4, rtol=1e-4, rel=1e-4)
+    assert_close(lse, want_lse, ("row",), atol=1e-4, rtol=1e-5, rel=1e-5)
+
+
+def _base2_lse(scores):
+    """lse in base 2, as a library that works with exp2 returns it (FlashInfer's kernels, by default):
+    the running max and sum taken in base-2 units, log2 sum 2^(s log2 e) = m + log2 l. scores [R, n]."""
+    s2 = scores.float() * LOG2E
+    m = s2.max(dim=-1).values
+    return m + torch.log2(torch.exp2(s2 - m[:, None]).sum(dim=-1))
+
+
+def test_library_base2_lse_merged_after_times_ln2(impl, runtime):
+    """Two states whose lse comes in base 2, as FlashInfer's kernels return it, converted the way section
+    3.5 teaches (times ln 2) and merged by your merge_states: the result must be the softmax over the
+    union. Part b sits 1 to 4 above or below part a, where the base decides the weights; the grader first
+    checks that a merge fed the unconverted base-2 lse would be off here, so the case can tell."""
+    gen = torch.Generator().manual_seed(seeded(26))
+    R, D, dev = 16, 32, runtime.device
+    s = torch.randn(R, 20, generator=gen)
+    s[:, 12:] += torch.linspace(-4.0, 4.0, R)[:, None]  # [R, 20]: part b is keys 12..19
+    v = torch.randn(R, 20, D, generator=gen)
+    (o_a, _), (o_b, _) = _state(s[:, :12], v[:, :12]), _state(s[:, 12:], v[:, 12:])
+    lse2_a, lse2_b = _base2_lse(s[:, :12]), _base2_lse(s[:, 12:])  # [R] each, base 2
+    want_o, want_lse = _state(s, v)
+    # The mistake the conversion prevents: base-2 lse weighed as natural log, e^(lse2_a - lse2_b).
+    w_a = torch.sigmoid(lse2_a - lse2_b)[:, None]  # e^a / (e^a + e^b)
+    wrong = w_a * o_a + (1 - w_a) * o_b
+    assert mismatch(wrong, want_o, ("row", "d"), atol=1e-4, rtol=1e-4, rel=1e-4) is not None
+    o, lse = impl.merge_states(o_a.to(dev), (lse2_a * LN2).to(dev), o_b.to(dev), (lse2_b * LN2).to(dev))
     assert_close(o, want_o, ("row", "d"), atol=1e-4, rtol=1e-4, rel=1e-4)
     assert_close(lse, want_lse, ("row",), atol=1e-4, rtol=1e-5, rel=1e-5)
 
@@ -541,6 +565,14 @@ MISTAKES = [
         question="Your kernel works in base 2 (exp2, scores times log2 e): in which base is m_i + "
         "log2(l_i), and in which base must lse be returned?",
         section="3.3",
+    ),
+    Mistake(
+        2,
+        fails=("test_library_base2_lse_merged_after_times_ln2", "test_merge_states_equals_one_shot_softmax"),
+        passes=("test_lse_is_natural_log", EVERY_SPLIT),
+        question="merge_states gets its lse in natural log, as torch.logsumexp gives it: in which base do "
+        "your weights and your returned lse work, if you use exp2 and log2 there?",
+        section="3.5",
     ),
     Mistake(
         3,

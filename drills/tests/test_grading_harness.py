@@ -14,7 +14,6 @@ import os
 import re
 import subprocess
 import sys
-import types
 
 import pytest
 import torch
@@ -309,7 +308,7 @@ def test_hint_follows_the_diagnosed_mistake(tmp_path, monkeypatch, capsys):
     )
 
     def hint(restart=False):
-        assert learner.cmd_hint(types.SimpleNamespace(lesson="t1", restart=restart)) == 0
+        assert learner.hint(T1, restart=restart) == 0
         return capsys.readouterr().out
 
     first = hint()

@@ -16,7 +16,7 @@ import torch
 from drills.compare import assert_close, assert_untouched, mismatch
 from drills.grading.diagnose import Mistake
 from drills.solutions.l2_paged_decode import paged_decode
-from drills.tests import raises_naming, seeded
+from drills.tests import raises_naming, seeded, sizes
 from drills.tests.bigmem import free_bytes, sparse_empty
 from drills.tests.launches import assert_runs_a_triton_kernel
 from drills.tests.paged_kv import GARBAGE_BLOCK_IDS, gather_kv, paged_attention_reference
@@ -154,10 +154,6 @@ MISTAKES = [
         section="3.4",
     ),
 ]
-
-
-def sizes(runtime, small, large):
-    return small if runtime.interpreter else large
 
 
 # --- Helpers: tables from your allocator, caches inside a canary ------------------------------------

@@ -14,7 +14,7 @@ import torch
 
 from drills.compare import assert_close, mismatch
 from drills.grading.diagnose import Mistake
-from drills.tests import bigmem, seeded
+from drills.tests import bf16_on_gpu_only, bigmem, seeded, sizes
 from drills.tests.launches import assert_runs_a_triton_kernel
 from drills.tests.paged_kv import (
     call_with_canary_out,
@@ -42,10 +42,6 @@ def check(impl, case, scale=None, **tol):
     ref, _ = paged_attention_reference(*case.args, scale=scale)
     assert_close(out, ref, DIMS, **tol)
     return out
-
-
-def lens_for(runtime, small, large):
-    return small if runtime.interpreter else large
 
 
 # --- Section 2 "By hand": the worked example through your kernel -------------------------------------
@@ -79,7 +75,7 @@ def test_last_page_is_masked(impl, runtime, PAGE):
     """Lengths 1, PAGE - 1, PAGE, PAGE + 1 and others: the stale tail of every last page is NaN. Real
     scores are high (about +40), so a tail key would get no weight even scored 0: this check is about
     the loads; test_tail_keys_get_no_weight is about the scores."""
-    lens = [1, PAGE - 1, PAGE, PAGE + 1, 2 * PAGE - 3] + lens_for(runtime, [], [3 * PAGE, 777, 1000])
+    lens = [1, PAGE - 1, PAGE, PAGE + 1, 2 * PAGE - 3] + sizes(runtime, [], [3 * PAGE, 777, 1000])
     case = shift_scores(make_paged_case(lens, 8, 2, 64, PAGE, device=runtime.device, seed=PAGE), 40.0)
     check(impl, case)
 
@@ -116,17 +112,19 @@ def test_tail_keys_get_no_weight(impl, runtime):
 def test_kv_head_grouping_is_contiguous(impl, runtime, Hq, Hkv):
     """Query head h reads KV head h // GROUP, not h % Hkv (interleaved). GROUP > 16 needs GROUP_PAD > 16.
     Interleaved and contiguous agree when GROUP = 1 (MHA) or Hkv = 1 (MQA): those cases pass either way."""
-    lens = lens_for(runtime, [20, 9], [300, 129, 64])
+    lens = sizes(runtime, [20, 9], [300, 129, 64])
     case = make_paged_case(lens, Hq, Hkv, 64, 16, device=runtime.device, seed=Hq * 7 + Hkv)
     check(impl, case)
 
 
 def test_padding_rows_not_written(impl, runtime):
-    """GROUP = 4 is padded to 16 rows for tl.dot; only the 4 real rows may be stored. Every test
+    """GROUP = 4 is padded to GROUP_PAD = 16 rows; only the 4 real rows may be stored. A padding row has
+    q = 0, so every key scores 0 and gets the same weight: it holds the mean of V, finite and plausible,
+    and stored it overwrites the next KV head's query heads (or lands past the end of out). Every test
     checks the canary around `out`; this one makes padding the whole story: 12 of 16 rows are padding."""
     case = make_paged_case([40, 16, 3], 8, 2, 64, 16, device=runtime.device, seed=3)
     out = run_into_canary(impl, case)
-    assert not torch.isnan(out).any(), "NaN in out (a padding row's 0/0 stored over a real head?)"
+    assert not torch.isnan(out).any(), "NaN in out: a real head's row is 0/0 or read something poisoned"
     ref, _ = paged_attention_reference(*case.args)
     assert_close(out, ref, DIMS)
 
@@ -134,7 +132,7 @@ def test_padding_rows_not_written(impl, runtime):
 def test_online_softmax_rescales_old_pages(impl, runtime):
     """Scores grow page after page, so the running max changes on every page: dropping the rescale
     factor alpha = exp(m_old - m_new) leaves the early pages over-weighted."""
-    n, D = lens_for(runtime, 80, 2000), 64
+    n, D = sizes(runtime, 80, 2000), 64
     case = make_paged_case([n], 4, 1, D, 16, device=runtime.device, seed=11, poison=False)
     t = torch.arange(n, device=runtime.device)
     blocks, slots = case.block_tables[0].long()[t // 16], t % 16  # where token t lives
@@ -207,7 +205,7 @@ def test_single_token_context_returns_its_value_row(impl, runtime):
 def test_pages_are_looked_up_through_the_block_table(impl, runtime):
     """Shuffled physical pages, page 0 of the pool in use, and a prefix of full pages shared by every
     sequence (as prefix caching produces)."""
-    lens = lens_for(runtime, [35, 48, 70], [1000, 513, 2048, 640])
+    lens = sizes(runtime, [35, 48, 70], [1000, 513, 2048, 640])
     case = make_paged_case(lens, 8, 2, 64, 16, device=runtime.device, seed=19, shared_prefix_pages=2)
     assert (case.block_tables[:, :2] == case.block_tables[0, :2]).all()
     check(impl, case)
@@ -226,14 +224,14 @@ def test_pages_are_looked_up_through_the_block_table(impl, runtime):
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("PAGE", [16, 32])
 def test_head_dims_and_page_sizes(impl, runtime, D, PAGE):
-    lens = lens_for(runtime, [2 * PAGE + 3, 5], [4000, 1, 333, 2 * PAGE])
+    lens = sizes(runtime, [2 * PAGE + 3, 5], [4000, 1, 333, 2 * PAGE])
     case = make_paged_case(lens, 8, 2, D, PAGE, device=runtime.device, seed=D + PAGE)
     check(impl, case)
 
 
 def test_single_sequence_long_context(impl, runtime):
     """B = 1: the whole grid is Hkv programs, each walking every page."""
-    n = lens_for(runtime, 150, 32768)
+    n = sizes(runtime, 150, 32768)
     case = make_paged_case([n], 32, 8, 128, 16, device=runtime.device, seed=29)
     check(impl, case)
 
@@ -247,15 +245,10 @@ def test_large_ragged_batch(impl, runtime):
     check(impl, case)
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("dtype", [torch.float16, bf16_on_gpu_only()], ids=["fp16", "bf16"])
 def test_dtypes(impl, runtime, dtype):
-    if dtype == torch.bfloat16 and runtime.interpreter:
-        pytest.skip(
-            "bf16 runs on a GPU only: the Triton interpreter's tl.dot returns garbage for bf16 "
-            "(seen in Triton 3.6 and 3.9)"
-        )
     case = make_paged_case(
-        lens_for(runtime, [33, 4], [1500, 17, 256]),
+        sizes(runtime, [33, 4], [1500, 17, 256]),
         8,
         2,
         128,
@@ -280,7 +273,7 @@ def test_page_index_widened_to_int64(impl, runtime):
     stride = PAGE * Hkv * D  # elements per block
     first = 2**32 // stride + 8  # every used block id is past the int32 limit, wrapped past 0
     case = make_paged_case(
-        lens_for(runtime, [40, 7], [300, 45]),
+        sizes(runtime, [40, 7], [300, 45]),
         4,
         Hkv,
         D,

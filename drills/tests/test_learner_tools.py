@@ -12,12 +12,11 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import types
 
 import pytest
 
 import drills.runtime
-from drills import contract, explainer, grading, learner
+from drills import bench, contract, doctor, explainer, grading, learner
 from drills.grading import run
 from drills.lessons import LESSONS, ROOT, find
 from drills.tests import seeded
@@ -45,10 +44,6 @@ def mine(tmp_path, monkeypatch):
     return folder
 
 
-def args(**kwargs):
-    return types.SimpleNamespace(**kwargs)
-
-
 def solve_t1(folder, extra=""):
     (folder / f"{T1.stem}.py").write_text(T1.solution.read_text() + extra)
 
@@ -58,7 +53,7 @@ def solve_t1(folder, extra=""):
 
 def test_progress_shows_a_correct_kernel_as_passing(mine, capsys):
     solve_t1(mine)
-    assert learner.cmd_progress(args()) == 0
+    assert learner.progress() == 0
     out = capsys.readouterr().out
     t1_line = next(line for line in out.splitlines() if line.startswith("t1 "))
     assert t1_line.rstrip().endswith("passing") and "checks passing" not in t1_line, out
@@ -117,11 +112,11 @@ def test_launch_counter_counts_each_launch_and_unpatches():
 
 
 def test_diff_waits_for_a_pass_then_shows_the_reference(mine, capsys):
-    assert learner.cmd_diff(args(lesson="t1")) == 1
+    assert learner.diff(T1) == 1
     assert "t1 must pass first (not started now)" in capsys.readouterr().out
     mine_file = mine / f"{T1.stem}.py"
     mine_file.write_text(T1.solution.read_text().replace("import torch\n", "import torch  # mine\n", 1))
-    assert learner.cmd_diff(args(lesson="t1")) == 0
+    assert learner.diff(T1) == 0
     out = capsys.readouterr().out
     assert "t1 passes" in out and "--- drills/solutions/t1_vector_add.py (reference)" in out
     assert "+import torch  # mine" in out and "-import torch\n" in out
@@ -135,16 +130,16 @@ def test_reset_leaves_the_backup_it_names(mine, tmp_path, capsys):
         pytest.skip("not a git checkout: reset needs the committed stub")
     mine_file = mine / f"{T1.stem}.py"
     mine_file.write_text("# my work in progress\n")
-    assert learner.cmd_reset(args(lesson="t1")) == 0
+    assert learner.reset(T1) == 0
     out = capsys.readouterr().out
     backups = list((tmp_path / "state" / "backups").glob("t1_vector_add-*.py"))
     assert len(backups) == 1 and backups[0].read_text() == "# my work in progress\n"
     assert grading.relative(backups[0]) in out
     assert mine_file.read_text() == contract.pristine_stub_source(T1)
-    assert learner.cmd_reset(args(lesson="t1")) == 0  # already the stub: nothing to do, nothing lost
+    assert learner.reset(T1) == 0  # already the stub: nothing to do, nothing lost
     assert "already the untouched stub" in capsys.readouterr().out
     mine_file.write_text("# second try\n")
-    learner.cmd_reset(args(lesson="t1"))
+    learner.reset(T1)
     assert len(list((tmp_path / "state" / "backups").glob("t1_vector_add-*.py"))) == 2
 
 
@@ -152,7 +147,7 @@ def test_reset_leaves_the_backup_it_names(mine, tmp_path, capsys):
 
 
 def test_hint_on_an_untouched_stub_says_where_to_start(mine, capsys):
-    assert learner.cmd_hint(args(lesson="l2", restart=False)) == 0
+    assert learner.hint(find("l2")) == 0
     out = capsys.readouterr().out
     assert "l2 is not started" in out and "drills/content/l2_paged_decode.md" in out
 
@@ -219,14 +214,14 @@ def test_watch_regrades_after_each_save(mine, monkeypatch, capsys):
         return learner.Grade(lesson, "not started", message="t1 is not started")
 
     monkeypatch.setattr(learner, "grade", fake_grade)
-    learner.watch(T1, interval=0.01, max_runs=2)
+    learner.regrade_on_save(T1, interval=0.01, max_runs=2)
     assert len(graded) == 2 and graded[1].endswith("# saved again\n")
     assert capsys.readouterr().out.count("t1 is not started") == 2
 
 
 def test_watch_grades_for_real_and_stops_on_ctrl_c(mine, monkeypatch, capsys):
     solve_t1(mine)
-    assert learner.cmd_watch(args(lesson="t1", interval=0.01, max_runs=1)) == 0
+    assert learner.watch(T1, interval=0.01, max_runs=1) == 0
     out = capsys.readouterr().out
     assert "t1: passing" in out and "make diff L=t1" in out
 
@@ -235,7 +230,7 @@ def test_watch_grades_for_real_and_stops_on_ctrl_c(mine, monkeypatch, capsys):
 
     monkeypatch.setattr(learner.time, "sleep", interrupted)
     monkeypatch.setattr(learner, "grade", lambda lesson: learner.Grade(lesson, "not started"))
-    assert learner.cmd_watch(args(lesson="t1", interval=0.01, max_runs=None)) == 0
+    assert learner.watch(T1, interval=0.01, max_runs=None) == 0
     assert "watch: stopped" in capsys.readouterr().out
 
 
@@ -243,7 +238,7 @@ def test_watch_grades_for_real_and_stops_on_ctrl_c(mine, monkeypatch, capsys):
 
 
 def test_doctor_prints_versions_and_the_traps(capsys):
-    assert learner.cmd_doctor(args()) == 0
+    assert doctor.main() == 0
     out = capsys.readouterr().out
     for needle in (
         "python",
@@ -342,7 +337,7 @@ def test_bench_comparison_puts_yours_beside_the_reference():
     ]
     mine_rows = [dict(B=64, ctx=1024, ceiling_gbs=4000.0, l2_gbs=3000.0, l2_ceiling=0.75, sdpa_gbs=2000.0)]
     ref_rows = [dict(B=64, ctx=1024, ceiling_gbs=4100.0, l2_gbs=3900.0, l2_ceiling=0.95, sdpa_gbs=2000.0)]
-    [line] = learner.compare_rows(find("l2"), columns, mine_rows, ref_rows)
+    [line] = bench.compare_rows(find("l2"), columns, mine_rows, ref_rows)
     assert line == "  B 64, ctx 1024: L2 GB/s 3000 (reference 3900); L2 / ceiling 0.75 (reference 0.95)"
 
 
@@ -442,3 +437,22 @@ def test_source_notes_check_can_fail():
     ):
         assert NAMES_NOTES.search(line) or PROSE_SEED.search(line), line
     assert not PROSE_SEED.search("`SEED=7 make test L=t1` grades other ones")
+
+
+# --- The notebooks: your file once it passes its grader, the reference until then ------------------
+
+
+def test_notebook_imports_your_file_only_once_it_passes(mine):
+    from drills.notebook import implementation
+
+    name = f"drills._learner_{T1.stem}"  # where contract.load_from_file puts the learner's module
+    sys.modules.pop(name, None)
+    module, note = implementation("t1")  # the untouched stub: not graded, not imported
+    assert module.__name__ == T1.module("solutions") and "REFERENCE" in note and "not started" in note, note
+    solve_t1(mine, TORCH_FALLBACK)  # right numbers, no kernel: graded failing
+    module, note = implementation("t1")
+    assert module.__name__ == T1.module("solutions") and "is failing: " in note, note
+    assert name not in sys.modules, "a failing file was imported into the notebook's process"
+    solve_t1(mine)  # a copy of the reference: graded passing, then imported from that copy
+    module, note = implementation("t1")
+    assert "runs YOUR" in note and module.__file__ == str(mine / f"{T1.stem}.py"), note

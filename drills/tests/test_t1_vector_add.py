@@ -12,7 +12,7 @@ import torch
 
 from drills.compare import assert_close, assert_untouched, mismatch
 from drills.grading.diagnose import Mistake
-from drills.tests import seeded
+from drills.tests import bf16_on_gpu_only, seeded, sizes
 from drills.tests.launches import assert_runs_a_triton_kernel, record_launches
 
 DIMS = ("i",)
@@ -149,15 +149,10 @@ def test_each_program_adds_its_own_block(impl, runtime, n):
 
 
 @pytest.mark.parametrize(
-    "dtype", [torch.float16, torch.bfloat16, torch.float32], ids=["fp16", "bf16", "fp32"]
+    "dtype", [torch.float16, bf16_on_gpu_only(), torch.float32], ids=["fp16", "bf16", "fp32"]
 )
 def test_dtypes(impl, runtime, dtype):
-    if dtype == torch.bfloat16 and runtime.interpreter:
-        pytest.skip(
-            "bf16 runs on a GPU only (the course's rule for the Triton interpreter, whose bf16 "
-            "support is partial: its tl.dot returns garbage in Triton 3.6 and 3.9)"
-        )
-    n = 5_000 if runtime.interpreter else 1_000_003
+    n = sizes(runtime, 5_000, 1_000_003)
     check(impl, *make_inputs(n, dtype, runtime.device, seed=7))
 
 

@@ -12,7 +12,7 @@ import torch
 
 from drills.compare import assert_close, assert_untouched, mismatch
 from drills.grading.diagnose import Mistake
-from drills.tests import seeded
+from drills.tests import bf16_on_gpu_only, seeded, sizes
 from drills.tests.bigmem import free_bytes, sparse_empty
 from drills.tests.launches import assert_runs_a_triton_kernel, record_launches
 
@@ -132,7 +132,7 @@ def test_by_hand_two_blocks_of_2_three_passes(impl, runtime):
 def test_non_power_of_two_1823x781(impl, runtime, dtype):
     """781 columns in a block of 1024: 243 padded lanes per row, 1823 rows (the interpreter takes a few
     ms a row, and the grader runs every launch twice, so it runs the first 203 rows there)."""
-    M = 203 if runtime.interpreter else 1823
+    M = sizes(runtime, 203, 1823)
     check(impl, randn(M, 781, dtype, runtime.device, seed=1823))
 
 
@@ -226,15 +226,10 @@ def test_rows_sum_to_one(impl, runtime, where):
 
 
 @pytest.mark.parametrize(
-    "dtype", [torch.float16, torch.bfloat16, torch.float32], ids=["fp16", "bf16", "fp32"]
+    "dtype", [torch.float16, bf16_on_gpu_only(), torch.float32], ids=["fp16", "bf16", "fp32"]
 )
 def test_dtypes(impl, runtime, dtype):
-    if dtype == torch.bfloat16 and runtime.interpreter:
-        pytest.skip(
-            "bf16 runs on a GPU only (the course's rule for the Triton interpreter, whose bf16 "
-            "support is partial: its tl.dot returns garbage in Triton 3.6 and 3.9)"
-        )
-    M, N = (21, 1000) if runtime.interpreter else (4096, 3000)
+    M, N = sizes(runtime, (21, 1000), (4096, 3000))
     out = check(impl, randn(M, N, dtype, runtime.device, seed=14, scale=3.0))
     assert out.dtype == dtype
 

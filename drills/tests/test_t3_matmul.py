@@ -12,7 +12,7 @@ import torch
 
 from drills.compare import assert_close, assert_untouched, mismatch
 from drills.grading.diagnose import Mistake
-from drills.tests import seeded
+from drills.tests import bf16_on_gpu_only, seeded, sizes
 from drills.tests.bigmem import sparse_empty
 from drills.tests.launches import assert_runs_a_triton_kernel, record_launches
 
@@ -211,7 +211,7 @@ def test_store_masked_at_m_and_n_edges(impl, runtime, M, N, K):
 
 def test_k_longer_than_one_block(impl, runtime):
     """Many K steps: the pointers must advance by BLOCK_K along K (stride_ak for A, stride_bk for B)."""
-    K = 300 if runtime.interpreter else 2500
+    K = sizes(runtime, 300, 2500)
     a, b = inputs(40, 70, K, runtime.device, seed=3)
     check(impl, a, b)
 
@@ -284,15 +284,10 @@ def test_loads_stay_inside_a_and_b(impl, runtime):
     check(impl, a, b)
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("dtype", [torch.float16, bf16_on_gpu_only()], ids=["fp16", "bf16"])
 def test_dtypes(impl, runtime, dtype):
     """The output has the inputs' dtype, rounded from fp32 once."""
-    if dtype == torch.bfloat16 and runtime.interpreter:
-        pytest.skip(
-            "bf16 runs on a GPU only: the Triton interpreter's tl.dot returns garbage for bf16 "
-            "(seen in Triton 3.6 and 3.9)"
-        )
-    M, N, K = (37, 100, 61) if runtime.interpreter else (1031, 1100, 1000)
+    M, N, K = sizes(runtime, (37, 100, 61), (1031, 1100, 1000))
     a, b = inputs(M, N, K, runtime.device, seed=17, dtype=dtype)
     out = check(impl, a, b)
     assert out.dtype == dtype

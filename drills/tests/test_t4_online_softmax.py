@@ -15,7 +15,7 @@ import torch
 
 from drills.compare import assert_close, assert_untouched, mismatch
 from drills.grading.diagnose import Mistake
-from drills.tests import seeded
+from drills.tests import bf16_on_gpu_only, seeded, sizes
 from drills.tests.launches import assert_runs_a_triton_kernel
 
 # The explainer's hand trace of x = [2, 1, 4, 3], one element per block, to four decimals.
@@ -81,10 +81,6 @@ def assert_stats_close(m, l, m_ref, l_ref, dims=("row",), **tol):
     if (~empty).any():
         assert_close(m[~empty], m_ref[~empty], **tol)
     assert_close(l, l_ref, dims, **tol)
-
-
-def sizes(runtime, cpu, gpu):
-    return cpu if runtime.interpreter else gpu
 
 
 def randn(shape, runtime, seed, dtype=torch.float32, scale=1.0):
@@ -302,15 +298,10 @@ def test_large_non_power_of_two_sizes(impl, runtime):
 
 
 @pytest.mark.parametrize(
-    "dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"]
+    "dtype", [torch.float32, torch.float16, bf16_on_gpu_only()], ids=["fp32", "fp16", "bf16"]
 )
 def test_dtypes(impl, runtime, dtype):
     """Statistics are fp32 whatever x is; p comes back in x's dtype."""
-    if dtype == torch.bfloat16 and runtime.interpreter:
-        pytest.skip(
-            "bf16 is checked on a GPU only, the course's rule under the Triton interpreter "
-            "(whose bf16 tl.dot returns garbage in Triton 3.6 and 3.9)"
-        )
     x = randn(sizes(runtime, (5, 90), (1823, 781)), runtime, seed=9, dtype=dtype, scale=3.0)
     check_stats(impl, x, block=32)
     out = check_softmax(impl, x, block=32)

@@ -14,7 +14,7 @@ import torch
 
 from drills.compare import assert_close, assert_untouched, mismatch
 from drills.grading.diagnose import Mistake
-from drills.tests import seeded
+from drills.tests import bf16_on_gpu_only, seeded, sizes
 from drills.tests.launches import assert_runs_a_triton_kernel, record_launches
 
 DIMS = ("b", "head", "query", "d")  # how a mismatch names its position
@@ -128,10 +128,6 @@ def assert_lse_close(lse, ref_lse):
     bad = empty & (lse != float("-inf"))
     assert not bad.any(), f"{int(bad.sum())} rows that see no key have lse != -inf, e.g. {lse[bad][0].item()}"
     assert_close(lse.masked_fill(empty, 0.0), ref_lse.masked_fill(empty, 0.0), LSE_DIMS, **LSE_TOL)
-
-
-def pick(runtime, small, large):
-    return small if runtime.interpreter else large
 
 
 # --- Section 2 "By hand": the 4 x 2 worked example through your kernel --------------------------------
@@ -251,7 +247,7 @@ def test_running_max_starts_at_minus_inf(impl, runtime):
 def test_online_softmax_rescales_old_blocks(impl, runtime):
     """Scores rise with the key position, so the running max grows block after block: dropping the
     rescale factor alpha = exp2(m_old - m_new) leaves early blocks over-weighted by up to e^11."""
-    Nq, Nk, D = 20, pick(runtime, 90, 1000), 64
+    Nq, Nk, D = 20, sizes(runtime, 90, 1000), 64
     q, k, v = make_qkv(1, 1, 1, Nq, Nk, D, device=runtime.device, seed=7)
     q0 = q[0, 0, 0].float()  # [D]; every query row is close to it
     q.copy_((q0 + 0.1 * q[0, 0].float()).to(q.dtype))
@@ -331,7 +327,7 @@ def test_keys_are_walked_block_by_block(impl, runtime):
         assert c.grid in ((), (3, 2, 1)), (
             f"grid {c.grid} for Nq = 45, BLOCK_M = 16, B * H = 2; expected (3, 2, 1)"
         )
-    Nk = pick(runtime, 100, 1000)
+    Nk = sizes(runtime, 100, 1000)
     q, k, v = make_qkv(1, 2, 1, 64, Nk, 64, device=runtime.device, seed=79)
     with record_launches(impl) as launches:
         impl.flash_attention(q, k, v)
@@ -413,14 +409,9 @@ def test_head_dims(impl, runtime, D):
     check(impl, q, k, v, causal=True)
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("dtype", [torch.float16, bf16_on_gpu_only()], ids=["fp16", "bf16"])
 def test_dtypes(impl, runtime, dtype):
-    if dtype == torch.bfloat16 and runtime.interpreter:
-        pytest.skip(
-            "bf16 runs on a GPU only: the Triton interpreter's tl.dot returns garbage for bf16 "
-            "(seen in Triton 3.6 and 3.9)"
-        )
-    B, H, Hkv, Nq, Nk = pick(runtime, (1, 2, 1, 30, 50), (2, 4, 2, 700, 1500))
+    B, H, Hkv, Nq, Nk = sizes(runtime, (1, 2, 1, 30, 50), (2, 4, 2, 700, 1500))
     q, k, v = make_qkv(B, H, Hkv, Nq, Nk, 128, dtype=dtype, device=runtime.device, seed=41)
     for causal in (False, True):
         out, lse = attend(impl, q, k, v, causal=causal, return_lse=True)

@@ -1,0 +1,260 @@
+"""L4 benchmark: paged prefill over a cached prefix, on the shapes of the lesson's issue (pure prefill,
+chunked prefill, a long prefix, and a mixed batch of prefill chunks and decode rows).
+
+Every implementation does the same causal work, counted exactly: 4 * Hq * D * (sum over the new tokens
+of the keys each one sees), so all are reported in TFLOP/s and as a fraction of the GPU's datasheet fp16
+rate. Peers: FlashInfer's BatchPrefillWithPagedKVCacheWrapper on the same paged cache with its fa2 and
+fa3 backends (when flashinfer imports), T5's kernel and torch SDPA (bottom-right causal) on the same KV
+gathered into contiguous tensors beforehand (the gather not timed: an upper reference without paging).
+Each output is checked against a per-sequence SDPA reference before it is timed.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from drills import bench
+from drills.compare import assert_close
+
+HQ, HKV, D, PAGE = 32, 8, 128, 16
+# (label, [(cached, new) per sequence])
+ROWS = [
+    ("pure prefill", [(0, 8192)]),
+    ("chunked", [(2048, 512)] * 8),
+    ("chunked", [(1024, 128)] * 32),
+    ("long prefix", [(16384, 2048)] * 4),
+    ("mixed", [(1024, 512)] * 4 + [(2047, 1)] * 60),  # 4 prefill chunks and 60 decode rows of ctx 2048
+]
+
+COLUMNS = [
+    ("row", "row"),
+    ("B", "B"),
+    ("shape", "(cached, new) per sequence"),
+    ("config", "BLOCK_M x BLOCK_N, warps, stages"),
+    ("l4_us", "L4 us"),
+    ("l4_tflops", "L4 TFLOP/s"),
+    ("l4_peak", "L4 / datasheet"),
+    ("fa2_tflops", "FlashInfer fa2 TFLOP/s"),
+    ("fa3_tflops", "FlashInfer fa3 TFLOP/s"),
+    ("vs_fa3", "L4 / fa3"),
+    ("vs_best", "L4 / best FlashInfer"),
+    ("t5_tflops", "T5 gathered TFLOP/s"),
+    ("sdpa_tflops", "SDPA gathered TFLOP/s"),
+]
+
+
+def causal_flops(seqs) -> float:
+    """4 * Hq * D * sum over new tokens of the keys each sees: new token i after `cached` tokens sees
+    cached + i + 1 keys."""
+    keys = sum(new * cached + new * (new + 1) // 2 for cached, new in seqs)
+    return 4.0 * HQ * D * keys
+
+
+def make_inputs(seqs, dtype=torch.float16):
+    """A shuffled page pool holding every sequence's cached + new tokens, and the packed new queries."""
+    ctx = [cached + new for cached, new in seqs]
+    pages = [math.ceil(n / PAGE) for n in ctx]
+    k_cache = torch.randn(sum(pages), PAGE, HKV, D, device="cuda", dtype=dtype)  # [num_blocks, PAGE, Hkv, D]
+    v_cache = torch.randn_like(k_cache)
+    ids = torch.randperm(sum(pages), device="cuda").to(torch.int32)
+    block_tables = torch.zeros(len(seqs), max(pages), dtype=torch.int32, device="cuda")  # [B, max_pages]
+    first = 0
+    for b, p in enumerate(pages):
+        block_tables[b, :p] = ids[first : first + p]
+        first += p
+    q_lens = [new for _, new in seqs]
+    cu = torch.tensor([0] + q_lens, device="cuda").cumsum(0).to(torch.int32)  # [B + 1]
+    context_lens = torch.tensor(ctx, dtype=torch.int32, device="cuda")  # [B]
+    q = torch.randn(sum(q_lens), HQ, D, device="cuda", dtype=dtype)  # [total_q, Hq, D]
+    return q, k_cache, v_cache, block_tables, cu, context_lens
+
+
+def gathered(cache, table_row, n):
+    """The first n tokens of one sequence as [1, Hkv, n, D], contiguous."""
+    pages = table_row[: math.ceil(n / PAGE)].long()
+    return cache[pages].reshape(-1, HKV, D)[:n].transpose(0, 1)[None].contiguous()
+
+
+def sdpa_bottom_right(q, k, v):
+    """q [B, Hq, Nq, D], k, v [B, Hkv, Nk, D]: SDPA with the bottom-right causal mask (query i sees
+    keys j <= i + Nk - Nq), GQA by enable_gqa."""
+    from torch.nn.attention.bias import causal_lower_right
+
+    mask = causal_lower_right(q.shape[2], k.shape[2])
+    if k.shape[1] != q.shape[1]:  # the causal bias has no GQA path: repeat the KV heads (contiguous grouping)
+        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+        v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def reference(q, k_cache, v_cache, block_tables, cu, context_lens):
+    """[total_q, Hq, D]: each sequence through SDPA on its gathered KV (the check before timing)."""
+    out = torch.empty_like(q)
+    cu_list, ctx = cu.tolist(), context_lens.tolist()
+    for b, n in enumerate(ctx):
+        first, last = cu_list[b], cu_list[b + 1]
+        qb = q[first:last].transpose(0, 1)[None]  # [1, Hq, new, D]
+        kb, vb = gathered(k_cache, block_tables[b], n), gathered(v_cache, block_tables[b], n)
+        out[first:last] = sdpa_bottom_right(qb, kb, vb)[0].transpose(0, 1)
+    return out
+
+
+def flashinfer_prefill(backend, q, k_cache, v_cache, block_tables, cu, context_lens):
+    """FlashInfer's paged prefill on the same cache with the given backend ("fa2" or "fa3"), plan() done
+    here, outside the timing; None when FlashInfer is not installed."""
+    try:
+        import flashinfer
+    except ImportError:
+        return None
+    pages = (context_lens + PAGE - 1) // PAGE  # [B]
+    kv_indptr = torch.cat([torch.zeros(1, dtype=torch.int32, device="cuda"), pages.cumsum(0).to(torch.int32)])
+    live = torch.arange(block_tables.shape[1], device="cuda")[None, :] < pages[:, None]
+    kv_indices = block_tables[live]  # [total pages], sequence by sequence, in order
+    last = (context_lens - 1) % PAGE + 1  # tokens in each last page, 1..PAGE
+    workspace = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device="cuda")
+    wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD", backend=backend)
+    wrapper.plan(
+        cu,
+        kv_indptr,
+        kv_indices,
+        last.to(torch.int32),
+        HQ,
+        HKV,
+        D,
+        PAGE,
+        causal=True,
+        q_data_type=q.dtype,
+        kv_data_type=k_cache.dtype,
+    )
+    return lambda: wrapper.run(q, (k_cache, v_cache))
+
+
+def timed_us(fn) -> float:
+    """A CUDA-graph replay when fn can be captured (GPU time without Python's launch overhead), else eager."""
+    try:
+        return bench.time_us(fn, graph=True)
+    except Exception:
+        torch.cuda.synchronize()
+        return bench.time_us(fn)
+
+
+def run(impl) -> tuple[bench.Table, list[str]]:
+    from drills.solutions import t5_flash_attention as t5
+
+    table = bench.Table(COLUMNS)
+    peak = bench.peak_tflops_fp16()
+    errors = {}
+    for label, seqs in ROWS:
+        args = make_inputs(seqs)
+        q, k_cache, v_cache, block_tables, cu, context_lens = args
+        scale = 1.0 / math.sqrt(D)
+        out = torch.empty_like(q)
+        expected = reference(*args).float()
+        assert_close(impl.paged_prefill(*args), expected)
+        work = causal_flops(seqs)
+        bm, bn, warps, stages = impl._config(D, q.shape[0] / len(seqs))
+        us = timed_us(lambda: impl._launch(*args, scale, out))
+        B = len(seqs)
+        shapes = sorted(set(seqs), key=seqs.index)
+        row = dict(
+            row=label,
+            B=B,
+            shape=" + ".join(f"{seqs.count(s)} x {s}" for s in shapes),
+            config=f"{bm}x{bn}, {warps}, {stages}",
+            l4_us=us,
+            l4_tflops=bench.tflops(work, us),
+        )
+        row["l4_peak"] = row["l4_tflops"] / peak if peak else None
+        for backend in ("fa2", "fa3"):
+            try:
+                fi = flashinfer_prefill(backend, *args)
+                if fi is not None:
+                    assert_close(fi(), expected)
+                    row[f"{backend}_tflops"] = bench.tflops(work, timed_us(fi))
+            except Exception as exc:  # a backend this GPU or build lacks is a note, not a crash
+                errors[backend] = (
+                    f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+                )
+        if row.get("fa3_tflops"):
+            row["vs_fa3"] = row["l4_tflops"] / row["fa3_tflops"]
+        best = max((row.get(k) or 0.0) for k in ("fa2_tflops", "fa3_tflops"))
+        row["vs_best"] = row["l4_tflops"] / best if best else None
+        if len(shapes) == 1:  # every sequence alike: one [B, H, N, D] batch for T5 and SDPA
+            cached, new = shapes[0]
+            qc = q.view(B, new, HQ, D).transpose(1, 2)  # [B, Hq, new, D]
+            kc = torch.cat(
+                [gathered(k_cache, block_tables[b], cached + new) for b in range(B)]
+            )  # [B, Hkv, ctx, D]
+            vc = torch.cat([gathered(v_cache, block_tables[b], cached + new) for b in range(B)])
+            t5_out = torch.empty_like(qc)
+            t5.flash_attention(qc, kc, vc, causal=True)  # compile outside the timing
+            t5_us = timed_us(lambda: t5._launch(qc, kc, vc, True, scale, t5_out))
+            assert_close(t5_out.transpose(1, 2).reshape(-1, HQ, D), expected)
+            row["t5_tflops"] = bench.tflops(work, t5_us)
+            try:
+                row["sdpa_tflops"] = bench.tflops(work, timed_us(lambda: sdpa_bottom_right(qc, kc, vc)))
+            except Exception as exc:  # e.g. out of memory for the repeated KV heads of the long rows
+                errors["sdpa"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+            del qc, kc, vc, t5_out
+        table.add(row)
+        del args, q, k_cache, v_cache, out, expected
+        torch.cuda.empty_cache()
+
+    notes = [
+        f"Hq = {HQ}, Hkv = {HKV}, D = {D}, PAGE = {PAGE}, fp16, pages shuffled. TFLOP/s counts the causal work "
+        "exactly: 4 * Hq * D * (sum over new tokens of the keys each sees); every column divides the same work.",
+        "L4 us times the bare launch (`_launch`, no checks), a CUDA-graph replay; so are the peers where they "
+        "can be captured. Every output is checked against SDPA on the gathered KV before it is timed.",
+        "T5 and SDPA gathered: the same KV copied into contiguous [B, Hkv, ctx, D] beforehand (copy not timed), "
+        "bottom-right causal; only for rows whose sequences are all alike (n/a on the mixed row).",
+        flashinfer_note(errors),
+        "Targets on an H200: L4 >= 0.95 x fa3 on the four prefill rows, >= 1.0 x the better of fa2 and fa3 "
+        "on the mixed row.",
+    ]
+    if "sdpa" in errors:
+        notes.append(f"SDPA gathered failed on some rows ({errors['sdpa']}): n/a there.")
+    return table, notes
+
+
+def flashinfer_note(errors: dict) -> str:
+    try:
+        import flashinfer
+    except ImportError:
+        return "FlashInfer: not importable in this environment, so its columns are n/a."
+    failed = "; ".join(f"{b} failed ({e})" for b, e in errors.items() if b in ("fa2", "fa3"))
+    return (
+        f"FlashInfer {flashinfer.__version__}: BatchPrefillWithPagedKVCacheWrapper (NHD, causal=True), "
+        "backends fa2 and fa3, plan() outside the timed call" + (f"; {failed}" if failed else "") + "."
+    )
+
+
+def plot(rows, meta, path):
+    peak = meta.get("datasheet_peak_tflops_fp16")
+    bench.plot_bars(
+        rows,
+        [
+            ("l4_tflops", "L4 (this lesson)"),
+            ("fa2_tflops", "FlashInfer fa2"),
+            ("fa3_tflops", "FlashInfer fa3"),
+            ("t5_tflops", "T5, gathered KV"),
+        ],
+        [f"{r['row']}\nB={r['B']}" for r in rows],
+        f"Paged prefill, fp16, {meta['gpu']}, {meta['date']}",
+        path,
+        ylabel="TFLOP/s",
+        hline=(peak, "datasheet fp16 peak") if peak else None,
+    )
+
+
+def headline(impl) -> tuple[float, str, str]:
+    """make progress on a GPU: impl's TFLOP/s on chunked prefill, 8 sequences of 512 new tokens after
+    2048 cached ones (a CUDA-graph replay of the bare launch), checked against SDPA first."""
+    _, seqs = ROWS[1]
+    args = make_inputs(seqs)
+    assert_close(impl.paged_prefill(*args), reference(*args).float())
+    out = torch.empty_like(args[0])
+    us = timed_us(lambda: impl._launch(*args, 1.0 / math.sqrt(D), out))
+    return bench.tflops(causal_flops(seqs), us), "TFLOP/s", "B = 8, 2048 cached + 512 new each, fp16"

@@ -1,0 +1,223 @@
+"""L4, your file: paged prefill over a cached prefix, for a packed batch of prefill chunks and decode rows.
+
+Fill in `_attend_kv_tile` and `paged_prefill_kernel` below; the tile table and the launcher under them
+are complete. Read drills/content/l4_paged_prefill.md first: every TODO names the section that teaches
+it. Grade with `make test L=l4`. Start by deleting the `raise NotImplementedError` line in paged_prefill.
+
+    FLOPs = 4 * Hq * D * sum over new tokens of the keys each sees   # one 8192-token prompt: 0.55 TFLOP
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from drills import validate
+
+
+@triton.jit
+def _attend_kv_tile(
+    acc,
+    l_i,
+    m_i,  # running state: [BLOCK_M, D] fp32, [BLOCK_M], [BLOCK_M] (m in base-2 units)
+    q,  # [BLOCK_M, D]
+    k_head_ptr,  # k_cache + kvh * stride_kh: this KV head in block 0, slot 0
+    v_head_ptr,  # v_cache + kvh * stride_vh
+    table_ptr,  # this sequence's row of block_tables
+    start_n,
+    offs_n,  # [BLOCK_N]
+    offs_d,  # [D]
+    pos,  # [BLOCK_M] each row's position in its sequence: it sees keys 0..pos
+    ctx,
+    qk_scale,  # scale * log2(e)
+    stride_kb,
+    stride_kt,
+    stride_vb,
+    stride_vt,
+    PAGE: tl.constexpr,
+    MASKED: tl.constexpr,  # True only on tiles that cross the diagonal or the end of the keys
+):
+    # TODO(section 3.3 "Keys through the block table"): the key positions cols of this tile, the logical
+    # page of each (cols // PAGE) and its physical block from table_ptr, widened to int64; when MASKED,
+    # only keys before ctx may read the table (other = 0). Pointers to each key's K row and V row through
+    # the cache strides (slot = cols % PAGE). Load the K^T tile [D, BLOCK_N] and the V tile [BLOCK_N, D],
+    # masked (other = 0) only when MASKED.
+
+    # TODO(section 3.2 "Which keys a tile sees"): s = q @ K^T, raw and fp32 [BLOCK_M, BLOCK_N]; when MASKED,
+    # -inf for every key j > pos of its row.
+
+    # TODO(section 3.6 "The softmax"): T5's update in base 2: m_new, p = exp2(s * qk_scale - m_new),
+    # alpha = exp2(m_i - m_new), then l_i and acc (rescaled by alpha, plus p @ v with p in v's dtype).
+    # Return (acc, l_i, m_new).
+    pass
+
+
+@triton.jit
+def paged_prefill_kernel(
+    q_ptr,  # [total_q, Hq, D], the new tokens of every sequence, packed
+    k_cache_ptr,  # [num_blocks, PAGE, Hkv, D]
+    v_cache_ptr,  # [num_blocks, PAGE, Hkv, D]
+    out_ptr,  # [total_q, Hq, D], possibly a strided view
+    lse_ptr,  # [total_q, Hq] fp32 (only written when STORE_LSE)
+    block_tables_ptr,  # [B, max_pages] int32
+    cu_seqlens_ptr,  # [B + 1] int32
+    context_lens_ptr,  # [B] int32
+    scale,
+    num_seqs,
+    stride_qt,
+    stride_qh,
+    stride_kb,
+    stride_kt,
+    stride_kh,
+    stride_vb,
+    stride_vt,
+    stride_vh,
+    stride_ot,
+    stride_oh,
+    stride_lt,
+    stride_lh,
+    stride_bt,
+    GROUP: tl.constexpr,  # query heads per KV head, Hq // Hkv
+    BLOCK_Q: tl.constexpr,  # new tokens per tile: BLOCK_M // GROUP
+    BLOCK_M: tl.constexpr,  # rows of the tile: BLOCK_Q tokens x GROUP heads, then padding
+    BLOCK_N: tl.constexpr,
+    D: tl.constexpr,
+    PAGE: tl.constexpr,
+    STORE_LSE: tl.constexpr,
+):
+    # TODO(section 3.4 "The varlen grid"): this program's tile (program 0) and KV head kvh (program 1, as
+    # int64). Find the tile's sequence b: the last b whose first tile cu_seqlens[b] // BLOCK_Q + b is <= tile
+    # (a binary search over [0, num_seqs)). Its q_start and q_len from cu_seqlens, tok0 = the tile's first
+    # new token in the sequence; return at once when tok0 >= q_len. Then ctx and prefix = ctx - q_len.
+
+    # TODO(section 3.1 "One program"): row r is new token tok0 + r // GROUP and query head
+    # kvh * GROUP + r % GROUP. Mask the rows past the sequence's new tokens and past BLOCK_Q * GROUP; load
+    # q [BLOCK_M, D] (masked rows 0) through stride_qt and stride_qh, row q_start + tok widened to int64.
+    # Each row's position pos = prefix + tok.
+
+    # TODO(section 3.6 "The softmax"): qk_scale = scale * log2(e); m_i = -inf, l_i = 0, acc = 0 (fp32).
+
+    # TODO(section 3.2 "Which keys a tile sees"): full_end (keys every row sees, whole BLOCK_N tiles) and hi
+    # (no row sees keys at or past it, nor past ctx); two loops over key tiles calling _attend_kv_tile,
+    # MASKED=False on [0, full_end), MASKED=True on [full_end, hi).
+
+    # TODO(section 3.5 "Storing the rows"): out = acc / l, stored for the real rows only in out's dtype; if
+    # STORE_LSE, lse = (m + log2 l) * ln 2 at the same rows and heads.
+    pass
+
+
+def _config(D: int, tokens_per_seq: float = 1e9) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for head dim D and the batch's mean new tokens per
+    sequence (total_q / B, known from the shapes: no sync). BLOCK_M counts rows (tokens x GROUP heads).
+    Small tiles under the interpreter keep CPU tests fast, with BLOCK_N = 16 larger than the grader's
+    small pages. On a GPU, D = 128 was measured on an H200 (section 4); the rest are T5's shapes."""
+    import drills.runtime
+
+    if drills.runtime.current().interpreter:
+        return 32, 16, 4, 1
+    if D == 128:
+        # 256 rows (64 tokens x GROUP 4) read each K and V tile for more rows; a batch of mostly decode
+        # rows wastes most of such a tile, and 64 rows do better there.
+        return (64, 64, 4, 3) if tokens_per_seq < 64 else (256, 64, 8, 3)
+    if D <= 64:
+        return 128, 64, 4, 3
+    return 64, 32, 4, 2  # D = 256: a [128, 256] fp32 accumulator would not fit in registers
+
+
+def _launch(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, out, lse=None, config=None):
+    """Launch without checks: the benchmark times this, the public function adds the checks.
+    out [total_q, Hq, D] and lse [total_q, Hq] fp32 (or None) may be strided views; config overrides
+    _config. The grid needs only shapes (total_q // BLOCK_Q + B tiles): no value is read on the host."""
+    total_q, Hq, D = q.shape
+    _, PAGE, Hkv, _ = k_cache.shape
+    B = block_tables.shape[0]
+    group = Hq // Hkv
+    BLOCK_M, BLOCK_N, num_warps, num_stages = config or _config(D, total_q / B)
+    BLOCK_M = max(BLOCK_M, triton.next_power_of_2(group))  # a tile holds at least one token's group
+    BLOCK_Q = BLOCK_M // group
+    grid = (total_q // BLOCK_Q + B, Hkv)
+    paged_prefill_kernel[grid](
+        q,
+        k_cache,
+        v_cache,
+        out,
+        out if lse is None else lse,  # out stands in for lse when none is asked for
+        block_tables,
+        cu_seqlens_q,
+        context_lens,
+        scale,
+        B,
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        out.stride(0),
+        out.stride(1),
+        0 if lse is None else lse.stride(0),
+        0 if lse is None else lse.stride(1),
+        block_tables.stride(0),
+        GROUP=group,
+        BLOCK_Q=BLOCK_Q,
+        BLOCK_M=BLOCK_M,
+        BLOCK_N=BLOCK_N,
+        D=D,
+        PAGE=PAGE,
+        STORE_LSE=lse is not None,
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )
+    return out if lse is None else (out, lse)
+
+
+def paged_prefill(
+    q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale=None, out=None, return_lse=False
+):
+    """Causal attention of a batch's new tokens over their paged KV cache (cached prefix + themselves).
+
+    q             [total_q, Hq, D], float16 or bfloat16: the new tokens of all sequences, packed (a strided
+                  view is fine)
+    k_cache       [num_blocks, PAGE, Hkv, D], q's dtype, PAGE a power of two; v_cache likewise. Strided
+                  views are fine, but k_cache and v_cache must share no element. The new tokens' K and V
+                  are already stored (L1's store_kvcache)
+    block_tables  [B, max_pages] int32, each row contiguous: logical page p of sequence b is physical block
+                  block_tables[b, p], in [0, num_blocks) for every page a sequence with new tokens uses
+    cu_seqlens_q  [B + 1] int32, contiguous: 0, then non-decreasing, ending at total_q; sequence b's new
+                  tokens are q[cu_seqlens_q[b] : cu_seqlens_q[b + 1]] (q_len = 0 is padding: nothing is
+                  computed or stored for it)
+    context_lens  [B] int32, contiguous: cached prefix + new tokens, q_len_b <= context_lens[b] <=
+                  max_pages * PAGE
+    scale         softmax scale, a finite number > 0, default 1 / sqrt(D)
+    out           optional [total_q, Hq, D] of q's dtype (a strided view is fine), written in place
+    return_lse    a bool: also return lse [total_q, Hq] fp32, the natural-log log-sum-exp of each row's
+                  scaled, masked scores
+
+    New token i of sequence b sits at position context_lens[b] - q_len_b + i and sees keys 0 .. that
+    position (causal, aligned to the bottom right); query head h uses KV head h // (Hq // Hkv). A
+    sequence with q_len = 1 is a decode row: prefill chunks and decode rows go in one launch. Bad input
+    raises ValueError or TypeError naming the argument, before anything is launched.
+
+    Returns out [total_q, Hq, D] (and lse with return_lse=True).
+    """
+    raise NotImplementedError(
+        "l4 is not started: fill in paged_prefill_kernel in drills/mine/l4_paged_prefill.py, then delete this line (read drills/content/l4_paged_prefill.md)"
+    )
+    validate.paged_prefill_inputs(
+        q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, out, return_lse
+    )
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+    if out is None:
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)  # [total_q, Hq, D]
+    lse = (
+        torch.empty(q.shape[:2], dtype=torch.float32, device=q.device) if return_lse else None
+    )  # [total_q, Hq]
+    if q.shape[0] == 0:
+        return (out, lse) if return_lse else out  # every sequence is padding: nothing to launch
+    return _launch(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, float(scale), out, lse)

@@ -1,0 +1,85 @@
+"""L4 mutants: one per pitfall of explainer section 5 (causal alignment with a prefix, the varlen grid,
+pages inside a key tile, grouping, int64 offsets, masks, and T5's softmax mistakes)."""
+
+from drills.mutants import Mutant
+
+MUTANTS = [
+    Mutant(
+        "causal_top_left",
+        "1. causal aligned to the top left (the prefix ignored: j <= i)",
+        "prefix = ctx - q_len",
+        "prefix = 0",
+    ),
+    Mutant(
+        "rows_past_sequence_end",
+        "2. rows past a sequence's end loaded and stored",
+        "row_ok = (tok < q_len) & (offs_r < BLOCK_Q * GROUP)",
+        "row_ok = offs_r < BLOCK_Q * GROUP",
+    ),
+    Mutant(
+        "cu_seqlens_off_by_one",
+        "3. cu_seqlens read as inclusive ends (q_len one too many)",
+        "q_len = tl.load(cu_seqlens_ptr + b + 1) - q_start",
+        "q_len = tl.load(cu_seqlens_ptr + b + 1) - q_start + 1",
+    ),
+    Mutant(
+        "new_tokens_on_a_fresh_page",
+        "4. the new tokens assumed to start on a fresh page (prefix rounded up to whole pages)",
+        "prefix = ctx - q_len",
+        "prefix = tl.cdiv(ctx - q_len, PAGE) * PAGE",
+    ),
+    Mutant(
+        "one_page_per_key_tile",
+        "5. one page looked up per key tile (the tile's first key's page for every key)",
+        "pages = cols // PAGE",
+        "pages = start_n // PAGE + offs_n * 0",
+    ),
+    Mutant(
+        "interleaved_grouping",
+        "6. interleaved KV head grouping (kvh + g * Hkv)",
+        "heads = kvh * GROUP + offs_r % GROUP",
+        "heads = kvh + (offs_r % GROUP) * tl.num_programs(1)",
+    ),
+    Mutant(
+        "page_index_int32",
+        "7. page index left int32",
+        "phys = phys.to(tl.int64)",
+        "phys = phys",
+    ),
+    Mutant(
+        "diagonal_tiles_unmasked",
+        "8. key tiles that cross the diagonal treated as fully visible",
+        "full_end = (prefix + tok0 + 1) // BLOCK_N * BLOCK_N",
+        "full_end = (prefix + tok0 + BLOCK_Q) // BLOCK_N * BLOCK_N",
+    ),
+    Mutant(
+        "keys_past_context_read",
+        "9. keys past the context loaded (their table entries are garbage)",
+        "in_range = cols < ctx",
+        "in_range = cols >= 0",
+    ),
+    Mutant(
+        "rescale_dropped",
+        "10. online softmax without the rescale (alpha = 1)",
+        "alpha = tl.math.exp2(m_i - m_new)",
+        "alpha = tl.math.exp2(m_new - m_new)",
+    ),
+    Mutant(
+        "scale_missing",
+        "11. softmax scale forgotten (only log2(e) folded in)",
+        "qk_scale = scale * 1.4426950408889634",
+        "qk_scale = 1.4426950408889634",
+    ),
+    Mutant(
+        "lse_base_2",
+        "12. lse returned in base 2",
+        "lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453",
+        "lse = m_i + tl.math.log2(l_i)",
+    ),
+    Mutant(
+        "spare_tiles_not_skipped",
+        "13. spare tiles (and q_len = 0 rows) not skipped",
+        "if tok0 >= q_len:\n        return\n",
+        "if tok0 >= q_len:\n        pass\n",
+    ),
+]

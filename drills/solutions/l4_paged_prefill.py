@@ -1,0 +1,334 @@
+"""L4 reference: paged prefill over a cached prefix, for a packed batch of prefill chunks and decode rows.
+
+Each sequence b brings q_len_b new tokens (packed one after another in q, found through cu_seqlens_q)
+and already has context_lens[b] tokens of K and V in the paged cache: a cached prefix, then the new
+tokens themselves (stored by L1's store_kvcache before this kernel runs). New token i sits at position
+context_lens[b] - q_len_b + i and sees keys 0 .. that position: causal, aligned to the bottom right (T5).
+The keys are found page by page through the block table (L2). The work is T5's, counted exactly:
+
+    FLOPs = 4 * Hq * D * sum over new tokens of the keys each sees   # one 8192-token prompt: 0.55 TFLOP
+
+Read top to bottom: one key tile (`_attend_kv_tile`), the kernel (grid (tiles, Hkv): a program per
+query tile and KV head, its rows the tile's tokens times the GROUP query heads of that KV head), the
+block-size table, then the launcher that validates, allocates and launches.
+Explainer: drills/content/l4_paged_prefill.md.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from drills import validate
+
+
+@triton.jit
+def _attend_kv_tile(
+    acc,
+    l_i,
+    m_i,  # running state: [BLOCK_M, D] fp32, [BLOCK_M], [BLOCK_M] (m in base-2 units)
+    q,  # [BLOCK_M, D]
+    k_head_ptr,  # k_cache + kvh * stride_kh: this KV head in block 0, slot 0
+    v_head_ptr,  # v_cache + kvh * stride_vh
+    table_ptr,  # this sequence's row of block_tables
+    start_n,
+    offs_n,  # [BLOCK_N]
+    offs_d,  # [D]
+    pos,  # [BLOCK_M] each row's position in its sequence: it sees keys 0..pos
+    ctx,
+    qk_scale,  # scale * log2(e)
+    stride_kb,
+    stride_kt,
+    stride_vb,
+    stride_vt,
+    PAGE: tl.constexpr,
+    MASKED: tl.constexpr,  # True only on tiles that cross the diagonal or the end of the keys
+):
+    # Section 3.3 "Keys through the block table": every key of the tile finds its own page, so a tile
+    # may span several pages (PAGE < BLOCK_N) or a part of one (PAGE > BLOCK_N).
+    cols = start_n + offs_n  # [BLOCK_N] key positions in the sequence
+    pages = cols // PAGE  # [BLOCK_N] the logical page of each key
+    if MASKED:
+        in_range = cols < ctx  # table entries past the last page hold garbage: never read them
+        phys = tl.load(table_ptr + pages, mask=in_range, other=0)  # [BLOCK_N] physical blocks
+    else:
+        phys = tl.load(table_ptr + pages)
+    phys = phys.to(tl.int64)  # widened before multiplying: block id * stride_kb passes 2**31
+    slot = cols % PAGE
+    k_rows = k_head_ptr + phys * stride_kb + slot * stride_kt  # [BLOCK_N] where each key starts
+    v_rows = v_head_ptr + phys * stride_vb + slot * stride_vt
+    if MASKED:
+        kt = tl.load(k_rows[None, :] + offs_d[:, None], mask=in_range[None, :], other=0.0)  # [D, BLOCK_N]
+        v = tl.load(v_rows[:, None] + offs_d[None, :], mask=in_range[:, None], other=0.0)  # [BLOCK_N, D]
+    else:
+        kt = tl.load(k_rows[None, :] + offs_d[:, None])  # [D, BLOCK_N], K^T through the pointers (T5)
+        v = tl.load(v_rows[:, None] + offs_d[None, :])  # [BLOCK_N, D]
+    s = tl.dot(q, kt)  # [BLOCK_M, BLOCK_N] raw q . k, fp32
+    if MASKED:
+        # Section 3.2 "Which keys a tile sees": row r sees key j when j <= pos[r]. A real row's pos is
+        # below ctx, so this also hides the zero-filled keys past ctx from every row that is stored.
+        s = tl.where(cols[None, :] <= pos[:, None], s, float("-inf"))
+
+    # T5's update in base 2. No -inf guard: the first tile a program visits holds key 0, which every
+    # row sees, so m_new is finite from the first tile on.
+    m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)  # [BLOCK_M]
+    p = tl.math.exp2(s * qk_scale - m_new[:, None])  # [BLOCK_M, BLOCK_N] = e^(score - m)
+    alpha = tl.math.exp2(m_i - m_new)  # shrinks what was summed under the old max
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
+    acc = tl.dot(p.to(v.dtype), v, acc)  # [BLOCK_M, D]
+    return acc, l_i, m_new
+
+
+@triton.jit
+def paged_prefill_kernel(
+    q_ptr,  # [total_q, Hq, D], the new tokens of every sequence, packed
+    k_cache_ptr,  # [num_blocks, PAGE, Hkv, D]
+    v_cache_ptr,  # [num_blocks, PAGE, Hkv, D]
+    out_ptr,  # [total_q, Hq, D], possibly a strided view
+    lse_ptr,  # [total_q, Hq] fp32 (only written when STORE_LSE)
+    block_tables_ptr,  # [B, max_pages] int32
+    cu_seqlens_ptr,  # [B + 1] int32
+    context_lens_ptr,  # [B] int32
+    scale,
+    num_seqs,
+    stride_qt,
+    stride_qh,
+    stride_kb,
+    stride_kt,
+    stride_kh,
+    stride_vb,
+    stride_vt,
+    stride_vh,
+    stride_ot,
+    stride_oh,
+    stride_lt,
+    stride_lh,
+    stride_bt,
+    GROUP: tl.constexpr,  # query heads per KV head, Hq // Hkv
+    BLOCK_Q: tl.constexpr,  # new tokens per tile: BLOCK_M // GROUP
+    BLOCK_M: tl.constexpr,  # rows of the tile: BLOCK_Q tokens x GROUP heads, then padding
+    BLOCK_N: tl.constexpr,
+    D: tl.constexpr,
+    PAGE: tl.constexpr,
+    STORE_LSE: tl.constexpr,
+):
+    # Section 3.4 "The varlen grid": sequence b owns tiles cu[b] // BLOCK_Q + b onwards, at least one more
+    # than it needs; the owner of this tile is the last b whose first tile is <= it (a binary search).
+    tile = tl.program_id(0)
+    kvh = tl.program_id(1).to(tl.int64)
+    lo = tile * 0
+    hi = lo + num_seqs  # the owner is in [lo, hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if tl.load(cu_seqlens_ptr + mid) // BLOCK_Q + mid <= tile:
+            lo = mid
+        else:
+            hi = mid
+    b = lo.to(tl.int64)
+    q_start = tl.load(cu_seqlens_ptr + b)
+    q_len = tl.load(cu_seqlens_ptr + b + 1) - q_start
+    tok0 = (tile - (q_start // BLOCK_Q + lo)) * BLOCK_Q  # this tile's first new token in its sequence
+    if tok0 >= q_len:
+        return  # a spare tile (or a sequence with q_len = 0): nothing to compute, nothing to store
+    ctx = tl.load(context_lens_ptr + b)
+    prefix = ctx - q_len  # cached tokens before the first new one
+
+    # Section 3.1 "One program": row r is new token tok0 + r // GROUP, query head kvh * GROUP + r % GROUP
+    # (contiguous grouping), so one K and V tile serves the whole group.
+    offs_r = tl.arange(0, BLOCK_M)
+    tok = tok0 + offs_r // GROUP  # [BLOCK_M] new-token index in the sequence
+    heads = kvh * GROUP + offs_r % GROUP  # [BLOCK_M]
+    row_ok = (tok < q_len) & (offs_r < BLOCK_Q * GROUP)  # past the sequence's end: the next one's rows
+    q_rows = (q_start + tok).to(tl.int64)  # [BLOCK_M] rows of the packed q (and out, lse)
+    offs_d = tl.arange(0, D)
+    offs_n = tl.arange(0, BLOCK_N)
+    q = tl.load(
+        q_ptr + q_rows[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+        mask=row_ok[:, None],
+        other=0.0,
+    )  # [BLOCK_M, D]
+    pos = prefix + tok  # [BLOCK_M] bottom-right causal: new token i sits at prefix + i
+
+    qk_scale = scale * 1.4426950408889634  # e^x = 2^(x log2 e): every exponential is one exp2
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+    k_head_ptr = k_cache_ptr + kvh * stride_kh
+    v_head_ptr = v_cache_ptr + kvh * stride_vh
+    table_ptr = block_tables_ptr + b * stride_bt
+
+    # Section 3.2 "Which keys a tile sees": keys [0, full_end) are seen by every row (the whole cached
+    # prefix, and more): no mask. Keys [full_end, hi) cross the diagonal or the end of the keys: masked.
+    # Keys >= hi are seen by no row of the tile and are never loaded.
+    full_end = (prefix + tok0 + 1) // BLOCK_N * BLOCK_N
+    hi = tl.minimum(ctx, prefix + tok0 + BLOCK_Q)
+    for start_n in range(0, full_end, BLOCK_N):
+        acc, l_i, m_i = _attend_kv_tile(
+            acc,
+            l_i,
+            m_i,
+            q,
+            k_head_ptr,
+            v_head_ptr,
+            table_ptr,
+            start_n,
+            offs_n,
+            offs_d,
+            pos,
+            ctx,
+            qk_scale,
+            stride_kb,
+            stride_kt,
+            stride_vb,
+            stride_vt,
+            PAGE=PAGE,
+            MASKED=False,
+        )
+    for start_n in range(full_end, hi, BLOCK_N):
+        acc, l_i, m_i = _attend_kv_tile(
+            acc,
+            l_i,
+            m_i,
+            q,
+            k_head_ptr,
+            v_head_ptr,
+            table_ptr,
+            start_n,
+            offs_n,
+            offs_d,
+            pos,
+            ctx,
+            qk_scale,
+            stride_kb,
+            stride_kt,
+            stride_vb,
+            stride_vt,
+            PAGE=PAGE,
+            MASKED=True,
+        )
+
+    # Section 3.5 "Storing the rows": every real row saw key 0, so l >= 1: divide once, store real rows only.
+    out = acc / l_i[:, None]  # [BLOCK_M, D]
+    tl.store(
+        out_ptr + q_rows[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=row_ok[:, None],
+    )
+    if STORE_LSE:
+        lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453  # base 2 -> natural log: times ln(2)
+        tl.store(lse_ptr + q_rows * stride_lt + heads * stride_lh, lse, mask=row_ok)
+
+
+def _config(D: int, tokens_per_seq: float = 1e9) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for head dim D and the batch's mean new tokens per
+    sequence (total_q / B, known from the shapes: no sync). BLOCK_M counts rows (tokens x GROUP heads).
+    Small tiles under the interpreter keep CPU tests fast, with BLOCK_N = 16 larger than the grader's
+    small pages. On a GPU, D = 128 was measured on an H200 (section 4); the rest are T5's shapes."""
+    import drills.runtime
+
+    if drills.runtime.current().interpreter:
+        return 32, 16, 4, 1
+    if D == 128:
+        # 256 rows (64 tokens x GROUP 4) read each K and V tile for more rows; a batch of mostly decode
+        # rows wastes most of such a tile, and 64 rows do better there.
+        return (64, 64, 4, 3) if tokens_per_seq < 64 else (256, 64, 8, 3)
+    if D <= 64:
+        return 128, 64, 4, 3
+    return 64, 32, 4, 2  # D = 256: a [128, 256] fp32 accumulator would not fit in registers
+
+
+def _launch(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, out, lse=None, config=None):
+    """Launch without checks: the benchmark times this, the public function adds the checks.
+    out [total_q, Hq, D] and lse [total_q, Hq] fp32 (or None) may be strided views; config overrides
+    _config. The grid needs only shapes (total_q // BLOCK_Q + B tiles): no value is read on the host."""
+    total_q, Hq, D = q.shape
+    _, PAGE, Hkv, _ = k_cache.shape
+    B = block_tables.shape[0]
+    group = Hq // Hkv
+    BLOCK_M, BLOCK_N, num_warps, num_stages = config or _config(D, total_q / B)
+    BLOCK_M = max(BLOCK_M, triton.next_power_of_2(group))  # a tile holds at least one token's group
+    BLOCK_Q = BLOCK_M // group
+    grid = (total_q // BLOCK_Q + B, Hkv)
+    paged_prefill_kernel[grid](
+        q,
+        k_cache,
+        v_cache,
+        out,
+        out if lse is None else lse,  # out stands in for lse when none is asked for
+        block_tables,
+        cu_seqlens_q,
+        context_lens,
+        scale,
+        B,
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        out.stride(0),
+        out.stride(1),
+        0 if lse is None else lse.stride(0),
+        0 if lse is None else lse.stride(1),
+        block_tables.stride(0),
+        GROUP=group,
+        BLOCK_Q=BLOCK_Q,
+        BLOCK_M=BLOCK_M,
+        BLOCK_N=BLOCK_N,
+        D=D,
+        PAGE=PAGE,
+        STORE_LSE=lse is not None,
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )
+    return out if lse is None else (out, lse)
+
+
+def paged_prefill(
+    q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale=None, out=None, return_lse=False
+):
+    """Causal attention of a batch's new tokens over their paged KV cache (cached prefix + themselves).
+
+    q             [total_q, Hq, D], float16 or bfloat16: the new tokens of all sequences, packed (a strided
+                  view is fine)
+    k_cache       [num_blocks, PAGE, Hkv, D], q's dtype, PAGE a power of two; v_cache likewise. Strided
+                  views are fine, but k_cache and v_cache must share no element. The new tokens' K and V
+                  are already stored (L1's store_kvcache)
+    block_tables  [B, max_pages] int32, each row contiguous: logical page p of sequence b is physical block
+                  block_tables[b, p], in [0, num_blocks) for every page a sequence with new tokens uses
+    cu_seqlens_q  [B + 1] int32, contiguous: 0, then non-decreasing, ending at total_q; sequence b's new
+                  tokens are q[cu_seqlens_q[b] : cu_seqlens_q[b + 1]] (q_len = 0 is padding: nothing is
+                  computed or stored for it)
+    context_lens  [B] int32, contiguous: cached prefix + new tokens, q_len_b <= context_lens[b] <=
+                  max_pages * PAGE
+    scale         softmax scale, a finite number > 0, default 1 / sqrt(D)
+    out           optional [total_q, Hq, D] of q's dtype (a strided view is fine), written in place
+    return_lse    a bool: also return lse [total_q, Hq] fp32, the natural-log log-sum-exp of each row's
+                  scaled, masked scores
+
+    New token i of sequence b sits at position context_lens[b] - q_len_b + i and sees keys 0 .. that
+    position (causal, aligned to the bottom right); query head h uses KV head h // (Hq // Hkv). A
+    sequence with q_len = 1 is a decode row: prefill chunks and decode rows go in one launch. Bad input
+    raises ValueError or TypeError naming the argument, before anything is launched.
+
+    Returns out [total_q, Hq, D] (and lse with return_lse=True).
+    """
+    validate.paged_prefill_inputs(
+        q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, out, return_lse
+    )
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+    if out is None:
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)  # [total_q, Hq, D]
+    lse = (
+        torch.empty(q.shape[:2], dtype=torch.float32, device=q.device) if return_lse else None
+    )  # [total_q, Hq]
+    if q.shape[0] == 0:
+        return (out, lse) if return_lse else out  # every sequence is padding: nothing to launch
+    return _launch(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, float(scale), out, lse)

@@ -1,0 +1,757 @@
+"""Grader for L4, paged prefill over a cached prefix. Each test is named for the mistake it catches.
+
+Run: make test L=l4 (your drills/mine) or make test L=l4 IMPL=solutions. Every case poisons what must
+not be read: NaN in every cache slot past a sequence's end and in every unused block, garbage ids in
+every block-table entry past a sequence's last page (and in the whole row of a q_len = 0 sequence), and
+`out` is a view into a canary-filled buffer. The oracle gathers each sequence's pages and runs a plain
+fp32 softmax with the bottom-right causal mask.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from drills.compare import assert_close, mismatch
+from drills.grading.diagnose import Mistake
+from drills.tests import bf16_on_gpu_only, bigmem, raises_naming, seeded, sizes
+from drills.tests.launches import assert_runs_a_triton_kernel
+from drills.tests.paged_kv import (
+    GARBAGE_BLOCK_IDS,
+    call_with_canary_out,
+    gather_kv,
+    in_layer_pool,
+    int32_tensor,
+    make_paged_case,
+    overlapping_caches,
+    with_entry,
+)
+
+DIMS = ("token", "head", "d")  # how a mismatch names its position: row of the packed q, query head, feature
+LSE_DIMS = ("token", "head")
+# lse is fp32 computed from exact fp16 products: only the summation order and exp2/log2 differ.
+LSE_TOL = dict(atol=1e-3, rtol=1e-4, rel=1e-4)
+
+
+@dataclass
+class PrefillCase:
+    q: torch.Tensor  # [total_q, Hq, D], the new tokens of every sequence, packed
+    k_cache: torch.Tensor  # [num_blocks, PAGE, Hkv, D]
+    v_cache: torch.Tensor  # [num_blocks, PAGE, Hkv, D]
+    block_tables: torch.Tensor  # [B, max_pages] int32
+    cu_seqlens_q: torch.Tensor  # [B + 1] int32
+    context_lens: torch.Tensor  # [B] int32, cached prefix + new tokens
+
+    @property
+    def args(self):
+        return self.q, self.k_cache, self.v_cache, self.block_tables, self.cu_seqlens_q, self.context_lens
+
+    @property
+    def q_lens(self) -> list[int]:
+        return torch.diff(self.cu_seqlens_q).tolist()
+
+
+def make_prefill_case(
+    context_lens, q_lens, Hq, Hkv, D, PAGE, seed, dtype=torch.float16, device="cpu", **paged
+):
+    """A poisoned, shuffled page pool holding context_lens[b] tokens per sequence (drills/tests/paged_kv.py),
+    and q_lens[b] new tokens of each packed into q. A q_len = 0 sequence's whole table row is garbage: the
+    kernel must not read it. `paged` goes to make_paged_case (shared_prefix_pages, sparse, num_blocks...)."""
+    assert all(0 <= n <= c for n, c in zip(q_lens, context_lens))
+    case = make_paged_case(context_lens, Hq, Hkv, D, PAGE, dtype=dtype, device=device, seed=seed, **paged)
+    gen = torch.Generator().manual_seed(seeded(seed) + 1)
+    tables = case.block_tables.clone()
+    for b, n in enumerate(q_lens):
+        if n == 0:
+            tables[b] = GARBAGE_BLOCK_IDS[b % len(GARBAGE_BLOCK_IDS)]
+    cu = [0]
+    for n in q_lens:
+        cu.append(cu[-1] + n)
+    q = torch.randn(cu[-1], Hq, D, generator=gen).to(dtype).to(device)  # [total_q, Hq, D]
+    return PrefillCase(
+        q, case.k_cache, case.v_cache, tables, int32_tensor(device, *cu), case.context_lens.clone()
+    )
+
+
+def prefill_reference(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale=None):
+    """fp32 oracle: for each sequence, gather its pages, score its new tokens against every key, mask
+    key j > prefix + i (bottom right), softmax. Returns (out [total_q, Hq, D], lse [total_q, Hq])."""
+    total_q, Hq, D = q.shape
+    group = Hq // k_cache.shape[2]
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    out = torch.zeros(total_q, Hq, D, device=q.device)
+    lse = torch.zeros(total_q, Hq, device=q.device)
+    cu = cu_seqlens_q.tolist()
+    for b, ctx in enumerate(context_lens.tolist()):
+        first, last = cu[b], cu[b + 1]
+        if first == last:
+            continue
+        k = gather_kv(k_cache, block_tables[b], ctx).float().repeat_interleave(group, dim=1)  # [ctx, Hq, D]
+        v = gather_kv(v_cache, block_tables[b], ctx).float().repeat_interleave(group, dim=1)
+        s = torch.einsum("ihd,jhd->hij", q[first:last].float(), k) * scale  # [Hq, q_len, ctx]
+        i = torch.arange(last - first, device=q.device)[:, None] + ctx - (last - first)  # positions
+        s = s.masked_fill(torch.arange(ctx, device=q.device)[None, :] > i, float("-inf"))
+        out[first:last] = torch.einsum("hij,jhd->ihd", torch.softmax(s, dim=-1), v)
+        lse[first:last] = torch.logsumexp(s, dim=-1).T
+    return out, lse
+
+
+def run_into_canary(impl, case, scale=None):
+    return call_with_canary_out(lambda out: impl.paged_prefill(*case.args, scale=scale, out=out), case.q)
+
+
+def check(impl, case, scale=None, **tol):
+    out = run_into_canary(impl, case, scale)
+    ref, _ = prefill_reference(*case.args, scale=scale)
+    assert_close(out, ref, DIMS, **tol)
+    return out
+
+
+def check_lse(impl, case):
+    out, lse = impl.paged_prefill(*case.args, return_lse=True)
+    ref, ref_lse = prefill_reference(*case.args)
+    assert lse.dtype == torch.float32 and lse.shape == case.q.shape[:2], (
+        f"lse: {lse.dtype} {tuple(lse.shape)}"
+    )
+    assert_close(lse, ref_lse, LSE_DIMS, **LSE_TOL)
+    assert_close(out, ref, DIMS)
+
+
+# --- Section 2 "By hand": request 2 of L3's worked example, after its prefix hit ------------------------
+
+TOKENS = "ABCDEFGH"
+VALUE = {t: float(n + 1) for n, t in enumerate(TOKENS)}  # V[:, 0] of token A is 1, ..., H is 8
+
+
+def worked_example(device):
+    """L3's requests 1 and 2 after the prefix [A, B, C, D] was cached in blocks 0 and 1 (block size 2):
+    request 1's new tokens [E, F] with table [0, 1, 2], request 2's [G, H] with table [0, 1, 3]; both
+    have context 6. Every key is 0, so every visible key weighs the same; V[:, 0] is the token's value
+    (A = 1 ... H = 8) for KV head 0, and 100 plus it for KV head 1 (Hq = 4, Hkv = 2). Blocks 4-7 are NaN,
+    table entries past page 2 garbage. D = 2 padded to 16 with zero columns (tl.dot needs 16)."""
+    Hq, Hkv, D, PAGE = 4, 2, 16, 2
+    k_cache = torch.full((8, PAGE, Hkv, D), float("nan"), dtype=torch.float16, device=device)
+    v_cache = k_cache.clone()
+    blocks = {0: "AB", 1: "CD", 2: "EF", 3: "GH"}
+    for blk, pair in blocks.items():
+        k_cache[blk] = 0.0
+        v_cache[blk] = 0.0
+        for slot, t in enumerate(pair):
+            v_cache[blk, slot, 0, 0] = VALUE[t]
+            v_cache[blk, slot, 1, 0] = 100.0 + VALUE[t]
+    tables = torch.tensor([[0, 1, 2, 2**31 - 1, -1], [0, 1, 3, -(2**31), 1 << 24]], dtype=torch.int32)
+    gen = torch.Generator().manual_seed(seeded(4))
+    q = torch.randn(4, Hq, D, generator=gen).to(torch.float16).to(device)  # [E, F, G, H] x 4 heads
+    return PrefillCase(
+        q, k_cache, v_cache, tables.to(device), int32_tensor(device, 0, 2, 4), int32_tensor(device, 6, 6)
+    )
+
+
+# New token -> the tokens it sees: the cached prefix A-D, then its own request's new tokens up to itself.
+SEES = {"E": "ABCDE", "F": "ABCDEF", "G": "ABCDG", "H": "ABCDGH"}
+
+
+def test_worked_example_request_2_after_its_prefix_hit(impl, runtime):
+    """Section 2's table: E = mean(1..5) = 3, F = 3.5, G = mean(1, 2, 3, 4, 7) = 3.4, H = 25 / 6 = 4.167
+    for query heads 0-1 (KV head 0), 100 more for heads 2-3 (KV head 1); the padded columns stay 0."""
+    case = worked_example(runtime.device)
+    out = check(impl, case)
+    hand = torch.tensor([sum(VALUE[t] for t in SEES[n]) / len(SEES[n]) for n in "EFGH"])  # [4]
+    expected = torch.stack([hand, hand, hand + 100, hand + 100], dim=1)  # [4 tokens, 4 heads]
+    got = out[:, :, 0].float().cpu()
+    assert torch.allclose(got, expected, atol=0.07), (
+        f"output feature 0 per (new token E, F, G, H; head) = {got.tolist()}; section 2 gives "
+        f"{expected.tolist()}"
+    )
+    assert (out[:, :, 1:] == 0).all(), "zero-padded V columns must give zero output columns"
+
+
+def test_worked_example_lse_is_ln_of_the_keys_seen(impl, runtime):
+    """Every score is 0, so lse = ln(number of keys seen): ln 5 = 1.609 for E and G, ln 6 = 1.792 for F and
+    H (natural log: 2.322 and 2.585 would be base 2)."""
+    case = worked_example(runtime.device)
+    _, lse = impl.paged_prefill(*case.args, return_lse=True)
+    hand = torch.tensor([math.log(len(SEES[n])) for n in "EFGH"])[:, None].expand(4, 4)
+    assert torch.allclose(lse.cpu(), hand, atol=1e-3), f"lse = {lse.tolist()}, section 2 gives ln 5 and ln 6"
+
+
+# --- Section 3 "The kernel": causal ranges with a cached prefix, pages, the varlen grid ------------------
+
+
+def test_pure_prefill_without_a_prefix(impl, runtime):
+    """Prefix 0: context_lens == q_lens, so new token i sees keys 0..i (bottom right and top left agree)."""
+    q_lens = sizes(runtime, [37, 20, 5], [2048, 777, 64])
+    case = make_prefill_case(q_lens, q_lens, 8, 2, 64, 8, seed=101, device=runtime.device)
+    check(impl, case)
+
+
+def test_cached_prefix_is_visible_bottom_right(impl, runtime):
+    """Prefixes of 24, 16 and 40 tokens: every new token sees the whole prefix, then the new tokens up to
+    itself (j <= prefix + i). Aligned to the top left (j <= i), it would miss the prefix."""
+    q_lens = sizes(runtime, [10, 20, 3], [512, 1000, 7])
+    prefix = sizes(runtime, [24, 16, 40], [2048, 1024, 4000])
+    ctx = [p + n for p, n in zip(prefix, q_lens)]
+    case = make_prefill_case(ctx, q_lens, 8, 2, 64, 8, seed=103, device=runtime.device)
+    check(impl, case)
+
+
+def test_prefix_ends_inside_a_page(impl, runtime):
+    """Prefixes of 13, 5 and 27 tokens with PAGE = 8: the last cached page is partly filled and the new
+    tokens continue in its free slots (token 13 is slot 5 of page 1), not on a fresh page."""
+    q_lens = sizes(runtime, [9, 14, 6], [300, 129, 1000])
+    prefix = sizes(runtime, [13, 5, 27], [1013, 5, 2047])
+    ctx = [p + n for p, n in zip(prefix, q_lens)]
+    case = make_prefill_case(ctx, q_lens, 8, 2, 64, 8, seed=107, device=runtime.device)
+    check(impl, case)
+
+
+def test_prefix_a_whole_number_of_pages(impl, runtime):
+    """Prefixes of 16, 8 and 32 tokens with PAGE = 8: the new tokens start on a fresh page."""
+    q_lens = sizes(runtime, [9, 14, 6], [300, 129, 1000])
+    prefix = sizes(runtime, [16, 8, 32], [1024, 8, 2048])
+    ctx = [p + n for p, n in zip(prefix, q_lens)]
+    case = make_prefill_case(ctx, q_lens, 8, 2, 64, 8, seed=109, device=runtime.device)
+    check(impl, case)
+
+
+def test_decode_rows_beside_long_chunks(impl, runtime):
+    """One launch for a mixed batch: decode rows (q_len = 1, which see their whole context) between
+    prefill chunks, one with no prefix (ctx 12) and a decode row with ctx = 1."""
+    q_lens = sizes(runtime, [1, 30, 1, 1, 12], [1, 512, 1, 1, 2048])
+    ctx = sizes(runtime, [40, 50, 1, 17, 12], [2048, 1536, 1, 777, 2048])
+    case = make_prefill_case(ctx, q_lens, 8, 2, 64, 16, seed=113, device=runtime.device)
+    check(impl, case)
+
+
+def test_empty_sequences_produce_nothing(impl, runtime):
+    """q_len = 0 rows (padding) first, between and last, some with a context and a table row of garbage
+    ids: nothing is read through them and nothing is stored for them."""
+    q_lens = sizes(runtime, [0, 12, 0, 5, 0], [0, 700, 0, 65, 0])
+    ctx = sizes(runtime, [30, 20, 0, 9, 16], [3000, 900, 0, 65, 16])
+    case = make_prefill_case(ctx, q_lens, 8, 2, 64, 8, seed=127, device=runtime.device)
+    check(impl, case)
+
+
+def test_rows_past_a_sequence_end_not_written(impl, runtime):
+    """Sequences of 5, 3 and 11 new tokens: the last tile of each has rows past its end, which are the
+    next sequence's rows (or past the end of out). out is a view into a canary-filled buffer, and under
+    the interpreter programs run forward and in reverse, so a row stored by the wrong program shows."""
+    case = make_prefill_case([9, 3, 30], [5, 3, 11], 4, 2, 64, 8, seed=131, device=runtime.device)
+    check(impl, case)
+
+
+def test_cu_seqlens_mark_where_each_sequence_starts(impl, runtime):
+    """Every q_len a whole number of tiles (BLOCK_M rows = BLOCK_M tokens here, Hq = Hkv), so no tile
+    has rows past a sequence's end: sequence b's new tokens are rows cu_seqlens_q[b] to
+    cu_seqlens_q[b + 1] - 1 of q, no more and no fewer."""
+    tokens = impl._config(64)[0]
+    q_lens = [tokens, 2 * tokens]
+    ctx = [tokens + 7, 2 * tokens]
+    case = make_prefill_case(ctx, q_lens, 2, 2, 64, 8, seed=137, device=runtime.device)
+    check(impl, case)
+
+
+@pytest.mark.parametrize(
+    "Hq,Hkv",
+    [(4, 4), (9, 3), (8, 2), (16, 2), (8, 1)],
+    ids=["group1-MHA", "group3", "group4", "group8", "group8-MQA"],
+)
+def test_kv_head_grouping_is_contiguous(impl, runtime, Hq, Hkv):
+    """Query head h reads KV head h // GROUP, not h % Hkv (interleaved). GROUP = 3 (SmolLM2: Hq = 9,
+    Hkv = 3) is not a power of two: a tile's rows are not a whole number of groups. Interleaved and
+    contiguous agree when GROUP = 1 (MHA) or Hkv = 1 (MQA): those cases pass either way."""
+    q_lens = sizes(runtime, [11, 4], [600, 129])
+    ctx = sizes(runtime, [20, 30], [1000, 2000])
+    case = make_prefill_case(ctx, q_lens, Hq, Hkv, 64, 8, seed=139 + Hq * 7 + Hkv, device=runtime.device)
+    check(impl, case)
+
+
+@pytest.mark.parametrize("D", [64, 128])
+def test_head_dims(impl, runtime, D):
+    q_lens = sizes(runtime, [7, 13], [1000, 333])
+    ctx = sizes(runtime, [20, 13], [3000, 333])
+    case = make_prefill_case(ctx, q_lens, 4, 2, D, 8, seed=149 + D, device=runtime.device)
+    check(impl, case)
+
+
+def test_pages_shuffled_and_shared(impl, runtime):
+    """Three sequences share a cached prefix of two full pages (the same physical blocks, as L3 produces),
+    physical block 0 is in use, and block_tables is a slice of a wider table (row stride max_pages + 5)."""
+    q_lens = sizes(runtime, [6, 12, 1], [400, 1000, 1])
+    ctx = sizes(runtime, [22, 40, 17], [1000, 1500, 700])
+    case = make_prefill_case(ctx, q_lens, 8, 2, 64, 8, seed=151, device=runtime.device, shared_prefix_pages=2)
+    assert (case.block_tables[:, :2] == case.block_tables[0, :2]).all()
+    wide = torch.full((3, case.block_tables.shape[1] + 5), -1, dtype=torch.int32, device=runtime.device)
+    wide[:, : case.block_tables.shape[1]] = case.block_tables
+    case.block_tables = wide[:, : case.block_tables.shape[1]]
+    check(impl, case)
+    case0 = make_prefill_case([19], [7], 4, 1, 64, 8, seed=157, device=runtime.device, num_blocks=3)
+    assert 0 in case0.block_tables[0, :3].tolist(), "this case should use physical block 0"
+    check(impl, case0)
+
+
+def test_pages_smaller_than_a_key_tile(impl, runtime):
+    """PAGE = 4: one tile of keys spans several pages, each found through its own table entry."""
+    case = make_prefill_case([45, 21], [13, 21], 4, 2, 64, 4, seed=163, device=runtime.device)
+    check(impl, case)
+
+
+def test_pages_larger_than_a_key_tile(impl, runtime):
+    """PAGE = 32 on a CPU (larger than its 16-key tiles), 128 on a GPU: a key tile is a part of one page."""
+    PAGE = sizes(runtime, 32, 128)
+    q_lens = sizes(runtime, [13, 21], [300, 1000])
+    ctx = sizes(runtime, [45, 21], [1000, 1000])
+    case = make_prefill_case(ctx, q_lens, 4, 2, 64, PAGE, seed=167, device=runtime.device)
+    check(impl, case)
+
+
+def test_keys_past_the_context_are_not_read(impl, runtime):
+    """Contexts of 33 and 19 with PAGE = 8: the last key tile runs past the context, into the stale tail
+    of the last page (NaN) and past it, where the table holds garbage ids (2**31 - 1, -1, ...)."""
+    case = make_prefill_case([33, 19], [4, 19], 4, 2, 64, 8, seed=173, device=runtime.device, extra_pages=4)
+    check(impl, case)
+
+
+def test_diagonal_tiles_are_masked(impl, runtime):
+    """Through _launch with 16-row tiles and 16-key tiles, GROUP = 1, and whole tiles only: the first
+    rows of a tile must not see the keys its last rows see. Prefix 8: tile 0 holds positions 8-23 and
+    keys 9-23 are future keys for its first row."""
+    case = make_prefill_case([56, 32], [48, 32], 2, 2, 64, 8, seed=179, device=runtime.device)
+    out = torch.empty_like(case.q)
+    impl._launch(*case.args, 0.125, out, config=(16, 16, 4, 1))
+    ref, _ = prefill_reference(*case.args, scale=0.125)
+    assert_close(out, ref, DIMS)
+
+
+@pytest.mark.parametrize("config", [(16, 16), (64, 16), (16, 32)], ids=lambda c: f"M{c[0]}xN{c[1]}")
+def test_any_tile_shape(impl, runtime, config):
+    """BLOCK_M (rows: tokens x GROUP) and BLOCK_N are independent: the tile -> sequence map, the causal
+    ranges and the page lookups must hold for each. GROUP = 3, so BLOCK_M is not a whole number of groups."""
+    case = make_prefill_case([30, 8, 41], [17, 8, 1], 9, 3, 64, 8, seed=181, device=runtime.device)
+    out = torch.empty_like(case.q)
+    impl._launch(*case.args, 0.125, out, config=(*config, 4, 1))
+    ref, _ = prefill_reference(*case.args, scale=0.125)
+    assert_close(out, ref, DIMS)
+
+
+# --- Section 3.6 "The softmax": T5's update, base 2 inside, natural log out --------------------------------
+
+
+def test_online_softmax_rescales_old_tiles(impl, runtime):
+    """Scores rise with the key position, so the running max grows tile after tile: dropping the rescale
+    factor alpha = exp2(m_old - m_new) leaves the early tiles over-weighted."""
+    n, D = sizes(runtime, 80, 2000), 64
+    case = make_prefill_case([n], [4], 4, 1, D, 8, seed=191, device=runtime.device)
+    t = torch.arange(n, device=runtime.device)
+    blocks, slots = case.block_tables[0].long()[t // 8], t % 8  # where token t lives
+    q0 = case.q[0, 0].float()
+    case.q.copy_((q0 + 0.1 * case.q.float()).to(case.q.dtype))  # every query close to q0
+    ramp = torch.linspace(0.5, 12.0, n, device=runtime.device)[:, None]  # the score of key t
+    k = 0.2 * case.k_cache[blocks, slots, 0].float() + ramp * math.sqrt(D) * q0 / q0.dot(q0)
+    case.k_cache[blocks, slots, 0] = k.to(case.q.dtype)  # [n, D]
+    check(impl, case)
+
+
+def test_scale_is_applied(impl, runtime):
+    """The default scale is 1 / sqrt(D), folded with log2(e) into the scores; an explicit scale replaces
+    it. One key tile per sequence, so that a missing rescale cannot fail here."""
+    case = make_prefill_case([12, 7], [5, 7], 4, 1, 128, 8, seed=193, device=runtime.device)
+    check(impl, case)
+    check(impl, case, scale=0.3)
+
+
+def test_output_is_normalised_by_the_softmax_sum(impl, runtime):
+    """With every V row equal to 1 the output is exactly 1, whatever the scores."""
+    case = make_prefill_case([40, 23], [9, 23], 4, 2, 64, 8, seed=197, device=runtime.device)
+    real = ~torch.isnan(case.v_cache)
+    case.v_cache[real] = 1.0
+    out = check(impl, case)
+    assert_close(out, torch.ones_like(out, dtype=torch.float32), DIMS)
+
+
+def test_lse_is_natural_log(impl, runtime):
+    """lse [total_q, Hq] fp32 is log(sum(exp(scaled masked scores))) in base e: the kernel works in base 2,
+    so m + log2(l) must be multiplied by ln 2. Decode rows, chunks and a q_len = 0 row in one batch."""
+    q_lens = sizes(runtime, [1, 17, 0, 6], [1, 700, 0, 64])
+    ctx = sizes(runtime, [30, 40, 5, 6], [2000, 1400, 5, 64])
+    check_lse(impl, make_prefill_case(ctx, q_lens, 8, 2, 64, 8, seed=199, device=runtime.device))
+
+
+def test_chunked_prefill_equals_one_call(impl, runtime):
+    """One prompt prefilled in one call, then again in chunks (each a call whose prefix is the chunks
+    before it, the cache already holding the whole prompt): the outputs and lse must agree."""
+    n, chunk = sizes(runtime, (70, 24), (5000, 2048))
+    case = make_prefill_case([n], [n], 8, 2, 64, 16, seed=211, device=runtime.device)
+    whole, whole_lse = impl.paged_prefill(*case.args, return_lse=True)
+    ref, ref_lse = prefill_reference(*case.args)
+    assert_close(whole, ref, DIMS)
+    for first in range(0, n, chunk):
+        last = min(n, first + chunk)
+        part = PrefillCase(
+            case.q[first:last],
+            case.k_cache,
+            case.v_cache,
+            case.block_tables,
+            int32_tensor(runtime.device, 0, last - first),
+            int32_tensor(runtime.device, last),
+        )
+        out, lse = impl.paged_prefill(*part.args, return_lse=True)
+        assert_close(out, whole[first:last].float(), DIMS)
+        assert_close(lse, whole_lse[first:last], LSE_DIMS, **LSE_TOL)
+    assert_close(whole_lse, ref_lse, LSE_DIMS, **LSE_TOL)
+
+
+# --- Layout: strides, dtypes, sizes ------------------------------------------------------------------------
+
+
+def test_q_and_cache_strides_are_used(impl, runtime):
+    """q is every other head of a NaN-filled [total_q, 2 Hq, D] buffer, and k_cache, v_cache are layer 1
+    of a NaN-filled pool [num_blocks, layers, PAGE, Hkv, 2, D]: only the last dimension is contiguous."""
+    case = make_prefill_case([30, 9], [12, 9], 8, 2, 64, 8, seed=223, device=runtime.device)
+    total_q, Hq, D = case.q.shape
+    buffer = torch.full((total_q, 2 * Hq, D), float("nan"), dtype=case.q.dtype, device=runtime.device)
+    q = buffer[:, 1::2]  # [total_q, Hq, D], strides (2 Hq D, 2 D, 1)
+    q.copy_(case.q)
+    paged = make_paged_case([1], 8, 2, 64, 8, device=runtime.device)  # a PagedCase shell for in_layer_pool
+    paged.k_cache, paged.v_cache = case.k_cache, case.v_cache
+    pooled = in_layer_pool(paged)
+    check(impl, PrefillCase(q, pooled.k_cache, pooled.v_cache, *case.args[3:]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, bf16_on_gpu_only()], ids=["fp16", "bf16"])
+def test_dtypes(impl, runtime, dtype):
+    q_lens = sizes(runtime, [9, 1], [1500, 1])
+    ctx = sizes(runtime, [20, 33], [3000, 2048])
+    case = make_prefill_case(ctx, q_lens, 8, 2, 128, 16, seed=227, dtype=dtype, device=runtime.device)
+    out = check(impl, case)
+    assert out.dtype == dtype
+
+
+def test_large_ragged_batch(impl, runtime):
+    """Many sequences of random prefixes and chunk sizes, decode rows and empty rows among them."""
+    gen = torch.Generator().manual_seed(seeded(229))
+    B, top = sizes(runtime, (6, 24), (48, 1500))
+    q_lens = torch.randint(0, top, (B,), generator=gen)
+    q_lens[:2] = torch.tensor([1, 0])  # a decode row and a padding row among them
+    ctx = q_lens + torch.randint(0, 2 * top, (B,), generator=gen)
+    case = make_prefill_case(ctx.tolist(), q_lens.tolist(), 32, 8, 128, 16, seed=229, device=runtime.device)
+    check(impl, case)
+
+
+def test_page_index_widened_to_int64(impl, runtime):
+    """Block ids above 2**32 / page stride: block id * stride_kb overflows int32 and wraps around to
+    block 0 onwards, which reads zeros here. The 8.6 GB caches are sparse files on a CPU: only the pages
+    the sequences use take memory."""
+    if runtime.interpreter and bigmem.free_bytes() < 2**30:
+        pytest.skip(
+            f"needs about 1 GB of free memory for the pages it touches, {bigmem.free_bytes() / 2**30:.1f} GB free"
+        )
+    PAGE, Hkv, D = 16, 1, 128
+    stride = PAGE * Hkv * D  # elements per block
+    first = 2**32 // stride + 8  # every used block id is past the int32 limit, wrapped past 0
+    q_lens = sizes(runtime, [9, 7], [300, 45])
+    ctx = sizes(runtime, [40, 7], [700, 45])
+    case = make_prefill_case(
+        ctx,
+        q_lens,
+        4,
+        Hkv,
+        D,
+        PAGE,
+        seed=233,
+        device=runtime.device,
+        num_blocks=first + 96,
+        first_block=first,
+        sparse=True,
+    )
+    assert case.block_tables[:, 0].min().item() * stride > 2**32
+    check(impl, case)
+
+
+# --- The launcher rejects bad input before launching -----------------------------------------------
+
+
+def _spoil_cu(a, dev, *values):
+    return dict(cu_seqlens_q=int32_tensor(dev, *values))
+
+
+# A valid call: B = 2, q_lens [5, 3], context_lens [20, 3], PAGE = 16, max_pages 4.
+# name -> (how to spoil the arguments of a valid call, the error, what the message must name)
+BAD_INPUTS = {
+    "q_rank": (lambda a, dev: dict(q=a["q"][0]), ValueError, "q"),
+    "q_not_a_tensor": (lambda a, dev: dict(q=a["q"].tolist()), TypeError, "q"),
+    "q_dtype_fp32": (lambda a, dev: dict(q=a["q"].float()), TypeError, "q"),
+    "k_cache_dtype": (lambda a, dev: dict(k_cache=a["k_cache"].bfloat16()), TypeError, "k_cache"),
+    "v_cache_shape": (lambda a, dev: dict(v_cache=a["v_cache"][:, :, :1]), ValueError, "v_cache"),
+    "hq_not_multiple_of_hkv": (lambda a, dev: dict(q=a["q"][:, :3].contiguous()), ValueError, "Hq"),
+    "head_dim_mismatch": (lambda a, dev: dict(q=a["q"][..., :32].contiguous()), ValueError, "head dim"),
+    "page_not_pow2": (
+        lambda a, dev: {n: a[n][:, :12].contiguous() for n in ("k_cache", "v_cache")},
+        ValueError,
+        "PAGE",
+    ),
+    "q_last_dim_strided": (
+        lambda a, dev: dict(q=a["q"].transpose(1, 2).contiguous().transpose(1, 2)),
+        ValueError,
+        "q",
+    ),
+    "block_tables_int64": (
+        lambda a, dev: dict(block_tables=a["block_tables"].long()),
+        TypeError,
+        "block_tables",
+    ),
+    "cu_seqlens_int64": (
+        lambda a, dev: dict(cu_seqlens_q=a["cu_seqlens_q"].long()),
+        TypeError,
+        "cu_seqlens_q",
+    ),
+    "cu_seqlens_wrong_batch": (lambda a, dev: _spoil_cu(a, dev, 0, 8), ValueError, "cu_seqlens_q"),
+    "cu_seqlens_not_from_0": (lambda a, dev: _spoil_cu(a, dev, 1, 5, 8), ValueError, r"cu_seqlens_q\[0\]"),
+    "cu_seqlens_decreasing": (lambda a, dev: _spoil_cu(a, dev, 0, 6, 5), ValueError, "cu_seqlens_q"),
+    "cu_seqlens_short_of_total_q": (
+        lambda a, dev: _spoil_cu(a, dev, 0, 5, 7),
+        ValueError,
+        r"cu_seqlens_q\[2\]",
+    ),
+    "cu_seqlens_past_total_q": (lambda a, dev: _spoil_cu(a, dev, 0, 5, 9), ValueError, r"cu_seqlens_q\[2\]"),
+    "cu_seqlens_strided": (
+        lambda a, dev: dict(cu_seqlens_q=int32_tensor(dev, 0, 99, 5, 99, 8)[::2]),
+        ValueError,
+        "cu_seqlens_q",
+    ),
+    "context_lens_int64": (
+        lambda a, dev: dict(context_lens=a["context_lens"].long()),
+        TypeError,
+        "context_lens",
+    ),
+    "context_lens_wrong_batch": (
+        lambda a, dev: dict(context_lens=a["context_lens"][:1]),
+        ValueError,
+        "context_lens",
+    ),
+    "q_len_past_context_len": (
+        lambda a, dev: dict(context_lens=int32_tensor(dev, 20, 2)),
+        ValueError,
+        r"context_lens\[1\]",
+    ),
+    "context_len_past_table": (
+        lambda a, dev: dict(context_lens=int32_tensor(dev, 65, 3)),
+        ValueError,
+        r"context_lens\[0\]",
+    ),
+    "mixed_devices": (
+        lambda a, dev: dict(cu_seqlens_q=a["cu_seqlens_q"].to("meta")),
+        ValueError,
+        "cu_seqlens_q",
+    ),
+    "live_block_id_past_pool": (
+        lambda a, dev: dict(block_tables=with_entry(a["block_tables"], 0, 1, a["k_cache"].shape[0])),
+        ValueError,
+        r"block_tables\[0, 1\]",
+    ),
+    "live_block_id_negative": (
+        lambda a, dev: dict(block_tables=with_entry(a["block_tables"], 1, 0, -1)),
+        ValueError,
+        r"block_tables\[1, 0\]",
+    ),
+    "scale_nan": (lambda a, dev: dict(scale=float("nan")), ValueError, "scale"),
+    "scale_negative": (lambda a, dev: dict(scale=-0.125), ValueError, "scale"),
+    "scale_bool": (lambda a, dev: dict(scale=True), TypeError, "scale"),
+    "return_lse_not_bool": (lambda a, dev: dict(return_lse="yes"), TypeError, "return_lse"),
+    "v_cache_is_k_cache": (lambda a, dev: dict(v_cache=a["k_cache"]), ValueError, "v_cache"),
+    "v_cache_overlaps_k_cache": (lambda a, dev: overlapping_caches(a["k_cache"]), ValueError, "v_cache"),
+    "out_wrong_shape": (lambda a, dev: dict(out=torch.empty_like(a["q"])[:, :2]), ValueError, "out"),
+    "out_fp32": (lambda a, dev: dict(out=torch.empty_like(a["q"], dtype=torch.float32)), TypeError, "out"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_INPUTS))
+def test_launcher_rejects_bad_input(impl, runtime, name):
+    """Each bad argument raises ValueError/TypeError naming it, before any kernel runs."""
+    spoil, error, names = BAD_INPUTS[name]
+    case = make_prefill_case([20, 3], [5, 3], 4, 2, 64, 16, seed=239, device=runtime.device, max_pages=4)
+    args = dict(zip(("q", "k_cache", "v_cache", "block_tables", "cu_seqlens_q", "context_lens"), case.args))
+    args.update(spoil(args, runtime.device))
+    with raises_naming(error, names):
+        impl.paged_prefill(**args)
+
+
+def test_padding_rows_may_have_any_table(impl, runtime):
+    """Not a bad input: a q_len = 0 row's table is never read, so garbage ids there are accepted (and its
+    context_len may be 0)."""
+    case = make_prefill_case([0, 20, 7], [0, 5, 0], 4, 2, 64, 16, seed=241, device=runtime.device)
+    assert (case.block_tables[0] < 0).any() or (case.block_tables[0] >= case.k_cache.shape[0]).any()
+    check(impl, case)
+
+
+# --- Your kernel does the work ------------------------------------------------------------------
+
+
+def test_runs_a_triton_kernel(impl, runtime):
+    """The right numbers are not enough: paged_prefill must compute them with your Triton kernel, not
+    with torch (gathering the pages for scaled_dot_product_attention, or a copy of the grader's oracle)."""
+    case = make_prefill_case([37, 5], [12, 5], 8, 2, 64, 16, seed=251, device=runtime.device)
+    assert_runs_a_triton_kernel(impl, lambda: impl.paged_prefill(*case.args), "paged_prefill")
+
+
+# --- The grader's own tolerance is tight enough --------------------------------------------------
+
+
+def test_tolerance_rejects_zeros_top_left_and_base_2(runtime):
+    """Not a test of your kernel: proves the comparison fails an all-zeros output, the top-left causal
+    answer and an lse in base 2, so passing the other tests means something."""
+    case = make_prefill_case([40, 20], [9, 20], 8, 2, 64, 8, seed=257, device=runtime.device)
+    ref, lse = prefill_reference(*case.args)
+    assert mismatch(torch.zeros_like(ref).half(), ref) is not None
+    top_left = PrefillCase(*case.args[:5], torch.diff(case.cu_seqlens_q).to(torch.int32))  # prefix 0
+    # Top left over the whole context = bottom right over a context cut to q_len.
+    assert mismatch(prefill_reference(*top_left.args)[0].half(), ref) is not None
+    assert mismatch(lse / math.log(2), lse, **LSE_TOL) is not None
+    assert mismatch(ref.half(), ref) is None  # and the oracle rounded to fp16 passes
+
+
+def test_out_is_allocated_when_not_given(impl, runtime):
+    """Without `out`, paged_prefill allocates [total_q, Hq, D] in q's dtype. Last in the file: a kernel
+    that stores rows past the last sequence writes past this allocation, which the canary tests above
+    report first."""
+    case = make_prefill_case([25, 3], [10, 3], 8, 2, 64, 16, seed=263, device=runtime.device)
+    out = impl.paged_prefill(*case.args)
+    assert out.shape == case.q.shape and out.dtype == case.q.dtype and out.device == case.q.device
+    ref, _ = prefill_reference(*case.args)
+    assert_close(out, ref, DIMS)
+
+
+# --- Diagnosis: which pitfall of the explainer's section 5 a pattern of results points at --------------
+# The look-alikes and what tells them apart: pure prefill (prefix 0) passes top-left alignment; prefixes
+# that are whole pages pass the fresh-page assumption; pages larger than a key tile pass the one-page-
+# per-tile lookup; whole tiles (test_cu_seqlens_mark_where_each_sequence_starts) pass rows stored past a
+# sequence's end; the worked example (keys all 0) and V all ones pass the softmax mistakes; one key tile
+# per sequence (test_scale_is_applied) passes the missing rescale and the unmasked diagonal.
+
+WORKED = "test_worked_example_request_2_after_its_prefix_hit"
+WORKED_LSE = "test_worked_example_lse_is_ln_of_the_keys_seen"
+OOB_OR_NAN = r"out of bounds load|NaN"
+MISTAKES = [
+    Mistake(
+        1,
+        fails=("test_cached_prefix_is_visible_bottom_right", "test_decode_rows_beside_long_chunks", WORKED),
+        passes=("test_pure_prefill_without_a_prefix",),
+        question="Prefill without a prefix passes and every case with a cached prefix fails: request 2's new "
+        "token G sits at position 4; which keys may it see, and which does your mask let it see?",
+        section="2",
+    ),
+    Mistake(
+        2,
+        fails=("test_rows_past_a_sequence_end_not_written",),
+        passes=("test_cu_seqlens_mark_where_each_sequence_starts",),
+        messages=(r"out of bounds (load of q|store of out)|write race|buffer around out",),
+        question="A sequence of 5 new tokens in a tile of 8 token rows: whose rows are rows 5-7 of that "
+        "tile, and does your kernel load and store them?",
+        section="3.4",
+    ),
+    Mistake(
+        3,
+        fails=(
+            "test_cu_seqlens_mark_where_each_sequence_starts",
+            "test_rows_past_a_sequence_end_not_written",
+            WORKED,
+        ),
+        messages=(r"out of bounds load of q",),
+        question="Sequence b's new tokens are q[cu_seqlens_q[b] : cu_seqlens_q[b + 1]]: how many rows is "
+        "that, and how many does your kernel give it?",
+        section="3.4",
+    ),
+    Mistake(
+        4,
+        fails=("test_prefix_ends_inside_a_page",),
+        passes=("test_prefix_a_whole_number_of_pages", "test_pure_prefill_without_a_prefix", WORKED),
+        question="A prefix of 13 tokens with PAGE = 8: in which page and slot does new token 0 live, and "
+        "where does your kernel look for it?",
+        section="3.3",
+    ),
+    Mistake(
+        5,
+        fails=("test_pages_smaller_than_a_key_tile",),
+        passes=("test_pages_larger_than_a_key_tile", "test_output_is_normalised_by_the_softmax_sum"),
+        question="PAGE = 4 and 16 keys per tile: how many table entries does one key tile need, and how "
+        "many does your kernel read?",
+        section="3.3",
+    ),
+    Mistake(
+        6,
+        fails=("test_kv_head_grouping_is_contiguous[group4]", WORKED),
+        passes=(
+            "test_kv_head_grouping_is_contiguous[group1-MHA]",
+            "test_kv_head_grouping_is_contiguous[group8-MQA]",
+        ),
+        question="Only the cases with 1 < GROUP < Hq fail: with Hq = 8 and Hkv = 2, which KV head should "
+        "query head 1 read, and which does your kernel give it?",
+        section="3.1",
+    ),
+    Mistake(
+        7,
+        fails=("test_page_index_widened_to_int64",),
+        passes=(WORKED, "test_large_ragged_batch", "test_pages_shuffled_and_shared"),
+        question="Only block ids past 2**31 / stride_kb fail: in which integer type is phys * stride_kb "
+        "computed in your kernel?",
+        section="3.3",
+    ),
+    Mistake(
+        8,
+        fails=(
+            "test_diagonal_tiles_are_masked",
+            "test_cached_prefix_is_visible_bottom_right",
+            "test_pure_prefill_without_a_prefix",
+        ),
+        passes=("test_scale_is_applied",),
+        messages=(OOB_OR_NAN,),
+        question="A tile of 16 new tokens at positions 8-23: which is the last key its FIRST row may see, "
+        "and does your unmasked loop stop before it?",
+        section="3.2",
+    ),
+    Mistake(
+        9,
+        fails=("test_keys_past_the_context_are_not_read", "test_scale_is_applied"),
+        passes=("test_online_softmax_rescales_old_tiles",),
+        messages=(OOB_OR_NAN,),
+        question="Context 33, PAGE = 8, 16 keys per tile: which table entries does the tile of keys 32-47 "
+        "need, and what do entries past the last page hold?",
+        section="3.3",
+    ),
+    Mistake(
+        10,
+        fails=("test_online_softmax_rescales_old_tiles",),
+        passes=("test_scale_is_applied", WORKED),
+        question="When a later key tile raises a row's max, what happens in your kernel to the l and the "
+        "acc summed under the old max?",
+        section="3.6",
+    ),
+    Mistake(
+        11,
+        fails=("test_scale_is_applied",),
+        passes=("test_output_is_normalised_by_the_softmax_sum", WORKED),
+        question="exp2(x) is 2^x: which two factors must multiply a raw score q . k before it goes through "
+        "exp2, so that the weight is e^(score * scale)?",
+        section="3.6",
+    ),
+    Mistake(
+        12,
+        fails=("test_lse_is_natural_log", WORKED_LSE),
+        passes=(WORKED, "test_pure_prefill_without_a_prefix"),
+        question="E sees 5 keys that all score 0: its lse is ln 5 = 1.609. What does your kernel return, "
+        "and in which base is m + log2(l)?",
+        section="2",
+    ),
+    Mistake(
+        13,
+        fails=("test_empty_sequences_produce_nothing",),
+        passes=("test_keys_past_the_context_are_not_read", "test_pure_prefill_without_a_prefix"),
+        messages=(r"out of bounds load",),
+        question="A sequence with q_len = 0 (or a tile past a sequence's last new token) still gets a "
+        "program: which keys does that program read, through which table entries?",
+        section="3.4",
+    ),
+]
