@@ -189,8 +189,8 @@ def finding_lines(lesson: Lesson, findings: list[dict], cases: list[Case]) -> li
 def seed_line(seed: int, lesson_id: str | None = None) -> str:
     command = f"SEED=1 make test L={lesson_id}" if lesson_id else "SEED=1 make test L=..."
     if seed == 0:
-        return f"seed 0, the default; `{command}` grades other random cases"
-    return f"seed {seed}, from SEED; without it the default cases (seed 0) are graded"
+        return f"SEED=0, the default; `{command}` grades other random cases"
+    return f"SEED={seed}; without it the default cases (SEED=0) are graded"
 
 
 def render(

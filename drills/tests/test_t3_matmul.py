@@ -22,12 +22,12 @@ CANARY = 1234.5  # exactly representable in fp16 and bf16
 MARGIN = 256  # canary rows and columns on every side of C: more than any block reaches past an edge
 
 
-def poisoned(rows, cols, dtype, device, seed, transposed=False, col_step=1):
+def poisoned(rows, cols, dtype, device, stream, transposed=False, col_step=1):
     """Random [rows, cols] values in a view of a NaN-filled buffer that has PAD spare rows and columns.
 
     transposed: the transpose of a [cols, rows] view (strides (1, row length)), as `x.t()` gives.
     col_step: take every col_step-th column of the buffer (a strided view, stride col_step)."""
-    gen = torch.Generator().manual_seed(seeded(seed))
+    gen = torch.Generator().manual_seed(seeded(stream))
     r, c = (cols, rows) if transposed else (rows, cols)
     buffer = torch.full((r + PAD, c * col_step + PAD), float("nan"), dtype=dtype, device=device)
     view = buffer[:r, : c * col_step : col_step]  # [r, c]
@@ -82,9 +82,9 @@ def check(impl, a, b, out_layout="plain", **tol):
     return out
 
 
-def inputs(M, N, K, device, seed, dtype=torch.float16, **layout):
-    a = poisoned(M, K, dtype, device, seed, layout.get("a_transposed", False), layout.get("a_step", 1))
-    b = poisoned(K, N, dtype, device, seed + 1, layout.get("b_transposed", False), layout.get("b_step", 1))
+def inputs(M, N, K, device, stream, dtype=torch.float16, **layout):
+    a = poisoned(M, K, dtype, device, stream, layout.get("a_transposed", False), layout.get("a_step", 1))
+    b = poisoned(K, N, dtype, device, stream + 1, layout.get("b_transposed", False), layout.get("b_step", 1))
     return a, b
 
 
@@ -98,7 +98,7 @@ def gpu_only(runtime, shapes):
 def test_by_hand_37x100x61_every_edge_partial(impl, runtime):
     """The explainer's example: with 32 x 32 x 32 blocks, the last tile row holds 5 real rows, the last
     tile column 4 real columns, and the second K step 29 real k (3 masked)."""
-    a, b = inputs(37, 100, 61, runtime.device, seed=37)
+    a, b = inputs(37, 100, 61, runtime.device, stream=37)
     check(impl, a, b)
 
 
@@ -134,7 +134,7 @@ def test_programs_visit_tiles_in_grouped_order(impl, runtime, programs):
     ORDER[:programs] must be written, and written right. Row-major order, or a last group taken as
     GROUP_M rows long, writes other tiles."""
     M, N, K, T = 69, 64, 40, 16
-    a, b = inputs(M, N, K, runtime.device, seed=5)
+    a, b = inputs(M, N, K, runtime.device, stream=5)
     buffer = torch.full((M + 2 * MARGIN, N + 2 * MARGIN), CANARY, dtype=a.dtype, device=a.device)
     c = buffer[MARGIN : MARGIN + M, MARGIN : MARGIN + N]  # [M, N]
     impl.matmul_kernel[(programs,)](
@@ -181,7 +181,7 @@ def test_accumulates_in_fp32(impl, runtime):
     (neighbours are 2 apart there), so an fp16 accumulator returns 2048. The tolerance here is tight:
     a 0.2% loss must fail."""
     M, N, K = 33, 40, 1025
-    a, b = inputs(M, N, K, runtime.device, seed=7)
+    a, b = inputs(M, N, K, runtime.device, stream=7)
     a[:, 0], b[0, :] = 32.0, 64.0
     a[:, 1:], b[1:, :] = 1.0 / 16, 1.0 / 16
     out = check(impl, a, b, rtol=1e-3, rel=1e-3)
@@ -197,7 +197,7 @@ def test_accumulates_in_fp32(impl, runtime):
 def test_k_edge_is_masked(impl, runtime, K):
     """K not a multiple of BLOCK_K: the last K step reaches into NaN, which must be masked off in both A
     and B (0 * NaN is NaN, so masking one operand is not enough)."""
-    a, b = inputs(20, 24, K, runtime.device, seed=K)
+    a, b = inputs(20, 24, K, runtime.device, stream=K)
     check(impl, a, b)
 
 
@@ -205,20 +205,20 @@ def test_k_edge_is_masked(impl, runtime, K):
 def test_store_masked_at_m_and_n_edges(impl, runtime, M, N, K):
     """M and N not multiples of the block: a store without the (m < M) & (n < N) mask writes rows and
     columns past C, into the canary around it."""
-    a, b = inputs(M, N, K, runtime.device, seed=M + N)
+    a, b = inputs(M, N, K, runtime.device, stream=M + N)
     check(impl, a, b)
 
 
 def test_k_longer_than_one_block(impl, runtime):
     """Many K steps: the pointers must advance by BLOCK_K along K (stride_ak for A, stride_bk for B)."""
     K = sizes(runtime, 300, 2500)
-    a, b = inputs(40, 70, K, runtime.device, seed=3)
+    a, b = inputs(40, 70, K, runtime.device, stream=3)
     check(impl, a, b)
 
 
 @pytest.mark.parametrize("M,N,K", [(37, 100, 61), (1, 16, 1), (129, 257, 65), (5, 300, 33), (1, 1, 1)])
 def test_non_power_of_two_shapes(impl, runtime, M, N, K):
-    a, b = inputs(M, N, K, runtime.device, seed=M * 7 + N)
+    a, b = inputs(M, N, K, runtime.device, stream=M * 7 + N)
     check(impl, a, b)
 
 
@@ -230,7 +230,7 @@ def test_large_non_power_of_two_shapes(impl, runtime):
             "would take minutes"
         )
     for M, N, K in [(1031, 1100, 1000), (2049, 1537, 640), (4096, 4096, 4096)]:
-        a, b = inputs(M, N, K, runtime.device, seed=M)
+        a, b = inputs(M, N, K, runtime.device, stream=M)
         check(impl, a, b)
 
 
@@ -239,10 +239,10 @@ def test_every_tile_computed_when_last_group_is_short(impl, runtime, M):
     """Tile rows not a multiple of GROUP_M (5, 10 and 19 tile rows of 32 with GROUP_M = 4 on the CPU;
     10 rows of 64 with GROUP_M = 8 at M = 577 on a GPU): the last group is shorter, and a mapping that
     assumes GROUP_M rows there leaves tiles unwritten (still canary)."""
-    a, b = inputs(M, 100, 40, runtime.device, seed=M)
+    a, b = inputs(M, 100, 40, runtime.device, stream=M)
     check(impl, a, b)
     if not runtime.interpreter:  # 10 tile rows of 128 with GROUP_M = 8, large configuration
-        a, b = inputs(1157, 1100, 200, runtime.device, seed=M + 1)
+        a, b = inputs(1157, 1100, 200, runtime.device, stream=M + 1)
         check(impl, a, b)
 
 
@@ -259,7 +259,7 @@ LAYOUTS = {
 def test_strides_are_respected(impl, runtime, layout):
     """A and B as transposed or strided views: a kernel that assumes a stride of 1 anywhere (or uses one
     matrix's stride for another dimension) reads the wrong elements."""
-    a, b = inputs(37, 45, 70, runtime.device, seed=11, **LAYOUTS[layout])
+    a, b = inputs(37, 45, 70, runtime.device, stream=11, **LAYOUTS[layout])
     check(impl, a, b)
 
 
@@ -267,7 +267,7 @@ def test_strides_are_respected(impl, runtime, layout):
 def test_output_strides_are_respected(impl, runtime, out_layout):
     """out as a transposed view (strides (1, M + 2 * MARGIN)) or every other column of a wider buffer
     (strides (2 * N + 2 * MARGIN, 2)): the store must use stride_cm and stride_cn."""
-    a, b = inputs(37, 45, 70, runtime.device, seed=13)
+    a, b = inputs(37, 45, 70, runtime.device, stream=13)
     check(impl, a, b, out_layout=out_layout)
 
 
@@ -288,7 +288,7 @@ def test_loads_stay_inside_a_and_b(impl, runtime):
 def test_dtypes(impl, runtime, dtype):
     """The output has the inputs' dtype, rounded from fp32 once."""
     M, N, K = sizes(runtime, (37, 100, 61), (1031, 1100, 1000))
-    a, b = inputs(M, N, K, runtime.device, seed=17, dtype=dtype)
+    a, b = inputs(M, N, K, runtime.device, stream=17, dtype=dtype)
     out = check(impl, a, b)
     assert out.dtype == dtype
 
@@ -348,7 +348,7 @@ BAD_INPUTS = {
 def test_launcher_rejects_bad_input(impl, runtime, name):
     """Each bad argument raises ValueError/TypeError naming it, before any kernel runs."""
     spoil, error, names = BAD_INPUTS[name]
-    a, b = inputs(37, 45, 61, runtime.device, seed=19)
+    a, b = inputs(37, 45, 61, runtime.device, stream=19)
     args = dict(a=a, b=b)
     args.update(spoil(a, b))
     with record_launches(impl) as launches, pytest.raises(error, match=names):
@@ -393,7 +393,7 @@ def test_launch_rejects_a_bad_config(impl, runtime, name):
     checks neither): _launch refuses others, naming the key, before launching."""
     change, key = BAD_CONFIGS[name]
     config = {k: v for k, v in {**impl._CONFIGS["interpreter"], **change}.items() if v is not None}
-    a, b = inputs(37, 45, 61, runtime.device, seed=19)
+    a, b = inputs(37, 45, 61, runtime.device, stream=19)
     with record_launches(impl) as launches, pytest.raises(ValueError, match=key):
         impl._launch(a, b, torch.empty(37, 45, dtype=a.dtype, device=a.device), config=config)
     assert not launches.calls, "the error must come before any kernel is launched"
@@ -403,7 +403,7 @@ def test_every_configuration_has_dot_dims_of_16(impl, runtime):
     """Each configuration of the launcher's table, the GPU ones included, run here on a problem with
     every edge partial. The interpreter would run a BLOCK_K of 8 that a GPU cannot compile (section 3.5),
     so the check that each block is a power of two >= 16 is what fails here for such a table."""
-    a, b = inputs(37, 45, 61, runtime.device, seed=43)
+    a, b = inputs(37, 45, 61, runtime.device, stream=43)
     for name, config in impl._CONFIGS.items():
         out = torch.full((37, 45), CANARY, dtype=a.dtype, device=a.device)
         impl._launch(a, b, out, config=config)
@@ -417,7 +417,7 @@ def test_every_configuration_has_dot_dims_of_16(impl, runtime):
 def test_runs_a_triton_kernel(impl, runtime):
     """The right numbers are not enough: matmul must compute them with your Triton kernel, not with
     torch (a @ b, or a copy of the grader's oracle)."""
-    a, b = inputs(37, 45, 61, runtime.device, seed=31)
+    a, b = inputs(37, 45, 61, runtime.device, stream=31)
     assert_runs_a_triton_kernel(impl, lambda: impl.matmul(a, b), "matmul")
 
 
@@ -427,7 +427,7 @@ def test_runs_a_triton_kernel(impl, runtime):
 def test_tolerance_rejects_zeros_and_a_dropped_k_term(runtime):
     """Not a test of your kernel: proves the comparison fails an all-zeros C and a C that misses the
     last k term (a K mask off by one), and passes the oracle rounded to fp16."""
-    a, b = inputs(37, 100, 61, runtime.device, seed=23)
+    a, b = inputs(37, 100, 61, runtime.device, stream=23)
     ref = reference(a, b)
     assert mismatch(torch.zeros_like(ref).half(), ref) is not None
     assert mismatch(reference(a[:, :-1], b[:-1]).half(), ref) is not None
@@ -438,7 +438,7 @@ def test_out_is_allocated_when_not_given(impl, runtime):
     """Without `out`, matmul allocates [M, N] in the inputs' dtype. M and N are multiples of every block
     size used here, so a kernel that forgets the store mask (reported by the canary tests above) does
     not also write past this allocation and crash the run."""
-    a, b = inputs(64, 64, 61, runtime.device, seed=29)
+    a, b = inputs(64, 64, 61, runtime.device, stream=29)
     out = impl.matmul(a, b)
     assert out.shape == (64, 64) and out.dtype == a.dtype and out.device == a.device
     assert_close(out, reference(a, b), DIMS)
