@@ -249,3 +249,27 @@ def overlapping_caches(k_cache):
     """k_cache and a v_cache that share all but one block of memory with it."""
     pool = torch.cat([k_cache, k_cache[:1]])  # [num_blocks + 1, PAGE, Hkv, D]
     return dict(k_cache=pool[:-1], v_cache=pool[1:])  # v's block i is k's block i + 1
+
+
+# Bad arguments every launcher over a paged cache rejects (L2, L4): name -> (how to spoil the arguments
+# of a valid call, the error, what the message must name). Each grader adds its own entries.
+PAGED_BAD_INPUTS = {
+    "q_rank": (lambda a, dev: dict(q=a["q"][0]), ValueError, "q"),
+    "q_not_a_tensor": (lambda a, dev: dict(q=a["q"].tolist()), TypeError, "q"),
+    "q_dtype_fp32": (lambda a, dev: dict(q=a["q"].float()), TypeError, "q"),
+    "k_cache_dtype": (lambda a, dev: dict(k_cache=a["k_cache"].bfloat16()), TypeError, "k_cache"),
+    "k_cache_rank": (lambda a, dev: dict(k_cache=a["k_cache"][0]), ValueError, "k_cache"),
+    "v_cache_shape": (lambda a, dev: dict(v_cache=a["v_cache"][:, :, :1]), ValueError, "v_cache"),
+    "hq_not_multiple_of_hkv": (lambda a, dev: dict(q=a["q"][:, :3].contiguous()), ValueError, "Hq"),
+    "head_dim_mismatch": (lambda a, dev: dict(q=a["q"][..., :32].contiguous()), ValueError, "head dim"),
+    "q_last_dim_strided": (
+        lambda a, dev: dict(q=a["q"].transpose(1, 2).contiguous().transpose(1, 2)),
+        ValueError,
+        "q",
+    ),
+    "block_tables_int64": (
+        lambda a, dev: dict(block_tables=a["block_tables"].long()),
+        TypeError,
+        "block_tables",
+    ),
+}

@@ -17,6 +17,7 @@ from drills.grading.diagnose import Mistake
 from drills.tests import bf16_on_gpu_only, bigmem, seeded, sizes
 from drills.tests.launches import assert_runs_a_triton_kernel
 from drills.tests.paged_kv import (
+    PAGED_BAD_INPUTS,
     call_with_canary_out,
     gather_kv,
     in_layer_pool,
@@ -293,14 +294,7 @@ def test_page_index_widened_to_int64(impl, runtime):
 
 # name -> (how to spoil the arguments of a valid call, the error, what the message must name)
 BAD_INPUTS = {
-    "q_rank": (lambda a, dev: dict(q=a["q"][0]), ValueError, "q"),
-    "q_not_a_tensor": (lambda a, dev: dict(q=a["q"].tolist()), TypeError, "q"),
-    "q_dtype_fp32": (lambda a, dev: dict(q=a["q"].float()), TypeError, "q"),
-    "k_cache_dtype": (lambda a, dev: dict(k_cache=a["k_cache"].bfloat16()), TypeError, "k_cache"),
-    "k_cache_rank": (lambda a, dev: dict(k_cache=a["k_cache"][0]), ValueError, "k_cache"),
-    "v_cache_shape": (lambda a, dev: dict(v_cache=a["v_cache"][:, :, :1]), ValueError, "v_cache"),
-    "hq_not_multiple_of_hkv": (lambda a, dev: dict(q=a["q"][:, :3].contiguous()), ValueError, "Hq"),
-    "head_dim_mismatch": (lambda a, dev: dict(q=a["q"][..., :32].contiguous()), ValueError, "head dim"),
+    **PAGED_BAD_INPUTS,
     "head_dim_not_pow2": (
         lambda a, dev: {n: a[n][..., :48].contiguous() for n in ("q", "k_cache", "v_cache")},
         ValueError,
@@ -310,16 +304,6 @@ BAD_INPUTS = {
         lambda a, dev: {n: a[n][:, :8].contiguous() for n in ("k_cache", "v_cache")},
         ValueError,
         "PAGE",
-    ),
-    "q_last_dim_strided": (
-        lambda a, dev: dict(q=a["q"].transpose(1, 2).contiguous().transpose(1, 2)),
-        ValueError,
-        "q",
-    ),
-    "block_tables_int64": (
-        lambda a, dev: dict(block_tables=a["block_tables"].long()),
-        TypeError,
-        "block_tables",
     ),
     "block_tables_wrong_batch": (
         lambda a, dev: dict(block_tables=a["block_tables"][:1]),

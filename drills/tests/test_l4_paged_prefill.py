@@ -21,6 +21,7 @@ from drills.tests import bf16_on_gpu_only, bigmem, raises_naming, seeded, sizes
 from drills.tests.launches import assert_runs_a_triton_kernel
 from drills.tests.paged_kv import (
     GARBAGE_BLOCK_IDS,
+    PAGED_BAD_INPUTS,
     call_with_canary_out,
     gather_kv,
     in_layer_pool,
@@ -481,27 +482,11 @@ def _spoil_cu(a, dev, *values):
 # A valid call: B = 2, q_lens [5, 3], context_lens [20, 3], PAGE = 16, max_pages 4.
 # name -> (how to spoil the arguments of a valid call, the error, what the message must name)
 BAD_INPUTS = {
-    "q_rank": (lambda a, dev: dict(q=a["q"][0]), ValueError, "q"),
-    "q_not_a_tensor": (lambda a, dev: dict(q=a["q"].tolist()), TypeError, "q"),
-    "q_dtype_fp32": (lambda a, dev: dict(q=a["q"].float()), TypeError, "q"),
-    "k_cache_dtype": (lambda a, dev: dict(k_cache=a["k_cache"].bfloat16()), TypeError, "k_cache"),
-    "v_cache_shape": (lambda a, dev: dict(v_cache=a["v_cache"][:, :, :1]), ValueError, "v_cache"),
-    "hq_not_multiple_of_hkv": (lambda a, dev: dict(q=a["q"][:, :3].contiguous()), ValueError, "Hq"),
-    "head_dim_mismatch": (lambda a, dev: dict(q=a["q"][..., :32].contiguous()), ValueError, "head dim"),
+    **PAGED_BAD_INPUTS,
     "page_not_pow2": (
         lambda a, dev: {n: a[n][:, :12].contiguous() for n in ("k_cache", "v_cache")},
         ValueError,
         "PAGE",
-    ),
-    "q_last_dim_strided": (
-        lambda a, dev: dict(q=a["q"].transpose(1, 2).contiguous().transpose(1, 2)),
-        ValueError,
-        "q",
-    ),
-    "block_tables_int64": (
-        lambda a, dev: dict(block_tables=a["block_tables"].long()),
-        TypeError,
-        "block_tables",
     ),
     "cu_seqlens_int64": (
         lambda a, dev: dict(cu_seqlens_q=a["cu_seqlens_q"].long()),
