@@ -139,6 +139,24 @@ def time_us(fn, graph: bool = False) -> float:
     return 1000.0 * triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
 
 
+def host_us(fn, calls: int = 100) -> float:
+    """Median host time of one call in microseconds: what the calling Python thread pays per call
+    (checks, allocations, launches), not the GPU. Calls are queued without waiting, and 100 of them stay
+    far below the GPU's launch queue, so no call blocks on the GPU; the queue is drained between rounds."""
+    import time
+
+    fn()  # compile outside the timing
+    rounds = []
+    for _ in range(7):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        rounds.append((time.perf_counter() - start) / calls)
+    torch.cuda.synchronize()
+    return 1e6 * sorted(rounds)[len(rounds) // 2]
+
+
 def read_ceiling_gbs(nbytes: int) -> float:
     """GB/s of a plain reduction over an fp16 buffer of nbytes: the most a kernel that reads those bytes
     once can hope for on this GPU today."""

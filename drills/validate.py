@@ -69,6 +69,15 @@ def positive_int(name: str, value) -> int:
     return int(value)
 
 
+def non_negative_int(name: str, value) -> int:
+    """An int >= 0 (a length that may be 0: a padding sequence)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+    return int(value)
+
+
 def finite_positive(name: str, value) -> float:
     """A Python number, finite and > 0 (a softmax scale: NaN, inf, 0 or a negative one is never meant)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -124,8 +133,41 @@ def disjoint(name_a: str, a: torch.Tensor, name_b: str, b: torch.Tensor) -> None
         )
 
 
+def device_values_checked(check, t: torch.Tensor) -> bool:
+    """Whether a launcher checks the values its tensors hold on the device (lengths, block ids, slots).
+
+    Reading them costs a device-to-host copy that waits for the GPU (a sync: the host stops queueing
+    work), and inside CUDA-graph capture it cannot happen at all. So: check=True always checks (and
+    refuses to run while a graph is captured), check=False never does, and check=None (the default)
+    checks when it costs no sync: tensors on the CPU. On a GPU the engine checks on the host, where it
+    built those values, or passes check=True while developing.
+    """
+    if check is None:
+        return t.device.type == "cpu"
+    if not isinstance(check, bool):
+        raise TypeError(f"check must be True, False or None, got {type(check).__name__} {check!r}")
+    if check and t.is_cuda and torch.cuda.is_current_stream_capturing():
+        raise ValueError(
+            "check=True reads device values, which cannot happen while a CUDA graph is captured: check "
+            "in an eager call before capturing, and capture with check=None"
+        )
+    return check
+
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
 def paged_decode_inputs(
-    q, k_cache, v_cache, block_tables, context_lens, scale=None, out=None, min_page=16, max_page=None
+    q,
+    k_cache,
+    v_cache,
+    block_tables,
+    context_lens,
+    scale=None,
+    out=None,
+    min_page=16,
+    max_page=None,
+    check=None,
 ):
     """Checks for a decode step over a paged KV cache (L2, F1). Returns (B, Hq, Hkv, D, PAGE).
 
@@ -133,24 +175,49 @@ def paged_decode_inputs(
     for tl.dot; F1 gathers token by token and takes any power of two from 1 to 128).
 
     q [B, Hq, D] fp16/bf16; k_cache, v_cache [num_blocks, PAGE, Hkv, D]; block_tables [B, max_pages]
-    int32; context_lens [B] int32 in [1, max_pages * PAGE]; out None or [B, Hq, D] of q's dtype.
+    int32; context_lens [B] int32 in [0, max_pages * PAGE] (0 is a padding sequence); out None or
+    [B, Hq, D] of q's dtype. Shapes, dtypes, strides and devices are checked on every call (the host has
+    them); the lengths and block ids only when device_values_checked(check, ...) says so.
+
+    This runs before every decode step, so it is written for speed (about 10 us of Python on an H200's
+    host, L2 section 3.6): each test reads attributes once, and the helpers that build the messages run
+    only once a test has failed.
     """
-    tensor("q", q, 3, (torch.float16, torch.bfloat16))
-    tensor("k_cache", k_cache, 4, (q.dtype,))
-    tensor("v_cache", v_cache, 4, (q.dtype,))
-    tensor("block_tables", block_tables, 2, (torch.int32,))
-    tensor("context_lens", context_lens, 1, (torch.int32,))
-    named = dict(q=q, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables, context_lens=context_lens)
-    if out is not None:
-        named["out"] = tensor("out", out, 3, (q.dtype,))
-    same_device(**named)
+    T = torch.Tensor
+    if not (isinstance(q, T) and q.dim() == 3 and q.dtype in _HALF):
+        tensor("q", q, 3, _HALF)
+    dtype = q.dtype
+    named = (("k_cache", k_cache, 4), ("v_cache", v_cache, 4))
+    for name, t, rank in named:
+        if not (isinstance(t, T) and t.dim() == rank and t.dtype == dtype):
+            tensor(name, t, rank, (dtype,))
+    if not (isinstance(block_tables, T) and block_tables.dim() == 2 and block_tables.dtype == torch.int32):
+        tensor("block_tables", block_tables, 2, (torch.int32,))
+    if not (isinstance(context_lens, T) and context_lens.dim() == 1 and context_lens.dtype == torch.int32):
+        tensor("context_lens", context_lens, 1, (torch.int32,))
+    if out is not None and not (isinstance(out, T) and out.dim() == 3 and out.dtype == dtype):
+        tensor("out", out, 3, (dtype,))
+    device = q.device
+    if (
+        k_cache.device != device
+        or v_cache.device != device
+        or block_tables.device != device
+        or context_lens.device != device
+        or (out is not None and out.device != device)
+        or (device.type == "cpu") != drills.runtime.current().interpreter
+    ):
+        named_all = dict(
+            q=q, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables, context_lens=context_lens
+        )
+        if out is not None:
+            named_all["out"] = out
+        same_device(**named_all)
 
     B, Hq, D = q.shape
-    _, PAGE, Hkv, Dk = k_cache.shape
-    if v_cache.shape != k_cache.shape:
-        raise ValueError(
-            f"v_cache shape {tuple(v_cache.shape)} must equal k_cache shape {tuple(k_cache.shape)}"
-        )
+    k_shape = k_cache.shape
+    _, PAGE, Hkv, Dk = k_shape
+    if v_cache.shape != k_shape:
+        raise ValueError(f"v_cache shape {tuple(v_cache.shape)} must equal k_cache shape {tuple(k_shape)}")
     if Dk != D:
         raise ValueError(f"k_cache head dim {Dk} (k_cache.shape[3]) must equal q's head dim {D}")
     if not (is_pow2(D) and 16 <= D <= 256):
@@ -162,32 +229,52 @@ def paged_decode_inputs(
         raise ValueError(f"Hq = {Hq} (q.shape[1]) must be a multiple of Hkv = {Hkv} (k_cache.shape[2])")
     if out is not None and out.shape != q.shape:
         raise ValueError(f"out must have q's shape {tuple(q.shape)}, got {tuple(out.shape)}")
-    last_dim_contiguous(**{n: named[n] for n in ("q", "k_cache", "v_cache", "out") if n in named})
-    if block_tables.shape[0] != B:
+    if (
+        q.stride(2) != 1
+        or k_cache.stride(3) != 1
+        or v_cache.stride(3) != 1
+        or (out is not None and out.stride(2) != 1)
+    ):
+        last_dim_contiguous(q=q, k_cache=k_cache, v_cache=v_cache, **({} if out is None else {"out": out}))
+    bt_rows, max_pages = block_tables.shape
+    if bt_rows != B:
         raise ValueError(f"block_tables must be [B={B}, max_pages], got {tuple(block_tables.shape)}")
     # Kernels read entry p of a row at row + p (rows may be strided: a slice of a wider table is fine).
-    if block_tables.shape[1] > 1 and block_tables.stride(1) != 1:
+    if max_pages > 1 and block_tables.stride(1) != 1:
         raise ValueError(
             f"block_tables must have contiguous rows (stride 1 along max_pages), got strides "
             f"{tuple(block_tables.stride())}: pass block_tables.contiguous()"
         )
     if context_lens.shape[0] != B:
         raise ValueError(f"context_lens must have B = {B} entries, got {context_lens.shape[0]}")
-    contiguous(context_lens=context_lens)  # kernels read context_lens[b] at context_lens_ptr + b
-    disjoint("k_cache", k_cache, "v_cache", v_cache)
+    if B > 1 and context_lens.stride(0) != 1:  # kernels read context_lens[b] at context_lens_ptr + b
+        contiguous(context_lens=context_lens)
+    # K and V are usually two views of one pool, their byte ranges interleaved: the exact test runs then.
+    k_span = _span(k_cache)
+    v_span = _span(v_cache)
+    if not (k_span[1] <= v_span[0] or v_span[1] <= k_span[0]):
+        disjoint("k_cache", k_cache, "v_cache", v_cache)
     if out is not None:
-        disjoint("k_cache", k_cache, "out", out)
-        disjoint("v_cache", v_cache, "out", out)
+        o_lo, o_hi = _span(out)
+        for name, cache, (lo, hi) in (("k_cache", k_cache, k_span), ("v_cache", v_cache, v_span)):
+            if not (hi <= o_lo or o_hi <= lo):
+                disjoint(name, cache, "out", out)
     if scale is not None:
         finite_positive("scale", scale)
-
-    # The value checks cost two host syncs; benchmarks time the bare launch so they stay out of kernel time.
-    max_len = block_tables.shape[1] * PAGE
-    for i, n in enumerate(context_lens.tolist()):
-        if not 1 <= n <= max_len:
-            raise ValueError(f"context_lens[{i}] = {n} is outside [1, max_pages * PAGE = {max_len}]")
-    live_block_ids(block_tables, context_lens, PAGE, k_cache.shape[0])
+    if check is not None or device.type == "cpu":
+        if device_values_checked(check, context_lens):
+            context_lens_fit(context_lens, max_pages * PAGE)
+            live_block_ids(block_tables, context_lens, PAGE, k_shape[0])
     return B, Hq, Hkv, D, PAGE
+
+
+def context_lens_fit(context_lens: torch.Tensor, max_len: int, what: str = "max_pages * PAGE") -> None:
+    """Every length in [0, max_len] (one host copy of the lengths). 0 is a padding sequence: nothing is read."""
+    for i, n in enumerate(context_lens.tolist()):
+        if not 0 <= n <= max_len:
+            raise ValueError(
+                f"context_lens[{i}] = {n} is outside [0, {what} = {max_len}] (0 marks a padding sequence)"
+            )
 
 
 def live_block_ids(
@@ -212,7 +299,7 @@ def decode_plan_args(
 ) -> list[int]:
     """Checks for a split-KV planner's arguments (F1's plan()). Returns the lengths as a list of ints.
 
-    context_lens a non-empty list of ints or a 1-D integer tensor, every length >= 1; num_kv_heads,
+    context_lens a non-empty list of ints or a 1-D integer tensor, every length >= 0 (0: a padding sequence); num_kv_heads,
     num_sms (None or) and num_splits (None or) ints >= 1; page_size a power of two from 1 to max_page.
     """
     if isinstance(context_lens, torch.Tensor):
@@ -234,8 +321,8 @@ def decode_plan_args(
             f"context_lens must be a list of ints or a 1-D integer tensor, got {type(context_lens).__name__}"
         )
     if not lens:
-        raise ValueError("context_lens must be a non-empty list of lengths >= 1")
-    lens = [positive_int(f"context_lens[{i}]", n) for i, n in enumerate(lens)]
+        raise ValueError("context_lens must be a non-empty list of lengths >= 0")
+    lens = [non_negative_int(f"context_lens[{i}]", n) for i, n in enumerate(lens)]
     positive_int("num_kv_heads", num_kv_heads)
     if isinstance(page_size, bool) or not isinstance(page_size, numbers.Integral):
         raise TypeError(f"page_size must be an int, got {type(page_size).__name__} {page_size!r}")

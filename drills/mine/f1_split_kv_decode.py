@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from drills import validate
+from drills.launch import launch, next_pow2
 
 LOG2E = 1.4426950408889634  # exp(x) = exp2(x * log2(e)): exp2 is the hardware instruction
 LN2 = 0.6931471805599453
@@ -35,7 +36,8 @@ class DecodePlan:
 def plan(context_lens, num_kv_heads, page_size, num_sms=None, num_splits=None) -> DecodePlan:
     """Choose how many chunks each sequence's KV is cut into (host side, before the step).
 
-    context_lens  [B] ints >= 1 (a list, or a 1-D integer tensor); num_kv_heads Hkv, an int >= 1;
+    context_lens  [B] ints >= 0 (a list, or a 1-D integer tensor; 0 is a padding sequence); num_kv_heads Hkv,
+                  an int >= 1;
                   page_size PAGE, a power of two from 1 to 128
     num_sms       SMs to fill (an int >= 1), default the current GPU's (132, an H200's, without a GPU)
     num_splits    force a split count (an int >= 1; teaching and tests); otherwise split only when B * Hkv programs
@@ -44,10 +46,28 @@ def plan(context_lens, num_kv_heads, page_size, num_sms=None, num_splits=None) -
     Chunks are whole tiles of BLOCK_N tokens, so the plan's num_splits is the nearest count that gives
     every split of the longest sequence at least one token (never more than asked for).
     """
-    raise NotImplementedError(
-        "f1 is not started: fill in plan() and the kernels in drills/mine/f1_split_kv_decode.py, then delete this line (read drills/content/f1_split_kv_decode.md)"
-    )
-    lens = validate.decode_plan_args(context_lens, num_kv_heads, page_size, num_sms, num_splits)  # noqa: F841 [B] ints >= 1
+    lens = validate.decode_plan_args(
+        context_lens, num_kv_heads, page_size, num_sms, num_splits
+    )  # [B] ints >= 0
+    max_len = max(lens)
+    max_tiles = max(1, triton.cdiv(max_len, BLOCK_N))  # a batch of padding sequences still gets one split
+    if num_splits is None:
+        if num_sms is None:
+            num_sms = (
+                torch.cuda.get_device_properties().multi_processor_count
+                if torch.cuda.is_available()
+                else H200_SMS
+            )
+        # About four resident programs per SM keep enough page loads in flight (measured on an H200:
+        # B=64, ctx=1024 is 512 programs and runs best unsplit; B=1 runs best at 8 x 64 programs).
+        num_splits = max(1, (4 * num_sms) // (len(lens) * num_kv_heads))
+        num_splits = min(
+            num_splits, max(1, triton.cdiv(max_len, MIN_CHUNK))
+        )  # tiny chunks cost more to merge
+    # More splits than tiles would leave the longest with empty splits.
+    num_splits = min(num_splits, max_tiles)
+    chunk = triton.cdiv(max_tiles, num_splits) * BLOCK_N
+    return DecodePlan(num_splits=max(1, triton.cdiv(max_len, chunk)), chunk=chunk, max_len=max_len)
     # TODO(section 4 "Planning"): when num_splits is None, split only when B * Hkv programs cannot fill
     # num_sms SMs (about 4 programs per SM), with chunks of at least MIN_CHUNK tokens; clamp to the number of
     # BLOCK_N tiles of the longest sequence; chunk = whole tiles; return DecodePlan(num_splits, chunk, max_len).
@@ -123,7 +143,8 @@ def merge_splits_kernel(
 ):
     # TODO(section 3.5 "Merging the splits"): for (b, h), walk the splits BLOCK_S at a time: running max
     # m of the lse values, weights exp(lse - m), rescale the running sum and output when m grows; store
-    # acc / w_sum, and m + log(w_sum) when WRITE_LSE.
+    # acc / w_sum, and m + log(w_sum) when WRITE_LSE. A padding sequence (ctx = 0) has every split empty:
+    # m stays -inf, so measure from 0 there and store 0 and lse -inf.
     pass
 
 
@@ -152,9 +173,6 @@ def merge_states(o_a, lse_a, o_b, lse_b):
     Any of the four may be a strided view: the kernel reads contiguous copies.
     Returns (o [..., D] in o_a's dtype, lse [...] float32).
     """
-    raise NotImplementedError(
-        "f1 is not started: fill in plan() and the kernels in drills/mine/f1_split_kv_decode.py, then delete this line (read drills/content/f1_split_kv_decode.md)"
-    )
     for name, t in (("o_a", o_a), ("lse_a", lse_a), ("o_b", o_b), ("lse_b", lse_b)):
         validate.tensor(name, t)
     validate.tensor("o_a", o_a, dtypes=(torch.float16, torch.bfloat16, torch.float32))
@@ -192,89 +210,69 @@ def _launch(q, k_cache, v_cache, block_tables, context_lens, scale, decode_plan,
     # warps and 5 loads in flight is fastest at every batch size once the grid is full (as in L2).
     common = dict(
         GROUP=group,
-        GROUP_PAD=max(16, triton.next_power_of_2(group)),
+        GROUP_PAD=max(16, next_pow2(group)),
         PAGE=PAGE,
         D=D,
         BLOCK_N=BLOCK_N,
         num_warps=2,
         num_stages=5,
     )
-    kv_args = (
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
-        v_cache.stride(0),
-        v_cache.stride(1),
-        v_cache.stride(2),
-    )
+    head = (q, k_cache, v_cache, block_tables, context_lens)
+    kv_args = (scale * LOG2E, decode_plan.chunk, q.stride(0), q.stride(1), *k_cache.stride()[:3])
+    kv_args += v_cache.stride()[:3]
+    # launch() calls the compiled binary directly once it has seen this specialisation (section 3.6).
     if splits == 1:  # nothing to merge: write the final output directly
         lse_arg = lse if lse is not None else out  # unused pointer when WRITE_LSE is False
-        split_kv_kernel[(B, Hkv, 1)](
-            q,
-            k_cache,
-            v_cache,
-            block_tables,
-            context_lens,
-            out,
-            lse_arg,
-            scale * LOG2E,
-            decode_plan.chunk,
-            q.stride(0),
-            q.stride(1),
-            *kv_args,
-            out.stride(0),
-            out.stride(1),
-            0,
-            lse.stride(0) if lse is not None else 0,
-            lse.stride(1) if lse is not None else 0,
-            block_tables.stride(0),
+        lse_strides = (lse.stride(0), lse.stride(1)) if lse is not None else (0, 0)
+        launch(
+            split_kv_kernel,
+            (B, Hkv, 1),
+            (
+                *head,
+                out,
+                lse_arg,
+                *kv_args,
+                out.stride(0),
+                out.stride(1),
+                0,
+                *lse_strides,
+                block_tables.stride(0),
+            ),
             WRITE_LSE=lse is not None,
             **common,
         )
         return out
-    o_part = torch.empty(B, Hq, splits, D, dtype=torch.float32, device=q.device)  # [B, Hq, S, D]
-    lse_part = torch.empty(B, Hq, splits, dtype=torch.float32, device=q.device)  # [B, Hq, S]
-    split_kv_kernel[(B, Hkv, splits)](
-        q,
-        k_cache,
-        v_cache,
-        block_tables,
-        context_lens,
-        o_part,
-        lse_part,
-        scale * LOG2E,
-        decode_plan.chunk,
-        q.stride(0),
-        q.stride(1),
-        *kv_args,
-        o_part.stride(0),
-        o_part.stride(1),
-        o_part.stride(2),
-        lse_part.stride(0),
-        lse_part.stride(1),
-        block_tables.stride(0),
+    # The partials, contiguous: [B, Hq, S, D] outputs and [B, Hq, S] lse, strides written out.
+    o_part = torch.empty(B, Hq, splits, D, dtype=torch.float32, device=q.device)
+    lse_part = torch.empty(B, Hq, splits, dtype=torch.float32, device=q.device)
+    part_strides = (Hq * splits * D, splits * D, D)
+    lse_part_strides = (Hq * splits, splits)
+    launch(
+        split_kv_kernel,
+        (B, Hkv, splits),
+        (*head, o_part, lse_part, *kv_args, *part_strides, *lse_part_strides, block_tables.stride(0)),
         WRITE_LSE=True,
         **common,
     )
-    lse_arg = lse if lse is not None else lse_part
-    merge_splits_kernel[(B, Hq)](
-        o_part,
-        lse_part,
-        out,
-        lse_arg,
-        splits,
-        o_part.stride(0),
-        o_part.stride(1),
-        o_part.stride(2),
-        lse_part.stride(0),
-        lse_part.stride(1),
-        out.stride(0),
-        out.stride(1),
-        lse.stride(0) if lse is not None else 0,
-        lse.stride(1) if lse is not None else 0,
+    lse_arg, lse_strides = (lse, (lse.stride(0), lse.stride(1))) if lse is not None else (lse_part, (0, 0))
+    launch(
+        merge_splits_kernel,
+        (B, Hq),
+        (
+            o_part,
+            lse_part,
+            out,
+            lse_arg,
+            splits,
+            *part_strides,
+            *lse_part_strides,
+            out.stride(0),
+            out.stride(1),
+        )
+        + lse_strides,
         # Up to 64 splits per step: the merge has only B * Hq programs, so fewer, wider loads win.
         D=D,
-        BLOCK_S=min(64, max(16, triton.next_power_of_2(splits))),
+        BLOCK_S=min(64, max(16, next_pow2(splits))),
         WRITE_LSE=lse is not None,
         num_warps=4,
     )
@@ -282,7 +280,16 @@ def _launch(q, k_cache, v_cache, block_tables, context_lens, scale, decode_plan,
 
 
 def split_kv_decode(
-    q, k_cache, v_cache, block_tables, context_lens, scale=None, plan=None, out=None, return_lse=False
+    q,
+    k_cache,
+    v_cache,
+    block_tables,
+    context_lens,
+    scale=None,
+    plan=None,
+    out=None,
+    return_lse=False,
+    check=None,
 ):
     """Paged decode attention with split-KV: L2's inputs and result, fast at any batch size.
 
@@ -291,37 +298,51 @@ def split_kv_decode(
                   Strided views are fine (one layer of a bigger pool), but the two must share no element
     block_tables  [B, max_pages] int32, each row contiguous; ids of the pages a sequence uses in
                   [0, num_blocks); entries past a sequence's last page are never read
-    context_lens  [B] int32, contiguous, 1 <= context_lens[b] <= max_pages * PAGE
+    context_lens  [B] int32, contiguous, 0 <= context_lens[b] <= max_pages * PAGE; 0 marks a padding
+                  sequence (a batch padded to a captured graph's size): nothing is read, out 0 and lse -inf
     scale         softmax scale, a finite number > 0, default 1 / sqrt(D)
-    plan          a DecodePlan from plan() covering these lengths; made here from context_lens when None
+    plan          a DecodePlan from plan() covering these lengths (plan() reads them on the host once per
+                  step); made here from context_lens when None, which reads them from the device
     out           optional [B, Hq, D] of q's dtype (a strided view is fine), written in place
     return_lse    also return lse [B, Hq] float32, the natural-log log-sum-exp of each head's scaled scores
+    check         also check the lengths (against the table and the plan) and the live block ids: None
+                  (default) on the CPU only, where it costs no device sync; True on a GPU too; False never
 
+    With a plan, no check reads device memory unless asked, so the call can be captured in a CUDA graph
+    and replayed with new values in the same buffers (plan for the longest length the graph will see).
     Returns out, or (out, lse).
     """
-    raise NotImplementedError(
-        "f1 is not started: fill in plan() and the kernels in drills/mine/f1_split_kv_decode.py, then delete this line (read drills/content/f1_split_kv_decode.md)"
-    )
     B, Hq, Hkv, D, PAGE = validate.paged_decode_inputs(
-        q, k_cache, v_cache, block_tables, context_lens, scale, out, min_page=1, max_page=128
+        q, k_cache, v_cache, block_tables, context_lens, scale, out, min_page=1, max_page=128, check=check
     )
+    if not isinstance(return_lse, bool):
+        raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
     if plan is None:
+        if q.is_cuda and torch.cuda.is_current_stream_capturing():
+            raise ValueError(
+                "plan is None while a CUDA graph is captured: plan() reads the lengths on the host, which "
+                "capture forbids; call plan() before capturing and pass plan="
+            )
         plan = _make_plan(context_lens, Hkv, PAGE)
     elif not isinstance(plan, DecodePlan):
         raise TypeError(f"plan must be a DecodePlan from plan(), got {type(plan).__name__}")
     else:
-        for field in ("num_splits", "chunk", "max_len"):
-            validate.positive_int(f"plan.{field}", getattr(plan, field))
-        if plan.chunk % BLOCK_N or plan.num_splits * plan.chunk < plan.max_len:
+        splits, chunk, max_len = plan.num_splits, plan.chunk, plan.max_len
+        if not (type(splits) is int and type(chunk) is int and type(max_len) is int):  # the messages:
+            validate.positive_int("plan.num_splits", splits)
+            validate.positive_int("plan.chunk", chunk)
+            validate.non_negative_int("plan.max_len", max_len)
+        if splits < 1 or chunk < 1 or max_len < 0:
+            validate.positive_int("plan.num_splits", splits)
+            validate.positive_int("plan.chunk", chunk)
+            validate.non_negative_int("plan.max_len", max_len)
+        if chunk % BLOCK_N or splits * chunk < max_len:
             raise ValueError(
                 f"plan.chunk = {plan.chunk} must be a multiple of BLOCK_N = {BLOCK_N}, and "
                 f"plan.num_splits = {plan.num_splits} chunks must cover plan.max_len = {plan.max_len}"
             )
-        if plan.max_len < int(context_lens.max()):
-            raise ValueError(
-                f"plan covers contexts up to {plan.max_len} tokens, but context_lens holds "
-                f"{int(context_lens.max())}: make a new plan for this batch"
-            )
+        if validate.device_values_checked(check, context_lens):
+            validate.context_lens_fit(context_lens, plan.max_len, "the plan's max_len")
     if scale is None:
         scale = 1.0 / math.sqrt(D)
     if out is None:

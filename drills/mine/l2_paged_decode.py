@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from drills import validate
+from drills.launch import launch, next_pow2
 
 
 @triton.jit
@@ -60,7 +61,8 @@ def paged_decode_kernel(
     # TODO(section 3.4 "Online softmax"): update m_i, l_i and acc with the rescale factor alpha (p in V's
     # dtype for tl.dot).
 
-    # TODO(section 3.5 "Storing only real rows"): normalise by l_i and store the GROUP real rows.
+    # TODO(section 3.5 "Storing only real rows"): normalise by l_i (a padding sequence, ctx = 0, read nothing:
+    # l_i = 0 there, so divide by 1 and store zeros) and store the GROUP real rows.
     pass
 
 
@@ -69,27 +71,28 @@ def _launch(q, k_cache, v_cache, block_tables, context_lens, scale, out):
     B, Hq, D = q.shape
     _, PAGE, Hkv, _ = k_cache.shape
     group = Hq // Hkv
-    paged_decode_kernel[(B, Hkv)](
-        q,
-        k_cache,
-        v_cache,
-        out,
-        block_tables,
-        context_lens,
-        scale,
-        q.stride(0),
-        q.stride(1),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
-        v_cache.stride(0),
-        v_cache.stride(1),
-        v_cache.stride(2),
-        out.stride(0),
-        out.stride(1),
-        block_tables.stride(0),
+    # launch() calls the compiled binary directly once it has seen this specialisation (section 3.6).
+    launch(
+        paged_decode_kernel,
+        (B, Hkv),
+        (
+            q,
+            k_cache,
+            v_cache,
+            out,
+            block_tables,
+            context_lens,
+            scale,
+            q.stride(0),
+            q.stride(1),
+            *k_cache.stride()[:3],
+            *v_cache.stride()[:3],
+            out.stride(0),
+            out.stride(1),
+            block_tables.stride(0),
+        ),
         GROUP=group,
-        GROUP_PAD=max(16, triton.next_power_of_2(group)),
+        GROUP_PAD=max(16, next_pow2(group)),
         PAGE=PAGE,
         D=D,
         # Measured on an H200 over warps {2, 4, 8} x stages {1..5}: a [16, D] page tile is small, so 2
@@ -100,7 +103,7 @@ def _launch(q, k_cache, v_cache, block_tables, context_lens, scale, out):
     return out
 
 
-def paged_decode(q, k_cache, v_cache, block_tables, context_lens, scale=None, out=None):
+def paged_decode(q, k_cache, v_cache, block_tables, context_lens, scale=None, out=None, check=None):
     """Decode attention over a paged KV cache, query heads grouped onto KV heads (GQA).
 
     q             [B, Hq, D], float16 or bfloat16: one new token per sequence (a strided view is fine)
@@ -109,19 +112,20 @@ def paged_decode(q, k_cache, v_cache, block_tables, context_lens, scale=None, ou
     block_tables  [B, max_pages] int32, each row contiguous (a slice of a wider table is fine): logical
                   page p of sequence b is physical block block_tables[b, p], in [0, num_blocks) for every
                   page the sequence uses; entries past a sequence's last page are never read
-    context_lens  [B] int32, contiguous, 1 <= context_lens[b] <= max_pages * PAGE
+    context_lens  [B] int32, contiguous, 0 <= context_lens[b] <= max_pages * PAGE; 0 marks a padding
+                  sequence (a batch padded to a captured graph's size): nothing is read, its output is 0
     scale         softmax scale, a finite number > 0, default 1 / sqrt(D)
     out           optional [B, Hq, D] of q's dtype (a strided view is fine), written in place
+    check         also check the lengths and live block ids: None (default) on the CPU only, where it
+                  costs no device sync; True on a GPU too (not while capturing a CUDA graph); False never
 
     Every (strided) view is read through its strides; only the last dimension must be contiguous. Bad
-    input raises ValueError or TypeError naming the argument, before anything is launched.
+    input raises ValueError or TypeError naming the argument, before anything is launched. No check
+    reads device memory unless asked, so the call can be captured in a CUDA graph and replayed.
 
     Query head h attends with KV head h // (Hq // Hkv). Returns out [B, Hq, D].
     """
-    raise NotImplementedError(
-        "l2 is not started: fill in paged_decode_kernel in drills/mine/l2_paged_decode.py, then delete this line (read drills/content/l2_paged_decode.md)"
-    )
-    validate.paged_decode_inputs(q, k_cache, v_cache, block_tables, context_lens, scale, out)
+    validate.paged_decode_inputs(q, k_cache, v_cache, block_tables, context_lens, scale, out, check=check)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     if out is None:

@@ -88,4 +88,10 @@ MUTANTS = [
         "    o_a, o_b = o_a.contiguous(), o_b.contiguous()\n    lse_a, lse_b = lse_a.contiguous(), lse_b.contiguous()\n",
         "",
     ),
+    Mutant(
+        "merge_padding_sequence_minus_inf_minus_inf",
+        "13. a padding sequence's merge computes -inf - (-inf)",
+        'm_ref = tl.where(m_new == float("-inf"), 0.0, m_new)',
+        "m_ref = m_new",
+    ),
 ]

@@ -42,7 +42,12 @@ MUTANTS = [
         "alpha = tl.exp(m_i - m_new)",
         "alpha = tl.full([GROUP_PAD], 1.0, dtype=tl.float32)",
     ),
-    Mutant("no_normalisation", "7. no final normalisation by l", "out = acc / l_i[:, None]", "out = acc"),
+    Mutant(
+        "no_normalisation",
+        "7. no final normalisation by l",
+        "out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]",
+        "out = acc",
+    ),
     Mutant(
         "scale_missing",
         "8. scale forgotten",
@@ -87,5 +92,11 @@ MUTANTS = [
     ),
     Mutant(
         "p_not_cast_for_dot", "14. p left fp32 in tl.dot(p, v)", "tl.dot(p_.to(v.dtype), v)", "tl.dot(p_, v)"
+    ),
+    Mutant(
+        "padding_sequence_zero_over_zero",
+        "15. a padding sequence (ctx = 0) divides 0 by 0",
+        "out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]",
+        "out = acc / l_i[:, None]",
     ),
 ]

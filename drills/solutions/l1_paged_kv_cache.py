@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 
 from drills import validate
+from drills.launch import launch, next_pow2
 
 
 class BlockAllocator:
@@ -253,8 +254,10 @@ def _check_caches_apart(k_cache, v_cache):
         )
 
 
-def _check_inputs(key, value, k_cache, v_cache, slot_mapping):
-    """Section 3.7 "The launcher's checks": shapes, dtypes, and the slot values themselves."""
+def _check_inputs(key, value, k_cache, v_cache, slot_mapping, check=None):
+    """Section 3.7 "The launcher's checks": shapes, dtypes, and the slot values themselves (those only
+    where validate.device_values_checked says: reading them from a GPU is a sync, and graph capture
+    forbids it)."""
     validate.tensor("key", key, 3, (torch.float16, torch.bfloat16, torch.float32))
     validate.tensor("value", value, 3, (key.dtype,))
     validate.tensor("k_cache", k_cache, 4, (key.dtype,))
@@ -288,6 +291,8 @@ def _check_inputs(key, value, k_cache, v_cache, slot_mapping):
         )
 
     # Value checks cost a host sync; the benchmark times _launch without them.
+    if not validate.device_values_checked(check, slot_mapping):
+        return
     num_slots = num_blocks * PAGE
     bad = ((slot_mapping < -1) | (slot_mapping >= num_slots)).nonzero()
     if len(bad):
@@ -312,29 +317,30 @@ def _launch(key, value, k_cache, v_cache, slot_mapping):
     N, Hkv, D = key.shape
     if N == 0:
         return
-    store_kvcache_kernel[(N,)](
-        key,
-        value,
-        k_cache,
-        v_cache,
-        slot_mapping,
-        key.stride(0),
-        key.stride(1),
-        value.stride(0),
-        value.stride(1),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
+    # launch() calls the compiled binary directly once it has seen this specialisation (L2 section 3.6).
+    launch(
+        store_kvcache_kernel,
+        (N,),
+        (
+            key,
+            value,
+            k_cache,
+            v_cache,
+            slot_mapping,
+            *key.stride()[:2],
+            *value.stride()[:2],
+            *k_cache.stride()[:3],
+        ),
         PAGE=k_cache.shape[1],
         Hkv=Hkv,
         D=D,
-        HKV_PAD=triton.next_power_of_2(Hkv),
-        D_PAD=triton.next_power_of_2(D),
+        HKV_PAD=next_pow2(Hkv),
+        D_PAD=next_pow2(D),
         num_warps=4,
     )
 
 
-def store_kvcache(key, value, k_cache, v_cache, slot_mapping):
+def store_kvcache(key, value, k_cache, v_cache, slot_mapping, check=None):
     """Write each new token's K and V into its slot of the paged cache, in place.
 
     key, value    [N, Hkv, D] float16, bfloat16 or float32, any strides with the last dimension
@@ -346,8 +352,11 @@ def store_kvcache(key, value, k_cache, v_cache, slot_mapping):
     slot_mapping  [N] int64, contiguous: row i goes to slot s = block * PAGE + offset, that is
                   k_cache[s // PAGE, s % PAGE] = key[i]; -1 marks a padding row, which writes nothing.
                   Every other entry must lie in [0, num_blocks * PAGE) and appear once.
+    check         also check slot_mapping's values (range, no slot twice): None (default) on the CPU only,
+                  where it costs no device sync; True on a GPU too (not while capturing a CUDA graph);
+                  False never. Without them the call can be captured in a CUDA graph and replayed.
 
     Returns None; k_cache and v_cache are updated.
     """
-    _check_inputs(key, value, k_cache, v_cache, slot_mapping)
+    _check_inputs(key, value, k_cache, v_cache, slot_mapping, check)
     _launch(key, value, k_cache, v_cache, slot_mapping)

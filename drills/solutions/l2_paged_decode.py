@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from drills import validate
+from drills.launch import launch, next_pow2
 
 
 @triton.jit
@@ -98,8 +99,9 @@ def paged_decode_kernel(
         acc = acc * alpha[:, None] + tl.dot(p_.to(v.dtype), v)  # [GROUP_PAD, D]
         m_i = m_new
 
-    # Section 3.5 "Storing only real rows": normalise once, at the end.
-    out = acc / l_i[:, None]  # [GROUP_PAD, D]
+    # Section 3.5 "Storing only real rows": normalise once, at the end. A padding sequence (ctx = 0)
+    # read nothing: l_i = 0 and acc = 0, and 0 / 0 would store NaN, so it divides by 1 and stores zeros.
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # [GROUP_PAD, D]
     # Only the GROUP real rows are stored: padding rows belong to other heads' memory.
     tl.store(
         out_ptr + b * stride_ob + q_heads[:, None] * stride_oh + offs_d[None, :],
@@ -113,27 +115,28 @@ def _launch(q, k_cache, v_cache, block_tables, context_lens, scale, out):
     B, Hq, D = q.shape
     _, PAGE, Hkv, _ = k_cache.shape
     group = Hq // Hkv
-    paged_decode_kernel[(B, Hkv)](
-        q,
-        k_cache,
-        v_cache,
-        out,
-        block_tables,
-        context_lens,
-        scale,
-        q.stride(0),
-        q.stride(1),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
-        v_cache.stride(0),
-        v_cache.stride(1),
-        v_cache.stride(2),
-        out.stride(0),
-        out.stride(1),
-        block_tables.stride(0),
+    # launch() calls the compiled binary directly once it has seen this specialisation (section 3.6).
+    launch(
+        paged_decode_kernel,
+        (B, Hkv),
+        (
+            q,
+            k_cache,
+            v_cache,
+            out,
+            block_tables,
+            context_lens,
+            scale,
+            q.stride(0),
+            q.stride(1),
+            *k_cache.stride()[:3],
+            *v_cache.stride()[:3],
+            out.stride(0),
+            out.stride(1),
+            block_tables.stride(0),
+        ),
         GROUP=group,
-        GROUP_PAD=max(16, triton.next_power_of_2(group)),
+        GROUP_PAD=max(16, next_pow2(group)),
         PAGE=PAGE,
         D=D,
         # Measured on an H200 over warps {2, 4, 8} x stages {1..5}: a [16, D] page tile is small, so 2
@@ -144,7 +147,7 @@ def _launch(q, k_cache, v_cache, block_tables, context_lens, scale, out):
     return out
 
 
-def paged_decode(q, k_cache, v_cache, block_tables, context_lens, scale=None, out=None):
+def paged_decode(q, k_cache, v_cache, block_tables, context_lens, scale=None, out=None, check=None):
     """Decode attention over a paged KV cache, query heads grouped onto KV heads (GQA).
 
     q             [B, Hq, D], float16 or bfloat16: one new token per sequence (a strided view is fine)
@@ -153,16 +156,20 @@ def paged_decode(q, k_cache, v_cache, block_tables, context_lens, scale=None, ou
     block_tables  [B, max_pages] int32, each row contiguous (a slice of a wider table is fine): logical
                   page p of sequence b is physical block block_tables[b, p], in [0, num_blocks) for every
                   page the sequence uses; entries past a sequence's last page are never read
-    context_lens  [B] int32, contiguous, 1 <= context_lens[b] <= max_pages * PAGE
+    context_lens  [B] int32, contiguous, 0 <= context_lens[b] <= max_pages * PAGE; 0 marks a padding
+                  sequence (a batch padded to a captured graph's size): nothing is read, its output is 0
     scale         softmax scale, a finite number > 0, default 1 / sqrt(D)
     out           optional [B, Hq, D] of q's dtype (a strided view is fine), written in place
+    check         also check the lengths and live block ids: None (default) on the CPU only, where it
+                  costs no device sync; True on a GPU too (not while capturing a CUDA graph); False never
 
     Every (strided) view is read through its strides; only the last dimension must be contiguous. Bad
-    input raises ValueError or TypeError naming the argument, before anything is launched.
+    input raises ValueError or TypeError naming the argument, before anything is launched. No check
+    reads device memory unless asked, so the call can be captured in a CUDA graph and replayed.
 
     Query head h attends with KV head h // (Hq // Hkv). Returns out [B, Hq, D].
     """
-    validate.paged_decode_inputs(q, k_cache, v_cache, block_tables, context_lens, scale, out)
+    validate.paged_decode_inputs(q, k_cache, v_cache, block_tables, context_lens, scale, out, check=check)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     if out is None:

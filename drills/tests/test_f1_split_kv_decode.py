@@ -45,7 +45,16 @@ def check(impl, case, plan=None, scale=None):
     assert_close(out, ref, DIMS)
     lse = lse_box[0]
     assert lse.dtype == torch.float32 and lse.shape == ref_lse.shape, "lse must be [B, Hq] float32"
-    problem = mismatch(lse, ref_lse, ("b", "head"), atol=2e-3, rtol=1e-3, rel=1e-3)
+    empty = ref_lse == float("-inf")  # [B, Hq]: padding sequences saw no key
+    assert (lse[empty] == float("-inf")).all(), "a padding sequence's lse (context_lens = 0) must be -inf"
+    problem = mismatch(
+        lse.masked_fill(empty, 0.0),
+        ref_lse.masked_fill(empty, 0.0),
+        ("b", "head"),
+        atol=2e-3,
+        rtol=1e-3,
+        rel=1e-3,
+    )
     if problem is not None:  # said apart: out right and lse wrong points at the lse formula alone
         raise AssertionError(f"out matches, but the returned lse does not:\n{problem}")
     return out, lse
@@ -80,6 +89,24 @@ def test_empty_splits_do_not_divide_zero_by_zero(impl, runtime):
     check(impl, case, plan=fixed_plan(impl, 16, max(lens)))
     # More splits than the longest sequence has tiles: trailing splits are empty for everyone.
     check(impl, case, plan=fixed_plan(impl, 16, max(lens) + 48))
+
+
+@pytest.mark.parametrize("splits", [1, 4], ids=["one-split", "merged"])
+def test_padding_sequences_give_zero_and_lse_minus_inf(impl, runtime, splits):
+    """context_lens[b] = 0 is a padding sequence (a batch padded to the size of a captured CUDA graph): its
+    output is 0 and its lse -inf, and the rows around it are unaffected. With one split the kernel's
+    empty-split rule covers it; merged, every split of the sequence is empty, so the merge's running max
+    stays -inf and exp(-inf - (-inf)) is NaN unless the merge measures from 0 (section 3.5)."""
+    case = make_paged_case([37, 0, 50, 0], 8, 2, 64, 16, device=runtime.device, seed=22)
+    plan = impl.plan(case.context_lens, 2, 16, num_splits=splits)
+    out, lse = check(impl, case, plan=plan)
+    assert not torch.isnan(out[[1, 3]]).any(), "NaN in a padding sequence's output: 0 / 0 somewhere"
+    assert (out[[1, 3]] == 0).all(), "a padding sequence (context_lens = 0) must output 0"
+    assert (lse[[1, 3]] == float("-inf")).all(), "a padding sequence's lse must be -inf (it saw no key)"
+    only = make_paged_case([0, 0], 8, 2, 64, 16, device=runtime.device, seed=23)
+    only_plan = impl.plan(only.context_lens, 2, 16)
+    assert only_plan.num_splits == 1, f"{only_plan}: a batch of padding sequences needs one split, not zero"
+    assert (impl.split_kv_decode(*only.args, plan=only_plan) == 0).all()
 
 
 def test_many_splits_merge_with_rescale(impl, runtime):
@@ -419,11 +446,12 @@ BAD_INPUTS = {
         TypeError,
         "block_tables",
     ),
-    "context_len_zero": (
-        lambda a, impl, dev: dict(context_lens=int32_tensor(dev, 20, 0)),
+    "context_len_negative": (
+        lambda a, impl, dev: dict(context_lens=int32_tensor(dev, 20, -1)),
         ValueError,
-        "context_lens",
+        r"context_lens\[1\]",
     ),
+    "check_not_a_bool": (lambda a, impl, dev: dict(check=1), TypeError, "check"),
     "page_not_pow2": (
         lambda a, impl, dev: {
             n: a["k_cache"].repeat(1, 3, 1, 1)[:, :48].contiguous() for n in ("k_cache", "v_cache")
@@ -493,6 +521,7 @@ def test_launcher_rejects_bad_input(impl, runtime, name):
         block_tables=case.block_tables,
         context_lens=case.context_lens,
     )
+    args["check"] = True  # the lengths and block ids too: on a GPU they are checked only when asked
     args.update(spoil(args, impl, runtime.device))
     with pytest.raises(error, match=names):
         impl.split_kv_decode(**args)
@@ -512,7 +541,7 @@ BAD_PLANS = {
     "lengths_float": (([10.5, 3], 2, 16), {}, TypeError, r"context_lens\[0\]"),
     "lengths_float_tensor": ((torch.tensor([10.0, 3.0]), 2, 16), {}, TypeError, "context_lens"),
     "lengths_empty": (([], 2, 16), {}, ValueError, "context_lens"),
-    "length_zero": (([10, 0], 2, 16), {}, ValueError, r"context_lens\[1\]"),
+    "length_negative": (([10, -1], 2, 16), {}, ValueError, r"context_lens\[1\]"),
 }
 
 
@@ -663,6 +692,14 @@ MISTAKES = [
         passes=("test_merge_states_equals_one_shot_softmax",),
         question="merge_states_kernel finds row r at r * D: where does row r of a strided view really "
         "start, and what must the launcher give the kernel?",
+        section="3.5",
+    ),
+    Mistake(
+        13,
+        fails=("test_padding_sequences_give_zero_and_lse_minus_inf[merged]",),
+        passes=("test_padding_sequences_give_zero_and_lse_minus_inf[one-split]", EVERY_SPLIT),
+        question="Every split of a padding sequence is empty, so every lse the merge reads is -inf: what "
+        "is the merge's running max then, and what is exp(lse - m)?",
         section="3.5",
     ),
 ]

@@ -805,6 +805,7 @@ def _every_other(slots):
 
 # name -> (how to spoil the arguments of a valid call, the error, what the message must name)
 BAD_INPUTS = {
+    "check_not_a_bool": (lambda a, dev: dict(check="always"), TypeError, "check"),
     "key_not_a_tensor": (lambda a, dev: dict(key=a["key"].tolist()), TypeError, "key"),
     "key_rank": (lambda a, dev: dict(key=a["key"][0]), ValueError, "key"),
     "key_dtype_fp64": (lambda a, dev: dict(key=a["key"].double()), TypeError, "key"),
@@ -907,6 +908,7 @@ def test_launcher_rejects_bad_input(impl, runtime, name):
     impl.store_kvcache(**args)  # the unspoiled call is valid
     buf_k.fill_(CANARY)
     buf_v.fill_(CANARY)
+    args["check"] = True  # slot values too: on a GPU they are checked only when asked
     args.update(spoil(args, runtime.device))
     with raises_naming(error, names):
         impl.store_kvcache(**args)

@@ -130,6 +130,25 @@ def test_padding_rows_not_written(impl, runtime):
     assert_close(out, ref, DIMS)
 
 
+def test_padding_sequence_outputs_zeros(impl, runtime):
+    """context_lens[b] = 0 is a padding sequence (a batch padded to the size of a captured CUDA graph): it
+    reads nothing, and its output is 0. Its loop never runs, so l = 0 and acc = 0, and acc / l stores
+    NaN: divide by 1 where l = 0. Its block-table row is all garbage ids, and the real rows around it
+    must come out as if it were not there."""
+    case = make_paged_case([37, 0, 20, 0], 8, 2, 64, 16, device=runtime.device, seed=29)
+    out = run_into_canary(impl, case)
+    pad = out[[1, 3]]
+    assert not torch.isnan(pad).any(), (
+        f"padding sequences (context_lens = 0) hold {int(torch.isnan(pad).sum())} NaN of {pad.numel()}: "
+        "0 / 0 when a row read no key (section 3.5)"
+    )
+    assert (pad == 0).all(), "padding sequences (context_lens = 0) must be 0: they attend over nothing"
+    ref, _ = paged_attention_reference(*case.args)
+    assert_close(out, ref, DIMS)
+    only_padding = make_paged_case([0, 0], 8, 2, 64, 16, device=runtime.device, seed=31)
+    assert (run_into_canary(impl, only_padding) == 0).all(), "a batch of padding sequences only must give 0"
+
+
 def test_online_softmax_rescales_old_pages(impl, runtime):
     """Scores grow page after page, so the running max changes on every page: dropping the rescale
     factor alpha = exp(m_old - m_new) leaves the early pages over-weighted."""
@@ -320,8 +339,8 @@ BAD_INPUTS = {
         ValueError,
         "context_lens",
     ),
-    "context_len_zero": (
-        lambda a, dev: dict(context_lens=int32_tensor(dev, 20, 0)),
+    "context_len_negative": (
+        lambda a, dev: dict(context_lens=int32_tensor(dev, 20, -1)),
         ValueError,
         r"context_lens\[1\]",
     ),
@@ -330,6 +349,7 @@ BAD_INPUTS = {
         ValueError,
         r"context_lens\[0\]",
     ),
+    "check_not_a_bool": (lambda a, dev: dict(check="yes"), TypeError, "check"),
     "mixed_devices": (
         lambda a, dev: dict(block_tables=a["block_tables"].to("meta")),
         ValueError,
@@ -378,6 +398,7 @@ def test_launcher_rejects_bad_input(impl, runtime, name):
         block_tables=case.block_tables,
         context_lens=case.context_lens,
     )
+    args["check"] = True  # the lengths and block ids too: on a GPU they are checked only when asked
     args.update(spoil(args, runtime.device))
     with pytest.raises(error, match=names):
         impl.paged_decode(**args)
@@ -561,5 +582,13 @@ MISTAKES = [
         messages=(r"operands must be (the )?same dtype",),
         question="tl.dot(p, v) refuses its operands: what dtype is p after tl.exp, and what dtype is v?",
         section="3.4",
+    ),
+    Mistake(
+        15,
+        fails=("test_padding_sequence_outputs_zeros",),
+        passes=(WORKED, "test_output_is_normalised_by_the_softmax_sum"),
+        question="A padding sequence has context_lens = 0: how many times does your page loop run for it, "
+        "what are l_i and acc afterwards, and what does acc / l_i store?",
+        section="3.5",
     ),
 ]

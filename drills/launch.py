@@ -1,0 +1,102 @@
+"""Kernel launches at the cost a decode loop can afford: the compiled binary, called directly.
+
+`kernel[grid](*args, **meta)` is Triton's launch. On every call its Python launcher binds the arguments,
+derives the specialisation (each pointer's dtype and 16-byte alignment, which integers are 1 or multiples
+of 16), looks the compiled binary up and only then launches it. Measured on an H200 host (Triton 3.6,
+2026-12-01): 10.6 us for an empty kernel, 30.7 us for a kernel of 25 arguments, of which the compiled
+binary's own launch is 9.4 us. A decode step's kernels run for 15 to 100 us, so a launcher that costs
+30 us per kernel is the difference between a busy GPU and an idle one.
+
+`launch()` keeps, per call site's specialisation, the compiled binary Triton returned the first time, and
+calls it straight away afterwards. Its key holds every input of Triton's specialisation, finer-grained
+(an integer's exact value instead of "is it 1, is it a multiple of 16"), so a cached binary is only
+reused for arguments Triton would have compiled the same binary for. Under the interpreter, and when a
+launch hook is installed (profilers such as Proton install one), Triton's own launch runs.
+"""
+
+from __future__ import annotations
+
+import torch
+from triton.runtime import driver
+
+try:  # The fast path needs Triton's JIT classes; anything else (the interpreter) takes Triton's launch.
+    from triton import knobs
+    from triton.runtime.jit import JITFunction
+except ImportError:  # pragma: no cover - older Triton
+    knobs, JITFunction = None, ()
+
+_MAX_ENTRIES = 1024  # keys hold exact integers (a plan's chunk size changes per step): bound the cache
+_compiled: dict[tuple, tuple] = {}
+
+
+def _hooks_installed() -> bool:
+    """Whether a launch hook is installed: Triton 3.6 keeps them in HookChain objects (empty unless a
+    profiler adds one), older versions in plain attributes that are None when unset."""
+    enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+    return bool(
+        (enter is not None and getattr(enter, "calls", True))
+        or (leave is not None and getattr(leave, "calls", True))
+    )
+
+
+def _key(kernel, device, grid, args, meta, T=torch.Tensor, F=float) -> tuple:
+    """What decides the binary: for a tensor its dtype and its address modulo 16 (Triton specialises
+    pointers on 16-byte alignment), for a float nothing (floats are never specialised), for an int its
+    value (finer than Triton's "is it 1, is it a multiple of 16"), and the constexprs and options."""
+    parts = [
+        (a.dtype, a.data_ptr() & 15) if type(a) is T or isinstance(a, T) else (F if type(a) is F else a)
+        for a in args
+    ]
+    # id(kernel): hashing a JITFunction hashes its source digest under a lock
+    return (id(kernel), device, len(grid), *parts, *meta.items())
+
+
+def launch(kernel, grid: tuple, args: tuple, **meta):
+    """Run `kernel[grid](*args, **meta)`, through the compiled binary when this specialisation was seen.
+
+    kernel  a @triton.jit function whose constexpr parameters all come after its runtime ones
+    grid    a tuple of 1 to 3 ints
+    args    the runtime arguments in order (tensors, ints, floats); meta the constexprs by name and the
+            launch options (num_warps, num_stages)
+    """
+    if not isinstance(kernel, JITFunction) or _hooks_installed():
+        return kernel[grid](*args, **meta)
+    device = driver.active.get_current_device()
+    key = _key(kernel, device, grid, args, meta)
+    hit = _compiled.get(key)
+    if hit is None:
+        compiled = kernel[grid](*args, **meta)  # Triton's launch: compiles (or finds) the binary and runs it
+        names = kernel.arg_names[len(args) :]
+        if all(n in meta for n in names):  # a constexpr left at its default: keep Triton's launch for it
+            constexprs = tuple(meta[n] for n in names)  # the binary takes every parameter, in order
+            if len(_compiled) >= _MAX_ENTRIES:
+                _compiled.clear()
+            _compiled[key] = (compiled.run, compiled.function, compiled.packed_metadata, constexprs, kernel)
+        return compiled
+    run, function, packed, constexprs, _ = hit  # the kernel is held so that its id is never reused
+    g0, g1, g2 = (*grid, 1, 1)[:3]
+    run(
+        g0,
+        g1,
+        g2,
+        driver.active.get_current_stream(device),
+        function,
+        packed,
+        None,
+        None,
+        None,
+        *args,
+        *constexprs,
+    )
+    return None
+
+
+def next_pow2(n: int) -> int:
+    """The smallest power of two >= n (n >= 1). triton.next_power_of_2 does the same, but in Triton 3.6
+    it is a constexpr function whose Python wrapper costs about 3 us per call: too much per launch."""
+    return 1 << (n - 1).bit_length()
+
+
+def cached_binaries() -> int:
+    """How many specialisations launch() holds (tests check the cache separates what Triton separates)."""
+    return len(_compiled)
