@@ -173,6 +173,9 @@ def merge_states(o_a, lse_a, o_b, lse_b):
     Any of the four may be a strided view: the kernel reads contiguous copies.
     Returns (o [..., D] in o_a's dtype, lse [...] float32).
     """
+    raise NotImplementedError(
+        "f1 is not started: fill in plan() and the kernels in drills/mine/f1_split_kv_decode.py, then delete this line (read drills/content/f1_split_kv_decode.md)"
+    )
     for name, t in (("o_a", o_a), ("lse_a", lse_a), ("o_b", o_b), ("lse_b", lse_b)):
         validate.tensor(name, t)
     validate.tensor("o_a", o_a, dtypes=(torch.float16, torch.bfloat16, torch.float32))
@@ -312,6 +315,9 @@ def split_kv_decode(
     and replayed with new values in the same buffers (plan for the longest length the graph will see).
     Returns out, or (out, lse).
     """
+    raise NotImplementedError(
+        "f1 is not started: fill in plan() and the kernels in drills/mine/f1_split_kv_decode.py, then delete this line (read drills/content/f1_split_kv_decode.md)"
+    )
     B, Hq, Hkv, D, PAGE = validate.paged_decode_inputs(
         q, k_cache, v_cache, block_tables, context_lens, scale, out, min_page=1, max_page=128, check=check
     )

@@ -326,5 +326,8 @@ def store_kvcache(key, value, k_cache, v_cache, slot_mapping, check=None):
 
     Returns None; k_cache and v_cache are updated.
     """
+    raise NotImplementedError(
+        "l1 is not started: fill in store_kvcache_kernel in drills/mine/l1_paged_kv_cache.py, then delete this line (read drills/content/l1_paged_kv_cache.md)"
+    )
     _check_inputs(key, value, k_cache, v_cache, slot_mapping, check)
     _launch(key, value, k_cache, v_cache, slot_mapping)

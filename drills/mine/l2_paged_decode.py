@@ -125,6 +125,9 @@ def paged_decode(q, k_cache, v_cache, block_tables, context_lens, scale=None, ou
 
     Query head h attends with KV head h // (Hq // Hkv). Returns out [B, Hq, D].
     """
+    raise NotImplementedError(
+        "l2 is not started: fill in paged_decode_kernel in drills/mine/l2_paged_decode.py, then delete this line (read drills/content/l2_paged_decode.md)"
+    )
     validate.paged_decode_inputs(q, k_cache, v_cache, block_tables, context_lens, scale, out, check=check)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
