@@ -46,28 +46,10 @@ def plan(context_lens, num_kv_heads, page_size, num_sms=None, num_splits=None) -
     Chunks are whole tiles of BLOCK_N tokens, so the plan's num_splits is the nearest count that gives
     every split of the longest sequence at least one token (never more than asked for).
     """
-    lens = validate.decode_plan_args(
-        context_lens, num_kv_heads, page_size, num_sms, num_splits
-    )  # [B] ints >= 0
-    max_len = max(lens)
-    max_tiles = max(1, triton.cdiv(max_len, BLOCK_N))  # a batch of padding sequences still gets one split
-    if num_splits is None:
-        if num_sms is None:
-            num_sms = (
-                torch.cuda.get_device_properties().multi_processor_count
-                if torch.cuda.is_available()
-                else H200_SMS
-            )
-        # About four resident programs per SM keep enough page loads in flight (measured on an H200:
-        # B=64, ctx=1024 is 512 programs and runs best unsplit; B=1 runs best at 8 x 64 programs).
-        num_splits = max(1, (4 * num_sms) // (len(lens) * num_kv_heads))
-        num_splits = min(
-            num_splits, max(1, triton.cdiv(max_len, MIN_CHUNK))
-        )  # tiny chunks cost more to merge
-    # More splits than tiles would leave the longest with empty splits.
-    num_splits = min(num_splits, max_tiles)
-    chunk = triton.cdiv(max_tiles, num_splits) * BLOCK_N
-    return DecodePlan(num_splits=max(1, triton.cdiv(max_len, chunk)), chunk=chunk, max_len=max_len)
+    raise NotImplementedError(
+        "f1 is not started: fill in plan() and the kernels in drills/mine/f1_split_kv_decode.py, then delete this line (read drills/content/f1_split_kv_decode.md)"
+    )
+    lens = validate.decode_plan_args(context_lens, num_kv_heads, page_size, num_sms, num_splits)  # noqa: F841 [B] ints >= 0
     # TODO(section 4 "Planning"): when num_splits is None, split only when B * Hkv programs cannot fill
     # num_sms SMs (about 4 programs per SM), with chunks of at least MIN_CHUNK tokens; clamp to the number of
     # BLOCK_N tiles of the longest sequence; chunk = whole tiles; return DecodePlan(num_splits, chunk, max_len).
