@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from drills import validate
-from drills.launch import launch, next_pow2
+from drills.launch import launch, next_pow2, prepare
 
 LOG2E = 1.4426950408889634  # exp(x) = exp2(x * log2(e)): exp2 is the hardware instruction
 LN2 = 0.6931471805599453
@@ -232,7 +232,9 @@ def _launch(q, k_cache, v_cache, block_tables, context_lens, scale, decode_plan,
     lse_part = torch.empty(B, Hq, splits, dtype=torch.float32, device=q.device)
     part_strides = (Hq * splits * D, splits * D, D)
     lse_part_strides = (Hq * splits, splits)
-    launch(
+    # Both launches are prepared before the first starts: the merge is then queued a few microseconds
+    # after the split kernel, which may run for only 15 us (B = 1, ctx = 4096), so the GPU never waits.
+    split = prepare(
         split_kv_kernel,
         (B, Hkv, splits),
         (*head, o_part, lse_part, *kv_args, *part_strides, *lse_part_strides, block_tables.stride(0)),
@@ -240,7 +242,7 @@ def _launch(q, k_cache, v_cache, block_tables, context_lens, scale, decode_plan,
         **common,
     )
     lse_arg, lse_strides = (lse, (lse.stride(0), lse.stride(1))) if lse is not None else (lse_part, (0, 0))
-    launch(
+    merge = prepare(
         merge_splits_kernel,
         (B, Hq),
         (
@@ -261,6 +263,8 @@ def _launch(q, k_cache, v_cache, block_tables, context_lens, scale, decode_plan,
         WRITE_LSE=lse is not None,
         num_warps=4,
     )
+    split()
+    merge()
     return out
 
 
