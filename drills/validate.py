@@ -155,6 +155,7 @@ def device_values_checked(check, t: torch.Tensor) -> bool:
 
 
 _HALF = (torch.float16, torch.bfloat16)
+_DISJOINT_LAYOUTS: set[tuple] = set()  # (pointers, shapes, strides) of K, V (and out) found disjoint
 
 
 def paged_decode_inputs(
@@ -250,15 +251,23 @@ def paged_decode_inputs(
     if B > 1 and context_lens.stride(0) != 1:  # kernels read context_lens[b] at context_lens_ptr + b
         contiguous(context_lens=context_lens)
     # K and V are usually two views of one pool, their byte ranges interleaved: the exact test runs then.
-    k_span = _span(k_cache)
-    v_span = _span(v_cache)
-    if not (k_span[1] <= v_span[0] or v_span[1] <= k_span[0]):
-        disjoint("k_cache", k_cache, "v_cache", v_cache)
+    # The same pool (and out buffer) comes back every step, so a layout found disjoint once is remembered.
+    layout = (k_cache.data_ptr(), v_cache.data_ptr(), k_shape, k_cache.stride(), v_cache.stride())
     if out is not None:
-        o_lo, o_hi = _span(out)
-        for name, cache, (lo, hi) in (("k_cache", k_cache, k_span), ("v_cache", v_cache, v_span)):
-            if not (hi <= o_lo or o_hi <= lo):
-                disjoint(name, cache, "out", out)
+        layout += (out.data_ptr(), out.shape, out.stride())
+    if layout not in _DISJOINT_LAYOUTS:
+        k_span = _span(k_cache)
+        v_span = _span(v_cache)
+        if not (k_span[1] <= v_span[0] or v_span[1] <= k_span[0]):
+            disjoint("k_cache", k_cache, "v_cache", v_cache)
+        if out is not None:
+            o_lo, o_hi = _span(out)
+            for name, cache, (lo, hi) in (("k_cache", k_cache, k_span), ("v_cache", v_cache, v_span)):
+                if not (hi <= o_lo or o_hi <= lo):
+                    disjoint(name, cache, "out", out)
+        if len(_DISJOINT_LAYOUTS) > 256:
+            _DISJOINT_LAYOUTS.clear()
+        _DISJOINT_LAYOUTS.add(layout)
     if scale is not None:
         finite_positive("scale", scale)
     if check is not None or device.type == "cpu":

@@ -227,9 +227,10 @@ def _launch(q, k_cache, v_cache, block_tables, context_lens, scale, decode_plan,
             **common,
         )
         return out
-    # The partials, contiguous: [B, Hq, S, D] outputs and [B, Hq, S] lse, strides written out.
-    o_part = torch.empty(B, Hq, splits, D, dtype=torch.float32, device=q.device)
-    lse_part = torch.empty(B, Hq, splits, dtype=torch.float32, device=q.device)
+    # The partials, contiguous in one allocation: [B, Hq, S, D] outputs, then [B, Hq, S] lse.
+    n_out = B * Hq * splits * D
+    partials = torch.empty(n_out + B * Hq * splits, dtype=torch.float32, device=q.device)
+    o_part, lse_part = partials, partials[n_out:]  # the kernels index them through the strides below
     part_strides = (Hq * splits * D, splits * D, D)
     lse_part_strides = (Hq * splits, splits)
     # Both launches are prepared before the first starts: the merge is then queued a few microseconds
