@@ -402,8 +402,9 @@ def split_kv_decode(
     context_lens  [B] int32, contiguous, 0 <= context_lens[b] <= max_pages * PAGE; 0 marks a padding
                   sequence (a batch padded to a captured graph's size): nothing is read, out 0 and lse -inf
     scale         softmax scale, a finite number > 0, default 1 / sqrt(D)
-    plan          a DecodePlan from plan() covering these lengths (plan() reads them on the host once per
-                  step); made here from context_lens when None, which reads them from the device
+    plan          a DecodePlan from plan() covering these lengths, its max_len at most max_pages * PAGE
+                  (plan() reads the lengths on the host once per step); made here from context_lens when
+                  None, which reads them from the device
     out           optional [B, Hq, D] of q's dtype (a strided view is fine), written in place
     return_lse    also return lse [B, Hq] float32, the natural-log log-sum-exp of each head's scaled scores
     check         also check the lengths (against the table and the plan) and the live block ids: None
@@ -442,8 +443,14 @@ def split_kv_decode(
                 f"plan.chunk = {plan.chunk} must be a multiple of BLOCK_N = {BLOCK_N}, and "
                 f"plan.num_splits = {plan.num_splits} chunks must cover plan.max_len = {plan.max_len}"
             )
+        capacity = block_tables.shape[1] * PAGE
+        if max_len > capacity:  # the plan saw a length the table cannot hold: no device read needed
+            raise ValueError(
+                f"plan.max_len = {max_len} is past the block table's capacity max_pages * PAGE = "
+                f"{capacity}: a sequence of the planned batch is longer than its table row"
+            )
         if validate.device_values_checked(check, context_lens):
-            validate.context_lens_fit(context_lens, plan.max_len, "the plan's max_len")
+            validate.context_lens_fit(context_lens, max_len, "the plan's max_len")
     if scale is None:
         scale = 1.0 / math.sqrt(D)
     if out is None:
