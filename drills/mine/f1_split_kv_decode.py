@@ -1,8 +1,11 @@
 """F1, your file: split-KV (flash-decoding) paged decode with a planner.
 
-Fill in plan(), then split_kv_kernel, merge_splits_kernel and merge_states_kernel; the launchers are
-complete. Read drills/content/f1_split_kv_decode.md first: every TODO names the section that teaches it.
-Grade with `make test L=f1`. Start by deleting the `raise NotImplementedError` lines.
+Three stages, in the order the grader checks them (`make test L=f1` says which one you are in); the
+launchers are complete. Read drills/content/f1_split_kv_decode.md first: every TODO names its section.
+  1. merge: merge_states_kernel (delete merge_states' `raise NotImplementedError` line)
+  2. fixed splits: split_kv_kernel, merge_splits_kernel, and plan() for a num_splits given by the caller
+     (delete the raise lines in plan() and split_kv_decode)
+  3. planner: plan() choosing num_splits itself
 
     bytes = 2 (K and V) * sum(context_lens) * Hkv * D * 2 (fp16), plus B * Hq * num_splits * (D + 1) * 4
 """
@@ -50,9 +53,11 @@ def plan(context_lens, num_kv_heads, page_size, num_sms=None, num_splits=None) -
         "f1 is not started: fill in plan() and the kernels in drills/mine/f1_split_kv_decode.py, then delete this line (read drills/content/f1_split_kv_decode.md)"
     )
     lens = validate.decode_plan_args(context_lens, num_kv_heads, page_size, num_sms, num_splits)  # noqa: F841 [B] ints >= 0
-    # TODO(section 4 "Planning"): when num_splits is None, split only when B * Hkv programs cannot fill
-    # num_sms SMs (about 4 programs per SM), with chunks of at least MIN_CHUNK tokens; clamp to the number of
-    # BLOCK_N tiles of the longest sequence; chunk = whole tiles; return DecodePlan(num_splits, chunk, max_len).
+    # TODO(stage 3, section 4 "Planning"): when num_splits is None, split only when B * Hkv programs cannot
+    # fill num_sms SMs (about 4 programs per SM), with chunks of at least MIN_CHUNK tokens.
+    # TODO(stage 2, section 4 rules 3-5): clamp num_splits to the number of BLOCK_N tiles of the longest
+    # sequence (at least 1, also for a batch of padding sequences); chunk = whole tiles; count the splits
+    # again; return DecodePlan(num_splits, chunk, max_len).
 
 
 _make_plan = plan  # split_kv_decode's `plan` argument shadows the function's name
@@ -90,7 +95,7 @@ def split_kv_kernel(
     BLOCK_N: tl.constexpr,
     WRITE_LSE: tl.constexpr,
 ):
-    # TODO(section 3.1 "The grid"): b, kvh (int64) and split from the program ids; this split's token range
+    # TODO(stage 2, section 3.1 "The grid"): b, kvh (int64) and split from the program ids; this split's token range
     # [start, end) = [split * chunk, min((split + 1) * chunk, ctx)), empty when start >= ctx.
     # TODO(section 3.1): load q as [GROUP_PAD, D] through its strides with padding rows masked to 0 (as in
     # L2); m_i (from -inf), l_i, acc.
@@ -123,7 +128,7 @@ def merge_splits_kernel(
     BLOCK_S: tl.constexpr,
     WRITE_LSE: tl.constexpr,
 ):
-    # TODO(section 3.5 "Merging the splits"): for (b, h), walk the splits BLOCK_S at a time: running max
+    # TODO(stage 2, section 3.5 "Merging the splits"): for (b, h), walk the splits BLOCK_S at a time: running max
     # m of the lse values, weights exp(lse - m), rescale the running sum and output when m grows; store
     # acc / w_sum, and m + log(w_sum) when WRITE_LSE. A padding sequence (ctx = 0) has every split empty:
     # m stays -inf, so measure from 0 there and store 0 and lse -inf.
@@ -142,7 +147,7 @@ def merge_states_kernel(
     D: tl.constexpr,
     BLOCK_R: tl.constexpr,
 ):
-    # TODO(section 3.5): for BLOCK_R rows, m = max(lse_a, lse_b) (0 when both are -inf), w = exp(lse - m),
+    # TODO(stage 1, section 3.5): for BLOCK_R rows, m = max(lse_a, lse_b) (0 when both are -inf), w = exp(lse - m),
     # o = (w_a * o_a + w_b * o_b) / (w_a + w_b), lse = m + log(w_a + w_b); both empty -> o = 0, lse = -inf.
     pass
 
