@@ -50,7 +50,7 @@ def check(impl, case, scale=None, **tol):
 
 def test_worked_example_ctx37_reads_three_pages(impl, runtime):
     """ctx = 37, PAGE = 16, block table [9, 3, 7, garbage...]: three pages, 5 valid tokens in the last.
-    Everything but blocks 9, 3, 7 (and slots 0..4 of block 7) is NaN. The lecture's heads: Hq = 32,
+    Everything but blocks 9, 3, 7 (and slots 0..4 of block 7) is NaN. The worked example's heads: Hq = 32,
     Hkv = 8, D = 128, so token 36 of KV head 3 starts at element 119168 of k_cache (section 2)."""
     Hq, Hkv, D, PAGE = 32, 8, 128, 16
     case = make_paged_case([37], Hq, Hkv, D, PAGE, num_blocks=12, device=runtime.device, seed=37)
@@ -108,7 +108,7 @@ def test_tail_keys_get_no_weight(impl, runtime):
 @pytest.mark.parametrize(
     "Hq,Hkv",
     [(4, 4), (4, 2), (8, 2), (32, 8), (16, 2), (32, 1), (64, 2)],
-    ids=["group1-MHA", "group2", "group4", "group4-lecture", "group8", "group32-MQA", "group32x2"],
+    ids=["group1-MHA", "group2", "group4", "group4-worked-example", "group8", "group32-MQA", "group32x2"],
 )
 def test_kv_head_grouping_is_contiguous(impl, runtime, Hq, Hkv):
     """Query head h reads KV head h // GROUP, not h % Hkv (interleaved). GROUP > 16 needs GROUP_PAD > 16.
@@ -460,7 +460,7 @@ WORKED = "test_worked_example_ctx37_reads_three_pages"
 MISTAKES = [
     Mistake(
         1,
-        fails=("test_kv_head_grouping_is_contiguous[group4-lecture]", WORKED),
+        fails=("test_kv_head_grouping_is_contiguous[group4-worked-example]", WORKED),
         passes=(
             "test_kv_head_grouping_is_contiguous[group1-MHA]",
             "test_kv_head_grouping_is_contiguous[group32-MQA]",

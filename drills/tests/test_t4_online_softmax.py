@@ -161,7 +161,7 @@ def test_worked_example_trace_two_elements_per_block(impl, runtime):
 
 
 def test_order_changes_the_trace_not_the_result(impl, runtime):
-    """[2, 1, 3, 4] (the order the lecture's closing line names) passes through other states,
+    """[2, 1, 3, 4] (the data [2, 1, 4, 3] with its last two swapped) passes through other states,
     (3, 1.5032) after three elements, but ends at the same (4, 1.5530): the sum is over a set."""
     x = torch.tensor([[2.0, 1.0, 3.0, 4.0]], device=runtime.device)
     m_trace, l_trace = check_trace(impl, x, 1)
