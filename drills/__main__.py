@@ -171,55 +171,73 @@ def cmd_check(args) -> int:
 def cmd_mutants(args) -> int:
     """Grade every declared mutant of each lesson's solution: each must fail its grader AND be diagnosed
     as its own pitfall (the summary a learner with that mistake would read names it first). GPU-only
-    mutants run only on a GPU; with args.gpu_only_mutants (make check on a GPU) only those run."""
+    mutants run only on a GPU; with args.gpu_only_mutants (make check on a GPU) only those run.
+
+    Each mutant is graded as `make test` grades a learner's file. On the CPU the gradings are forked
+    from one warm process (drills/grading/warm.py: no second of imports per grading), and those of all
+    lessons share the cores, printed lesson by lesson."""
+    import contextlib
     import tempfile
+    import time
     from concurrent.futures import ThreadPoolExecutor
 
     import drills.runtime
+    from drills.grading import warm
     from drills.mutants import load_mutants, mutate, pitfall_mismatches
 
     on_gpu = not drills.runtime.current().interpreter
-    failures = 0
+    failures = graded = 0
     counts = []
-    for lesson in [find(args.lesson)] if args.lesson else LESSONS:
-        mutants = load_mutants(lesson.stem)
-        if not mutants:
-            continue
-        print(f"== {lesson.id}: {len(mutants)} mutants ==", flush=True)
-        for problem in pitfall_mismatches(lesson.stem, lesson.explainer.read_text()):
-            print(f"  {problem}")
-            failures += 1
-        todo = []
-        for m, mutated, problem in mutate(lesson):
-            if m.gpu_only and not on_gpu:
-                print(f"  {m.name:34} skipped on the CPU: only a GPU exposes it ({m.pitfall})")
+    began = time.monotonic()
+    with contextlib.ExitStack() as stack:
+        folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="drills-mutants-")))
+        forks = None if warm.available() else stack.enter_context(warm.GradingPool())
+        jobs = ThreadPoolExecutor(mutant_workers(on_gpu))
+        stack.callback(jobs.shutdown, cancel_futures=True)  # after Ctrl-C, grade nothing more
+        plans = []  # (lesson, number of mutants, lines to print first, [(mutant, its grading)])
+        for lesson in [find(args.lesson)] if args.lesson else LESSONS:
+            mutants = load_mutants(lesson.stem)
+            if not mutants:
                 continue
-            if getattr(args, "gpu_only_mutants", False) and not m.gpu_only:
-                continue
-            if problem is not None:
-                print(f"  {m.name:34} BROKEN: {problem}")
-                failures += 1
-                continue
-            todo.append((m, mutated))
-
-        def grade_one(item, lesson=lesson):
-            m, mutated = item
-            with tempfile.TemporaryDirectory() as tmp:
-                path = Path(tmp) / f"{lesson.stem}.py"
+            lines = [
+                f"  {problem}" for problem in pitfall_mismatches(lesson.stem, lesson.explainer.read_text())
+            ]
+            failures += len(lines)
+            todo = []
+            for m, mutated, problem in mutate(lesson):
+                if m.gpu_only and not on_gpu:
+                    lines.append(f"  {m.name:34} skipped on the CPU: only a GPU exposes it ({m.pitfall})")
+                    continue
+                if getattr(args, "gpu_only_mutants", False) and not m.gpu_only:
+                    continue
+                if problem is not None:
+                    lines.append(f"  {m.name:34} BROKEN: {problem}")
+                    failures += 1
+                    continue
+                path = folder / lesson.stem / m.name / f"{lesson.stem}.py"  # named as the learner's file
+                path.parent.mkdir(parents=True)
                 path.write_text(mutated)
-                return m, run.grade(lesson, file=path)
-
-        killed = diagnosed = 0
-        with ThreadPoolExecutor(mutant_workers(on_gpu)) as pool:
-            for m, result in pool.map(grade_one, todo):
-                verdict, ok = mutant_verdict(m, result)
-                killed += result.state not in ("passing", "not started", "grader error")
+                todo.append((m, jobs.submit(run.grade, lesson, file=path, pool=forks)))
+            plans.append((lesson, len(mutants), lines, todo))
+        for lesson, total, lines, todo in plans:
+            print(f"== {lesson.id}: {total} mutants ==", flush=True)
+            for line in lines:
+                print(line, flush=True)
+            diagnosed = 0
+            for m, grading in todo:
+                verdict, ok = mutant_verdict(m, grading.result())
                 diagnosed += ok
                 failures += not ok
                 print(f"  {m.name:34} {verdict}", flush=True)
-        counts.append(f"{lesson.id} {diagnosed}/{len(todo)}")
+            graded += len(todo)
+            counts.append(f"{lesson.id} {diagnosed}/{len(todo)}")
+    took = time.monotonic() - began
     print("mutants diagnosed as their own pitfall: " + (", ".join(counts) or "none ran"))
-    print("mutants: " + ("every mutant killed and diagnosed" if not failures else f"{failures} problems"))
+    print(
+        "mutants: "
+        + ("every mutant killed and diagnosed" if not failures else f"{failures} problems")
+        + f" ({graded} graded in {took // 60:.0f} min {took % 60:.0f} s)"
+    )
     return 1 if failures else 0
 
 

@@ -29,7 +29,7 @@ import time
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from drills.grading import wire
+from drills.grading import warm, wire
 from drills.lessons import ROOT
 
 CALL_TIMEOUT_ENV = "DRILLS_CALL_TIMEOUT"  # seconds one call may run (default below)
@@ -76,6 +76,17 @@ class ImportFailed(Exception):
     def __init__(self, info: dict):
         super().__init__(info.get("message", ""))
         self.info = info
+
+
+def child_env() -> dict:
+    """The environment of a process the grader starts: the repository importable, and one thread per
+    math library (OpenMP, OpenBLAS, MKL). The grader and the learner's process take turns, and the
+    tensors of a check are small: a second thread per library gains nothing, while idle OpenMP threads
+    spin on the cores the other process needs (a T5 grading took 3.5x the CPU time on 2 cores)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["OMP_NUM_THREADS"] = "1"
+    return env
 
 
 def call_timeout() -> float:
@@ -144,8 +155,7 @@ class LearnerProcess:
         """Start the process and wait until the file is imported. Raises ImportFailed or LearnerCrash."""
         self.stop()
         parent, child = socket.socketpair()
-        env = dict(os.environ)
-        env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        env = child_env()
         cmd = [
             sys.executable,
             "-m",
@@ -158,7 +168,10 @@ class LearnerProcess:
             cmd.append("--reference")
         self.log.seek(0)
         self.log.truncate()
-        self.proc = subprocess.Popen(
+        # Forked from a warm process when make mutants runs one (drills/grading/warm.py), else started.
+        self.proc = warm.start_learner_process(
+            child, self.log, self.path, self.module_name, self.reference, env
+        ) or subprocess.Popen(
             cmd,
             pass_fds=(child.fileno(),),
             cwd=ROOT,

@@ -105,6 +105,97 @@ class Summary:
         return f"{self.passing} of {self.total} checks passing{skipped}"
 
 
+# --- Stages: a steep lesson's checks in the order its stub's TODOs are filled in ------------------
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One step of a staged lesson (a grader's module-level `STAGES`): the checks that pass once the
+    TODOs of that step are done. patterns name cases as a Mistake's do (drills/grading/diagnose.py): an
+    exact case id, a check's name (all its cases), or an fnmatch wildcard ("*noncausal*")."""
+
+    title: str  # "non-causal"
+    patterns: tuple[str, ...]
+    checks: str = ""  # what the stage checks, in a few words
+
+    def __post_init__(self):
+        if isinstance(self.patterns, str):  # a lone string is one pattern, not a tuple of characters
+            object.__setattr__(self, "patterns", (self.patterns,))
+
+
+def stage_of(case_id: str, stages: list[Stage]) -> int:
+    """The index of the stage a case belongs to: the most specific pattern naming it wins (its exact
+    id, then its check's name, then a wildcard), the earlier stage on a tie; a case no pattern names
+    belongs to the last stage, so that every stage passed means every check passed."""
+    from drills.grading.diagnose import _matches
+
+    check = check_name(case_id)
+    for rank in (
+        lambda p: p == case_id,
+        lambda p: p == check,
+        lambda p: ("*" in p or "?" in p) and _matches(case_id, p),
+    ):
+        for i, stage in enumerate(stages):
+            if any(rank(p) for p in stage.patterns):
+                return i
+    return len(stages) - 1
+
+
+def stages_reached(cases: list[Case], stages: list[Stage]) -> list[str]:
+    """Each stage's state given the cases that ran: "passed" (no case failed and one passed, or all
+    were skipped on this machine), "failing", or "not graded" (none of its cases ran)."""
+    outcomes: list[set] = [set() for _ in stages]
+    for case in cases:
+        outcomes[stage_of(case.id, stages)].add(case.outcome)
+    return ["failing" if "failed" in o else "passed" if o else "not graded" for o in outcomes]
+
+
+def current_stage(cases: list[Case], stages: list[Stage]) -> int | None:
+    """The index of the first stage not passed yet (the one the learner is in); None once all pass."""
+    return next((i for i, s in enumerate(stages_reached(cases, stages)) if s != "passed"), None)
+
+
+def _named(i: int, stages: list[Stage]) -> str:
+    return f"{i + 1} {stages[i].title}"
+
+
+def stage_line(cases: list[Case], stages: list[Stage], started: bool = True) -> str | None:
+    """Which stage the learner is in and which passed before it: "Stage 2 of 3: causal (stage 1
+    non-causal passed)". None for a lesson without stages."""
+    if not stages:
+        return None
+    n = len(stages)
+    now = current_stage(cases, stages) if started else 0
+    if now is None:
+        return f"all {n} stages passed: " + ", ".join(_named(i, stages) for i in range(n))
+    if not started:
+        return f"Stage 1 of {n}: {stages[0].title}, not started"
+    done = [_named(i, stages) for i in range(now)]
+    if not done:
+        return f"Stage 1 of {n}: {stages[0].title}"
+    passed = f"stage {done[0]}" if len(done) == 1 else f"stages {', '.join(done[:-1])} and {done[-1]}"
+    return f"Stage {now + 1} of {n}: {stages[now].title} ({passed} passed)"
+
+
+def stage_lines(cases: list[Case], stages: list[Stage], started: bool = True) -> list[str]:
+    """The summary's stage lines: stage_line, then what the current stage checks and what the next."""
+    head = stage_line(cases, stages, started)
+    if head is None:
+        return []
+    now = current_stage(cases, stages) if started else 0
+    if now is None:
+        return [head]
+    lines = [head]
+    if stages[now].checks:
+        lines.append(clip(f"  stage {now + 1} checks {stages[now].checks}", 240))
+    if now + 1 < len(stages):
+        nxt = stages[now + 1]
+        lines.append(
+            clip(f"  next, stage {_named(now + 1, stages)}" + (f": {nxt.checks}" if nxt.checks else ""), 240)
+        )
+    return lines
+
+
 def summarize(cases: list[Case]) -> Summary:
     checks: dict[str, list[Case]] = {}
     for case in cases:
@@ -200,14 +291,18 @@ def render(
     seed: int,
     detailed: bool = True,
     findings: list[dict] | None = None,
+    stages: list[Stage] = (),
 ) -> list[str]:
-    """The summary of one lesson: every check when detailed, else one line; then the diagnosis."""
+    """The summary of one lesson: every check when detailed, else one line; the stage the learner is
+    in, for a staged lesson; then the diagnosis."""
     summary = summarize(cases)
     lines = []
     if detailed:
         lines.append(f"== {lesson.id} · {lesson.title}: {graded} ==")
         lines += check_lines(summary)
     lines.append(f"{lesson.id}: {summary.status_line()}" + ("" if detailed else f"  [{graded}]"))
+    if stages and not summary.passed:
+        lines += stage_lines(cases, list(stages)) if detailed else [f"  {stage_line(cases, list(stages))}"]
     if summary.first_failure() is not None:
         lines += finding_lines(lesson, findings or [], cases)
     elif detailed and summary.passed:
@@ -223,15 +318,22 @@ def render(
 # The report's keys, written by the grader (drills/tests/conftest.py) and read by the learner tools.
 REPORT_SEED, REPORT_EXIT, REPORT_LESSONS = "seed", "exitstatus", "lessons"
 CASES, FINDINGS, NOT_STARTED, IMPORT_ERROR = "cases", "findings", "not_started", "import_error"
+STAGES = "stages"  # a staged lesson's Stage list, as dicts (absent for a lesson without stages)
 
 
 def write_report(path: str | Path, lessons: dict[str, dict], seed: int, exitstatus: int) -> None:
-    """lessons: stem -> {CASES: [Case, ...], FINDINGS: [dict], NOT_STARTED: str | None, IMPORT_ERROR: str | None}."""
+    """lessons: stem -> {CASES: [Case, ...], FINDINGS: [dict], NOT_STARTED: str | None, IMPORT_ERROR: str | None,
+    STAGES: [Stage, ...] (staged lessons only)}."""
     data = {
         REPORT_SEED: seed,
         REPORT_EXIT: int(exitstatus),
         REPORT_LESSONS: {
-            stem: {**info, CASES: [asdict(c) for c in info.get(CASES, [])]} for stem, info in lessons.items()
+            stem: {
+                **info,
+                CASES: [asdict(c) for c in info.get(CASES, [])],
+                **({STAGES: [asdict(st) for st in info[STAGES]]} if info.get(STAGES) else {}),
+            }
+            for stem, info in lessons.items()
         },
     }
     Path(path).write_text(json.dumps(data, indent=1) + "\n")
@@ -242,6 +344,9 @@ def read_report(path: str | Path) -> dict:
     for info in data[REPORT_LESSONS].values():
         info[CASES] = [Case(**c) for c in info.get(CASES, [])]
         info.setdefault(FINDINGS, [])
+        info[STAGES] = [
+            Stage(st["title"], tuple(st["patterns"]), st.get("checks", "")) for st in info.get(STAGES, [])
+        ]
     return data
 
 
@@ -265,3 +370,10 @@ def relative(path: str | Path) -> str:
         return path.relative_to(ROOT).as_posix()
     except ValueError:
         return str(path)
+
+
+def lesson_stages(lesson: Lesson) -> list[Stage]:
+    """A lesson's stages, read from its grader's module-level STAGES (empty for a lesson without)."""
+    import importlib
+
+    return list(getattr(importlib.import_module(f"drills.tests.{lesson.tests.stem}"), "STAGES", []))

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from drills.grading import report
+from drills.grading.remote import child_env
 from drills.lessons import ROOT, Lesson
 
 NOT_STARTED_EXIT = 10  # `make test` on an untouched stub: non-zero, unlike any pytest exit status
@@ -58,6 +59,7 @@ class Grade:
     seed: int = 0
     findings: list = field(default_factory=list)  # report.finding_dict entries, best first
     graded: str = ""  # the file graded, relative to the repository
+    stages: list = field(default_factory=list)  # report.Stage, for a staged lesson (its grader's STAGES)
 
     @property
     def summary(self) -> report.Summary:
@@ -74,18 +76,25 @@ class Grade:
             if self.passed:
                 return "passing"
             text = f"{self.summary.passing} of {self.summary.total} checks passing"
+            stage = report.stage_line(self.cases, self.stages)
+            if stage:
+                text += f", {stage[0].lower()}{stage[1:]}"
             top = self.findings[0] if self.findings else None
             if top and top.get("pitfall"):
                 text += f" (likely pitfall {top['pitfall']}: {top.get('title')})"
             elif top and top.get("title"):
                 text += f" ({top['title']})"
             return text
+        if self.state == "not started" and self.stages:
+            return f"not started (stage 1 of {len(self.stages)}, {self.stages[0].title}, comes first)"
         return self.state
 
     def screen(self) -> list[str]:
         """The one screen `make test`, `make watch` and `make hint` print."""
         if self.state in ("passing", "failing"):
-            return report.render(self.lesson, self.cases, self.graded, self.seed, True, self.findings)
+            return report.render(
+                self.lesson, self.cases, self.graded, self.seed, True, self.findings, self.stages
+            )
         head = f"== {self.lesson.id} · {self.lesson.title}: {self.graded} =="
         if self.message.startswith(f"{self.lesson.id}: ") or self.message.startswith(f"{self.lesson.id} is"):
             return [head, self.message]  # the grader's own line already says the state
@@ -105,9 +114,11 @@ def grade(
     impl: str = "mine",
     timeout: float | None = None,
     extra: list[str] = (),
+    pool=None,
 ) -> Grade:
     """Grade one lesson in a child process and read its report. file: a learner file elsewhere than
-    drills/mine (make progress with DRILLS_MINE_DIR, make mutants); impl: "mine" or "solutions"."""
+    drills/mine (make progress with DRILLS_MINE_DIR, make mutants); impl: "mine" or "solutions";
+    pool: a warm.GradingPool that forks the child instead of starting it (make mutants)."""
     graded = report.relative(file) if file else f"drills/{impl}/{lesson.stem}.py"
     if file is not None and not Path(file).exists():
         return Grade(
@@ -119,9 +130,19 @@ def grade(
     timeout = lesson_timeout() if timeout is None else timeout
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "report.json"
-        cmd = [sys.executable, "-m", "pytest", *pytest_args([lesson.tests], impl, file, path, extra=extra)]
+        args = pytest_args([lesson.tests], impl, file, path, extra=extra)
         try:
-            proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+            if pool is not None:
+                proc = pool.run(args, timeout)
+            else:
+                proc = subprocess.run(
+                    [sys.executable, "-m", "pytest", *args],
+                    cwd=ROOT,
+                    env=child_env(),
+                    capture_output=True,
+                    text=True,
+                    timeout=timeout,
+                )
         except subprocess.TimeoutExpired:
             return Grade(
                 lesson,
@@ -140,10 +161,12 @@ def grade(
         data = report.read_report(path)
     info = data[report.REPORT_LESSONS].get(lesson.stem, {report.CASES: []})
     seed = data[report.REPORT_SEED]
+    stages = info.get(report.STAGES, [])
     if info.get(report.IMPORT_ERROR):
         return Grade(lesson, "does not import", message=info[report.IMPORT_ERROR], seed=seed, graded=graded)
     if info.get(report.NOT_STARTED):
-        return Grade(lesson, "not started", message=info[report.NOT_STARTED], seed=seed, graded=graded)
+        message = "\n".join([info[report.NOT_STARTED], *report.stage_lines([], stages, started=False)])
+        return Grade(lesson, "not started", message=message, seed=seed, graded=graded, stages=stages)
     cases = info[report.CASES]
     passed = report.summarize(cases).passed and data[report.REPORT_EXIT] == 0
     return Grade(
@@ -153,6 +176,7 @@ def grade(
         seed=seed,
         findings=info.get(report.FINDINGS, []),
         graded=graded,
+        stages=stages,
     )
 
 
@@ -161,8 +185,10 @@ def run_pytest_here(
 ) -> int:
     """pytest in this process (make check, make test V=1): its output streams as it runs."""
     import pytest
+    import torch
 
     import drills.runtime
 
+    torch.set_num_threads(1)  # this process and the learner's take turns: see remote.child_env
     print(drills.runtime.current().banner, flush=True)
     return pytest.main(pytest_args(tests, impl, verbose=verbose, extra=list(extra)))

@@ -1,7 +1,8 @@
 """The learner's process: imports only the learner's file and runs what the grader asks of it.
 
-Started by drills/grading/remote.py as `python -m drills.grading.worker FD FILE MODULE [--reference]`,
-it talks to the grader over the socket FD (messages in drills/grading/wire.py). The grader's oracle,
+Started by drills/grading/remote.py as `python -m drills.grading.worker FD FILE MODULE [--reference]`
+(or, for make mutants, forked by drills/grading/warm.py from a process that ran `prepare()`), it talks
+to the grader over the socket FD (messages in drills/grading/wire.py). The grader's oracle,
 comparisons and report live in the other process, out of this file's reach. Here:
 
 - reading the reference solutions (or git's copies of them), importing them, or starting programs is
@@ -269,6 +270,7 @@ class TritonWatch:
             return r
 
         interp.range = grid_range  # the module's own `range`: GridExecutor's program loops read it
+        _patch_language_once(interp)
 
         builder = type(interp.interpreter_builder)
         load, store = builder.create_masked_load, builder.create_masked_store
@@ -326,6 +328,46 @@ class TritonWatch:
                 return _original(self, op, ptr, val, mask, *rest)
 
             setattr(builder, name, atomic)
+
+
+def _patch_language_once(interp) -> None:
+    """Triton's interpreter patches triton.language when a kernel starts (undone when it returns), and
+    again on every call of a @triton.jit helper from the kernel (tl.max and tl.zeros are helpers too): a
+    scan of every member of the language modules, a fifth of T5's grading time. Within one kernel run
+    only the first patch of a module changes anything (nothing is undone before the kernel returns, and
+    a repeat sets the same functions again), so a helper whose modules are already patched skips it."""
+    import inspect
+
+    import triton.language as tl
+
+    if not all(hasattr(interp, name) for name in ("_patch_lang", "_LangPatchScope", "InterpretedFunction")):
+        return  # another Triton: leave it as it is
+    patch_lang, grid_call = interp._patch_lang, interp.GridExecutor.__call__
+    helper_code = interp.InterpretedFunction.__call__.__code__
+    patched: list[set] = []  # the language modules patched since the running kernel started
+
+    def languages(fn) -> set:
+        return {id(v) for v in fn.__globals__.values() if inspect.ismodule(v) and (v is tl or v is tl.core)}
+
+    def run_grid(self, *args, **kwargs):
+        patched.append(languages(self.fn))
+        try:
+            return grid_call(self, *args, **kwargs)
+        finally:
+            patched.pop()
+
+    def patch_once(fn):
+        if not patched or sys._getframe(1).f_code is not helper_code:
+            return patch_lang(fn)
+        needed = languages(fn)
+        if needed and needed <= patched[-1]:
+            return interp._LangPatchScope()  # Triton drops a helper's scope unrestored anyway
+        scope = patch_lang(fn)
+        patched[-1] |= needed
+        return scope
+
+    interp.GridExecutor.__call__ = run_grid
+    interp._patch_lang = patch_once
 
 
 def _tensor_ranges(names, args, kwargs) -> list[tuple[str, int, int]]:
@@ -725,23 +767,33 @@ def _operate(target, name, args):
     return getattr(operator, name)(target, *args)
 
 
-def main(argv=None) -> int:
-    from multiprocessing.connection import Connection
-
-    argv = sys.argv[1:] if argv is None else argv
-    fd, graded_file, module_name = int(argv[0]), argv[1], argv[2]
-    reference = "--reference" in argv
-    conn = Connection(fd)
-    # Learner prints go to this process's stderr/stdout, which the grader keeps in a log.
+def prepare() -> None:
+    """Everything this process imports before the learner's file (drills/grading/warm.py does it once
+    and forks a process per file from there)."""
     import drills.runtime
 
     drills.runtime.select()
     import torch  # noqa: F401
 
-    from drills import contract
+    from drills import contract  # noqa: F401
     from drills.grading import wire  # noqa: F401  (loaded before the learner's file can reach it)
     from drills.tests import launches  # noqa: F401
 
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    prepare()
+    return run_file(int(argv[0]), argv[1], argv[2], reference="--reference" in argv)
+
+
+def run_file(fd: int, graded_file: str, module_name: str, reference: bool) -> int:
+    """Import the learner's file and serve the grader on the socket fd until it hangs up. Learner prints
+    go to this process's stdout/stderr, which the grader keeps in a log."""
+    from multiprocessing.connection import Connection
+
+    from drills import contract
+
+    conn = Connection(fd)
     server = Server(conn, graded_file, module_name)
     server.watch = TritonWatch(graded_file)
     server.watch.module_name = module_name

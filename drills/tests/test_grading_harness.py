@@ -20,7 +20,7 @@ import torch
 
 import drills.runtime
 from drills import learner
-from drills.grading import diagnose, run
+from drills.grading import diagnose, run, warm
 from drills.grading.remote import ImportFailed, LearnerProcess, RemoteObject
 from drills.grading.report import Case
 from drills.lessons import ROOT, find
@@ -258,6 +258,49 @@ def test_zeroing_the_next_block_is_a_write_race(tmp_path):
     screen = one_screen(result)
     assert "write race" in failures(result).get("test_by_hand_lane_11_is_masked", ""), screen
     assert result.findings[0]["kind"] == "write_race", screen
+
+
+# --- make mutants: gradings forked from a warm process report what a fresh one does ---------------
+
+
+def reported(result: run.Grade, path) -> tuple:
+    """Everything a grading reports, with the learner file's own path left out."""
+    cases = [(c.id, c.outcome, c.message.replace(str(path), "<file>")) for c in result.cases]
+    return result.state, cases, result.findings, result.message
+
+
+@pytest.mark.skipif(
+    warm.available() is not None, reason=f"make mutants forks no gradings here: {warm.available()}"
+)
+def test_warm_gradings_report_what_fresh_ones_do(tmp_path, monkeypatch):
+    """make mutants forks each grading, and each learner process, from warm processes that imported
+    torch and Triton once (drills/grading/warm.py). A mistake and a crash must be reported exactly as a
+    fresh `make test` reports them; an endless loop times out, and the next check runs in a new process."""
+    monkeypatch.setenv("DRILLS_CALL_TIMEOUT", "3")  # read when the grading runs: the pool passes it on
+    crash = "    import os, signal\n    os.kill(os.getpid(), signal.SIGSEGV)\n    return _launch(x, y, out)\n"
+    endless = "    mask = offs < n  # [BLOCK]\n    while n > 0:  # never ends\n        pass\n"
+    files = {
+        "grid_floor": (t1_mutant("grid_floor")[0], "test_by_hand_grid_has_three_programs"),
+        "crash": (
+            t1_source("    return _launch(x, y, out)\n", crash),
+            "test_out_is_allocated_when_not_given",
+        ),
+        "endless": (t1_source("    mask = offs < n  # [BLOCK]\n", endless), "test_by_hand_lane_11_is_masked"),
+    }
+    with warm.GradingPool() as pool:
+        for name, (source, check) in files.items():
+            folder = tmp_path / name
+            folder.mkdir()
+            path = write_learner_file(folder, source)
+            checks = ["-k", f"{check} or test_launch_rejects_block_not_a_power_of_two"]
+            forked = run.grade(T1, file=path, extra=checks, pool=pool)
+            assert outcome(forked, check) == {"failed"}, one_screen(forked)
+            assert outcome(forked, "test_launch_rejects_block_not_a_power_of_two") == {"passed"}, name
+            if name != "endless":  # the fresh grading of a hang is test_endless_loop_times_out_...
+                assert reported(forked, path) == reported(run.grade(T1, file=path, extra=checks), path), name
+    assert pool.proc.returncode == 0, "the warm process did not end cleanly"
+    message = failures(forked)["test_by_hand_lane_11_is_masked"]
+    assert "did not return within 3 s" in message, message
 
 
 # --- What the learner reads: one screen by default, pytest's own lines with VERBOSE (point 4) ----
