@@ -93,7 +93,10 @@ def progress_grades(on_gpu: bool = False) -> list[Grade]:
     started = [lesson for lesson in LESSONS if not _untouched(lesson)]
     with ThreadPoolExecutor(_workers(on_gpu)) as pool:
         graded = dict(zip(started, pool.map(grade, started)))
-    return [graded.get(lesson) or Grade(lesson, "not started") for lesson in LESSONS]
+    return [
+        graded.get(lesson) or Grade(lesson, "not started", stages=grading.report.lesson_stages(lesson))
+        for lesson in LESSONS
+    ]
 
 
 def progress() -> int:

@@ -3,7 +3,8 @@
 Fill in `_attend_kv_block` and `flash_attention_kernel` below; the block-size table and the launcher
 under them are complete. Read drills/content/t5_flash_attention.md first: every TODO names the section
 that teaches it. Grade with `make test L=t5`. Start by deleting the `raise NotImplementedError` line in
-flash_attention.
+flash_attention. The grader goes in three stages (make test and make progress say which you are in):
+non-causal with H = Hkv and no lse, then causal, then GQA (KV head h // GROUP) and the lse store.
 
     FLOPs = 4 * B * H * Nq * Nk * D     # two matmuls (Q K^T and P V) of 2 * Nq * Nk * D each per head
           (about half of that when causal: key blocks above the diagonal are skipped, not masked)

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 import drills.runtime
-from drills import grading
+from drills import contract, grading
+from drills.grading.report import STAGES, stage_lines
 from drills.grading.run import NOT_STARTED_EXIT
 from drills.lessons import LESSONS, by_stem
 from drills.tests import base_seed
@@ -112,7 +113,10 @@ def pytest_collection_modifyitems(session, config, items):
             errors.append((stem, f"{by_stem(stem).id}: {graded} could not be imported: {exc}"))
             continue
         message = config.stash[LOADED][stem].ready.get("not_started")
-        if message is not None:
+        # A function still raising, with another's raise deleted, is a staged lesson begun at its first stage.
+        if message is not None and not contract.deleted_a_stub_raise(
+            _graded_file(config, stem)[0], by_stem(stem)
+        ):
             lines.append((stem, message))
     if lines or errors:
         config.stash[NOT_STARTED] = lines
@@ -158,16 +162,23 @@ def pytest_configure(config):
     config.pluginmanager.register(Recorder(config), "drills-grading-recorder")
 
 
+def _module_attr(session, stem: str, name: str, default=()):
+    """A module-level attribute of a lesson's grader (MISTAKES, STAGES): from a collected test, or, when
+    no test ran (a stub not started), from the grader module itself."""
+    import importlib
+
+    for item in session.items:
+        if _stem(item.path) == stem:
+            return getattr(item.module, name, default)
+    return getattr(importlib.import_module(f"drills.tests.test_{stem}"), name, default)
+
+
 def findings_for(session, stem: str, cases: list) -> list[dict]:
     """The diagnosis of one lesson's results: its grader's MISTAKES against the pattern of failures."""
     from drills import explainer
     from drills.grading import diagnose
 
-    mistakes = []
-    for item in session.items:
-        if _stem(item.path) == stem:
-            mistakes = list(getattr(item.module, "MISTAKES", []))
-            break
+    mistakes = list(_module_attr(session, stem, "MISTAKES"))
     lesson = by_stem(stem)
     titles = {p.number: p.title for p in explainer.pitfalls(lesson)}
     return [grading.finding_dict(f) for f in diagnose.diagnose(cases, mistakes, titles)]
@@ -202,6 +213,8 @@ def pytest_sessionfinish(session, exitstatus):
         for key, found in ((grading.NOT_STARTED, not_started), (grading.IMPORT_ERROR, errors)):
             for stem, line in found:
                 lessons.setdefault(stem, {grading.CASES: []})[key] = line
+        for stem, info in lessons.items():  # a staged lesson's stages (drills/grading/report.py)
+            info[STAGES] = list(_module_attr(session, stem, "STAGES"))
         grading.write_report(path, lessons, base_seed(), session.exitstatus)
 
 
@@ -216,8 +229,11 @@ def pytest_report_teststatus(report, config):
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     for _, line in config.stash.get(IMPORT_ERRORS, []):
         terminalreporter.write_line(line, red=True, bold=True)
-    for _, line in config.stash.get(NOT_STARTED, []):
+    for stem, line in config.stash.get(NOT_STARTED, []):
         terminalreporter.write_line(line, yellow=True, bold=True)
+        stages = list(_module_attr(terminalreporter._session, stem, "STAGES"))
+        for stage in stage_lines([], stages, started=False):
+            terminalreporter.write_line(stage)
     results = {stem: cases for stem, cases in config.stash.get(RESULTS, {}).items() if cases}
     if not results:
         return
@@ -233,6 +249,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
             base_seed(),
             detailed,
             findings.get(stem),
+            list(_module_attr(terminalreporter._session, stem, "STAGES")),
         ):
             terminalreporter.write_line(
                 line,

@@ -13,6 +13,7 @@ import torch
 
 from drills.compare import assert_close, mismatch
 from drills.grading.diagnose import Mistake
+from drills.grading.report import Stage
 from drills.tests import bf16_on_gpu_only, bigmem, seeded, sizes
 from drills.tests.launches import assert_runs_a_triton_kernel
 from drills.tests.paged_kv import (
@@ -85,7 +86,8 @@ def test_empty_splits_do_not_divide_zero_by_zero(impl, runtime):
     """A ragged batch with a 16-token chunk: the short sequences get many splits with no tokens. An
     empty split must contribute weight 0 (lse = -inf), not 0/0 = NaN."""
     lens = sizes(runtime, [70, 1, 17, 33], [1000, 1, 17, 250, 999])
-    case = make_paged_case(lens, 8, 2, 64, 16, device=runtime.device, seed=2)
+    # Table rows 4 pages longer than the longest sequence: a plan may cover up to their capacity.
+    case = make_paged_case(lens, 8, 2, 64, 16, device=runtime.device, seed=2, extra_pages=4)
     check(impl, case, plan=fixed_plan(impl, 16, max(lens)))
     # More splits than the longest sequence has tiles: trailing splits are empty for everyone.
     check(impl, case, plan=fixed_plan(impl, 16, max(lens) + 48))
@@ -104,9 +106,8 @@ def test_padding_sequences_give_zero_and_lse_minus_inf(impl, runtime, splits):
     assert (out[[1, 3]] == 0).all(), "a padding sequence (context_lens = 0) must output 0"
     assert (lse[[1, 3]] == float("-inf")).all(), "a padding sequence's lse must be -inf (it saw no key)"
     only = make_paged_case([0, 0], 8, 2, 64, 16, device=runtime.device, seed=23)
-    only_plan = impl.plan(only.context_lens, 2, 16)
-    assert only_plan.num_splits == 1, f"{only_plan}: a batch of padding sequences needs one split, not zero"
-    assert (impl.split_kv_decode(*only.args, plan=only_plan) == 0).all()
+    only_plan = impl.plan(only.context_lens, 2, 16, num_splits=splits)
+    assert (impl.split_kv_decode(*only.args, plan=only_plan) == 0).all(), "padding sequences only: not 0"
 
 
 def test_many_splits_merge_with_rescale(impl, runtime):
@@ -407,6 +408,15 @@ def test_plan_never_returns_empty_or_zero_splits(impl, lens, Hkv):
             assert p.num_splits <= forced
 
 
+def test_plan_of_padding_sequences_has_one_split(impl):
+    """A batch of padding sequences (every length 0: a graph bucket with no request yet) still gets a
+    plan with one split of whole tiles, never 0 splits or a chunk of 0 (a division by zero later)."""
+    p = impl.plan([0, 0, 0], 2, 16, num_sms=132)
+    assert p.num_splits == 1 and p.chunk >= 16 and p.chunk % 16 == 0 and p.max_len == 0, f"{p}"
+    mixed = impl.plan([0, 37, 0], 2, 16, num_sms=132)
+    assert mixed.max_len == 37 and mixed.num_splits * mixed.chunk >= 37, f"{mixed}: must cover 37 tokens"
+
+
 def test_plan_splits_only_when_the_grid_is_starved(impl):
     big = impl.plan([2048] * 128, 8, 16, num_sms=132)  # 1024 programs already
     assert big.num_splits == 1
@@ -490,6 +500,11 @@ BAD_INPUTS = {
         "v_cache",
     ),
     "plan_not_a_plan": (lambda a, impl, dev: dict(plan=4), TypeError, "plan"),
+    "plan_past_the_table": (
+        lambda a, impl, dev: dict(plan=impl.plan([10**6, 5], 2, 16)),
+        ValueError,
+        "plan.max_len",
+    ),
     "plan_too_short": (lambda a, impl, dev: dict(plan=impl.plan([8], 2, 16)), ValueError, "plan"),
     "plan_zero_splits": (
         lambda a, impl, dev: dict(plan=impl.DecodePlan(num_splits=0, chunk=32, max_len=20)),
@@ -570,6 +585,61 @@ def test_tolerance_rejects_zeros(runtime):
     case = make_paged_case([37, 20], 8, 2, 64, 16, device=runtime.device, seed=15)
     ref, _ = paged_attention_reference(*case.args)
     assert mismatch(torch.zeros_like(ref).half(), ref) is not None
+
+
+# --- Stages: merge, then fixed splits, then the planner (make test and make progress say which) ------
+# Stage 2's checks force their split count through plan(num_splits=k) (or a DecodePlan made here), so
+# plan()'s own choice (num_splits=None) is stage 3's alone; a case no pattern names is stage 3's.
+
+STAGES = [
+    Stage(
+        "merge",
+        (
+            "test_merge_states_*",
+            "test_library_base2_lse_merged_after_times_ln2",
+            "test_tolerance_rejects_zeros",
+        ),
+        "merge_states: two states merged into the softmax over their union, shifted by the max (lse near "
+        "+-200), empty parts (lse = -inf), strided views, fp16 outputs",
+    ),
+    Stage(
+        "fixed splits",
+        (
+            "test_every_split_count_matches_unsplit",
+            "test_empty_splits_do_not_divide_zero_by_zero",
+            "test_many_splits_merge_with_rescale",
+            "test_split_merge_shifts_by_the_max",
+            "test_max_starts_at_minus_inf",
+            "test_q_strides_are_used",
+            "test_cache_strides_are_used",
+            "test_lse_is_natural_log",
+            "test_last_page_is_masked",
+            "test_kv_head_grouping_is_contiguous",
+            "test_page_sizes_gathered_token_by_token",
+            "test_dtypes",
+            "test_page_index_widened_to_int64",
+            "test_runs_a_triton_kernel",
+            "test_launcher_rejects_bad_input",
+            "test_padding_sequences_give_zero_and_lse_minus_inf",
+        ),
+        "split_kv_kernel and merge_splits_kernel with the split count forced through plan(num_splits=k): "
+        "every count equals unsplit, empty splits, the merge's shift and rescale, L2's masks and pages",
+    ),
+    Stage(
+        "planner",
+        (
+            "test_plan_never_returns_empty_or_zero_splits",
+            "test_plan_splits_only_when_the_grid_is_starved",
+            "test_plan_rejects_bad_arguments",
+            "test_plan_of_padding_sequences_has_one_split",
+            "test_shared_and_shuffled_pages_single_sequence",
+            "test_launcher_rejects_bad_input[plan_too_short]",
+            "test_launcher_rejects_bad_input[plan_past_the_table]",
+        ),
+        "plan() choosing on its own (num_splits=None): split only when B * Hkv programs cannot fill the "
+        "GPU, in chunks of at least MIN_CHUNK tokens, never an empty split",
+    ),
+]
 
 
 # --- Diagnosis: which pitfall of section 6 a pattern of results points at ------------------------

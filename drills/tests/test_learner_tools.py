@@ -401,6 +401,10 @@ NAMES_NOTES = re.compile(
     rf"(?i)\b{NOTES_WORD}(?:'s|\s+notes|\s+example)|\bthe\s+{NOTES_WORD}\b|\btest_\w*{NOTES_WORD}"
 )
 PROSE_SEED = re.compile(rf"\b(?!SEED\b)(?i:{NOTES_WORD})(?:s|ed|'s)?\b")
+# The other word for those notes (and the one for their author) has no use anywhere in the course, prose,
+# code, test ids or mutants alike: assembled from pieces for the same reason.
+NOTES_TALK = "lec" + "ture"
+NAMES_NOTES_TALK = re.compile(NOTES_TALK, re.IGNORECASE)
 
 
 def _learner_facing_text():
@@ -424,13 +428,38 @@ def _learner_facing_text():
             )
 
 
+def _course_text():
+    """(where, text) for every text file a learner can open: drills/ (but drills/mine, whose pristine stubs
+    _learner_facing_text reads), notebooks/ with their outputs, README, CONTRIBUTING and the Makefile."""
+    paths = [p for top in ("drills", "notebooks") for p in sorted((ROOT / top).rglob("*"))]
+    paths += [ROOT / name for name in ("README.md", "CONTRIBUTING.md", "Makefile")]
+    for path in paths:
+        parts = path.relative_to(ROOT).parts
+        if not path.is_file() or parts[:2] == ("drills", "mine") or "__pycache__" in parts:
+            continue
+        try:
+            yield "/".join(parts), path.read_text()
+        except UnicodeDecodeError:  # images
+            continue
+
+
+def _lines_naming_the_notes(where, text, prose, seed_rules=True):
+    """The lines of text that name the notes; seed_rules=False checks only the word that has no other use."""
+    found = []
+    for n, line in enumerate(text.splitlines(), 1):
+        words = re.sub(r"`[^`]*`", "", line)  # code spans name functions (`seeded`), not notes
+        named = NAMES_NOTES.search(line) or (prose and PROSE_SEED.search(words))
+        if (seed_rules and named) or NAMES_NOTES_TALK.search(line):
+            found.append(f"{where}:{n}: {line.strip()}")
+    return found
+
+
 def test_learner_facing_text_never_names_the_source_notes():
     found = []
     for where, text, prose in _learner_facing_text():
-        for n, line in enumerate(text.splitlines(), 1):
-            words = re.sub(r"`[^`]*`", "", line)  # code spans name functions (`seeded`), not notes
-            if NAMES_NOTES.search(line) or (prose and PROSE_SEED.search(words)):
-                found.append(f"{where}:{n}: {line.strip()}")
+        found += _lines_naming_the_notes(where, text, prose)
+    for where, text in _course_text():
+        found += [line for line in _lines_naming_the_notes(where, text, False, False) if line not in found]
     assert not found, "learner-facing text names the source notes:\n" + "\n".join(found[:20])
 
 
@@ -442,6 +471,17 @@ def test_source_notes_check_can_fail():
     ):
         assert NAMES_NOTES.search(line) or PROSE_SEED.search(line), line
     assert not PROSE_SEED.search("`SEED=7 make test L=t1` grades other ones")
+    planted = "\n".join(
+        (
+            f"The {NOTES_TALK} measured its kernel on an RTX 5090 at 176 us.",
+            f"FlashAttention-2, the {NOTES_TALK.upper()}R's version and this kernel",
+            f'    ids=["group4", "group4-{NOTES_TALK}", "group8"],',
+            f'    Mutant("interleaved", pitfall="1. as in the {NOTES_TALK}s", old="h // G", new="h % G"),',
+        )
+    )
+    found = _lines_naming_the_notes("drills/mutants/planted.py", planted, False, seed_rules=False)
+    assert len(found) == 4, found
+    assert _lines_naming_the_notes("README.md", "Measured on an RTX 5090, a kernel takes 176 us.", True) == []
 
 
 # --- The notebooks: your file once it passes its grader, the reference until then ------------------
@@ -461,3 +501,104 @@ def test_notebook_imports_your_file_only_once_it_passes(mine):
     solve_t1(mine)  # a copy of the reference: graded passing, then imported from that copy
     module, note = implementation("t1")
     assert "runs YOUR" in note and module.__file__ == str(mine / f"{T1.stem}.py"), note
+
+
+# --- Stages: F1 and T5 graded step by step (their graders' STAGES) -------------------------------
+
+
+def test_a_case_belongs_to_the_stage_that_names_it_most_closely():
+    from drills.grading.report import Case, Stage, stage_line, stage_of
+
+    stages = [
+        Stage("one", ("test_a", "*noncausal*")),
+        Stage("two", ("test_b", "*causal*")),
+        Stage("three", ("test_c", "test_b[late]")),
+    ]
+    assert [stage_of(i, stages) for i in ("test_a[causal]", "test_x[noncausal]", "test_x[causal]")] == [
+        0,
+        0,
+        1,
+    ]
+    assert [stage_of(i, stages) for i in ("test_c[causal]", "test_b[late]", "test_b[early]")] == [2, 2, 1]
+    assert stage_of("test_unnamed", stages) == 2  # the last stage: all stages passed means all checks did
+    cases = [Case("test_a", "test_a", "passed"), Case("test_b[x]", "test_b", "failed")]
+    assert stage_line(cases, stages) == "Stage 2 of 3: two (stage 1 one passed)"
+    cases[1].outcome = "passed"
+    assert stage_line(cases + [Case("test_c", "test_c", "skipped")], stages).startswith("all 3 stages passed")
+
+
+@pytest.mark.parametrize("lesson_id", ["t5", "f1"])
+def test_every_stage_names_checks_its_grader_has(lesson_id):
+    """A renamed check would fall silently into the last stage: every pattern without a wildcard must
+    name a test of the grader."""
+    import importlib
+
+    lesson = find(lesson_id)
+    grader = importlib.import_module(f"drills.tests.{lesson.tests.stem}")
+    stages = grading.report.lesson_stages(lesson)
+    assert len(stages) == 3 and stages == grader.STAGES
+    for stage in stages:
+        for pattern in stage.patterns:
+            if "*" not in pattern and "?" not in pattern:
+                assert callable(getattr(grader, pattern.split("[", 1)[0], None)), f"{stage.title}: {pattern}"
+
+
+def test_untouched_staged_stubs_say_stage_1_is_not_started(mine):
+    grades = {g.lesson.id: g for g in learner.progress_grades()}  # untouched: nothing graded
+    assert grades["t5"].status == "not started (stage 1 of 3, non-causal, comes first)"
+    assert grades["f1"].status == "not started (stage 1 of 3, merge, comes first)"
+    assert grades["t1"].status == "not started"  # a lesson without stages says nothing new
+    result = run.grade(find("t5"), file=mine / f"{find('t5').stem}.py")  # what make test prints
+    assert result.state == "not started" and "Stage 1 of 3: non-causal, not started" in result.message
+    assert "next, stage 2 causal" in result.message
+
+
+def _solution_with_stub_raise(lesson, function: str) -> str:
+    """The lesson's solution with `function` left as the stub has it: raising its NotImplementedError."""
+    import ast
+
+    stub, source = contract.pristine_stub_source(lesson), lesson.solution.read_text()
+
+    def function_node(text):
+        return next(
+            n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.FunctionDef) and n.name == function
+        )
+
+    stub_raise = next(n for n in ast.walk(function_node(stub)) if isinstance(n, ast.Raise))
+    lines = source.splitlines()
+    docstring_end = function_node(source).body[0].end_lineno
+    lines.insert(docstring_end, "    " + ast.get_source_segment(stub, stub_raise))
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize(
+    "lesson_id,partial,checks,stage",
+    [
+        (
+            "t5",
+            "causal not done",  # every call runs non-causal, as before the causal TODO
+            "test_worked_example_O1 or test_last_key_block_is_masked or test_first_causal_row or group2",
+            "Stage 2 of 3: causal (stage 1 non-causal passed)",
+        ),
+        (
+            "f1",
+            "plan() not started",  # merge_states and the kernels done, plan() still the stub's raise
+            "test_merge_states_equals or test_lse_is_natural_log or test_plan_splits_only",
+            "Stage 2 of 3: fixed splits (stage 1 merge passed)",
+        ),
+    ],
+)
+def test_a_file_that_passes_stage_1_only_is_told_so(tmp_path, lesson_id, partial, checks, stage):
+    lesson = find(lesson_id)
+    if lesson_id == "t5":
+        source = lesson.solution.read_text()
+        assert source.count("CAUSAL=causal,") == 1
+        source = source.replace("CAUSAL=causal,", "CAUSAL=False,")
+    else:
+        source = _solution_with_stub_raise(lesson, "plan")
+    path = tmp_path / f"{lesson.stem}.py"
+    path.write_text(source)
+    result = run.grade(lesson, file=path, extra=["-k", checks])  # a few checks of each stage
+    assert result.state == "failing", (partial, result.state, result.message)
+    assert stage in result.screen() and f", {stage[0].lower()}{stage[1:]}" in result.status, result.screen()
+    assert any(line.startswith("  stage 2 checks ") for line in result.screen())
