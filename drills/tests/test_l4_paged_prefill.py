@@ -56,14 +56,14 @@ class PrefillCase:
 
 
 def make_prefill_case(
-    context_lens, q_lens, Hq, Hkv, D, PAGE, seed, dtype=torch.float16, device="cpu", **paged
+    context_lens, q_lens, Hq, Hkv, D, PAGE, stream, dtype=torch.float16, device="cpu", **paged
 ):
     """A poisoned, shuffled page pool holding context_lens[b] tokens per sequence (drills/tests/paged_kv.py),
     and q_lens[b] new tokens of each packed into q. A q_len = 0 sequence's whole table row is garbage: the
     kernel must not read it. `paged` goes to make_paged_case (shared_prefix_pages, sparse, num_blocks...)."""
     assert all(0 <= n <= c for n, c in zip(q_lens, context_lens))
-    case = make_paged_case(context_lens, Hq, Hkv, D, PAGE, dtype=dtype, device=device, seed=seed, **paged)
-    gen = torch.Generator().manual_seed(seeded(seed) + 1)
+    case = make_paged_case(context_lens, Hq, Hkv, D, PAGE, dtype=dtype, device=device, seed=stream, **paged)
+    gen = torch.Generator().manual_seed(seeded(stream) + 1)
     tables = case.block_tables.clone()
     for b, n in enumerate(q_lens):
         if n == 0:
@@ -185,7 +185,7 @@ def test_worked_example_lse_is_ln_of_the_keys_seen(impl, runtime):
 def test_pure_prefill_without_a_prefix(impl, runtime):
     """Prefix 0: context_lens == q_lens, so new token i sees keys 0..i (bottom right and top left agree)."""
     q_lens = sizes(runtime, [37, 20, 5], [2048, 777, 64])
-    case = make_prefill_case(q_lens, q_lens, 8, 2, 64, 8, seed=101, device=runtime.device)
+    case = make_prefill_case(q_lens, q_lens, 8, 2, 64, 8, stream=101, device=runtime.device)
     check(impl, case)
 
 
@@ -195,7 +195,7 @@ def test_cached_prefix_is_visible_bottom_right(impl, runtime):
     q_lens = sizes(runtime, [10, 20, 3], [512, 1000, 7])
     prefix = sizes(runtime, [24, 16, 40], [2048, 1024, 4000])
     ctx = [p + n for p, n in zip(prefix, q_lens)]
-    case = make_prefill_case(ctx, q_lens, 8, 2, 64, 8, seed=103, device=runtime.device)
+    case = make_prefill_case(ctx, q_lens, 8, 2, 64, 8, stream=103, device=runtime.device)
     check(impl, case)
 
 
@@ -205,7 +205,7 @@ def test_prefix_ends_inside_a_page(impl, runtime):
     q_lens = sizes(runtime, [9, 14, 6], [300, 129, 1000])
     prefix = sizes(runtime, [13, 5, 27], [1013, 5, 2047])
     ctx = [p + n for p, n in zip(prefix, q_lens)]
-    case = make_prefill_case(ctx, q_lens, 8, 2, 64, 8, seed=107, device=runtime.device)
+    case = make_prefill_case(ctx, q_lens, 8, 2, 64, 8, stream=107, device=runtime.device)
     check(impl, case)
 
 
@@ -214,7 +214,7 @@ def test_prefix_a_whole_number_of_pages(impl, runtime):
     q_lens = sizes(runtime, [9, 14, 6], [300, 129, 1000])
     prefix = sizes(runtime, [16, 8, 32], [1024, 8, 2048])
     ctx = [p + n for p, n in zip(prefix, q_lens)]
-    case = make_prefill_case(ctx, q_lens, 8, 2, 64, 8, seed=109, device=runtime.device)
+    case = make_prefill_case(ctx, q_lens, 8, 2, 64, 8, stream=109, device=runtime.device)
     check(impl, case)
 
 
@@ -223,7 +223,7 @@ def test_decode_rows_beside_long_chunks(impl, runtime):
     prefill chunks, one with no prefix (ctx 12) and a decode row with ctx = 1."""
     q_lens = sizes(runtime, [1, 30, 1, 1, 12], [1, 512, 1, 1, 2048])
     ctx = sizes(runtime, [40, 50, 1, 17, 12], [2048, 1536, 1, 777, 2048])
-    case = make_prefill_case(ctx, q_lens, 8, 2, 64, 16, seed=113, device=runtime.device)
+    case = make_prefill_case(ctx, q_lens, 8, 2, 64, 16, stream=113, device=runtime.device)
     check(impl, case)
 
 
@@ -232,7 +232,7 @@ def test_empty_sequences_produce_nothing(impl, runtime):
     ids: nothing is read through them and nothing is stored for them."""
     q_lens = sizes(runtime, [0, 12, 0, 5, 0], [0, 700, 0, 65, 0])
     ctx = sizes(runtime, [30, 20, 0, 9, 16], [3000, 900, 0, 65, 16])
-    case = make_prefill_case(ctx, q_lens, 8, 2, 64, 8, seed=127, device=runtime.device)
+    case = make_prefill_case(ctx, q_lens, 8, 2, 64, 8, stream=127, device=runtime.device)
     check(impl, case)
 
 
@@ -240,7 +240,7 @@ def test_rows_past_a_sequence_end_not_written(impl, runtime):
     """Sequences of 5, 3 and 11 new tokens: the last tile of each has rows past its end, which are the
     next sequence's rows (or past the end of out). out is a view into a canary-filled buffer, and under
     the interpreter programs run forward and in reverse, so a row stored by the wrong program shows."""
-    case = make_prefill_case([9, 3, 30], [5, 3, 11], 4, 2, 64, 8, seed=131, device=runtime.device)
+    case = make_prefill_case([9, 3, 30], [5, 3, 11], 4, 2, 64, 8, stream=131, device=runtime.device)
     check(impl, case)
 
 
@@ -251,7 +251,7 @@ def test_cu_seqlens_mark_where_each_sequence_starts(impl, runtime):
     tokens = impl._config(64)[0]
     q_lens = [tokens, 2 * tokens]
     ctx = [tokens + 7, 2 * tokens]
-    case = make_prefill_case(ctx, q_lens, 2, 2, 64, 8, seed=137, device=runtime.device)
+    case = make_prefill_case(ctx, q_lens, 2, 2, 64, 8, stream=137, device=runtime.device)
     check(impl, case)
 
 
@@ -266,7 +266,7 @@ def test_kv_head_grouping_is_contiguous(impl, runtime, Hq, Hkv):
     contiguous agree when GROUP = 1 (MHA) or Hkv = 1 (MQA): those cases pass either way."""
     q_lens = sizes(runtime, [11, 4], [600, 129])
     ctx = sizes(runtime, [20, 30], [1000, 2000])
-    case = make_prefill_case(ctx, q_lens, Hq, Hkv, 64, 8, seed=139 + Hq * 7 + Hkv, device=runtime.device)
+    case = make_prefill_case(ctx, q_lens, Hq, Hkv, 64, 8, stream=139 + Hq * 7 + Hkv, device=runtime.device)
     check(impl, case)
 
 
@@ -274,7 +274,7 @@ def test_kv_head_grouping_is_contiguous(impl, runtime, Hq, Hkv):
 def test_head_dims(impl, runtime, D):
     q_lens = sizes(runtime, [7, 13], [1000, 333])
     ctx = sizes(runtime, [20, 13], [3000, 333])
-    case = make_prefill_case(ctx, q_lens, 4, 2, D, 8, seed=149 + D, device=runtime.device)
+    case = make_prefill_case(ctx, q_lens, 4, 2, D, 8, stream=149 + D, device=runtime.device)
     check(impl, case)
 
 
@@ -283,20 +283,22 @@ def test_pages_shuffled_and_shared(impl, runtime):
     physical block 0 is in use, and block_tables is a slice of a wider table (row stride max_pages + 5)."""
     q_lens = sizes(runtime, [6, 12, 1], [400, 1000, 1])
     ctx = sizes(runtime, [22, 40, 17], [1000, 1500, 700])
-    case = make_prefill_case(ctx, q_lens, 8, 2, 64, 8, seed=151, device=runtime.device, shared_prefix_pages=2)
+    case = make_prefill_case(
+        ctx, q_lens, 8, 2, 64, 8, stream=151, device=runtime.device, shared_prefix_pages=2
+    )
     assert (case.block_tables[:, :2] == case.block_tables[0, :2]).all()
     wide = torch.full((3, case.block_tables.shape[1] + 5), -1, dtype=torch.int32, device=runtime.device)
     wide[:, : case.block_tables.shape[1]] = case.block_tables
     case.block_tables = wide[:, : case.block_tables.shape[1]]
     check(impl, case)
-    case0 = make_prefill_case([19], [7], 4, 1, 64, 8, seed=157, device=runtime.device, num_blocks=3)
+    case0 = make_prefill_case([19], [7], 4, 1, 64, 8, stream=157, device=runtime.device, num_blocks=3)
     assert 0 in case0.block_tables[0, :3].tolist(), "this case should use physical block 0"
     check(impl, case0)
 
 
 def test_pages_smaller_than_a_key_tile(impl, runtime):
     """PAGE = 4: one tile of keys spans several pages, each found through its own table entry."""
-    case = make_prefill_case([45, 21], [13, 21], 4, 2, 64, 4, seed=163, device=runtime.device)
+    case = make_prefill_case([45, 21], [13, 21], 4, 2, 64, 4, stream=163, device=runtime.device)
     check(impl, case)
 
 
@@ -305,14 +307,14 @@ def test_pages_larger_than_a_key_tile(impl, runtime):
     PAGE = sizes(runtime, 32, 128)
     q_lens = sizes(runtime, [13, 21], [300, 1000])
     ctx = sizes(runtime, [45, 21], [1000, 1000])
-    case = make_prefill_case(ctx, q_lens, 4, 2, 64, PAGE, seed=167, device=runtime.device)
+    case = make_prefill_case(ctx, q_lens, 4, 2, 64, PAGE, stream=167, device=runtime.device)
     check(impl, case)
 
 
 def test_keys_past_the_context_are_not_read(impl, runtime):
     """Contexts of 33 and 19 with PAGE = 8: the last key tile runs past the context, into the stale tail
     of the last page (NaN) and past it, where the table holds garbage ids (2**31 - 1, -1, ...)."""
-    case = make_prefill_case([33, 19], [4, 19], 4, 2, 64, 8, seed=173, device=runtime.device, extra_pages=4)
+    case = make_prefill_case([33, 19], [4, 19], 4, 2, 64, 8, stream=173, device=runtime.device, extra_pages=4)
     check(impl, case)
 
 
@@ -320,7 +322,7 @@ def test_diagonal_tiles_are_masked(impl, runtime):
     """Through _launch with 16-row tiles and 16-key tiles, GROUP = 1, and whole tiles only: the first
     rows of a tile must not see the keys its last rows see. Prefix 8: tile 0 holds positions 8-23 and
     keys 9-23 are future keys for its first row."""
-    case = make_prefill_case([56, 32], [48, 32], 2, 2, 64, 8, seed=179, device=runtime.device)
+    case = make_prefill_case([56, 32], [48, 32], 2, 2, 64, 8, stream=179, device=runtime.device)
     out = torch.empty_like(case.q)
     impl._launch(*case.args, 0.125, out, config=(16, 16, 4, 1))
     ref, _ = prefill_reference(*case.args, scale=0.125)
@@ -331,7 +333,7 @@ def test_diagonal_tiles_are_masked(impl, runtime):
 def test_any_tile_shape(impl, runtime, config):
     """BLOCK_M (rows: tokens x GROUP) and BLOCK_N are independent: the tile -> sequence map, the causal
     ranges and the page lookups must hold for each. GROUP = 3, so BLOCK_M is not a whole number of groups."""
-    case = make_prefill_case([30, 8, 41], [17, 8, 1], 9, 3, 64, 8, seed=181, device=runtime.device)
+    case = make_prefill_case([30, 8, 41], [17, 8, 1], 9, 3, 64, 8, stream=181, device=runtime.device)
     out = torch.empty_like(case.q)
     impl._launch(*case.args, 0.125, out, config=(*config, 4, 1))
     ref, _ = prefill_reference(*case.args, scale=0.125)
@@ -345,7 +347,7 @@ def test_online_softmax_rescales_old_tiles(impl, runtime):
     """Scores rise with the key position, so the running max grows tile after tile: dropping the rescale
     factor alpha = exp2(m_old - m_new) leaves the early tiles over-weighted."""
     n, D = sizes(runtime, 80, 2000), 64
-    case = make_prefill_case([n], [4], 4, 1, D, 8, seed=191, device=runtime.device)
+    case = make_prefill_case([n], [4], 4, 1, D, 8, stream=191, device=runtime.device)
     t = torch.arange(n, device=runtime.device)
     blocks, slots = case.block_tables[0].long()[t // 8], t % 8  # where token t lives
     q0 = case.q[0, 0].float()
@@ -359,14 +361,14 @@ def test_online_softmax_rescales_old_tiles(impl, runtime):
 def test_scale_is_applied(impl, runtime):
     """The default scale is 1 / sqrt(D), folded with log2(e) into the scores; an explicit scale replaces
     it. One key tile per sequence, so that a missing rescale cannot fail here."""
-    case = make_prefill_case([12, 7], [5, 7], 4, 1, 128, 8, seed=193, device=runtime.device)
+    case = make_prefill_case([12, 7], [5, 7], 4, 1, 128, 8, stream=193, device=runtime.device)
     check(impl, case)
     check(impl, case, scale=0.3)
 
 
 def test_output_is_normalised_by_the_softmax_sum(impl, runtime):
     """With every V row equal to 1 the output is exactly 1, whatever the scores."""
-    case = make_prefill_case([40, 23], [9, 23], 4, 2, 64, 8, seed=197, device=runtime.device)
+    case = make_prefill_case([40, 23], [9, 23], 4, 2, 64, 8, stream=197, device=runtime.device)
     real = ~torch.isnan(case.v_cache)
     case.v_cache[real] = 1.0
     out = check(impl, case)
@@ -378,14 +380,14 @@ def test_lse_is_natural_log(impl, runtime):
     so m + log2(l) must be multiplied by ln 2. Decode rows, chunks and a q_len = 0 row in one batch."""
     q_lens = sizes(runtime, [1, 17, 0, 6], [1, 700, 0, 64])
     ctx = sizes(runtime, [30, 40, 5, 6], [2000, 1400, 5, 64])
-    check_lse(impl, make_prefill_case(ctx, q_lens, 8, 2, 64, 8, seed=199, device=runtime.device))
+    check_lse(impl, make_prefill_case(ctx, q_lens, 8, 2, 64, 8, stream=199, device=runtime.device))
 
 
 def test_chunked_prefill_equals_one_call(impl, runtime):
     """One prompt prefilled in one call, then again in chunks (each a call whose prefix is the chunks
     before it, the cache already holding the whole prompt): the outputs and lse must agree."""
     n, chunk = sizes(runtime, (70, 24), (5000, 2048))
-    case = make_prefill_case([n], [n], 8, 2, 64, 16, seed=211, device=runtime.device)
+    case = make_prefill_case([n], [n], 8, 2, 64, 16, stream=211, device=runtime.device)
     whole, whole_lse = impl.paged_prefill(*case.args, return_lse=True)
     ref, ref_lse = prefill_reference(*case.args)
     assert_close(whole, ref, DIMS)
@@ -411,7 +413,7 @@ def test_chunked_prefill_equals_one_call(impl, runtime):
 def test_q_and_cache_strides_are_used(impl, runtime):
     """q is every other head of a NaN-filled [total_q, 2 Hq, D] buffer, and k_cache, v_cache are layer 1
     of a NaN-filled pool [num_blocks, layers, PAGE, Hkv, 2, D]: only the last dimension is contiguous."""
-    case = make_prefill_case([30, 9], [12, 9], 8, 2, 64, 8, seed=223, device=runtime.device)
+    case = make_prefill_case([30, 9], [12, 9], 8, 2, 64, 8, stream=223, device=runtime.device)
     total_q, Hq, D = case.q.shape
     buffer = torch.full((total_q, 2 * Hq, D), float("nan"), dtype=case.q.dtype, device=runtime.device)
     q = buffer[:, 1::2]  # [total_q, Hq, D], strides (2 Hq D, 2 D, 1)
@@ -426,7 +428,7 @@ def test_q_and_cache_strides_are_used(impl, runtime):
 def test_dtypes(impl, runtime, dtype):
     q_lens = sizes(runtime, [9, 1], [1500, 1])
     ctx = sizes(runtime, [20, 33], [3000, 2048])
-    case = make_prefill_case(ctx, q_lens, 8, 2, 128, 16, seed=227, dtype=dtype, device=runtime.device)
+    case = make_prefill_case(ctx, q_lens, 8, 2, 128, 16, stream=227, dtype=dtype, device=runtime.device)
     out = check(impl, case)
     assert out.dtype == dtype
 
@@ -438,7 +440,7 @@ def test_large_ragged_batch(impl, runtime):
     q_lens = torch.randint(0, top, (B,), generator=gen)
     q_lens[:2] = torch.tensor([1, 0])  # a decode row and a padding row among them
     ctx = q_lens + torch.randint(0, 2 * top, (B,), generator=gen)
-    case = make_prefill_case(ctx.tolist(), q_lens.tolist(), 32, 8, 128, 16, seed=229, device=runtime.device)
+    case = make_prefill_case(ctx.tolist(), q_lens.tolist(), 32, 8, 128, 16, stream=229, device=runtime.device)
     check(impl, case)
 
 
@@ -462,7 +464,7 @@ def test_page_index_widened_to_int64(impl, runtime):
         Hkv,
         D,
         PAGE,
-        seed=233,
+        stream=233,
         device=runtime.device,
         num_blocks=first + 96,
         first_block=first,
@@ -557,7 +559,7 @@ BAD_INPUTS = {
 def test_launcher_rejects_bad_input(impl, runtime, name):
     """Each bad argument raises ValueError/TypeError naming it, before any kernel runs."""
     spoil, error, names = BAD_INPUTS[name]
-    case = make_prefill_case([20, 3], [5, 3], 4, 2, 64, 16, seed=239, device=runtime.device, max_pages=4)
+    case = make_prefill_case([20, 3], [5, 3], 4, 2, 64, 16, stream=239, device=runtime.device, max_pages=4)
     args = dict(zip(("q", "k_cache", "v_cache", "block_tables", "cu_seqlens_q", "context_lens"), case.args))
     args.update(spoil(args, runtime.device))
     with raises_naming(error, names):
@@ -567,7 +569,7 @@ def test_launcher_rejects_bad_input(impl, runtime, name):
 def test_padding_rows_may_have_any_table(impl, runtime):
     """Not a bad input: a q_len = 0 row's table is never read, so garbage ids there are accepted (and its
     context_len may be 0)."""
-    case = make_prefill_case([0, 20, 7], [0, 5, 0], 4, 2, 64, 16, seed=241, device=runtime.device)
+    case = make_prefill_case([0, 20, 7], [0, 5, 0], 4, 2, 64, 16, stream=241, device=runtime.device)
     assert (case.block_tables[0] < 0).any() or (case.block_tables[0] >= case.k_cache.shape[0]).any()
     check(impl, case)
 
@@ -578,7 +580,7 @@ def test_padding_rows_may_have_any_table(impl, runtime):
 def test_runs_a_triton_kernel(impl, runtime):
     """The right numbers are not enough: paged_prefill must compute them with your Triton kernel, not
     with torch (gathering the pages for scaled_dot_product_attention, or a copy of the grader's oracle)."""
-    case = make_prefill_case([37, 5], [12, 5], 8, 2, 64, 16, seed=251, device=runtime.device)
+    case = make_prefill_case([37, 5], [12, 5], 8, 2, 64, 16, stream=251, device=runtime.device)
     assert_runs_a_triton_kernel(impl, lambda: impl.paged_prefill(*case.args), "paged_prefill")
 
 
@@ -588,7 +590,7 @@ def test_runs_a_triton_kernel(impl, runtime):
 def test_tolerance_rejects_zeros_top_left_and_base_2(runtime):
     """Not a test of your kernel: proves the comparison fails an all-zeros output, the top-left causal
     answer and an lse in base 2, so passing the other tests means something."""
-    case = make_prefill_case([40, 20], [9, 20], 8, 2, 64, 8, seed=257, device=runtime.device)
+    case = make_prefill_case([40, 20], [9, 20], 8, 2, 64, 8, stream=257, device=runtime.device)
     ref, lse = prefill_reference(*case.args)
     assert mismatch(torch.zeros_like(ref).half(), ref) is not None
     top_left = PrefillCase(*case.args[:5], torch.diff(case.cu_seqlens_q).to(torch.int32))  # prefix 0
@@ -602,7 +604,7 @@ def test_out_is_allocated_when_not_given(impl, runtime):
     """Without `out`, paged_prefill allocates [total_q, Hq, D] in q's dtype. Last in the file: a kernel
     that stores rows past the last sequence writes past this allocation, which the canary tests above
     report first."""
-    case = make_prefill_case([25, 3], [10, 3], 8, 2, 64, 16, seed=263, device=runtime.device)
+    case = make_prefill_case([25, 3], [10, 3], 8, 2, 64, 16, stream=263, device=runtime.device)
     out = impl.paged_prefill(*case.args)
     assert out.shape == case.q.shape and out.dtype == case.q.dtype and out.device == case.q.device
     ref, _ = prefill_reference(*case.args)

@@ -79,8 +79,8 @@ def check(impl, x, **tol):
     return out
 
 
-def randn(M, N, dtype, device, seed, scale=1.0):
-    gen = torch.Generator().manual_seed(seeded(seed))
+def randn(M, N, dtype, device, stream, scale=1.0):
+    gen = torch.Generator().manual_seed(seeded(stream))
     return framed_input((scale * torch.randn(M, N, generator=gen)).to(dtype).to(device))
 
 
@@ -133,7 +133,7 @@ def test_non_power_of_two_1823x781(impl, runtime, dtype):
     """781 columns in a block of 1024: 243 padded lanes per row, 1823 rows (the interpreter takes a few
     ms a row, and the grader runs every launch twice, so it runs the first 203 rows there)."""
     M = sizes(runtime, 203, 1823)
-    check(impl, randn(M, 781, dtype, runtime.device, seed=1823))
+    check(impl, randn(M, 781, dtype, runtime.device, stream=1823))
 
 
 @pytest.mark.parametrize("where", ["one_block", "long_rows"])
@@ -142,7 +142,7 @@ def test_large_values_do_not_overflow(impl, runtime, dtype, where):
     """Values of magnitude 1e4: exp(1e4) is inf in fp32, so without subtracting the row max every row is
     inf / inf = NaN. With it, the largest entry of each row gets almost all the weight."""
     M, N = (37, 781) if where == "one_block" else (3, long_row(impl, 77))
-    x = randn(M, N, torch.float32, runtime.device, seed=4, scale=1e4).clamp(-6e4, 6e4).to(dtype)
+    x = randn(M, N, torch.float32, runtime.device, stream=4, scale=1e4).clamp(-6e4, 6e4).to(dtype)
     check(impl, x)
 
 
@@ -186,7 +186,7 @@ def test_fully_masked_row_is_nan_like_torch(impl, runtime, where):
 def test_padded_columns_load_as_minus_inf(impl, runtime, N):
     """Every real value is about -30: padded lanes loaded as 0 would be the max, and their e^0 = 1 each
     would swamp the real terms of the sum."""
-    x = randn(5, N, torch.float32, runtime.device, seed=N) - 30.0
+    x = randn(5, N, torch.float32, runtime.device, stream=N) - 30.0
     check(impl, x)
 
 
@@ -214,14 +214,14 @@ def test_rows_longer_than_one_block(impl, runtime, extra):
 
 def test_row_of_exactly_one_block(impl, runtime):
     """N = MAX_BLOCK: the longest row that stays in one block, no padded lane."""
-    check(impl, randn(2, impl.MAX_BLOCK, torch.float32, runtime.device, seed=12))
+    check(impl, randn(2, impl.MAX_BLOCK, torch.float32, runtime.device, stream=12))
 
 
 @pytest.mark.parametrize("where", ["one_block", "long_rows"])
 def test_rows_sum_to_one(impl, runtime, where):
     """Each row of out sums to 1: forgetting to divide by the sum leaves the sum itself in every row."""
     M, N = (9, 500) if where == "one_block" else (2, long_row(impl, 33))
-    out = check(impl, randn(M, N, torch.float32, runtime.device, seed=10))
+    out = check(impl, randn(M, N, torch.float32, runtime.device, stream=10))
     assert_close(out.sum(dim=-1), torch.ones(M, device=runtime.device), ("row",))
 
 
@@ -230,7 +230,7 @@ def test_rows_sum_to_one(impl, runtime, where):
 )
 def test_dtypes(impl, runtime, dtype):
     M, N = sizes(runtime, (21, 1000), (4096, 3000))
-    out = check(impl, randn(M, N, dtype, runtime.device, seed=14, scale=3.0))
+    out = check(impl, randn(M, N, dtype, runtime.device, stream=14, scale=3.0))
     assert out.dtype == dtype
 
 
@@ -239,7 +239,7 @@ def test_large_batch_gpu(impl, runtime):
     if runtime.interpreter:
         pytest.skip("GPU only: millions of rows take minutes in the interpreter")
     for M, N in [(8192, 4096), (4096, 16384), (32768, 1024), (64, 128256)]:
-        check(impl, randn(M, N, torch.float16, runtime.device, seed=M + N, scale=4.0))
+        check(impl, randn(M, N, torch.float16, runtime.device, stream=M + N, scale=4.0))
 
 
 def test_empty_input(impl, runtime):
@@ -312,7 +312,7 @@ def test_launch_rejects_block_not_a_power_of_two(impl, runtime, BLOCK):
 def test_runs_a_triton_kernel(impl, runtime):
     """The right numbers are not enough: softmax must compute them with your Triton kernel, not with
     torch (torch.softmax, or a copy of the grader's oracle)."""
-    x = randn(8, 100, torch.float32, runtime.device, seed=20)
+    x = randn(8, 100, torch.float32, runtime.device, stream=20)
     assert_runs_a_triton_kernel(impl, lambda: impl.softmax(x), "softmax")
 
 
@@ -322,7 +322,7 @@ def test_runs_a_triton_kernel(impl, runtime):
 def test_tolerance_rejects_zeros_and_uniform(runtime):
     """Not a test of your kernel: proves the comparison fails an all-zeros output and the uniform 1 / N
     (a softmax of a constant row), so passing the other tests means something."""
-    x = randn(64, 781, torch.float16, runtime.device, seed=16, scale=2.0)
+    x = randn(64, 781, torch.float16, runtime.device, stream=16, scale=2.0)
     ref = softmax_reference(x)
     assert mismatch(torch.zeros_like(x), ref) is not None
     assert mismatch(torch.full_like(x, 1 / 781), ref) is not None
@@ -341,7 +341,7 @@ def test_out_is_allocated_when_not_given(impl, runtime):
 
 def test_out_may_be_x(impl, runtime):
     """In place, softmax(x, out=x): each program reads its row before it writes it."""
-    x = randn(5, 300, torch.float32, runtime.device, seed=15)
+    x = randn(5, 300, torch.float32, runtime.device, stream=15)
     expected = softmax_reference(x)
     returned = impl.softmax(x, out=x)
     assert isinstance(returned, torch.Tensor) and returned.data_ptr() == x.data_ptr(), (
