@@ -249,13 +249,21 @@ def remember(result: Grade) -> None:
     _grades_file().write_text(json.dumps(data, indent=1) + "\n")
 
 
-def last_grade(lesson: Lesson) -> dict:
-    """The outcome of the last grading of the file as it is now (graded again when it changed)."""
+def known_grade(lesson: Lesson) -> dict | None:
+    """The outcome of the last grading when it graded the file as it is now, else None (never grades)."""
     try:
         known = json.loads(_grades_file().read_text()).get(lesson.stem)
     except (FileNotFoundError, ValueError):
         known = None
     if known and known.get("fingerprint") == _fingerprint(lesson):
+        return known
+    return None
+
+
+def last_grade(lesson: Lesson) -> dict:
+    """The outcome of the last grading of the file as it is now (graded again when it changed)."""
+    known = known_grade(lesson)
+    if known:
         return known
     print(f"grading {rel(mine_file(lesson))} first (make test L={lesson.id} does the same)...", flush=True)
     result = grade(lesson)

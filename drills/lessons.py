@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 class Lesson:
     stem: str
     title: str
-    track: str  # "T" (Triton basics), "L" (paged KV and serving), "F" (split-KV and beyond)
+    track: str  # "T" (Triton basics), "L" (paged KV and serving), "F" (split-KV and beyond), "C" (capstone)
 
     @property
     def id(self) -> str:
@@ -61,6 +61,7 @@ LESSONS: tuple[Lesson, ...] = (
     Lesson("l2_paged_decode", "Paged decode attention with GQA", "L"),
     Lesson("f1_split_kv_decode", "Split-KV decode with a planner", "F"),
     Lesson("l4_paged_prefill", "Paged prefill over a cached prefix (chunked prefill, mixed batches)", "L"),
+    Lesson("c1_engine", "Capstone: an inference engine serving a real model on your kernels", "C"),
 )
 
 

@@ -1,0 +1,124 @@
+"""The engine's attention callbacks: the paged KV cache and the two ways to attend over it.
+
+forward() in model.py calls attention(layer, q, k, v, meta) once per layer, meta being the step's
+StepInputs (C1's prepare_inputs): slot_mapping, cu_seqlens_q, context_lens, block_tables.
+
+KernelAttention       the course's kernels: L1 store_kvcache, then L4 paged_prefill for a step with any
+                      prompt tokens, F1 split_kv_decode (planned once per step) for a pure decode step
+TorchPagedAttention   the same cache and the same inputs in plain torch (fp32 math): the fast path on a
+                      CPU, and a second opinion on the kernels. It reads the cache only through the block
+                      tables and stores only through the slots, so a wrong input breaks it as it breaks them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+class PagedKVCache:
+    """K and V of every layer: [num_layers, num_blocks, PAGE, Hkv, D] each, one pool shared by all
+    sequences (L1's layout, one layer being k[layer])."""
+
+    def __init__(self, config, num_blocks: int, block_size: int, dtype=torch.float16, device="cpu"):
+        shape = (config.num_layers, num_blocks, block_size, config.num_kv_heads, config.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+
+    @staticmethod
+    def bytes_per_block(config, block_size: int, dtype) -> int:
+        elt = torch.empty((), dtype=dtype).element_size()
+        return 2 * config.num_layers * block_size * config.num_kv_heads * config.head_dim * elt
+
+    @property
+    def dtype(self):
+        return self.k.dtype
+
+
+class KernelAttention:
+    """Attention through the course's kernels (yours where they pass their graders, see kernels.py).
+
+    The kernels take fp16 or bf16: q, k and v are cast to the cache's dtype and the output back to q's.
+    Call begin_step(inputs) once per step before the forward: a decode step's F1 plan reads the
+    lengths on the host there, once, rather than once per layer.
+    """
+
+    def __init__(self, cache: PagedKVCache, kernels):
+        self.cache = cache
+        self.kernels = kernels
+        self.plan = None
+
+    def begin_step(self, inputs, plan_len: int | None = None):
+        """plan_len: plan for this length instead of the step's longest (a CUDA graph is captured once
+        for the longest context it will replay)."""
+        if inputs.is_decode:
+            lens = (
+                inputs.context_lens_list if plan_len is None else [plan_len] * len(inputs.context_lens_list)
+            )
+            self.plan = self.kernels.plan(lens, self.cache.k.shape[3], self.cache.block_size)
+        else:
+            self.plan = None
+
+    def __call__(self, layer, q, k, v, meta):
+        # q (T, Hq, D), k, v (T, Hkv, D) -> (T, Hq, D)
+        kc, vc = self.cache.k[layer], self.cache.v[layer]  # [num_blocks, PAGE, Hkv, D]
+        dtype = kc.dtype
+        # False: the engine built the slots itself (prepare_inputs); a check would read them back from
+        # the device once per layer and forbid CUDA-graph capture.
+        self.kernels.store_kvcache(k.to(dtype), v.to(dtype), kc, vc, meta.slot_mapping, check=False)
+        if meta.is_decode:
+            if self.plan is None:
+                raise RuntimeError("KernelAttention.begin_step(inputs) was not called for this step")
+            out = self.kernels.split_kv_decode(
+                q.to(dtype), kc, vc, meta.block_tables, meta.context_lens, plan=self.plan, check=False
+            )
+        else:
+            out = self.kernels.paged_prefill(
+                q.to(dtype), kc, vc, meta.block_tables, meta.cu_seqlens_q, meta.context_lens
+            )
+        return out.to(q.dtype)
+
+
+class TorchPagedAttention:
+    """The same paged cache in plain torch: scatter the new K and V to their slots, then each sequence
+    gathers its pages through its block table and attends causally (bottom-right aligned) in fp32."""
+
+    def __init__(self, cache: PagedKVCache):
+        self.cache = cache
+
+    def begin_step(self, inputs, plan_len: int | None = None):
+        pass
+
+    def __call__(self, layer, q, k, v, meta):
+        kc, vc = self.cache.k[layer], self.cache.v[layer]  # [num_blocks, PAGE, Hkv, D]
+        page = self.cache.block_size
+        flat_k = kc.view(-1, *kc.shape[2:])  # [num_blocks * PAGE, Hkv, D]: slot s is row s
+        flat_v = vc.view(-1, *vc.shape[2:])
+        real = meta.slot_mapping >= 0  # padding rows store nothing
+        flat_k[meta.slot_mapping[real]] = k[real].to(kc.dtype)
+        flat_v[meta.slot_mapping[real]] = v[real].to(vc.dtype)
+
+        T, Hq, D = q.shape
+        Hkv = kc.shape[2]
+        scale = 1.0 / math.sqrt(D)
+        out = torch.zeros_like(q)
+        start = 0
+        for b, (n, ctx) in enumerate(zip(meta.query_lens, meta.context_lens_list)):
+            if n == 0 or ctx == 0:
+                start += n
+                continue  # padding: nothing to attend, output stays 0
+            pages = meta.block_tables[b, : -(-ctx // page)].long()  # the pages holding keys 0 .. ctx-1
+            slots = (pages[:, None] * page + torch.arange(page, device=q.device)[None, :]).flatten()[:ctx]
+            keys, values = flat_k[slots].float(), flat_v[slots].float()  # (ctx, Hkv, D)
+            qg = q[start : start + n].float().view(n, Hkv, Hq // Hkv, D)  # (n, Hkv, G, D)
+            scores = torch.einsum("nkgd,lkd->kgnl", qg, keys) * scale  # (Hkv, G, n, ctx)
+            query_pos = torch.arange(ctx - n, ctx, device=q.device)[:, None]  # new token i at ctx - n + i
+            visible = torch.arange(ctx, device=q.device)[None, :] <= query_pos  # (n, ctx)
+            scores = scores.masked_fill(~visible, float("-inf"))
+            o = torch.einsum("kgnl,lkd->nkgd", scores.softmax(-1), values)  # (n, Hkv, G, D)
+            out[start : start + n] = o.reshape(n, Hq, D).to(q.dtype)
+            start += n
+        return out

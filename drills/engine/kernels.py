@@ -1,0 +1,74 @@
+"""Which code the engine runs: your file of a lesson where it passes its grader, the reference otherwise.
+
+The engine needs five lessons: L1's store_kvcache, L3's BlockManager, L4's paged_prefill, F1's plan and
+split_kv_decode, and C1's scheduler and prepare_inputs. A lesson uses drills/mine/<stem>.py when the
+last `make test` of that file, as it is now, passed (the grade is remembered in .drills/, never
+re-run here: grading takes a minute); otherwise the reference in drills/solutions/. `describe()` gives
+the lines the engine prints at start-up, so a learner always knows whose code answered.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+from drills import lessons
+
+# stem -> the names the engine takes from it
+PARTS = {
+    "l1_paged_kv_cache": ("store_kvcache",),
+    "l3_prefix_cache": ("BlockManager",),
+    "l4_paged_prefill": ("paged_prefill",),
+    "f1_split_kv_decode": ("plan", "split_kv_decode"),
+    "c1_engine": ("Scheduler", "Sequence", "SamplingParams", "prepare_inputs"),
+}
+CHOICES = ("auto", "solutions", "mine")
+
+
+@dataclass(frozen=True)
+class Choice:
+    lesson: lessons.Lesson
+    impl: str  # "mine" or "solutions"
+    why: str
+
+    @property
+    def line(self) -> str:
+        who = "yours" if self.impl == "mine" else "reference"
+        return f"  {self.lesson.id} {', '.join(PARTS[self.lesson.stem])}: {who} ({self.why})"
+
+
+def choose(use: str = "auto") -> dict[str, Choice]:
+    """use: "auto" (yours where passing), "solutions" (every reference) or "mine" (every file of yours,
+    passing or not: for debugging your engine against its grader's failures)."""
+    if use not in CHOICES:
+        raise ValueError(f"use must be one of {CHOICES}, got {use!r}")
+    from drills import learner
+
+    chosen = {}
+    for stem in PARTS:
+        lesson = lessons.by_stem(stem)
+        if use != "auto":
+            chosen[stem] = Choice(lesson, use, f"use={use}")
+            continue
+        grade = learner.known_grade(lesson)
+        if grade and grade.get("state") == "passing":
+            chosen[stem] = Choice(lesson, "mine", "passes make test")
+        else:
+            state = grade.get("state") if grade else "not graded as it is now"
+            chosen[stem] = Choice(lesson, "solutions", f"yours: {state}; make test L={lesson.id}")
+    return chosen
+
+
+def load(choices: dict[str, Choice]) -> SimpleNamespace:
+    """One namespace with every part the engine calls (kernels.store_kvcache, kernels.Scheduler, ...)."""
+    parts = {}
+    for stem, names in PARTS.items():
+        module = importlib.import_module(choices[stem].lesson.module(choices[stem].impl))
+        for name in names:
+            parts[name] = getattr(module, name)
+    return SimpleNamespace(**parts)
+
+
+def describe(choices: dict[str, Choice]) -> list[str]:
+    return ["the engine runs:"] + [choice.line for choice in choices.values()]
