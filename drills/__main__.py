@@ -1,5 +1,6 @@
 """Command line behind the Makefile: python -m drills {list,test,check,contract,notebooks,mutants,bench},
-and the learner's tools {progress,hint,reset,diff,watch} (drills/learner.py) and doctor (drills/doctor.py).
+the learner's tools {progress,hint,reset,diff,watch} (drills/learner.py), doctor (drills/doctor.py) and
+chat (drills/engine/chat.py).
 The learner's tools are plain functions of their arguments; this module only parses the command line."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import sys
 from pathlib import Path
 
 from drills import contract, doctor, learner
+from drills.engine import chat
 from drills.grading import run
 from drills.lessons import LESSONS, ROOT, find
 
@@ -372,6 +374,8 @@ def main(argv=None) -> int:
     sub.add_parser("doctor", help="versions, GPU, runtime, and the known traps with what to do").set_defaults(
         fn=lambda args: doctor.main()
     )
+    p = sub.add_parser("chat", help="chat with SmolLM2 served by the engine on your kernels (make chat)")
+    chat.parser(p).set_defaults(fn=chat.main)  # the engine's extra is imported only when it runs
     args = parser.parse_args(argv)
     return args.fn(args)
 

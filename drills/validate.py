@@ -356,7 +356,16 @@ def offsets_fit_int32(**tensors: torch.Tensor) -> None:
 
 
 def paged_prefill_inputs(
-    q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale=None, out=None, return_lse=False
+    q,
+    k_cache,
+    v_cache,
+    block_tables,
+    cu_seqlens_q,
+    context_lens,
+    scale=None,
+    out=None,
+    return_lse=False,
+    check=None,
 ):
     """Checks for a paged prefill (L4): packed new tokens over a paged cache. Returns (B, Hq, Hkv, D, PAGE).
 
@@ -364,7 +373,8 @@ def paged_prefill_inputs(
     block_tables [B, max_pages] int32; cu_seqlens_q [B + 1] int32, 0 then non-decreasing up to total_q;
     context_lens [B] int32 with q_len_b <= context_lens[b] <= max_pages * PAGE; out None or q's shape and
     dtype; return_lse a bool. Only sequences with new tokens have their live block ids checked: the
-    kernel never reads the table of a q_len = 0 (padding) row.
+    kernel never reads the table of a q_len = 0 (padding) row. The values (cu_seqlens_q, context_lens,
+    block ids) are read only when device_values_checked(check, context_lens) says so.
     """
     tensor("q", q, 3, (torch.float16, torch.bfloat16))
     tensor("k_cache", k_cache, 4, (q.dtype,))
@@ -427,7 +437,9 @@ def paged_prefill_inputs(
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
 
-    # The value checks cost host syncs; benchmarks time the bare launch so they stay out of kernel time.
+    # The value checks cost host syncs: only where device_values_checked allows them (section 3.6 of L2).
+    if not device_values_checked(check, context_lens):
+        return B, Hq, Hkv, D, PAGE
     cu = cu_seqlens_q.tolist()
     if cu[0] != 0:
         raise ValueError(f"cu_seqlens_q[0] = {cu[0]} must be 0: sequence 0's new tokens start at row 0 of q")

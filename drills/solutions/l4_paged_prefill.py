@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from drills import validate
+from drills.launch import launch, next_pow2
 
 
 @triton.jit
@@ -250,33 +251,39 @@ def _launch(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale
     B = block_tables.shape[0]
     group = Hq // Hkv
     BLOCK_M, BLOCK_N, num_warps, num_stages = config or _config(D, total_q / B)
-    BLOCK_M = max(BLOCK_M, triton.next_power_of_2(group))  # a tile holds at least one token's group
+    BLOCK_M = max(BLOCK_M, next_pow2(group))  # a tile holds at least one token's group
     BLOCK_Q = BLOCK_M // group
     grid = (total_q // BLOCK_Q + B, Hkv)
-    paged_prefill_kernel[grid](
-        q,
-        k_cache,
-        v_cache,
-        out,
-        out if lse is None else lse,  # out stands in for lse when none is asked for
-        block_tables,
-        cu_seqlens_q,
-        context_lens,
-        scale,
-        B,
-        q.stride(0),
-        q.stride(1),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
-        v_cache.stride(0),
-        v_cache.stride(1),
-        v_cache.stride(2),
-        out.stride(0),
-        out.stride(1),
-        0 if lse is None else lse.stride(0),
-        0 if lse is None else lse.stride(1),
-        block_tables.stride(0),
+    # launch() calls the compiled binary directly once it has seen this specialisation: Triton's own
+    # launcher costs ~30 us per call on the host, as long as the kernel of a decode row (L2 section 3.6).
+    launch(
+        paged_prefill_kernel,
+        grid,
+        (
+            q,
+            k_cache,
+            v_cache,
+            out,
+            out if lse is None else lse,  # out stands in for lse when none is asked for
+            block_tables,
+            cu_seqlens_q,
+            context_lens,
+            scale,
+            B,
+            q.stride(0),
+            q.stride(1),
+            k_cache.stride(0),
+            k_cache.stride(1),
+            k_cache.stride(2),
+            v_cache.stride(0),
+            v_cache.stride(1),
+            v_cache.stride(2),
+            out.stride(0),
+            out.stride(1),
+            0 if lse is None else lse.stride(0),
+            0 if lse is None else lse.stride(1),
+            block_tables.stride(0),
+        ),
         GROUP=group,
         BLOCK_Q=BLOCK_Q,
         BLOCK_M=BLOCK_M,
@@ -291,7 +298,16 @@ def _launch(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale
 
 
 def paged_prefill(
-    q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale=None, out=None, return_lse=False
+    q,
+    k_cache,
+    v_cache,
+    block_tables,
+    cu_seqlens_q,
+    context_lens,
+    scale=None,
+    out=None,
+    return_lse=False,
+    check=None,
 ):
     """Causal attention of a batch's new tokens over their paged KV cache (cached prefix + themselves).
 
@@ -311,6 +327,9 @@ def paged_prefill(
     out           optional [total_q, Hq, D] of q's dtype (a strided view is fine), written in place
     return_lse    a bool: also return lse [total_q, Hq] fp32, the natural-log log-sum-exp of each row's
                   scaled, masked scores
+    check         also check the values of cu_seqlens_q, context_lens and the live block ids: None
+                  (default) on the CPU only, where it costs no device sync; True on a GPU too; False
+                  never (an engine that built them on the host, or a CUDA graph being captured)
 
     New token i of sequence b sits at position context_lens[b] - q_len_b + i and sees keys 0 .. that
     position (causal, aligned to the bottom right); query head h uses KV head h // (Hq // Hkv). A
@@ -320,7 +339,7 @@ def paged_prefill(
     Returns out [total_q, Hq, D] (and lse with return_lse=True).
     """
     validate.paged_prefill_inputs(
-        q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, out, return_lse
+        q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, out, return_lse, check
     )
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])

@@ -548,6 +548,7 @@ BAD_INPUTS = {
     "scale_negative": (lambda a, dev: dict(scale=-0.125), ValueError, "scale"),
     "scale_bool": (lambda a, dev: dict(scale=True), TypeError, "scale"),
     "return_lse_not_bool": (lambda a, dev: dict(return_lse="yes"), TypeError, "return_lse"),
+    "check_not_bool": (lambda a, dev: dict(check="yes"), TypeError, "check"),
     "v_cache_is_k_cache": (lambda a, dev: dict(v_cache=a["k_cache"]), ValueError, "v_cache"),
     "v_cache_overlaps_k_cache": (lambda a, dev: overlapping_caches(a["k_cache"]), ValueError, "v_cache"),
     "out_wrong_shape": (lambda a, dev: dict(out=torch.empty_like(a["q"])[:, :2]), ValueError, "out"),
@@ -561,6 +562,7 @@ def test_launcher_rejects_bad_input(impl, runtime, name):
     spoil, error, names = BAD_INPUTS[name]
     case = make_prefill_case([20, 3], [5, 3], 4, 2, 64, 16, stream=239, device=runtime.device, max_pages=4)
     args = dict(zip(("q", "k_cache", "v_cache", "block_tables", "cu_seqlens_q", "context_lens"), case.args))
+    args["check"] = True  # the values too on a GPU, where check=None skips them (no device sync)
     args.update(spoil(args, runtime.device))
     with raises_naming(error, names):
         impl.paged_prefill(**args)
