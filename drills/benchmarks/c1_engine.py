@@ -6,8 +6,8 @@ work is the same for every configuration and peer). Throughput does not depend o
 so random weights of SmolLM2-135M-Instruct's shapes stand in for the 98 MB model file (bf16, as the
 peer). Rows: this engine with CUDA-graph decode steps on and off, prefix caching on and off; transformers
 5.24's batched `generate` (SDPA attention, left-padded batches of 64 and of 256, greedy, KV cache on) on
-the same token ids and GPU; then a Llama-3-8B-shaped model cut to 4 layers, where each decode step
-reads ~25x more KV per token and the kernels' bandwidth shows end to end.
+the same token ids and GPU; then a Llama-3-8B-shaped model cut to 4 layers: 5.3x the KV bytes per
+token and layer, about 10x the weight bytes per step, where the kernels' bandwidth shows end to end.
 
 Every engine row is checked before it counts: the first 16 tokens of 4 requests, teacher-forced
 through the reference forward (drills/engine/model.py, contiguous caches), are each among the

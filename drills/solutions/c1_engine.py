@@ -6,7 +6,7 @@ A step holds a token budget. Decode rows cost one token each; prompts cost what 
 
     256 requests sharing a 300-token system prompt, block size 16:
     without prefix caching: 256 * (300 + 100) = 102,400 prefill tokens
-    with it: 300 + 256 * (300 - 288 + 100) = 28,972   (288 = 18 full blocks of the prefix found cached)
+    with it: 400 + 255 * (300 - 288 + 100) = 28,960   (the first computes all; 288 = 18 full blocks cached)
 
 Read top to bottom: the request's parameters and state (given), the scheduler (admission with prefix
 hits, the token budget and chunked prefill, preemption by recomputation, bookkeeping after a step),
