@@ -121,6 +121,7 @@ class Engine:
         self.max_model_len = min(max_model_len or model.config.max_position, model.config.max_position)
         self.generator = generator
         self.stats = Stats()
+        self.on_logits = None  # on_logits(seqs, logits (R, V)) before sampling: tests compare every step
         self._ids = itertools.count()
         self._added: dict = {}  # seq_id -> time added, until its first token
         self._counted: set = set()  # sequences whose prefix hits are in the stats
@@ -172,6 +173,8 @@ class Engine:
                 self.model, inputs.input_ids, inputs.positions, self.attention, inputs, inputs.logits_rows
             )
         seqs = [scheduled[i].seq for i in inputs.sample_index]
+        if self.on_logits is not None:
+            self.on_logits(seqs, logits)
         tokens = sample(logits, seqs, self.generator)  # the one host sync of the step
         sampled = [None] * len(scheduled)
         for i, token in zip(inputs.sample_index, tokens):

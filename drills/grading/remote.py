@@ -144,6 +144,8 @@ class LearnerProcess:
         self.generation = 0  # bumped on every restart: handles from a dead process are invalid
         self.known = wire.Storages()
         self.callbacks: dict[int, object] = {}
+        self.lent: set[int] = set()  # keys of callbacks that are wire.Lent objects or their methods
+        self.lent_methods: dict[tuple[int, str], object] = {}  # (key, name) -> the bound method handed out
         self.pending_release: list[int] = []
         self.options: dict = {"orders": True, "provenance": False}
         self.ready: dict = {}
@@ -281,6 +283,9 @@ class LearnerProcess:
             if message[0] == "callback":
                 self._run_callback(message)
                 continue
+            if message[0] == "callback_getattr":
+                self._run_getattr(message)
+                continue
             return message
 
     def _run_callback(self, message) -> None:
@@ -288,8 +293,33 @@ class LearnerProcess:
         try:
             value = ("result", self.callbacks[key](*args, **kwargs))
         except Exception as exc:  # the grader's own callable failed: say so in the learner's process
-            value = ("error", f"{type(exc).__name__}: {exc}")
+            value = self._lent_error(exc) if key in self.lent else ("error", f"{type(exc).__name__}: {exc}")
         self.conn.send_bytes(wire.dumps(value, self.known, self._handle))
+
+    def _run_getattr(self, message) -> None:
+        """An attribute of a lent object, read by the learner's code: a method goes back as a callback
+        (the same one for every read of that name), anything else by value."""
+        _, key, name = message
+        target = self.callbacks[key]
+        try:
+            value = getattr(target, name)
+            if callable(value) and getattr(value, "__self__", None) is target:
+                value = self.lent_methods.setdefault((key, name), value)
+                self.callbacks[id(value)] = value
+                self.lent.add(id(value))
+                reply = ("method", value)
+            else:
+                reply = ("result", value)
+        except Exception as exc:
+            reply = self._lent_error(exc)
+        self.conn.send_bytes(wire.dumps(reply, self.known, self._handle))
+
+    @staticmethod
+    def _lent_error(exc: Exception):
+        """A lent object's exception as the learner's process re-raises it: a built-in class as itself."""
+        if type(exc).__module__ == "builtins" and all(wire.is_plain(a) for a in exc.args):
+            return ("raise", (type(exc).__name__, exc.args))
+        return ("error", f"{type(exc).__name__}: {exc}")
 
     # --- requests ------------------------------------------------------------------------------
     def request(self, *message, during: str = "during this check"):
@@ -317,6 +347,11 @@ class LearnerProcess:
             if obj._generation != self.generation:
                 raise LearnerCrash("this object came from a run of your file that crashed or was restarted")
             return ("R", obj._key)
+        if isinstance(obj, wire.Lent):
+            key = id(obj.obj)
+            self.callbacks[key] = obj.obj  # kept alive (and its key unique) as long as this process
+            self.lent.add(key)
+            return ("L", key)
         if callable(obj) and not wire.is_plain(obj) and not isinstance(obj, type):
             key = id(obj)
             self.callbacks[key] = obj
@@ -330,6 +365,8 @@ class LearnerProcess:
         if pid[0] == "M":
             _, key, name = pid
             return RemoteMethod(self, key, name)
+        if pid[0] == "L":  # a lent object coming back: the grader's own object
+            return self.callbacks[pid[1]]
         raise ValueError(f"unknown reference {pid!r}")
 
     @contextlib.contextmanager
@@ -488,20 +525,23 @@ class RemoteModule(RemoteObject):
         return self._proc.record_launches()
 
     def _drills_probe(self, fn, *args, **kwargs):
+        self._current()  # a probe may be the first request of a check (the module is sent as its argument)
         return self._proc.probe(fn, self, *args, **kwargs)
 
     def _drills_calling(self, **options):
         return self._proc.calling(**options)
 
+    def _current(self):
+        """The module handle stays valid across restarts of the process (it is handle 0 in every run)."""
+        proc = self._proc
+        proc.ensure()
+        object.__setattr__(self, "_generation", proc.generation)
+        return proc
+
     def __getattr__(self, name):
         if name.startswith("__") and name.endswith("__"):
             raise AttributeError(name)
-        proc = self._proc
-        if proc.generation != self._generation:
-            object.__setattr__(self, "_generation", proc.generation)
-        proc.ensure()
-        object.__setattr__(self, "_generation", proc.generation)
-        return proc.request("getattr", self, name)
+        return self._current().request("getattr", self, name)
 
     def __repr__(self):
         return f"<learner module {self._proc.module_name} from {self._proc.path}>"

@@ -12,6 +12,14 @@ A message is pickled, with three kinds of object sent by reference rather than b
             kernels) travel as a handle; the grader holds a RemoteObject.
   callables of the grader (a hash_fn passed to the learner's code) travel as a handle too; calling
             one from the learner's process asks the grader to run it.
+  lent      objects of the grader wrapped in `Lent(obj)` (C1 lends its L3 BlockManager to the
+            learner's scheduler, which may not import the reference) travel as a handle ("L", key);
+            the learner's process holds a proxy whose attribute reads ask the grader
+            ("callback_getattr", key, name): plain values come back by value, methods as callbacks.
+            A built-in exception the object raises (ValueError when the pool is out of blocks,
+            KeyError) reaches the learner's code as the same class; a plain callback's failure
+            stays a RuntimeError. The proxy is read-only, and the grader keeps the object itself, so
+            a test can inspect it after the learner's code used it.
 """
 
 from __future__ import annotations
@@ -44,6 +52,17 @@ PLAIN = (
     torch.Size,
     type(Ellipsis),
 )
+
+
+class Lent:
+    """An object of the grader's, passed to the learner's process by handle (see the module docstring):
+    `impl.f(wire.Lent(manager))`. The learner's code reads its attributes and calls its methods; every
+    read and call runs here, in the grader's process, on the object itself."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj):
+        self.obj = obj
 
 
 def is_plain(obj) -> bool:

@@ -611,6 +611,7 @@ class Server:
         self.known = wire.Storages()
         self.objects: dict[int, object] = {}
         self.counts: dict[int, int] = {}
+        self.lent: dict[int, LentObject] = {}  # the grader's lent objects, one proxy per key
         self.graded_file = graded_file
         self.module_name = module_name
         self.watch = None
@@ -619,6 +620,8 @@ class Server:
     def handle(self, obj):
         if self.wire.is_plain(obj) or isinstance(obj, BaseException):
             return None
+        if type(obj) is LentObject:
+            return ("L", object.__getattribute__(obj, "_key"))
         bound_to = getattr(obj, "__self__", None)
         if (
             bound_to is not None
@@ -650,6 +653,10 @@ class Server:
             return getattr(self.objects[pid[1]], pid[2])
         if pid[0] == "C":
             return Callback(self, pid[1])
+        if pid[0] == "L":
+            if pid[1] not in self.lent:
+                self.lent[pid[1]] = LentObject(self, pid[1])
+            return self.lent[pid[1]]
         raise ValueError(f"unknown reference {pid!r}")
 
     def send(self, message):
@@ -727,10 +734,54 @@ class Callback:
 
     def __call__(self, *args, **kwargs):
         self.server.send(("callback", self.key, args, kwargs))
-        kind, value = self.server.receive()
-        if kind == "error":
-            raise RuntimeError(f"the grader's callback raised: {value}")
-        return value
+        return _callback_reply(*self.server.receive())
+
+
+def _callback_reply(kind, value):
+    if kind == "raise":  # a built-in exception of a lent object: the same class here
+        import builtins
+
+        name, args = value
+        cls = getattr(builtins, name, None)
+        if isinstance(cls, type) and issubclass(cls, Exception):
+            raise cls(*args)
+        raise RuntimeError(f"the grader's object raised {name}: {args}")
+    if kind == "error":
+        raise RuntimeError(f"the grader's callback raised: {value}")
+    return value
+
+
+class LentObject:
+    """An object the grader lent (wire.Lent): every attribute read asks the grader, which keeps the
+    object; its methods come back as callbacks (kept here: a method's code does not change), other
+    values by value. Read-only."""
+
+    __slots__ = ("_server", "_key", "_methods")
+
+    def __init__(self, server: Server, key: int):
+        object.__setattr__(self, "_server", server)
+        object.__setattr__(self, "_key", key)
+        object.__setattr__(self, "_methods", {})
+
+    def __getattr__(self, name):
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        methods = object.__getattribute__(self, "_methods")
+        if name in methods:
+            return methods[name]
+        server = object.__getattribute__(self, "_server")
+        server.send(("callback_getattr", object.__getattribute__(self, "_key"), name))
+        kind, value = server.receive()
+        if kind == "method":
+            methods[name] = value
+            return value
+        return _callback_reply(kind, value)
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"the grader's object is read-only here: cannot set {name}")
+
+    def __repr__(self):
+        return f"<an object lent by the grader (key {object.__getattribute__(self, '_key')})>"
 
 
 def _probe(module_name: str, qualname: str):

@@ -373,8 +373,8 @@ def remote(tmp_path):
     """start(lesson) -> the lesson's solution, copied as a learner file, served by its own process."""
     processes = []
 
-    def start(lesson):
-        path = write_learner_file(tmp_path, lesson.solution.read_text(), lesson.stem)
+    def start(lesson, extra=""):
+        path = write_learner_file(tmp_path, lesson.solution.read_text() + extra, lesson.stem)
         process = LearnerProcess(path, f"drills._graded_{lesson.stem}")
         processes.append(process)
         process.start()
@@ -437,6 +437,41 @@ def test_proxy_calls_back_the_graders_hash_fn(remote):
     assert shared[:2] == table[:2] and manager.ref_count(table[0]) == 2
     with pytest.raises(ValueError, match="already allocated"):
         manager.allocate("a", [1])
+
+
+USES_A_LENT_MANAGER = """
+
+def use_lent(manager):
+    # Learner code driving a block manager the grader lent: reads, calls, and the manager's own errors.
+    seen = [manager.block_size, manager.num_free_blocks, manager.allocate("a", list(range(6)))]
+    try:
+        manager.allocate("b", list(range(100)))
+    except ValueError as exc:
+        seen.append(("ValueError", str(exc)))
+    try:
+        manager.block_table("nobody")
+    except KeyError:
+        seen.append("KeyError")
+    seen.append(manager.allocate is manager.allocate)
+    return seen, manager
+"""
+
+
+def test_lent_object_lives_in_the_grader_and_raises_built_in_errors(remote):
+    """wire.Lent: C1's scheduler drives the grader's L3 manager, since the learner's process may not
+    import the reference. Every read and call runs on the grader's own object, and the manager's
+    ValueError (out of blocks) and KeyError reach the learner's `except` as themselves."""
+    from drills.grading import wire
+    from drills.solutions.l3_prefix_cache import BlockManager
+
+    impl, _ = remote(L3, USES_A_LENT_MANAGER)
+    manager = BlockManager(8, 4)
+    seen, returned = impl.use_lent(wire.Lent(manager))
+    assert seen[:3] == [4, 8, [0, 1]], seen
+    assert seen[3][0] == "ValueError" and "out of KV blocks" in seen[3][1], seen
+    assert seen[4:] == ["KeyError", True], "a method read twice is one callback; KeyError arrives as itself"
+    assert returned is manager, "a lent object sent back is the grader's own object"
+    assert manager.block_table("a") == [0, 1] and manager.num_free_blocks == 6, "the calls ran on it"
 
 
 # --- The diagnosis engine ------------------------------------------------------------------------

@@ -1,0 +1,107 @@
+"""C1 mutants: the scheduler and input-preparation mistakes of explainer section 5, one or more per pitfall."""
+
+from drills.mutants import Mutant
+
+MUTANTS = [
+    Mutant(
+        "slot_off_by_one",
+        "1. a slot off by one",
+        "slot = table[p // page] * page + p % page",
+        "slot = table[p // page] * page + (p + 1) % page",
+    ),
+    Mutant(
+        "context_without_the_steps_tokens",
+        "2. context lengths without the step's own tokens",
+        "ctx.append(start + n)",
+        "ctx.append(start)",
+    ),
+    Mutant(
+        "chunk_short_of_the_prompt_samples",
+        "3. a token sampled where there is none (a chunk short of the prompt's end)",
+        "            if not samples:\n                continue",
+        "            pass",
+    ),
+    Mutant(
+        "logits_row_of_the_first_new_token",
+        "3. a token sampled where there is none (the chunk's first row)",
+        "rows.append(cu[-1] - 1)",
+        "rows.append(cu[-2])",
+    ),
+    Mutant(
+        "hits_trusted_before_computed",
+        "4. prefix hits trusted before their K and V exist",
+        "while usable < hits and table[usable] in self.computed_blocks:",
+        "while usable < hits:",
+    ),
+    Mutant(
+        "whole_prompt_cached_computes_nothing",
+        "5. a prompt found whole in the cache computes nothing",
+        "seq.num_computed = min(usable * self.block_size, seq.num_tokens - 1)",
+        "seq.num_computed = usable * self.block_size",
+    ),
+    Mutant(
+        "chunk_not_capped_by_the_budget",
+        "6. a prompt chunk not capped by the token budget",
+        "self.running.append(seq)\n            num_new = min(seq.num_tokens - seq.num_computed, budget)",
+        "self.running.append(seq)\n            num_new = seq.num_tokens - seq.num_computed",
+    ),
+    Mutant(
+        "finished_blocks_not_freed",
+        "7. a finished request's blocks not freed",
+        "                self.running.remove(seq)\n                self.block_manager.free(seq.seq_id)\n"
+        "                finished.append(seq)\n",
+        "                self.running.remove(seq)\n                finished.append(seq)\n",
+    ),
+    Mutant(
+        "readmitted_from_its_prompt_alone",
+        "8. a preempted request readmitted with stale state",
+        "table = self.block_manager.allocate(seq.seq_id, seq.tokens)",
+        "table = self.block_manager.allocate(seq.seq_id, seq.prompt)",
+    ),
+    Mutant(
+        "block_table_kept_from_the_first_step",
+        "9. a stale block table",
+        "        table = block_manager.block_table(seq.seq_id)\n",
+        "        if not hasattr(seq, 'table'):  # kept from the sequence's first step\n"
+        "            seq.table = block_manager.block_table(seq.seq_id)\n"
+        "        table = seq.table\n",
+    ),
+    Mutant(
+        "computed_blocks_never_marked",
+        "10. computed blocks never marked",
+        "            self.computed_blocks.update(\n"
+        "                table[before // self.block_size : seq.num_computed // self.block_size]\n"
+        "            )\n",
+        "",
+    ),
+    Mutant(
+        "fresh_blocks_keep_their_old_mark",
+        "11. fresh blocks keep an old computed mark",
+        "            self.computed_blocks.difference_update(table[hits:])\n",
+        "",
+    ),
+    Mutant(
+        "padding_rows_write_slot_0",
+        "12. padding rows that write or attend",
+        "            slots.append(-1)\n            cu.append(cu[-1] + 1)",
+        "            slots.append(0)\n            cu.append(cu[-1] + 1)",
+    ),
+    Mutant(
+        "padding_rows_claim_context",
+        "12. padding rows that write or attend",
+        "            ctx.append(0)\n            tables.append([])",
+        "            ctx.append(1)\n            tables.append([])",
+    ),
+    Mutant(
+        "oldest_sequence_preempted",
+        "13. preempting a sequence already in the step (the oldest)",
+        "victim = self.running[-1]",
+        "victim = self.running[0]",
+    ),
+    Mutant(
+        "shared_slot_written_twice",
+        "14. a slot written twice in one step",
+        "slots.append(-1 if slot in seen else slot)",
+        "slots.append(slot)",
+    ),
+]
