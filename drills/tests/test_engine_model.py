@@ -296,3 +296,38 @@ def test_tokenizer_and_chat_template_match_transformers(gguf_path, tokenizer):
             f"encode({text!r}) differs from transformers'"
         )
         assert tokenizer.decode(ids, skip_special_tokens=False) == text, f"decode(encode({text!r})) lost text"
+
+
+# ---------------------------------------------------------------------------------------------------
+# The whole engine (the references of L1, L3, L4, F1 and C1) on the real model
+
+# The kernels keep K and V in fp16 (the interpreter has no trustworthy bf16 dot): measured max |logit
+# difference| 0.02 against transformers' fp32 on this chat; a wrong slot, length or table moves logits by
+# whole units.
+KERNEL_LOGIT_ATOL = 0.1
+
+
+def test_engine_on_the_course_kernels_answers_like_transformers(ours, hf_model, tokenizer):
+    """LLM with attention through L1's store, L4's prefill and F1's decode (the interpreter on a CPU),
+    prefilled in chunks of 16 tokens: the greedy answer and every step's logits as transformers'."""
+    from drills.engine.llm import LLM
+    from drills.solutions.c1_engine import SamplingParams
+
+    llm = LLM(ours.weights, tokenizer, attention="kernels", use="solutions", num_blocks=32, quiet=True)
+    llm.engine.scheduler.max_num_batched_tokens = 16  # the chat's 36 prompt tokens in 3 chunks
+    rows = []
+    llm.engine.on_logits = lambda seqs, logits: rows.extend(logits.float().clone())  # none for a chunk
+    prompt = tokenizer.encode_chat(CHATS[0])
+    out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=8))[0]
+    with torch.no_grad():
+        hf = hf_model.generate(
+            torch.tensor([prompt]),
+            max_new_tokens=8,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+    expected = hf.sequences[0, len(prompt) :].tolist()
+    assert out.token_ids == expected, f"engine {out.token_ids} ({out.text!r}), transformers {expected}"
+    diff = (torch.stack(rows) - torch.cat(hf.logits)).abs().max().item()
+    assert diff <= KERNEL_LOGIT_ATOL, f"max |logit - transformers'| = {diff:.3g} > {KERNEL_LOGIT_ATOL}"
