@@ -12,7 +12,8 @@ token and layer, about 10x the weight bytes per step, where the kernels' bandwid
 Every engine row is checked before it counts: the first 16 tokens of 4 requests, teacher-forced
 through the reference forward (drills/engine/model.py, contiguous caches), are each among the
 reference's 5 likeliest (random weights give near-flat logits, where bf16 may flip an exact argmax). Times are wall-clock from the first request queued to the
-last token sampled, after a warm-up run that compiles every kernel and captures the graphs.
+last token sampled, after a warm-up run of the same traffic with other token ids (every kernel
+specialisation compiled, the graphs captured).
 """
 
 from __future__ import annotations
@@ -64,10 +65,12 @@ def engine_row(impl, weights, prompts, label, model_name, **options) -> dict:
         prepare_inputs=impl.prepare_inputs,
     )
     llm = LLM(weights, use="solutions", parts=parts, quiet=True, max_model_len=2048, **options)
-    # The same traffic with another system prompt (no hits later) and 8 tokens each: every kernel
-    # specialisation the timed run meets (Triton compiles per batch-size class) is compiled here.
-    warm = requests(weights.config.vocab_size, stream=1, n=len(prompts))
-    llm.generate(warm, _params(impl, 8))
+    # The same traffic with every token id shifted (no prefix hits later, the same lengths, so the same
+    # steps): Triton compiles a kernel per class of its integer arguments (batch size, table width), and
+    # every class the timed run meets is compiled here, not inside the timing.
+    vocab = weights.config.vocab_size
+    warm = [[100 + (t - 99) % (vocab - 100) for t in p] for p in prompts]
+    llm.generate(warm, _params(impl))
     llm.engine.stats = type(llm.engine.stats)()
     torch.cuda.synchronize()
     start = time.perf_counter()
@@ -219,7 +222,7 @@ def run(impl) -> tuple[bench.Table, list[str]]:
         f"{NUM_REQUESTS} requests: a shared {SYSTEM_TOKENS}-token system prompt + {USER_TOKENS[0]}-{USER_TOKENS[1]} "
         f"tokens each, {OUTPUT_TOKENS} output tokens each (ignore_eos), greedy; random weights in bf16.",
         "Engine: block size 16, max_num_batched_tokens 8192, max_num_seqs 256, the references of L1, L3, L4, F1; "
-        "time from the first request queued to the last token, after a warm-up on other prompts.",
+        "time from the first request queued to the last token, after a warm-up run of the same traffic with other token ids.",
         "prefill tokens computed counts prompt tokens the model ran (prefix hits excluded); requests admitted in "
         "the same step as the first one recompute the shared prompt, whose blocks are not written yet.",
         "transformers: LlamaForCausalLM of the same config and weights' shapes (its own random init), "

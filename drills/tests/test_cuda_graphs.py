@@ -174,3 +174,52 @@ def test_launch_keeps_misaligned_views_apart():
         seen.append(cached_binaries() - before)
     assert seen[0] <= 1 and seen[1] == 1, f"new binaries per call {seen}: the misaligned q reused one"
     assert seen[2:] == [0, 0, 0], f"new binaries per call {seen}: a seen alignment was not reused"
+
+
+# --- The engine's decode steps as graphs (drills/engine/llm.py DecodeGraphs) -------------------------
+
+
+def _engine_tokens(weights, prompts, cuda_graphs, max_tokens=12):
+    from drills.engine.llm import LLM
+    from drills.solutions.c1_engine import SamplingParams
+
+    llm = LLM(
+        weights,
+        use="solutions",
+        quiet=True,
+        max_num_seqs=8,
+        num_blocks=64,
+        max_model_len=256,
+        cuda_graphs=cuda_graphs,
+    )
+    rows = {}
+
+    def on_logits(seqs, logits):
+        for seq, row in zip(seqs, logits):
+            rows.setdefault(seq.seq_id, []).append(row.float().clone())
+
+    llm.engine.on_logits = on_logits
+    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True))
+    steps = llm.engine.stats.graph_steps
+    return [o.token_ids for o in outs], [torch.stack(rows[i]) for i in sorted(rows)], steps
+
+
+def test_engine_decode_graphs_replay_what_eager_steps_compute():
+    """Five ragged requests (a batch of 5 padded to the graph of 8, then fewer as none finish early):
+    with decode steps replayed as CUDA graphs, the same tokens as eager steps, and logits within bf16
+    noise of them (a graph's decode plan is made for the longest context, so its splits differ)."""
+    from drills.engine import model as llama
+
+    config = llama.tiny_config()
+    weights = llama.random_weights(config, stream=5, dtype=torch.bfloat16, device="cuda")
+    for layer in weights.layers:  # sharper attention and MLP: greedy tokens then depend on the context
+        layer.wqkv.mul_(5)
+        layer.w_gate_up.mul_(5)
+    g = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(0, config.vocab_size, (n,), generator=g).tolist() for n in (1, 7, 16, 23, 40)]
+    eager, eager_logits, none = _engine_tokens(weights, prompts, cuda_graphs=False)
+    graphed, graphed_logits, replays = _engine_tokens(weights, prompts, cuda_graphs=True)
+    assert none == 0 and replays > 0, f"{replays} decode steps ran as graphs"
+    for a, b in zip(eager_logits, graphed_logits):
+        assert (a - b).abs().max().item() < 0.1, "graph replays gave other logits than eager steps"
+    assert graphed == eager, f"tokens with graphs {graphed}, eager {eager}"
