@@ -351,10 +351,7 @@ class LLM:
             else:
                 num_blocks = 2048
         self.cache = PagedKVCache(config, num_blocks, block_size, cache_dtype, device)
-        hash_fn = None
-        if not prefix_caching:
-            counter = itertools.count()
-            hash_fn = lambda prev, tokens: next(counter)  # noqa: E731  (every key new: nothing is ever found)
+        hash_fn = None if prefix_caching else never_found_hash()
         self.block_manager = self.parts.BlockManager(num_blocks, block_size, hash_fn=hash_fn)
         if cuda_graphs is None:
             cuda_graphs = device.type == "cuda" and attention == "kernels"
@@ -439,6 +436,13 @@ class LLM:
             f"{rate:,.1f} tok/s · KV blocks {used}/{self.cache.num_blocks} · "
             f"prefix-cache hits {100 * s.hit_rate:.0f}% of {s.prompt_tokens} prompt tokens"
         )
+
+
+def never_found_hash():
+    """A hash_fn for L3's BlockManager under which no block is ever found again: prefix caching off,
+    with the same manager (every key is new)."""
+    counter = itertools.count()
+    return lambda prev_hash, token_ids: next(counter)
 
 
 def kernels_lines(choices) -> list[str]:

@@ -18,7 +18,6 @@ The cache starts filled with NaN, so K and V that no step wrote are never mistak
 from __future__ import annotations
 
 import functools
-import itertools
 import math
 import random
 
@@ -94,12 +93,10 @@ class Watched:
     preemptions (a sequence freed before it ended and allocated again)."""
 
     def __init__(self, num_blocks: int, block_size: int = BLOCK, prefix_caching: bool = True):
+        from drills.engine.llm import never_found_hash
         from drills.solutions.l3_prefix_cache import BlockManager
 
-        hash_fn = None
-        if not prefix_caching:
-            counter = itertools.count()
-            hash_fn = lambda prev, tokens: next(counter)  # noqa: E731  (every key new: nothing is ever found)
+        hash_fn = None if prefix_caching else never_found_hash()
         self.manager = BlockManager(num_blocks, block_size, hash_fn=hash_fn)
         self.allocations: dict = {}  # seq_id -> times allocated
 
