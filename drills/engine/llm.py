@@ -290,7 +290,8 @@ class LLM:
     attention      "kernels" (default; under the interpreter on a CPU: slow) or "torch"
     use            whose code: "auto" (yours where it passes make test), "solutions" or "mine"
     block_size     tokens per KV block (PAGE); num_blocks default: 40% of the free GPU memory (capped
-                   at what max_num_seqs full-length sequences need), or 2,048 on a CPU
+                   at what max_num_seqs full-length sequences need), or on a CPU enough for one sequence of the
+                   model's full context (512 blocks of 16 for SmolLM2: 8,192 tokens, 375 MB in fp32)
     prefix_caching reuse the blocks of earlier prompts with the same beginning (L3)
     parts          a namespace whose names replace those `use` chose (make bench IMPL=mine passes the
                    learner's C1 module)
@@ -349,7 +350,7 @@ class LLM:
                 fit = int(0.4 * free) // PagedKVCache.bytes_per_block(config, block_size, cache_dtype)
                 num_blocks = max(1, min(need, fit))
             else:
-                num_blocks = 2048
+                num_blocks = -(-max_len // block_size)  # a chat is one sequence: memory stays small
         self.cache = PagedKVCache(config, num_blocks, block_size, cache_dtype, device)
         hash_fn = None if prefix_caching else never_found_hash()
         self.block_manager = self.parts.BlockManager(num_blocks, block_size, hash_fn=hash_fn)
