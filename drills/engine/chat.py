@@ -130,7 +130,7 @@ def parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=0.7, help="0 is greedy (default 0.7)")
     p.add_argument("--top-p", type=float, default=0.9, help="nucleus sampling (default 0.9)")
     p.add_argument("--max-tokens", type=int, default=256, help="reply length at most (default 256)")
-    p.add_argument("--seed", type=int, default=None, help="sample reproducibly")
+    p.add_argument("--random-state", type=int, default=None, help="sample reproducibly from this number")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when there is a GPU)")
     p.add_argument("--num-blocks", type=int, default=None, help="KV cache blocks (default: the engine's)")
     p.add_argument(
@@ -168,7 +168,10 @@ def main(args) -> int:
     llm = LLM(device=device, attention=attention, use=args.use, num_blocks=args.num_blocks, quiet=True)
     print("\n".join(llm.describe()))
     params = llm.parts.SamplingParams(
-        temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens, seed=args.seed
+        temperature=args.temperature,
+        top_p=args.top_p,
+        max_tokens=args.max_tokens,
+        random_state=args.random_state,
     )
     print(
         f"sampling: temperature {args.temperature}, top_p {args.top_p}, at most {args.max_tokens} tokens "

@@ -73,8 +73,8 @@ def sample(logits: torch.Tensor, seqs, generator: torch.Generator | None) -> lis
             # Keep the tokens before the running sum passes top_p, and the one that passes it.
             keep = sorted_probs.cumsum(0) - sorted_probs < p.top_p
             probs = torch.zeros_like(probs).scatter_(0, order[keep], sorted_probs[keep])
-        if p.seed is not None and seq.generator is None:
-            seq.generator = torch.Generator(device=probs.device).manual_seed(p.seed)
+        if p.random_state is not None and seq.generator is None:
+            seq.generator = torch.Generator(device=probs.device).manual_seed(p.random_state)
         tokens[i] = int(torch.multinomial(probs, 1, generator=seq.generator or generator))
     return tokens
 

@@ -33,7 +33,8 @@ class SamplingParams:
     temperature  0 is greedy (argmax); otherwise logits / temperature before the softmax
     top_p        keep the smallest set of tokens whose probabilities sum to at least top_p (1.0: all)
     max_tokens   new tokens at most (the stop token counts)
-    seed         an int: this request samples from its own generator, reproducible whatever the batch;
+    random_state an int: this request samples from its own generator, started from that number, so its
+                 tokens are reproducible whatever the batch;
                  None: from the engine's generator
     ignore_eos   keep going past the end-of-sequence token (benchmarks: every request gives max_tokens)
     """
@@ -41,7 +42,7 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     max_tokens: int = 64
-    seed: int | None = None
+    random_state: int | None = None
     ignore_eos: bool = False
 
     def __post_init__(self):
@@ -57,8 +58,9 @@ class SamplingParams:
             raise TypeError(f"max_tokens must be an int, got {type(self.max_tokens).__name__}")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
-            raise TypeError(f"seed must be an int or None, got {type(self.seed).__name__}")
+        rs = self.random_state
+        if rs is not None and (isinstance(rs, bool) or not isinstance(rs, int)):
+            raise TypeError(f"random_state must be an int or None, got {type(rs).__name__}")
         if not isinstance(self.ignore_eos, bool):
             raise TypeError(f"ignore_eos must be a bool, got {type(self.ignore_eos).__name__}")
 
@@ -82,7 +84,7 @@ class Sequence:
         self.num_slots = 0  # tokens the block table holds a slot for
         self.num_cached = 0  # prompt tokens found in the prefix cache at the last admission
         self.preemptions = 0
-        self.generator = None  # the sampler's own torch.Generator when params.seed is set
+        self.generator = None  # the sampler's own torch.Generator when params.random_state is set
 
     @property
     def tokens(self) -> list[int]:

@@ -509,8 +509,8 @@ def expected_step(manager, seqs, specs, pad_to=None) -> dict:
     )
 
 
-def hand_step(impl, seed=0):
-    rng = random.Random(seeded(seed))
+def hand_step(impl, case=0):
+    rng = random.Random(seeded(case))
     watched, seqs = hand_tables(rng)
     specs = []
     for seq_id, prompt_len, _, computed, num_new in HAND_STEP:
@@ -648,8 +648,8 @@ def test_prepare_inputs_reads_the_block_table_every_step(impl):
 # --- Section 3: serving requests, against the oracle ----------------------------------------------------
 
 
-def ragged_prompts(stream: int, seed: int, lengths, max_tokens: int = 6):
-    rng = random.Random(seeded(seed))
+def ragged_prompts(stream: int, case: int, lengths, max_tokens: int = 6):
+    rng = random.Random(seeded(case))
     return clear_prompts(rng, lambda r: [tokens(r, n) for n in lengths], max_tokens, stream)
 
 
@@ -723,7 +723,7 @@ def test_ragged_batch_matches_the_oracle(impl):
     assert_matches_oracle(run, prompts, "a batch of ragged prompts")
 
 
-def shared_prefix_prompts(seed: int):
+def shared_prefix_prompts(case: int):
     """Four prompts sharing a 9-token prefix (two full blocks and one token), plus 1 to 6 tokens each."""
     stream = seeded(WEIGHTS_STREAM)
 
@@ -731,7 +731,7 @@ def shared_prefix_prompts(seed: int):
         prefix = tokens(r, 9)
         return [prefix + tokens(r, n) for n in (1, 3, 4, 6)]
 
-    return clear_prompts(random.Random(seeded(seed)), build, 6, stream)
+    return clear_prompts(random.Random(seeded(case)), build, 6, stream)
 
 
 @pytest.mark.parametrize("caching", ["prefix_caching_on", "prefix_caching_off"])
@@ -762,8 +762,8 @@ def test_one_request_at_a_time_matches_batched(impl):
     assert_matches_oracle(batched, prompts, "the same requests batched")
 
 
-def preemption_prompts(seed: int):
-    return ragged_prompts(seeded(WEIGHTS_STREAM), seed, [5, 7, 3, 9], max_tokens=10)
+def preemption_prompts(case: int):
+    return ragged_prompts(seeded(WEIGHTS_STREAM), case, [5, 7, 3, 9], max_tokens=10)
 
 
 PREEMPTION_PARAMS = {i: dict(temperature=0.0, max_tokens=10, ignore_eos=True) for i in range(4)}
@@ -950,23 +950,23 @@ def oracle_sampled(prompt, params: dict, stream: int) -> list[int]:
 
 
 def test_sampled_request_is_reproducible_whatever_the_batch(impl):
-    """A request with temperature 0.8, top_p 0.9 and a seed draws the same tokens alone and in a batch of
-    other (greedy and unseeded) requests: its own generator, its own logits rows."""
+    """A request with temperature 0.8, top_p 0.9 and its own random_state draws the same tokens alone and in
+    a batch of other requests (greedy, or sampling from the engine's generator): its own generator, its own logits rows."""
     stream = seeded(WEIGHTS_STREAM)
     rng = random.Random(seeded(24))
     prompts = [tokens(rng, n) for n in (6, 3, 9, 5)]
-    sampled = dict(temperature=0.8, top_p=0.9, max_tokens=6, seed=seeded(5), ignore_eos=True)
+    sampled = dict(temperature=0.8, top_p=0.9, max_tokens=6, random_state=seeded(5), ignore_eos=True)
     params = {0: sampled, 1: dict(temperature=1.0, max_tokens=4, ignore_eos=True), 2: None, 3: sampled}
     want = oracle_sampled(prompts[0], sampled, stream)
     alone = serve(impl, Watched(64), prompts, waves=[[0]], params=params)
-    assert_no_error(alone, "a seeded sampled request")
+    assert_no_error(alone, "a sampled request with its own random_state")
     batched = serve(impl, Watched(64), prompts, params=params)
-    assert_no_error(batched, "a seeded sampled request in a batch")
+    assert_no_error(batched, "a sampled request with its own random_state, in a batch")
     assert alone["tokens"][0] == want, (
         f"alone: {alone['tokens'][0]}, the engine's sampler on the oracle: {want}"
     )
     assert batched["tokens"][0] == want, (
-        f"in a batch: {batched['tokens'][0]}, alone: {want}: a seeded request must not depend on the batch"
+        f"in a batch: {batched['tokens'][0]}, alone: {want}: a request with its own random_state must not depend on the batch"
     )
 
 
@@ -980,7 +980,7 @@ def test_sampled_request_is_reproducible_whatever_the_batch(impl):
         (dict(top_p=1.5), ValueError, "top_p"),
         (dict(max_tokens=0), ValueError, "max_tokens"),
         (dict(max_tokens=2.0), TypeError, "max_tokens"),
-        (dict(seed=1.5), TypeError, "seed"),
+        (dict(random_state=1.5), TypeError, "random_state"),
         (dict(ignore_eos="yes"), TypeError, "ignore_eos"),
     ],
     ids=[
@@ -991,7 +991,7 @@ def test_sampled_request_is_reproducible_whatever_the_batch(impl):
         "top_p_above_one",
         "max_tokens_zero",
         "max_tokens_float",
-        "seed_float",
+        "random_state_float",
         "ignore_eos_str",
     ],
 )
@@ -1001,9 +1001,9 @@ def test_sampling_params_rejects_bad_values(impl, kwargs, error, names):
 
 
 def test_sampling_params_accepts_the_edges(impl):
-    """temperature 0 (greedy), top_p 1, max_tokens 1 and seed 0 are valid."""
-    p = impl.SamplingParams(temperature=0, top_p=1.0, max_tokens=1, seed=0, ignore_eos=True)
-    assert (p.temperature, p.top_p, p.max_tokens, p.seed, p.ignore_eos) == (0, 1.0, 1, 0, True)
+    """temperature 0 (greedy), top_p 1, max_tokens 1 and random_state 0 are valid."""
+    p = impl.SamplingParams(temperature=0, top_p=1.0, max_tokens=1, random_state=0, ignore_eos=True)
+    assert (p.temperature, p.top_p, p.max_tokens, p.random_state, p.ignore_eos) == (0, 1.0, 1, 0, True)
 
 
 # --- The real model: SmolLM2-135M-Instruct against Hugging Face transformers ---------------------------

@@ -464,6 +464,33 @@ def test_learner_facing_text_never_names_the_source_notes():
     assert not found, "learner-facing text names the source notes:\n" + "\n".join(found[:20])
 
 
+# The references, the stubs and the engine are code a learner reads as the course's own: there the word is
+# not used even as a name (SamplingParams takes random_state); `SEED`, `seeded` and torch's manual_seed aside.
+CODE_SEED = re.compile(rf"(?<![A-Za-z_]){NOTES_WORD}(?![A-Za-z_])")
+
+
+def _course_code():
+    for lesson in LESSONS:
+        yield lesson.solution
+        yield lesson.stub
+    yield from sorted((ROOT / "drills" / "engine").glob("*.py"))
+
+
+def test_references_stubs_and_engine_never_use_the_word():
+    found = []
+    for path in _course_code():
+        text = (
+            contract.pristine_stub_source(find(path.stem.split("_")[0]))
+            if path.parent.name == "mine"
+            else None
+        )
+        for n, line in enumerate((text or path.read_text()).splitlines(), 1):
+            if CODE_SEED.search(line):
+                found.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
+    assert not found, "the word appears in code a learner reads:\n" + "\n".join(found[:20])
+    assert CODE_SEED.search(f"    {NOTES_WORD}: int | None = None") and not CODE_SEED.search("seeded(5) SEED")
+
+
 def test_source_notes_check_can_fail():
     for line in (
         f"## 2. By hand: the {NOTES_WORD}'s example",
