@@ -16,6 +16,8 @@ import math
 
 import torch
 
+from drills.engine.model import causal_attention
+
 
 class PagedKVCache:
     """K and V of every layer: [num_layers, num_blocks, PAGE, Hkv, D] each, one pool shared by all
@@ -101,9 +103,7 @@ class TorchPagedAttention:
         flat_k[meta.slot_mapping[real]] = k[real].to(kc.dtype)
         flat_v[meta.slot_mapping[real]] = v[real].to(vc.dtype)
 
-        T, Hq, D = q.shape
-        Hkv = kc.shape[2]
-        scale = 1.0 / math.sqrt(D)
+        scale = 1.0 / math.sqrt(q.shape[-1])  # q (T, Hq, D)
         out = torch.zeros_like(q)
         start = 0
         for b, (n, ctx) in enumerate(zip(meta.query_lens, meta.context_lens_list)):
@@ -112,13 +112,9 @@ class TorchPagedAttention:
                 continue  # padding: nothing to attend, output stays 0
             pages = meta.block_tables[b, : -(-ctx // page)].long()  # the pages holding keys 0 .. ctx-1
             slots = (pages[:, None] * page + torch.arange(page, device=q.device)[None, :]).flatten()[:ctx]
-            keys, values = flat_k[slots].float(), flat_v[slots].float()  # (ctx, Hkv, D)
-            qg = q[start : start + n].float().view(n, Hkv, Hq // Hkv, D)  # (n, Hkv, G, D)
-            scores = torch.einsum("nkgd,lkd->kgnl", qg, keys) * scale  # (Hkv, G, n, ctx)
-            query_pos = torch.arange(ctx - n, ctx, device=q.device)[:, None]  # new token i at ctx - n + i
-            visible = torch.arange(ctx, device=q.device)[None, :] <= query_pos  # (n, ctx)
-            scores = scores.masked_fill(~visible, float("-inf"))
-            o = torch.einsum("kgnl,lkd->nkgd", scores.softmax(-1), values)  # (n, Hkv, G, D)
-            out[start : start + n] = o.reshape(n, Hq, D).to(q.dtype)
+            # (ctx, Hkv, D) each, gathered through the table; then the same math as the reference's
+            out[start : start + n] = causal_attention(
+                q[start : start + n], flat_k[slots], flat_v[slots], scale
+            )
             start += n
         return out

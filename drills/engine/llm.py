@@ -380,7 +380,9 @@ class LLM:
         rt = drills.runtime.current()
         where = rt.banner if self.attention == "kernels" else f"attention in torch on {self.model.device}"
         c = self.cache
-        return kernels_lines(self.choices) + [
+        from drills.engine import kernels
+
+        return kernels.describe(self.choices) + [
             f"  {where}; model {self.model.dtype}, KV cache {c.num_blocks} blocks x {c.block_size} tokens "
             f"({c.dtype}), CUDA graphs {'on' if self.engine.graphs else 'off'}"
         ]
@@ -444,9 +446,3 @@ def never_found_hash():
     with the same manager (every key is new)."""
     counter = itertools.count()
     return lambda prev_hash, token_ids: next(counter)
-
-
-def kernels_lines(choices) -> list[str]:
-    from drills.engine import kernels
-
-    return kernels.describe(choices)

@@ -453,18 +453,26 @@ class ReferenceAttention:
                 old_k, old_v = layers[layer]
                 layers[layer] = (torch.cat([old_k, new_k]), torch.cat([old_v, new_v]))
             keys, values = layers[layer]  # (L, Hkv, D), L = cached + n
-            L = keys.shape[0]
-            # GQA with consecutive grouping: query head h reads kv head h // group (transformers' repeat_kv).
-            qg = q[start : start + n].float().view(n, c.num_kv_heads, c.group, c.head_dim)  # (n, Hkv, G, D)
-            scores = torch.einsum("nkgd,lkd->kgnl", qg, keys.float()) * scale  # (Hkv, G, n, L)
-            # New query i sits at position L - n + i of its sequence and sees keys 0 .. L - n + i.
-            query_pos = torch.arange(L - n, L, device=q.device)[:, None]  # (n, 1)
-            visible = torch.arange(L, device=q.device)[None, :] <= query_pos  # (n, L)
-            scores = scores.masked_fill(~visible, float("-inf"))
-            o = torch.einsum("kgnl,lkd->nkgd", scores.softmax(-1), values.float())  # (n, Hkv, G, D)
-            out[start : start + n] = o.reshape(n, c.num_heads, c.head_dim).to(q.dtype)
+            out[start : start + n] = causal_attention(q[start : start + n], keys, values, scale)
             start += n
         return out
+
+
+def causal_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float) -> torch.Tensor:
+    """One sequence's n newest queries over its whole history, in fp32: q (n, Hq, D), keys and values
+    (L, Hkv, D) with the n new tokens last -> (n, Hq, D) in q's dtype. Shared by ReferenceAttention and
+    attention.TorchPagedAttention, which differ only in where the keys are kept."""
+    n, Hq, D = q.shape
+    L, Hkv, _ = keys.shape
+    # GQA with consecutive grouping: query head h reads kv head h // group (transformers' repeat_kv).
+    qg = q.float().view(n, Hkv, Hq // Hkv, D)  # (n, Hkv, G, D)
+    scores = torch.einsum("nkgd,lkd->kgnl", qg, keys.float()) * scale  # (Hkv, G, n, L)
+    # New query i sits at position L - n + i of its sequence and sees keys 0 .. L - n + i.
+    query_pos = torch.arange(L - n, L, device=q.device)[:, None]  # (n, 1)
+    visible = torch.arange(L, device=q.device)[None, :] <= query_pos  # (n, L)
+    scores = scores.masked_fill(~visible, float("-inf"))
+    o = torch.einsum("kgnl,lkd->nkgd", scores.softmax(-1), values.float())  # (n, Hkv, G, D)
+    return o.reshape(n, Hq, D).to(q.dtype)
 
 
 def packed_step(sequences, device="cpu"):
