@@ -33,7 +33,7 @@ COLUMNS = [
     ("row", "row"),
     ("B", "B"),
     ("shape", "(cached, new) per sequence"),
-    ("config", "BLOCK_M x BLOCK_N, warps, stages"),
+    ("config", "BLOCK_M x BLOCK_N, warps, stages, tile"),
     ("l4_us", "L4 us"),
     ("l4_tflops", "L4 TFLOP/s"),
     ("l4_peak", "L4 / datasheet"),
@@ -155,7 +155,7 @@ def run(impl) -> tuple[bench.Table, list[str]]:
         expected = reference(*args).float()
         assert_close(impl.paged_prefill(*args), expected)
         work = causal_flops(seqs)
-        bm, bn, warps, stages = impl._config(D, q.shape[0] / len(seqs))
+        bm, bn, warps, stages, packed = impl._config(D, q.shape[0] / len(seqs))
         us = timed_us(lambda: impl._launch(*args, scale, out))
         B = len(seqs)
         shapes = sorted(set(seqs), key=seqs.index)
@@ -163,7 +163,7 @@ def run(impl) -> tuple[bench.Table, list[str]]:
             row=label,
             B=B,
             shape=" + ".join(f"{seqs.count(s)} x {s}" for s in shapes),
-            config=f"{bm}x{bn}, {warps}, {stages}",
+            config=f"{bm}x{bn}, {warps}, {stages}, {'packed' if packed else 'one head'}",
             l4_us=us,
             l4_tflops=bench.tflops(work, us),
         )

@@ -1,7 +1,7 @@
 """L4, your file: paged prefill over a cached prefix, for a packed batch of prefill chunks and decode rows.
 
-Fill in `_attend_kv_tile` and `paged_prefill_kernel` below; the tile table and the launcher under them
-are complete. Read drills/content/l4_paged_prefill.md first: every TODO names the section that teaches
+Fill in `_block_ids`, `_attend_kv_tile` and `paged_prefill_kernel` below; the tile table and the
+launcher under them are complete. Read drills/content/l4_paged_prefill.md first: every TODO names the section that teaches
 it. Grade with `make test L=l4`. Start by deleting the `raise NotImplementedError` line in paged_prefill.
 
     FLOPs = 4 * Hq * D * sum over new tokens of the keys each sees   # one 8192-token prompt: 0.55 TFLOP
@@ -20,6 +20,15 @@ from drills.launch import launch, next_pow2
 
 
 @triton.jit
+def _block_ids(table_ptr, start_n, offs_n, ctx, PAGE: tl.constexpr):
+    """[BLOCK_N] int32: the physical block of each key of the tile starting at start_n (section 3.3)."""
+    # TODO(section 3.3 "Keys through the block table"): the key positions of the tile, and for each the
+    # entry of table_ptr (this sequence's row) for its logical page. Only keys before ctx may read the
+    # table: entries past the last page are garbage. The others get 0 (block 0, never loaded).
+    pass
+
+
+@triton.jit
 def _attend_kv_tile(
     acc,
     l_i,
@@ -27,7 +36,7 @@ def _attend_kv_tile(
     q,  # [BLOCK_M, D]
     k_head_ptr,  # k_cache + kvh * stride_kh: this KV head in block 0, slot 0
     v_head_ptr,  # v_cache + kvh * stride_vh
-    table_ptr,  # this sequence's row of block_tables
+    phys,  # [BLOCK_N] int32: the physical block of each key of this tile (0 past the last page)
     start_n,
     offs_n,  # [BLOCK_N]
     offs_d,  # [D]
@@ -39,13 +48,13 @@ def _attend_kv_tile(
     stride_vb,
     stride_vt,
     PAGE: tl.constexpr,
+    WIDE: tl.constexpr,  # int64 offsets: a cache spans 2**31 elements or more
     MASKED: tl.constexpr,  # True only on tiles that cross the diagonal or the end of the keys
 ):
-    # TODO(section 3.3 "Keys through the block table"): the key positions cols of this tile, the logical
-    # page of each (cols // PAGE) and its physical block from table_ptr, widened to int64; when MASKED,
-    # only keys before ctx may read the table (other = 0). Pointers to each key's K row and V row through
-    # the cache strides (slot = cols % PAGE). Load the K^T tile [D, BLOCK_N] and the V tile [BLOCK_N, D],
-    # masked (other = 0) only when MASKED.
+    # TODO(section 3.3 "Keys through the block table"): the key positions cols of this tile; phys widened
+    # to int64 when WIDE. Pointers to each key's K row and V row through the cache strides (slot =
+    # cols % PAGE). Load the K^T tile [D, BLOCK_N] and the V tile [BLOCK_N, D]; when MASKED, only the
+    # keys before ctx (other = 0: the stale tail of the last page is poison).
 
     # TODO(section 3.2 "Which keys a tile sees"): s = q @ K^T, raw and fp32 [BLOCK_M, BLOCK_N]; when MASKED,
     # -inf for every key j > pos of its row.
@@ -82,20 +91,22 @@ def paged_prefill_kernel(
     stride_lh,
     stride_bt,
     GROUP: tl.constexpr,  # query heads per KV head, Hq // Hkv
-    BLOCK_Q: tl.constexpr,  # new tokens per tile: BLOCK_M // GROUP
-    BLOCK_M: tl.constexpr,  # rows of the tile: BLOCK_Q tokens x GROUP heads, then padding
+    HEADS: tl.constexpr,  # query heads per tile: GROUP (packed) or 1 (one head per tile)
+    BLOCK_Q: tl.constexpr,  # new tokens per tile: BLOCK_M // HEADS
+    BLOCK_M: tl.constexpr,  # rows of the tile: BLOCK_Q tokens x HEADS heads, then padding
     BLOCK_N: tl.constexpr,
     D: tl.constexpr,
     PAGE: tl.constexpr,
+    WIDE: tl.constexpr,  # int64 offsets into the caches (one spans 2**31 elements or more)
     STORE_LSE: tl.constexpr,
 ):
-    # TODO(section 3.4 "The varlen grid"): this program's tile (program 0) and KV head kvh (program 1, as
-    # int64). Find the tile's sequence b: the last b whose first tile cu_seqlens[b] // BLOCK_Q + b is <= tile
+    # TODO(section 3.4 "The varlen grid"): this program's tile (program 0); its first query head head0 =
+    # program 1 x HEADS (as int64) and its KV head kvh = head0 // GROUP. Find the tile's sequence b: the last b whose first tile cu_seqlens[b] // BLOCK_Q + b is <= tile
     # (a binary search over [0, num_seqs)). Its q_start and q_len from cu_seqlens, tok0 = the tile's first
     # new token in the sequence; return at once when tok0 >= q_len. Then ctx and prefix = ctx - q_len.
 
-    # TODO(section 3.1 "One program"): row r is new token tok0 + r // GROUP and query head
-    # kvh * GROUP + r % GROUP. Mask the rows past the sequence's new tokens and past BLOCK_Q * GROUP; load
+    # TODO(section 3.1 "One program"): row r is new token tok0 + r // HEADS and query head
+    # head0 + r % HEADS. Mask the rows past the sequence's new tokens and past BLOCK_Q * HEADS; load
     # q [BLOCK_M, D] (masked rows 0) through stride_qt and stride_qh, row q_start + tok widened to int64.
     # Each row's position pos = prefix + tok.
 
@@ -103,43 +114,56 @@ def paged_prefill_kernel(
 
     # TODO(section 3.2 "Which keys a tile sees"): full_end (keys every row sees, whole BLOCK_N tiles) and hi
     # (no row sees keys at or past it, nor past ctx); two loops over key tiles calling _attend_kv_tile,
-    # MASKED=False on [0, full_end), MASKED=True on [full_end, hi).
+    # MASKED=False on [0, full_end), MASKED=True on [full_end, hi). Section 3.3 "Keys through the block
+    # table": the first tile's block ids before the loops; in each iteration, the next tile's (_block_ids)
+    # before attending this one, so that no K or V load waits on a table load.
 
     # TODO(section 3.5 "Storing the rows"): out = acc / l, stored for the real rows only in out's dtype; if
     # STORE_LSE, lse = (m + log2 l) * ln 2 at the same rows and heads.
     pass
 
 
-def _config(D: int, tokens_per_seq: float = 1e9) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for head dim D and the batch's mean new tokens per
-    sequence (total_q / B, known from the shapes: no sync). BLOCK_M counts rows (tokens x GROUP heads).
-    Small tiles under the interpreter keep CPU tests fast, with BLOCK_N = 16 larger than the grader's
-    small pages. On a GPU, D = 128 was measured on an H200 (section 4); the rest are T5's shapes."""
+def _config(D: int, tokens_per_seq: float = 1e9) -> tuple[int, int, int, int, bool]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages, PACKED) for head dim D and the batch's mean new tokens per
+    sequence (total_q / B, known from the shapes: no sync). BLOCK_M counts rows; PACKED puts the GROUP
+    query heads of a KV head in one tile (rows = tokens x GROUP), else a tile is one head (section 3.1).
+    On a GPU, D = 128 was measured on an H200 (section 4); the rest are T5's shapes, packed. Under the
+    interpreter, small tiles keep CPU tests fast, and both layouts run across the grader's cases."""
     import drills.runtime
 
     if drills.runtime.current().interpreter:
-        return 32, 16, 4, 1
+        return 32, 16, 4, 1, tokens_per_seq < 8
     if D == 128:
-        # 256 rows (64 tokens x GROUP 4) read each K and V tile for more rows; a batch of mostly decode
-        # rows wastes most of such a tile, and 64 rows do better there.
-        return (64, 64, 4, 3) if tokens_per_seq < 64 else (256, 64, 8, 3)
+        if tokens_per_seq < 64:  # mostly decode rows: a 128-token tile would be mostly empty rows
+            return 64, 64, 4, 3, True
+        if tokens_per_seq < 256:  # short chunks: a packed tile reads each K and V tile for 4x the rows
+            return 128, 64, 8, 3, True
+        return 128, 128, 8, 3, False  # long chunks: one head per tile, T5's tiling over pages
     if D <= 64:
-        return 128, 64, 4, 3
-    return 64, 32, 4, 2  # D = 256: a [128, 256] fp32 accumulator would not fit in registers
+        return 128, 64, 4, 3, True
+    return 64, 32, 4, 2, True  # D = 256: a [128, 256] fp32 accumulator would not fit in registers
+
+
+def _span(t) -> int:
+    """Elements from t's first to its last, through its strides: the largest offset a kernel adds, plus 1."""
+    return 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
 
 
 def _launch(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, out, lse=None, config=None):
     """Launch without checks: the benchmark times this, the public function adds the checks.
-    out [total_q, Hq, D] and lse [total_q, Hq] fp32 (or None) may be strided views; config overrides
-    _config. The grid needs only shapes (total_q // BLOCK_Q + B tiles): no value is read on the host."""
+    out [total_q, Hq, D] and lse [total_q, Hq] fp32 (or None) may be strided views; config, a _config
+    tuple, overrides it. The grid needs only shapes (total_q // BLOCK_Q + B tiles): no value is read on the host."""
     total_q, Hq, D = q.shape
     _, PAGE, Hkv, _ = k_cache.shape
     B = block_tables.shape[0]
     group = Hq // Hkv
-    BLOCK_M, BLOCK_N, num_warps, num_stages = config or _config(D, total_q / B)
-    BLOCK_M = max(BLOCK_M, next_pow2(group))  # a tile holds at least one token's group
-    BLOCK_Q = BLOCK_M // group
-    grid = (total_q // BLOCK_Q + B, Hkv)
+    BLOCK_M, BLOCK_N, num_warps, num_stages, packed = config or _config(D, total_q / B)
+    heads = group if packed else 1  # query heads per tile
+    BLOCK_M = max(BLOCK_M, next_pow2(heads))  # a tile holds at least one token's heads
+    BLOCK_Q = BLOCK_M // heads
+    grid = (total_q // BLOCK_Q + B, Hq // heads)
+    # int32 offsets whenever both caches span fewer than 2**31 elements: int64 ones cost up to 7% (section 4)
+    wide = max(_span(k_cache), _span(v_cache)) >= 2**31
     # launch() calls the compiled binary directly once it has seen this specialisation: Triton's own
     # launcher costs ~30 us per call on the host, as long as the kernel of a decode row (L2 section 3.6).
     launch(
@@ -171,11 +195,13 @@ def _launch(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale
             block_tables.stride(0),
         ),
         GROUP=group,
+        HEADS=heads,
         BLOCK_Q=BLOCK_Q,
         BLOCK_M=BLOCK_M,
         BLOCK_N=BLOCK_N,
         D=D,
         PAGE=PAGE,
+        WIDE=wide,
         STORE_LSE=lse is not None,
         num_warps=num_warps,
         num_stages=num_stages,

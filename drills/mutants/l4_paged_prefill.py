@@ -13,8 +13,8 @@ MUTANTS = [
     Mutant(
         "rows_past_sequence_end",
         "2. rows past a sequence's end loaded and stored",
-        "row_ok = (tok < q_len) & (offs_r < BLOCK_Q * GROUP)",
-        "row_ok = offs_r < BLOCK_Q * GROUP",
+        "row_ok = (tok < q_len) & (offs_r < BLOCK_Q * HEADS)",
+        "row_ok = offs_r < BLOCK_Q * HEADS",
     ),
     Mutant(
         "cu_seqlens_off_by_one",
@@ -31,14 +31,14 @@ MUTANTS = [
     Mutant(
         "one_page_per_key_tile",
         "5. one page looked up per key tile (the tile's first key's page for every key)",
-        "pages = cols // PAGE",
-        "pages = start_n // PAGE + offs_n * 0",
+        "table_ptr + cols // PAGE",
+        "table_ptr + start_n // PAGE + offs_n * 0",
     ),
     Mutant(
         "interleaved_grouping",
         "6. interleaved KV head grouping (kvh + g * Hkv)",
-        "heads = kvh * GROUP + offs_r % GROUP",
-        "heads = kvh + (offs_r % GROUP) * tl.num_programs(1)",
+        "kvh = head0 // GROUP",
+        "kvh = head0 % (tl.num_programs(1) * HEADS // GROUP)",
     ),
     Mutant(
         "page_index_int32",
@@ -81,5 +81,11 @@ MUTANTS = [
         "13. spare tiles (and q_len = 0 rows) not skipped",
         "if tok0 >= q_len:\n        return\n",
         "if tok0 >= q_len:\n        pass\n",
+    ),
+    Mutant(
+        "block_ids_of_the_previous_tile",
+        "14. block ids prefetched for the current tile, used for the next (one tile late)",
+        "for start_n in range(0, full_end, BLOCK_N):\n        phys_next = _block_ids(table_ptr, start_n + BLOCK_N,",
+        "for start_n in range(0, full_end, BLOCK_N):\n        phys_next = _block_ids(table_ptr, start_n,",
     ),
 ]

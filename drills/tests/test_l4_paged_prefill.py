@@ -268,6 +268,11 @@ def test_kv_head_grouping_is_contiguous(impl, runtime, Hq, Hkv):
     ctx = sizes(runtime, [20, 30], [1000, 2000])
     case = make_prefill_case(ctx, q_lens, Hq, Hkv, 64, 8, stream=139 + Hq * 7 + Hkv, device=runtime.device)
     check(impl, case)
+    for packed in (True, False):  # both tile layouts of section 3.1, whichever _config picks above
+        out = torch.empty_like(case.q)
+        impl._launch(*case.args, 0.125, out, config=(16, 16, 4, 1, packed))
+        ref, _ = prefill_reference(*case.args, scale=0.125)
+        assert_close(out, ref, DIMS)
 
 
 @pytest.mark.parametrize("D", [64, 128])
@@ -311,6 +316,18 @@ def test_pages_larger_than_a_key_tile(impl, runtime):
     check(impl, case)
 
 
+def test_one_page_holds_every_key(impl, runtime):
+    """PAGE = 64 on a CPU, 256 on a GPU, and every context fits in its first page, over several key
+    tiles: every key of a sequence has the same block id, so block ids read for the wrong tile still find
+    the right page. Passes where test_pages_smaller_than_a_key_tile fails only for such ids."""
+    PAGE = sizes(runtime, 64, 256)
+    q_lens = sizes(runtime, [30, 45, 1], [150, 250, 1])
+    ctx = sizes(runtime, [50, 60, 40], [200, 256, 180])
+    case = make_prefill_case(ctx, q_lens, 4, 2, 64, PAGE, stream=169, device=runtime.device)
+    assert max(ctx) <= PAGE
+    check(impl, case)
+
+
 def test_keys_past_the_context_are_not_read(impl, runtime):
     """Contexts of 33 and 19 with PAGE = 8: the last key tile runs past the context, into the stale tail
     of the last page (NaN) and past it, where the table holds garbage ids (2**31 - 1, -1, ...)."""
@@ -324,18 +341,20 @@ def test_diagonal_tiles_are_masked(impl, runtime):
     keys 9-23 are future keys for its first row."""
     case = make_prefill_case([56, 32], [48, 32], 2, 2, 64, 8, stream=179, device=runtime.device)
     out = torch.empty_like(case.q)
-    impl._launch(*case.args, 0.125, out, config=(16, 16, 4, 1))
+    impl._launch(*case.args, 0.125, out, config=(16, 16, 4, 1, False))
     ref, _ = prefill_reference(*case.args, scale=0.125)
     assert_close(out, ref, DIMS)
 
 
+@pytest.mark.parametrize("packed", [True, False], ids=["packed-group", "one-head"])
 @pytest.mark.parametrize("config", [(16, 16), (64, 16), (16, 32)], ids=lambda c: f"M{c[0]}xN{c[1]}")
-def test_any_tile_shape(impl, runtime, config):
-    """BLOCK_M (rows: tokens x GROUP) and BLOCK_N are independent: the tile -> sequence map, the causal
-    ranges and the page lookups must hold for each. GROUP = 3, so BLOCK_M is not a whole number of groups."""
+def test_any_tile_shape(impl, runtime, config, packed):
+    """BLOCK_M (rows: tokens x HEADS) and BLOCK_N are independent, and a tile holds either the GROUP query
+    heads of one KV head (packed) or one query head: the tile -> sequence map, the causal ranges and the
+    page lookups must hold for each. GROUP = 3, so a packed BLOCK_M is not a whole number of groups."""
     case = make_prefill_case([30, 8, 41], [17, 8, 1], 9, 3, 64, 8, stream=181, device=runtime.device)
     out = torch.empty_like(case.q)
-    impl._launch(*case.args, 0.125, out, config=(*config, 4, 1))
+    impl._launch(*case.args, 0.125, out, config=(*config, 4, 1, packed))
     ref, _ = prefill_reference(*case.args, scale=0.125)
     assert_close(out, ref, DIMS)
 
@@ -733,6 +752,18 @@ MISTAKES = [
         question="E sees 5 keys that all score 0: its lse is ln 5 = 1.609. What does your kernel return, "
         "and in which base is m + log2(l)?",
         section="2",
+    ),
+    Mistake(
+        14,
+        fails=(
+            "test_pages_smaller_than_a_key_tile",
+            "test_pages_larger_than_a_key_tile",
+            "test_online_softmax_rescales_old_tiles",
+        ),
+        passes=("test_one_page_holds_every_key", "test_scale_is_applied", WORKED),
+        question="The loop over key tiles loads the block ids of one tile while it attends another: which "
+        "tile's ids does your loop load in iteration start_n, and which tile uses them?",
+        section="3.3",
     ),
     Mistake(
         13,
