@@ -59,8 +59,8 @@ def sha256_chain(prev_hash, token_ids):
     return int.from_bytes(h.digest(), "little")
 
 
-def make_requests(seed=0):
-    rng = random.Random(seed)
+def make_requests(stream=0):
+    rng = random.Random(stream)
     system = [rng.randrange(VOCAB) for _ in range(SYSTEM_TOKENS)]
     return [
         system + [rng.randrange(VOCAB) for _ in range(rng.randrange(*USER_TOKENS))] for _ in range(N_REQUESTS)

@@ -1,7 +1,7 @@
 """The graders, one file per lesson (test_<stem>.py), and the helpers they share.
 
-Every random case is built from a fixed base seed passed through `seeded`, so a default run always
-grades the same cases, and `SEED=7 make test L=l2` grades other ones (the summary prints the seed).
+Every random case is drawn from its test's own fixed stream number passed through `seeded`, so a default
+run always grades the same cases, and `SEED=7 make test L=l2` grades other ones (the summary prints SEED).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ SEED_ENV = "SEED"
 
 
 def base_seed() -> int:
-    """The SEED environment variable (0 when unset): added to every test's own seed."""
+    """The SEED environment variable (0 when unset): added to every test's own stream number."""
     value = os.environ.get(SEED_ENV, "").strip() or "0"
     try:
         return int(value)
@@ -22,9 +22,9 @@ def base_seed() -> int:
         raise ValueError(f"{SEED_ENV} must be an integer, got {value!r}") from None
 
 
-def seeded(seed: int) -> int:
-    """A test's fixed seed shifted by SEED: the same cases by default, others when SEED is set."""
-    return seed + base_seed()
+def seeded(stream: int) -> int:
+    """A test's fixed stream number shifted by SEED: the same cases by default, others when SEED is set."""
+    return stream + base_seed()
 
 
 def probe(impl, fn, *args, **kwargs):

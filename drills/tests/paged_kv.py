@@ -39,7 +39,7 @@ def make_paged_case(
     PAGE,
     dtype=torch.float16,
     device="cpu",
-    seed=0,
+    stream=0,
     extra_pages=2,
     shared_prefix_pages=0,
     num_blocks=None,
@@ -57,7 +57,7 @@ def make_paged_case(
     sparse: caches from bigmem.sparse_empty (a pool of more than 2**31 elements on a CPU); only the
     used blocks are written (poisoned, then filled), every other block reads as zeros.
     """
-    gen = torch.Generator().manual_seed(seeded(seed))
+    gen = torch.Generator().manual_seed(seeded(stream))
     lens = [int(n) for n in context_lens]
     B = len(lens)
     pages = [math.ceil(n / PAGE) for n in lens]

@@ -38,9 +38,9 @@ CAPTURED = [37, 0, 20, 5]
 REPLAYED = [[3, 50, 0, 64], [0, 0, 1, 16], [128, 77, 0, 0]]
 
 
-def case(lens, seed):
+def case(lens, stream):
     return make_paged_case(
-        lens, HQ, HKV, D, PAGE, device="cuda", seed=seed, num_blocks=NUM_BLOCKS, max_pages=MAX_PAGES
+        lens, HQ, HKV, D, PAGE, device="cuda", stream=stream, num_blocks=NUM_BLOCKS, max_pages=MAX_PAGES
     )
 
 
@@ -60,11 +60,11 @@ def load(buffers, new) -> None:
 
 
 def test_l2_paged_decode_replays_new_values():
-    buffers = case(CAPTURED, seed=1).args
+    buffers = case(CAPTURED, stream=1).args
     out = torch.empty_like(buffers[0])
     graph = capture(lambda: l2.paged_decode(*buffers, out=out))
     for i, lens in enumerate(REPLAYED):
-        step = case(lens, seed=10 + i)
+        step = case(lens, stream=10 + i)
         load(buffers, step.args)
         graph.replay()
         eager = l2.paged_decode(*step.args, check=True)
@@ -77,14 +77,14 @@ def test_l2_paged_decode_replays_new_values():
 def test_f1_split_kv_decode_replays_new_values(splits):
     """One plan for the whole graph: it covers the longest length the graph will see (the table's
     capacity), as an engine plans for the graph's bucket, not for one step."""
-    buffers = case(CAPTURED, seed=2).args
+    buffers = case(CAPTURED, stream=2).args
     plan = f1.plan([MAX_PAGES * PAGE] * len(CAPTURED), HKV, PAGE, num_splits=splits)
     out = torch.empty_like(buffers[0])
     lse = []
     graph = capture(lambda: lse.append(f1.split_kv_decode(*buffers, plan=plan, out=out, return_lse=True)[1]))
     captured_lse = lse[-1]  # the buffer the graph writes
     for i, lens in enumerate(REPLAYED):
-        step = case(lens, seed=20 + i)
+        step = case(lens, stream=20 + i)
         load(buffers, step.args)
         graph.replay()
         eager, eager_lse = f1.split_kv_decode(*step.args, plan=plan, return_lse=True, check=True)
@@ -122,7 +122,7 @@ def test_l1_store_kvcache_replays_new_values():
 def test_capture_refuses_device_value_checks():
     """check=True reads device values, which capture forbids: a ValueError naming check, before any
     launch; and split_kv_decode without a plan would read the lengths, so it asks for plan."""
-    buffers = case(CAPTURED, seed=4).args
+    buffers = case(CAPTURED, stream=4).args
     out = torch.empty_like(buffers[0])
     plan = f1.plan(buffers[4], HKV, PAGE)
     l2.paged_decode(*buffers, out=out)  # compiled before the capture
@@ -142,7 +142,7 @@ def test_capture_refuses_device_value_checks():
 def test_eager_call_needs_no_device_sync():
     """With a plan and check left at None, an eager call reads nothing from the device: under
     torch's sync debug mode ("error"), any device-to-host copy raises."""
-    buffers = case(CAPTURED, seed=5).args
+    buffers = case(CAPTURED, stream=5).args
     plan = f1.plan(buffers[4].tolist(), HKV, PAGE)
     out = torch.empty_like(buffers[0])
     l2.paged_decode(*buffers, out=out)
@@ -161,7 +161,7 @@ def test_launch_keeps_misaligned_views_apart():
     its own, and both results are right."""
     from drills.launch import cached_binaries
 
-    step = case(CAPTURED, seed=6)
+    step = case(CAPTURED, stream=6)
     ref = paged_attention_reference(*step.args)[0]
     numel = step.q.numel()
     buf = torch.empty(numel + 8, device="cuda", dtype=step.q.dtype)

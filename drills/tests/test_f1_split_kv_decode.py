@@ -73,7 +73,7 @@ def test_every_split_count_matches_unsplit(impl, runtime):
     """Split counts 1 .. pages + 3 through plan(num_splits=...): the result must not depend on how the
     keys are cut. Gaps or overlaps between split ranges change it."""
     n = sizes(runtime, 70, 1000)
-    case = make_paged_case([n], 8, 2, 64, 16, device=runtime.device, seed=1)
+    case = make_paged_case([n], 8, 2, 64, 16, device=runtime.device, stream=1)
     pages = math.ceil(n / 16)
     unsplit, _ = check(impl, case, plan=impl.plan(case.context_lens, 2, 16, num_splits=1))
     counts = range(1, pages + 4) if runtime.interpreter else [1, 2, 3, 5, 8, 16, 31, 63, pages, pages + 3]
@@ -87,7 +87,7 @@ def test_empty_splits_do_not_divide_zero_by_zero(impl, runtime):
     empty split must contribute weight 0 (lse = -inf), not 0/0 = NaN."""
     lens = sizes(runtime, [70, 1, 17, 33], [1000, 1, 17, 250, 999])
     # Table rows 4 pages longer than the longest sequence: a plan may cover up to their capacity.
-    case = make_paged_case(lens, 8, 2, 64, 16, device=runtime.device, seed=2, extra_pages=4)
+    case = make_paged_case(lens, 8, 2, 64, 16, device=runtime.device, stream=2, extra_pages=4)
     check(impl, case, plan=fixed_plan(impl, 16, max(lens)))
     # More splits than the longest sequence has tiles: trailing splits are empty for everyone.
     check(impl, case, plan=fixed_plan(impl, 16, max(lens) + 48))
@@ -99,13 +99,13 @@ def test_padding_sequences_give_zero_and_lse_minus_inf(impl, runtime, splits):
     output is 0 and its lse -inf, and the rows around it are unaffected. With one split the kernel's
     empty-split rule covers it; merged, every split of the sequence is empty, so the merge's running max
     stays -inf and exp(-inf - (-inf)) is NaN unless the merge measures from 0 (section 3.5)."""
-    case = make_paged_case([37, 0, 50, 0], 8, 2, 64, 16, device=runtime.device, seed=22)
+    case = make_paged_case([37, 0, 50, 0], 8, 2, 64, 16, device=runtime.device, stream=22)
     plan = impl.plan(case.context_lens, 2, 16, num_splits=splits)
     out, lse = check(impl, case, plan=plan)
     assert not torch.isnan(out[[1, 3]]).any(), "NaN in a padding sequence's output: 0 / 0 somewhere"
     assert (out[[1, 3]] == 0).all(), "a padding sequence (context_lens = 0) must output 0"
     assert (lse[[1, 3]] == float("-inf")).all(), "a padding sequence's lse must be -inf (it saw no key)"
-    only = make_paged_case([0, 0], 8, 2, 64, 16, device=runtime.device, seed=23)
+    only = make_paged_case([0, 0], 8, 2, 64, 16, device=runtime.device, stream=23)
     only_plan = impl.plan(only.context_lens, 2, 16, num_splits=splits)
     assert (impl.split_kv_decode(*only.args, plan=only_plan) == 0).all(), "padding sequences only: not 0"
 
@@ -114,7 +114,7 @@ def test_many_splits_merge_with_rescale(impl, runtime):
     """Scores rise along the sequence and there are more splits (80) than the merge reads at once (64),
     so the merge's running max changes between groups of splits: its running sum must be rescaled."""
     n, D = 16 * 80, 64
-    case = make_paged_case([n, 100], 4, 1, D, 16, device=runtime.device, seed=16, poison=False)
+    case = make_paged_case([n, 100], 4, 1, D, 16, device=runtime.device, stream=16, poison=False)
     t = torch.arange(n, device=runtime.device)
     blocks, slots = case.block_tables[0].long()[t // 16], t % 16
     q0 = case.q[0, 0].float()  # [D]
@@ -128,7 +128,7 @@ def test_split_merge_shifts_by_the_max(impl, runtime):
     """Every score is about +128 (keys aligned with the queries), so every split's lse is above 128: e^lse
     overflows fp32 (past 88.7) and a merge that weighs splits by e^lse instead of e^(lse - max) gives
     inf / inf = NaN."""
-    case = shift_scores(make_paged_case([70, 33], 8, 2, 64, 16, device=runtime.device, seed=19), 128.0)
+    case = shift_scores(make_paged_case([70, 33], 8, 2, 64, 16, device=runtime.device, stream=19), 128.0)
     _, lse = check(impl, case, plan=impl.plan(case.context_lens, 2, 16, num_splits=3))
     assert lse.min().item() > 88.7, "every head's lse should be past fp32's exp range here"
 
@@ -137,7 +137,7 @@ def test_max_starts_at_minus_inf(impl, runtime):
     """Every score is about -128: a split's running max that starts at 0 stays 0 and every exp2 underflows
     (l = 0, the split looks empty); with 3 splits, each split's lse is below -104, where e^lse underflows
     too, so the split merge must shift by the max as well."""
-    case = shift_scores(make_paged_case([70, 33], 8, 2, 64, 16, device=runtime.device, seed=20), -128.0)
+    case = shift_scores(make_paged_case([70, 33], 8, 2, 64, 16, device=runtime.device, stream=20), -128.0)
     for splits in (1, 3):
         _, lse = check(impl, case, plan=impl.plan(case.context_lens, 2, 16, num_splits=splits))
     assert lse.max().item() < -104, "every head's lse should be below fp32's exp range here"
@@ -146,7 +146,7 @@ def test_max_starts_at_minus_inf(impl, runtime):
 def test_q_strides_are_used(impl, runtime):
     """q is every other head of a [B, 2 * Hq, D] buffer (stride(1) = 2 * D), the other heads NaN: a
     kernel that steps through q by D per head reads them. Unsplit and split."""
-    case = strided_q(make_paged_case([40, 9], 8, 2, 64, 16, device=runtime.device, seed=21))
+    case = strided_q(make_paged_case([40, 9], 8, 2, 64, 16, device=runtime.device, stream=21))
     for splits in (1, 3):
         check(impl, case, plan=impl.plan(case.context_lens, 2, 16, num_splits=splits))
 
@@ -155,7 +155,7 @@ def test_q_strides_are_used(impl, runtime):
 def test_cache_strides_are_used(impl, runtime, PAGE):
     """k_cache and v_cache are layer 1 of a NaN-filled pool [num_blocks, layers, PAGE, Hkv, 2, D]: block,
     token and head strides all differ from a contiguous cache's. PAGE = 4 gathers token by token."""
-    case = in_layer_pool(make_paged_case([40, 9], 8, 2, 64, PAGE, device=runtime.device, seed=22 + PAGE))
+    case = in_layer_pool(make_paged_case([40, 9], 8, 2, 64, PAGE, device=runtime.device, stream=22 + PAGE))
     check(impl, case, plan=impl.plan(case.context_lens, 2, PAGE, num_splits=2))
 
 
@@ -164,7 +164,7 @@ def test_lse_is_natural_log(impl, runtime):
     back after exp2 tricks, is off by a factor ln 2. Unsplit (the split kernel writes the final lse
     itself), so that out is right and only lse can be wrong; the split path's lse is checked by every
     other test."""
-    case = make_paged_case([45, 3], 8, 2, 64, 16, device=runtime.device, seed=3)
+    case = make_paged_case([45, 3], 8, 2, 64, 16, device=runtime.device, stream=3)
     check(impl, case, plan=impl.plan(case.context_lens, 2, 16, num_splits=1))
     check(impl, case, plan=impl.plan(case.context_lens, 2, 16, num_splits=1), scale=0.37)
 
@@ -175,7 +175,7 @@ def test_lse_is_natural_log(impl, runtime):
 @pytest.mark.parametrize("splits", [1, 4])
 def test_last_page_is_masked(impl, runtime, splits):
     lens = [1, 15, 16, 17, 31] + sizes(runtime, [], [777, 1000])
-    case = make_paged_case(lens, 8, 2, 64, 16, device=runtime.device, seed=4)
+    case = make_paged_case(lens, 8, 2, 64, 16, device=runtime.device, stream=4)
     check(impl, case, plan=impl.plan(case.context_lens, 2, 16, num_splits=splits))
 
 
@@ -186,7 +186,7 @@ def test_last_page_is_masked(impl, runtime, splits):
 )
 def test_kv_head_grouping_is_contiguous(impl, runtime, Hq, Hkv):
     case = make_paged_case(
-        sizes(runtime, [40, 9], [300, 129]), Hq, Hkv, 64, 16, device=runtime.device, seed=Hq + Hkv
+        sizes(runtime, [40, 9], [300, 129]), Hq, Hkv, 64, 16, device=runtime.device, stream=Hq + Hkv
     )
     check(impl, case, plan=impl.plan(case.context_lens, Hkv, 16, num_splits=2))
 
@@ -195,7 +195,7 @@ def test_kv_head_grouping_is_contiguous(impl, runtime, Hq, Hkv):
 def test_page_sizes_gathered_token_by_token(impl, runtime, PAGE):
     """Pages smaller than a 16-token tile are gathered token by token through the block table."""
     lens = sizes(runtime, [37, 5, 20], [1000, 5, 333])
-    case = make_paged_case(lens, 8, 2, 64, PAGE, device=runtime.device, seed=PAGE)
+    case = make_paged_case(lens, 8, 2, 64, PAGE, device=runtime.device, stream=PAGE)
     for splits in (1, 3):
         check(impl, case, plan=impl.plan(case.context_lens, 2, PAGE, num_splits=splits))
 
@@ -208,18 +208,18 @@ def test_shared_and_shuffled_pages_single_sequence(impl, runtime):
         128,
         16,
         device=runtime.device,
-        seed=6,
+        stream=6,
         shared_prefix_pages=2,
     )
     check(impl, case)  # the planner's own choice
-    one = make_paged_case([sizes(runtime, 150, 32768)], 32, 8, 128, 16, device=runtime.device, seed=7)
+    one = make_paged_case([sizes(runtime, 150, 32768)], 32, 8, 128, 16, device=runtime.device, stream=7)
     check(impl, one)  # B = 1: the case split-KV exists for
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, bf16_on_gpu_only()], ids=["fp16", "bf16"])
 def test_dtypes(impl, runtime, dtype):
     case = make_paged_case(
-        sizes(runtime, [33, 4], [1500, 17]), 8, 2, 128, 16, dtype=dtype, device=runtime.device, seed=8
+        sizes(runtime, [33, 4], [1500, 17]), 8, 2, 128, 16, dtype=dtype, device=runtime.device, stream=8
     )
     check(impl, case, plan=impl.plan(case.context_lens, 2, 16, num_splits=3))
 
@@ -246,7 +246,7 @@ def test_page_index_widened_to_int64(impl, runtime):
             D,
             PAGE,
             device=runtime.device,
-            seed=9 + PAGE,
+            stream=9 + PAGE,
             num_blocks=first + 64,
             first_block=first,
             sparse=True,
@@ -431,7 +431,7 @@ def test_plan_splits_only_when_the_grid_is_starved(impl):
 def test_runs_a_triton_kernel(impl, runtime, splits):
     """The right numbers are not enough: split_kv_decode and merge_states must compute them with your
     Triton kernels, not with torch (or a copy of the grader's oracle), split or not."""
-    case = make_paged_case([45, 3], 8, 2, 64, 16, device=runtime.device, seed=17)
+    case = make_paged_case([45, 3], 8, 2, 64, 16, device=runtime.device, stream=17)
     plan = impl.plan(case.context_lens, 2, 16, num_splits=splits)
     assert_runs_a_triton_kernel(impl, lambda: impl.split_kv_decode(*case.args, plan=plan), "split_kv_decode")
     gen = torch.Generator().manual_seed(seeded(18))
@@ -528,7 +528,7 @@ BAD_INPUTS = {
 def test_launcher_rejects_bad_input(impl, runtime, name):
     """Each bad argument raises ValueError/TypeError naming it, before any kernel runs."""
     spoil, error, names = BAD_INPUTS[name]
-    case = make_paged_case([20, 5], 4, 2, 64, 16, device=runtime.device, seed=14)
+    case = make_paged_case([20, 5], 4, 2, 64, 16, device=runtime.device, stream=14)
     args = dict(
         q=case.q,
         k_cache=case.k_cache,
@@ -582,7 +582,7 @@ def test_merge_states_rejects_bad_input(impl, runtime):
 
 def test_tolerance_rejects_zeros(runtime):
     """Not a test of your kernel: the comparison fails an all-zeros output."""
-    case = make_paged_case([37, 20], 8, 2, 64, 16, device=runtime.device, seed=15)
+    case = make_paged_case([37, 20], 8, 2, 64, 16, device=runtime.device, stream=15)
     ref, _ = paged_attention_reference(*case.args)
     assert mismatch(torch.zeros_like(ref).half(), ref) is not None
 

@@ -172,13 +172,13 @@ def example_table(impl, n_tokens):
     return alloc, table
 
 
-def scattered_tables(impl, lens, block_size, num_blocks, seed):
+def scattered_tables(impl, lens, block_size, num_blocks, stream):
     """One table per sequence, grown token by token in round-robin order (as decode steps would) from a
     pool whose free list was shuffled first, so each sequence's blocks are scattered and interleaved.
     Returns (allocator, tables, slots in batch order: sequence 0's tokens, then sequence 1's, ...)."""
     alloc = impl.BlockAllocator(num_blocks)
     order = [alloc.allocate() for _ in range(num_blocks)]
-    random.Random(seed).shuffle(order)
+    random.Random(stream).shuffle(order)
     for b in order:
         alloc.free(b)
     tables = [impl.BlockTable(alloc, block_size) for _ in lens]
@@ -231,15 +231,15 @@ def store_and_check(impl, key, value, slot_mapping, num_blocks, PAGE):
     return k_cache, v_cache
 
 
-def random_rows(N, Hkv, D, dtype, device, seed):
-    gen = torch.Generator().manual_seed(seeded(seed))
+def random_rows(N, Hkv, D, dtype, device, stream):
+    gen = torch.Generator().manual_seed(seeded(stream))
     key = torch.randn(N, Hkv, D, generator=gen).to(dtype).to(device)  # [N, Hkv, D]
     value = torch.randn(N, Hkv, D, generator=gen).to(dtype).to(device)
     return key, value
 
 
-def distinct_slots(N, num_slots, device, seed):
-    gen = torch.Generator().manual_seed(seeded(seed))
+def distinct_slots(N, num_slots, device, stream):
+    gen = torch.Generator().manual_seed(seeded(stream))
     return torch.randperm(num_slots, generator=gen)[:N].to(device)  # [N] int64, no repeats
 
 
@@ -372,7 +372,7 @@ def test_worked_example_decode_step_writes_slots_3_9_14(impl, runtime):
     assert [t.blocks for t in tables] == [[0], [1, 2], [3]]
     step = [t.append_tokens(1) for t in tables]
     assert step == [[3], [9], [14]]
-    key, value = random_rows(4, 2, 16, torch.float16, runtime.device, seed=16)
+    key, value = random_rows(4, 2, 16, torch.float16, runtime.device, stream=16)
     slot_mapping = _slots(runtime.device, 3, 9, 14, -1)
     k_cache, v_cache = store_and_check(impl, key, value, slot_mapping, 8, 4)
     for row, (block, offset) in enumerate([(0, 3), (2, 1), (3, 2)]):
@@ -547,8 +547,8 @@ def test_store_then_gather_through_block_tables(impl, runtime):
     lens = sizes(runtime, [7, 16, 1, 22], [700, 16, 1, 2049, 333])
     PAGE, Hkv, D = 16, 2, 64
     num_blocks = sum(math.ceil(n / PAGE) for n in lens) + 3
-    _, tables, slots = scattered_tables(impl, lens, PAGE, num_blocks, seed=1)
-    key, value = random_rows(sum(lens), Hkv, D, torch.float16, runtime.device, seed=1)
+    _, tables, slots = scattered_tables(impl, lens, PAGE, num_blocks, stream=1)
+    key, value = random_rows(sum(lens), Hkv, D, torch.float16, runtime.device, stream=1)
     slot_mapping = torch.tensor(slots, dtype=torch.int64, device=runtime.device)
     k_cache, v_cache = store_and_check(impl, key, value, slot_mapping, num_blocks, PAGE)
     start = 0
@@ -564,24 +564,24 @@ def test_padding_slots_leave_the_cache_untouched(impl, runtime):
     middle, last, and several in a row; slot 0 (block 0, offset 0) is a real slot in the same batch."""
     PAGE, Hkv, D, num_blocks = 4, 2, 32, 6
     slots = [-1, 5, 0, -1, -1, 23, 9, -1]
-    key, value = random_rows(len(slots), Hkv, D, torch.float16, runtime.device, seed=2)
+    key, value = random_rows(len(slots), Hkv, D, torch.float16, runtime.device, stream=2)
     store_and_check(impl, key, value, torch.tensor(slots, device=runtime.device), num_blocks, PAGE)
 
 
 def test_all_padding_batch_writes_nothing(impl, runtime):
-    key, value = random_rows(5, 2, 32, torch.float16, runtime.device, seed=3)
+    key, value = random_rows(5, 2, 32, torch.float16, runtime.device, stream=3)
     store_and_check(impl, key, value, torch.full((5,), -1, dtype=torch.int64, device=runtime.device), 3, 4)
 
 
 def test_empty_batch_is_a_no_op(impl, runtime):
-    key, value = random_rows(0, 2, 32, torch.float16, runtime.device, seed=4)
+    key, value = random_rows(0, 2, 32, torch.float16, runtime.device, stream=4)
     store_and_check(impl, key, value, torch.empty(0, dtype=torch.int64, device=runtime.device), 3, 4)
 
 
 def test_first_and_last_slot_of_the_cache(impl, runtime):
     """Slot 0 and slot num_blocks * PAGE - 1: the two edges of the cache, next to the spare blocks."""
     PAGE, Hkv, D, num_blocks = 5, 2, 16, 3
-    key, value = random_rows(2, Hkv, D, torch.float16, runtime.device, seed=5)
+    key, value = random_rows(2, Hkv, D, torch.float16, runtime.device, stream=5)
     slots = torch.tensor([num_blocks * PAGE - 1, 0], device=runtime.device)
     store_and_check(impl, key, value, slots, num_blocks, PAGE)
 
@@ -596,16 +596,16 @@ def test_heads_and_dims_not_powers_of_two(impl, runtime, Hkv, D, PAGE):
     on the store, or they land on the next slot's heads (or past the cache: the spare block sees it)."""
     num_blocks = sizes(runtime, 7, 1000)  # at least N slots for every PAGE here
     N = sizes(runtime, 12, 1000)
-    key, value = random_rows(N, Hkv, D, torch.float16, runtime.device, seed=Hkv * D)
+    key, value = random_rows(N, Hkv, D, torch.float16, runtime.device, stream=Hkv * D)
     last = num_blocks * PAGE - 1  # the very last slot: unmasked padding there spills past the cache
-    inner = 1 + distinct_slots(N - 2, last - 1, runtime.device, seed=D)  # distinct, in [1, last)
+    inner = 1 + distinct_slots(N - 2, last - 1, runtime.device, stream=D)  # distinct, in [1, last)
     slots = torch.cat([_slots(runtime.device, 0), inner, _slots(runtime.device, last)])
     store_and_check(impl, key, value, slots, num_blocks, PAGE)
 
 
-def _strided_rows(layout, N, Hkv, D, device, seed):
+def _strided_rows(layout, N, Hkv, D, device, stream):
     """key and value [N, Hkv, D] as views whose strides are not those of a contiguous tensor."""
-    gen = torch.Generator().manual_seed(seeded(seed))
+    gen = torch.Generator().manual_seed(seeded(stream))
     Hq = 8
     qkv = torch.randn(N, Hq + 2 * Hkv, D, generator=gen).half().to(device)  # [N, Hq + 2 Hkv, D]
     key, value = qkv[:, Hq : Hq + Hkv], qkv[:, Hq + Hkv :]  # [N, Hkv, D] views, stride(0) = (Hq + 2 Hkv) * D
@@ -623,10 +623,10 @@ def test_strided_key_value_rows(impl, runtime, layout):
     (Hq + 2 * Hkv) * D apart, not Hkv * D. Read each with its own strides: value's may differ from key's
     (value_own_strides), and heads need not be D apart (padded_head_dim)."""
     N, Hkv, D, PAGE, num_blocks = sizes(runtime, 9, 300), 2, 32, 4, sizes(runtime, 5, 200)
-    key, value = _strided_rows(layout, N, Hkv, D, runtime.device, seed=6)
+    key, value = _strided_rows(layout, N, Hkv, D, runtime.device, stream=6)
     assert not key.is_contiguous() and (layout == "value_own_strides") == (value.stride() != key.stride())
     store_and_check(
-        impl, key, value, distinct_slots(N, num_blocks * PAGE, runtime.device, seed=6), num_blocks, PAGE
+        impl, key, value, distinct_slots(N, num_blocks * PAGE, runtime.device, stream=6), num_blocks, PAGE
     )
 
 
@@ -656,8 +656,8 @@ def test_cache_strides_are_used(impl, runtime, layout):
     pool = torch.full(shape(num_blocks, PAGE, Hkv, D), CANARY, dtype=torch.float16, device=runtime.device)
     k_cache, v_cache = cut(pool)  # [num_blocks, PAGE, Hkv, D] views, not contiguous
     assert not k_cache.is_contiguous()
-    key, value = random_rows(N, Hkv, D, torch.float16, runtime.device, seed=18)
-    slots = distinct_slots(N, num_blocks * PAGE, runtime.device, seed=18)
+    key, value = random_rows(N, Hkv, D, torch.float16, runtime.device, stream=18)
+    slots = distinct_slots(N, num_blocks * PAGE, runtime.device, stream=18)
     slots[::4] = -1
     impl.store_kvcache(key, value, k_cache, v_cache, slots)
     real = slots >= 0
@@ -681,17 +681,17 @@ def test_cache_strides_are_used(impl, runtime, layout):
 def test_dtypes(impl, runtime, dtype):
     """A copy in any dtype: bit for bit (bf16 runs in the interpreter too: no tl.dot here)."""
     N, Hkv, D, PAGE, num_blocks = sizes(runtime, 10, 4096), 2, 64, 16, sizes(runtime, 2, 1024)
-    key, value = random_rows(N, Hkv, D, dtype, runtime.device, seed=7)
+    key, value = random_rows(N, Hkv, D, dtype, runtime.device, stream=7)
     store_and_check(
-        impl, key, value, distinct_slots(N, num_blocks * PAGE, runtime.device, seed=7), num_blocks, PAGE
+        impl, key, value, distinct_slots(N, num_blocks * PAGE, runtime.device, stream=7), num_blocks, PAGE
     )
 
 
 def test_random_slots_in_a_large_cache(impl, runtime):
     """Many tokens to random distinct slots, some of them padding: the benchmark's pattern, checked."""
     N, Hkv, D, PAGE, num_blocks = sizes(runtime, 24, 8192), 8, 128, 16, sizes(runtime, 4, 4096)
-    key, value = random_rows(N, Hkv, D, torch.float16, runtime.device, seed=8)
-    slots = distinct_slots(N, num_blocks * PAGE, runtime.device, seed=8)
+    key, value = random_rows(N, Hkv, D, torch.float16, runtime.device, stream=8)
+    slots = distinct_slots(N, num_blocks * PAGE, runtime.device, stream=8)
     slots[::5] = -1
     store_and_check(impl, key, value, slots, num_blocks, PAGE)
 
@@ -705,8 +705,8 @@ def test_paged_decode_reads_what_store_kvcache_wrote(impl, runtime):
     lens = sizes(runtime, [37, 16, 1, 48], [1000, 16, 1, 2047, 512])
     num_blocks = sum(math.ceil((n + 1) / PAGE) for n in lens) + 4
     dev = runtime.device
-    _, tables, slots = scattered_tables(impl, lens, PAGE, num_blocks, seed=9)
-    key, value = random_rows(sum(lens), Hkv, D, torch.float16, dev, seed=9)
+    _, tables, slots = scattered_tables(impl, lens, PAGE, num_blocks, stream=9)
+    key, value = random_rows(sum(lens), Hkv, D, torch.float16, dev, stream=9)
     shape = (num_blocks, PAGE, Hkv, D)
     buf_k, buf_v, k_cache, v_cache = canary_caches(*shape, torch.float16, dev)
     k_cache.fill_(float("nan"))  # never-written slots are NaN: paged_decode must not read them
@@ -715,7 +715,7 @@ def test_paged_decode_reads_what_store_kvcache_wrote(impl, runtime):
 
     # Decode step: the new token of each sequence, padded to a batch of B + 2 rows with -1.
     step = [t.append_tokens(1)[0] for t in tables]  # 16 -> 17 and 48 -> 49 tokens: a new block each
-    new_k, new_v = random_rows(len(lens) + 2, Hkv, D, torch.float16, dev, seed=10)
+    new_k, new_v = random_rows(len(lens) + 2, Hkv, D, torch.float16, dev, stream=10)
     step_mapping = torch.tensor(step[:2] + [-1] + step[2:] + [-1], device=dev)
     new_rows = [0, 1] + list(range(3, len(lens) + 1))  # the real rows of new_k, in sequence order
     impl.store_kvcache(new_k, new_v, k_cache, v_cache, step_mapping)
@@ -734,7 +734,7 @@ def test_paged_decode_reads_what_store_kvcache_wrote(impl, runtime):
         dtype=torch.int32,
         device=dev,
     )
-    q = random_rows(len(lens), Hq, D, torch.float16, dev, seed=11)[0]  # [B, Hq, D]
+    q = random_rows(len(lens), Hq, D, torch.float16, dev, stream=11)[0]  # [B, Hq, D]
     M = margin(PAGE)
     inside = torch.zeros(buf_k.shape, dtype=torch.bool, device=dev)
     inside[M:-M] = True
@@ -765,8 +765,8 @@ def test_slot_index_widened_to_int64(impl, runtime):
         cache[:4].fill_(CANARY)
         cache[first:].fill_(CANARY)
     N = 37
-    key, value = random_rows(N, Hkv, D, torch.float16, runtime.device, seed=12)
-    local = distinct_slots(N, 4 * PAGE, runtime.device, seed=12)  # slots inside the last 4 blocks
+    key, value = random_rows(N, Hkv, D, torch.float16, runtime.device, stream=12)
+    local = distinct_slots(N, 4 * PAGE, runtime.device, stream=12)  # slots inside the last 4 blocks
     impl.store_kvcache(key, value, caches[0], caches[1], first * PAGE + local)
     keep = torch.zeros((4, PAGE, Hkv, D), dtype=torch.bool, device=runtime.device)
     keep.view(-1, Hkv, D)[local] = True
@@ -896,7 +896,7 @@ def test_launcher_rejects_bad_input(impl, runtime, name):
     """Each bad argument raises ValueError/TypeError naming it, before any kernel runs: the caches must
     still be all canary afterwards."""
     spoil, error, names = BAD_INPUTS[name]
-    key, value = random_rows(5, 2, 16, torch.float16, runtime.device, seed=13)
+    key, value = random_rows(5, 2, 16, torch.float16, runtime.device, stream=13)
     buf_k, buf_v, k_cache, v_cache = canary_caches(4, 4, 2, 16, torch.float16, runtime.device)
     args = dict(
         key=key,
@@ -919,7 +919,7 @@ def test_launcher_rejects_bad_input(impl, runtime, name):
 
 def test_duplicate_padding_is_fine(impl, runtime):
     """-1 may repeat (every padding row is -1); only real slots must be distinct."""
-    key, value = random_rows(4, 2, 16, torch.float16, runtime.device, seed=14)
+    key, value = random_rows(4, 2, 16, torch.float16, runtime.device, stream=14)
     store_and_check(impl, key, value, _slots(runtime.device, -1, 2, -1, -1), 2, 4)
 
 
@@ -930,7 +930,7 @@ def test_runs_a_triton_kernel(impl, runtime):
     """The right cache is not enough: store_kvcache must write it with your Triton kernel, not with
     torch's indexed assignment (k_cache.view(-1, Hkv, D)[slot_mapping] = key)."""
     PAGE, Hkv, D, num_blocks = 4, 2, 32, 6
-    key, value = random_rows(5, Hkv, D, torch.float16, runtime.device, seed=17)
+    key, value = random_rows(5, Hkv, D, torch.float16, runtime.device, stream=17)
     k_cache, v_cache = canary_caches(num_blocks, PAGE, Hkv, D, torch.float16, runtime.device)[2:]
     slots = torch.tensor([3, 9, -1, 14, 0], device=runtime.device)
     assert_runs_a_triton_kernel(
@@ -944,7 +944,7 @@ def test_runs_a_triton_kernel(impl, runtime):
 def test_checks_reject_zeros_a_shifted_slot_and_one_stray_write(runtime):
     """Not a test of your code: the exact comparison fails an all-zeros cache and rows stored one slot
     off, and the canary check fails a single stray element, so passing the tests above means something."""
-    key, _ = random_rows(6, 2, 16, torch.float16, runtime.device, seed=15)
+    key, _ = random_rows(6, 2, 16, torch.float16, runtime.device, stream=15)
     assert mismatch(torch.zeros_like(key), key, **EXACT) is not None
     assert mismatch(key.roll(1, dims=0), key, **EXACT) is not None
     assert mismatch(key.clone(), key, **EXACT) is None

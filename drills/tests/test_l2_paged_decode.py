@@ -53,7 +53,7 @@ def test_worked_example_ctx37_reads_three_pages(impl, runtime):
     Everything but blocks 9, 3, 7 (and slots 0..4 of block 7) is NaN. The worked example's heads: Hq = 32,
     Hkv = 8, D = 128, so token 36 of KV head 3 starts at element 119168 of k_cache (section 2)."""
     Hq, Hkv, D, PAGE = 32, 8, 128, 16
-    case = make_paged_case([37], Hq, Hkv, D, PAGE, num_blocks=12, device=runtime.device, seed=37)
+    case = make_paged_case([37], Hq, Hkv, D, PAGE, num_blocks=12, device=runtime.device, stream=37)
     # Re-place the three pages at the blocks the worked example uses.
     k, v = case.k_cache.clone(), case.v_cache.clone()
     case.k_cache.fill_(float("nan"))
@@ -77,7 +77,7 @@ def test_last_page_is_masked(impl, runtime, PAGE):
     scores are high (about +40), so a tail key would get no weight even scored 0: this check is about
     the loads; test_tail_keys_get_no_weight is about the scores."""
     lens = [1, PAGE - 1, PAGE, PAGE + 1, 2 * PAGE - 3] + sizes(runtime, [], [3 * PAGE, 777, 1000])
-    case = shift_scores(make_paged_case(lens, 8, 2, 64, PAGE, device=runtime.device, seed=PAGE), 40.0)
+    case = shift_scores(make_paged_case(lens, 8, 2, 64, PAGE, device=runtime.device, stream=PAGE), 40.0)
     check(impl, case)
 
 
@@ -85,7 +85,7 @@ def test_masked_v_lanes_are_zero(impl, runtime):
     """The stale tail of each last page holds finite values here, and keys that score about -8000, so
     reading it does no harm; what the V load's masked lanes hold still matters: p = 0 times an undefined
     lane (NaN, when the load has a mask but no `other=`) is NaN in p @ v."""
-    case = make_paged_case([20, 7, 16], 8, 2, 64, 16, device=runtime.device, seed=71)
+    case = make_paged_case([20, 7, 16], 8, 2, 64, 16, device=runtime.device, stream=71)
     shift_scores(case, 128.0)  # real scores about +128: even a zero key (score 0) weighs exp(-128) = 0
     blocks, slots = tail_slots(case)
     case.k_cache[blocks, slots] = 0.0
@@ -97,7 +97,7 @@ def test_masked_v_lanes_are_zero(impl, runtime):
 def test_tail_keys_get_no_weight(impl, runtime):
     """Masked keys must score -inf. Loading them as zeros is not enough: a zero key scores 0, which
     outweighs real keys whose scores are all negative here."""
-    case = make_paged_case([17, 33, 5], 4, 1, 64, 16, device=runtime.device, seed=5)
+    case = make_paged_case([17, 33, 5], 4, 1, 64, 16, device=runtime.device, stream=5)
     # Make every real score strongly negative: keys point against the query direction.
     case.q.copy_(case.q.abs())
     real = ~torch.isnan(case.k_cache)
@@ -114,7 +114,7 @@ def test_kv_head_grouping_is_contiguous(impl, runtime, Hq, Hkv):
     """Query head h reads KV head h // GROUP, not h % Hkv (interleaved). GROUP > 16 needs GROUP_PAD > 16.
     Interleaved and contiguous agree when GROUP = 1 (MHA) or Hkv = 1 (MQA): those cases pass either way."""
     lens = sizes(runtime, [20, 9], [300, 129, 64])
-    case = make_paged_case(lens, Hq, Hkv, 64, 16, device=runtime.device, seed=Hq * 7 + Hkv)
+    case = make_paged_case(lens, Hq, Hkv, 64, 16, device=runtime.device, stream=Hq * 7 + Hkv)
     check(impl, case)
 
 
@@ -123,7 +123,7 @@ def test_padding_rows_not_written(impl, runtime):
     q = 0, so every key scores 0 and gets the same weight: it holds the mean of V, finite and plausible,
     and stored it overwrites the next KV head's query heads (or lands past the end of out). Every test
     checks the canary around `out`; this one makes padding the whole story: 12 of 16 rows are padding."""
-    case = make_paged_case([40, 16, 3], 8, 2, 64, 16, device=runtime.device, seed=3)
+    case = make_paged_case([40, 16, 3], 8, 2, 64, 16, device=runtime.device, stream=3)
     out = run_into_canary(impl, case)
     assert not torch.isnan(out).any(), "NaN in out: a real head's row is 0/0 or read something poisoned"
     ref, _ = paged_attention_reference(*case.args)
@@ -135,7 +135,7 @@ def test_padding_sequence_outputs_zeros(impl, runtime):
     reads nothing, and its output is 0. Its loop never runs, so l = 0 and acc = 0, and acc / l stores
     NaN: divide by 1 where l = 0. Its block-table row is all garbage ids, and the real rows around it
     must come out as if it were not there."""
-    case = make_paged_case([37, 0, 20, 0], 8, 2, 64, 16, device=runtime.device, seed=29)
+    case = make_paged_case([37, 0, 20, 0], 8, 2, 64, 16, device=runtime.device, stream=29)
     out = run_into_canary(impl, case)
     pad = out[[1, 3]]
     assert not torch.isnan(pad).any(), (
@@ -145,7 +145,7 @@ def test_padding_sequence_outputs_zeros(impl, runtime):
     assert (pad == 0).all(), "padding sequences (context_lens = 0) must be 0: they attend over nothing"
     ref, _ = paged_attention_reference(*case.args)
     assert_close(out, ref, DIMS)
-    only_padding = make_paged_case([0, 0], 8, 2, 64, 16, device=runtime.device, seed=31)
+    only_padding = make_paged_case([0, 0], 8, 2, 64, 16, device=runtime.device, stream=31)
     assert (run_into_canary(impl, only_padding) == 0).all(), "a batch of padding sequences only must give 0"
 
 
@@ -153,7 +153,7 @@ def test_online_softmax_rescales_old_pages(impl, runtime):
     """Scores grow page after page, so the running max changes on every page: dropping the rescale
     factor alpha = exp(m_old - m_new) leaves the early pages over-weighted."""
     n, D = sizes(runtime, 80, 2000), 64
-    case = make_paged_case([n], 4, 1, D, 16, device=runtime.device, seed=11, poison=False)
+    case = make_paged_case([n], 4, 1, D, 16, device=runtime.device, stream=11, poison=False)
     t = torch.arange(n, device=runtime.device)
     blocks, slots = case.block_tables[0].long()[t // 16], t % 16  # where token t lives
     q0 = case.q[0, 0].float()  # [D]
@@ -167,28 +167,28 @@ def test_online_softmax_rescales_old_pages(impl, runtime):
 def test_max_starts_at_minus_inf(impl, runtime):
     """Every score is about -128 (keys point away from the queries), far below 0. A running max that
     starts at 0 instead of -inf stays 0, so p = exp(s - 0) underflows to 0 for every key and l = 0."""
-    case = make_paged_case([32, 16], 16, 1, 64, 16, device=runtime.device, seed=73)  # full pages only
+    case = make_paged_case([32, 16], 16, 1, 64, 16, device=runtime.device, stream=73)  # full pages only
     check(impl, shift_scores(case, -128.0))
 
 
 def test_each_head_keeps_its_own_max(impl, runtime):
     """The heads of one group score in different ranges: even heads about +128, odd heads about 0. One
     max shared by the group (about 128) makes every odd head's exp(s - 128) underflow to 0."""
-    case = make_paged_case([32, 48], 8, 1, 64, 16, device=runtime.device, seed=79)  # full pages only
+    case = make_paged_case([32, 48], 8, 1, 64, 16, device=runtime.device, stream=79)  # full pages only
     check(impl, shift_scores(case, torch.tensor([128.0, 0.0]).repeat(4)))
 
 
 def test_q_strides_are_used(impl, runtime):
     """q is every other head of a [B, 2 * Hq, D] buffer (stride(1) = 2 * D), the other heads NaN: a
     kernel that steps through q by D per head, or Hq * D per sequence, reads them."""
-    case = make_paged_case([32, 9], 8, 1, 64, 16, device=runtime.device, seed=83)
+    case = make_paged_case([32, 9], 8, 1, 64, 16, device=runtime.device, stream=83)
     check(impl, strided_q(case))
 
 
 def test_cache_strides_are_used(impl, runtime):
     """k_cache and v_cache are layer 1 of a NaN-filled pool [num_blocks, layers, PAGE, Hkv, 2, D]: block,
     token and head strides all differ from a contiguous cache's, as in an engine's per-layer KV pool."""
-    case = make_paged_case([40, 9], 8, 2, 64, 16, device=runtime.device, seed=89)
+    case = make_paged_case([40, 9], 8, 2, 64, 16, device=runtime.device, stream=89)
     check(impl, in_layer_pool(case))
 
 
@@ -196,7 +196,7 @@ def test_scale_is_applied(impl, runtime):
     """The default scale is 1 / sqrt(D); an explicit scale replaces it. One page per sequence and one KV
     head, so that among the mistakes of section 5 mostly a missing scale fails here (no rescale, no
     grouping involved)."""
-    case = make_paged_case([16, 7], 4, 1, 128, 16, device=runtime.device, seed=13)
+    case = make_paged_case([16, 7], 4, 1, 128, 16, device=runtime.device, stream=13)
     check(impl, case)  # default 1 / sqrt(128)
     check(impl, case, scale=0.3)
 
@@ -204,7 +204,7 @@ def test_scale_is_applied(impl, runtime):
 def test_output_is_normalised_by_the_softmax_sum(impl, runtime):
     """With every V row equal to 1 the output is exactly 1, whatever the scores: the weights sum to 1.
     Forgetting acc / l leaves l (>= 1) in the output."""
-    case = make_paged_case([40, 23], 4, 2, 64, 16, device=runtime.device, seed=17)
+    case = make_paged_case([40, 23], 4, 2, 64, 16, device=runtime.device, stream=17)
     real = ~torch.isnan(case.v_cache)
     case.v_cache[real] = 1.0
     out = check(impl, case)
@@ -213,7 +213,7 @@ def test_output_is_normalised_by_the_softmax_sum(impl, runtime):
 
 def test_single_token_context_returns_its_value_row(impl, runtime):
     """ctx = 1: one key, weight exactly 1, so each head's output is its KV head's single V row."""
-    case = make_paged_case([1, 1], 4, 2, 64, 16, device=runtime.device, seed=17)
+    case = make_paged_case([1, 1], 4, 2, 64, 16, device=runtime.device, stream=17)
     out = check(impl, case)
     v0 = case.v_cache[case.block_tables[:, 0].long(), 0]  # [B, Hkv, D]
     assert_close(out, v0.float().repeat_interleave(2, dim=1), DIMS)
@@ -226,10 +226,10 @@ def test_pages_are_looked_up_through_the_block_table(impl, runtime):
     """Shuffled physical pages, page 0 of the pool in use, and a prefix of full pages shared by every
     sequence (as prefix caching produces)."""
     lens = sizes(runtime, [35, 48, 70], [1000, 513, 2048, 640])
-    case = make_paged_case(lens, 8, 2, 64, 16, device=runtime.device, seed=19, shared_prefix_pages=2)
+    case = make_paged_case(lens, 8, 2, 64, 16, device=runtime.device, stream=19, shared_prefix_pages=2)
     assert (case.block_tables[:, :2] == case.block_tables[0, :2]).all()
     check(impl, case)
-    case0 = make_paged_case([40], 4, 1, 64, 16, num_blocks=3, device=runtime.device, seed=23)
+    case0 = make_paged_case([40], 4, 1, 64, 16, num_blocks=3, device=runtime.device, stream=23)
     assert 0 in case0.block_tables[0, :3].tolist(), "this case should use physical block 0"
     check(impl, case0)
     # The rows of a wider table: row stride max_pages + 5 (the kernel must use stride_bt).
@@ -245,14 +245,14 @@ def test_pages_are_looked_up_through_the_block_table(impl, runtime):
 @pytest.mark.parametrize("PAGE", [16, 32])
 def test_head_dims_and_page_sizes(impl, runtime, D, PAGE):
     lens = sizes(runtime, [2 * PAGE + 3, 5], [4000, 1, 333, 2 * PAGE])
-    case = make_paged_case(lens, 8, 2, D, PAGE, device=runtime.device, seed=D + PAGE)
+    case = make_paged_case(lens, 8, 2, D, PAGE, device=runtime.device, stream=D + PAGE)
     check(impl, case)
 
 
 def test_single_sequence_long_context(impl, runtime):
     """B = 1: the whole grid is Hkv programs, each walking every page."""
     n = sizes(runtime, 150, 32768)
-    case = make_paged_case([n], 32, 8, 128, 16, device=runtime.device, seed=29)
+    case = make_paged_case([n], 32, 8, 128, 16, device=runtime.device, stream=29)
     check(impl, case)
 
 
@@ -261,7 +261,7 @@ def test_large_ragged_batch(impl, runtime):
     gen = torch.Generator().manual_seed(seeded(31))
     B, top = (6, 60) if runtime.interpreter else (64, 3000)
     lens = torch.randint(1, top, (B,), generator=gen).tolist()
-    case = make_paged_case(lens, 32, 8, 128, 16, device=runtime.device, seed=31)
+    case = make_paged_case(lens, 32, 8, 128, 16, device=runtime.device, stream=31)
     check(impl, case)
 
 
@@ -275,7 +275,7 @@ def test_dtypes(impl, runtime, dtype):
         16,
         dtype=dtype,
         device=runtime.device,
-        seed=37,
+        stream=37,
     )
     check(impl, case)
 
@@ -299,7 +299,7 @@ def test_page_index_widened_to_int64(impl, runtime):
         D,
         PAGE,
         device=runtime.device,
-        seed=41,
+        stream=41,
         num_blocks=first + 64,
         first_block=first,
         sparse=True,
@@ -390,7 +390,7 @@ BAD_INPUTS = {
 def test_launcher_rejects_bad_input(impl, runtime, name):
     """Each bad argument raises ValueError/TypeError naming it, before any kernel runs."""
     spoil, error, names = BAD_INPUTS[name]
-    case = make_paged_case([20, 5], 4, 2, 64, 16, device=runtime.device, seed=43)
+    case = make_paged_case([20, 5], 4, 2, 64, 16, device=runtime.device, stream=43)
     args = dict(
         q=case.q,
         k_cache=case.k_cache,
@@ -405,7 +405,7 @@ def test_launcher_rejects_bad_input(impl, runtime, name):
 
 
 def test_launcher_rejects_bad_out(impl, runtime):
-    case = make_paged_case([20, 5], 4, 2, 64, 16, device=runtime.device, seed=47)
+    case = make_paged_case([20, 5], 4, 2, 64, 16, device=runtime.device, stream=47)
     with pytest.raises(ValueError, match="out"):
         impl.paged_decode(*case.args, out=torch.empty(2, 4, 32, dtype=case.q.dtype, device=runtime.device))
     with pytest.raises(TypeError, match="out"):
@@ -420,7 +420,7 @@ def test_launcher_rejects_bad_out(impl, runtime):
 def test_runs_a_triton_kernel(impl, runtime):
     """The right numbers are not enough: paged_decode must compute them with your Triton kernel, not
     with torch (gathering the pages for scaled_dot_product_attention, or a copy of the grader's oracle)."""
-    case = make_paged_case([37, 5], 8, 2, 64, 16, device=runtime.device, seed=61)
+    case = make_paged_case([37, 5], 8, 2, 64, 16, device=runtime.device, stream=61)
     assert_runs_a_triton_kernel(impl, lambda: impl.paged_decode(*case.args), "paged_decode")
 
 
@@ -430,7 +430,7 @@ def test_runs_a_triton_kernel(impl, runtime):
 def test_tolerance_rejects_zeros_and_mean_of_v(runtime):
     """Not a test of your kernel: proves the comparison fails an all-zeros output and the plain mean of
     V (a kernel that forgot the scores), so passing the other tests means something."""
-    case = make_paged_case([37, 20, 64], 8, 2, 64, 16, device=runtime.device, seed=53)
+    case = make_paged_case([37, 20, 64], 8, 2, 64, 16, device=runtime.device, stream=53)
     ref, _ = paged_attention_reference(*case.args)
     assert mismatch(torch.zeros_like(ref).half(), ref) is not None
     means = []
@@ -445,7 +445,7 @@ def test_tolerance_rejects_zeros_and_mean_of_v(runtime):
 def test_out_is_allocated_when_not_given(impl, runtime):
     """Without `out`, paged_decode allocates [B, Hq, D] in q's dtype. Last in the file: a kernel that
     stores padding rows writes past this allocation, which the canary tests above report first."""
-    case = make_paged_case([25, 3], 8, 2, 64, 16, device=runtime.device, seed=59)
+    case = make_paged_case([25, 3], 8, 2, 64, 16, device=runtime.device, stream=59)
     out = impl.paged_decode(*case.args)
     assert out.shape == case.q.shape and out.dtype == case.q.dtype and out.device == case.q.device
     ref, _ = paged_attention_reference(*case.args)

@@ -775,29 +775,29 @@ class _Replay(_Recording):
         return entry[3]
 
 
-def _record_stream(module, num_blocks, block_size, hash_name, seed, steps, echo, never_frees=False):
+def _record_stream(module, num_blocks, block_size, hash_name, stream, steps, echo, never_frees=False):
     """Runs where your code runs: the stream driven against your manager, every call written down. Stops
     at the first failure; the replay below meets the same one and reports it."""
     m = module.BlockManager(num_blocks, block_size, hash_fn=HASHES[hash_name])
     recording = _Recording(m, never_frees)
     try:
-        run_stream(recording, num_blocks, block_size, seed, steps, echo)
+        run_stream(recording, num_blocks, block_size, stream, steps, echo)
     except Exception:
         pass
     return recording.trace
 
 
-def graded_stream(impl, num_blocks, block_size, hash_name, seed, steps, echo, never_frees=False):
+def graded_stream(impl, num_blocks, block_size, hash_name, stream, steps, echo, never_frees=False):
     """The stream recorded in your process, then checked here on the record: what it saw (events)."""
-    trace = probe(impl, _record_stream, num_blocks, block_size, hash_name, seed, steps, echo, never_frees)
-    return run_stream(_Replay(trace), num_blocks, block_size, seed, steps, echo)
+    trace = probe(impl, _record_stream, num_blocks, block_size, hash_name, stream, steps, echo, never_frees)
+    return run_stream(_Replay(trace), num_blocks, block_size, stream, steps, echo)
 
 
-def run_stream(m, num_blocks, block_size, seed, steps, echo):
+def run_stream(m, num_blocks, block_size, stream, steps, echo):
     """A seeded random stream of allocate / append / free over a 3-token vocabulary, so that equal
     blocks after different prefixes, revivals, evictions and refusals all happen. With `echo`, every
     allocation is followed by the same prompt again, which must reuse every full block."""
-    rng = random.Random(seeded(seed))
+    rng = random.Random(seeded(stream))
     checker = StreamChecker(m, num_blocks, block_size)
     prompts = [[A, B, C, A, B, C, A]]
     next_id = 0
@@ -848,21 +848,21 @@ MUST_SEE = {
 }
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+@pytest.mark.parametrize("stream", [0, 1, 2, 3])
 @pytest.mark.parametrize("hash_name", list(HASHES))
-def test_random_request_streams(impl, hash_name, seed):
+def test_random_request_streams(impl, hash_name, stream):
     """Ref count = number of live tables holding the block, never negative; num_free_blocks = blocks
     with ref count 0; tables append-only; refused calls change nothing; every sequence reads its own KV;
     every block free at the end. Block sizes 1 to 4; hashes: the default, one that always collides, a
     weak one (3 values) and one that ignores the block before (the same tokens always collide)."""
-    block_size = 1 + seed
+    block_size = 1 + stream
     num_blocks = 24 // block_size + 6  # tight enough that allocations are refused and blocks evicted
     events = graded_stream(
         impl,
         num_blocks,
         block_size,
         hash_name,
-        seed=100 * seed + len(hash_name),
+        stream=100 * stream + len(hash_name),
         steps=400,
         echo=hash_name == "default",
     )
@@ -874,4 +874,4 @@ def test_stream_checker_rejects_a_manager_that_never_frees(impl):
     """Not a test of your manager: proves the stream checker fails a manager whose free() does nothing
     (recorded in your process, judged here), so that passing the random streams means something."""
     with pytest.raises(AssertionError):
-        graded_stream(impl, 10, 2, "default", seed=5, steps=50, echo=False, never_frees=True)
+        graded_stream(impl, 10, 2, "default", stream=5, steps=50, echo=False, never_frees=True)

@@ -62,7 +62,7 @@ def make_prefill_case(
     and q_lens[b] new tokens of each packed into q. A q_len = 0 sequence's whole table row is garbage: the
     kernel must not read it. `paged` goes to make_paged_case (shared_prefix_pages, sparse, num_blocks...)."""
     assert all(0 <= n <= c for n, c in zip(q_lens, context_lens))
-    case = make_paged_case(context_lens, Hq, Hkv, D, PAGE, dtype=dtype, device=device, seed=stream, **paged)
+    case = make_paged_case(context_lens, Hq, Hkv, D, PAGE, dtype=dtype, device=device, stream=stream, **paged)
     gen = torch.Generator().manual_seed(seeded(stream) + 1)
     tables = case.block_tables.clone()
     for b, n in enumerate(q_lens):

@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -317,7 +318,7 @@ def test_first_failure_points_at_the_pitfall_that_names_the_test():
     assert "each pitfall names" in explainer.where_taught(find("l2"), "test_no_such_check")
 
 
-def test_worked_example_shifts_every_base_seed(monkeypatch):
+def test_SEED_shifts_every_test_stream(monkeypatch):
     monkeypatch.delenv("SEED", raising=False)
     assert seeded(5) == 5
     monkeypatch.setenv("SEED", "3")
@@ -464,29 +465,38 @@ def test_learner_facing_text_never_names_the_source_notes():
     assert not found, "learner-facing text names the source notes:\n" + "\n".join(found[:20])
 
 
-# The references, the stubs and the engine are code a learner reads as the course's own: there the word is
-# not used even as a name (SamplingParams takes random_state); `SEED`, `seeded` and torch's manual_seed aside.
+# The references, stubs, graders and their helpers, mutants, benchmarks, the engine and the notebooks' code
+# are code a learner reads as the course's own: there the word is not used even as a name (SamplingParams
+# takes random_state, the graders' case makers a `stream` number); `SEED`, `seeded` and torch's
+# manual_seed aside. This file alone names it, to look for it.
 CODE_SEED = re.compile(rf"(?<![A-Za-z_]){NOTES_WORD}(?![A-Za-z_])")
 
 
 def _course_code():
+    """(where, text) for every piece of course code; the stubs as committed, not as a learner edited them."""
+    import json
+
     for lesson in LESSONS:
-        yield lesson.solution
-        yield lesson.stub
-    yield from sorted((ROOT / "drills" / "engine").glob("*.py"))
+        yield lesson.solution, None
+        yield lesson.stub, contract.pristine_stub_source(lesson)
+        for i, cell in enumerate(json.loads(lesson.notebook.read_text())["cells"]):
+            if cell["cell_type"] == "code":
+                yield f"{grading.relative(lesson.notebook)} cell {i}", "".join(cell["source"])
+    for folder in ("engine", "tests", "mutants", "benchmarks"):
+        for path in sorted((ROOT / "drills" / folder).glob("*.py")):
+            if path.name != Path(__file__).name:
+                yield path, None
 
 
-def test_references_stubs_and_engine_never_use_the_word():
+def test_course_code_never_uses_the_word():
     found = []
-    for path in _course_code():
-        text = (
-            contract.pristine_stub_source(find(path.stem.split("_")[0]))
-            if path.parent.name == "mine"
-            else None
-        )
-        for n, line in enumerate((text or path.read_text()).splitlines(), 1):
+    for where, text in _course_code():
+        if text is None:
+            text = where.read_text()
+            where = where.relative_to(ROOT)
+        for n, line in enumerate(text.splitlines(), 1):
             if CODE_SEED.search(line):
-                found.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
+                found.append(f"{where}:{n}: {line.strip()}")
     assert not found, "the word appears in code a learner reads:\n" + "\n".join(found[:20])
     assert CODE_SEED.search(f"    {NOTES_WORD}: int | None = None") and not CODE_SEED.search("seeded(5) SEED")
 

@@ -28,8 +28,8 @@ def padded(values: torch.Tensor, fill: float) -> torch.Tensor:
     return buffer[PAD : PAD + n]  # [n], data_ptr PAD elements into the buffer
 
 
-def make_inputs(n, dtype, device, seed):
-    gen = torch.Generator().manual_seed(seeded(seed))
+def make_inputs(n, dtype, device, stream):
+    gen = torch.Generator().manual_seed(seeded(stream))
     x = torch.randn(n, generator=gen).to(dtype).to(device)  # [n]
     y = torch.randn(n, generator=gen).to(dtype).to(device)  # [n]
     return padded(x, float("nan")), padded(y, float("nan"))
@@ -138,14 +138,14 @@ EDGE_SIZES = [1, 2, 3] + [b + d for b in (256, 512, 1024, 2048, 4096) for d in (
 def test_last_block_is_masked(impl, runtime, n):
     """n not a multiple of BLOCK: the last program's tail lanes must not touch memory past element n - 1
     (the canary around out), and n = 1 must still launch one program."""
-    check(impl, *make_inputs(n, torch.float32, runtime.device, seed=n))
+    check(impl, *make_inputs(n, torch.float32, runtime.device, stream=n))
 
 
 @pytest.mark.parametrize("n", [98_437, 12_289, 40_000])
 def test_each_program_adds_its_own_block(impl, runtime, n):
     """Many programs, n not a power of two: offsets start at pid * BLOCK (without it every program adds
     block 0), and the grid rounds up (with n // BLOCK the tail is never written)."""
-    check(impl, *make_inputs(n, torch.float16, runtime.device, seed=n))
+    check(impl, *make_inputs(n, torch.float16, runtime.device, stream=n))
 
 
 @pytest.mark.parametrize(
@@ -153,13 +153,13 @@ def test_each_program_adds_its_own_block(impl, runtime, n):
 )
 def test_dtypes(impl, runtime, dtype):
     n = sizes(runtime, 5_000, 1_000_003)
-    check(impl, *make_inputs(n, dtype, runtime.device, seed=7))
+    check(impl, *make_inputs(n, dtype, runtime.device, stream=7))
 
 
 def test_out_is_allocated_when_not_given(impl, runtime):
     """Without `out`, vector_add allocates [n] in x's dtype. n = 3 * 4096 is a multiple of every BLOCK up
     to 4096, so a missing mask is reported by the canary tests above, not by a write past this allocation."""
-    x, y = make_inputs(3 * 4096, torch.float16, runtime.device, seed=11)
+    x, y = make_inputs(3 * 4096, torch.float16, runtime.device, stream=11)
     out = impl.vector_add(x, y)
     assert out.shape == x.shape and out.dtype == x.dtype and out.device == x.device
     assert_close(out, x.float() + y.float(), DIMS)
@@ -167,7 +167,7 @@ def test_out_is_allocated_when_not_given(impl, runtime):
 
 def test_out_may_alias_an_input(impl, runtime):
     """In place, x += y: every element is read before it is written, by the same program."""
-    x, y = make_inputs(5_003, torch.float32, runtime.device, seed=13)
+    x, y = make_inputs(5_003, torch.float32, runtime.device, stream=13)
     expected = x.float() + y.float()
     returned = impl.vector_add(x, y, out=x)
     assert returned.data_ptr() == x.data_ptr()
@@ -230,7 +230,7 @@ BAD_INPUTS = {
 def test_launcher_rejects_bad_input(impl, runtime, name):
     """Each bad argument raises ValueError/TypeError naming it, before any kernel runs."""
     spoil, error, names = BAD_INPUTS[name]
-    x, y = make_inputs(64, torch.float32, runtime.device, seed=17)
+    x, y = make_inputs(64, torch.float32, runtime.device, stream=17)
     args = dict(x=x, y=y)
     args.update(spoil(args))
     with record_launches(impl) as launches, pytest.raises(error, match=names):
@@ -241,7 +241,7 @@ def test_launcher_rejects_bad_input(impl, runtime, name):
 @pytest.mark.parametrize("BLOCK", [3, 0, 1000, 2.0])
 def test_launch_rejects_block_not_a_power_of_two(impl, runtime, BLOCK):
     """tl.arange(0, BLOCK) needs a power of two: _launch says so, naming BLOCK, before launching."""
-    x, y = make_inputs(64, torch.float32, runtime.device, seed=17)
+    x, y = make_inputs(64, torch.float32, runtime.device, stream=17)
     with record_launches(impl) as launches, pytest.raises(ValueError, match="BLOCK"):
         impl._launch(x, y, torch.empty_like(x), BLOCK=BLOCK)
     assert not launches.calls, "the error must come before any kernel is launched"
@@ -253,7 +253,7 @@ def test_launch_rejects_block_not_a_power_of_two(impl, runtime, BLOCK):
 def test_runs_a_triton_kernel(impl, runtime):
     """The right numbers are not enough: vector_add must compute them with your Triton kernel, not with
     torch (x + y, or a copy of the grader's oracle)."""
-    x, y = make_inputs(1_000, torch.float32, runtime.device, seed=23)
+    x, y = make_inputs(1_000, torch.float32, runtime.device, stream=23)
     assert_runs_a_triton_kernel(impl, lambda: impl.vector_add(x, y), "vector_add")
 
 
@@ -263,7 +263,7 @@ def test_runs_a_triton_kernel(impl, runtime):
 def test_tolerance_rejects_zeros_and_x_alone(runtime):
     """Not a test of your kernel: proves the comparison fails an all-zeros output and x alone (y
     forgotten), so passing the other tests means something."""
-    x, y = make_inputs(4_097, torch.float16, runtime.device, seed=19)
+    x, y = make_inputs(4_097, torch.float16, runtime.device, stream=19)
     ref = x.float() + y.float()
     assert mismatch(torch.zeros_like(x), ref) is not None
     assert mismatch(x, ref) is not None

@@ -83,8 +83,8 @@ def assert_stats_close(m, l, m_ref, l_ref, dims=("row",), **tol):
     assert_close(l, l_ref, dims, **tol)
 
 
-def randn(shape, runtime, seed, dtype=torch.float32, scale=1.0):
-    gen = torch.Generator().manual_seed(seeded(seed))
+def randn(shape, runtime, stream, dtype=torch.float32, scale=1.0):
+    gen = torch.Generator().manual_seed(seeded(stream))
     return (scale * torch.randn(shape, generator=gen)).to(dtype).to(runtime.device)
 
 
@@ -190,7 +190,7 @@ def test_old_sum_is_rescaled_when_the_max_grows(impl, runtime):
     must be multiplied by exp(m_old - m_new), an exponential (not the difference, not 1)."""
     M, N = sizes(runtime, (4, 100), (300, 5000))
     ramp = torch.linspace(-3.0, 9.0, N, device=runtime.device)
-    x = ramp + 0.5 * randn((M, N), runtime, seed=1)
+    x = ramp + 0.5 * randn((M, N), runtime, stream=1)
     for block in sizes(runtime, [16], [16, 256]):
         check_trace(impl, x, block)
         check_stats(impl, x, block=block)
@@ -202,7 +202,7 @@ def test_first_block_starts_from_minus_inf(impl, runtime):
     and every p = 0. N is a multiple of the block: no padding lane takes part."""
     M, N = sizes(runtime, (3, 48), (257, 3008))
     for offset in (-3.0, -300.0):
-        x = offset - randn((M, N), runtime, seed=2).abs()
+        x = offset - randn((M, N), runtime, stream=2).abs()
         check_trace(impl, x, 16)
         check_stats(impl, x, block=16)
         check_softmax(impl, x, block=16)
@@ -213,7 +213,7 @@ def test_large_magnitudes_do_not_overflow(impl, runtime):
     the running max before exp."""
     M, N = sizes(runtime, (4, 100), (1823, 781))
     for dtype in (torch.float32, torch.float16):
-        x = randn((M, N), runtime, seed=3, dtype=dtype, scale=1e4)
+        x = randn((M, N), runtime, stream=3, dtype=dtype, scale=1e4)
         check_stats(impl, x, block=16)
         check_softmax(impl, x, block=16)
 
@@ -222,7 +222,7 @@ def test_minus_inf_entries(impl, runtime):
     """Masked entries (-inf) anywhere, including whole leading blocks of a row: the state stays
     (-inf, 0) until the first finite entry, without computing -inf - (-inf) = NaN."""
     M, N = sizes(runtime, (5, 70), (512, 4000))
-    x = randn((M, N), runtime, seed=4)
+    x = randn((M, N), runtime, stream=4)
     gen = torch.Generator().manual_seed(seeded(4))
     x[(torch.rand(M, N, generator=gen) < 0.3).to(runtime.device)] = NEG_INF
     x[1, :40] = NEG_INF  # the first blocks of row 1 hold nothing
@@ -236,7 +236,7 @@ def test_minus_inf_entries(impl, runtime):
 def test_row_of_only_minus_inf_is_the_empty_state(impl, runtime):
     """A fully masked row has no distribution: its stats are defined as m = -inf, l = 0 (no NaN), and
     online_softmax writes zeros for it (torch.softmax would write NaN)."""
-    x = randn((3, 40), runtime, seed=5)
+    x = randn((3, 40), runtime, stream=5)
     x[1] = NEG_INF
     for block in (None, 16):
         m, l = check_stats(impl, x, block=block)
@@ -249,7 +249,7 @@ def test_last_block_is_masked(impl, runtime):
     """N is not a multiple of the block, and the columns past each row's end are NaN. Lanes past the end
     must read -inf, not 0: every real entry is negative here, so a 0 would win the max."""
     M, N = sizes(runtime, (4, 37), (700, 1001))
-    x = poisoned_view(-1.0 - randn((M, N), runtime, seed=6).abs())
+    x = poisoned_view(-1.0 - randn((M, N), runtime, stream=6).abs())
     for block in (8, 16, 64):
         check_stats(impl, x, block=block)
         check_trace(impl, x, block)
@@ -263,7 +263,7 @@ def test_rows_are_read_through_their_strides(impl, runtime):
     every block here, so no mask is involved."""
     M, N = sizes(runtime, (5, 64), (300, 4096))
     wide = torch.full((M, N + 24), 50.0, device=runtime.device)  # [M, N + 24]
-    wide[:, 8 : 8 + N] = randn((M, N), runtime, seed=26, scale=3.0)
+    wide[:, 8 : 8 + N] = randn((M, N), runtime, stream=26, scale=3.0)
     x = wide[:, 8 : 8 + N]  # [M, N], rows N + 24 apart
     assert x.stride() == (N + 24, 1)
     for block in (16, None):
@@ -275,7 +275,7 @@ def test_rows_are_read_through_their_strides(impl, runtime):
 @pytest.mark.parametrize("shape", [(1, 1), (1, 5), (7, 100), (3, 781)], ids=str)
 def test_non_power_of_two_shapes(impl, runtime, shape):
     """Rows of 1, 5, 100 and 781 columns with the default block and with 16-column blocks."""
-    x = randn(shape, runtime, seed=sum(shape), scale=3.0)
+    x = randn(shape, runtime, stream=sum(shape), scale=3.0)
     for block in (None, 16):
         check_stats(impl, x, block=block)
         check_softmax(impl, x, block=block)
@@ -288,11 +288,11 @@ def test_large_non_power_of_two_sizes(impl, runtime):
             "GPU only: 1.4M and 6.4M elements take minutes in the interpreter "
             "(test_non_power_of_two_shapes covers the same edges small)"
         )
-    x = randn((1823, 781), runtime, seed=7, scale=4.0)
+    x = randn((1823, 781), runtime, stream=7, scale=4.0)
     for block in (None, 128):
         check_stats(impl, x, block=block)
         check_softmax(impl, x, block=block)
-    x = randn((64, 100003), runtime, seed=8, scale=4.0)
+    x = randn((64, 100003), runtime, stream=8, scale=4.0)
     check_stats(impl, x)
     check_softmax(impl, x, splits=16)
 
@@ -302,7 +302,7 @@ def test_large_non_power_of_two_sizes(impl, runtime):
 )
 def test_dtypes(impl, runtime, dtype):
     """Statistics are fp32 whatever x is; p comes back in x's dtype."""
-    x = randn(sizes(runtime, (5, 90), (1823, 781)), runtime, seed=9, dtype=dtype, scale=3.0)
+    x = randn(sizes(runtime, (5, 90), (1823, 781)), runtime, stream=9, dtype=dtype, scale=3.0)
     check_stats(impl, x, block=32)
     out = check_softmax(impl, x, block=32)
     assert out.dtype == dtype, f"online_softmax must return x's dtype {dtype}, got {out.dtype}"
@@ -311,9 +311,9 @@ def test_dtypes(impl, runtime, dtype):
 # --- Section 5 "Pitfalls": merging states -------------------------------------------------------------
 
 
-def random_states(runtime, shape, seed):
+def random_states(runtime, shape, stream):
     """Valid states (m, l) with maxes spread over +-20: each l >= 1, as a real state's is."""
-    gen = torch.Generator().manual_seed(seeded(seed))
+    gen = torch.Generator().manual_seed(seeded(stream))
     m = 20 * torch.randn(shape, generator=gen)
     l = 1 + 50 * torch.rand(shape, generator=gen)
     return m.to(runtime.device), l.to(runtime.device)
@@ -322,7 +322,7 @@ def random_states(runtime, shape, seed):
 def test_merge_matches_one_shot_union(impl, runtime):
     """The stats of the left and right parts of each row, merged, equal the stats of the whole row."""
     M, N = sizes(runtime, (4, 90), (1000, 5000))
-    x = randn((M, N), runtime, seed=10, scale=3.0)
+    x = randn((M, N), runtime, stream=10, scale=3.0)
     x[0, :50] += 10.0  # the max on the left in row 0
     x[1, 50:] += 10.0  # on the right in row 1
     for cut in (1, 37, 50, N - 1):
@@ -334,8 +334,8 @@ def test_merge_matches_one_shot_union(impl, runtime):
 def test_merge_shifts_to_the_larger_max(impl, runtime):
     """Each l is relative to its own max: before adding, both must be rescaled to the common max
     m = max(m_a, m_b). With maxes far apart, the smaller state's share underflows to 0, not to NaN."""
-    m_a, l_a = random_states(runtime, (64,), seed=11)
-    m_b, l_b = random_states(runtime, (64,), seed=12)
+    m_a, l_a = random_states(runtime, (64,), stream=11)
+    m_b, l_b = random_states(runtime, (64,), stream=12)
     m_b[:8] = m_a[:8] + 1e4  # b dominates completely
     m_b[8:16] = m_a[8:16]  # equal maxes: the sums simply add
     m, l = impl.merge_stats(m_a, l_a, m_b, l_b)
@@ -361,8 +361,8 @@ def test_merge_with_maxes_beyond_fp32_exp_range(impl, runtime):
 
 
 def test_merge_is_commutative(impl, runtime):
-    m_a, l_a = random_states(runtime, (100,), seed=13)
-    m_b, l_b = random_states(runtime, (100,), seed=14)
+    m_a, l_a = random_states(runtime, (100,), stream=13)
+    m_b, l_b = random_states(runtime, (100,), stream=14)
     ab = impl.merge_stats(m_a, l_a, m_b, l_b)
     ba = impl.merge_stats(m_b, l_b, m_a, l_a)
     assert_stats_close(*ab, *merge_reference(m_a, l_a, m_b, l_b))
@@ -371,7 +371,7 @@ def test_merge_is_commutative(impl, runtime):
 
 def test_merge_is_associative(impl, runtime):
     """(a + b) + c = a + (b + c): any tree of merges gives the same state, which split softmax relies on."""
-    a, b, c = (random_states(runtime, (100,), seed=s) for s in (15, 16, 17))
+    a, b, c = (random_states(runtime, (100,), stream=s) for s in (15, 16, 17))
     left = impl.merge_stats(*impl.merge_stats(*a, *b), *c)
     right = impl.merge_stats(*a, *impl.merge_stats(*b, *c))
     assert_stats_close(*left, *merge_reference(*merge_reference(*a, *b), *c))
@@ -381,7 +381,7 @@ def test_merge_is_associative(impl, runtime):
 def test_merge_with_the_empty_state_is_identity(impl, runtime):
     """(-inf, 0) is what a split with no columns holds. Merged with (m, l) it gives (m, l); two empty
     states give the empty state, not -inf - (-inf) = NaN."""
-    m_a, l_a = random_states(runtime, (10,), seed=18)
+    m_a, l_a = random_states(runtime, (10,), stream=18)
     m_e = torch.full_like(m_a, NEG_INF)
     l_e = torch.zeros_like(l_a)
     assert_stats_close(*impl.merge_stats(m_a, l_a, m_e, l_e), m_a, l_a)
@@ -392,8 +392,8 @@ def test_merge_with_the_empty_state_is_identity(impl, runtime):
 def test_merge_takes_any_shape(impl, runtime):
     """States are elementwise: a [3, 5] state (say, 3 heads x 5 query rows) merges lane by lane, and the
     result keeps the shape."""
-    a = random_states(runtime, (3, 5), seed=19)
-    b = random_states(runtime, (3, 5), seed=20)
+    a = random_states(runtime, (3, 5), stream=19)
+    b = random_states(runtime, (3, 5), stream=20)
     m, l = impl.merge_stats(*a, *b)
     assert_stats_close(m, l, *merge_reference(*a, *b), dims=("head", "row"))
 
@@ -406,7 +406,7 @@ def test_splits_match_one_pass(impl, runtime, splits):
     """Each split scans N / splits columns; merged, the states equal the one-pass state. With 16 splits
     of 16-column blocks over 100 columns, the last splits hold no columns at all (empty states)."""
     M, N = sizes(runtime, (3, 100), (256, 30000))
-    x = randn((M, N), runtime, seed=21, scale=3.0)
+    x = randn((M, N), runtime, stream=21, scale=3.0)
     x[0, -5:] += 20.0  # row 0's max in the last split
     x[1, :5] += 20.0  # row 1's in the first
     check_stats(impl, x, block=16, splits=splits)
@@ -418,7 +418,7 @@ def test_probabilities_use_the_final_state(impl, runtime):
     is finished (one split's, or the running state at the time a block is written) leaves p unnormalised.
     The max sits at the very end of every row here."""
     M, N = sizes(runtime, (3, 64), (128, 8192))
-    x = randn((M, N), runtime, seed=22)
+    x = randn((M, N), runtime, stream=22)
     x[:, -1] = 8.0
     check_softmax(impl, x, block=8, splits=4)
     check_softmax(impl, x, block=8)
@@ -426,7 +426,7 @@ def test_probabilities_use_the_final_state(impl, runtime):
 
 def test_rows_sum_to_one(impl, runtime):
     """Every p is divided by the row's l, so each row of the output sums to 1."""
-    x = randn(sizes(runtime, (4, 50), (1000, 3000)), runtime, seed=23, scale=2.0)
+    x = randn(sizes(runtime, (4, 50), (1000, 3000)), runtime, stream=23, scale=2.0)
     out = check_softmax(impl, x, block=16)
     assert_close(out.float().sum(dim=1), torch.ones(x.shape[0]), ("row",))
 
@@ -552,7 +552,7 @@ def test_merge_rejects_bad_input(impl, runtime, name):
 def test_runs_a_triton_kernel(impl, runtime, function):
     """The right numbers are not enough: each function must compute them with your Triton kernels, not
     with torch (torch.logsumexp, torch.softmax, or a copy of the grader's oracle)."""
-    x = randn((4, 100), runtime, seed=40)
+    x = randn((4, 100), runtime, stream=40)
     calls = {
         "softmax_stats": lambda: impl.softmax_stats(x),
         "softmax_stats_trace": lambda: impl.softmax_stats_trace(x, 32),
@@ -570,7 +570,7 @@ def test_runs_a_triton_kernel(impl, runtime, function):
 def test_tolerance_rejects_zeros_and_uniform(runtime):
     """Not a test of your kernels: proves the comparisons fail an all-zeros output, a uniform 1/N output
     and all-zero stats, so passing the other tests means something."""
-    x = randn((8, 100), runtime, seed=24, scale=3.0)
+    x = randn((8, 100), runtime, stream=24, scale=3.0)
     ref = softmax_reference(x)
     assert mismatch(torch.zeros_like(ref), ref) is not None
     assert mismatch(torch.full_like(ref, 1 / x.shape[1]), ref) is not None
@@ -584,7 +584,7 @@ def test_tolerance_rejects_zeros_and_uniform(runtime):
 
 def test_out_is_allocated_when_not_given(impl, runtime):
     """Without `out`, online_softmax allocates [M, N] in x's dtype."""
-    x = randn((3, 30), runtime, seed=25, dtype=torch.float16)
+    x = randn((3, 30), runtime, stream=25, dtype=torch.float16)
     out = impl.online_softmax(x)
     assert out.shape == x.shape and out.dtype == x.dtype and out.device == x.device
     assert_close(out, softmax_reference(x), ("row", "col"))

@@ -26,11 +26,11 @@ CANARY = 1234.5  # exactly representable in fp16, bf16 and fp32
 LSE_TOL = dict(atol=1e-3, rtol=1e-4, rel=1e-4)
 
 
-def make_qkv(B, H, Hkv, Nq, Nk, D, dtype=torch.float16, device="cpu", seed=0, heads_last=False):
+def make_qkv(B, H, Hkv, Nq, Nk, D, dtype=torch.float16, device="cpu", stream=0, heads_last=False):
     """Random q [B, H, Nq, D] and k, v [B, Hkv, Nk, D], each a view into a NaN-padded buffer.
     heads_last: the buffers are [B, N, heads, D] (as a fused QKV projection leaves them), so the views
     have strides (N * heads * D, D, heads * D, 1) instead of the contiguous ones."""
-    gen = torch.Generator().manual_seed(seeded(seed))
+    gen = torch.Generator().manual_seed(seeded(stream))
 
     def one(heads, n):
         shape = (B, n + PAD, heads, D) if heads_last else (B, heads, n + PAD, D)
@@ -42,12 +42,12 @@ def make_qkv(B, H, Hkv, Nq, Nk, D, dtype=torch.float16, device="cpu", seed=0, he
     return one(H, Nq), one(Hkv, Nk), one(Hkv, Nk)
 
 
-def packed_qkv(B, H, Hkv, N, D, device="cpu", seed=0):
+def packed_qkv(B, H, Hkv, N, D, device="cpu", stream=0):
     """q [B, H, N, D] and k, v [B, Hkv, N, D] as the three parts of one fused QKV projection's output
     [B, N, (H + 2 Hkv) * D], each viewed as [B, heads, N, D]: strides (N W, D, W, 1) with W = (H + 2 Hkv) D,
     none of them what a contiguous tensor would have. Nothing follows the buffer, so the last batch's
     rows end at its last element: a load of a row past N reads outside every tensor."""
-    gen = torch.Generator().manual_seed(seeded(seed))
+    gen = torch.Generator().manual_seed(seeded(stream))
     W = (H + 2 * Hkv) * D
     buf = torch.randn(B, N, W, generator=gen).to(torch.float16).to(device)  # [B, N, W]
 
@@ -194,7 +194,7 @@ def test_worked_example_state_after_each_key_block(impl, runtime):
 @pytest.mark.parametrize("Nq,Nk", [(37, 100), (5, 17), (1, 1), (40, 33)])
 def test_keys_not_a_multiple_of_the_block(impl, runtime, Nq, Nk):
     """Nq and Nk that no block size divides: the last query block and the last key block are partial."""
-    q, k, v = make_qkv(1, 2, 2, Nq, Nk, 64, device=runtime.device, seed=Nq * 1000 + Nk)
+    q, k, v = make_qkv(1, 2, 2, Nq, Nk, 64, device=runtime.device, stream=Nq * 1000 + Nk)
     check(impl, q, k, v)
 
 
@@ -202,7 +202,7 @@ def test_keys_not_a_multiple_of_the_block(impl, runtime, Nq, Nk):
 def test_last_key_block_is_masked(impl, runtime, causal):
     """Keys past Nk must score -inf, not merely load as zeros: here every real score is negative, so a
     zero-filled key (score 0) would outweigh all of them. (Reading them unmasked reads NaN.)"""
-    q, k, v = make_qkv(1, 2, 2, 20, 35, 64, device=runtime.device, seed=3)
+    q, k, v = make_qkv(1, 2, 2, 20, 35, 64, device=runtime.device, stream=3)
     q.copy_(q.abs())
     k.copy_(-k.abs())
     check(impl, q, k, v, causal=causal)
@@ -212,7 +212,7 @@ def test_last_key_block_is_masked(impl, runtime, causal):
 def test_k_is_read_through_its_strides(impl, runtime, causal):
     """q, k, v as [B, N, heads, D] buffers viewed as [B, heads, N, D]: only the last dimension is
     contiguous. A kernel that assumes contiguous tensors, or swaps K's strides, reads other elements."""
-    q, k, v = make_qkv(2, 2, 2, 33, 50, 64, device=runtime.device, seed=5, heads_last=True)
+    q, k, v = make_qkv(2, 2, 2, 33, 50, 64, device=runtime.device, stream=5, heads_last=True)
     assert not q.is_contiguous() and k.stride(2) == 2 * 64 and q.stride(2) == 2 * 64
     check(impl, q, k, v, causal=causal)
 
@@ -223,7 +223,7 @@ def test_q_k_v_are_read_through_their_strides(impl, runtime, causal):
     differs from a contiguous tensor's (rows (H + 2 Hkv) D elements apart, heads D apart, batches N rows
     apart). A kernel that computes an offset from the shape instead of the strides reads other rows,
     heads or batches. The last query block of the last batch is partial and nothing follows the buffer."""
-    q, k, v = packed_qkv(2, 2, 2, 45, 32, device=runtime.device, seed=67)
+    q, k, v = packed_qkv(2, 2, 2, 45, 32, device=runtime.device, stream=67)
     assert q.stride(2) == 6 * 32 and k.stride(1) == 32 and not k.is_contiguous()
     check(impl, q, k, v, causal=causal)
 
@@ -234,7 +234,7 @@ def test_running_max_starts_at_minus_inf(impl, runtime, causal):
     -inf: started at 0, it stays 0, every exp2(s - 0) underflows to 0 (2^-184 is below fp32's smallest
     number), and the output is 0 (with lse 0). Any start value at all is harmless as long as it is not
     above the scores, which is why only scores this far below zero show it."""
-    q, k, v = make_qkv(1, 2, 2, 20, 50, 64, device=runtime.device, seed=71)
+    q, k, v = make_qkv(1, 2, 2, 20, 50, 64, device=runtime.device, stream=71)
     q[..., 0] = 32.0
     k[..., 0] = -32.0  # q . k = -1024 + (63 random products), times 1/8
     scores = q.float() @ k.float().transpose(-1, -2) / 8.0  # [1, 2, 20, 50]
@@ -246,7 +246,7 @@ def test_online_softmax_rescales_old_blocks(impl, runtime):
     """Scores rise with the key position, so the running max grows block after block: dropping the
     rescale factor alpha = exp2(m_old - m_new) leaves early blocks over-weighted by up to e^11."""
     Nq, Nk, D = 20, sizes(runtime, 90, 1000), 64
-    q, k, v = make_qkv(1, 1, 1, Nq, Nk, D, device=runtime.device, seed=7)
+    q, k, v = make_qkv(1, 1, 1, Nq, Nk, D, device=runtime.device, stream=7)
     q0 = q[0, 0, 0].float()  # [D]; every query row is close to it
     q.copy_((q0 + 0.1 * q[0, 0].float()).to(q.dtype))
     ramp = torch.linspace(0.5, 12.0, Nk, device=runtime.device)[:, None]  # score of key j
@@ -256,7 +256,7 @@ def test_online_softmax_rescales_old_blocks(impl, runtime):
 
 def test_scale_is_applied(impl, runtime):
     """The default scale is 1 / sqrt(D), folded with log2(e) into the scores; an explicit one replaces it."""
-    q, k, v = make_qkv(1, 2, 2, 24, 40, 128, device=runtime.device, seed=9)
+    q, k, v = make_qkv(1, 2, 2, 24, 40, 128, device=runtime.device, stream=9)
     check(impl, q, k, v)
     check(impl, q, k, v, scale=0.3)
 
@@ -265,7 +265,7 @@ def test_scale_is_applied(impl, runtime):
 def test_output_is_normalised_by_the_softmax_sum(impl, runtime, causal):
     """With every V row equal to 1 the output is exactly 1, whatever the scores: the weights sum to 1.
     Forgetting acc / l leaves l (>= 1) in the output."""
-    q, k, v = make_qkv(1, 2, 2, 30, 50, 64, device=runtime.device, seed=11)
+    q, k, v = make_qkv(1, 2, 2, 30, 50, 64, device=runtime.device, stream=11)
     v.fill_(1.0)
     out = check(impl, q, k, v, causal=causal)
     assert_close(out, torch.ones(out.shape), DIMS)
@@ -280,7 +280,7 @@ def test_lse_is_natural_log(impl, runtime, causal, Nq, Nk):
     """lse must be log(sum(exp(scaled masked scores))) in base e: the kernel works in base 2 (exp2), so
     its m + log2(l) must be multiplied by ln 2 on the way out. A row that sees no key (Nq > Nk,
     causal) has lse = -inf. GQA here (H = 2, Hkv = 1), as everywhere in the last stage."""
-    q, k, v = make_qkv(2, 2, 1, Nq, Nk, 64, device=runtime.device, seed=13 + Nq)
+    q, k, v = make_qkv(2, 2, 1, Nq, Nk, 64, device=runtime.device, stream=13 + Nq)
     out, lse = attend(impl, q, k, v, causal=causal, return_lse=True)
     ref, ref_lse = attention_reference(q, k, v, causal)
     assert lse.dtype == torch.float32 and lse.shape == q.shape[:3], f"lse: {lse.dtype} {tuple(lse.shape)}"
@@ -295,7 +295,7 @@ def test_rows_past_nq_not_written(impl, runtime, causal, Nq, Nk):
     the end of out. out and lse are views into canary-filled buffers (every other test does the same
     first, through `attend`, before it calls flash_attention). lse is stored through the same mask;
     test_lse_is_natural_log checks its values."""
-    q, k, v = make_qkv(2, 2, 2, Nq, Nk, 64, device=runtime.device, seed=Nq + causal)
+    q, k, v = make_qkv(2, 2, 2, Nq, Nk, 64, device=runtime.device, stream=Nq + causal)
     out, _ = launch_into_canary(impl, q, k, v, causal, 0.125)
     assert_close(out, attention_reference(q, k, v, causal)[0], DIMS)
 
@@ -305,7 +305,7 @@ def test_rows_past_nq_not_written(impl, runtime, causal, Nq, Nk):
 def test_any_block_shape(impl, runtime, config, causal):
     """BLOCK_M and BLOCK_N are independent: with BLOCK_M > BLOCK_N several key blocks cross one query
     block's diagonal; with BLOCK_M < BLOCK_N one key block crosses several query blocks' diagonals."""
-    q, k, v = make_qkv(1, 2, 2, 45, 77, 64, device=runtime.device, seed=17)
+    q, k, v = make_qkv(1, 2, 2, 45, 77, 64, device=runtime.device, stream=17)
     out, _ = launch_into_canary(impl, q, k, v, causal, 0.125, config=(*config, 4, 2))
     assert_close(out, attention_reference(q, k, v, causal)[0], DIMS)
 
@@ -315,7 +315,7 @@ def test_keys_are_walked_block_by_block(impl, runtime):
     every key (BLOCK_N = next_pow2(Nk), a plain softmax) is right for short sequences and cannot run
     long ones (its tile grows with Nk). The launch must use the config it is given, and by default a
     BLOCK_N smaller than a sequence of a few hundred keys: several key blocks per query block."""
-    q, k, v = make_qkv(1, 2, 2, 45, 77, 64, device=runtime.device, seed=73)
+    q, k, v = make_qkv(1, 2, 2, 45, 77, 64, device=runtime.device, stream=73)
     with record_launches(impl) as launches:
         launch_into_canary(impl, q, k, v, False, 0.125, config=(16, 16, 4, 1))
     kernels = [c for c in launches.calls if c.name == "flash_attention_kernel"]
@@ -330,7 +330,7 @@ def test_keys_are_walked_block_by_block(impl, runtime):
             f"grid {c.grid} for Nq = 45, BLOCK_M = 16, B * H = 2; expected (3, 2, 1)"
         )
     Nk = sizes(runtime, 100, 1000)
-    q, k, v = make_qkv(1, 2, 2, 64, Nk, 64, device=runtime.device, seed=79)
+    q, k, v = make_qkv(1, 2, 2, 64, Nk, 64, device=runtime.device, stream=79)
     with record_launches(impl) as launches:
         impl.flash_attention(q, k, v)
     kernels = [c for c in launches.calls if c.name == "flash_attention_kernel"]
@@ -350,14 +350,14 @@ def test_causal_is_aligned_bottom_right(impl, runtime, Nq, Nk):
     """Query i sees keys j <= i + Nk - Nq: with Nq < Nk the queries are the last Nq positions (a chunk
     of a prompt after a cached prefix), so the last query sees every key. Top-left alignment
     (j <= i) agrees only when Nq == Nk."""
-    q, k, v = make_qkv(1, 2, 2, Nq, Nk, 64, device=runtime.device, seed=19 + Nq + Nk)
+    q, k, v = make_qkv(1, 2, 2, Nq, Nk, 64, device=runtime.device, stream=19 + Nq + Nk)
     check(impl, q, k, v, causal=True)
 
 
 def test_first_causal_row_sees_only_key_0(impl, runtime):
     """With Nq == Nk, query 0 sees key 0 alone: its output is exactly V[0]. A mask written j < i
     leaves it nothing (0 or NaN); one written j <= i + 1 lets it see key 1."""
-    q, k, v = make_qkv(1, 2, 2, 40, 40, 64, device=runtime.device, seed=23)
+    q, k, v = make_qkv(1, 2, 2, 40, 40, 64, device=runtime.device, stream=23)
     out = check(impl, q, k, v, causal=True)
     assert_close(out[:, :, 0], v[:, :, 0].float(), ("b", "head", "d"))
 
@@ -367,7 +367,7 @@ def test_fully_masked_rows_are_zero_not_nan(impl, runtime, Nq, Nk):
     """Nq > Nk, causal: the first Nq - Nk queries see no key at all. Their output must be 0 and their
     lse -inf (test_lse_is_natural_log checks it), never NaN (m = -inf makes exp2(m - m_new) and acc / l
     both 0/0 if unguarded). The rows after them see 1, 2, ... keys: query Nq - Nk sees key 0 alone."""
-    q, k, v = make_qkv(1, 2, 2, Nq, Nk, 64, device=runtime.device, seed=29 + Nk)
+    q, k, v = make_qkv(1, 2, 2, Nq, Nk, 64, device=runtime.device, stream=29 + Nk)
     out = attend(impl, q, k, v, causal=True)
     empty = Nq - Nk
     assert not torch.isnan(out).any(), "NaN in out: a row that sees no key divided 0 by 0"
@@ -383,7 +383,7 @@ def test_negative_causal_shift_is_not_clamped(impl, runtime):
     row sees 25 keys too many. Only the rows that see at least one key are compared here (rows 25-69);
     the empty ones are test_fully_masked_rows_are_zero_not_nan's."""
     Nq, Nk = 70, 45
-    q, k, v = make_qkv(1, 2, 2, Nq, Nk, 64, device=runtime.device, seed=83)
+    q, k, v = make_qkv(1, 2, 2, Nq, Nk, 64, device=runtime.device, stream=83)
     out, _ = launch_into_canary(impl, q, k, v, True, 0.125)  # lse has its own test (test_lse_is_natural_log)
     ref, _ = attention_reference(q, k, v, causal=True, scale=0.125)
     seen = slice(Nq - Nk, Nq)
@@ -402,14 +402,14 @@ def test_negative_causal_shift_is_not_clamped(impl, runtime):
 def test_kv_head_grouping_is_contiguous(impl, runtime, H, Hkv, causal):
     """Query head h reads KV head h // GROUP, not h % Hkv (interleaved). The checks of the first two
     stages have H = Hkv; here H > Hkv, and once with the causal mask."""
-    q, k, v = make_qkv(1, H, Hkv, 21, 40, 32, device=runtime.device, seed=31 + Hkv)
+    q, k, v = make_qkv(1, H, Hkv, 21, 40, 32, device=runtime.device, stream=31 + Hkv)
     check(impl, q, k, v, causal=causal)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
 @pytest.mark.parametrize("D", [16, 32, 64, 128, 256])
 def test_head_dims(impl, runtime, D, causal):
-    q, k, v = make_qkv(1, 2, 2, 19, 35, D, device=runtime.device, seed=37 + D)
+    q, k, v = make_qkv(1, 2, 2, 19, 35, D, device=runtime.device, stream=37 + D)
     check(impl, q, k, v, causal=causal)
 
 
@@ -419,7 +419,7 @@ def test_dtypes(impl, runtime, dtype, causal):
     """out in q's dtype; lse (fp32 whatever the dtype) is test_lse_is_natural_log's, and on a GPU
     test_long_sequences'."""
     B, H, Hkv, Nq, Nk = sizes(runtime, (1, 2, 2, 30, 50), (2, 4, 4, 700, 1500))
-    q, k, v = make_qkv(B, H, Hkv, Nq, Nk, 128, dtype=dtype, device=runtime.device, seed=41)
+    q, k, v = make_qkv(B, H, Hkv, Nq, Nk, 128, dtype=dtype, device=runtime.device, stream=41)
     out = attend(impl, q, k, v, causal=causal)
     assert out.dtype == dtype
     assert_close(out, attention_reference(q, k, v, causal)[0], DIMS)
@@ -435,7 +435,7 @@ def test_long_sequences(impl, runtime, causal):
         (1, 4, 4, 1000, 3001, 64),
         (1, 8, 1, 4096, 4096, 64),
     ]:
-        q, k, v = make_qkv(B, H, Hkv, Nq, Nk, D, device=runtime.device, seed=Nq + Nk)
+        q, k, v = make_qkv(B, H, Hkv, Nq, Nk, D, device=runtime.device, stream=Nq + Nk)
         out, lse = attend(impl, q, k, v, causal=causal, return_lse=True)
         ref, ref_lse = attention_reference(q, k, v, causal)
         assert_close(out, ref, DIMS)
@@ -444,7 +444,7 @@ def test_long_sequences(impl, runtime, causal):
 
 def test_returns_fresh_contiguous_out_and_lse(impl, runtime):
     """out is [B, H, Nq, D] in q's dtype (contiguous even when q is not); with return_lse, (out, lse)."""
-    q, k, v = make_qkv(1, 2, 1, 9, 20, 64, device=runtime.device, seed=43, heads_last=True)
+    q, k, v = make_qkv(1, 2, 1, 9, 20, 64, device=runtime.device, stream=43, heads_last=True)
     out = attend(impl, q, k, v)
     assert (
         isinstance(out, torch.Tensor)
@@ -504,7 +504,7 @@ BAD_INPUTS = {
 def test_launcher_rejects_bad_input(impl, runtime, name):
     """Each bad argument raises ValueError/TypeError naming it, before any kernel runs."""
     spoil, error, names = BAD_INPUTS[name]
-    q, k, v = make_qkv(2, 4, 2, 8, 12, 64, device=runtime.device, seed=47)
+    q, k, v = make_qkv(2, 4, 2, 8, 12, 64, device=runtime.device, stream=47)
     args = dict(q=q, k=k, v=v)
     args.update(spoil(args))
     with pytest.raises(error, match=names):
@@ -517,7 +517,7 @@ def test_launcher_rejects_bad_input(impl, runtime, name):
 def test_tolerance_rejects_zeros_and_mean_of_v(runtime):
     """Not a test of your kernel: proves the comparison fails an all-zeros output and the plain mean of
     V (a kernel that forgot the scores), so passing the other tests means something."""
-    q, k, v = make_qkv(1, 4, 2, 37, 100, 64, device=runtime.device, seed=53)
+    q, k, v = make_qkv(1, 4, 2, 37, 100, 64, device=runtime.device, stream=53)
     ref, lse = attention_reference(q, k, v)
     assert mismatch(torch.zeros_like(ref).half(), ref) is not None
     mean_v = v.float().mean(dim=2, keepdim=True).repeat_interleave(2, dim=1).expand_as(ref)
@@ -529,7 +529,7 @@ def test_tolerance_rejects_zeros_and_mean_of_v(runtime):
 def test_runs_a_triton_kernel(impl, runtime):
     """The right numbers are not enough: flash_attention must compute them with your Triton kernel, not
     with torch (scaled_dot_product_attention, or a copy of the grader's oracle)."""
-    q, k, v = make_qkv(1, 2, 2, 20, 35, 64, device=runtime.device, seed=17)
+    q, k, v = make_qkv(1, 2, 2, 20, 35, 64, device=runtime.device, stream=17)
     assert_runs_a_triton_kernel(impl, lambda: impl.flash_attention(q, k, v), "flash_attention")
 
 
