@@ -88,4 +88,16 @@ MUTANTS = [
         "for start_n in range(0, full_end, BLOCK_N):\n        phys_next = _block_ids(table_ptr, start_n + BLOCK_N,",
         "for start_n in range(0, full_end, BLOCK_N):\n        phys_next = _block_ids(table_ptr, start_n,",
     ),
+    Mutant(
+        "heads_taken_as_group",
+        "15. HEADS ignored: every tile taken as packed (first query head program 1 x GROUP)",
+        "head0 = tl.program_id(1).to(tl.int64) * HEADS",
+        "head0 = tl.program_id(1).to(tl.int64) * GROUP",
+    ),
+    Mutant(
+        "rows_laid_out_by_group",
+        "15. HEADS ignored: rows laid out for GROUP heads whatever the tile holds",
+        "tok = tok0 + offs_r // HEADS",
+        "tok = tok0 + offs_r // GROUP",
+    ),
 ]

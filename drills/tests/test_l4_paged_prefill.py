@@ -702,7 +702,12 @@ MISTAKES = [
     Mistake(
         7,
         fails=("test_page_index_widened_to_int64",),
-        passes=(WORKED, "test_large_ragged_batch", "test_pages_shuffled_and_shared"),
+        passes=(
+            WORKED,
+            "test_large_ragged_batch",
+            "test_pages_shuffled_and_shared",
+            "test_any_tile_shape[M16xN16-one-head]",
+        ),
         question="Only block ids past 2**31 / stride_kb fail: in which integer type is phys * stride_kb "
         "computed in your kernel?",
         section="3.3",
@@ -764,6 +769,18 @@ MISTAKES = [
         question="The loop over key tiles loads the block ids of one tile while it attends another: which "
         "tile's ids does your loop load in iteration start_n, and which tile uses them?",
         section="3.3",
+    ),
+    Mistake(
+        15,
+        fails=("test_any_tile_shape[M16xN16-one-head]", "test_any_tile_shape[M16xN32-one-head]"),
+        passes=(
+            "test_any_tile_shape[M16xN16-packed-group]",
+            "test_any_tile_shape[M16xN32-packed-group]",
+            WORKED,
+        ),
+        question="With HEADS = 1 the grid's second axis runs over the Hq query heads, not the Hkv KV heads: "
+        "which query head and which KV head does program (t, 5) compute when Hq = 8 and Hkv = 2?",
+        section="3.1",
     ),
     Mistake(
         13,
