@@ -269,7 +269,7 @@ def test_kv_head_grouping_is_contiguous(impl, runtime, Hq, Hkv):
     case = make_prefill_case(ctx, q_lens, Hq, Hkv, 64, 8, stream=139 + Hq * 7 + Hkv, device=runtime.device)
     check(impl, case)
     for packed in (True, False):  # both tile layouts of section 3.1, whichever _config picks above
-        out = torch.empty_like(case.q)
+        out = torch.full_like(case.q, float("nan"))  # rows never written stay NaN
         impl._launch(*case.args, 0.125, out, config=(16, 16, 4, 1, packed))
         ref, _ = prefill_reference(*case.args, scale=0.125)
         assert_close(out, ref, DIMS)
@@ -340,7 +340,7 @@ def test_diagonal_tiles_are_masked(impl, runtime):
     rows of a tile must not see the keys its last rows see. Prefix 8: tile 0 holds positions 8-23 and
     keys 9-23 are future keys for its first row."""
     case = make_prefill_case([56, 32], [48, 32], 2, 2, 64, 8, stream=179, device=runtime.device)
-    out = torch.empty_like(case.q)
+    out = torch.full_like(case.q, float("nan"))  # rows never written stay NaN
     impl._launch(*case.args, 0.125, out, config=(16, 16, 4, 1, False))
     ref, _ = prefill_reference(*case.args, scale=0.125)
     assert_close(out, ref, DIMS)
@@ -353,7 +353,7 @@ def test_any_tile_shape(impl, runtime, config, packed):
     heads of one KV head (packed) or one query head: the tile -> sequence map, the causal ranges and the
     page lookups must hold for each. GROUP = 3, so a packed BLOCK_M is not a whole number of groups."""
     case = make_prefill_case([30, 8, 41], [17, 8, 1], 9, 3, 64, 8, stream=181, device=runtime.device)
-    out = torch.empty_like(case.q)
+    out = torch.full_like(case.q, float("nan"))  # rows never written stay NaN
     impl._launch(*case.args, 0.125, out, config=(*config, 4, 1, packed))
     ref, _ = prefill_reference(*case.args, scale=0.125)
     assert_close(out, ref, DIMS)
