@@ -100,12 +100,13 @@ def paged_prefill_kernel(
     WIDE: tl.constexpr,  # int64 offsets into the caches (one spans 2**31 elements or more)
     STORE_LSE: tl.constexpr,
 ):
-    # TODO(section 3.4 "The varlen grid"): this program's tile (program 0); its first query head head0 =
-    # program 1 x HEADS (as int64) and its KV head kvh = head0 // GROUP. Find the tile's sequence b: the last b whose first tile cu_seqlens[b] // BLOCK_Q + b is <= tile
-    # (a binary search over [0, num_seqs)). Its q_start and q_len from cu_seqlens, tok0 = the tile's first
-    # new token in the sequence; return at once when tok0 >= q_len. Then ctx and prefix = ctx - q_len.
+    # TODO(section 3.4 "The varlen grid"): this program's tile, tl.program_id(0). Find the tile's sequence
+    # b: the last b whose first tile cu_seqlens[b] // BLOCK_Q + b is <= tile (a binary search over
+    # [0, num_seqs)). Its q_start and q_len from cu_seqlens, tok0 = the tile's first new token in the
+    # sequence; return at once when tok0 >= q_len. Then ctx and prefix = ctx - q_len.
 
-    # TODO(section 3.1 "One program"): row r is new token tok0 + r // HEADS and query head
+    # TODO(section 3.1 "One program"): the tile's first query head head0 = tl.program_id(1) x HEADS (as
+    # int64) and its KV head kvh = head0 // GROUP. Row r is new token tok0 + r // HEADS and query head
     # head0 + r % HEADS. Mask the rows past the sequence's new tokens and past BLOCK_Q * HEADS; load
     # q [BLOCK_M, D] (masked rows 0) through stride_qt and stride_qh, row q_start + tok widened to int64.
     # Each row's position pos = prefix + tok.
