@@ -277,18 +277,19 @@ def finding_lines(lesson: Lesson, findings: list[dict], cases: list[Case]) -> li
     return lines
 
 
-def seed_line(seed: int, lesson_id: str | None = None) -> str:
+def random_cases_line(shift: int, lesson_id: str | None = None) -> str:
+    """The closing line of a grade: which random cases ran. shift is SEED, added to every test's stream."""
     command = f"SEED=1 make test L={lesson_id}" if lesson_id else "SEED=1 make test L=..."
-    if seed == 0:
+    if shift == 0:
         return f"SEED=0, the default; `{command}` grades other random cases"
-    return f"SEED={seed}; without it the default cases (SEED=0) are graded"
+    return f"SEED={shift}; without it the default cases (SEED=0) are graded"
 
 
 def render(
     lesson: Lesson,
     cases: list[Case],
     graded: str,
-    seed: int,
+    shift: int,
     detailed: bool = True,
     findings: list[dict] | None = None,
     stages: list[Stage] = (),
@@ -308,7 +309,7 @@ def render(
     elif detailed and summary.passed:
         lines.append(f"every check passes: make diff L={lesson.id} shows yours beside the reference")
     if detailed:
-        lines.append(seed_line(seed, lesson.id))
+        lines.append(random_cases_line(shift, lesson.id))
     return lines
 
 
@@ -316,16 +317,16 @@ def render(
 
 
 # The report's keys, written by the grader (drills/tests/conftest.py) and read by the learner tools.
-REPORT_SEED, REPORT_EXIT, REPORT_LESSONS = "seed", "exitstatus", "lessons"
+REPORT_SHIFT, REPORT_EXIT, REPORT_LESSONS = "shift", "exitstatus", "lessons"
 CASES, FINDINGS, NOT_STARTED, IMPORT_ERROR = "cases", "findings", "not_started", "import_error"
 STAGES = "stages"  # a staged lesson's Stage list, as dicts (absent for a lesson without stages)
 
 
-def write_report(path: str | Path, lessons: dict[str, dict], seed: int, exitstatus: int) -> None:
+def write_report(path: str | Path, lessons: dict[str, dict], shift: int, exitstatus: int) -> None:
     """lessons: stem -> {CASES: [Case, ...], FINDINGS: [dict], NOT_STARTED: str | None, IMPORT_ERROR: str | None,
     STAGES: [Stage, ...] (staged lessons only)}."""
     data = {
-        REPORT_SEED: seed,
+        REPORT_SHIFT: shift,
         REPORT_EXIT: int(exitstatus),
         REPORT_LESSONS: {
             stem: {

@@ -56,7 +56,7 @@ class Grade:
     )
     cases: list = field(default_factory=list)  # report.Case
     message: str = ""  # the not-started or import-error line, or what went wrong with the grader
-    seed: int = 0
+    shift: int = 0  # SEED of the run: added to every test's stream number
     findings: list = field(default_factory=list)  # report.finding_dict entries, best first
     graded: str = ""  # the file graded, relative to the repository
     stages: list = field(default_factory=list)  # report.Stage, for a staged lesson (its grader's STAGES)
@@ -93,7 +93,7 @@ class Grade:
         """The one screen `make test`, `make watch` and `make hint` print."""
         if self.state in ("passing", "failing"):
             return report.render(
-                self.lesson, self.cases, self.graded, self.seed, True, self.findings, self.stages
+                self.lesson, self.cases, self.graded, self.shift, True, self.findings, self.stages
             )
         head = f"== {self.lesson.id} · {self.lesson.title}: {self.graded} =="
         if self.message.startswith(f"{self.lesson.id}: ") or self.message.startswith(f"{self.lesson.id} is"):
@@ -160,20 +160,20 @@ def grade(
             )
         data = report.read_report(path)
     info = data[report.REPORT_LESSONS].get(lesson.stem, {report.CASES: []})
-    seed = data[report.REPORT_SEED]
+    shift = data[report.REPORT_SHIFT]
     stages = info.get(report.STAGES, [])
     if info.get(report.IMPORT_ERROR):
-        return Grade(lesson, "does not import", message=info[report.IMPORT_ERROR], seed=seed, graded=graded)
+        return Grade(lesson, "does not import", message=info[report.IMPORT_ERROR], shift=shift, graded=graded)
     if info.get(report.NOT_STARTED):
         message = "\n".join([info[report.NOT_STARTED], *report.stage_lines([], stages, started=False)])
-        return Grade(lesson, "not started", message=message, seed=seed, graded=graded, stages=stages)
+        return Grade(lesson, "not started", message=message, shift=shift, graded=graded, stages=stages)
     cases = info[report.CASES]
     passed = report.summarize(cases).passed and data[report.REPORT_EXIT] == 0
     return Grade(
         lesson,
         "passing" if passed else "failing",
         cases,
-        seed=seed,
+        shift=shift,
         findings=info.get(report.FINDINGS, []),
         graded=graded,
         stages=stages,

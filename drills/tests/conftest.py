@@ -257,7 +257,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
                 bold=line.startswith(f"{lesson.id}: "),
             )
     if not detailed:
-        terminalreporter.write_line(grading.seed_line(base_seed()))
+        terminalreporter.write_line(grading.random_cases_line(base_seed()))
 
 
 @pytest.fixture(scope="module")

@@ -465,10 +465,10 @@ def test_learner_facing_text_never_names_the_source_notes():
     assert not found, "learner-facing text names the source notes:\n" + "\n".join(found[:20])
 
 
-# The references, stubs, graders and their helpers, mutants, benchmarks, the engine and the notebooks' code
-# are code a learner reads as the course's own: there the word is not used even as a name (SamplingParams
-# takes random_state, the graders' case makers a `stream` number); `SEED`, `seeded` and torch's
-# manual_seed aside. This file alone names it, to look for it.
+# Every module of drills/ (references, stubs, graders and their helpers, grading, mutants, benchmarks, the
+# engine) and the notebooks' code are code a learner reads as the course's own: there the word is not
+# used even as a name (SamplingParams takes random_state, the graders' case makers a `stream` number,
+# the grade the SEED `shift`); `SEED`, `seeded` and torch's manual_seed aside. This file alone names it.
 CODE_SEED = re.compile(rf"(?<![A-Za-z_]){NOTES_WORD}(?![A-Za-z_])")
 
 
@@ -482,10 +482,9 @@ def _course_code():
         for i, cell in enumerate(json.loads(lesson.notebook.read_text())["cells"]):
             if cell["cell_type"] == "code":
                 yield f"{grading.relative(lesson.notebook)} cell {i}", "".join(cell["source"])
-    for folder in ("engine", "tests", "mutants", "benchmarks"):
-        for path in sorted((ROOT / "drills" / folder).glob("*.py")):
-            if path.name != Path(__file__).name:
-                yield path, None
+    for path in sorted((ROOT / "drills").rglob("*.py")):
+        if path.parent.name not in ("mine", "solutions") and path.name != Path(__file__).name:
+            yield path, None  # the engine, graders and their helpers, grading, mutants, benchmarks...
 
 
 def test_course_code_never_uses_the_word():
