@@ -49,15 +49,17 @@ def _attend_kv_tile(
     stride_vt,
     PAGE: tl.constexpr,
     WIDE: tl.constexpr,  # int64 offsets: a cache spans 2**31 elements or more
+    SAME_KV: tl.constexpr,  # k_cache and v_cache have the same strides: one offset serves both
     MASKED: tl.constexpr,  # True only on tiles that cross the diagonal or the end of the keys
 ):
     # TODO(section 3.3 "Keys through the block table"): the key positions cols of this tile; phys widened
-    # to int64 when WIDE. Pointers to each key's K row and V row through the cache strides (slot =
-    # cols % PAGE). Load the K^T tile [D, BLOCK_N] and the V tile [BLOCK_N, D]; when MASKED, only the
-    # keys before ctx (other = 0: the stale tail of the last page is poison).
+    # to int64 when WIDE. Each key's offset in k_cache through the strides (slot = cols % PAGE), and
+    # pointers to its K row and its V row: the same offset when SAME_KV, else V's own through V's strides.
+    # Load the K tile and the V tile, both [BLOCK_N, D]; when MASKED, only the keys before ctx (other = 0:
+    # the stale tail of the last page is poison).
 
-    # TODO(section 3.2 "Which keys a tile sees"): s = q @ K^T, raw and fp32 [BLOCK_M, BLOCK_N]; when MASKED,
-    # -inf for every key j > pos of its row.
+    # TODO(section 3.2 "Which keys a tile sees"): s = q @ K^T (tl.trans of the K tile), raw and fp32
+    # [BLOCK_M, BLOCK_N]; when MASKED, -inf for every key j > pos of its row.
 
     # TODO(section 3.6 "The softmax"): T5's update in base 2: m_new, p = exp2(s * qk_scale - m_new),
     # alpha = exp2(m_i - m_new), then l_i and acc (rescaled by alpha, plus p @ v with p in v's dtype).
@@ -77,6 +79,7 @@ def paged_prefill_kernel(
     context_lens_ptr,  # [B] int32
     scale,
     num_seqs,
+    head_groups,  # Hq // HEADS: programs per tile
     stride_qt,
     stride_qh,
     stride_kb,
@@ -98,15 +101,18 @@ def paged_prefill_kernel(
     D: tl.constexpr,
     PAGE: tl.constexpr,
     WIDE: tl.constexpr,  # int64 offsets into the caches (one spans 2**31 elements or more)
+    SAME_KV: tl.constexpr,  # k_cache and v_cache have the same strides
     STORE_LSE: tl.constexpr,
 ):
-    # TODO(section 3.4 "The varlen grid"): this program's tile, tl.program_id(0). Find the tile's sequence
-    # b: the last b whose first tile cu_seqlens[b] // BLOCK_Q + b is <= tile (a binary search over
-    # [0, num_seqs)). Its q_start and q_len from cu_seqlens, tok0 = the tile's first new token in the
-    # sequence; return at once when tok0 >= q_len. Then ctx and prefix = ctx - q_len.
+    # TODO(section 3.4 "The varlen grid"): the grid has one axis, tiles x head_groups programs, numbered
+    # head groups first and tiles from the last down: pid = tl.program_id(0), this program's tile =
+    # tl.num_programs(0) // head_groups - 1 - pid // head_groups, its head group pid % head_groups. Find
+    # the tile's sequence b: the last b whose first tile cu_seqlens[b] // BLOCK_Q + b is <= tile (a binary
+    # search over [0, num_seqs)). Its q_start and q_len from cu_seqlens, tok0 = the tile's first new token
+    # in the sequence; return at once when tok0 >= q_len. Then ctx and prefix = ctx - q_len.
 
-    # TODO(section 3.1 "One program"): the tile's first query head head0 = tl.program_id(1) x HEADS (as
-    # int64) and its KV head kvh = head0 // GROUP. Row r is new token tok0 + r // HEADS and query head
+    # TODO(section 3.1 "One program"): the tile's first query head head0 = head group x HEADS (as int64)
+    # and its KV head kvh = head0 // GROUP. Row r is new token tok0 + r // HEADS and query head
     # head0 + r % HEADS. Mask the rows past the sequence's new tokens and past BLOCK_Q * HEADS; load
     # q [BLOCK_M, D] (masked rows 0) through stride_qt and stride_qh, row q_start + tok widened to int64.
     # Each row's position pos = prefix + tok.
@@ -162,7 +168,8 @@ def _launch(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale
     heads = group if packed else 1  # query heads per tile
     BLOCK_M = max(BLOCK_M, next_pow2(heads))  # a tile holds at least one token's heads
     BLOCK_Q = BLOCK_M // heads
-    grid = (total_q // BLOCK_Q + B, Hq // heads)
+    tiles, head_groups = total_q // BLOCK_Q + B, Hq // heads
+    grid = (tiles * head_groups,)  # one axis: 2**31 - 1 programs, where a second axis stops at 65535
     # int32 offsets whenever both caches span fewer than 2**31 elements: int64 ones cost up to 7% (section 4)
     wide = max(_span(k_cache), _span(v_cache)) >= 2**31
     # launch() calls the compiled binary directly once it has seen this specialisation: Triton's own
@@ -181,6 +188,7 @@ def _launch(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale
             context_lens,
             scale,
             B,
+            head_groups,
             q.stride(0),
             q.stride(1),
             k_cache.stride(0),
@@ -203,6 +211,7 @@ def _launch(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale
         D=D,
         PAGE=PAGE,
         WIDE=wide,
+        SAME_KV=k_cache.stride() == v_cache.stride(),
         STORE_LSE=lse is not None,
         num_warps=num_warps,
         num_stages=num_stages,

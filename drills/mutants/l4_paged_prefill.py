@@ -38,7 +38,7 @@ MUTANTS = [
         "interleaved_grouping",
         "6. interleaved KV head grouping (kvh + g * Hkv)",
         "kvh = head0 // GROUP",
-        "kvh = head0 % (tl.num_programs(1) * HEADS // GROUP)",
+        "kvh = head0 % (head_groups * HEADS // GROUP)",
     ),
     Mutant(
         "page_index_int32",
@@ -90,14 +90,20 @@ MUTANTS = [
     ),
     Mutant(
         "heads_taken_as_group",
-        "15. HEADS ignored: every tile taken as packed (first query head program 1 x GROUP)",
-        "head0 = tl.program_id(1).to(tl.int64) * HEADS",
-        "head0 = tl.program_id(1).to(tl.int64) * GROUP",
+        "15. HEADS ignored: every tile taken as packed (first query head = head group x GROUP)",
+        "head0 = (pid % head_groups).to(tl.int64) * HEADS",
+        "head0 = (pid % head_groups).to(tl.int64) * GROUP",
     ),
     Mutant(
         "rows_laid_out_by_group",
         "15. HEADS ignored: rows laid out for GROUP heads whatever the tile holds",
         "tok = tok0 + offs_r // HEADS",
         "tok = tok0 + offs_r // GROUP",
+    ),
+    Mutant(
+        "v_rows_through_k_strides",
+        "16. V's rows found with K's offsets when the caches' strides differ",
+        "        v_rows = v_head_ptr + phys * stride_vb + slot * stride_vt",
+        "        v_rows = v_head_ptr + off",
     ),
 ]

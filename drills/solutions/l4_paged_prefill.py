@@ -9,9 +9,10 @@ The keys are found page by page through the block table (L2). The work is T5's, 
     FLOPs = 4 * Hq * D * sum over new tokens of the keys each sees   # one 8192-token prompt: 0.55 TFLOP
 
 Read top to bottom: a tile's block ids (`_block_ids`), one key tile (`_attend_kv_tile`), the kernel
-(grid (tiles, Hq // HEADS): a program per query tile and group of HEADS query heads, its rows the tile's
-tokens times those heads: HEADS = GROUP packs every query head of one KV head, HEADS = 1 is T5's one head
-per tile), the block-size table, then the launcher that validates, allocates and launches.
+(a program per query tile and group of HEADS query heads, its rows the tile's tokens times those heads:
+HEADS = GROUP packs every query head of one KV head, HEADS = 1 is T5's one head per tile; the programs
+numbered so that the longest start first), the block-size table, then the launcher that validates,
+allocates and launches.
 Explainer: drills/content/l4_paged_prefill.md.
 """
 
@@ -57,6 +58,7 @@ def _attend_kv_tile(
     stride_vt,
     PAGE: tl.constexpr,
     WIDE: tl.constexpr,  # int64 offsets: a cache spans 2**31 elements or more
+    SAME_KV: tl.constexpr,  # k_cache and v_cache have the same strides: one offset serves both
     MASKED: tl.constexpr,  # True only on tiles that cross the diagonal or the end of the keys
 ):
     # Section 3.3 "Keys through the block table": every key of the tile has its own physical block (phys,
@@ -67,15 +69,21 @@ def _attend_kv_tile(
     if WIDE:
         phys = phys.to(tl.int64)  # widened before multiplying: block id * stride_kb passes 2**31
     slot = cols % PAGE
-    k_rows = k_head_ptr + phys * stride_kb + slot * stride_kt  # [BLOCK_N] where each key starts
-    v_rows = v_head_ptr + phys * stride_vb + slot * stride_vt
+    off = phys * stride_kb + slot * stride_kt  # [BLOCK_N] where each key's K row starts
+    k_rows = k_head_ptr + off
+    if SAME_KV:
+        v_rows = v_head_ptr + off  # the usual case: V laid out as K, so the same offsets (section 3.3)
+    else:
+        v_rows = v_head_ptr + phys * stride_vb + slot * stride_vt
+    # K is loaded as V is, [BLOCK_N, D], and transposed in the dot: both tiles then use one layout, so one
+    # block-id vector and one offset per key serve both loads (section 4: 674 -> 599 instructions a tile).
     if MASKED:
-        kt = tl.load(k_rows[None, :] + offs_d[:, None], mask=in_range[None, :], other=0.0)  # [D, BLOCK_N]
+        k = tl.load(k_rows[:, None] + offs_d[None, :], mask=in_range[:, None], other=0.0)  # [BLOCK_N, D]
         v = tl.load(v_rows[:, None] + offs_d[None, :], mask=in_range[:, None], other=0.0)  # [BLOCK_N, D]
     else:
-        kt = tl.load(k_rows[None, :] + offs_d[:, None])  # [D, BLOCK_N], K^T through the pointers (T5)
+        k = tl.load(k_rows[:, None] + offs_d[None, :])  # [BLOCK_N, D]
         v = tl.load(v_rows[:, None] + offs_d[None, :])  # [BLOCK_N, D]
-    s = tl.dot(q, kt)  # [BLOCK_M, BLOCK_N] raw q . k, fp32
+    s = tl.dot(q, tl.trans(k))  # [BLOCK_M, BLOCK_N] raw q . k, fp32
     if MASKED:
         # Section 3.2 "Which keys a tile sees": row r sees key j when j <= pos[r]. A real row's pos is
         # below ctx, so this also hides the zero-filled keys past ctx from every row that is stored.
@@ -104,6 +112,7 @@ def paged_prefill_kernel(
     context_lens_ptr,  # [B] int32
     scale,
     num_seqs,
+    head_groups,  # Hq // HEADS: programs per tile
     stride_qt,
     stride_qh,
     stride_kb,
@@ -125,13 +134,18 @@ def paged_prefill_kernel(
     D: tl.constexpr,
     PAGE: tl.constexpr,
     WIDE: tl.constexpr,  # int64 offsets into the caches (one spans 2**31 elements or more)
+    SAME_KV: tl.constexpr,  # k_cache and v_cache have the same strides
     STORE_LSE: tl.constexpr,
 ):
-    # Section 3.4 "The varlen grid": sequence b owns tiles cu[b] // BLOCK_Q + b onwards, at least one more
-    # than it needs; the owner of this tile is the last b whose first tile is <= it (a binary search).
-    tile = tl.program_id(0)
-    head0 = tl.program_id(1).to(tl.int64) * HEADS  # the tile's first query head
+    # Section 3.4 "The varlen grid": one program per (tile, head group), numbered head groups first and
+    # tiles from the last one down: a sequence's last tiles see the most keys, and starting the longest
+    # programs first leaves short ones to fill the GPU at the end (longest processing time first).
+    pid = tl.program_id(0)
+    tile = tl.num_programs(0) // head_groups - 1 - pid // head_groups
+    head0 = (pid % head_groups).to(tl.int64) * HEADS  # the tile's first query head
     kvh = head0 // GROUP  # HEADS is GROUP or 1, so every head of the tile reads this KV head
+    # Sequence b owns tiles cu[b] // BLOCK_Q + b onwards, at least one more than it needs; the owner of
+    # this tile is the last b whose first tile is <= it (a binary search).
     lo = tile * 0
     hi = lo + num_seqs  # the owner is in [lo, hi)
     while hi - lo > 1:
@@ -202,6 +216,7 @@ def paged_prefill_kernel(
             stride_vt,
             PAGE=PAGE,
             WIDE=WIDE,
+            SAME_KV=SAME_KV,
             MASKED=False,
         )
         phys = phys_next
@@ -227,6 +242,7 @@ def paged_prefill_kernel(
             stride_vt,
             PAGE=PAGE,
             WIDE=WIDE,
+            SAME_KV=SAME_KV,
             MASKED=True,
         )
         phys = phys_next
@@ -281,7 +297,8 @@ def _launch(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale
     heads = group if packed else 1  # query heads per tile
     BLOCK_M = max(BLOCK_M, next_pow2(heads))  # a tile holds at least one token's heads
     BLOCK_Q = BLOCK_M // heads
-    grid = (total_q // BLOCK_Q + B, Hq // heads)
+    tiles, head_groups = total_q // BLOCK_Q + B, Hq // heads
+    grid = (tiles * head_groups,)  # one axis: 2**31 - 1 programs, where a second axis stops at 65535
     # int32 offsets whenever both caches span fewer than 2**31 elements: int64 ones cost up to 7% (section 4)
     wide = max(_span(k_cache), _span(v_cache)) >= 2**31
     # launch() calls the compiled binary directly once it has seen this specialisation: Triton's own
@@ -300,6 +317,7 @@ def _launch(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale
             context_lens,
             scale,
             B,
+            head_groups,
             q.stride(0),
             q.stride(1),
             k_cache.stride(0),
@@ -322,6 +340,7 @@ def _launch(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale
         D=D,
         PAGE=PAGE,
         WIDE=wide,
+        SAME_KV=k_cache.stride() == v_cache.stride(),
         STORE_LSE=lse is not None,
         num_warps=num_warps,
         num_stages=num_stages,

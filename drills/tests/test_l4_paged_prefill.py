@@ -443,6 +443,17 @@ def test_q_and_cache_strides_are_used(impl, runtime):
     check(impl, PrefillCase(q, pooled.k_cache, pooled.v_cache, *case.args[3:]))
 
 
+def test_k_and_v_caches_with_different_strides(impl, runtime):
+    """k_cache contiguous, v_cache one layer of a NaN-filled pool: a kernel that finds V's rows with K's
+    offsets (right only when the strides agree) reads NaN slots of the pool."""
+    case = make_prefill_case([30, 9], [12, 9], 8, 2, 64, 8, stream=225, device=runtime.device)
+    paged = make_paged_case([1], 8, 2, 64, 8, device=runtime.device)  # a PagedCase shell for in_layer_pool
+    paged.k_cache, paged.v_cache = case.k_cache, case.v_cache
+    pooled = in_layer_pool(paged)
+    assert case.k_cache.stride() != pooled.v_cache.stride()
+    check(impl, PrefillCase(case.q, case.k_cache, pooled.v_cache, *case.args[3:]))
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, bf16_on_gpu_only()], ids=["fp16", "bf16"])
 def test_dtypes(impl, runtime, dtype):
     q_lens = sizes(runtime, [9, 1], [1500, 1])
@@ -778,9 +789,18 @@ MISTAKES = [
             "test_any_tile_shape[M16xN32-packed-group]",
             WORKED,
         ),
-        question="With HEADS = 1 the grid's second axis runs over the Hq query heads, not the Hkv KV heads: "
-        "which query head and which KV head does program (t, 5) compute when Hq = 8 and Hkv = 2?",
+        question="With HEADS = 1 there are Hq head groups of one query head each, not Hkv: which query head "
+        "and which KV head does head group 5 compute when Hq = 8 and Hkv = 2?",
         section="3.1",
+    ),
+    Mistake(
+        16,
+        fails=("test_k_and_v_caches_with_different_strides",),
+        passes=("test_q_and_cache_strides_are_used", WORKED),
+        messages=(OOB_OR_NAN,),
+        question="k_cache is contiguous and v_cache is a layer of a pool: which of your offsets may K and V "
+        "share, and what tells your kernel that they may?",
+        section="3.3",
     ),
     Mistake(
         13,
