@@ -108,8 +108,10 @@ def paged_prefill_kernel(
     # head groups first and tiles from the last down: pid = tl.program_id(0), this program's tile =
     # tl.num_programs(0) // head_groups - 1 - pid // head_groups, its head group pid % head_groups. Find
     # the tile's sequence b: the last b whose first tile cu_seqlens[b] // BLOCK_Q + b is <= tile (a binary
-    # search over [0, num_seqs)). Its q_start and q_len from cu_seqlens, tok0 = the tile's first new token
-    # in the sequence; return at once when tok0 >= q_len. Then ctx and prefix = ctx - q_len.
+    # search over [0, num_seqs): a `while hi - lo > 1` loop on scalars, one load of cu_seqlens per step).
+    # Its q_start and q_len from cu_seqlens, and the tile's first new token in the sequence
+    # tok0 = (tile - (q_start // BLOCK_Q + b)) * BLOCK_Q; return at once when tok0 >= q_len. Then ctx
+    # (context_lens[b]) and prefix = ctx - q_len.
 
     # TODO(section 3.1 "One program"): the tile's first query head head0 = head group x HEADS (as int64)
     # and its KV head kvh = head0 // GROUP. Row r is new token tok0 + r // HEADS and query head
@@ -118,6 +120,8 @@ def paged_prefill_kernel(
     # Each row's position pos = prefix + tok.
 
     # TODO(section 3.6 "The softmax"): qk_scale = scale * log2(e); m_i = -inf, l_i = 0, acc = 0 (fp32).
+    # The pointers _attend_kv_tile and _block_ids take: k_head_ptr = k_cache_ptr + kvh * stride_kh (and V's
+    # the same way), table_ptr = block_tables_ptr + b * stride_bt (this sequence's row of the table).
 
     # TODO(section 3.2 "Which keys a tile sees"): full_end (keys every row sees, whole BLOCK_N tiles) and hi
     # (no row sees keys at or past it, nor past ctx); two loops over key tiles calling _attend_kv_tile,

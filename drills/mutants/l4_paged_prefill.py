@@ -106,4 +106,10 @@ MUTANTS = [
         "        v_rows = v_head_ptr + phys * stride_vb + slot * stride_vt",
         "        v_rows = v_head_ptr + off",
     ),
+    Mutant(
+        "padding_rows_stored",
+        "17. the padding rows of a packed tile stored (they alias the next tile's first token)",
+        "row_ok = (tok < q_len) & (offs_r < BLOCK_Q * HEADS)",
+        "row_ok = tok < q_len",
+    ),
 ]

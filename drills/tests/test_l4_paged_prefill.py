@@ -359,6 +359,19 @@ def test_any_tile_shape(impl, runtime, config, packed):
     assert_close(out, ref, DIMS)
 
 
+def test_padding_rows_of_a_packed_tile_not_stored(impl, runtime):
+    """GROUP = 3 in 16-row packed tiles: 5 tokens x 3 heads fill rows 0-14 and row 15 is padding. By the
+    row formulas it is token tok0 + 5, the next tile's first token, whose own key sits past this tile's
+    last key when prefix + tok0 + 5 is a multiple of BLOCK_N (prefix 11 with tok0 0, prefix 6 with tok0 5
+    here). Stored, that row overwrites the next tile's right answer with a wrong one whenever this program
+    runs last, and the harness runs the programs in both orders."""
+    case = make_prefill_case([31, 26], [20, 20], 9, 3, 64, 8, stream=183, device=runtime.device)
+    out = torch.full_like(case.q, float("nan"))  # rows never written stay NaN
+    impl._launch(*case.args, 0.125, out, config=(16, 16, 4, 1, True))
+    ref, _ = prefill_reference(*case.args, scale=0.125)
+    assert_close(out, ref, DIMS)
+
+
 # --- Section 3.6 "The softmax": T5's update, base 2 inside, natural log out --------------------------------
 
 
@@ -801,6 +814,14 @@ MISTAKES = [
         question="k_cache is contiguous and v_cache is a layer of a pool: which of your offsets may K and V "
         "share, and what tells your kernel that they may?",
         section="3.3",
+    ),
+    Mistake(
+        17,
+        fails=("test_padding_rows_of_a_packed_tile_not_stored",),
+        passes=("test_rows_past_a_sequence_end_not_written", WORKED),
+        question="GROUP = 3 and 16 rows per packed tile: whose token and head does row 15 compute, which "
+        "keys does this tile load for it, and does your kernel store it?",
+        section="3.1",
     ),
     Mistake(
         13,
