@@ -150,6 +150,11 @@ def diagnose(cases, mistakes, titles: dict[int, str] | None = None, limit: int =
     if generic is not None:
         kind, title = generic
         findings.append(Finding(0, title, _evidence(first), False, None, kind))
+        stopped = sum(1 for c in failing if (generic_kind(c.message) or ("",))[0] == kind)
+        if kind in ("timeout", "crash", "exception") and 2 * stopped >= len(failing):
+            # Most checks stopped the same way before any result could be compared: which of them
+            # fail says nothing about a pitfall, and a guess would send the learner to the wrong section.
+            return findings[:limit]
     for s in partial:
         if s.mistake.pitfall not in named:
             named.add(s.mistake.pitfall)

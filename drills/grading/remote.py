@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import linecache
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -30,11 +32,14 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 from drills.grading import warm, wire
+from drills.grading.worker import STACK_SIGNAL
 from drills.lessons import ROOT
 
 CALL_TIMEOUT_ENV = "DRILLS_CALL_TIMEOUT"  # seconds one call may run (default below)
 DEFAULT_CALL_TIMEOUT_S = 120.0
 START_TIMEOUT_S = 120.0
+AFTER_TIMEOUT_S = 15.0  # the limit of each call once one has timed out (a CPU check takes a few seconds)
+MAX_TIMEOUTS = 3  # after this many, the remaining calls fail at once
 LOG_TAIL_LINES = 6
 
 
@@ -150,6 +155,7 @@ class LearnerProcess:
         self.options: dict = {"orders": True, "provenance": False}
         self.ready: dict = {}
         self.log = tempfile.NamedTemporaryFile(prefix="drills-learner-", suffix=".log", delete=False)
+        self.timeouts: list[str] = []  # the messages of the calls that timed out, in order
         self.module = RemoteModule(self)
 
     # --- the process ---------------------------------------------------------------------------
@@ -233,6 +239,36 @@ class LearnerProcess:
         keep = [line for line in lines if line.strip()][-LOG_TAIL_LINES:]
         return "\n".join(keep)
 
+    def _stack_line(self) -> str:
+        """Where the learner's file is stuck: asks the process for its Python stack (faulthandler, set up
+        by the worker) and returns ', in FILE line N: `source`' for the innermost frame of the graded file,
+        or '' when it cannot tell (the process is in C code that does not return to Python, or gone)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return ""
+        size = os.path.getsize(self.log.name) if os.path.exists(self.log.name) else 0
+        try:
+            os.kill(self.proc.pid, STACK_SIGNAL)
+        except OSError:
+            return ""
+        pattern = re.compile(r'File "(.+)", line (\d+) in (\S+)')
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:
+            time.sleep(0.1)
+            try:
+                with open(self.log.name, errors="replace") as f:
+                    f.seek(size)
+                    dump = f.read()
+            except OSError:
+                return ""
+            frames = [m.groups() for m in pattern.finditer(dump)]
+            if frames and "most recent call first" in dump:
+                for name, line, func in frames:  # faulthandler lists the innermost frame first
+                    if os.path.realpath(name) == os.path.realpath(self.path):
+                        source = linecache.getline(name, int(line)).strip()
+                        return f", in {os.path.relpath(name, ROOT)} line {line} ({func}): `{source}`"
+                return ""
+        return ""
+
     def _died(self, during: str) -> LearnerCrash:
         code = None
         if self.proc is not None:
@@ -270,11 +306,13 @@ class LearnerProcess:
             except (OSError, EOFError):
                 raise self._died(during) from None
             if not ready:
+                where = self._stack_line()
                 self.stop()
-                raise LearnerTimeout(
+                self.timeouts.append(
                     f"your code did not return within {timeout:.0f} s {during} (an endless "
-                    "loop? a loop bound that never grows?); the process was stopped"
+                    f"loop? a loop bound that never grows?){where}; the process was stopped"
                 )
+                raise LearnerTimeout(self.timeouts[-1])
             try:
                 data = self.conn.recv_bytes()
             except (EOFError, OSError):
@@ -323,6 +361,10 @@ class LearnerProcess:
 
     # --- requests ------------------------------------------------------------------------------
     def request(self, *message, during: str = "during this check"):
+        if len(self.timeouts) >= MAX_TIMEOUTS:  # each would wait its limit: stop here, say why
+            raise LearnerTimeout(
+                f"not run: {len(self.timeouts)} calls timed out already; the first: {self.timeouts[0]}"
+            )
         self.ensure()
         keys, self.pending_release = self.pending_release, []  # handles dropped since the last request
         self._send((*message, keys), during)
@@ -335,7 +377,10 @@ class LearnerProcess:
             raise self._died(during) from None
 
     def _reply(self, during):
-        reply = self._wait(call_timeout(), during)
+        # After an endless loop, the next calls get a shorter limit: the grading still reports what else
+        # passes, without waiting the full limit once per check.
+        limit = call_timeout() if not self.timeouts else min(call_timeout(), AFTER_TIMEOUT_S)
+        reply = self._wait(limit, during)
         kind, value, updates = reply
         self.known.write_back(updates)
         if kind == "error":

@@ -19,12 +19,15 @@ comparisons and report live in the other process, out of this file's reach. Here
 
 from __future__ import annotations
 
+import faulthandler
 import linecache
 import os
+import signal
 import sys
 import traceback
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+STACK_SIGNAL = signal.SIGUSR1  # asks this process for its Python stack (remote.py, on a timeout)
 
 
 class OutOfBounds(Exception):
@@ -844,6 +847,9 @@ def run_file(fd: int, graded_file: str, module_name: str, reference: bool) -> in
 
     from drills import contract
 
+    # On SIGUSR1 the Python stack goes to stderr (the grader's log): a call that runs past its limit is
+    # asked for it before the process is stopped, so the report can name the line that loops.
+    faulthandler.register(STACK_SIGNAL, all_threads=False)
     conn = Connection(fd)
     server = Server(conn, graded_file, module_name)
     server.watch = TritonWatch(graded_file)

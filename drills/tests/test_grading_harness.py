@@ -244,7 +244,9 @@ def test_endless_loop_times_out_and_the_next_checks_still_run(tmp_path, monkeypa
         tmp_path, source, "test_by_hand_lane_11_is_masked", "test_launch_rejects_block_not_a_power_of_two"
     )
     screen = one_screen(result)
-    assert "did not return within 5 s" in failures(result).get("test_by_hand_lane_11_is_masked", ""), screen
+    message = failures(result).get("test_by_hand_lane_11_is_masked", "")
+    assert "did not return within 5 s" in message, screen
+    assert "`while n > 0:  # never ends`" in message, screen  # the line that loops, from the process's stack
     assert outcome(result, "test_launch_rejects_block_not_a_power_of_two") == {"passed"}, screen
     assert result.findings[0]["kind"] == "timeout", screen
 
