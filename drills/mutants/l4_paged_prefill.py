@@ -112,4 +112,16 @@ MUTANTS = [
         "row_ok = (tok < q_len) & (offs_r < BLOCK_Q * HEADS)",
         "row_ok = tok < q_len",
     ),
+    Mutant(
+        "key_range_one_short",
+        "18. the key range one key short (hi = prefix + tok0 + BLOCK_Q - 1)",
+        "hi = tl.minimum(ctx, prefix + tok0 + BLOCK_Q)",
+        "hi = tl.minimum(ctx, prefix + tok0 + BLOCK_Q - 1)",
+    ),
+    Mutant(
+        "decode_rows_skipped",
+        "19. decode rows (q_len = 1) left to another kernel: their tiles return at once",
+        "    if tok0 >= q_len:\n",
+        "    if tok0 >= q_len or q_len == 1:\n",
+    ),
 ]

@@ -335,6 +335,15 @@ def test_keys_past_the_context_are_not_read(impl, runtime):
     check(impl, case)
 
 
+def test_table_rows_exactly_full(impl, runtime):
+    """Contexts of 40 and 48 with PAGE = 8 in a table of exactly 6 columns: the second sequence's pages
+    fill its row, the last of the table, so the entry for key 48 (one past the context) lies past the end
+    of block_tables. A table load masked with cols <= ctx instead of cols < ctx reads it."""
+    case = make_prefill_case([40, 48], [9, 48], 4, 2, 64, 8, stream=175, device=runtime.device)
+    table = case.block_tables[:, :6].contiguous()  # [2, 6]: row 1 ends where the tensor ends
+    check(impl, PrefillCase(*case.args[:3], table, *case.args[4:]))
+
+
 def test_diagonal_tiles_are_masked(impl, runtime):
     """Through _launch with 16-row tiles and 16-key tiles, GROUP = 1, and whole tiles only: the first
     rows of a tile must not see the keys its last rows see. Prefix 8: tile 0 holds positions 8-23 and
@@ -342,6 +351,21 @@ def test_diagonal_tiles_are_masked(impl, runtime):
     case = make_prefill_case([56, 32], [48, 32], 2, 2, 64, 8, stream=179, device=runtime.device)
     out = torch.full_like(case.q, float("nan"))  # rows never written stay NaN
     impl._launch(*case.args, 0.125, out, config=(16, 16, 4, 1, False))
+    ref, _ = prefill_reference(*case.args, scale=0.125)
+    assert_close(out, ref, DIMS)
+
+
+@pytest.mark.parametrize("packed", [True, False], ids=["packed-group", "one-head"])
+def test_key_ranges_at_every_alignment(impl, runtime, packed):
+    """Prefixes 0 to 16 against 1, 6 and 19 new tokens, in 16-key tiles and 16-row tiles (5 tokens x 3
+    heads packed, 16 tokens one head per tile): each tile's first and last keys fall at every offset from
+    a key-tile boundary, so a key range one key short or long (full_end, hi, a loop bound) shows on some
+    row. Pages of one token make every prefix a whole number of pages: this is about the ranges only."""
+    seqs = [(prefix, new) for prefix in range(17) for new in (1, 6, 19)]
+    ctx, q_lens = [p + n for p, n in seqs], [n for _, n in seqs]
+    case = make_prefill_case(ctx, q_lens, 3, 1, 32, 1, stream=187, device=runtime.device)
+    out = torch.full_like(case.q, float("nan"))  # rows never written stay NaN
+    impl._launch(*case.args, 0.125, out, config=(16, 16, 4, 1, packed))
     ref, _ = prefill_reference(*case.args, scale=0.125)
     assert_close(out, ref, DIMS)
 
@@ -367,9 +391,11 @@ def test_padding_rows_of_a_packed_tile_not_stored(impl, runtime):
     runs last, and the harness runs the programs in both orders."""
     case = make_prefill_case([31, 26], [20, 20], 9, 3, 64, 8, stream=183, device=runtime.device)
     out = torch.full_like(case.q, float("nan"))  # rows never written stay NaN
-    impl._launch(*case.args, 0.125, out, config=(16, 16, 4, 1, True))
-    ref, _ = prefill_reference(*case.args, scale=0.125)
+    lse = torch.full(case.q.shape[:2], float("nan"), device=runtime.device)  # [total_q, Hq] fp32
+    impl._launch(*case.args, 0.125, out, lse, config=(16, 16, 4, 1, True))
+    ref, ref_lse = prefill_reference(*case.args, scale=0.125)
     assert_close(out, ref, DIMS)
+    assert_close(lse, ref_lse, LSE_DIMS, **LSE_TOL)  # the padding row's lse is the next tile's row too
 
 
 # --- Section 3.6 "The softmax": T5's update, base 2 inside, natural log out --------------------------------
@@ -456,15 +482,26 @@ def test_q_and_cache_strides_are_used(impl, runtime):
     check(impl, PrefillCase(q, pooled.k_cache, pooled.v_cache, *case.args[3:]))
 
 
-def test_k_and_v_caches_with_different_strides(impl, runtime):
-    """k_cache contiguous, v_cache one layer of a NaN-filled pool: a kernel that finds V's rows with K's
-    offsets (right only when the strides agree) reads NaN slots of the pool."""
+@pytest.mark.parametrize("layout", ["v-in-a-pool", "v-head-major"])
+def test_k_and_v_caches_with_different_strides(impl, runtime, layout):
+    """k_cache contiguous; v_cache one layer of a NaN-filled pool (every stride differs from K's), or a
+    head-major [num_blocks, Hkv, PAGE, D] buffer seen as [num_blocks, PAGE, Hkv, D] (the same block stride
+    as K, the others swapped). A kernel that finds V's rows with K's offsets, or decides that it may from
+    the block stride alone, reads the wrong elements of V."""
     case = make_prefill_case([30, 9], [12, 9], 8, 2, 64, 8, stream=225, device=runtime.device)
-    paged = make_paged_case([1], 8, 2, 64, 8, device=runtime.device)  # a PagedCase shell for in_layer_pool
-    paged.k_cache, paged.v_cache = case.k_cache, case.v_cache
-    pooled = in_layer_pool(paged)
-    assert case.k_cache.stride() != pooled.v_cache.stride()
-    check(impl, PrefillCase(case.q, case.k_cache, pooled.v_cache, *case.args[3:]))
+    if layout == "v-in-a-pool":
+        paged = make_paged_case(
+            [1], 8, 2, 64, 8, device=runtime.device
+        )  # a PagedCase shell for in_layer_pool
+        paged.k_cache, paged.v_cache = case.k_cache, case.v_cache
+        v_cache = in_layer_pool(paged).v_cache
+    else:
+        v_cache = (
+            case.v_cache.transpose(1, 2).contiguous().transpose(1, 2)
+        )  # strides (PAGE Hkv D, D, PAGE D, 1)
+        assert v_cache.stride(0) == case.k_cache.stride(0)
+    assert case.k_cache.stride() != v_cache.stride()
+    check(impl, PrefillCase(case.q, case.k_cache, v_cache, *case.args[3:]))
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, bf16_on_gpu_only()], ids=["fp16", "bf16"])
@@ -699,7 +736,12 @@ MISTAKES = [
     Mistake(
         4,
         fails=("test_prefix_ends_inside_a_page",),
-        passes=("test_prefix_a_whole_number_of_pages", "test_pure_prefill_without_a_prefix", WORKED),
+        passes=(
+            "test_key_ranges_at_every_alignment",
+            "test_prefix_a_whole_number_of_pages",
+            "test_pure_prefill_without_a_prefix",
+            WORKED,
+        ),
         question="A prefix of 13 tokens with PAGE = 8: in which page and slot does new token 0 live, and "
         "where does your kernel look for it?",
         section="3.3",
@@ -759,6 +801,15 @@ MISTAKES = [
         section="3.3",
     ),
     Mistake(
+        9,
+        fails=("test_table_rows_exactly_full",),
+        passes=("test_keys_past_the_context_are_not_read", WORKED),
+        messages=(r"out of bounds load of block_tables",),
+        question="A context of 48 with PAGE = 8 fills pages 0-5: which is the last table entry your kernel "
+        "may read, and which does the mask of your table load let it read?",
+        section="3.3",
+    ),
+    Mistake(
         10,
         fails=("test_online_softmax_rescales_old_tiles",),
         passes=("test_scale_is_applied", WORKED),
@@ -810,7 +861,6 @@ MISTAKES = [
         16,
         fails=("test_k_and_v_caches_with_different_strides",),
         passes=("test_q_and_cache_strides_are_used", WORKED),
-        messages=(OOB_OR_NAN,),
         question="k_cache is contiguous and v_cache is a layer of a pool: which of your offsets may K and V "
         "share, and what tells your kernel that they may?",
         section="3.3",
@@ -822,6 +872,34 @@ MISTAKES = [
         question="GROUP = 3 and 16 rows per packed tile: whose token and head does row 15 compute, which "
         "keys does this tile load for it, and does your kernel store it?",
         section="3.1",
+    ),
+    Mistake(
+        18,
+        fails=("test_key_ranges_at_every_alignment",),
+        passes=(
+            "test_diagonal_tiles_are_masked",
+            WORKED,
+            WORKED_LSE,
+            "test_pages_smaller_than_a_key_tile",
+            "test_padding_rows_of_a_packed_tile_not_stored",
+        ),
+        question="A tile of new tokens at positions 11-15 with 16-key tiles: which keys must its last row "
+        "see, and do full_end, hi and your loop bounds give it exactly those?",
+        section="3.2",
+    ),
+    Mistake(
+        19,
+        fails=("test_decode_rows_beside_long_chunks", "test_key_ranges_at_every_alignment"),
+        passes=(
+            "test_pure_prefill_without_a_prefix",
+            "test_cached_prefix_is_visible_bottom_right",
+            "test_diagonal_tiles_are_masked",
+            WORKED,
+        ),
+        messages=(r"NaN/inf values where the reference is finite",),
+        question="A decode row is a sequence with q_len = 1 in the same batch: which tile and which program "
+        "compute its one row in your kernel, and are its rows ever stored?",
+        section="3.4",
     ),
     Mistake(
         13,
