@@ -794,7 +794,14 @@ MISTAKES = [
     Mistake(
         9,
         fails=("test_keys_past_the_context_are_not_read", "test_scale_is_applied"),
-        passes=("test_online_softmax_rescales_old_tiles",),
+        # Contexts that end on a key tile's edge, or hold one tile, never load past the context: a kernel
+        # that fails those has another mistake (a wrong tile -> sequence map looks alike otherwise).
+        passes=(
+            "test_online_softmax_rescales_old_tiles",
+            "test_pure_prefill_without_a_prefix",
+            "test_diagonal_tiles_are_masked",
+            WORKED,
+        ),
         messages=(OOB_OR_NAN,),
         question="Context 33, PAGE = 8, 16 keys per tile: which table entries does the tile of keys 32-47 "
         "need, and what do entries past the last page hold?",
