@@ -220,6 +220,7 @@ class TritonWatch:
         self.disabled = False  # turn every launch into a no-op
         self.recording: list | None = None  # Launch records, when asked
         self.launched = 0  # launches during the current call
+        self.stored: dict | None = None  # storage address -> its bytes after the last launch given it
         self.ranges: list[tuple[str, int, int]] = []  # (argument name, first byte, end) of the running kernel
         self.interpreter = os.environ.get("TRITON_INTERPRET", "0") == "1"
         self._patch_launch()
@@ -255,7 +256,11 @@ class TritonWatch:
                 if watch.interpreter:
                     names = list(getattr(self, "arg_names", []) or [])
                     watch.ranges = _tensor_ranges(names, args, kwargs)
-                return _original(self, *args, **kwargs)
+                value = _original(self, *args, **kwargs)
+                if watch.stored is not None:  # what this launch left in each tensor it was given
+                    for storage in _storages(_tensors_in(list(args) + list(kwargs.values()))).values():
+                        watch.stored[storage[0].data_ptr()] = _u8(storage[0]).clone()
+                return value
 
             cls.run = run
 
@@ -554,7 +559,13 @@ def run_call(watch: TritonWatch, fn, args, kwargs, options: dict):
     provenance = options.get("provenance", False)
     snap = _snapshot(storages) if (checks or provenance) else None
     watch.launched, watch.reverse, watch.disabled = 0, False, False
-    result = fn(*args, **kwargs)
+    watch.stored = {} if provenance else None
+    try:
+        result = fn(*args, **kwargs)
+    finally:
+        stored, watch.stored = watch.stored, None
+    if provenance and watch.launched:
+        _check_written_by_a_launch(result, stored)
     if watch.launched == 0 or snap is None:
         return result
     names = _argument_names(fn, args, kwargs)
@@ -594,6 +605,26 @@ def run_call(watch: TritonWatch, fn, args, kwargs, options: dict):
                 "kernel writes nothing (no tl.store into the output?)"
             )
     return result
+
+
+def _check_written_by_a_launch(result, stored: dict) -> None:
+    """Every tensor the call returns must hold what a launch left in it: its storage was given to a
+    kernel, and nothing changed it after that kernel. A result computed by torch, next to a kernel that
+    ran for show (one that copies an input, or one that only checks whether launches run), fails here."""
+    for tensor in _tensors_in(result):
+        storage = tensor.untyped_storage()
+        after = stored.get(storage.data_ptr())
+        if after is None or _differs(after, _u8(storage)):
+            how = (
+                "no kernel of yours was given it"
+                if after is None
+                else "it changed after your last kernel wrote it"
+            )
+            raise NotFromKernel(
+                f"the output did not come from your kernel: a tensor the call returned ({tuple(tensor.shape)}, "
+                f"{tensor.dtype}) does not hold what a launch stored ({how}); compute the result in your "
+                "@triton.jit kernel and return the tensor it stores into"
+            )
 
 
 def _u8(storage):

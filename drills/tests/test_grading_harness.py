@@ -164,6 +164,30 @@ def _launch(x, y, out, BLOCK=2048, num_warps=4):
     assert result.findings[0]["kind"] == "not_from_kernel" and "did not come from your kernel" in screen
 
 
+def test_torch_answer_beside_a_copy_kernel_did_not_come_from_your_kernel(tmp_path):
+    """A kernel that really stores (x copied into a scratch tensor), and torch computing the answer from
+    the copy: turning launches off changes the result, but what the call returns is not what a launch
+    stored. Also the same answer behind a kernel that only checks whether launches run."""
+    copy = """
+
+@triton.jit
+def _copy_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=offs < n), mask=offs < n)
+
+
+def _launch(x, y, out, BLOCK=2048, num_warps=4):
+    scratch = torch.empty_like(x)
+    _copy_kernel[(triton.cdiv(x.numel(), 1024),)](x, scratch, x.numel(), BLOCK=1024)
+    return torch.add(scratch, y, out=out)
+"""
+    result = grade_t1(tmp_path, t1_source(extra=copy), "test_runs_a_triton_kernel")
+    screen = one_screen(result)
+    assert result.state == "failing", screen
+    assert "does not hold what a launch stored" in failures(result)["test_runs_a_triton_kernel"], screen
+    assert result.findings[0]["kind"] == "not_from_kernel", screen
+
+
 def test_wrong_kernel_fails_with_the_comparison_helpers_replaced(tmp_path):
     """x - y, and drills.compare's helpers replaced by no-ops from the learner's file: the comparison runs
     in the grader's process, which the learner's file never reaches."""
