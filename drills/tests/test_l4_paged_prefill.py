@@ -22,6 +22,7 @@ from drills.tests.launches import assert_runs_a_triton_kernel
 from drills.tests.paged_kv import (
     GARBAGE_BLOCK_IDS,
     PAGED_BAD_INPUTS,
+    PagedCase,
     call_with_canary_out,
     gather_kv,
     in_layer_pool,
@@ -468,6 +469,14 @@ def test_chunked_prefill_equals_one_call(impl, runtime):
 # --- Layout: strides, dtypes, sizes ------------------------------------------------------------------------
 
 
+def pooled_caches(case):
+    """The case's k_cache and v_cache copied into layer 1 of a NaN-filled pool (paged_kv.in_layer_pool)."""
+    pooled = in_layer_pool(
+        PagedCase(case.q, case.k_cache, case.v_cache, case.block_tables, case.context_lens)
+    )
+    return pooled.k_cache, pooled.v_cache
+
+
 def test_q_and_cache_strides_are_used(impl, runtime):
     """q is every other head of a NaN-filled [total_q, 2 Hq, D] buffer, and k_cache, v_cache are layer 1
     of a NaN-filled pool [num_blocks, layers, PAGE, Hkv, 2, D]: only the last dimension is contiguous."""
@@ -476,10 +485,8 @@ def test_q_and_cache_strides_are_used(impl, runtime):
     buffer = torch.full((total_q, 2 * Hq, D), float("nan"), dtype=case.q.dtype, device=runtime.device)
     q = buffer[:, 1::2]  # [total_q, Hq, D], strides (2 Hq D, 2 D, 1)
     q.copy_(case.q)
-    paged = make_paged_case([1], 8, 2, 64, 8, device=runtime.device)  # a PagedCase shell for in_layer_pool
-    paged.k_cache, paged.v_cache = case.k_cache, case.v_cache
-    pooled = in_layer_pool(paged)
-    check(impl, PrefillCase(q, pooled.k_cache, pooled.v_cache, *case.args[3:]))
+    k_cache, v_cache = pooled_caches(case)
+    check(impl, PrefillCase(q, k_cache, v_cache, *case.args[3:]))
 
 
 @pytest.mark.parametrize("layout", ["v-in-a-pool", "v-head-major"])
@@ -490,15 +497,9 @@ def test_k_and_v_caches_with_different_strides(impl, runtime, layout):
     the block stride alone, reads the wrong elements of V."""
     case = make_prefill_case([30, 9], [12, 9], 8, 2, 64, 8, stream=225, device=runtime.device)
     if layout == "v-in-a-pool":
-        paged = make_paged_case(
-            [1], 8, 2, 64, 8, device=runtime.device
-        )  # a PagedCase shell for in_layer_pool
-        paged.k_cache, paged.v_cache = case.k_cache, case.v_cache
-        v_cache = in_layer_pool(paged).v_cache
-    else:
-        v_cache = (
-            case.v_cache.transpose(1, 2).contiguous().transpose(1, 2)
-        )  # strides (PAGE Hkv D, D, PAGE D, 1)
+        _, v_cache = pooled_caches(case)
+    else:  # strides (PAGE Hkv D, D, PAGE D, 1)
+        v_cache = case.v_cache.transpose(1, 2).contiguous().transpose(1, 2)
         assert v_cache.stride(0) == case.k_cache.stride(0)
     assert case.k_cache.stride() != v_cache.stride()
     check(impl, PrefillCase(case.q, case.k_cache, v_cache, *case.args[3:]))
