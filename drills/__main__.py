@@ -124,9 +124,8 @@ def cmd_notebooks(args) -> int:
 
 
 def tool_tests() -> list[str]:
-    """Test files under drills/tests that are not a lesson's grader (the learner tools' own tests)."""
-    graders = {lesson.tests.name for lesson in LESSONS}
-    return sorted(str(p) for p in (ROOT / "drills" / "tests").glob("test_*.py") if p.name not in graders)
+    """The tools' own tests (harness, learner tools, contract, engine, CUDA graphs): tests/ at the top."""
+    return sorted(str(p) for p in (ROOT / "tests").glob("test_*.py"))
 
 
 def cmd_lint(args) -> int:
@@ -142,8 +141,8 @@ def cmd_lint(args) -> int:
         return 1
     fix = getattr(args, "fix", False)
     steps = [
-        [ruff, "format", *([] if fix else ["--check", "--diff"]), "drills"],
-        [ruff, "check", *(["--fix"] if fix else []), "drills"],
+        [ruff, "format", *([] if fix else ["--check", "--diff"]), "drills", "tests"],
+        [ruff, "check", *(["--fix"] if fix else []), "drills", "tests"],
     ]
     return max(subprocess.run(step, cwd=ROOT).returncode for step in steps)
 

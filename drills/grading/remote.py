@@ -426,7 +426,7 @@ class LearnerProcess:
 
     @contextlib.contextmanager
     def record_launches(self):
-        from drills.tests.launches import Launch, Launches
+        from drills.grading.launches import Launch, Launches
 
         launches = Launches()
         self.request("record", True)

@@ -316,7 +316,7 @@ def render(
 # --- The report a grading run writes for the learner tools (pytest --drills-report=PATH) ----------
 
 
-# The report's keys, written by the grader (drills/tests/conftest.py) and read by the learner tools.
+# The report's keys, written by the grader (drills/grading/plugin.py) and read by the learner tools.
 REPORT_SHIFT, REPORT_EXIT, REPORT_LESSONS = "shift", "exitstatus", "lessons"
 CASES, FINDINGS, NOT_STARTED, IMPORT_ERROR = "cases", "findings", "not_started", "import_error"
 STAGES = "stages"  # a staged lesson's Stage list, as dicts (absent for a lesson without stages)

@@ -228,7 +228,7 @@ class TritonWatch:
             self._patch_interpreter()
 
     def _patch_launch(self):
-        from drills.tests.launches import _kernel_classes, describe
+        from drills.grading.launches import _kernel_classes, describe
 
         watch = self
         for cls in _kernel_classes():
@@ -462,8 +462,8 @@ def _storages(tensors) -> dict:
 
 def _snapshot(storages: dict) -> dict | None:
     """Copies of every argument's storage, or None when one is too large to copy (a sparse cache)."""
+    from drills.grading.bigmem import backing_file
     from drills.grading.wire import as_bytes_view
-    from drills.tests.bigmem import backing_file
 
     if any(backing_file(s) is not None for s, _ in storages.values()):
         return None
@@ -861,8 +861,10 @@ def prepare() -> None:
     import torch  # noqa: F401
 
     from drills import contract  # noqa: F401
-    from drills.grading import wire  # noqa: F401  (loaded before the learner's file can reach it)
-    from drills.tests import launches  # noqa: F401
+    from drills.grading import (
+        launches,  # noqa: F401
+        wire,  # noqa: F401  (loaded before the learner's file can reach it)
+    )
 
 
 def main(argv=None) -> int:

@@ -7,24 +7,9 @@ run always grades the same cases, and `SEED=7 make test L=l2` grades other ones 
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 
-SEED_ENV = "SEED"
-
-
-def base_seed() -> int:
-    """The SEED environment variable (0 when unset): added to every test's own stream number."""
-    value = os.environ.get(SEED_ENV, "").strip() or "0"
-    try:
-        return int(value)
-    except ValueError:
-        raise ValueError(f"{SEED_ENV} must be an integer, got {value!r}") from None
-
-
-def seeded(stream: int) -> int:
-    """A test's fixed stream number shifted by SEED: the same cases by default, others when SEED is set."""
-    return stream + base_seed()
+from drills.grading.streams import SEED_ENV, base_seed, seeded  # noqa: F401  (the graders' names)
 
 
 def probe(impl, fn, *args, **kwargs):

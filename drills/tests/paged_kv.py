@@ -13,7 +13,8 @@ from dataclasses import dataclass
 import torch
 
 from drills.compare import assert_untouched
-from drills.tests import bigmem, seeded
+from drills.grading import bigmem
+from drills.tests import seeded
 
 GARBAGE_BLOCK_IDS = (2**31 - 1, -(2**31), -1, 1 << 24)
 

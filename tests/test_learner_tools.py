@@ -20,9 +20,9 @@ import pytest
 import drills.runtime
 from drills import bench, contract, doctor, explainer, grading, learner
 from drills.grading import run
+from drills.grading.launches import count_triton_launches
 from drills.lessons import LESSONS, ROOT, find
 from drills.tests import seeded
-from drills.tests.launches import count_triton_launches
 
 T1 = find("t1")
 

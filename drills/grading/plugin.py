@@ -14,8 +14,8 @@ import drills.runtime
 from drills import contract, grading
 from drills.grading.report import STAGES, stage_lines
 from drills.grading.run import NOT_STARTED_EXIT
+from drills.grading.streams import base_seed
 from drills.lessons import LESSONS, by_stem
-from drills.tests import base_seed
 
 
 def pytest_addoption(parser):
