@@ -94,4 +94,16 @@ MUTANTS = [
         'm_ref = tl.where(m_new == float("-inf"), 0.0, m_new)',
         "m_ref = m_new",
     ),
+    Mutant(
+        "merge_reads_one_tile_of_splits",
+        "14. a fixed-size merge tile: only the first BLOCK_S splits merged",
+        "for s0 in range(0, num_splits, BLOCK_S):",
+        "for s0 in range(0, BLOCK_S, BLOCK_S):",
+    ),
+    Mutant(
+        "merge_ignores_lse",
+        "15. the split merge ignores lse: every non-empty split weighs 1",
+        "w = tl.exp(lse - m_ref)",
+        'w = tl.where(lse > float("-inf"), 1.0, 0.0)',
+    ),
 ]

@@ -12,10 +12,11 @@ import pytest
 import torch
 
 from drills.compare import assert_close, mismatch
+from drills.grading import bigmem
 from drills.grading.diagnose import Mistake
+from drills.grading.launches import assert_runs_a_triton_kernel
 from drills.grading.report import Stage
-from drills.tests import bf16_on_gpu_only, bigmem, seeded, sizes
-from drills.tests.launches import assert_runs_a_triton_kernel
+from drills.tests import bf16_on_gpu_only, seeded, sizes
 from drills.tests.paged_kv import (
     call_with_canary_out,
     in_layer_pool,
@@ -122,6 +123,54 @@ def test_many_splits_merge_with_rescale(impl, runtime):
     k = 0.3 * case.k_cache[blocks, slots, 0].float() + ramp * math.sqrt(D) * q0 / q0.dot(q0)
     case.k_cache[blocks, slots, 0] = k.to(case.q.dtype)  # [n, D]
     check(impl, case, plan=fixed_plan(impl, 16, n))  # 80 splits of one tile each
+
+
+def _with_scores(case, scores):
+    """Sequence 0's keys set so that query head 0 scores exactly `scores` [n] on them (the other heads
+    score multiples of it): k_t = scores[t] * sqrt(D) * q0 / |q0|^2."""
+    n, D = len(scores), case.q.shape[-1]
+    t = torch.arange(n, device=case.q.device)
+    blocks, slots = case.block_tables[0].long()[t // case.k_cache.shape[1]], t % case.k_cache.shape[1]
+    q0 = case.q[0, 0].float()  # [D]
+    k = scores.to(q0.device)[:, None] * math.sqrt(D) * q0 / q0.dot(q0)  # [n, D]
+    case.k_cache[blocks, slots, 0] = k.to(case.q.dtype)
+    return case
+
+
+# The reference's merge reads BLOCK_S = min(64, next_pow2(num_splits)) splits at a time (at least 16):
+# 17 splits are one past a 16-split tile, 65 one past its widest tile, 129 one past a 128-split tile.
+MERGE_TILE_EDGES = (17, 65, 129)
+
+
+@pytest.mark.parametrize("splits", MERGE_TILE_EDGES, ids=[f"splits{s}" for s in MERGE_TILE_EDGES])
+def test_merge_reads_every_tile_of_splits(impl, runtime, splits):
+    """One split more than a merge tile of 16, 64 or 128 holds, one tile (16 tokens) per split. The
+    first split and the last hold the same high score (+8, every other score is 0), so the two weigh
+    the most and exactly the same: the merge's running max is set by its first tile and never changes,
+    and a merge that forgets to rescale is still right here. A merge that reads one fixed-size tile of
+    splits, with no loop over the rest, drops the last split and half the weight."""
+    n = 16 * splits
+    case = make_paged_case([n], 1, 1, 64, 16, device=runtime.device, stream=27)
+    scores = torch.zeros(n)
+    scores[0] = scores[n - 16] = 8.0  # token 0 of the first split and of the last
+    check(impl, _with_scores(case, scores), plan=fixed_plan(impl, 16, n))
+
+
+def test_split_ranges_cover_each_key_once(impl, runtime):
+    """Every score is 0 and every split holds the same number of keys (ctx = 4 chunks of 16, and 3
+    chunks of 32 in a second case): all splits weigh the same, so how the merge weighs them cannot
+    matter, and the output is the plain mean of V. Only split ranges that overlap (a key counted twice)
+    or leave a gap (a key never read) change it. Outputs only: a merge that ignores lse passes here."""
+    for chunk, n in ((16, 64), (32, 96)):
+        case = make_paged_case([n], 4, 1, 64, 16, device=runtime.device, stream=28)
+        _with_scores(case, torch.zeros(n))
+        plan = fixed_plan(impl, chunk, n)
+        out = call_with_canary_out(
+            lambda out, case=case, plan=plan: impl.split_kv_decode(*case.args, plan=plan, out=out),
+            case.q,
+        )
+        ref, _ = paged_attention_reference(*case.args)
+        assert_close(out, ref, DIMS)
 
 
 def test_split_merge_shifts_by_the_max(impl, runtime):
@@ -675,7 +724,7 @@ MISTAKES = [
     ),
     Mistake(
         3,
-        fails=(EVERY_SPLIT,),
+        fails=(EVERY_SPLIT, "test_split_ranges_cover_each_key_once"),
         passes=("test_lse_is_natural_log", "test_last_page_is_masked[1]"),
         question="Unsplit is right and some split counts are not: with chunk = 48 and ctx = 100, which "
         "tokens does each of your splits read, and is any read twice or never?",
@@ -708,7 +757,11 @@ MISTAKES = [
     Mistake(
         6,
         fails=("test_many_splits_merge_with_rescale",),
-        passes=(EVERY_SPLIT, "test_empty_splits_do_not_divide_zero_by_zero"),
+        passes=(
+            EVERY_SPLIT,
+            "test_empty_splits_do_not_divide_zero_by_zero",
+            "test_merge_reads_every_tile_of_splits",
+        ),
         question="More than 64 splits are merged in groups: when a later group has a larger lse, what "
         "happens to the running sum of the earlier groups' weights?",
         section="3.5",
@@ -771,5 +824,25 @@ MISTAKES = [
         question="Every split of a padding sequence is empty, so every lse the merge reads is -inf: what "
         "is the merge's running max then, and what is exp(lse - m)?",
         section="3.5",
+    ),
+    Mistake(
+        14,
+        fails=("test_merge_reads_every_tile_of_splits",),
+        passes=(EVERY_SPLIT,),
+        question="With 65 splits and a merge tile of 64, which splits does your merge read, and which "
+        "does it never load?",
+        section="3.5",
+    ),
+    Mistake(
+        15,
+        fails=(EVERY_SPLIT,),
+        passes=(
+            "test_split_ranges_cover_each_key_once",
+            "test_lse_is_natural_log",
+            "test_last_page_is_masked[1]",
+        ),
+        question="Two splits, one whose keys score far higher than the other's: should their partial "
+        "outputs count equally in the merge, and what tells the merge how much each weighs?",
+        section="2",
     ),
 ]
