@@ -11,7 +11,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from drills import contract, doctor, learner
+from drills import contract, doctor, learner, scaffold
 from drills.engine import chat
 from drills.grading import run
 from drills.lessons import LESSONS, ROOT, find
@@ -375,6 +375,8 @@ def main(argv=None) -> int:
     )
     p = sub.add_parser("chat", help="chat with SmolLM2 served by the engine on your kernels (make chat)")
     chat.parser(p).set_defaults(fn=chat.main)  # the engine's extra is imported only when it runs
+    p = sub.add_parser("new", help="a new lesson's files and entry, ready to fill in (drills/scaffold.py)")
+    scaffold.parser(p).set_defaults(fn=scaffold.main)
     args = parser.parse_args(argv)
     return args.fn(args)
 

@@ -2,7 +2,22 @@
 signatures and docstrings; until the learner starts, its public functions raise NotImplementedError
 with one line naming the file to edit and the explainer to read; and every top-level definition of
 the stub that holds no TODO (a launcher, an input check, a config) is the solution's own code, so a
-retuned `num_warps` in the solution cannot leave the stub launching the old configuration."""
+retuned `num_warps` in the solution cannot leave the stub launching the old configuration.
+
+The contract also holds the lesson's numbering together (numbering_problems): the explainer's pitfalls
+are numbered 1, 2, 3, ... once each; every `Mistake(pitfall=K)` of the grader's MISTAKES and every
+mutant's `"K. ..."` names a titled pitfall K of the explainer (another lesson's, `"L2 pitfall 5: ..."`,
+one of that lesson's), every titled pitfall has a Mistake and a mutant, a Mistake's `section` is a
+section of the explainer, and every `# TODO(section 3.2 "Title")` of the stub names a section that
+exists, with its title as the explainer spells it.
+
+Which stub is checked (contract_stub): the committed one (git HEAD), unless drills/mine/<stem>.py
+differs from it and is still a stub, holding every not-started raise the committed stub holds (the line
+`make test` draws between "not started" and begun): then the working file, the stub being edited. A
+learner's file stops being a stub when its raise is deleted, so a learner's work never fails
+`make contract`; a file not committed yet is read as it is. DRILLS_CONTRACT_STUB=head or =worktree
+overrides the rule.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +27,8 @@ import difflib
 import importlib
 import importlib.util
 import inspect
+import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -20,7 +37,8 @@ from io import StringIO
 from pathlib import Path
 from types import ModuleType
 
-from drills.lessons import ROOT, Lesson
+from drills import explainer
+from drills.lessons import ROOT, Lesson, find
 
 
 def is_kernel(obj) -> bool:
@@ -106,6 +124,183 @@ def pristine_stub_source(lesson: Lesson, committed_only: bool = False) -> str | 
         ).stdout
     except (subprocess.CalledProcessError, FileNotFoundError):
         return None if committed_only else lesson.stub.read_text()
+
+
+STUB_ENV = "DRILLS_CONTRACT_STUB"  # "head" or "worktree": which stub the contract reads, overriding the rule
+
+
+def _not_started_raises(source: str, lesson: Lesson) -> int | None:
+    """How many not-started raises (naming drills/mine/<stem>.py) the source holds; None if it does not parse."""
+    stub_file = f"drills/mine/{lesson.stem}.py"
+    try:
+        return sum(_is_not_started_raise(n, stub_file) for n in ast.walk(ast.parse(source)))
+    except (SyntaxError, ValueError):
+        return None
+
+
+def contract_stub(lesson: Lesson) -> tuple[str, str]:
+    """(the stub source the contract checks, where it came from, in words).
+
+    A contributor edits the stub in drills/mine/<stem>.py, where a learner writes their solution, so the
+    file alone does not say whose it is. The rule: the committed stub (git HEAD), unless the working file
+    differs from it and still holds each of its not-started raises (at least one): `make test` calls such
+    a file "not started", so it is the stub being edited, and the contract reads it. A learner's file
+    stops being a stub when its raise is deleted (the stub's first instruction), and from then on the
+    contract reads the committed stub, so a learner's work never fails `make contract`. A stub not
+    committed yet (a new lesson, or no git) is read from the working tree. DRILLS_CONTRACT_STUB=head or
+    =worktree overrides the rule."""
+    rel = lesson.stub.relative_to(ROOT).as_posix()
+    committed = pristine_stub_source(lesson, committed_only=True)
+    if committed is None:
+        return lesson.stub.read_text(), f"{rel} as in the working tree (not committed yet)"
+    forced = os.environ.get(STUB_ENV, "").strip().lower()
+    if forced == "head" or not lesson.stub.exists():
+        return committed, f"{rel} as committed (git HEAD)"
+    working = lesson.stub.read_text()
+    if forced == "worktree":
+        return working, f"{rel} as in the working tree ({STUB_ENV}=worktree)"
+    if working == committed:
+        return committed, f"{rel} as committed (git HEAD), the same as the working file"
+    have, want = _not_started_raises(working, lesson), _not_started_raises(committed, lesson) or 0
+    if have is not None and have >= max(want, 1):
+        return working, (
+            f"{rel} as in the working tree: it differs from git HEAD and still holds every not-started raise, "
+            f"so it is taken for the stub being edited ({STUB_ENV}=head checks the committed one)"
+        )
+    return committed, (
+        f"{rel} as committed (git HEAD): the working file has begun (a not-started raise deleted, or it does "
+        f"not parse), so it is taken for a learner's work ({STUB_ENV}=worktree checks it instead)"
+    )
+
+
+# --- Numbering: the explainer's pitfalls and sections, as the grader, the mutants and the stub name them ---
+
+_TODO_SECTION = re.compile(r"TODO\((?:stage\s+\d+,\s*)?section\s+")
+_SECTION_REF = re.compile(r'(\d+(?:\.\d+)*)(?:\s+"([^"\n]*)")?')
+_NEXT_REF = re.compile(r"\s*(?:and|,)\s*(?:section\s+)?(?=\d)")
+_OTHER_LESSON = re.compile(r"([A-Z]\d+) pitfall (\d+)")
+
+
+def todo_sections(source: str) -> list[tuple[int, str, str | None]]:
+    """(line, section number, title or None) for each section a `TODO(section 3.2 "Title")` of the source
+    names; `TODO(stage 2, section 3.1 "The grid")` and `TODO(section 3.3 "exp2" and 3.4 "One key block")`
+    too. Comments and strings alike: a stub's not-started raise may carry a TODO."""
+    found = []
+    for head in _TODO_SECTION.finditer(source):
+        pos = head.end()
+        while True:
+            ref = _SECTION_REF.match(source, pos)
+            if ref is None:
+                break
+            found.append((source.count("\n", 0, pos) + 1, ref.group(1), ref.group(2)))
+            more = _NEXT_REF.match(source, ref.end())
+            if more is None:
+                break
+            pos = more.end()
+    return found
+
+
+def _todo_without_section(source: str) -> list[int]:
+    """Lines of the `# TODO` comments that name no section: every TODO points at the section teaching it."""
+    lines = []
+    for tok in tokenize.generate_tokens(StringIO(source).readline):
+        if tok.type == tokenize.COMMENT and tok.string.lstrip("# ").startswith("TODO"):
+            if _TODO_SECTION.match(tok.string.lstrip("# ")) is None:
+                lines.append(tok.start[0])
+    return lines
+
+
+def grader_mistakes(lesson: Lesson) -> list:
+    """The grader's MISTAKES (drills/grading/diagnose.py's Mistake list); [] when it declares none."""
+    return list(getattr(importlib.import_module(f"drills.tests.{lesson.tests.stem}"), "MISTAKES", []))
+
+
+def numbering_problems(
+    lesson: Lesson, stub_source: str | None = None, explainer_text: str | None = None
+) -> list[str]:
+    """Where the explainer's pitfall and section numbers and the grader's MISTAKES, the mutants'
+    `pitfall` prefixes and the stub's TODOs disagree; [] when they agree. stub_source: the stub to read
+    (default: the one the contract checks, contract_stub); explainer_text: the explainer's (default:
+    its file)."""
+    from drills.mutants import load_mutants, pitfall_mismatches, titled_pitfalls
+
+    problems = []
+    where = lesson.explainer.relative_to(ROOT).as_posix()
+    text = lesson.explainer.read_text() if explainer_text is None else explainer_text
+    numbers = [p.number for p in explainer.parse_pitfalls(text)]
+    if numbers != list(range(1, len(numbers) + 1)):
+        problems.append(f"{where}: its pitfalls are numbered {numbers}, not 1 to {len(numbers)} once each")
+    titled = titled_pitfalls(text)
+    sections = {s.number: s.title for s in explainer.parse_sections(text)}
+
+    try:
+        mistakes = grader_mistakes(lesson)
+    except Exception as exc:  # the grader is checked by make test; here only its table is read
+        problems.append(f"{lesson.tests.name} does not import, so its MISTAKES cannot be read: {exc!r}")
+        mistakes = []
+    for m in mistakes:
+        if m.pitfall not in titled:
+            problems.append(
+                f"MISTAKES of {lesson.tests.name} names pitfall {m.pitfall}, which {where} does not list "
+                f"(its titled pitfalls: {titled or 'none'})"
+            )
+        if m.section and m.section not in sections:
+            problems.append(
+                f"MISTAKES of {lesson.tests.name}: pitfall {m.pitfall}'s section {m.section!r} is not a "
+                f"section of {where}"
+            )
+    named = {m.pitfall for m in mistakes}
+    problems += [
+        f"pitfall {n} of {where} has no Mistake in {lesson.tests.name}'s MISTAKES, so no grading can name it"
+        for n in titled
+        if n not in named
+    ]
+
+    try:
+        mutants = load_mutants(lesson.stem)
+    except Exception as exc:
+        problems.append(f"drills/mutants/{lesson.stem}.py does not import: {exc!r}")
+        mutants = []
+    if mutants:
+        problems += [f"drills/mutants/{lesson.stem}.py: {p}" for p in pitfall_mismatches(lesson.stem, text)]
+    else:
+        problems += [
+            f"pitfall {n} of {where} has no mutant in drills/mutants/{lesson.stem}.py" for n in titled
+        ]
+    for m in mutants:
+        other = _OTHER_LESSON.match(m.pitfall)
+        if other is None:
+            continue
+        try:
+            theirs = find(other.group(1).lower())
+        except SystemExit:
+            problems.append(
+                f"mutant {m.name} names pitfall {other.group(2)} of {other.group(1)}, no lesson's id"
+            )
+            continue
+        if int(other.group(2)) not in titled_pitfalls(theirs.explainer.read_text()):
+            problems.append(
+                f"mutant {m.name} names {other.group(1)} pitfall {other.group(2)}, which "
+                f"{theirs.explainer.relative_to(ROOT).as_posix()} does not list"
+            )
+
+    stub = contract_stub(lesson)[0] if stub_source is None else stub_source
+    rel = lesson.stub.relative_to(ROOT).as_posix()
+    for line, number, title in todo_sections(stub):
+        if number not in sections:
+            problems.append(
+                f"{rel} line {line}: its TODO names section {number}, which {where} does not have"
+            )
+        elif title is not None and title != sections[number]:
+            problems.append(
+                f"{rel} line {line}: its TODO names section {number} {title!r}, but {where} titles it "
+                f"{sections[number]!r}"
+            )
+    try:
+        problems += [f"{rel} line {n}: a TODO that names no section" for n in _todo_without_section(stub)]
+    except (tokenize.TokenError, SyntaxError):
+        pass  # a stub that does not tokenize fails the contract's import already
+    return problems
 
 
 def _todo_comments(source: str) -> list[tuple[int, int]]:
@@ -264,8 +459,10 @@ def drifted_definitions(stub_source: str, solution_source: str, stub_file: str) 
 def check(lesson: Lesson, stub_file: Path | None = None, solution_file: Path | None = None) -> list[str]:
     """Problems with the lesson's stub against its solution; an empty list means the contract holds.
 
-    The stub is the committed one (pristine_stub_source), or stub_file; the solution is
-    drills/solutions/<stem>.py, or solution_file (tests check copies without touching either)."""
+    The stub is the one contract_stub chooses, or stub_file; the solution is drills/solutions/<stem>.py,
+    or solution_file (tests check copies without touching either). The lesson's numbering
+    (numbering_problems) is checked with that stub. When the contract fails on a stub that contract_stub
+    chose, the last problem says which file that was."""
     problems = []
     if solution_file is None:
         solution = importlib.import_module(lesson.module("solutions"))
@@ -273,7 +470,10 @@ def check(lesson: Lesson, stub_file: Path | None = None, solution_file: Path | N
     else:
         solution = load_from_file(solution_file, f"drills.solutions._contract_{lesson.stem}")
         solution_source = solution_file.read_text()
-    stub_source = stub_file.read_text() if stub_file is not None else pristine_stub_source(lesson)
+    if stub_file is not None:
+        stub_source, origin = stub_file.read_text(), None
+    else:
+        stub_source, origin = contract_stub(lesson)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / f"{lesson.stem}.py"
         path.write_text(stub_source)
@@ -303,4 +503,7 @@ def check(lesson: Lesson, stub_file: Path | None = None, solution_file: Path | N
     for problem in drifted_definitions(stub_source, solution_source, f"drills/mine/{lesson.stem}.py"):
         if problem not in problems:  # a public docstring is reported once, by the check above
             problems.append(problem)
+    problems += numbering_problems(lesson, stub_source)
+    if problems and origin is not None:
+        problems.append(f"(the stub checked: {origin})")
     return problems
