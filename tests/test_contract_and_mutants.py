@@ -1,4 +1,4 @@
-"""Tests of two maintainer tools (issue 16): the stub contract's rule that a stub's definitions without
+"""Tests of two maintainer tools: the stub contract's rule that a stub's definitions without
 a TODO are the solution's code (drills/contract.py), and the mutation engine, which finds a mutant's
 `old` in the solution as code, so that reformatting a solution keeps every mutant applying
 (drills/mutants/__init__.py). Not a lesson's grader: it runs in `make check`, on copies in temporary

@@ -27,7 +27,7 @@ from drills.lessons import ROOT, find
 from drills.mutants import load_mutants
 
 T1, L3 = find("t1"), find("l3")
-SCREEN_LINES = 60  # issue 10: the summary fits on one screen
+SCREEN_LINES = 60  # the summary fits on one screen
 CANARY = 1234.5  # exactly representable in fp32
 T1_STORE = "tl.store(out_ptr + offs, x + y, mask=mask)"  # the store of T1's kernel
 RUNTIME = drills.runtime.current()
@@ -94,7 +94,7 @@ def words(text: str) -> str:
     return " ".join(text.split())
 
 
-# --- Cheats: each must fail with a message a learner understands (issue 11 point 1) --------------
+# --- Cheats: each must fail with a message a learner understands ---------------------------------
 
 SOLUTION = str(T1.solution)
 CHEATS_AT_IMPORT = {
@@ -203,7 +203,7 @@ drills.compare.assert_close = lambda *args, **kwargs: None
     assert "relative error" in failures(result)["test_out_is_allocated_when_not_given"], screen
 
 
-# --- Kernels that crash, hang, race or write out of bounds: graded, never fatal (issue 10 point 1) -
+# --- Kernels that crash, hang, race or write out of bounds: graded, never fatal ------------------
 
 
 def test_store_without_a_mask_is_graded_on_one_screen(tmp_path):
@@ -329,7 +329,7 @@ def test_warm_gradings_report_what_fresh_ones_do(tmp_path, monkeypatch):
     assert "did not return within 3 s" in message, message
 
 
-# --- What the learner reads: one screen by default, pytest's own lines with VERBOSE (point 4) ----
+# --- What the learner reads: one screen by default, pytest's own lines with VERBOSE --------------
 
 
 def test_verbose_prints_pytest_lines_and_the_default_one_screen():
@@ -358,7 +358,7 @@ def test_verbose_prints_pytest_lines_and_the_default_one_screen():
     assert re.search(rf"{check} PASSED", out["VERBOSE=1"]), out["VERBOSE=1"]
 
 
-# --- make hint follows the diagnosed mistake (point 5) -------------------------------------------
+# --- make hint follows the diagnosed mistake -----------------------------------------------------
 
 
 def test_hint_follows_the_diagnosed_mistake(tmp_path, monkeypatch, capsys):

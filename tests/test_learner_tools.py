@@ -465,6 +465,31 @@ def test_learner_facing_text_never_names_the_source_notes():
     assert not found, "learner-facing text names the source notes:\n" + "\n".join(found[:20])
 
 
+# Nor does any file of the course, its tools' tests included, name an issue of the project's own tracker
+# or a review's point (the word and a number): it says what the code does. An upstream project is cited
+# by repository and number (`sglang issue #40903`, `PR #2114`), which this does not match. The words are
+# assembled from pieces so that this file does not match itself.
+NAMES_AN_ISSUE = re.compile(r"(?i)\b(?:" + "iss" + "ue|po" + r"ints?)\s+\d")  # "issues 499": a verb
+
+
+def _lines_naming_an_issue(where, text):
+    return [
+        f"{where}:{n}: {line.strip()}"
+        for n, line in enumerate(text.splitlines(), 1)
+        if NAMES_AN_ISSUE.search(line)
+    ]
+
+
+def test_no_file_names_an_issue():
+    found = []
+    for where, text, _ in _learner_facing_text():
+        found += _lines_naming_an_issue(where, text)
+    tools_tests = [(f"tests/{p.name}", p.read_text()) for p in sorted((ROOT / "tests").glob("*.py"))]
+    for where, text in [*_course_text(), *tools_tests]:
+        found += [line for line in _lines_naming_an_issue(where, text) if line not in found]
+    assert not found, "a file names an issue instead of saying what the code does:\n" + "\n".join(found[:20])
+
+
 # Every module of drills/ (references, stubs, graders and their helpers, grading, mutants, benchmarks, the
 # engine) and the notebooks' code are code a learner reads as the course's own: there the word is not
 # used even as a name (SamplingParams takes random_state, the graders' case makers a `stream` number,
@@ -518,6 +543,11 @@ def test_source_notes_check_can_fail():
     )
     found = _lines_naming_the_notes("drills/mutants/planted.py", planted, False, seed_rules=False)
     assert len(found) == 4, found
+    issue, point = "iss" + "ue", "po" + "int"
+    planted = f"N = 60  # {issue} 10: a screen\n# --- Cheats ({issue} 11 {point} 1) ---\n(see {point} 4)"
+    assert len(_lines_naming_an_issue("tests/planted.py", planted)) == 3
+    upstream = f"sglang {issue} #40903, PR #2114; the loop {issue}s 499 of them"
+    assert _lines_naming_an_issue("x.md", upstream) == []
     assert _lines_naming_the_notes("README.md", "Measured on an RTX 5090, a kernel takes 176 us.", True) == []
 
 
