@@ -469,7 +469,8 @@ def test_learner_facing_text_never_names_the_source_notes():
 # or a review's point (the word and a number): it says what the code does. An upstream project is cited
 # by repository and number (`sglang issue #40903`, `PR #2114`), which this does not match. The words are
 # assembled from pieces so that this file does not match itself.
-NAMES_AN_ISSUE = re.compile(r"(?i)\b(?:" + "iss" + "ue|po" + r"ints?)\s+\d")  # "issues 499": a verb
+ISSUE = "iss" + "ue"
+NAMES_AN_ISSUE = re.compile(rf"(?i)\b(?:{ISSUE}\s+\d|{ISSUE}'s\b|po" + r"ints?\s+\d)")  # "issues 499": a verb
 
 
 def _lines_naming_an_issue(where, text):
@@ -543,9 +544,10 @@ def test_source_notes_check_can_fail():
     )
     found = _lines_naming_the_notes("drills/mutants/planted.py", planted, False, seed_rules=False)
     assert len(found) == 4, found
-    issue, point = "iss" + "ue", "po" + "int"
+    issue, point = ISSUE, "po" + "int"
     planted = f"N = 60  # {issue} 10: a screen\n# --- Cheats ({issue} 11 {point} 1) ---\n(see {point} 4)"
-    assert len(_lines_naming_an_issue("tests/planted.py", planted)) == 3
+    planted += f"\n# (M, N): the {issue}'s three shapes"
+    assert len(_lines_naming_an_issue("tests/planted.py", planted)) == 4
     upstream = f"sglang {issue} #40903, PR #2114; the loop {issue}s 499 of them"
     assert _lines_naming_an_issue("x.md", upstream) == []
     assert _lines_naming_the_notes("README.md", "Measured on an RTX 5090, a kernel takes 176 us.", True) == []

@@ -1,4 +1,4 @@
-"""L4 benchmark: paged prefill over a cached prefix, on the shapes of the lesson's issue (pure prefill,
+"""L4 benchmark: paged prefill over a cached prefix, on the shapes an engine runs it on (pure prefill,
 chunked prefill, a long prefix, and a mixed batch of prefill chunks and decode rows).
 
 Every implementation does the same causal work, counted exactly: 4 * Hq * D * (sum over the new tokens

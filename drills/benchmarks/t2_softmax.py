@@ -15,7 +15,7 @@ from drills import bench
 from drills.compare import assert_close, mismatch
 
 DEVICE = "cuda"
-# (M, N): the three shapes (one block per row), then a Llama-3-sized vocabulary (three passes).
+# (M, N): three shapes of one block per row, then a Llama-3-sized vocabulary (three passes).
 SHAPES = [(8192, 4096), (4096, 16384), (32768, 1024), (1024, 128256)]
 DTYPE = torch.float16
 SWEEP = [(None, 4), (None, 8), (None, 16), (4096, 8)]  # (BLOCK, num_warps); None = the launcher's BLOCK
