@@ -23,7 +23,7 @@ ENGINE_ENV := engine-check
 endif
 
 .DEFAULT_GOAL := help
-.PHONY: help list test check bench contract notebooks mutants lint progress hint reset diff watch doctor chat engine env-check engine-check clean-venv
+.PHONY: help list test check bench contract new notebooks mutants lint progress hint reset diff watch doctor chat engine env-check engine-check clean-venv
 
 ##@ Learning: your files in drills/mine
 help: ## every target, one line each, learners' first
@@ -76,6 +76,10 @@ lint: $(ENV) ## the formatter and the linter (ruff, as configured in pyproject.t
 
 contract: $(ENV) ## the stub contract alone: same names, signatures, docstrings; code without a TODO as the reference's
 	@$(PYTHON) -m drills contract
+
+new: $(ENV) ## a new lesson's files, LESSONS entry and README row, ready to fill in: make new STEM=l5_paged_append TITLE='...'
+	@test -n "$(STEM)" || { echo "say which stem: make new STEM=l5_paged_append (its id is l5; CONTRIBUTING.md)"; exit 2; }
+	@$(PYTHON) -m drills new $(STEM) $(if $(TITLE),--title "$(TITLE)")
 
 notebooks: $(ENV) ## execute every notebook top to bottom (L= for one); WRITE=1 writes the outputs into the files, to commit
 	@$(PYTHON) -m drills notebooks $(L) $(if $(filter 1,$(WRITE)),--write)
