@@ -22,6 +22,12 @@ MUTANTS = [
         "prev_hash = None",
     ),
     Mutant(
+        "hash_chained_to_block_id",
+        "3. keys chained to the block id before, not to its key",
+        "prev_hash = None if parent is None else self._hash[parent]",
+        "prev_hash = parent",
+    ),
+    Mutant(
         "partial_block_hashed",
         "4. a partial block keyed and shared",
         "num_full = len(token_ids) // bs",
@@ -104,5 +110,23 @@ MUTANTS = [
         "14. the manager's own table handed out (by allocate)",
         "        return list(table)\n",
         "        return table\n",
+    ),
+    Mutant(
+        "partial_block_counted_as_cached",
+        "15. a partly written block counted as cached",
+        "self._num_cached[seq_id] = len(hits) * bs",
+        "self._num_cached[seq_id] = len(token_ids) if len(hits) == num_full else len(hits) * bs",
+    ),
+    Mutant(
+        "freed_block_handed_out_first",
+        "16. a freed block handed out first (the free list used as a stack)",
+        "            if self._ref[block] == 0:\n                self._free[block] = None",
+        "            if self._ref[block] == 0:\n                self._free[block] = None\n                self._free.move_to_end(block, last=False)",
+    ),
+    Mutant(
+        "evicted_block_keeps_its_record",
+        "17. an evicted block keeps the tokens and key it held",
+        "        self._tokens[block], self._parent[block], self._hash[block] = (), None, None\n",
+        "",
     ),
 ]

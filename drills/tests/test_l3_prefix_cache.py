@@ -3,7 +3,7 @@
 Run: make test L=l3 (your drills/mine) or make test L=l3 IMPL=solutions. Pure Python: no kernel and no
 tensors, so every test runs the same on a CPU and on a GPU machine.
 
-The tests use only the public API of issue 4. The random-stream tests run where your code runs (one
+The tests use only the manager's public API. The random-stream tests run where your code runs (one
 round trip, not thousands of calls between processes) and write down every call and its answer; the
 checks then run here, on that record. They also keep a model of the KV cache itself: whenever a
 token's KV is not reused, the engine would write it into the slot the block table names, so the model
@@ -41,6 +41,7 @@ MISTAKES = [
         2,
         fails=("test_block_still_shared_stays_off_the_free_list",),
         passes=("test_free_drops_every_ref_count",),
+        messages=(r"still held by the prefix|returns to the free list|revived blocks 0 and 1 are in use",),
         question="When free() drops a block's count from 2 to 1, does that block go to the free list?",
         section="3.7",
     ),
@@ -48,6 +49,14 @@ MISTAKES = [
         3,
         fails=("test_hash_chains_the_previous_block",),
         question="Do [C, D] after [A, B] and [C, D] after [E, F] get different keys in your manager?",
+        section="3.2",
+    ),
+    Mistake(
+        3,
+        fails=("test_hash_fn_gets_the_previous_key_and_a_tuple",),
+        messages=(r"must be keyed after \[A, B\]'s key|first block's key is hash_fn\(None",),
+        question="What does your manager pass to hash_fn as prev_hash for [C, D] after [A, B]: the key of "
+        "the block before, or something else that names it (its block id, its tokens)?",
         section="3.2",
     ),
     Mistake(
@@ -92,6 +101,7 @@ MISTAKES = [
     Mistake(
         10,
         fails=("test_free_returns_tail_blocks_first",),
+        passes=("test_worked_example_freed_block_is_revived",),
         question="In which order do a freed sequence's blocks join the free list, and which is evicted first?",
         section="3.7",
     ),
@@ -104,7 +114,10 @@ MISTAKES = [
     Mistake(
         12,
         fails=("test_block_filled_by_append_is_shared",),
-        passes=("test_append_never_writes_into_a_full_block",),
+        passes=(
+            "test_append_never_writes_into_a_full_block",
+            "test_partly_written_block_is_not_counted_as_cached",
+        ),
         question="When append fills a block, how does a later prompt with the same tokens find it?",
         section="3.6",
     ),
@@ -126,6 +139,32 @@ MISTAKES = [
         fails=("test_block_table_is_a_copy",),
         question="Is the list block_table (or allocate) returns the manager's own table?",
         section="3.1",
+    ),
+    Mistake(
+        15,
+        fails=("test_partly_written_block_is_not_counted_as_cached",),
+        question="A prompt of 5 tokens in blocks of 2 whose 2 full blocks are cached: how many of its "
+        "tokens already have their KV, and which block still waits for its KV to be computed?",
+        section="3.3",
+    ),
+    Mistake(
+        16,
+        fails=("test_worked_example_freed_block_is_revived",),
+        passes=(
+            "test_worked_example_step_by_step",
+            "test_free_drops_every_ref_count",
+            "test_revived_block_leaves_the_free_list",
+        ),
+        question="Block 2 was freed a moment ago and block 4 has never been used: which of the two should "
+        "the next new block be, and where in your free list does a freed block go?",
+        section="3.5",
+    ),
+    Mistake(
+        17,
+        fails=("test_evicted_block_forgets_what_it_held",),
+        question="When a freed block is handed out again, what does your manager still remember about the "
+        "tokens it held before, and what does the next append add them to?",
+        section="3.5",
     ),
 ]
 
@@ -259,6 +298,24 @@ def test_partial_block_is_never_shared(impl):
     assert m.block_table("s") == [0, 1] and m.block_table("t") == [0, 2]
     assert m.allocate("u", [A, B, C, D]) == [0, 1] and m.num_cached_tokens("u") == 4
     assert m.allocate("v", [A, B, C, E, X]) == [0, 2, 3] and m.num_cached_tokens("v") == 4
+
+
+def test_partly_written_block_is_not_counted_as_cached(impl):
+    """num_cached_tokens counts only the full blocks whose KV was reused. [A, B, C, D, E] after [A, B, C,
+    D]: both full blocks hit, but [E] sits in a new block whose KV the engine must still compute, so 4
+    tokens are cached, not 5; [A, B, C] reuses [A, B] only, since a lone [C] is no full block, even
+    though block 1 begins with C. An engine that trusts a count of 5 skips computing E's KV."""
+    m = impl.BlockManager(8, 2)
+    assert m.allocate("s", [A, B, C, D]) == [0, 1]
+    assert m.allocate("t", [A, B, C, D, E]) == [0, 1, 2], "[A, B] and [C, D] are shared, [E] is new"
+    assert m.num_cached_tokens("t") == 4, (
+        f"num_cached_tokens = {m.num_cached_tokens('t')} for [A, B, C, D, E]: the partial block [E] was "
+        "just handed out, its KV not computed yet"
+    )
+    assert m.allocate("u", [A, B, C]) == [0, 3], "[A, B] is shared, [C] gets its own block"
+    assert m.num_cached_tokens("u") == 2, (
+        f"num_cached_tokens = {m.num_cached_tokens('u')} for [A, B, C]: only the full block [A, B] was reused"
+    )
 
 
 def test_token_ids_checked_on_a_key_hit(impl):
@@ -415,6 +472,26 @@ def test_evicted_block_is_not_revived(impl):
     m.free("u")
     assert m.allocate("w", [A, B, C, D, E, F]) == [0, 1, 2]
     assert m.num_cached_tokens("w") == 4, "block 2 was overwritten by [G, H, X, Y]: not cached any more"
+
+
+def test_evicted_block_forgets_what_it_held(impl):
+    """Block 3 held the partial [C] of "s" = [A, B, C] and waits in the free list. "t" = [A, B] revives
+    block 2 and grows into block 3 with X: block 3 now holds [X] alone, and once evicted it must forget
+    [C] and its old key. A block that keeps its old tokens holds [C, X] on record, is sealed under that
+    key, and [A, B, C, X] would then read the KV of [A, B, X] from it."""
+    m = impl.BlockManager(4, 2)
+    assert m.allocate("keep", [G, H, G]) == [0, 1]
+    assert m.allocate("s", [A, B, C]) == [2, 3]
+    m.free("s")
+    assert m.allocate("t", [A, B]) == [2] and m.num_cached_tokens("t") == 2
+    m.append("t", X)
+    assert m.block_table("t") == [2, 3], "t grows into block 3, the only free block"
+    m.free("keep")
+    table = m.allocate("u", [A, B, C, X])
+    assert m.num_cached_tokens("u") == 2 and table == [2, 1], (
+        f"[A, B, C, X] got {table} with {m.num_cached_tokens('u')} cached tokens: block 3 holds [X] "
+        "(t's third token), not [C, X]; only [A, B] may be reused"
+    )
 
 
 def test_evicted_block_does_not_vouch_for_its_old_child(impl):
