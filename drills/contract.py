@@ -93,16 +93,13 @@ def deleted_a_stub_raise(path: str | Path, lesson: Lesson) -> bool:
     """Whether the file holds fewer of the stub's not-started raises than the stub: such a file is
     started even though some function still raises NotImplementedError (a staged lesson is begun
     where its first stage is: F1's merge_states, with plan()'s raise still in place)."""
-    stub_file = f"drills/mine/{lesson.stem}.py"
-
-    def count(source: str) -> int:
-        return sum(_is_not_started_raise(n, stub_file) for n in ast.walk(ast.parse(source)))
-
     try:
         stub = pristine_stub_source(lesson)
-        return stub is not None and count(Path(path).read_text()) < count(stub)
-    except (OSError, SyntaxError, ValueError):
+        have = _not_started_raises(Path(path).read_text(), lesson)
+    except OSError:
         return False
+    want = _not_started_raises(stub, lesson) if stub is not None else None
+    return have is not None and want is not None and have < want
 
 
 def load_from_file(path: Path, name: str) -> ModuleType:
@@ -204,8 +201,9 @@ def _todo_without_section(source: str) -> list[int]:
     """Lines of the `# TODO` comments that name no section: every TODO points at the section teaching it."""
     lines = []
     for tok in tokenize.generate_tokens(StringIO(source).readline):
-        if tok.type == tokenize.COMMENT and tok.string.lstrip("# ").startswith("TODO"):
-            if _TODO_SECTION.match(tok.string.lstrip("# ")) is None:
+        text = tok.string.lstrip("# ")
+        if tok.type == tokenize.COMMENT and re.match(r"TODO\b", text):
+            if _TODO_SECTION.match(text) is None:
                 lines.append(tok.start[0])
     return lines
 

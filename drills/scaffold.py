@@ -443,9 +443,12 @@ def create(stem: str, title: str | None = None, track: str | None = None, root: 
     check_stem(stem, root, track)
     n = _names(stem)
     track = track or re.match(r"[a-z]+", n["id"]).group(0)[0].upper()
-    title = (title or n["fn"].replace("_", " ").capitalize()).strip()
-    if not title or "\n" in title or "|" in title:
-        raise ValueError(f"title {title!r} is malformed: one line, without '|' (the README's table)")
+    title = (title or n["fn"].replace("_", " ").capitalize()).strip().rstrip(".")
+    if not title or any(ch in title for ch in '\n"\\|'):
+        raise ValueError(
+            f"title {title!r} is malformed: one line without double quotes, backslashes or '|' "
+            "(it goes into docstrings and the README's table)"
+        )
     lessons_file = root / "drills" / "lessons.py"
     lessons_source, after_id = _with_entry(lessons_file.read_text(), stem, title, track)
     written = []

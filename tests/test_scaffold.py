@@ -146,6 +146,14 @@ def test_malformed_or_taken_stem_is_refused_before_anything_is_written(copy, ste
     assert git(copy, "status", "--porcelain") == before
 
 
+@pytest.mark.parametrize("title", ['Say "hi"', "a | b", "two\nlines"])
+def test_malformed_title_is_refused_before_anything_is_written(copy, title):
+    before = git(copy, "status", "--porcelain")
+    with pytest.raises(ValueError, match=r"^title "):
+        scaffold.create("x8_other", title=title, root=copy)
+    assert git(copy, "status", "--porcelain") == before
+
+
 def test_contract_reads_a_stub_being_edited_and_leaves_a_learners_file_alone(copy):
     """Committed, the new stub is edited: while it keeps its not-started raise the contract reads the
     working file (a launcher that drifted from the solution fails, naming the file read); once the raise
