@@ -176,7 +176,7 @@ def test_launch_keeps_misaligned_views_apart():
     assert seen[2:] == [0, 0, 0], f"new binaries per call {seen}: a seen alignment was not reused"
 
 
-# --- The engine's decode steps as graphs (drills/engine/llm.py DecodeGraphs) -------------------------
+# --- The engine's decode steps as graphs (drills/engine/graphs.py DecodeGraphs) ----------------------
 
 
 def _engine_tokens(weights, prompts, cuda_graphs, max_tokens=12):
@@ -208,10 +208,11 @@ def test_engine_decode_graphs_replay_what_eager_steps_compute():
     """Five ragged requests (a batch of 5 padded to the graph of 8, then fewer as none finish early):
     with decode steps replayed as CUDA graphs, the same tokens as eager steps, and logits within bf16
     noise of them (a graph's decode plan is made for the longest context, so its splits differ)."""
-    from drills.engine import model as llama
+    from drills.engine.config import tiny_config
+    from drills.engine.model import random_weights
 
-    config = llama.tiny_config()
-    weights = llama.random_weights(config, stream=5, dtype=torch.bfloat16, device="cuda")
+    config = tiny_config()
+    weights = random_weights(config, stream=5, dtype=torch.bfloat16, device="cuda")
     for layer in weights.layers:  # sharper attention and MLP: greedy tokens then depend on the context
         layer.wqkv.mul_(5)
         layer.w_gate_up.mul_(5)

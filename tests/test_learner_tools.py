@@ -677,18 +677,18 @@ def test_engine_runs_a_passing_file_and_says_whose_code_runs(mine):
     """make chat and LLM(use="auto"): a lesson's file of the learner's where its last make test of the file
     as it is now passed, the reference otherwise, and the start-up lines say which and why (an untouched
     stub, a file changed since its passing grade)."""
-    from drills.engine import kernels
+    from drills.engine import sources
 
     l3 = find("l3")
     shutil.copy(l3.solution, mine / f"{l3.stem}.py")  # a finished L3, graded passing below
     learner.remember(run.Grade(l3, "passing"))
-    choices = kernels.choose("auto")
+    choices = sources.choose("auto")
     assert choices[l3.stem].impl == "mine" and "passes make test" in choices[l3.stem].line
     assert choices["l1_paged_kv_cache"].impl == "solutions"
     assert "not started" in choices["l1_paged_kv_cache"].line
     with open(mine / f"{l3.stem}.py", "a") as f:
         f.write("\n# changed after its grade\n")
-    choices = kernels.choose("auto")
+    choices = sources.choose("auto")
     assert choices[l3.stem].impl == "solutions", "a file changed since it passed must not be trusted"
     assert "make test L=l3" in choices[l3.stem].line
-    assert all(c.impl == "solutions" for c in kernels.choose("solutions").values())
+    assert all(c.impl == "solutions" for c in sources.choose("solutions").values())

@@ -16,7 +16,7 @@ import math
 
 import torch
 
-from drills.engine.model import causal_attention
+from drills.engine.oracle import causal_attention
 
 
 class PagedKVCache:
@@ -41,7 +41,7 @@ class PagedKVCache:
 
 
 class KernelAttention:
-    """Attention through the course's kernels (yours where they pass their graders, see kernels.py).
+    """Attention through the course's kernels (yours where they pass their graders, see sources.py).
 
     The kernels take fp16 or bf16: q, k and v are cast to the cache's dtype and the output back to q's.
     Call begin_step(inputs) once per step before the forward: a decode step's F1 plan reads the

@@ -29,7 +29,7 @@ def missing_extra() -> list[str]:
     """The engine's packages (or the model's file) this Python lacks: [] when make chat can run."""
     import importlib.util
 
-    from drills.engine.model import GGUF_PACKAGE, smollm2_gguf_path
+    from drills.engine.loader import GGUF_PACKAGE, smollm2_gguf_path
 
     missing = [name for name in ("gguf", "tokenizers") if importlib.util.find_spec(name) is None]
     if importlib.util.find_spec(GGUF_PACKAGE) is None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from drills.engine.model import INSTALL_HINT, _metadata, _reader
+from drills.engine.loader import INSTALL_HINT, _metadata, _reader
 
 CONTROL = 3  # llama.cpp's token type of a special token (<|im_start|>, <|endoftext|>, ...)
 SUPPORTED_PRE = {"smollm"}  # the pre-tokenizer rules this file knows how to rebuild

@@ -63,7 +63,7 @@ def choose(use: str = "auto") -> dict[str, Choice]:
 
 
 def load(choices: dict[str, Choice]) -> SimpleNamespace:
-    """One namespace with every part the engine calls (kernels.store_kvcache, kernels.Scheduler, ...)."""
+    """One namespace with every part the engine calls (parts.store_kvcache, parts.Scheduler, ...)."""
     parts = {}
     for stem, names in PARTS.items():
         module = importlib.import_module(choices[stem].lesson.module(choices[stem].impl))

@@ -1,0 +1,137 @@
+"""What the engine is configured with, every default written once: a model's shapes and the engine's settings.
+
+LlamaConfig is a decoder's shapes (read from a GGUF file by loader.read_config, or one of the presets
+below for random weights). EngineConfig is what LLM and Engine take: the attention path, the
+scheduler's limits and the KV cache's size, as nano-vllm's config.py holds them in one Config.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ATTENTION = ("kernels", "torch")
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    """The shapes and constants of a Llama-architecture decoder (the fields of transformers' LlamaConfig
+    an inference engine needs)."""
+
+    num_layers: int
+    hidden_size: int  # H
+    num_heads: int  # Hq
+    num_kv_heads: int  # Hkv; GQA: query head h reads kv head h // (Hq // Hkv)
+    head_dim: int  # D
+    intermediate_size: int  # I, the SwiGLU width
+    vocab_size: int  # V
+    rope_theta: float
+    rms_norm_eps: float
+    max_position: int  # the context length the model was trained for
+    tie_word_embeddings: bool  # the logits reuse the embedding matrix
+
+    @property
+    def group(self) -> int:
+        """Query heads per kv head (3 for SmolLM2-135M: not a power of two)."""
+        return self.num_heads // self.num_kv_heads
+
+    @property
+    def qkv_rows(self) -> int:
+        return (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
+
+
+def smollm2_135m_config() -> LlamaConfig:
+    """SmolLM2-135M-Instruct's shapes, for random weights where the GGUF file is absent (a GPU box).
+    tests/test_engine_model.py checks every value against the file's metadata."""
+    return LlamaConfig(
+        num_layers=30,
+        hidden_size=576,
+        num_heads=9,
+        num_kv_heads=3,
+        head_dim=64,
+        intermediate_size=1536,
+        vocab_size=49152,
+        rope_theta=100000.0,
+        rms_norm_eps=1e-5,
+        max_position=8192,
+        tie_word_embeddings=True,
+    )
+
+
+def llama_8b_shaped_config(num_layers: int = 4) -> LlamaConfig:
+    """Llama-3-8B's layer shapes, fewer layers: what the decode kernels' bandwidth means end to end."""
+    return LlamaConfig(
+        num_layers=num_layers,
+        hidden_size=4096,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        intermediate_size=14336,
+        vocab_size=128256,
+        rope_theta=500000.0,
+        rms_norm_eps=1e-5,
+        max_position=8192,
+        tie_word_embeddings=False,
+    )
+
+
+def tiny_config() -> LlamaConfig:
+    """A model small enough for CPU tests that run the whole engine many times; GQA group 3 as SmolLM2."""
+    return LlamaConfig(
+        num_layers=2,
+        hidden_size=96,
+        num_heads=6,
+        num_kv_heads=2,
+        head_dim=16,
+        intermediate_size=160,
+        vocab_size=256,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-5,
+        max_position=1024,
+        tie_word_embeddings=True,
+    )
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """The engine's settings. LLM(**settings) builds one from keyword arguments; Engine takes one.
+
+    attention               "kernels" (the course's Triton kernels; under the interpreter on a CPU: slow)
+                            or "torch" (TorchPagedAttention)
+    max_num_seqs            sequences in one step at most (the largest batch a CUDA graph is captured for)
+    max_num_batched_tokens  tokens in one step at most: the scheduler's token budget
+    chunked_prefill         a prompt longer than the budget left is computed over several steps
+    max_model_len           prompt + output tokens of a request at most; None: the model's context
+    cuda_graphs             replay decode steps as CUDA graphs; None: on where attention="kernels" runs
+                            on a GPU (they need both)
+    block_size              tokens per KV block (PAGE)
+    num_blocks              blocks in the KV pool; None: LLM sizes it (40% of the free GPU memory,
+                            capped at what max_num_seqs full-length sequences need; on a CPU one
+                            sequence of max_model_len: a chat is one sequence)
+    prefix_caching          reuse the blocks of earlier prompts with the same beginning (L3)
+    """
+
+    attention: str = "kernels"
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    chunked_prefill: bool = True
+    max_model_len: int | None = None
+    cuda_graphs: bool | None = None
+    block_size: int = 16
+    num_blocks: int | None = None
+    prefix_caching: bool = True
+
+    def __post_init__(self):
+        if self.attention not in ATTENTION:
+            raise ValueError(f"attention must be one of {ATTENTION}, got {self.attention!r}")
+
+    def model_len(self, model: LlamaConfig) -> int:
+        """The longest request in tokens: max_model_len, never past the context the model was trained for."""
+        return min(self.max_model_len or model.max_position, model.max_position)
+
+    def graphs_on(self, device) -> bool:
+        """Whether decode steps replay as CUDA graphs on `device` (a torch.device)."""
+        if self.cuda_graphs is None:
+            return self.attention == "kernels" and device.type == "cuda"
+        if self.cuda_graphs and (self.attention != "kernels" or device.type != "cuda"):
+            raise ValueError("cuda_graphs needs attention='kernels' on a CUDA device")
+        return self.cuda_graphs
