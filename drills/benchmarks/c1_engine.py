@@ -1,6 +1,6 @@
 """C1 benchmark: the whole engine serving a batch of chat requests, against Hugging Face transformers.
 
-Requests (issue 15): 256 chat prompts sharing a 300-token system prompt, each followed by 20 to 200
+Requests: 256 chat prompts sharing a 300-token system prompt, each followed by 20 to 200
 tokens of its own, 128 output tokens each with ignore_eos (every request generates exactly 128, so the
 work is the same for every configuration and peer). Throughput does not depend on the weights' values,
 so random weights of SmolLM2-135M-Instruct's shapes stand in for the 98 MB model file (bf16, as the
@@ -10,7 +10,7 @@ the same token ids and GPU; then a Llama-3-8B-shaped model cut to 4 layers: 5.3x
 token and layer, about 10x the weight bytes per step, where the kernels' bandwidth shows end to end.
 
 Every engine row is checked before it counts: the first 16 tokens of 4 requests, teacher-forced
-through the reference forward (drills/engine/model.py, contiguous caches), are each among the
+through the reference forward (drills/engine/oracle.py, contiguous caches), are each among the
 reference's 5 likeliest (random weights give near-flat logits, where bf16 may flip an exact argmax). Times are wall-clock from the first request queued to the
 last token sampled, after a warm-up run of the same traffic with other token ids (every kernel
 specialisation compiled, the graphs captured).
@@ -107,14 +107,15 @@ def _check_outputs(llm, prompts, got, steps=16, top=5):
     teacher-forced on the engine's own tokens: each of the first `steps` tokens must be among the
     reference's `top` most likely at its position. Random weights give near-flat logits, where bf16 may
     flip an argmax; a wrong cache, slot or length gives tokens far outside the top few of 49,152."""
-    from drills.engine import model as llama
+    from drills.engine.model import forward
+    from drills.engine.oracle import ReferenceAttention, ReferenceMeta
 
     for prompt, tokens in zip(prompts, got):
         ids = prompt + tokens[:steps]
-        attention = llama.ReferenceAttention(llm.model.config)
-        meta = llama.ReferenceMeta(seq_ids=[0], query_lens=[len(ids)])
+        attention = ReferenceAttention(llm.model.config)
+        meta = ReferenceMeta(seq_ids=[0], query_lens=[len(ids)])
         device = llm.model.device
-        logits = llama.forward(
+        logits = forward(
             llm.model,
             torch.tensor(ids, device=device),
             torch.arange(len(ids), device=device),
@@ -190,11 +191,12 @@ def transformers_row(weights, prompts, batch, model_name) -> dict | None:
 
 
 def run(impl) -> tuple[bench.Table, list[str]]:
-    from drills.engine import model as llama
+    from drills.engine.config import EngineConfig, llama_8b_shaped_config, smollm2_135m_config
+    from drills.engine.model import random_weights
 
     table = bench.Table(COLUMNS)
     notes = []
-    small = llama.random_weights(llama.smollm2_135m_config(), stream=0, dtype=torch.bfloat16, device="cuda")
+    small = random_weights(smollm2_135m_config(), stream=0, dtype=torch.bfloat16, device="cuda")
     prompts = requests(small.config.vocab_size)
     rows = [
         engine_row(impl, small, prompts, "engine", "SmolLM2-135M shapes"),
@@ -210,7 +212,7 @@ def run(impl) -> tuple[bench.Table, list[str]]:
         row["vs_hf"] = row["c1_tok_s"] / best if best else None
     del small
     torch.cuda.empty_cache()
-    big = llama.random_weights(llama.llama_8b_shaped_config(4), stream=0, dtype=torch.bfloat16, device="cuda")
+    big = random_weights(llama_8b_shaped_config(4), stream=0, dtype=torch.bfloat16, device="cuda")
     big_prompts = requests(big.config.vocab_size)
     big_rows = [engine_row(impl, big, big_prompts, "engine", "Llama-3-8B shapes, 4 layers")]
     big_peer = transformers_row(big, big_prompts, 256, "Llama-3-8B shapes, 4 layers")
@@ -218,16 +220,18 @@ def run(impl) -> tuple[bench.Table, list[str]]:
         big_rows[0]["vs_hf"] = big_rows[0]["c1_tok_s"] / big_peer["c1_tok_s"]
     for row in rows + peers + big_rows + ([big_peer] if big_peer else []):
         table.add(row)
+    c = EngineConfig()  # the rows' settings, except where a row's configuration says otherwise
     notes += [
         f"{NUM_REQUESTS} requests: a shared {SYSTEM_TOKENS}-token system prompt + {USER_TOKENS[0]}-{USER_TOKENS[1]} "
         f"tokens each, {OUTPUT_TOKENS} output tokens each (ignore_eos), greedy; random weights in bf16.",
-        "Engine: block size 16, max_num_batched_tokens 8192, max_num_seqs 256, the references of L1, L3, L4, F1; "
+        f"Engine: block size {c.block_size}, max_num_batched_tokens {c.max_num_batched_tokens}, max_num_seqs "
+        f"{c.max_num_seqs}, the references of L1, L3, L4, F1; "
         "time from the first request queued to the last token, after a warm-up run of the same traffic with other token ids.",
         "prefill tokens computed counts prompt tokens the model ran (prefix hits excluded); requests admitted in "
         "the same step as the first one recompute the shared prompt, whose blocks are not written yet.",
         "transformers: LlamaForCausalLM of the same config and weights' shapes (its own random init), "
         "generate() with left padding, min_new_tokens = max_new_tokens, SDPA attention.",
-        "Target (issue 15): at least 5x the better transformers batch, i.e. 14,000 output tok/s on an H200.",
+        "Target: at least 5x the better transformers batch, i.e. 14,000 output tok/s on an H200.",
     ]
     if not peers:
         notes.append("transformers is not installed here: its rows and the ratio are n/a.")

@@ -12,7 +12,7 @@ A step holds a token budget. Decode rows cost one token each; prompts cost what 
     without prefix caching: 256 * (300 + 100) = 102,400 prefill tokens
     with it: 400 + 255 * (300 - 288 + 100) = 28,960   (the first computes all; 288 = 18 full blocks cached)
 
-The engine (drills/engine/llm.py) calls Scheduler.schedule(), prepare_inputs(), the model, then
+The engine (drills/engine/engine.py) calls Scheduler.schedule(), prepare_inputs(), the model, then
 Scheduler.postprocess() once per step; `make chat` and the notebook run your file once it passes.
 """
 

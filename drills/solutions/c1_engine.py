@@ -11,7 +11,7 @@ A step holds a token budget. Decode rows cost one token each; prompts cost what 
 Read top to bottom: the request's parameters and state (given), the scheduler (admission with prefix
 hits, the token budget and chunked prefill, preemption by recomputation, bookkeeping after a step),
 then prepare_inputs. The model, the kernels and sampling are in drills/engine/; the engine in
-drills/engine/llm.py calls Scheduler.schedule(), prepare_inputs(), the model, then
+drills/engine/engine.py calls Scheduler.schedule(), prepare_inputs(), the model, then
 Scheduler.postprocess() once per step. Explainer: drills/content/c1_engine.md.
 """
 
