@@ -27,6 +27,13 @@ read these names from it, and nothing else:
                 named impl (test_learner_tools checks it).
   NEEDS_CUDA    optional, default True. False (a pure-Python lesson such as L3) lets `make bench` run
                 on a CPU; publish then names the CPU instead of a GPU.
+  FIGURES       optional {name: figure(data) -> str}: the measured figures the explainer's sentences
+                quote, each computed from data, the lesson's JSON as publish writes it ({"meta",
+                "notes", "rows"}). A sentence quotes one as `<!--fig:name-->0.91<!--/fig-->` (the
+                comments do not render); publish rewrites the text between them from the fresh JSON,
+                and tests/test_explainer_figures.py fails when a span's text is not what the committed
+                JSON renders, names no figure, or a measured figure stands outside a span. Use the
+                helpers below (num, span_of, joined) so that a figure is written as the table writes it.
 
 `make bench L=<id>` (IMPL=solutions) calls run(reference) then publish(); `make bench L=<id> IMPL=mine`
 calls run(learner's module) then print_comparison(), which takes the reference's rows from the
@@ -197,12 +204,16 @@ class Table:
         print(" | ".join(_fmt(row.get(k)) for k, _ in self.columns), flush=True)
 
     def markdown(self) -> str:
-        lines = [
-            "| " + " | ".join(h for _, h in self.columns) + " |",
-            "|" + "|".join(" --- " for _ in self.columns) + "|",
-        ]
-        lines += ["| " + " | ".join(_fmt(r.get(k)) for k, _ in self.columns) + " |" for r in self.rows]
-        return "\n".join(lines)
+        return markdown_table(self.columns, self.rows)
+
+
+def markdown_table(columns: list[tuple[str, str]], rows: list[dict]) -> str:
+    lines = [
+        "| " + " | ".join(h for _, h in columns) + " |",
+        "|" + "|".join(" --- " for _ in columns) + "|",
+    ]
+    lines += ["| " + " | ".join(_fmt(r.get(k)) for k, _ in columns) + " |" for r in rows]
+    return "\n".join(lines)
 
 
 def _fmt(v) -> str:
@@ -213,30 +224,187 @@ def _fmt(v) -> str:
     return str(v)
 
 
-def publish(lesson: Lesson, table: Table, notes: list[str], plot) -> None:
-    """Write <stem>.bench.json and <stem>.bench.png under drills/content/ and rewrite the block between
-    `<!-- bench:start -->` and `<!-- bench:end -->` in the explainer."""
-    meta = stamp()
-    content = lesson.explainer.parent
-    json_path = content / f"{lesson.stem}.bench.json"
-    png_path = content / f"{lesson.stem}.bench.png"
-    json_path.write_text(json.dumps({"meta": meta, "notes": notes, "rows": table.rows}, indent=1) + "\n")
-    plot(table.rows, meta, png_path)
+# --- Figures in sentences: one home, the JSON -------------------------------------------------------
+
+FIGURE = re.compile(r"<!--fig:([\w.-]+)-->(.*?)<!--/fig-->", re.S)
+
+
+def num(value: float, digits: int | None = None) -> str:
+    """A measured value as a sentence quotes it: digits after the point, else as the table's cells
+    (_fmt: 2 digits below 10, none above), with a thousands separator from 10,000 up."""
+    if digits is None:
+        digits = 2 if abs(value) < 10 else 0
+    text = f"{value:,.{digits}f}"
+    return text if abs(value) >= 10_000 else text.replace(",", "")
+
+
+def span_of(values, digits: int | None = None, sep: str = " to ") -> str:
+    """ "low to high" of the values, each as num writes it."""
+    values = list(values)
+    return f"{num(min(values), digits)}{sep}{num(max(values), digits)}"
+
+
+def joined(values, digits: int | None = None, sep: str = " / ") -> str:
+    """The values in order, as num writes them, joined by sep: "0.91 / 0.90 / 0.93"."""
+    return sep.join(num(v, digits) for v in values)
+
+
+def render_figures(text: str, figures: dict, data: dict) -> str:
+    """text with every `<!--fig:name-->...<!--/fig-->` span refilled from data; a span naming no
+    figure stops with an error (a typo must not leave a stale number standing)."""
+
+    def fill(match):
+        name = match.group(1)
+        if name not in figures:
+            raise SystemExit(f"the explainer quotes figure {name!r}, which FIGURES does not define")
+        return f"<!--fig:{name}-->{figures[name](data)}<!--/fig-->"
+
+    return FIGURE.sub(fill, text)
+
+
+def stale_figures_in(text: str, figures: dict, data: dict) -> list[str]:
+    """The spans of text whose content is not what data renders, or that name no figure, one line each
+    ("name: the text says X, the JSON gives Y"); empty when every figure is current."""
+    found = []
+    for name, said in FIGURE.findall(text):
+        if name not in figures:
+            found.append(f"{name}: quoted, but the benchmark's FIGURES has no such figure")
+        elif said != (fresh := figures[name](data)):
+            found.append(f"{name}: the text says {said!r}, the JSON gives {fresh!r}")
+    return found
+
+
+def stale_figures(lesson: Lesson) -> list[str]:
+    """stale_figures_in for the lesson's explainer and its committed JSON."""
+    text = lesson.explainer.read_text()
+    path = lesson.explainer.parent / f"{lesson.stem}.bench.json"
+    if not FIGURE.search(text):
+        return []
+    if not lesson.benchmark.exists() or not path.exists():
+        return [f"{name}: quoted, but the lesson has no benchmark JSON" for name, _ in FIGURE.findall(text)]
+    figures = getattr(benchmark_module(lesson), "FIGURES", {})
+    return stale_figures_in(text, figures, json.loads(path.read_text()))
+
+
+# A measured figure as prose states one: a number (or a range, "342 to 449", "1.00 / 0.95") and a unit
+# of speed or time, or a ratio to a peer or a ceiling. What is exempt: spans, the bench block, code,
+# tables, a target ("at least 0.95 x fa3"), and a sentence that says where else the figure comes from
+# (a datasheet, another GPU: numbers measured elsewhere are quoted as theirs).
+_NUMBER = r"(?<![\w.])\d[\d,]*(?:\.\d+)?(?:\s*(?:to|-|/|and)\s*\d[\d,]*(?:\.\d+)?)*"
+MEASURED = re.compile(
+    _NUMBER + r"\s*(?:TFLOP/s|GB/s|TB/s|tok/s|tokens/s|µs|us\b|ms\b|s to first token"
+    r"|(?:×|x|times)\s+(?:fa2|fa3|FlashInfer|cuBLAS|SDPA|torch|transformers|T5|the|L2|F1)\b"
+    r"|of\s+(?:the|its|T5|fa3|FlashInfer)\s+(?:\w+\s+)?(?:ceiling|best|fixed|read|copy|peak)\b)"
+)
+TARGET = re.compile(r"least|target|≥|>=")
+ELSEWHERE = re.compile(r"datasheet|RTX|A100|H100|B200|L40S|MI\d{3}|another GPU|their GPU|a laptop|on a CPU")
+
+
+def unquoted_figures(text: str) -> list[str]:
+    """The measured figures of an explainer's prose that stand outside a figure span, one line each
+    ("line N: ... 342 to 449 TFLOP/s ..."): each must come from the JSON through FIGURES, or go."""
+    text = BENCH_BLOCK.sub(lambda m: "\n" * m.group(0).count("\n"), text)
+    text = FIGURE.sub(lambda m: "FIG" + "\n" * m.group(0).count("\n"), text)
+    found, fenced = [], False
+    lines = text.splitlines()
+    for n, line in enumerate(lines, 1):
+        if line.startswith("```"):
+            fenced = not fenced
+        if fenced or line.lstrip().startswith(("|", "```", "    ")) or line.startswith("#"):
+            continue
+        for match in MEASURED.finditer(line):
+            if line[: match.start()].rstrip().lower().endswith("section"):
+                continue  # "section 5 times FlashInfer": a verb after a section number
+            if TARGET.search(
+                line[max(0, match.start() - 12) : match.start()] + line[match.end() : match.end() + 8]
+            ):
+                continue  # a target is a goal, not a measurement
+            sentence = _sentence(lines, n - 1, match.start())
+            if not ELSEWHERE.search(sentence):
+                found.append(f"line {n}: ...{line[max(0, match.start() - 30) : match.end() + 10]}...")
+    return found
+
+
+def _sentence(lines: list[str], i: int, col: int) -> str:
+    """The sentence around column col of lines[i], across the lines of its paragraph."""
+    start, end = i, i
+    while start > 0 and lines[start - 1].strip() and not lines[start - 1].lstrip().startswith(("|", "#")):
+        start -= 1
+    while (
+        end + 1 < len(lines) and lines[end + 1].strip() and not lines[end + 1].lstrip().startswith(("|", "#"))
+    ):
+        end += 1
+    before = " ".join(lines[start:i] + [lines[i][:col]])
+    after = " ".join([lines[i][col:]] + lines[i + 1 : end + 1])
+    head = re.split(r"(?<=[.;:])\s+(?=[A-Z(])", before)[-1]
+    tail = re.split(r"(?<=[.;])\s+(?=[A-Z(])", after)[0]
+    return head + tail
+
+
+BENCH_BLOCK = re.compile(r"<!-- bench:start -->\n?(.*?)\n?<!-- bench:end -->", re.S)
+
+
+def bench_block(lesson: Lesson, columns: list[tuple[str, str]], data: dict) -> str:
+    """What publish writes between the bench markers for data (the lesson's JSON): the stamp, the
+    table, the notes and the plot."""
+    meta = data["meta"]
     where = meta["gpu"] or f"the CPU ({meta['cpu']}, no GPU involved)"
     header = (
         f"Measured on {where}, torch {meta['torch']} (CUDA {meta['cuda']}), Triton {meta['triton']}, "
         f"{meta['date']}, by `make bench L={lesson.id}`."
     )
-    block = "\n\n".join(
-        [header, table.markdown(), "\n".join(f"- {n}" for n in notes), f"![benchmark plot]({png_path.name})"]
-    )
+    table = markdown_table(columns, data["rows"])
+    notes = "\n".join(f"- {n}" for n in data["notes"])
+    return "\n\n".join([header, table, notes, f"![benchmark plot]({lesson.stem}.bench.png)"])
+
+
+def stale_table_in(text: str, lesson: Lesson, columns: list[tuple[str, str]], data: dict) -> str | None:
+    """None when text's bench block is what data renders, else a one-line reason."""
+    match = BENCH_BLOCK.search(text)
+    if match is None:
+        return "the explainer has no <!-- bench:start --> ... <!-- bench:end --> block"
+    fresh = bench_block(lesson, columns, data)
+    if match.group(1) == fresh:
+        return None
+    ours, theirs = match.group(1).splitlines(), fresh.splitlines()
+    first = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
+    said = ours[first] if first < len(ours) else "(nothing)"
+    gives = theirs[first] if first < len(theirs) else "(nothing)"
+    return f"line {first + 1} of the bench block says {said!r}, the JSON renders {gives!r}"
+
+
+def stale_table(lesson: Lesson) -> str | None:
+    """stale_table_in for the lesson's explainer and its committed JSON (None without a benchmark)."""
+    path = lesson.explainer.parent / f"{lesson.stem}.bench.json"
+    if not lesson.benchmark.exists() or not path.exists():
+        return None
+    columns = benchmark_module(lesson).COLUMNS
+    return stale_table_in(lesson.explainer.read_text(), lesson, columns, json.loads(path.read_text()))
+
+
+def publish(lesson: Lesson, table: Table, notes: list[str], plot) -> None:
+    """Write <stem>.bench.json and <stem>.bench.png under drills/content/, rewrite the block between
+    `<!-- bench:start -->` and `<!-- bench:end -->` in the explainer, and refill its figure spans from
+    the new JSON (FIGURES)."""
+    meta = stamp()
+    content = lesson.explainer.parent
+    json_path = content / f"{lesson.stem}.bench.json"
+    png_path = content / f"{lesson.stem}.bench.png"
+    data = {"meta": meta, "notes": notes, "rows": table.rows}
+    json_path.write_text(json.dumps(data, indent=1) + "\n")
+    plot(table.rows, meta, png_path)
+    block = bench_block(lesson, table.columns, data)
     text = lesson.explainer.read_text()
-    pattern = re.compile(r"<!-- bench:start -->.*?<!-- bench:end -->", re.S)
-    if not pattern.search(text):
+    if not BENCH_BLOCK.search(text):
         raise SystemExit(f"{lesson.explainer} has no <!-- bench:start --> ... <!-- bench:end --> block")
     fresh = f"<!-- bench:start -->\n{block}\n<!-- bench:end -->"
-    lesson.explainer.write_text(pattern.sub(lambda m: fresh, text, count=1))
-    print(f"wrote {json_path.name}, {png_path.name} and the table in {lesson.explainer.name}", flush=True)
+    text = BENCH_BLOCK.sub(lambda m: fresh, text, count=1)
+    text = render_figures(text, getattr(benchmark_module(lesson), "FIGURES", {}), data)
+    lesson.explainer.write_text(text)
+    print(
+        f"wrote {json_path.name}, {png_path.name}, the table and the figures in {lesson.explainer.name}",
+        flush=True,
+    )
 
 
 def gather_pages(cache: torch.Tensor, block_tables: torch.Tensor, ctx: int) -> torch.Tensor:

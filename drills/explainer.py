@@ -26,6 +26,10 @@ The format the tools parse (everything else in the file is free prose):
 - Bench markers: a line `<!-- bench:start -->` and a line `<!-- bench:end -->` (in the "Measured"
   section); `make bench L=<id>` replaces everything between them with the table, its notes and the
   plot (drills.bench.publish), and stops with an error when the markers are missing.
+- Figure spans: a measured figure in a sentence is written `<!--fig:name-->0.91<!--/fig-->`, anywhere
+  in the file; `make bench` refills the text between the two comments from the benchmark's FIGURES
+  (drills.bench.render_figures), and tests/test_explainer_figures.py fails when it disagrees with the
+  committed JSON or when a measured figure stands outside a span.
 """
 
 from __future__ import annotations

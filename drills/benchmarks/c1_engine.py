@@ -231,7 +231,8 @@ def run(impl) -> tuple[bench.Table, list[str]]:
         "the same step as the first one recompute the shared prompt, whose blocks are not written yet.",
         "transformers: LlamaForCausalLM of the same config and weights' shapes (its own random init), "
         "generate() with left padding, min_new_tokens = max_new_tokens, SDPA attention.",
-        "Target: at least 5x the better transformers batch, i.e. 14,000 output tok/s on an H200.",
+        "Target: at least 5x the better transformers batch of the same run"
+        + (f" ({5 * best:,.0f} output tok/s here)." if best else "."),
     ]
     if not peers:
         notes.append("transformers is not installed here: its rows and the ratio are n/a.")
@@ -260,3 +261,35 @@ def plot(rows, meta, path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+# --- The figures the explainer's sentences quote (bench.FIGURES); data is c1_engine.bench.json ------
+
+
+def _row(data, name: str, model: str = "SmolLM2") -> dict:
+    return next(r for r in data["rows"] if r["row"] == name and r["model"].startswith(model))
+
+
+def _best_hf(data, model: str = "SmolLM2") -> dict:
+    peers = [r for r in data["rows"] if r["row"].startswith("transformers") and r["model"].startswith(model)]
+    return max(peers, key=lambda r: r["c1_tok_s"])
+
+
+FIGURES = {
+    "tok_s": lambda d: bench.num(_row(d, "engine")["c1_tok_s"]),
+    "vs_hf": lambda d: bench.num(_row(d, "engine")["vs_hf"], 1),
+    "hf_best": lambda d: f"{_best_hf(d)['c1_tok_s']:,.0f}",
+    "hf_best_batch": lambda d: _best_hf(d)["row"].rsplit(" ", 1)[-1],
+    "target_tok_s": lambda d: f"{5 * _best_hf(d)['c1_tok_s']:,.0f}",
+    "graphs_gain": lambda d: bench.num(
+        _row(d, "engine")["c1_tok_s"] / _row(d, "engine, no CUDA graphs")["c1_tok_s"], 1
+    ),
+    "no_graphs_tok_s": lambda d: f"{_row(d, 'engine, no CUDA graphs')['c1_tok_s']:,.0f}",
+    "prefill_without": lambda d: f"{_row(d, 'engine, no prefix caching')['prefill_tokens']:,}",
+    "prefill_with": lambda d: f"{_row(d, 'engine')['prefill_tokens']:,}",
+    "ttft_without": lambda d: bench.num(_row(d, "engine, no prefix caching")["ttft_s"]),
+    "ttft_with": lambda d: bench.num(_row(d, "engine")["ttft_s"]),
+    "big_tok_s": lambda d: f"{_row(d, 'engine', 'Llama')['c1_tok_s']:,.0f}",
+    "big_vs_hf": lambda d: bench.num(_row(d, "engine", "Llama")["vs_hf"], 1),
+    "big_hf": lambda d: f"{_best_hf(d, 'Llama')['c1_tok_s']:,.0f}",
+}

@@ -168,3 +168,55 @@ def headline(impl) -> tuple[float, str, str]:
         "GB/s",
         f"B = {B}, ctx = {ctx}, fp16, {plan.num_splits} splits",
     )
+
+
+# --- The figures the explainer's sentences quote (bench.FIGURES); data is f1_split_kv_decode.bench.json
+
+
+def _at(data, B: int, ctx: int, page: int = 16) -> dict:
+    return next(r for r in data["rows"] if (r["B"], r["ctx"], r["page"]) == (B, ctx, page))
+
+
+def _best_fixed(row: dict) -> str:
+    return str(max((1, 4, 16, 64), key=lambda s: row[f"fixed{s}"]))
+
+
+def _eager_gap(data) -> dict:
+    """The row where the eager call exceeds its graph replay the most."""
+    return max(data["rows"], key=lambda r: r["api_eager_us"] - r["api_graph_us"])
+
+
+def _n(v: float) -> str:
+    return bench.num(v, 1)
+
+
+FIGURES = {
+    "l2_b1_gbs": lambda d: bench.num(_at(d, 1, 32768)["l2_ceiling"] * _at(d, 1, 32768)["ceiling_gbs"]),
+    "l2_b1_ceiling": lambda d: bench.num(_at(d, 1, 32768)["l2_ceiling"]),
+    "l2_b64_ceiling": lambda d: bench.num(_at(d, 64, 1024)["l2_ceiling"]),
+    "b1_4096_f1_us": lambda d: bench.num(_at(d, 1, 4096)["f1_us"], 0),
+    "b1_4096_eager_us": lambda d: _n(_at(d, 1, 4096)["api_eager_us"]),
+    "b1_4096_graph_us": lambda d: _n(_at(d, 1, 4096)["api_graph_us"]),
+    "b1_4096_flashinfer_us": lambda d: _n(_at(d, 1, 4096)["flashinfer_eager_us"]),
+    "b64_f1_ceiling": lambda d: bench.num(_at(d, 64, 1024)["f1_ceiling"]),
+    "b64_fixed1": lambda d: bench.num(_at(d, 64, 1024)["fixed1"]),
+    "b64_fixed4": lambda d: bench.num(_at(d, 64, 1024)["fixed4"]),
+    "b64_fixed64": lambda d: bench.num(_at(d, 64, 1024)["fixed64"]),
+    "b64_best_fixed": lambda d: _best_fixed(_at(d, 64, 1024)),
+    "b1_best_fixed": lambda d: _best_fixed(_at(d, 1, 32768)),
+    "f1_ceiling": lambda d: bench.span_of(r["f1_ceiling"] for r in d["rows"]),
+    "vs_flashinfer": lambda d: bench.span_of(r["f1_vs_flashinfer"] for r in d["rows"]),
+    "below_flashinfer": lambda d: str(sum(r["f1_vs_flashinfer"] < 1 for r in d["rows"])),
+    "plan_vs_best": lambda d: bench.span_of(r["plan_vs_best"] for r in d["rows"]),
+    "b1_l2": lambda d: " and ".join(bench.num(_at(d, 1, c)["l2_ceiling"]) for c in (32768, 4096)),
+    "b1_f1": lambda d: " and ".join(bench.num(_at(d, 1, c)["f1_ceiling"]) for c in (32768, 4096)),
+    "page1": lambda d: bench.num(_at(d, 64, 1024, 1)["f1_ceiling"]),
+    "eager_vs_flashinfer": lambda d: bench.span_of(r["api_vs_flashinfer_eager"] for r in d["rows"]),
+    "eager_gap": lambda d: _n(_eager_gap(d)["api_eager_us"] - _eager_gap(d)["api_graph_us"]),
+    "eager_gap_row": lambda d: (
+        f"{_n(_eager_gap(d)['api_eager_us'])} against {_n(_eager_gap(d)['api_graph_us'])} µs at "
+        f"B = {_eager_gap(d)['B']}, ctx = {_eager_gap(d)['ctx']}"
+    ),
+    "host_us": lambda d: bench.span_of(r["api_host_us"] for r in d["rows"]),
+    "flashinfer_host_us": lambda d: bench.span_of(r["flashinfer_host_us"] for r in d["rows"]),
+}

@@ -198,3 +198,28 @@ def headline(impl) -> tuple[float, str, str]:
     out = torch.empty_like(q)
     us = bench.time_us(lambda: impl._launch(*args, 1.0 / math.sqrt(D), out), graph=True)
     return bench.gbs(2 * B * ctx * HKV * D * q.element_size(), us), "GB/s", f"B = {B}, ctx = {ctx}, fp16"
+
+
+# --- The figures the explainer's sentences quote (bench.FIGURES); data is l2_paged_decode.bench.json --
+
+
+def _at(data, B: int, ctx: int) -> dict:
+    return next(r for r in data["rows"] if (r["B"], r["ctx"]) == (B, ctx))
+
+
+FIGURES = {
+    "b64_us": lambda d: bench.num(_at(d, 64, 1024)["l2_us"]),
+    "b64_eager_us": lambda d: bench.num(_at(d, 64, 1024)["api_eager_us"]),
+    "b64_ceiling": lambda d: bench.num(_at(d, 64, 1024)["l2_ceiling"]),
+    "b64_gbs": lambda d: bench.num(_at(d, 64, 1024)["l2_gbs"]),
+    "b64_peak": lambda d: bench.num(_at(d, 64, 1024)["l2_peak"]),
+    "b64_flashinfer": lambda d: bench.num(_at(d, 64, 1024)["flashinfer_ceiling"]),
+    "b128_ceiling": lambda d: bench.num(_at(d, 128, 2048)["l2_ceiling"]),
+    "b1_gbs": lambda d: bench.num(_at(d, 1, 32768)["l2_gbs"]),
+    "b1_ceiling": lambda d: bench.num(_at(d, 1, 32768)["l2_ceiling"]),
+    "host_us": lambda d: bench.span_of(r["api_host_us"] for r in d["rows"]),
+    "flashinfer_host_us": lambda d: bench.span_of(r["flashinfer_host_us"] for r in d["rows"]),
+    "full_vs_flashinfer": lambda d: bench.span_of(
+        r["api_vs_flashinfer_eager"] for r in d["rows"] if r["B"] >= 64
+    ),
+}

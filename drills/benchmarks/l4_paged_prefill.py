@@ -258,3 +258,135 @@ def headline(impl) -> tuple[float, str, str]:
     out = torch.empty_like(args[0])
     us = timed_us(lambda: impl._launch(*args, 1.0 / math.sqrt(D), out))
     return bench.tflops(causal_flops(seqs), us), "TFLOP/s", "B = 8, 2048 cached + 512 new each, fp16"
+
+
+# --- The figures the explainer's sentences quote (bench.FIGURES) -------------------------------------
+# data is l4_paged_prefill.bench.json; the four prefill rows come first, the mixed row last. The Hopper
+# warp-specialisation figures come from l4_paged_prefill.hopper_ws.json (drills/benchmarks/l4_hopper_ws.py).
+
+
+def _prefill(data) -> list[dict]:
+    return [r for r in data["rows"] if r["row"] != "mixed"]
+
+
+def _mixed(data) -> dict:
+    return next(r for r in data["rows"] if r["row"] == "mixed")
+
+
+def _rows_named(numbers: list[int]) -> str:
+    """ "1, 2 and 4" / "2" / "none"."""
+    words = [str(n) for n in numbers]
+    if not words:
+        return "none"
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
+
+
+def _ws() -> dict:
+    import json
+    from pathlib import Path
+
+    return json.loads((Path(__file__).parents[1] / "content" / "l4_paged_prefill.hopper_ws.json").read_text())
+
+
+def _ws_rows(part: str, warps: int | None = None, **match) -> list[dict]:
+    rows = _ws()[part]
+    return [
+        r
+        for r in rows
+        if (warps is None or r["config"][2] == warps) and all(r.get(k) == v for k, v in match.items())
+    ]
+
+
+def _ws_pair_gain(part: str, variant: str, config: list[int]) -> float:
+    """TFLOP/s with the flag over without, for one loop and tile."""
+    on, off = (_ws_rows(part, variant=variant, config=config, warp_specialize=ws)[0] for ws in (True, False))
+    return on["tflops"] / off["tflops"]
+
+
+def _ws_flag_effect(data) -> str:
+    """The largest change the flag made where the pass did not apply (8 warps), in percent."""
+    pairs = {}
+    for part in ("t5", "paged"):
+        for r in _ws_rows(part, warps=8):
+            if "tflops" in r and r["variant"].startswith(("t5 loop", "PAGE")):
+                pairs.setdefault((part, r["variant"], tuple(r["config"])), {})[r["warp_specialize"]] = r[
+                    "tflops"
+                ]
+    changes = [abs(p[True] / p[False] - 1) for p in pairs.values() if len(p) == 2]
+    return bench.num(100 * max(changes), 1)
+
+
+def _ws_applied_at_8(data) -> str:
+    applied = [r for part in ("t5", "paged") for r in _ws_rows(part, warps=8) if r.get("warp_specialized")]
+    return str(len(applied)) if applied else "none"
+
+
+def _ws_desc_gain(part: str, desc: str, ptr: str, config: list[int]) -> str:
+    d = _ws_rows(part, variant=desc, config=config, warp_specialize=False)[0]
+    p = _ws_rows(part, variant=ptr, config=config, warp_specialize=False)[0]
+    return f"{bench.num(p['tflops'])} to {bench.num(d['tflops'])}"
+
+
+FIGURES = {
+    "mixed_tflops": lambda d: bench.num(_mixed(d)["l4_tflops"]),
+    "mixed_fa2": lambda d: bench.num(_mixed(d)["fa2_tflops"]),
+    "mixed_fa3": lambda d: bench.num(_mixed(d)["fa3_tflops"]),
+    "mixed_vs_best": lambda d: bench.num(_mixed(d)["vs_best"]),
+    "prefill_tflops": lambda d: bench.span_of(r["l4_tflops"] for r in _prefill(d)),
+    "prefill_fa2": lambda d: bench.span_of(r["fa2_tflops"] for r in _prefill(d)),
+    "prefill_vs_fa3": lambda d: bench.span_of(r["vs_fa3"] for r in _prefill(d)),
+    "t5_tflops": lambda d: bench.span_of(r["t5_tflops"] for r in _prefill(d)),
+    "t5_vs_fa3": lambda d: bench.joined(r["t5_tflops"] / r["fa3_tflops"] for r in _prefill(d)),
+    "l4_vs_t5": lambda d: bench.joined(r["l4_tflops"] / r["t5_tflops"] for r in _prefill(d)),
+    "lookup_cost": lambda d: bench.num(
+        100 * max(1 - r["l4_tflops"] / r["t5_tflops"] for r in _prefill(d)), 0
+    ),
+    "t5_misses": lambda d: _rows_named(
+        [i for i, r in enumerate(_prefill(d), 1) if r["t5_tflops"] / r["fa3_tflops"] < 0.95]
+    ),
+    "l4_misses": lambda d: _rows_named([i for i, r in enumerate(_prefill(d), 1) if r["vs_fa3"] < 0.95]),
+    "mixed_target": lambda d: "met" if _mixed(d)["vs_best"] >= 1.0 else "not met",
+    "ws_triton": lambda d: _ws()["meta"]["triton"],
+    "ws_applied_at_8": _ws_applied_at_8,
+    "ws_flag_effect": _ws_flag_effect,
+    "ws_t5_desc": lambda d: _ws_desc_gain(
+        "t5", "t5 loop, tensor descriptors (in the kernel)", "t5 loop, pointer loads", [128, 128, 8, 3]
+    ),
+    "ws_page128_desc": lambda d: _ws_desc_gain(
+        "paged", "PAGE 128, a descriptor load per page", "PAGE 128, gather per key (L4)", [128, 128, 8, 3]
+    ),
+    "ws_page64_desc": lambda d: _ws_desc_gain(
+        "paged", "PAGE 64, a descriptor load per page", "PAGE 64, gather per key (L4)", [128, 64, 8, 3]
+    ),
+    "ws_page16": lambda d: bench.num(
+        _ws_rows("paged", variant="PAGE 16, gather per key (L4)", warp_specialize=False)[0]["tflops"]
+    ),
+    "ws_t5_err_128": lambda d: bench.num(
+        _ws_rows(
+            "t5",
+            variant="t5 loop, tensor descriptors (in the kernel)",
+            config=[128, 128, 4, 2],
+            warp_specialize=True,
+        )[0]["max_err"],
+        0,
+    ),  # fmt: skip
+    "ws_smem": lambda d: _ws_smem(),
+    "ws_paged_failed": lambda d: str(
+        sum("PassManager" in r.get("error", "") for r in _ws_rows("paged", warps=4, warp_specialize=True))
+    ),
+    "ws_paged_tried": lambda d: str(len(_ws_rows("paged", warps=4, warp_specialize=True))),
+    "ws_loops_at_8": lambda d: str(
+        sum(len(_ws_rows(p, warps=8, warp_specialize=True)) for p in ("t5", "paged"))
+    ),
+}
+
+
+def _ws_smem() -> str:
+    """ "246,176 bytes of shared memory where an SM has 232,448", from the compiler's refusal."""
+    import re
+
+    for r in _ws_rows("t5", variant="t5 loop, tensor descriptors (in the kernel)", warp_specialize=True):
+        m = re.search(r"Required: (\d+), Hardware limit: (\d+)", r.get("error", ""))
+        if m:
+            return f"{int(m.group(1)):,} bytes of shared memory where an SM has {int(m.group(2)):,}"
+    return "n/a"
