@@ -288,16 +288,17 @@ def stale_figures(lesson: Lesson) -> list[str]:
 
 # A measured figure as prose states one: a number (or a range, "342 to 449", "1.00 / 0.95") and a unit
 # of speed or time, or a ratio to a peer or a ceiling. What is exempt: spans, the bench block, code,
-# tables, a target ("at least 0.95 x fa3"), and a sentence that says where else the figure comes from
-# (a datasheet, another GPU: numbers measured elsewhere are quoted as theirs).
+# tables, a target ("at least 0.95 x fa3"), a datasheet figure (the word next to it; TB/s, the unit of
+# datasheet bandwidth, is not counted), a result of arithmetic ("≈ 335 µs"), and a sentence
+# that names another GPU or a CPU (numbers measured elsewhere are quoted as theirs).
 _NUMBER = r"(?<![\w.])\d[\d,]*(?:\.\d+)?(?:\s*(?:to|-|/|and)\s*\d[\d,]*(?:\.\d+)?)*"
 MEASURED = re.compile(
-    _NUMBER + r"\s*(?:TFLOP/s|GB/s|TB/s|tok/s|tokens/s|µs|us\b|ms\b|s to first token"
+    _NUMBER + r"\s*(?:TFLOP/s|GB/s|tok/s|tokens/s|µs|us\b|ms\b|s to first token"
     r"|(?:×|x|times)\s+(?:fa2|fa3|FlashInfer|cuBLAS|SDPA|torch|transformers|T5|the|L2|F1)\b"
     r"|of\s+(?:the|its|T5|fa3|FlashInfer)\s+(?:\w+\s+)?(?:ceiling|best|fixed|read|copy|peak)\b)"
 )
 TARGET = re.compile(r"least|target|≥|>=")
-ELSEWHERE = re.compile(r"datasheet|RTX|A100|H100|B200|L40S|MI\d{3}|another GPU|their GPU|a laptop|on a CPU")
+ELSEWHERE = re.compile(r"RTX|A100|H100|B200|L40S|MI\d{3}|another GPU|their GPU|a laptop|on a CPU")
 
 
 def unquoted_figures(text: str) -> list[str]:
@@ -319,6 +320,10 @@ def unquoted_figures(text: str) -> list[str]:
                 line[max(0, match.start() - 12) : match.start()] + line[match.end() : match.end() + 8]
             ):
                 continue  # a target is a goal, not a measurement
+            if "datasheet" in line[max(0, match.start() - 30) : match.end() + 30]:
+                continue  # the GPU's datasheet figure
+            if re.search(r"[≈=≥]\s*\**$", line[: match.start()]):
+                continue  # arithmetic by hand: "1.61 GB / 4.8 TB/s ≈ 335 µs"
             sentence = _sentence(lines, n - 1, match.start())
             if not ELSEWHERE.search(sentence):
                 found.append(f"line {n}: ...{line[max(0, match.start() - 30) : match.end() + 10]}...")
