@@ -288,16 +288,16 @@ def stale_figures(lesson: Lesson) -> list[str]:
 
 # A measured figure as prose states one: a number (or a range, "342 to 449", "1.00 / 0.95") and a unit
 # of speed or time, or a ratio to a peer or a ceiling. What is exempt: spans, the bench block, code,
-# tables, a target ("at least 0.95 x fa3"), a datasheet figure (the word next to it; TB/s, the unit of
+# tables, a clause that sets a target ("at least 0.95 x fa3"), a datasheet figure (the word next to it; TB/s, the unit of
 # datasheet bandwidth, is not counted), a result of arithmetic ("≈ 335 µs"), and a sentence
 # that names another GPU or a CPU (numbers measured elsewhere are quoted as theirs).
 _NUMBER = r"(?<![\w.])\d[\d,]*(?:\.\d+)?(?:\s*(?:to|-|/|and)\s*\d[\d,]*(?:\.\d+)?)*"
 MEASURED = re.compile(
-    _NUMBER + r"\s*(?:TFLOP/s|GB/s|tok/s|tokens/s|µs|us\b|ms\b|s to first token"
+    _NUMBER + r"\s*(?:TFLOP/s|GB/s|tok/s|tokens/s|requests/s|µs|us\b|ms\b|s to first token"
     r"|(?:×|x|times)\s+(?:fa2|fa3|FlashInfer|cuBLAS|SDPA|torch|transformers|T5|the|L2|F1)\b"
     r"|of\s+(?:the|its|T5|fa3|FlashInfer)\s+(?:\w+\s+)?(?:ceiling|best|fixed|read|copy|peak)\b)"
 )
-TARGET = re.compile(r"least|target|≥|>=")
+TARGET = re.compile(r"at least|≥|>=")  # a goal, not a measurement
 ELSEWHERE = re.compile(r"RTX|A100|H100|B200|L40S|MI\d{3}|another GPU|their GPU|a laptop|on a CPU")
 
 
@@ -316,22 +316,20 @@ def unquoted_figures(text: str) -> list[str]:
         for match in MEASURED.finditer(line):
             if line[: match.start()].rstrip().lower().endswith("section"):
                 continue  # "section 5 times FlashInfer": a verb after a section number
-            if TARGET.search(
-                line[max(0, match.start() - 12) : match.start()] + line[match.end() : match.end() + 8]
-            ):
-                continue  # a target is a goal, not a measurement
-            if "datasheet" in line[max(0, match.start() - 30) : match.end() + 30]:
-                continue  # the GPU's datasheet figure
             if re.search(r"[≈=≥]\s*\**$", line[: match.start()]):
                 continue  # arithmetic by hand: "1.61 GB / 4.8 TB/s ≈ 335 µs"
-            sentence = _sentence(lines, n - 1, match.start())
-            if not ELSEWHERE.search(sentence):
+            head, tail = _sentence(lines, n - 1, match.start())
+            near = head[-40:] + tail[: len(match.group(0)) + 40]
+            if re.search(r"datasheet|at peak", near):
+                continue  # the GPU's datasheet figure, or a time at its peak
+            if not ELSEWHERE.search(head + tail) and not TARGET.search(head + tail):
                 found.append(f"line {n}: ...{line[max(0, match.start() - 30) : match.end() + 10]}...")
     return found
 
 
-def _sentence(lines: list[str], i: int, col: int) -> str:
-    """The sentence around column col of lines[i], across the lines of its paragraph."""
+def _sentence(lines: list[str], i: int, col: int) -> tuple[str, str]:
+    """The sentence around column col of lines[i], across the lines of its paragraph: (the part before
+    col, the part from col on)."""
     start, end = i, i
     while start > 0 and lines[start - 1].strip() and not lines[start - 1].lstrip().startswith(("|", "#")):
         start -= 1
@@ -341,9 +339,9 @@ def _sentence(lines: list[str], i: int, col: int) -> str:
         end += 1
     before = " ".join(lines[start:i] + [lines[i][:col]])
     after = " ".join([lines[i][col:]] + lines[i + 1 : end + 1])
-    head = re.split(r"(?<=[.;:])\s+(?=[A-Z(])", before)[-1]
-    tail = re.split(r"(?<=[.;])\s+(?=[A-Z(])", after)[0]
-    return head + tail
+    head = re.split(r"(?<=[.;])\s+", before)[-1]
+    tail = re.split(r"(?<=[.;])\s+", after)[0]
+    return head, tail
 
 
 BENCH_BLOCK = re.compile(r"<!-- bench:start -->\n?(.*?)\n?<!-- bench:end -->", re.S)

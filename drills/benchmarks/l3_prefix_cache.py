@@ -188,3 +188,25 @@ def plot(rows, meta, path):
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+# --- The figures the explainer's sentences quote (bench.FIGURES); data is l3_prefix_cache.bench.json --
+
+
+def _at(data, block_size: int, key: str = "python hash") -> dict:
+    return next(r for r in data["rows"] if (r["block_size"], r["hash"]) == (block_size, key))
+
+
+FIGURES = {
+    "saved_blocks": lambda d: f"{_at(d, 16)['blocks_unshared'] - _at(d, 16)['blocks_shared']:,}",
+    "used": lambda d: str(_at(d, 16)["blocks_shared"]),
+    "unshared": lambda d: str(_at(d, 16)["blocks_unshared"]),
+    "saved": lambda d: bench.num(_at(d, 16)["saved"]),
+    "saved_256": lambda d: bench.num(_at(d, 256)["saved"]),
+    "alloc_ceiling": lambda d: bench.num(_at(d, 16)["alloc_ceiling"]),
+    "alloc_rps": lambda d: bench.num(_at(d, 16)["alloc_rps"]),
+    "ceiling_rps": lambda d: bench.num(_at(d, 16)["ceiling_rps"]),
+    "sha_us": lambda d: bench.num(_at(d, 16, "sha256")["alloc_us"]),
+    "hash_us": lambda d: bench.num(_at(d, 16)["alloc_us"]),
+    "sha_ceiling": lambda d: bench.num(_at(d, 16, "sha256")["alloc_ceiling"]),
+}

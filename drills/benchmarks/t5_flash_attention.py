@@ -127,3 +127,33 @@ def plot(rows, meta, path):
         ylabel="TFLOP/s",
         hline=(peak, "datasheet fp16 peak") if peak else None,
     )
+
+
+# --- The figures the explainer's sentences quote (bench.FIGURES); data is t5_flash_attention.bench.json
+
+
+def _at(data, N: int, causal: str, D: int = 128) -> dict:
+    return next(r for r in data["rows"] if (r["N"], r["causal"], r["D"]) == (N, causal, D))
+
+
+def _targets(data) -> str:
+    met = [min(r["vs_fa2"] for r in data["rows"]) >= 1.0, min(r["vs_default"] for r in data["rows"]) >= 0.75]
+    return {(True, True): "both are met", (False, False): "neither is met"}.get(
+        tuple(met), "the first is met" if met[0] else "the second is met"
+    )
+
+
+FIGURES = {
+    "full_us": lambda d: bench.num(_at(d, 4096, "no")["t5_us"]),
+    "full_tflops": lambda d: bench.num(_at(d, 4096, "no")["t5_tflops"]),
+    "full_peak": lambda d: bench.num(_at(d, 4096, "no")["t5_peak"]),
+    "full_fa2": lambda d: bench.num(_at(d, 4096, "no")["fa2_tflops"]),
+    "full_default": lambda d: bench.num(_at(d, 4096, "no")["default_tflops"]),
+    "causal_us": lambda d: bench.num(_at(d, 4096, "yes")["t5_us"]),
+    "causal_tflops": lambda d: bench.num(_at(d, 4096, "yes")["t5_tflops"]),
+    "long_causal_tflops": lambda d: bench.num(_at(d, 16384, "yes")["t5_tflops"]),
+    "long_full_tflops": lambda d: bench.num(_at(d, 16384, "no")["t5_tflops"]),
+    "vs_fa2": lambda d: bench.span_of(r["vs_fa2"] for r in d["rows"]),
+    "vs_default": lambda d: bench.span_of(r["vs_default"] for r in d["rows"]),
+    "targets": _targets,
+}
