@@ -116,3 +116,33 @@ def headline(impl) -> tuple[float, str, str]:
     assert_close(v_cache.view(-1, HKV, D)[slot_mapping], value, atol=0.0, rtol=0.0, rel=0.0)
     us = bench.time_us(lambda: impl._launch(key, value, k_cache, v_cache, slot_mapping))
     return bench.gbs(2 * 2 * N * HKV * D * key.element_size(), us), "GB/s", f"N = {N} rows, fp16"
+
+
+# --- The figures the explainer's sentences quote (bench.FIGURES); data is l1_paged_kv_cache.bench.json
+
+
+def _at(data, N: int) -> dict:
+    return next(r for r in data["rows"] if r["N"] == N)
+
+
+def _f(N: int, key: str):
+    return lambda d: bench.num(_at(d, N)[key])
+
+
+FIGURES = {
+    "small_api_us": _f(256, "api_us"),
+    "small_us": _f(256, "l1_us"),
+    "small_torch_us": _f(256, "torch_us"),
+    "small_ceiling_gbs": _f(256, "ceiling_gbs"),
+    "small_fraction": _f(256, "l1_ceiling"),
+    "small_torch": _f(256, "torch_ceiling"),
+    "large_gbs": _f(32768, "l1_gbs"),
+    "large_fraction": _f(32768, "l1_ceiling"),
+    "large_peak": _f(32768, "l1_peak"),
+    "large_torch": _f(32768, "torch_ceiling"),
+    "large_torch_us": _f(32768, "torch_us"),
+    "large_us": _f(32768, "l1_us"),
+    "large_api_us": _f(32768, "api_us"),
+    "gbs": lambda d: ", ".join(bench.num(r["l1_gbs"]) for r in d["rows"]),
+    "fractions": lambda d: bench.span_of((r["l1_ceiling"] for r in d["rows"]), sep=" and "),
+}

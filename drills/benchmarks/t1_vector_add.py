@@ -116,3 +116,47 @@ def headline(impl) -> tuple[float, str, str]:
         "GB/s",
         "n = 2^28, fp16",
     )
+
+
+# --- The figures the explainer's sentences quote (bench.FIGURES); data is t1_vector_add.bench.json ---
+
+
+def _at(data, n: int, dtype: str = "float16") -> dict:
+    return next(r for r in data["rows"] if (r["n"], r["dtype"]) == (n, dtype))
+
+
+def _f(n: int, key: str, dtype: str = "float16"):
+    return lambda d: bench.num(_at(d, n, dtype)[key])
+
+
+def _sweep(n: int, config: str, dtype: str = "float16"):
+    return lambda d: bench.num(_at(d, n, dtype)["sweep_gbs"][config])
+
+
+def _widest(data) -> dict:
+    return max(data["rows"], key=lambda r: max(r["sweep_gbs"].values()) - r["t1_gbs"])
+
+
+FIGURES = {
+    "big_us": _f(2**28, "t1_us"),
+    "big_gbs": _f(2**28, "t1_gbs"),
+    "big_peak": _f(2**28, "t1_peak"),
+    "big_ceiling": _f(2**28, "t1_ceiling"),
+    "small_best": _sweep(2**24, "1024x4"),
+    "small_gbs": _f(2**24, "t1_gbs"),
+    "fp32_best": _sweep(2**26, "1024x4", "float32"),
+    "fp32_gbs": _f(2**26, "t1_gbs", "float32"),
+    "t1_ceiling": lambda d: bench.span_of(r["t1_ceiling"] for r in d["rows"]),
+    "torch_ceiling": lambda d: bench.span_of(r["torch_ceiling"] for r in d["rows"]),
+    "small_peak": _f(2**24, "t1_peak"),
+    "small_copy": _f(2**24, "ceiling_gbs"),
+    "big_copy": _f(2**28, "ceiling_gbs"),
+    "vs_torch": lambda d: bench.span_of(r["vs_torch"] for r in d["rows"]),
+    "small_api_us": _f(2**24, "api_us"),
+    "small_us": _f(2**24, "t1_us"),
+    "big_api_us": _f(2**28, "api_us"),
+    "widest": lambda d: (
+        f"{bench.num(max(_widest(d)['sweep_gbs'].values()))} against {bench.num(_widest(d)['t1_gbs'])}"
+    ),
+    "small_default_sweep": _sweep(2**24, "2048x4"),
+}
