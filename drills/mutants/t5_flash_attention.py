@@ -123,4 +123,16 @@ MUTANTS = [
         "causal_shift = Nk - Nq  #",
         "causal_shift = tl.maximum(Nk - Nq, 0)  #",
     ),
+    Mutant(
+        "batch_offset_int32",
+        "16. the batch index left int32 (b * stride_qb wraps past 2**31)",
+        "b = (pid_bh // H).to(tl.int64)",
+        "b = pid_bh // H",
+    ),
+    Mutant(
+        "head_offset_int32",
+        "16. the head index left int32 (h * stride_qh wraps past 2**31)",
+        "h = (pid_bh % H).to(tl.int64)",
+        "h = pid_bh % H",
+    ),
 ]

@@ -13,10 +13,11 @@ import pytest
 import torch
 
 from drills.compare import assert_close, assert_untouched, mismatch
+from drills.grading.bigmem import free_bytes, sparse_empty
 from drills.grading.diagnose import Mistake
+from drills.grading.launches import assert_runs_a_triton_kernel, record_launches
 from drills.grading.report import Stage
 from drills.tests import bf16_on_gpu_only, seeded, sizes
-from drills.tests.launches import assert_runs_a_triton_kernel, record_launches
 
 DIMS = ("b", "head", "query", "d")  # how a mismatch names its position
 LSE_DIMS = ("b", "head", "query")
@@ -442,6 +443,48 @@ def test_long_sequences(impl, runtime, causal):
         assert_lse_close(lse, ref_lse)
 
 
+# --- Offsets past 2**31 elements, on sparse buffers -----------------------------------------------
+
+SLICE_STRIDE = 2**30 + 2**20  # fits in int32; 2 * SLICE_STRIDE does not
+WRAP = 2**32 - 2 * SLICE_STRIDE  # where an int32 2 * SLICE_STRIDE lands: this far before element 0
+
+
+def slices_past_int32(n, D, axis, device, stream):
+    """A [3, 1, n, D] (axis "batch") or [1, 3, n, D] (axis "head") fp16 view of random values whose
+    batches or heads lie SLICE_STRIDE elements apart, WRAP elements into a buffer of zeros, and the
+    buffer: slice 2 starts past element 2**31 of the view, and where an int32 offset would put it (the
+    buffer's first n * D elements) reads zeros. On the CPU the buffer is a sparse file."""
+    flat = sparse_empty((WRAP + 2 * SLICE_STRIDE + n * D,), torch.float16, device)
+    flat[: n * D].zero_()  # already zeros on the CPU; torch.empty on a GPU
+    shape, strides = ((3, 1, n, D), (SLICE_STRIDE, n * D, D, 1))
+    if axis == "head":
+        shape, strides = ((1, 3, n, D), (3 * SLICE_STRIDE, SLICE_STRIDE, D, 1))
+    view = flat.as_strided(shape, strides, WRAP)
+    gen = torch.Generator().manual_seed(seeded(stream))
+    view.copy_(torch.randn(shape, generator=gen).to(torch.float16))
+    return view
+
+
+@pytest.mark.parametrize("axis", ["batch", "head"])
+def test_batch_and_head_offsets_widened_to_int64(impl, runtime, axis):
+    """q, k and v with batches (or heads) 2**30 + 2**20 elements apart: batch 2's (head 2's) rows start
+    past element 2**31, so b * stride_qb (h * stride_qh) computed in int32 wraps to a negative offset
+    and reads zeros from 2**31 - 2**21 elements before the tensor."""
+    if runtime.interpreter and free_bytes() < 2**30:
+        pytest.skip(
+            f"needs about 1 GB of free memory for the touched pages and the interpreter; "
+            f"{free_bytes() / 2**30:.1f} GB free"
+        )
+    Nq, Nk, D = 20, 40, 16
+    q = slices_past_int32(Nq, D, axis, runtime.device, stream=31)
+    k = slices_past_int32(Nk, D, axis, runtime.device, stream=32)
+    v = slices_past_int32(Nk, D, axis, runtime.device, stream=33)
+    out, lse = impl.flash_attention(q, k, v, return_lse=True)
+    ref, ref_lse = attention_reference(q, k, v)
+    assert_close(out, ref, DIMS)
+    assert_lse_close(lse, ref_lse)
+
+
 def test_returns_fresh_contiguous_out_and_lse(impl, runtime):
     """out is [B, H, Nq, D] in q's dtype (contiguous even when q is not); with return_lse, (out, lse)."""
     q, k, v = make_qkv(1, 2, 1, 9, 20, 64, device=runtime.device, stream=43, heads_last=True)
@@ -805,5 +848,13 @@ MISTAKES = [
         question="Nq = 70 and Nk = 45: what is Nk - Nq, and which keys may query 30 see? Does your kernel "
         "let the shift go below 0?",
         section="3.5",
+    ),
+    Mistake(
+        16,
+        fails=("test_batch_and_head_offsets_widened_to_int64",),
+        passes=("test_kv_head_grouping_is_contiguous", "test_q_k_v_are_read_through_their_strides"),
+        question="Batch 2 starts 2 * (2**30 + 2**20) elements into q: in which integer type does your kernel "
+        "compute b * stride_qb, and what does that type do past 2**31 - 1?",
+        section="3.1",
     ),
 ]
