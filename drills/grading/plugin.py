@@ -12,7 +12,9 @@ import pytest
 
 import drills.runtime
 from drills import contract, grading
-from drills.grading.report import STAGES, stage_lines
+from drills.grading import process
+from drills.grading.channel import write_to_fd
+from drills.grading.report import STAGES, report_text, stage_lines
 from drills.grading.run import NOT_STARTED_EXIT
 from drills.grading.streams import base_seed
 from drills.lessons import LESSONS, by_stem
@@ -33,7 +35,13 @@ def pytest_addoption(parser):
     parser.addoption(
         "--drills-report",
         default=None,
-        help="also write the grading results as JSON here (read by make progress, diff, watch)",
+        help="also write the grading results as JSON here (make mutants' forked gradings)",
+    )
+    parser.addoption(
+        "--drills-report-fd",
+        type=int,
+        default=None,
+        help="write the grading results as JSON to this inherited pipe (drills/grading/channel.py)",
     )
 
 
@@ -160,6 +168,10 @@ class Recorder:
 
 def pytest_configure(config):
     config.pluginmanager.register(Recorder(config), "drills-grading-recorder")
+    # A process the learner's file starts and detaches is adopted here (not by init), so that
+    # pytest_sessionfinish can end it; and no process of the learner's may read this one's memory.
+    process.become_subreaper()
+    process.harden()
 
 
 def _module_attr(session, stem: str, name: str, default=()):
@@ -196,15 +208,18 @@ def _findings(session) -> dict:
 
 def pytest_sessionfinish(session, exitstatus):
     config = session.config
-    for process in config.stash.get(LOADED, {}).values():
-        process.close()
+    for learner in config.stash.get(LOADED, {}).values():
+        learner.close()
+    # Whatever the learner's file started and detached was adopted by this process (pytest_configure):
+    # it ends here, before the report exists, so nothing of it can rewrite the report or the screen.
+    process.end_strays(process.OWN)
     not_started, errors = config.stash.get(NOT_STARTED, []), config.stash.get(IMPORT_ERRORS, [])
     if errors:
         session.exitstatus = 1  # the file under test does not import: it does not pass
     elif not_started:
         session.exitstatus = NOT_STARTED_EXIT  # non-zero, and unlike pytest's own codes
-    path = config.getoption("--drills-report")
-    if path:
+    path, fd = config.getoption("--drills-report"), config.getoption("--drills-report-fd")
+    if path or fd is not None:
         findings = _findings(session)
         lessons = {
             stem: {grading.CASES: list(cases.values()), grading.FINDINGS: findings.get(stem, [])}
@@ -215,7 +230,11 @@ def pytest_sessionfinish(session, exitstatus):
                 lessons.setdefault(stem, {grading.CASES: []})[key] = line
         for stem, info in lessons.items():  # a staged lesson's stages (drills/grading/report.py)
             info[STAGES] = list(_module_attr(session, stem, "STAGES"))
-        grading.write_report(path, lessons, base_seed(), session.exitstatus)
+        text = report_text(lessons, base_seed(), session.exitstatus)
+        if fd is not None:
+            write_to_fd(fd, text)
+        else:
+            Path(path).write_text(text)
 
 
 def pytest_report_teststatus(report, config):

@@ -1,18 +1,10 @@
 """The grader's side of the learner's process: start it, call into it, survive it.
 
-`LearnerProcess(path, module_name)` starts `python -m drills.grading.worker` on the learner's file and
-returns `module`, a RemoteObject that tests use exactly like the module itself (impl.paged_decode(...),
-impl.Kernel[grid](...), impl.BlockManager(...).allocate(...)). Every failure of the learner's code
-arrives here as an exception the grader can report:
-
-  the learner's own exception   re-raised as the same built-in class (ValueError, TypeError, ...),
-                                with `drills_where` = "file:line" and `drills_code` = that line
-  OutOfBoundsAccess             a kernel load or store outside its tensors (interpreter)
-  WriteRace                     programs visited in reverse gave another result (interpreter)
-  NotFromKernel                 with every launch disabled the result did not change
-  LearnerCrash                  the process died (a segfault, os._exit, a CUDA fault); restarted
-  LearnerTimeout                a call ran past its time limit; the process is killed and restarted
-  LearnerError                  any other exception (a Triton compile error, a class of the learner's)
+`LearnerProcess(path, module_name)` starts `python -m drills.grading.server` on the learner's file, in
+a session of its own (process.py), and returns `module`, a RemoteModule (proxy.py) that tests use
+exactly like the module itself. Every failure of the learner's code arrives here as an exception of
+errors.py's table, and the result of a call made with `provenance` is judged here (provenance.judge)
+from the evidence that comes with it.
 """
 
 from __future__ import annotations
@@ -31,74 +23,27 @@ import time
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from drills.grading import warm, wire
-from drills.grading.worker import STACK_SIGNAL
+from drills.grading import process, provenance, warm, wire
+from drills.grading.env import (
+    AFTER_TIMEOUT_S,
+    MAX_TIMEOUTS,
+    STACK_SIGNAL,
+    START_TIMEOUT_S,
+    call_timeout,
+    child_env,
+)
+from drills.grading.errors import (  # noqa: F401  (ImportFailed and LearnerFailure: the plugin's names)
+    BY_KIND,
+    ImportFailed,
+    LearnerCrash,
+    LearnerError,
+    LearnerFailure,
+    LearnerTimeout,
+)
+from drills.grading.proxy import RemoteMethod, RemoteModule, RemoteObject
 from drills.lessons import ROOT
 
-CALL_TIMEOUT_ENV = "DRILLS_CALL_TIMEOUT"  # seconds one call may run (default below)
-DEFAULT_CALL_TIMEOUT_S = 120.0
-START_TIMEOUT_S = 120.0
-AFTER_TIMEOUT_S = 15.0  # the limit of each call once one has timed out (a CPU check takes a few seconds)
-MAX_TIMEOUTS = 3  # after this many, the remaining calls fail at once
 LOG_TAIL_LINES = 6
-
-
-class LearnerFailure(AssertionError):
-    """A failure of the learner's code that is not an exception it raised itself."""
-
-    kind = "failure"
-
-
-class OutOfBoundsAccess(LearnerFailure):
-    kind = "out_of_bounds"
-
-
-class WriteRace(LearnerFailure):
-    kind = "write_race"
-
-
-class NotFromKernel(LearnerFailure):
-    kind = "not_from_kernel"
-
-
-class LearnerCrash(LearnerFailure):
-    kind = "crash"
-
-
-class LearnerTimeout(LearnerFailure):
-    kind = "timeout"
-
-
-class LearnerError(Exception):
-    """An exception of a class that is not built in (a Triton compile error, the learner's own class)."""
-
-    kind = "exception"
-
-
-class ImportFailed(Exception):
-    """The learner's file does not import; `info` says how."""
-
-    def __init__(self, info: dict):
-        super().__init__(info.get("message", ""))
-        self.info = info
-
-
-def child_env() -> dict:
-    """The environment of a process the grader starts: the repository importable, and one thread per
-    math library (OpenMP, OpenBLAS, MKL). The grader and the learner's process take turns, and the
-    tensors of a check are small: a second thread per library gains nothing, while idle OpenMP threads
-    spin on the cores the other process needs (a T5 grading took 3.5x the CPU time on 2 cores)."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env["OMP_NUM_THREADS"] = "1"
-    return env
-
-
-def call_timeout() -> float:
-    try:
-        return float(os.environ.get(CALL_TIMEOUT_ENV, "") or DEFAULT_CALL_TIMEOUT_S)
-    except ValueError:
-        return DEFAULT_CALL_TIMEOUT_S
 
 
 _SIGNALS = {
@@ -113,9 +58,7 @@ _SIGNALS = {
 def _rebuild_error(info: dict) -> BaseException:
     kind, message = info.get("kind"), info.get("message", "")
     where, code = info.get("where"), info.get("code")
-    cls = {"out_of_bounds": OutOfBoundsAccess, "write_race": WriteRace, "not_from_kernel": NotFromKernel}.get(
-        kind
-    )
+    cls = BY_KIND.get(kind)
     if cls is not None:
         exc = cls(message)
     elif (
@@ -133,7 +76,7 @@ def _rebuild_error(info: dict) -> BaseException:
         exc = LearnerError(f"your code raised {info.get('type')}{place}: {message}")
     # Where it was raised travels as attributes, not in the message or a note: `pytest.raises(match=...)`
     # searches notes too, and the learner's line of code must not satisfy a check on the message.
-    exc.drills_where, exc.drills_code, exc.drills_type = where, code, info.get("type")
+    exc.drills_where, exc.drills_code = where, code
     return exc
 
 
@@ -167,7 +110,7 @@ class LearnerProcess:
         cmd = [
             sys.executable,
             "-m",
-            "drills.grading.worker",
+            "drills.grading.server",
             str(child.fileno()),
             self.path,
             self.module_name,
@@ -187,6 +130,7 @@ class LearnerProcess:
             stdin=subprocess.DEVNULL,
             stdout=self.log,
             stderr=subprocess.STDOUT,
+            start_new_session=True,  # what it starts is ended with it (process.end_tree)
         )
         child.close()
         self.conn = Connection(parent.detach())
@@ -217,6 +161,7 @@ class LearnerProcess:
             self.conn = None
         if self.proc is not None:
             if self.proc.poll() is None:
+                process.end_tree(self.proc.pid)
                 self.proc.kill()
             try:
                 self.proc.wait(timeout=10)
@@ -381,10 +326,12 @@ class LearnerProcess:
         # passes, without waiting the full limit once per check.
         limit = call_timeout() if not self.timeouts else min(call_timeout(), AFTER_TIMEOUT_S)
         reply = self._wait(limit, during)
-        kind, value, updates = reply
+        kind, value, updates, *evidence = reply
         self.known.write_back(updates)
         if kind == "error":
             raise _rebuild_error(value)
+        if evidence and evidence[0] is not None:
+            provenance.judge(wire.tensors_in(value), evidence[0])
         return value
 
     def _handle(self, obj):
@@ -454,139 +401,3 @@ class LearnerProcess:
             os.unlink(self.log.name)
         except OSError:
             pass
-
-
-class RemoteObject:
-    """Something that lives in the learner's process: a function, a kernel, a class, an instance."""
-
-    __slots__ = ("_proc", "_key", "_kind", "_typename", "_generation", "__weakref__")
-
-    def __init__(self, proc: LearnerProcess, key: int, kind: str, typename: str):
-        object.__setattr__(self, "_proc", proc)
-        object.__setattr__(self, "_key", key)
-        object.__setattr__(self, "_kind", kind)
-        object.__setattr__(self, "_typename", typename)
-        object.__setattr__(self, "_generation", proc.generation)
-
-    def __getattr__(self, name):
-        if name.startswith("__") and name.endswith("__"):
-            raise AttributeError(name)
-        return self._proc.request("getattr", self, name)
-
-    def __setattr__(self, name, value):
-        self._proc.request("op", self, "setattr", (name, value))
-
-    def __call__(self, *args, **kwargs):
-        return self._proc.request("call", self, args, kwargs, dict(self._proc.options))
-
-    def _op(self, name, *args):
-        return self._proc.request("op", self, name, args)
-
-    def __getitem__(self, key):
-        return self._op("getitem", key)
-
-    def __setitem__(self, key, value):
-        return self._op("setitem", key, value)
-
-    def __len__(self):
-        return self._op("len")
-
-    def __iter__(self):
-        return iter(self._op("iter"))
-
-    def __contains__(self, item):
-        return self._op("contains", item)
-
-    def __bool__(self):
-        return self._op("bool")
-
-    def __eq__(self, other):
-        return self._op("eq", other)
-
-    def __ne__(self, other):
-        return self._op("ne", other)
-
-    def __lt__(self, other):
-        return self._op("lt", other)
-
-    def __le__(self, other):
-        return self._op("le", other)
-
-    def __gt__(self, other):
-        return self._op("gt", other)
-
-    def __ge__(self, other):
-        return self._op("ge", other)
-
-    def __hash__(self):
-        return self._op("hash")
-
-    def __repr__(self):
-        try:
-            return self._op("repr")
-        except Exception:
-            return f"<{self._typename} in the learner's process>"
-
-    def __str__(self):
-        return self._op("str")
-
-    def __del__(self):
-        try:
-            if self._key != 0 and self._generation == self._proc.generation:
-                self._proc.pending_release.append(self._key)
-        except Exception:
-            pass
-
-
-class RemoteMethod:
-    """A method of an object in the learner's process, called by name (no handle of its own)."""
-
-    def __init__(self, proc: LearnerProcess, key: int, name: str):
-        self._proc, self._key, self._name, self._generation = proc, key, name, proc.generation
-
-    def __call__(self, *args, **kwargs):
-        proc = self._proc
-        if self._generation != proc.generation:
-            raise LearnerCrash("this method belongs to a run of your file that crashed or was restarted")
-        return proc.request("method", self._key, self._name, args, kwargs, dict(proc.options))
-
-    def __repr__(self):
-        return f"<method {self._name} in the learner's process>"
-
-
-class RemoteModule(RemoteObject):
-    """The learner's module (handle 0 in its process)."""
-
-    __slots__ = ()
-
-    def __init__(self, proc: LearnerProcess):
-        super().__init__(proc, 0, "module", "module")
-
-    @property
-    def __name__(self):
-        return self._proc.module_name
-
-    def _drills_record_launches(self):
-        return self._proc.record_launches()
-
-    def _drills_probe(self, fn, *args, **kwargs):
-        self._current()  # a probe may be the first request of a check (the module is sent as its argument)
-        return self._proc.probe(fn, self, *args, **kwargs)
-
-    def _drills_calling(self, **options):
-        return self._proc.calling(**options)
-
-    def _current(self):
-        """The module handle stays valid across restarts of the process (it is handle 0 in every run)."""
-        proc = self._proc
-        proc.ensure()
-        object.__setattr__(self, "_generation", proc.generation)
-        return proc
-
-    def __getattr__(self, name):
-        if name.startswith("__") and name.endswith("__"):
-            raise AttributeError(name)
-        return self._current().request("getattr", self, name)
-
-    def __repr__(self):
-        return f"<learner module {self._proc.module_name} from {self._proc.path}>"

@@ -322,9 +322,9 @@ CASES, FINDINGS, NOT_STARTED, IMPORT_ERROR = "cases", "findings", "not_started",
 STAGES = "stages"  # a staged lesson's Stage list, as dicts (absent for a lesson without stages)
 
 
-def write_report(path: str | Path, lessons: dict[str, dict], shift: int, exitstatus: int) -> None:
-    """lessons: stem -> {CASES: [Case, ...], FINDINGS: [dict], NOT_STARTED: str | None, IMPORT_ERROR: str | None,
-    STAGES: [Stage, ...] (staged lessons only)}."""
+def report_text(lessons: dict[str, dict], shift: int, exitstatus: int) -> str:
+    """The report as JSON. lessons: stem -> {CASES: [Case, ...], FINDINGS: [dict], NOT_STARTED: str | None,
+    IMPORT_ERROR: str | None, STAGES: [Stage, ...] (staged lessons only)}."""
     data = {
         REPORT_SHIFT: shift,
         REPORT_EXIT: int(exitstatus),
@@ -337,11 +337,20 @@ def write_report(path: str | Path, lessons: dict[str, dict], shift: int, exitsta
             for stem, info in lessons.items()
         },
     }
-    Path(path).write_text(json.dumps(data, indent=1) + "\n")
+    return json.dumps(data, indent=1) + "\n"
+
+
+def write_report(path: str | Path, lessons: dict[str, dict], shift: int, exitstatus: int) -> None:
+    Path(path).write_text(report_text(lessons, shift, exitstatus))
 
 
 def read_report(path: str | Path) -> dict:
-    data = json.loads(Path(path).read_text())
+    return parse_report(Path(path).read_text())
+
+
+def parse_report(text: str) -> dict:
+    """The report from its JSON; ValueError when it is not one whole report (see channel.py)."""
+    data = json.loads(text)
     for info in data[REPORT_LESSONS].values():
         info[CASES] = [Case(**c) for c in info.get(CASES, [])]
         info.setdefault(FINDINGS, [])

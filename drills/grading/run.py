@@ -16,13 +16,11 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from drills.grading import report
-from drills.grading.remote import child_env
+from drills.grading import channel, process, report
+from drills.grading.env import LESSON_TIMEOUT_ENV, child_env, lesson_timeout
 from drills.lessons import ROOT, Lesson
 
 NOT_STARTED_EXIT = 10  # `make test` on an untouched stub: non-zero, unlike any pytest exit status
-LESSON_TIMEOUT_ENV = "DRILLS_LESSON_TIMEOUT"
-LESSON_TIMEOUT_S = 900  # a whole lesson's grading; one call has its own limit (remote.call_timeout)
 VERBOSE_ENV = "VERBOSE"
 
 
@@ -101,13 +99,6 @@ class Grade:
         return [head, f"{self.lesson.id}: {self.state}"] + ([self.message] if self.message else [])
 
 
-def lesson_timeout() -> float:
-    try:
-        return float(os.environ.get(LESSON_TIMEOUT_ENV, "") or LESSON_TIMEOUT_S)
-    except ValueError:
-        return LESSON_TIMEOUT_S
-
-
 def grade(
     lesson: Lesson,
     file: str | Path | None = None,
@@ -128,37 +119,41 @@ def grade(
             graded=graded,
         )
     timeout = lesson_timeout() if timeout is None else timeout
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "report.json"
-        args = pytest_args([lesson.tests], impl, file, path, extra=extra)
+    if pool is not None:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "report.json"
+            try:
+                proc = pool.run(pytest_args([lesson.tests], impl, file, path, extra=extra), timeout)
+            except subprocess.TimeoutExpired:
+                return _timed_out(lesson, graded, timeout)
+            text = path.read_text() if path.exists() else None
+    else:
         try:
-            if pool is not None:
-                proc = pool.run(args, timeout)
-            else:
-                proc = subprocess.run(
-                    [sys.executable, "-m", "pytest", *args],
-                    cwd=ROOT,
-                    env=child_env(),
-                    capture_output=True,
-                    text=True,
-                    timeout=timeout,
-                )
+            proc, text = _run_grader(pytest_args([lesson.tests], impl, file, extra=extra), timeout)
         except subprocess.TimeoutExpired:
-            return Grade(
-                lesson,
-                "timed out",
-                graded=graded,
-                message=f"grading took more than {timeout:.0f} s in all (the limit is {LESSON_TIMEOUT_ENV})",
-            )
-        if not path.exists():
-            tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-12:])
-            return Grade(
-                lesson,
-                "grader error",
-                graded=graded,
-                message=f"the grader stopped without a report (exit {proc.returncode}):\n{tail}",
-            )
-        data = report.read_report(path)
+            return _timed_out(lesson, graded, timeout)
+    data = None
+    if text:
+        try:
+            data = report.parse_report(text)
+        except (ValueError, KeyError, TypeError):
+            data = None
+    if data is None:
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-12:])
+        what = "without a report" if not text else "with a report that is not one whole report"
+        return Grade(
+            lesson,
+            "grader error",
+            graded=graded,
+            message=f"the grader stopped {what} (exit {proc.returncode}):\n{tail}",
+        )
+    if proc.returncode != data[report.REPORT_EXIT]:  # the report must be the grader's own account
+        return Grade(
+            lesson,
+            "grader error",
+            graded=graded,
+            message=f"the grader exited with {proc.returncode}, its report says {data[report.REPORT_EXIT]}",
+        )
     info = data[report.REPORT_LESSONS].get(lesson.stem, {report.CASES: []})
     shift = data[report.REPORT_SHIFT]
     stages = info.get(report.STAGES, [])
@@ -180,6 +175,44 @@ def grade(
     )
 
 
+def _timed_out(lesson: Lesson, graded: str, timeout: float) -> Grade:
+    return Grade(
+        lesson,
+        "timed out",
+        graded=graded,
+        message=f"grading took more than {timeout:.0f} s in all (the limit is {LESSON_TIMEOUT_ENV})",
+    )
+
+
+def _run_grader(args: list[str], timeout: float) -> tuple[subprocess.CompletedProcess, str | None]:
+    """`python -m pytest ARGS` with the report coming back over a pipe (channel.py); every process the
+    grading left behind is ended before the report is read (process.py)."""
+    process.become_subreaper()
+    process.harden()
+    pipe = channel.ResultPipe()
+    child = subprocess.Popen(
+        [sys.executable, "-m", "pytest", *args, f"--drills-report-fd={pipe.fd}"],
+        cwd=ROOT,
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        pass_fds=(pipe.fd,),
+    )
+    process.OWN.add(child.pid)
+    pipe.started()
+    try:
+        out, err = child.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.communicate()
+        raise
+    finally:
+        process.OWN.discard(child.pid)
+        process.end_strays(process.OWN)
+    return subprocess.CompletedProcess(child.args, child.returncode, out, err), pipe.text()
+
+
 def run_pytest_here(
     tests: list[str | Path], impl: str = "mine", verbose: bool = False, extra: list[str] = ()
 ) -> int:
@@ -189,6 +222,6 @@ def run_pytest_here(
 
     import drills.runtime
 
-    torch.set_num_threads(1)  # this process and the learner's take turns: see remote.child_env
+    torch.set_num_threads(1)  # this process and the learner's take turns: see env.child_env
     print(drills.runtime.current().banner, flush=True)
     return pytest.main(pytest_args(tests, impl, verbose=verbose, extra=list(extra)))

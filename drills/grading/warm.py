@@ -5,7 +5,7 @@ about a second importing torch and Triton before it does anything: most of the t
 mutant. `GradingPool` starts one process (`python -m drills.grading.warm`) that imports them once and
 forks, per grading, a child that runs `pytest.main` with the arguments `drills.grading.run.grade` gives
 a fresh `python -m pytest`. Before importing pytest it forks a second warm process, from the exact
-point where `python -m drills.grading.worker` would import the learner's file; the learner's processes
+point where `python -m drills.grading.server` would import the learner's file; the learner's processes
 of those gradings are forked from it (`start_learner_process`, which drills/grading/remote.py asks
 first). Each learner file is still imported in a process of its own, its kernels seen by no other
 grading; what a grading checks and reports is unchanged, only the start is shorter.
@@ -31,6 +31,7 @@ import threading
 import traceback
 from pathlib import Path
 
+from drills.grading import process
 from drills.lessons import ROOT
 
 ZYGOTE_ENV = "DRILLS_LEARNER_ZYGOTE"  # the socket of the warm learner process, in the gradings' environment
@@ -84,9 +85,9 @@ def _child_exit(code: int) -> None:
 def serve_learner_processes(listener: socket.socket, parent_gone: int) -> None:
     """The warm learner process: for each request on listener (the file, its module name, whether it is
     a reference, the environment, and two descriptors: the grader's socket and the log), fork a child
-    that runs drills.grading.worker.run_file on it. Replies the child's pid, then its returncode when it
+    that runs drills.grading.server.run_file on it. Replies the child's pid, then its returncode when it
     ends. Returns (its children killed) when parent_gone reads end of file."""
-    from drills.grading import worker
+    from drills.grading import server as worker
 
     clients: dict[int, socket.socket | None] = {}  # pid -> the connection that asked (None: hung up)
     pending: list[socket.socket] = []  # connections whose request has not arrived whole
@@ -208,7 +209,7 @@ def start_learner_process(
     sock: socket.socket, log, file: str, module: str, reference: bool, env: dict
 ) -> ForkedProcess | None:
     """The learner's process for file, forked by the warm learner process when this grading has one
-    (ZYGOTE_ENV); None otherwise, and the caller starts `python -m drills.grading.worker` itself."""
+    (ZYGOTE_ENV); None otherwise, and the caller starts `python -m drills.grading.server` itself."""
     path = os.environ.get(ZYGOTE_ENV)
     if not path:
         return None
@@ -238,7 +239,7 @@ def serve_gradings() -> int:
     {"id", "args", "env", "output"} on stdin fork a child running pytest.main(args) in that environment,
     with its output in the file output. Writes {"id", "pid"} when a child starts and {"id", "returncode"} when it ends. Ends
     (its children killed) at end of file on stdin."""
-    from drills.grading import worker
+    from drills.grading import server as worker
 
     worker.prepare()
     folder = tempfile.mkdtemp(prefix="drills-warm-")
@@ -342,7 +343,7 @@ class GradingPool:
     call from several threads: each call waits for its own grading."""
 
     def __init__(self):
-        from drills.grading.remote import child_env
+        from drills.grading.env import child_env
 
         self.folder = tempfile.TemporaryDirectory(prefix="drills-pool-")
         self.proc = subprocess.Popen(
@@ -352,6 +353,7 @@ class GradingPool:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
         )
+        process.OWN.add(self.proc.pid)  # not a stray of some grading (process.end_strays)
         self.lock = threading.Lock()
         self.gone = False  # the warm process ended: every grading asked of it fails at once
         self.next_id = 0
@@ -378,7 +380,7 @@ class GradingPool:
         """pytest.main(args) in a fresh fork, in the environment a fresh `python -m pytest` would get
         now; its output (stdout and stderr) comes back as stdout. Raises subprocess.TimeoutExpired past
         timeout, as subprocess.run does, the child killed."""
-        from drills.grading.remote import child_env
+        from drills.grading.env import child_env
 
         with self.lock:
             n = self.next_id = self.next_id + 1
@@ -416,6 +418,7 @@ class GradingPool:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        process.OWN.discard(self.proc.pid)
         self.folder.cleanup()
 
     def __enter__(self) -> GradingPool:

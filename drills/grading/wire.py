@@ -65,6 +65,20 @@ class Lent:
         self.obj = obj
 
 
+def tensors_in(value, found=None) -> list:
+    """Every tensor in value (a tensor, or lists, tuples and dicts of them), in order."""
+    found = [] if found is None else found
+    if isinstance(value, torch.Tensor):
+        found.append(value)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            tensors_in(v, found)
+    elif isinstance(value, dict):
+        for v in value.values():
+            tensors_in(v, found)
+    return found
+
+
 def is_plain(obj) -> bool:
     if type(obj) in PLAIN:
         return True

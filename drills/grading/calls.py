@@ -1,0 +1,136 @@
+"""Running one of the grader's calls in the learner's process (server.py), as the grader asked:
+
+- under the interpreter, a call that launches a kernel is run again with its programs visited in
+  reverse order; a result that depends on the order is a write race (raised here: it is the learner's
+  own bug);
+- with `provenance`, the evidence the grader's process judges (provenance.judge) goes back with the
+  result: what the last launch left in each returned tensor, and the call's result and argument states
+  once more with every Triton launch turned into a no-op.
+"""
+
+from __future__ import annotations
+
+from drills.grading.errors import WriteRace
+from drills.grading.instrument import DISABLED_POISON, POISON, TritonWatch, _storages, _u8
+from drills.grading.provenance import compare_states
+from drills.grading.wire import tensors_in
+
+
+def _snapshot(storages: dict) -> dict | None:
+    """Copies of every argument's storage, or None when one is too large to copy (a sparse cache)."""
+    from drills.grading.bigmem import backing_file
+
+    if any(backing_file(s) is not None for s, _ in storages.values()):
+        return None
+    return {ptr: _u8(s).clone() for ptr, (s, _) in storages.items()}
+
+
+def _restore(storages: dict, snap: dict) -> None:
+    for ptr, (s, _) in storages.items():
+        _u8(s).copy_(snap[ptr])
+
+
+def _typed(u8, like):
+    """A flat tensor of like's dtype over the bytes of u8 (a storage's bytes, or a copy of them)."""
+    import torch
+
+    n = u8.numel() // like.element_size()
+    return torch.empty(0, dtype=like.dtype, device=u8.device).set_(u8.untyped_storage(), 0, (n,), (1,))
+
+
+def _as_stored(tensor, stored_u8):
+    """tensor's view (shape, strides, offset) over the bytes a launch left in its storage."""
+    return _typed(stored_u8, tensor).as_strided(tensor.shape, tensor.stride(), tensor.storage_offset())
+
+
+def _argument_names(fn, args, kwargs) -> dict:
+    """data_ptr of each tensor argument's storage -> the parameter name it was passed as."""
+    import inspect
+
+    names = {}
+    kernel = next(
+        (
+            c.cell_contents
+            for c in (getattr(fn, "__closure__", None) or ())
+            if hasattr(c.cell_contents, "arg_names")
+        ),
+        None,
+    )  # kernel[grid] is a lambda around it
+    try:
+        if kernel is not None:
+            bound = dict(zip(kernel.arg_names, args)) | dict(kwargs)
+        else:
+            bound = inspect.signature(fn).bind_partial(*args, **kwargs).arguments
+    except (TypeError, ValueError):
+        bound = {f"argument {i}": a for i, a in enumerate(args)} | dict(kwargs)
+    for name, value in bound.items():
+        for t in tensors_in(value):
+            names.setdefault(t.untyped_storage().data_ptr(), name)
+    return names
+
+
+def run_call(watch: TritonWatch, fn, args, kwargs, options: dict):
+    """(the call's result, the provenance evidence or None): see the module docstring."""
+    tensors = tensors_in(list(args) + list(kwargs.values()))
+    storages = _storages(tensors)
+    checks = watch.interpreter and options.get("orders", True)
+    provenance = options.get("provenance", False)
+    snap = _snapshot(storages) if (checks or provenance) else None
+    watch.launched, watch.reverse, watch.disabled = 0, False, False
+    watch.stored = {} if provenance else None
+    try:
+        result = fn(*args, **kwargs)
+    finally:
+        stored, watch.stored = watch.stored, None
+    launched = watch.launched
+    evidence = None
+    if provenance:
+        returned = tensors_in(result)
+        written = []
+        for t in returned:
+            after = stored.get(t.untyped_storage().data_ptr()) if launched else None
+            written.append(None if after is None else _as_stored(t, after).clone())
+        evidence = {"launched": launched, "written": written, "disabled": None}
+    if launched == 0 or snap is None:
+        return result, evidence
+    names = _argument_names(fn, args, kwargs)
+    after = {ptr: _u8(s).clone() for ptr, (s, _) in storages.items()}
+    results = [t.clone() for t in tensors_in(result)]
+    ordered = list(storages.items())
+    typed_after = [_typed(after[ptr], t) for ptr, (_, t) in ordered]
+    arg_names = [names.get(ptr, "?") for ptr, _ in ordered]
+    if checks:
+        _restore(storages, snap)
+        watch.reverse = True
+        try:
+            result = fn(*args, **kwargs)
+        finally:
+            watch.reverse = False
+        now = [_typed(_u8(s), t) for _, (s, t) in ordered]
+        where = compare_states(typed_after, now, arg_names, results, tensors_in(result))
+        if where is not None:
+            raise WriteRace(
+                "write race: the same call gave different results with the kernel's programs run in "
+                f"reverse order ({where}); programs overwrite memory another program writes, which on a "
+                "GPU, where programs run in any order, gives wrong results"
+            )
+    if provenance:
+        _restore(storages, snap)
+        watch.disabled, POISON["value"] = True, DISABLED_POISON
+        raised = False
+        try:
+            disabled_result = fn(*args, **kwargs)
+        except Exception:
+            disabled_result, raised = None, True
+        finally:
+            watch.disabled, POISON["value"] = False, float("nan")
+        evidence["disabled"] = {
+            "after": typed_after,
+            "states": [_typed(_u8(s), t).clone() for _, (s, t) in ordered],
+            "names": arg_names,
+            "results": results,
+            "got": [t.clone() for t in tensors_in(disabled_result)],
+            "raised": raised,
+        }
+        _restore(storages, after)
+    return result, evidence

@@ -1,0 +1,276 @@
+"""Triton instrumented in the learner's process (patched once per process, switched per call):
+
+- every launch is counted, optionally recorded (drills/grading/launches.py), optionally turned into a
+  no-op (the launch-disabled run of a provenance check), and the bytes it left in each tensor it was
+  given are kept (what the grader compares the call's result with);
+- under the interpreter, every load and store lane is checked against the memory of the kernel's tensor
+  arguments (an out-of-bounds access becomes an error naming the learner's line instead of a segfault),
+  masked-off lanes of a load without `other=` read NaN (undefined on a GPU), programs can be visited in
+  reverse, and a bf16 `tl.dot` is computed exactly (its operands upcast, an fp32 accumulation), as a
+  GPU's tensor cores do, where Triton's own interpreter returns garbage for bf16;
+- torch.empty and friends return NaN-filled memory, so output never written shows.
+"""
+
+from __future__ import annotations
+
+import linecache
+import os
+import sys
+
+from drills.grading.errors import OutOfBoundsAccess
+from drills.grading.wire import as_bytes_view, tensors_in
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _where_now(graded_file: str) -> tuple[str, int, str] | None:
+    graded = os.path.realpath(graded_file)
+    frame = sys._getframe(1)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if name and os.path.realpath(name) == graded:
+            return name, frame.f_lineno, linecache.getline(name, frame.f_lineno).strip()
+        frame = frame.f_back
+    return None
+
+
+def _relative(path: str) -> str:
+    try:
+        return os.path.relpath(path, ROOT) if os.path.realpath(path).startswith(ROOT + os.sep) else path
+    except ValueError:
+        return path
+
+
+class TritonWatch:
+    """Patches Triton in this process once; per call, the grader's options switch its behaviour."""
+
+    def __init__(self, graded_file: str):
+        self.graded_file = graded_file
+        self.reverse = False  # visit programs in reverse order (interpreter only)
+        self.disabled = False  # turn every launch into a no-op
+        self.recording: list | None = None  # Launch records, when asked
+        self.launched = 0  # launches during the current call
+        self.stored: dict | None = None  # storage address -> its bytes after the last launch given it
+        self.ranges: list[tuple[str, int, int]] = []  # (argument name, first byte, end) of the running kernel
+        self.interpreter = os.environ.get("TRITON_INTERPRET", "0") == "1"
+        self._patch_launch()
+        if self.interpreter:
+            self._patch_interpreter()
+
+    def _patch_launch(self):
+        from drills.grading.launches import _kernel_classes, describe
+
+        watch = self
+        for cls in _kernel_classes():
+            original = cls.run
+
+            def run(self, *args, _original=original, **kwargs):
+                if kwargs.get("warmup", False):
+                    return _original(self, *args, **kwargs)
+                watch.launched += 1
+                if watch.recording is not None:
+                    launch = describe(self, args, kwargs)
+                    fn = getattr(self, "fn", None)
+                    code = getattr(fn, "__code__", None)
+                    if code is not None and os.path.realpath(code.co_filename) == os.path.realpath(
+                        watch.graded_file
+                    ):
+                        launch = type(launch)(watch.module_name, launch.name, launch.grid, launch.constexprs)
+                    else:
+                        launch = type(launch)(
+                            f"(not your file) {launch.module}", launch.name, launch.grid, launch.constexprs
+                        )
+                    watch.recording.append(launch)
+                if watch.disabled:
+                    return None
+                if watch.interpreter:
+                    names = list(getattr(self, "arg_names", []) or [])
+                    watch.ranges = _tensor_ranges(names, args, kwargs)
+                value = _original(self, *args, **kwargs)
+                if watch.stored is not None:  # what this launch left in each tensor it was given
+                    for storage in _storages(tensors_in(list(args) + list(kwargs.values()))).values():
+                        watch.stored[storage[0].data_ptr()] = _u8(storage[0]).clone()
+                return value
+
+            cls.run = run
+
+    def _patch_interpreter(self):
+        import numpy as np
+        from triton.runtime import interpreter as interp
+
+        watch = self
+        grid_code = interp.GridExecutor.__call__.__code__
+
+        def grid_range(*args):
+            r = range(*args)
+            if watch.reverse and sys._getframe(1).f_code is grid_code:
+                return r[::-1]
+            return r
+
+        interp.range = grid_range  # the module's own `range`: GridExecutor's program loops read it
+        _patch_language_once(interp)
+
+        builder = type(interp.interpreter_builder)
+        load, store = builder.create_masked_load, builder.create_masked_store
+
+        def check(ptrs, mask, what):
+            if not watch.ranges:
+                return
+            data = np.asarray(ptrs.data, dtype=np.uint64)
+            active = np.broadcast_to(np.asarray(mask.data, dtype=bool), data.shape)
+            if not active.any():
+                return
+            size = max(1, ptrs.get_element_ty().primitive_bitwidth // 8)
+            p = data[active]
+            inside = np.zeros(p.shape, dtype=bool)
+            for _, start, end in watch.ranges:
+                inside |= (p >= np.uint64(start)) & (p + np.uint64(size) <= np.uint64(end))
+            if inside.all():
+                return
+            bad = p[~inside]
+            first = int(bad[0])
+            name, distance = _nearest(watch.ranges, first, size)
+            where = _where_now(watch.graded_file)
+            err = OutOfBoundsAccess(
+                f"out of bounds {what} of {name} ({distance}): {bad.size} of {p.size} active lanes point "
+                f"outside every tensor the kernel was given"
+                + (f", at {_relative(where[0])}:{where[1]}: {where[2]}" if where else "")
+            )
+            err.drills_where = where
+            raise err
+
+        def create_masked_load(self, ptrs, mask, other, *rest):
+            check(ptrs, mask, "load")
+            if other is None:
+                dtype_tt = ptrs.get_element_ty()
+                if dtype_tt.is_floating():
+                    dtype_np = interp._get_np_dtype(dtype_tt)
+                    other = interp.TensorHandle(
+                        np.full(np.shape(ptrs.data), np.nan, dtype=dtype_np), dtype_tt
+                    )
+            return load(self, ptrs, mask, other, *rest)
+
+        def create_masked_store(self, ptrs, value, mask, *rest):
+            check(ptrs, mask, "store")
+            return store(self, ptrs, value, mask, *rest)
+
+        builder.create_masked_load = create_masked_load
+        builder.create_masked_store = create_masked_store
+        for name in ("create_atomic_rmw",):
+            original = getattr(builder, name, None)
+            if original is None:
+                continue
+
+            def atomic(self, op, ptr, val, mask, *rest, _original=original):
+                check(ptr, mask, "atomic")
+                return _original(self, op, ptr, val, mask, *rest)
+
+            setattr(builder, name, atomic)
+
+
+def _patch_language_once(interp) -> None:
+    """Triton's interpreter patches triton.language when a kernel starts (undone when it returns), and
+    again on every call of a @triton.jit helper from the kernel (tl.max and tl.zeros are helpers too): a
+    scan of every member of the language modules, a fifth of T5's grading time. Within one kernel run
+    only the first patch of a module changes anything (nothing is undone before the kernel returns, and
+    a repeat sets the same functions again), so a helper whose modules are already patched skips it."""
+    import inspect
+
+    import triton.language as tl
+
+    if not all(hasattr(interp, name) for name in ("_patch_lang", "_LangPatchScope", "InterpretedFunction")):
+        return  # another Triton: leave it as it is
+    patch_lang, grid_call = interp._patch_lang, interp.GridExecutor.__call__
+    helper_code = interp.InterpretedFunction.__call__.__code__
+    patched: list[set] = []  # the language modules patched since the running kernel started
+
+    def languages(fn) -> set:
+        return {id(v) for v in fn.__globals__.values() if inspect.ismodule(v) and (v is tl or v is tl.core)}
+
+    def run_grid(self, *args, **kwargs):
+        patched.append(languages(self.fn))
+        try:
+            return grid_call(self, *args, **kwargs)
+        finally:
+            patched.pop()
+
+    def patch_once(fn):
+        if not patched or sys._getframe(1).f_code is not helper_code:
+            return patch_lang(fn)
+        needed = languages(fn)
+        if needed and needed <= patched[-1]:
+            return interp._LangPatchScope()  # Triton drops a helper's scope unrestored anyway
+        scope = patch_lang(fn)
+        patched[-1] |= needed
+        return scope
+
+    interp.GridExecutor.__call__ = run_grid
+    interp._patch_lang = patch_once
+
+
+def _tensor_ranges(names, args, kwargs) -> list[tuple[str, int, int]]:
+    ranges = []
+    items = list(zip(names, args)) + list(kwargs.items())
+    for name, value in items:
+        if hasattr(value, "untyped_storage") and hasattr(value, "data_ptr"):
+            storage = value.untyped_storage()
+            start = storage.data_ptr()
+            ranges.append((name, start, start + storage.nbytes()))
+    return ranges
+
+
+def _nearest(ranges, ptr: int, size: int) -> tuple[str, str]:
+    best = None
+    for name, start, end in ranges:
+        if ptr >= end:
+            n = (ptr - end) // size + 1
+            d, text = ptr - end, f"{n} element{'s' if n != 1 else ''} past its end"
+        elif ptr < start:
+            n = (start - ptr + size - 1) // size
+            d, text = start - ptr, f"{n} element{'s' if n != 1 else ''} before its start"
+        else:
+            d, text = 0, "straddling its end"
+        if best is None or d < best[0]:
+            best = (d, name, text)
+    if best is None or best[0] > 1 << 40:
+        return "any argument", "a wild address"
+    return best[1], best[2]
+
+
+# What torch.empty returns in the learner's process: NaN, so that output a kernel never wrote shows; a
+# different value while launches are disabled, so that a kernel whose output is NaN is not taken for
+# no kernel at all.
+POISON = {"value": float("nan")}
+DISABLED_POISON = 7777.0
+
+
+def poison_empty() -> None:
+    """torch.empty and friends return poisoned memory (floats)."""
+    import torch
+
+    def poisoned(fn):
+        def wrapper(*args, **kwargs):
+            t = fn(*args, **kwargs)
+            if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel() and t.device.type == "cpu":
+                t.fill_(POISON["value"])
+            return t
+
+        wrapper.__wrapped__ = fn
+        return wrapper
+
+    torch.empty = poisoned(torch.empty)
+    torch.empty_like = poisoned(torch.empty_like)
+    torch.empty_strided = poisoned(torch.empty_strided)
+    torch.Tensor.new_empty = poisoned(torch.Tensor.new_empty)
+
+
+def _storages(tensors) -> dict:
+    out = {}
+    for t in tensors:
+        s = t.untyped_storage()
+        out.setdefault(s.data_ptr(), (s, t))
+    return out
+
+
+def _u8(storage):
+    return as_bytes_view(storage)

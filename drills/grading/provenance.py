@@ -1,0 +1,86 @@
+"""Comparing states of tensors, and the provenance decisions, made in the grader's process.
+
+Under the interpreter the learner's process runs each call that launches a kernel again with its
+programs in reverse order and compares the two states itself (`compare_states`; a write race is the
+learner's own bug, nothing to gain by hiding it). Whether the result came from the learner's kernel is
+decided here, in the grader's process, from the evidence the learner's process sends with the result
+(calls.run_call): patching the functions of the learner's process cannot change the verdict.
+
+  written   per returned tensor, what the last launch that was given its storage left there (None:
+            no launch was given it); the tensor returned must equal it
+  disabled  the call once more with every launch a no-op: the returned tensors and the arguments'
+            states; if they equal those of the real call, the result was computed some other way
+"""
+
+from __future__ import annotations
+
+from drills.grading.errors import NotFromKernel
+
+
+def differs(a, b) -> bool:
+    """Two results differ (NaN equal to NaN; float noise below 1e-3 ignored, as atomics may reorder)."""
+    import torch
+
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return True
+    if a.is_floating_point():
+        return not torch.isclose(a.float(), b.float(), rtol=1e-3, atol=1e-3, equal_nan=True).all().item()
+    return not torch.equal(a, b)
+
+
+def count_diff(a, b) -> int:
+    import torch
+
+    if a.is_floating_point():
+        return int((~torch.isclose(a.float(), b.float(), rtol=1e-3, atol=1e-3, equal_nan=True)).sum())
+    return int((a != b).sum())
+
+
+def compare_states(before: list, after: list, names: list, results_a: list, results_b: list) -> str | None:
+    """Where the second state differs from the first (None: nowhere). before/after: the arguments'
+    storages as typed tensors, in the same order, named by names; results: the returned tensors."""
+    for name, x, y in zip(names, before, after):
+        if differs(x, y):
+            return f"argument `{name}`: {count_diff(x, y)} elements differ"
+    if len(results_a) != len(results_b):
+        return f"the call returned {len(results_b)} tensors instead of {len(results_a)}"
+    for i, (x, y) in enumerate(zip(results_a, results_b)):
+        if differs(x, y):
+            return f"the returned tensor #{i}: {count_diff(x, y)} elements differ"
+    return None
+
+
+def judge(result_tensors: list, evidence: dict | None) -> None:
+    """Raise NotFromKernel unless the evidence shows the result came from a launch of the learner's
+    kernel. result_tensors: the tensors of the call's result as the grader received them."""
+    if not evidence or not evidence.get("launched"):
+        return  # no launch: the lesson's own checks (assert_runs_a_triton_kernel) say so
+    written = evidence.get("written")
+    if written is not None:
+        if len(written) != len(result_tensors):
+            raise NotFromKernel(
+                "the output did not come from your kernel: the call's result changed on its way"
+            )
+        for tensor, stored in zip(result_tensors, written):
+            if stored is None or differs(stored, tensor):
+                how = (
+                    "no kernel of yours was given it"
+                    if stored is None
+                    else "it changed after your last kernel wrote it"
+                )
+                raise NotFromKernel(
+                    f"the output did not come from your kernel: a tensor the call returned ({tuple(tensor.shape)}, "
+                    f"{tensor.dtype}) does not hold what a launch stored ({how}); compute the result in your "
+                    "@triton.jit kernel and return the tensor it stores into"
+                )
+    disabled = evidence.get("disabled")
+    if disabled is not None:
+        same = compare_states(
+            disabled["after"], disabled["states"], disabled["names"], disabled["results"], disabled["got"]
+        )
+        if same is None and not disabled.get("raised"):
+            raise NotFromKernel(
+                "the output did not come from your kernel: with every Triton launch turned into a no-op the "
+                "call returned the same result, so it was computed some other way (torch, or a copy), or your "
+                "kernel writes nothing (no tl.store into the output?)"
+            )

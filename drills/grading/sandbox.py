@@ -1,0 +1,306 @@
+"""What the learner's process may open and start while its file is graded.
+
+Two layers, both set up in the learner's process before its file is imported (server.run_file):
+
+- Landlock (Linux 5.13+, unprivileged): the kernel itself refuses to open anything under
+  drills/solutions, drills/mutants or .git, whatever call opens it (open, os.open with dir_fd, libc
+  through ctypes, a program started from the process), and the process may neither signal nor trace
+  a process outside its sandbox (the grader, the command that reads the result). Landlock grants rather
+  than denies, so the rules allow every other entry of each folder on the way down to those three.
+- An audit hook (any Python): refuses Python-level opens and imports of the references, copies and
+  links of them, and starting programs unless Triton's own compiler code is the caller.
+
+`make doctor` prints `status()`: which of the two is in force on this machine.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+
+from drills.lessons import ROOT
+
+# Landlock's constants (include/uapi/linux/landlock.h); its syscall numbers are the same on every
+# architecture that has them.
+_CREATE_RULESET, _ADD_RULE, _RESTRICT_SELF = 444, 445, 446
+_CREATE_RULESET_VERSION = 1
+_RULE_PATH_BENEATH = 1
+_PR_SET_NO_NEW_PRIVS = 38
+_FILE_RIGHTS = (1 << 0) | (1 << 1) | (1 << 2)  # execute, write, read: what a rule on a file may grant
+_SCOPE_SIGNAL = 1 << 1
+
+
+def protected() -> list[str]:
+    """The folders the learner's process may not open."""
+    return [
+        os.path.join(ROOT, "drills", "solutions"),
+        os.path.join(ROOT, "drills", "mutants"),
+        os.path.join(ROOT, ".git"),
+    ]
+
+
+class _RulesetAttr(ctypes.Structure):
+    _fields_ = [
+        ("handled_access_fs", ctypes.c_uint64),
+        ("handled_access_net", ctypes.c_uint64),
+        ("scoped", ctypes.c_uint64),
+    ]
+
+
+class _PathBeneath(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+def _libc():
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    return libc
+
+
+def landlock_abi() -> int:
+    """The kernel's Landlock ABI version, 0 where it has none (not Linux, too old, or disabled)."""
+    if not sys.platform.startswith("linux"):
+        return 0
+    try:
+        abi = _libc().syscall(
+            _CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(_CREATE_RULESET_VERSION)
+        )
+    except (OSError, AttributeError):
+        return 0
+    return max(0, int(abi))
+
+
+def _fs_rights(abi: int) -> int:
+    rights = (1 << 13) - 1  # ABI 1: execute ... make_sym
+    if abi >= 2:
+        rights |= 1 << 13  # refer: links and renames across folders
+    if abi >= 3:
+        rights |= 1 << 14  # truncate
+    return rights
+
+
+def _allowed_entries(targets: list[str]) -> list[str]:
+    """Every path to allow so that all is reachable except the targets: the siblings of each folder
+    on the way from / down to a target, none of the folders on that way themselves."""
+    targets = [os.path.realpath(t) for t in targets]
+    on_the_way = set()
+    for t in targets:
+        p = t
+        while True:
+            on_the_way.add(p)
+            parent = os.path.dirname(p)
+            if parent == p:
+                break
+            p = parent
+    allowed = []
+    for folder in sorted(p for p in on_the_way if p not in targets and os.path.isdir(p)):
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            continue
+        for name in names:
+            path = os.path.join(folder, name)
+            if path not in on_the_way:
+                allowed.append(path)
+    return allowed
+
+
+def apply_landlock(targets: list[str] | None = None) -> str | None:
+    """Sandbox this process and its future children; None when in force, else why not."""
+    abi = landlock_abi()
+    if abi < 1:
+        return "Landlock is not available in this kernel (Linux 5.13+ with Landlock enabled)"
+    libc = _libc()
+    rights = _fs_rights(abi)
+    attr = _RulesetAttr(rights, 0, _SCOPE_SIGNAL if abi >= 6 else 0)
+    size = ctypes.sizeof(_RulesetAttr) if abi >= 6 else 8 if abi < 4 else 16
+    ruleset = libc.syscall(_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
+    if ruleset < 0:
+        return f"Landlock refused a ruleset: {os.strerror(ctypes.get_errno())}"
+    try:
+        for path in _allowed_entries(targets or protected()):
+            try:
+                fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            except OSError:
+                continue  # a dangling link, or gone since the listing
+            try:
+                is_dir = (
+                    os.path.isdir(f"/proc/self/fd/{fd}")
+                    if os.path.exists("/proc/self/fd")
+                    else os.path.isdir(path)
+                )
+                rule = _PathBeneath(rights if is_dir else rights & _FILE_RIGHTS | (rights & (1 << 14)), fd)
+                libc.syscall(
+                    _ADD_RULE,
+                    ctypes.c_int(ruleset),
+                    ctypes.c_int(_RULE_PATH_BENEATH),
+                    ctypes.byref(rule),
+                    ctypes.c_uint32(0),
+                )
+            finally:
+                os.close(fd)
+        if libc.prctl(_PR_SET_NO_NEW_PRIVS, ctypes.c_ulong(1), 0, 0, 0) != 0:
+            return f"prctl(PR_SET_NO_NEW_PRIVS) failed: {os.strerror(ctypes.get_errno())}"
+        if libc.syscall(_RESTRICT_SELF, ctypes.c_int(ruleset), ctypes.c_uint32(0)) != 0:
+            return f"landlock_restrict_self failed: {os.strerror(ctypes.get_errno())}"
+    finally:
+        os.close(ruleset)
+    return None
+
+
+def status() -> str:
+    """One line for make doctor: which sandbox the learner's process runs in here."""
+    abi = landlock_abi()
+    names = "drills/solutions, drills/mutants and .git"
+    if abi >= 1:
+        return f"Landlock (ABI {abi}) and the audit hook: your file's process cannot open {names} by any call"
+    return f"the audit hook only (no Landlock in this kernel): Python-level opens of {names} are refused"
+
+
+# --- The audit hook --------------------------------------------------------------------------------
+
+_TRUSTED_CODE: set = (
+    set()
+)  # code objects of Triton's and torch's own functions, gathered before the learner's file
+
+
+def trust_loaded_code() -> None:
+    """Remember the code objects of every function of the Triton and torch modules loaded now (and of
+    the Triton modules that start programs, imported here first): "started by Triton" is then judged
+    by the identity of the running code, which a learner's file cannot forge, not by a file name."""
+    import importlib
+    import types
+
+    for name in (
+        "triton.runtime.build",
+        "triton.backends.nvidia.compiler",
+        "triton.backends.amd.compiler",
+        "triton.compiler.compiler",
+        "torch.utils.cpp_extension",
+    ):
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - a backend this build does not have
+            pass
+
+    def add(code):
+        if code in _TRUSTED_CODE:
+            return
+        _TRUSTED_CODE.add(code)
+        for const in code.co_consts:
+            if isinstance(const, types.CodeType):
+                add(const)
+
+    def visit(obj, depth=0):
+        if isinstance(obj, types.FunctionType):
+            add(obj.__code__)
+        elif isinstance(obj, (staticmethod, classmethod)):
+            visit(obj.__func__, depth)
+        elif isinstance(obj, property):
+            for f in (obj.fget, obj.fset, obj.fdel):
+                if f is not None:
+                    visit(f, depth)
+        elif isinstance(obj, type) and depth < 3:
+            for value in list(vars(obj).values()):
+                visit(value, depth + 1)
+
+    for name, module in list(sys.modules.items()):
+        if module is None or not (
+            name == "triton"
+            or name.startswith(("triton.", "torch.utils.cpp_extension", "torch._inductor.cpp_builder"))
+        ):
+            continue
+        for value in list(vars(module).values()):
+            if getattr(value, "__module__", None) == name or isinstance(value, types.FunctionType):
+                visit(value)
+
+
+def started_by_triton() -> bool:
+    """True when a frame on the stack runs one of Triton's (or torch's build helpers') own functions."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code in _TRUSTED_CODE:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def protect(graded_file: str) -> None:
+    """The audit hook: refuse the references and starting programs (see the module docstring)."""
+    solutions = os.path.join(ROOT, "drills", "solutions") + os.sep
+    mutants = os.path.join(ROOT, "drills", "mutants") + os.sep
+    graded = os.path.realpath(graded_file)
+
+    def forbidden_path(path) -> bool:
+        try:
+            real = os.path.realpath(os.fsdecode(path)) if isinstance(path, (str, bytes, os.PathLike)) else ""
+        except Exception:
+            return False
+        if not real or real == graded:
+            return False
+        parts = real.split(os.sep)
+        return (
+            real.startswith((solutions, mutants))
+            or ".git" in parts
+            or (os.sep + os.path.join("drills", "solutions") + os.sep) in real
+        )
+
+    # Files are also known by inode, so a hard link to a reference file is refused like the file itself.
+    inodes = set()
+    for folder in (solutions, mutants):
+        for dirpath, _, files in os.walk(folder):
+            for name in files:
+                try:
+                    st = os.stat(os.path.join(dirpath, name))
+                    inodes.add((st.st_dev, st.st_ino))
+                except OSError:
+                    pass
+
+    def same_file(path) -> bool:
+        try:
+            st = os.stat(path) if isinstance(path, (str, bytes, os.PathLike)) else None
+        except (OSError, ValueError):
+            return False
+        return st is not None and (st.st_dev, st.st_ino) in inodes
+
+    starts = (
+        "subprocess.Popen",
+        "os.system",
+        "os.exec",
+        "os.posix_spawn",
+        "os.spawn",
+        "os.fork",
+        "os.forkpty",
+    )
+
+    def hook(event, args):
+        if (
+            event in ("os.link", "os.symlink", "shutil.copyfile", "shutil.copymode", "shutil.copystat")
+            and args
+            and (forbidden_path(args[0]) or same_file(args[0]))
+        ):
+            raise PermissionError(
+                f"grading: your file may not copy or link {args[0]} (the reference solutions "
+                "are off limits while your file is graded)"
+            )
+        if event == "open" and args and (forbidden_path(args[0]) or same_file(args[0])):
+            raise PermissionError(
+                f"grading: your file may not read {args[0]} (the reference solutions "
+                "and the repository's history are off limits while your file is graded)"
+            )
+        if (
+            event == "import"
+            and args
+            and isinstance(args[0], str)
+            and args[0].startswith(("drills.solutions", "drills.mutants"))
+        ):
+            raise ImportError(
+                f"grading: your file may not import {args[0]}: the reference solutions are "
+                "off limits while your file is graded"
+            )
+        if event in starts and not started_by_triton():
+            raise PermissionError(f"grading: your file may not start programs ({event})")
+
+    sys.addaudithook(hook)

@@ -1,0 +1,366 @@
+"""The learner's process: imports only the learner's file and serves what the grader asks of it.
+
+Started by drills/grading/remote.py as `python -m drills.grading.server FD FILE MODULE [--reference]`
+(or, for make mutants, forked by drills/grading/warm.py from a process that ran `prepare()`), it talks
+to the grader over the socket FD (messages in drills/grading/wire.py). The grader's oracle,
+comparisons, provenance decisions and report live in the other process, out of this file's reach.
+Before the learner's file is imported: the sandbox (sandbox.py), Triton's instrumentation
+(instrument.py) and poisoned empties. Each call runs through calls.run_call, which sends back, beside
+the result, the evidence the grader judges provenance from.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import linecache
+import os
+import sys
+import traceback
+
+from drills.grading.calls import run_call
+from drills.grading.env import STACK_SIGNAL
+from drills.grading.errors import RAISED_IN_KERNELS
+from drills.grading.instrument import _relative
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+# --- The learner's line ----------------------------------------------------------------------------
+
+
+def learner_frames(tb, graded_file: str) -> list[tuple[str, int, str]]:
+    """(file, line number, source line) of every traceback frame in the learner's file."""
+    graded = os.path.realpath(graded_file)
+    found = []
+    for frame, lineno in traceback.walk_tb(tb):
+        name = frame.f_code.co_filename
+        if name and os.path.realpath(name) == graded:
+            found.append((name, lineno, linecache.getline(name, lineno).strip()))
+    return found
+
+
+def describe_error(exc: BaseException, graded_file: str) -> dict:
+    """What the grader needs to re-raise and explain an exception from the learner's code."""
+    chain, seen = [], set()
+    e = exc
+    while e is not None and id(e) not in seen:  # InterpreterError wraps the error raised in the kernel
+        seen.add(id(e))
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    root = next((c for c in chain if isinstance(c, RAISED_IN_KERNELS)), None)
+    if root is None and type(exc).__name__ in ("InterpreterError",) and len(chain) > 1:
+        root = chain[1]
+    root = root or exc
+    frames = []
+    for c in chain:
+        frames = learner_frames(c.__traceback__, graded_file) or frames
+    where = getattr(root, "drills_where", None) or (frames[-1] if frames else None)
+    kind = root.kind if isinstance(root, RAISED_IN_KERNELS) else "exception"
+    message = str(root)
+    if type(exc).__name__ == "CompilationError":
+        kind, message = "compile_error", str(exc)
+    from drills.grading.wire import is_plain
+
+    args = root.args if all(is_plain(a) for a in getattr(root, "args", ())) else (message,)
+    return {
+        "kind": kind,
+        "args": args,
+        "type": type(root).__name__,
+        "builtin": type(root).__module__ == "builtins",
+        "message": message,
+        "where": f"{_relative(where[0])}:{where[1]}" if where else None,
+        "code": where[2] if where else None,
+    }
+
+
+# --- The server ------------------------------------------------------------------------------------
+
+
+class Server:
+    def __init__(self, conn, graded_file: str, module_name: str):
+        from drills.grading import wire
+
+        self.conn = conn
+        self.wire = wire
+        self.known = wire.Storages()
+        self.objects: dict[int, object] = {}
+        self.counts: dict[int, int] = {}
+        self.lent: dict[int, LentObject] = {}  # the grader's lent objects, one proxy per key
+        self.graded_file = graded_file
+        self.module_name = module_name
+        self.watch = None
+
+    # Encoding what goes back: plain values by value, the rest as handles kept here.
+    def handle(self, obj):
+        if self.wire.is_plain(obj) or isinstance(obj, BaseException):
+            return None
+        if type(obj) is LentObject:
+            return ("L", object.__getattribute__(obj, "_key"))
+        bound_to = getattr(obj, "__self__", None)
+        if (
+            bound_to is not None
+            and not isinstance(bound_to, type(sys))
+            and callable(obj)
+            and id(bound_to) in self.objects
+            and getattr(obj, "__name__", None)
+        ):
+            # A method of an object the grader already holds: no handle of its own, called by name.
+            return ("M", id(bound_to), obj.__name__)
+        key = id(obj)
+        self.objects[key] = obj
+        self.counts[key] = self.counts.get(key, 0) + 1  # one per handle the grader holds
+        kind = (
+            "kernel"
+            if hasattr(obj, "fn") and hasattr(obj, "run")
+            else "class"
+            if isinstance(obj, type)
+            else "callable"
+            if callable(obj)
+            else "object"
+        )
+        return ("R", key, kind, type(obj).__name__)
+
+    def resolve(self, pid):
+        if pid[0] == "R":
+            return self.objects[pid[1]]
+        if pid[0] == "M":
+            return getattr(self.objects[pid[1]], pid[2])
+        if pid[0] == "C":
+            return Callback(self, pid[1])
+        if pid[0] == "L":
+            if pid[1] not in self.lent:
+                self.lent[pid[1]] = LentObject(self, pid[1])
+            return self.lent[pid[1]]
+        raise ValueError(f"unknown reference {pid!r}")
+
+    def send(self, message):
+        self.conn.send_bytes(self.wire.dumps(message, self.known, self.handle))
+
+    def receive(self):
+        return self.wire.loads(self.conn.recv_bytes(), self.known, self.resolve)
+
+    def reply(self, value, evidence=None):
+        updates = self.known.take_copies()
+        self.send(("result", value, updates, evidence))
+
+    def fail(self, exc):
+        updates = self.known.take_copies()
+        self.send(("error", describe_error(exc, self.graded_file), updates))
+
+    def serve(self, module):
+        self.objects[0] = module
+        while True:
+            try:
+                data = self.conn.recv_bytes()
+            except (EOFError, OSError):
+                return
+            releases = ()
+            try:
+                *request, releases = self.wire.loads(data, self.known, self.resolve)
+                op = request[0]
+                if op == "getattr":
+                    _, target, name = request
+                    self.reply(getattr(target, name))
+                elif op == "call":
+                    _, target, args, kwargs, options = request
+                    self.reply(*run_call(self.watch, target, args, kwargs, options))
+                elif op == "method":
+                    _, key, name, args, kwargs, options = request
+                    method = getattr(self.objects[key], name)
+                    self.reply(*run_call(self.watch, method, args, kwargs, options))
+                elif op == "probe":
+                    _, module_name, qualname, args, kwargs = request
+                    self.reply(_probe(module_name, qualname)(*args, **kwargs))
+                elif op == "op":
+                    _, target, name, args = request
+                    self.reply(_operate(target, name, args))
+                elif op == "record":
+                    _, on = request
+                    if on:
+                        self.watch.recording = []
+                        self.reply(None)
+                    else:
+                        calls, self.watch.recording = self.watch.recording or [], None
+                        self.reply([(c.module, c.name, c.grid, c.constexprs) for c in calls])
+                else:
+                    raise ValueError(f"unknown request {op!r}")
+            except BaseException as exc:  # noqa: BLE001 - everything the learner's code raises goes back
+                if isinstance(exc, KeyboardInterrupt):
+                    raise
+                if isinstance(exc, SystemExit):
+                    exc = RuntimeError(f"your code called sys.exit({exc.code!r}) while being graded")
+                self.fail(exc)
+            finally:
+                request = None
+                for key in releases:
+                    self.counts[key] = self.counts.get(key, 1) - 1
+                    if key != 0 and self.counts[key] <= 0:
+                        self.objects.pop(key, None)
+                        self.counts.pop(key, None)
+                releases = ()
+
+
+class Callback:
+    """A callable of the grader's, called from the learner's code: the grader runs it."""
+
+    def __init__(self, server: Server, key: int):
+        self.server, self.key = server, key
+
+    def __call__(self, *args, **kwargs):
+        self.server.send(("callback", self.key, args, kwargs))
+        return _callback_reply(*self.server.receive())
+
+
+def _callback_reply(kind, value):
+    if kind == "raise":  # a built-in exception of a lent object: the same class here
+        import builtins
+
+        name, args = value
+        cls = getattr(builtins, name, None)
+        if isinstance(cls, type) and issubclass(cls, Exception):
+            raise cls(*args)
+        raise RuntimeError(f"the grader's object raised {name}: {args}")
+    if kind == "error":
+        raise RuntimeError(f"the grader's callback raised: {value}")
+    return value
+
+
+class LentObject:
+    """An object the grader lent (wire.Lent): every attribute read asks the grader, which keeps the
+    object; its methods come back as callbacks (kept here: a method's code does not change), other
+    values by value. Read-only."""
+
+    __slots__ = ("_server", "_key", "_methods")
+
+    def __init__(self, server: Server, key: int):
+        object.__setattr__(self, "_server", server)
+        object.__setattr__(self, "_key", key)
+        object.__setattr__(self, "_methods", {})
+
+    def __getattr__(self, name):
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        methods = object.__getattribute__(self, "_methods")
+        if name in methods:
+            return methods[name]
+        server = object.__getattribute__(self, "_server")
+        server.send(("callback_getattr", object.__getattribute__(self, "_key"), name))
+        kind, value = server.receive()
+        if kind == "method":
+            methods[name] = value
+            return value
+        return _callback_reply(kind, value)
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"the grader's object is read-only here: cannot set {name}")
+
+    def __repr__(self):
+        return f"<an object lent by the grader (key {object.__getattribute__(self, '_key')})>"
+
+
+def _probe(module_name: str, qualname: str):
+    """A grader function that runs here, next to the learner's objects (many calls, one round trip)."""
+    import importlib
+
+    if not module_name.startswith("drills.tests."):
+        raise PermissionError(f"probes come from drills.tests only, not {module_name}")
+    fn = importlib.import_module(module_name)
+    for part in qualname.split("."):
+        fn = getattr(fn, part)
+    return fn
+
+
+def _operate(target, name, args):
+    import operator
+
+    if name == "iter":
+        return list(target)
+    if name == "repr":
+        return repr(target)
+    if name == "str":
+        return str(target)
+    if name == "len":
+        return len(target)
+    if name == "bool":
+        return bool(target)
+    if name == "hash":
+        return hash(target)
+    if name == "contains":
+        return args[0] in target
+    if name == "setattr":
+        return setattr(target, *args)
+    return getattr(operator, name)(target, *args)
+
+
+def prepare() -> None:
+    """Everything this process imports before the learner's file (drills/grading/warm.py does it once
+    and forks a process per file from there)."""
+    import drills.runtime
+
+    drills.runtime.select()
+    import torch  # noqa: F401
+
+    from drills import contract  # noqa: F401
+    from drills.grading import (
+        bigmem,  # noqa: F401
+        calls,  # noqa: F401
+        launches,  # noqa: F401
+        wire,  # noqa: F401  (loaded before the learner's file can reach it)
+    )
+    from drills.grading.sandbox import trust_loaded_code
+
+    trust_loaded_code()
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    prepare()
+    return run_file(int(argv[0]), argv[1], argv[2], reference="--reference" in argv)
+
+
+def run_file(fd: int, graded_file: str, module_name: str, reference: bool) -> int:
+    """Import the learner's file and serve the grader on the socket fd until it hangs up. Learner prints
+    go to this process's stdout/stderr, which the grader keeps in a log."""
+    from multiprocessing.connection import Connection
+
+    from drills import contract
+    from drills.grading.instrument import TritonWatch, poison_empty
+    from drills.grading.sandbox import apply_landlock, protect
+
+    # On SIGUSR1 the Python stack goes to stderr (the grader's log): a call that runs past its limit is
+    # asked for it before the process is stopped, so the report can name the line that loops.
+    faulthandler.register(STACK_SIGNAL, all_threads=False)
+    conn = Connection(fd)
+    server = Server(conn, graded_file, module_name)
+    server.watch = TritonWatch(graded_file)
+    server.watch.module_name = module_name
+    if server.watch.interpreter:
+        poison_empty()
+    if not reference:
+        # The kernel's sandbox where it has one (Landlock), and the audit hook everywhere.
+        apply_landlock()
+        protect(graded_file)
+    try:
+        module = contract.load_from_file(graded_file, module_name)
+    except BaseException as exc:  # noqa: BLE001
+        if isinstance(exc, SystemExit):
+            exc = RuntimeError(f"your file called sys.exit({exc.code!r}) while being imported")
+        server.send(("import_error", describe_error(exc, graded_file)))
+        return 0
+    server.send(("imported", None))  # a crash from here on is not an import problem
+    try:
+        not_started = contract.not_started_message(module)
+    except BaseException:  # noqa: BLE001
+        not_started = None
+    server.send(
+        (
+            "ready",
+            {"not_started": not_started, "name": module.__name__, "interpreter": server.watch.interpreter},
+        )
+    )
+    server.serve(module)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
