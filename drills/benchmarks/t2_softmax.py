@@ -135,3 +135,41 @@ def headline(impl) -> tuple[float, str, str]:
     assert_close(impl.softmax(x), torch.softmax(x.float(), dim=-1))
     us = bench.time_us(lambda: impl._launch(x, out))
     return bench.gbs(2 * M * N * x.element_size(), us), "GB/s", f"{M} x {N}, fp16"
+
+
+# --- The figures the explainer's sentences quote (bench.FIGURES); data is t2_softmax.bench.json -------
+
+
+def _at(data, N: int) -> dict:
+    return next(r for r in data["rows"] if r["N"] == N)
+
+
+def _one_block(data) -> list[dict]:
+    return [r for r in data["rows"] if r["path"] == "one block"]
+
+
+def _f(N: int, key: str):
+    return lambda d: bench.num(_at(d, N)[key])
+
+
+def _sweep(N: int, config: str):
+    return lambda d: bench.num(_at(d, N)["sweep_gbs"][config])
+
+
+FIGURES = {
+    "gbs_4096": _f(4096, "t2_gbs"),
+    "naive_4096": _f(4096, "naive_gbs"),
+    "long_ceiling": _f(128256, "t2_ceiling"),
+    "long_torch": _f(128256, "torch_ceiling"),
+    "long_vs_torch": _f(128256, "vs_torch"),
+    "one_ceiling": lambda d: bench.span_of(r["t2_ceiling"] for r in _one_block(d)),
+    "one_vs_torch": lambda d: bench.span_of(r["vs_torch"] for r in _one_block(d)),
+    "one_torch": lambda d: bench.span_of(r["torch_ceiling"] for r in _one_block(d)),
+    "one_naive": lambda d: bench.span_of(r["naive_gbs"] for r in _one_block(d)),
+    "one_gbs": lambda d: bench.span_of(r["t2_gbs"] for r in _one_block(d)),
+    "warps8_16384": _sweep(16384, "defaultx8"),
+    "warps16_1024": _sweep(1024, "defaultx16"),
+    "sweep_4096": _sweep(4096, "4096x8"),
+    "long_best": _sweep(128256, "defaultx4"),
+    "long_gbs": _f(128256, "t2_gbs"),
+}

@@ -163,3 +163,52 @@ def headline(impl) -> tuple[float, str, str]:
     assert_close(impl.online_softmax(x)[::64], torch.softmax(x[::64].float(), dim=1))  # every 64th row
     us = bench.time_us(lambda: impl.online_softmax(x, out=out))
     return bench.gbs(2 * x.numel() * x.element_size(), us), "GB/s", f"online_softmax {M} x {N}, fp16"
+
+
+# --- The figures the explainer's sentences quote (bench.FIGURES); data is t4_online_softmax.bench.json
+
+
+def _at(data, M: int) -> dict:
+    return next(r for r in data["rows"] if r["M"] == M)
+
+
+def _f(M: int, key: str):
+    return lambda d: bench.num(_at(d, M)[key])
+
+
+def _pair(key: str, sep: str = " and "):
+    """The two many-row shapes, (4096, 32768) then (16384, 8192)."""
+    return lambda d: f"{bench.num(_at(d, 4096)[key])}{sep}{bench.num(_at(d, 16384)[key])}"
+
+
+def _same(key: str):
+    """One value when both many-row shapes round to it, else both."""
+
+    def figure(data) -> str:
+        a, b = (bench.num(_at(data, M)[key]) for M in (4096, 16384))
+        return a if a == b else f"{a} and {b}"
+
+    return figure
+
+
+FIGURES = {
+    "torch_8192": _f(16384, "torch_gbs"),
+    "online_8192": _f(16384, "softmax_gbs"),
+    "stats_many": _same("stats_ceiling"),
+    "stats_gbs": _pair("stats_gbs"),
+    "lse_many": _pair("lse_ceiling"),
+    "online_many": _pair("softmax_ceiling"),
+    "torch_8192_ceiling": _f(16384, "torch_ceiling"),
+    "torch_32768_ceiling": _f(4096, "torch_ceiling"),
+    "online_32768_ceiling": _f(4096, "softmax_ceiling"),
+    "online_16384_ceiling": _f(16384, "softmax_ceiling"),
+    "long_stats_gbs": _f(64, "stats_gbs"),
+    "long_stats_ceiling": _f(64, "stats_ceiling"),
+    "long_split_gbs": _f(64, "stats_split_gbs"),
+    "long_split_ceiling": _f(64, "stats_split_ceiling"),
+    "long_online_gbs": _f(64, "softmax_gbs"),
+    "long_online_ceiling": _f(64, "softmax_ceiling"),
+    "long_online_split_gbs": _f(64, "softmax_split_gbs"),
+    "long_online_split_ceiling": _f(64, "softmax_split_ceiling"),
+    "long_torch_gbs": _f(64, "torch_gbs"),
+}
