@@ -12,8 +12,8 @@ import torch
 
 from drills.compare import assert_close, assert_untouched, mismatch
 from drills.grading.diagnose import Mistake
+from drills.grading.launches import assert_runs_a_triton_kernel, record_launches
 from drills.tests import bf16_on_gpu_only, seeded, sizes
-from drills.tests.launches import assert_runs_a_triton_kernel, record_launches
 
 DIMS = ("i",)
 CANARY = 1234.5  # exactly representable in fp16, bf16 and fp32
@@ -42,7 +42,8 @@ def into_canary(run, x):
     out = buffer[PAD : PAD + n]  # [n]
     returned = run(out)
     assert isinstance(returned, torch.Tensor) and returned.data_ptr() == out.data_ptr(), (
-        "vector_add must write into the `out` it is given and return it"
+        "the tensor vector_add returned is not the `out` it was given, so the output did not come from "
+        "your kernel's store into out: write into out and return it"
     )
     keep = torch.zeros(buffer.shape, dtype=torch.bool, device=buffer.device)
     keep[PAD : PAD + n] = True

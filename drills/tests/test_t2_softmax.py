@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from drills.compare import assert_close, assert_untouched, mismatch
+from drills.grading.bigmem import free_bytes, sparse_empty
 from drills.grading.diagnose import Mistake
+from drills.grading.launches import assert_runs_a_triton_kernel, record_launches
 from drills.tests import bf16_on_gpu_only, seeded, sizes
-from drills.tests.bigmem import free_bytes, sparse_empty
-from drills.tests.launches import assert_runs_a_triton_kernel, record_launches
 
 DIMS = ("row", "col")
 CANARY = 1234.5  # exactly representable in fp16, bf16 and fp32
@@ -67,7 +67,8 @@ def run_into_canary(impl, x):
     frame = Framed(M, N, OUT_PAD, CANARY, x.dtype, x.device)
     returned = impl.softmax(x, out=frame.view)
     assert isinstance(returned, torch.Tensor) and returned.data_ptr() == frame.view.data_ptr(), (
-        "softmax must write into the `out` it is given and return it"
+        "the tensor softmax returned is not the `out` it was given, so the output did not come from "
+        "your kernel's store into out: write into out and return it"
     )
     frame.assert_untouched("the buffer around out (is every store masked, and at out's row stride?)")
     return frame.view
@@ -345,7 +346,8 @@ def test_out_may_be_x(impl, runtime):
     expected = softmax_reference(x)
     returned = impl.softmax(x, out=x)
     assert isinstance(returned, torch.Tensor) and returned.data_ptr() == x.data_ptr(), (
-        "softmax must write into the `out` it is given and return it"
+        "the tensor softmax returned is not the `out` it was given, so the output did not come from "
+        "your kernel's store into out: write into out and return it"
     )
     assert_close(x, expected, DIMS)
 

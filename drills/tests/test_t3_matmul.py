@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from drills.compare import assert_close, assert_untouched, mismatch
+from drills.grading.bigmem import sparse_empty
 from drills.grading.diagnose import Mistake
+from drills.grading.launches import assert_runs_a_triton_kernel, record_launches
 from drills.tests import bf16_on_gpu_only, seeded, sizes
-from drills.tests.bigmem import sparse_empty
-from drills.tests.launches import assert_runs_a_triton_kernel, record_launches
 
 DIMS = ("m", "n")  # how a mismatch names its position in C
 PAD = 256  # NaN rows and columns after every input: more than any block reaches past an edge
@@ -62,7 +62,8 @@ def run_into_canary(impl, a, b, out_layout="plain"):
     out = view_of(buffer, M, N)  # [M, N]
     returned = impl.matmul(a, b, out=out)
     assert isinstance(returned, torch.Tensor) and returned.data_ptr() == out.data_ptr(), (
-        "matmul must write into the `out` it is given and return it"
+        "the tensor matmul returned is not the `out` it was given, so the output did not come from "
+        "your kernel's store into out: write into out and return it"
     )
     keep = torch.zeros(buffer.shape, dtype=torch.bool, device=buffer.device)
     view_of(keep, M, N).fill_(True)
