@@ -17,10 +17,6 @@ from drills.lessons import LESSONS, find
 
 WITH_BENCHMARK = [lesson for lesson in LESSONS if lesson.benchmark.exists()]
 
-# Explainers whose sentences still restate measured figures by hand; each is converted by putting its
-# figures in FIGURES and its sentences in spans, and then leaves this set. A new lesson is never in it.
-RESTATED_BY_HAND = {"t3"}
-
 
 @pytest.mark.parametrize("lesson", WITH_BENCHMARK, ids=lambda lesson: lesson.id)
 def test_bench_table_is_what_the_committed_json_renders(lesson):
@@ -37,8 +33,6 @@ def test_quoted_figures_are_what_the_committed_json_renders(lesson):
 
 @pytest.mark.parametrize("lesson", LESSONS, ids=lambda lesson: lesson.id)
 def test_no_measured_figure_outside_a_span(lesson):
-    if lesson.id in RESTATED_BY_HAND:
-        pytest.skip(f"{lesson.explainer.name} still restates its figures by hand (RESTATED_BY_HAND)")
     loose = bench.unquoted_figures(lesson.explainer.read_text())
     assert not loose, (
         f"{lesson.explainer.name}: measured figures outside a <!--fig:name--> span; quote them from the JSON "

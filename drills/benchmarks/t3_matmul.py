@@ -109,3 +109,40 @@ def headline(impl) -> tuple[float, str, str]:
         "TFLOP/s",
         "4096^3, fp16",
     )
+
+
+# --- The figures the explainer's sentences quote (bench.FIGURES); data is t3_matmul.bench.json --------
+
+
+def _at(data, n: int) -> dict:
+    return next(r for r in data["rows"] if r["shape"] == f"{n} x {n} x {n}")
+
+
+def _f(n: int, key: str):
+    return lambda d: bench.num(_at(d, n)[key])
+
+
+FIGURES = {
+    "t3_4096": _f(4096, "t3_tflops"),
+    "cublas_4096": _f(4096, "cublas_tflops"),
+    "vs_4096": _f(4096, "t3_vs_cublas"),
+    "us_4096": _f(4096, "t3_us"),
+    "api_4096": _f(4096, "api_us"),
+    "row_4096": _f(4096, "rowmajor_tflops"),
+    "t3_8192": _f(8192, "t3_tflops"),
+    "vs_8192": _f(8192, "t3_vs_cublas"),
+    "row_8192": _f(8192, "rowmajor_tflops"),
+    "row_vs_8192": _f(8192, "rowmajor_vs_cublas"),
+    "tie_2048": lambda d: (
+        bench.num(_at(d, 2048)["t3_tflops"])
+        if bench.num(_at(d, 2048)["t3_tflops"]) == bench.num(_at(d, 2048)["rowmajor_tflops"])
+        else f"{bench.num(_at(d, 2048)['t3_tflops'])} and {bench.num(_at(d, 2048)['rowmajor_tflops'])}"
+    ),
+    "us_2048": _f(2048, "t3_us"),
+    "api_2048": _f(2048, "api_us"),
+    "t3_4000": _f(4000, "t3_tflops"),
+    "vs_4000": _f(4000, "t3_vs_cublas"),
+    "vs_cublas": lambda d: bench.span_of(r["t3_vs_cublas"] for r in d["rows"]),
+    "cublas_peak": lambda d: bench.span_of(r["cublas_peak"] for r in d["rows"]),
+    "t3_peak": lambda d: bench.span_of(r["t3_peak"] for r in d["rows"]),
+}
