@@ -104,4 +104,16 @@ MUTANTS = [
         "v = tl.load(value_ptr + i * stride_vn + offs_h[:, None] * stride_vh",
         "v = tl.load(value_ptr + i * stride_kn + offs_h[:, None] * stride_kh",
     ),
+    Mutant(
+        "row_index_int32",
+        "13. the row index left int32 (i * stride(0) of key and value)",
+        "i = tl.program_id(0).to(tl.int64)",
+        "i = tl.program_id(0)",
+    ),
+    Mutant(
+        "value_row_index_int32",
+        "13. value's row offset left int32 (key's widened)",
+        "value_ptr + i * stride_vn",
+        "value_ptr + i.to(tl.int32) * stride_vn",
+    ),
 ]

@@ -99,4 +99,10 @@ MUTANTS = [
         "out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]",
         "out = acc / l_i[:, None]",
     ),
+    Mutant(
+        "rescale_on_l_only",
+        "6. the rescale applied to l but not to acc",
+        "acc = acc * alpha[:, None] + tl.dot(p_.to(v.dtype), v)",
+        "acc = acc + tl.dot(p_.to(v.dtype), v)",
+    ),
 ]

@@ -124,4 +124,50 @@ MUTANTS = [
         "    if tok0 >= q_len:\n",
         "    if tok0 >= q_len or q_len == 1:\n",
     ),
+    Mutant(
+        "search_fixed_6_steps",
+        "20. the sequence search with a fixed number of steps (6 halvings: right up to 64 sequences)",
+        "    while hi - lo > 1:\n        mid = (lo + hi) // 2\n",
+        "    for _ in range(6):\n        mid = (lo + hi) // 2\n",
+    ),
+    Mutant(
+        "search_fixed_7_steps",
+        "20. the sequence search with a fixed number of steps (7 halvings: right up to 128 sequences)",
+        "    while hi - lo > 1:\n        mid = (lo + hi) // 2\n",
+        "    for _ in range(7):\n        mid = (lo + hi) // 2\n",
+    ),
+    Mutant(
+        "v_page_offset_int32",
+        "7. V's page offset left int32 when V has its own strides (K's widened)",
+        "    if WIDE:\n        phys = phys.to(tl.int64)\n    slot = cols % PAGE\n"
+        "    off = phys * stride_kb + slot * stride_kt\n    k_rows = k_head_ptr + off\n"
+        "    if SAME_KV:\n        v_rows = v_head_ptr + off\n    else:\n"
+        "        v_rows = v_head_ptr + phys * stride_vb + slot * stride_vt\n",
+        "    v_phys = phys  # taken before the widening: V's offsets stay int32\n"
+        "    if WIDE:\n        phys = phys.to(tl.int64)\n    slot = cols % PAGE\n"
+        "    off = phys * stride_kb + slot * stride_kt\n    k_rows = k_head_ptr + off\n"
+        "    if SAME_KV:\n        v_rows = v_head_ptr + off\n    else:\n"
+        "        v_rows = v_head_ptr + v_phys * stride_vb + slot * stride_vt\n",
+    ),
+    Mutant(
+        "table_load_unmasked",
+        "9. the block-table load unmasked (entries past the last page, and past the table, read)",
+        "    return tl.load(table_ptr + cols // PAGE, mask=cols < ctx, other=0)",
+        "    return tl.load(table_ptr + cols // PAGE)",
+    ),
+    Mutant(
+        "key_loop_skips_the_prefix",
+        "21. the key loop started at the prefix's key tile (the cached prefix skipped)",
+        "    phys = _block_ids(table_ptr, 0, offs_n, ctx, PAGE)\n"
+        "    for start_n in range(0, full_end, BLOCK_N):\n",
+        "    first_n = prefix // BLOCK_N * BLOCK_N  # the tile holding the first new token\n"
+        "    phys = _block_ids(table_ptr, first_n, offs_n, ctx, PAGE)\n"
+        "    for start_n in range(first_n, full_end, BLOCK_N):\n",
+    ),
+    Mutant(
+        "lse_mixed_bases",
+        "12. lse mixing bases: m (base 2) plus the natural log of l",
+        "lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453",
+        "lse = m_i + tl.log(l_i)",
+    ),
 ]

@@ -14,11 +14,11 @@ import pytest
 import torch
 
 from drills.compare import assert_close, assert_untouched, mismatch
+from drills.grading.bigmem import free_bytes, sparse_empty
 from drills.grading.diagnose import Mistake
+from drills.grading.launches import assert_runs_a_triton_kernel
 from drills.solutions.l2_paged_decode import paged_decode
 from drills.tests import raises_naming, seeded, sizes
-from drills.tests.bigmem import free_bytes, sparse_empty
-from drills.tests.launches import assert_runs_a_triton_kernel
 from drills.tests.paged_kv import GARBAGE_BLOCK_IDS, gather_kv, paged_attention_reference
 
 CANARY = 1234.5  # exactly representable in fp16, bf16 and fp32; randn never produces it
@@ -48,6 +48,20 @@ MISTAKES = [
         question="In which integer type is block * stride(0) computed, and how large does it get in a cache "
         "of 2**32 elements?",
         section="3.5",
+    ),
+    Mistake(
+        13,
+        fails=("test_row_index_widened_to_int64",),
+        # Its row 2 is padding: a padding row written fails it too, and fails these.
+        passes=(
+            "test_slot_index_widened_to_int64",
+            "test_strided_key_value_rows",
+            "test_all_padding_batch_writes_nothing",
+            "test_padding_slots_leave_the_cache_untouched",
+        ),
+        question="Row 3 of key starts 4.5 * 2**30 elements in: in which integer type does your kernel compute "
+        "i * stride(0), for key and for value?",
+        section="3.4",
     ),
     Mistake(
         3,
@@ -779,6 +793,42 @@ def test_slot_index_widened_to_int64(impl, runtime):
             cache[:4], CANARY, nothing, f"blocks 0-3 of {name} (int32 offsets wrapped around?)", CACHE_DIMS
         )
     del caches, tail
+    if not runtime.interpreter:
+        torch.cuda.empty_cache()
+
+
+def test_row_index_widened_to_int64(impl, runtime):
+    """key and value are views whose rows lie 1.5 * 2**30 and 1.75 * 2**30 elements apart (each its own
+    stride, under 2**31): row 3 of each starts past 2**32, so i * stride in int32 wraps around to a low
+    row of the same buffer (zeros) instead of row 3. Row 2 is padding (slot -1): its wrapped offset would
+    be negative. The buffers are sparse files on a CPU (only the rows written take memory)."""
+    Hkv, D, PAGE, num_blocks = 2, 64, 4, 3
+    strides = (3 * 2**29, 7 * 2**28)  # key's rows, value's rows: both fit in int32, 3 rows of each do not
+    rows = (0, 1, 3)  # the real rows; row 2 is padding
+    need = sum(3 * s + Hkv * D for s in strides) * 2  # bytes the two buffers span
+    if runtime.interpreter:
+        if free_bytes() < 2**30:
+            pytest.skip(
+                f"needs about 1 GB of free memory for the pages it writes, {free_bytes() / 2**30:.2f} GB free"
+            )
+    elif torch.cuda.mem_get_info()[0] < need + 2**30:
+        pytest.skip(
+            f"needs {need / 1e9:.0f} GB of free GPU memory, {torch.cuda.mem_get_info()[0] / 1e9:.1f} GB free"
+        )
+    src_k, src_v = random_rows(4, Hkv, D, torch.float16, runtime.device, stream=14)
+    views = []
+    for stride, src in zip(strides, (src_k, src_v)):
+        flat = sparse_empty((3 * stride + Hkv * D,), torch.float16, runtime.device)
+        if not runtime.interpreter:
+            flat[: 3 * stride - 2**32 + Hkv * D].zero_()  # torch.empty on a GPU: wrapped row 3 reads 0
+        view = flat.as_strided((4, Hkv, D), (stride, D, 1))  # [4, Hkv, D], row i at i * stride
+        for i in rows:
+            view[i] = src[i]
+        views.append(view)
+    key, value = views
+    assert key.stride(0) != value.stride(0) and 3 * min(strides) > 2**32 > max(strides) < 2**31
+    store_and_check(impl, key, value, _slots(runtime.device, 7, 2, -1, 9), num_blocks, PAGE)
+    del views, key, value, view, flat
     if not runtime.interpreter:
         torch.cuda.empty_cache()
 

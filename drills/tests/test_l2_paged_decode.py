@@ -13,9 +13,10 @@ import pytest
 import torch
 
 from drills.compare import assert_close, mismatch
+from drills.grading import bigmem
 from drills.grading.diagnose import Mistake
-from drills.tests import bf16_on_gpu_only, bigmem, seeded, sizes
-from drills.tests.launches import assert_runs_a_triton_kernel
+from drills.grading.launches import assert_runs_a_triton_kernel
+from drills.tests import bf16_everywhere, seeded, sizes
 from drills.tests.paged_kv import (
     PAGED_BAD_INPUTS,
     call_with_canary_out,
@@ -265,7 +266,7 @@ def test_large_ragged_batch(impl, runtime):
     check(impl, case)
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, bf16_on_gpu_only()], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("dtype", [torch.float16, bf16_everywhere()], ids=["fp16", "bf16"])
 def test_dtypes(impl, runtime, dtype):
     case = make_paged_case(
         sizes(runtime, [33, 4], [1500, 17, 256]),
@@ -511,8 +512,19 @@ MISTAKES = [
         section="2",
     ),
     Mistake(
+        6,
+        # alpha applied to l and not to acc (or the other way round): V all ones no longer gives 1, as
+        # without the normalisation, but every context of one page is still right.
+        fails=("test_online_softmax_rescales_old_pages", "test_output_is_normalised_by_the_softmax_sum"),
+        passes=("test_scale_is_applied", "test_single_token_context_returns_its_value_row"),
+        question="One-page contexts pass and V all ones does not give 1: after a page that raises the "
+        "running max, are l_i and acc both sums under the new max?",
+        section="3.4",
+    ),
+    Mistake(
         7,
-        fails=("test_output_is_normalised_by_the_softmax_sum",),
+        # A missing acc / l is wrong from the first page on: one page of 16 keys fails too.
+        fails=("test_output_is_normalised_by_the_softmax_sum", "test_scale_is_applied"),
         passes=("test_single_token_context_returns_its_value_row",),
         question="With every V row equal to 1 your output is not 1: what must acc be divided by once "
         "the last page is done?",

@@ -16,9 +16,10 @@ import pytest
 import torch
 
 from drills.compare import assert_close, mismatch
+from drills.grading import bigmem
 from drills.grading.diagnose import Mistake
-from drills.tests import bf16_on_gpu_only, bigmem, raises_naming, seeded, sizes
-from drills.tests.launches import assert_runs_a_triton_kernel
+from drills.grading.launches import assert_runs_a_triton_kernel
+from drills.tests import bf16_everywhere, raises_naming, seeded, sizes
 from drills.tests.paged_kv import (
     GARBAGE_BLOCK_IDS,
     PAGED_BAD_INPUTS,
@@ -78,9 +79,13 @@ def make_prefill_case(
     )
 
 
-def prefill_reference(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale=None):
+def prefill_reference(
+    q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale=None, skip_prefix=False
+):
     """fp32 oracle: for each sequence, gather its pages, score its new tokens against every key, mask
-    key j > prefix + i (bottom right), softmax. Returns (out [total_q, Hq, D], lse [total_q, Hq])."""
+    key j > prefix + i (bottom right), softmax. Returns (out [total_q, Hq, D], lse [total_q, Hq]).
+    skip_prefix=True is a wrong answer the diagnosis names: the keys of the cached prefix masked too, so
+    new token i sees only the new tokens' keys prefix .. prefix + i."""
     total_q, Hq, D = q.shape
     group = Hq // k_cache.shape[2]
     scale = 1.0 / math.sqrt(D) if scale is None else scale
@@ -95,7 +100,9 @@ def prefill_reference(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_l
         v = gather_kv(v_cache, block_tables[b], ctx).float().repeat_interleave(group, dim=1)
         s = torch.einsum("ihd,jhd->hij", q[first:last].float(), k) * scale  # [Hq, q_len, ctx]
         i = torch.arange(last - first, device=q.device)[:, None] + ctx - (last - first)  # positions
-        s = s.masked_fill(torch.arange(ctx, device=q.device)[None, :] > i, float("-inf"))
+        j = torch.arange(ctx, device=q.device)[None, :]  # key positions
+        hidden = (j > i) | (j < ctx - (last - first)) if skip_prefix else j > i
+        s = s.masked_fill(hidden, float("-inf"))
         out[first:last] = torch.einsum("hij,jhd->ihd", torch.softmax(s, dim=-1), v)
         lse[first:last] = torch.logsumexp(s, dim=-1).T
     return out, lse
@@ -190,14 +197,43 @@ def test_pure_prefill_without_a_prefix(impl, runtime):
     check(impl, case)
 
 
+def wrong_alignments(out, case) -> str:
+    """Which wrong answer each failing sequence's rows are, as a sentence ("" when none): top-left
+    alignment (new token i sees keys 0..i) or the new tokens alone (the cached prefix skipped). The
+    two fail the same checks; only the rows themselves tell them apart."""
+    ref, _ = prefill_reference(*case.args)
+    q_lens = torch.diff(case.cu_seqlens_q).to(torch.int32)
+    top_left, _ = prefill_reference(*case.args[:5], q_lens)  # keys 0..i: a context cut to q_len
+    alone, _ = prefill_reference(*case.args, skip_prefix=True)
+    cu, said = case.cu_seqlens_q.tolist(), []
+    for b in range(len(cu) - 1):
+        rows = slice(cu[b], cu[b + 1])
+        if cu[b] == cu[b + 1] or mismatch(out[rows], ref[rows]) is None:
+            continue
+        for wrong, what in ((top_left, "aligned to the top left"), (alone, "the new tokens alone")):
+            if mismatch(out[rows], wrong[rows]) is None:
+                said.append(f"sequence {b}: {what}")
+    if not said:
+        return ""
+    return "; ".join(said) + (
+        " (top left: new token i saw keys 0..i; new tokens alone: the cached prefix's keys were skipped)"
+    )
+
+
 def test_cached_prefix_is_visible_bottom_right(impl, runtime):
     """Prefixes of 24, 16 and 40 tokens: every new token sees the whole prefix, then the new tokens up to
-    itself (j <= prefix + i). Aligned to the top left (j <= i), it would miss the prefix."""
+    itself (j <= prefix + i). Aligned to the top left (j <= i), it would miss the end of the prefix and
+    its own keys; a key loop that starts after the prefix misses the prefix itself. A failure says which
+    of the two each sequence's rows are."""
     q_lens = sizes(runtime, [10, 20, 3], [512, 1000, 7])
     prefix = sizes(runtime, [24, 16, 40], [2048, 1024, 4000])
     ctx = [p + n for p, n in zip(prefix, q_lens)]
     case = make_prefill_case(ctx, q_lens, 8, 2, 64, 8, stream=103, device=runtime.device)
-    check(impl, case)
+    out = run_into_canary(impl, case)
+    ref, _ = prefill_reference(*case.args)
+    problem = mismatch(out, ref, DIMS)
+    if problem is not None:
+        raise AssertionError(f"{problem}\n{wrong_alignments(out, case)}".rstrip())
 
 
 def test_prefix_ends_inside_a_page(impl, runtime):
@@ -505,7 +541,7 @@ def test_k_and_v_caches_with_different_strides(impl, runtime, layout):
     check(impl, PrefillCase(case.q, case.k_cache, v_cache, *case.args[3:]))
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, bf16_on_gpu_only()], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("dtype", [torch.float16, bf16_everywhere()], ids=["fp16", "bf16"])
 def test_dtypes(impl, runtime, dtype):
     q_lens = sizes(runtime, [9, 1], [1500, 1])
     ctx = sizes(runtime, [20, 33], [3000, 2048])
@@ -522,6 +558,19 @@ def test_large_ragged_batch(impl, runtime):
     q_lens[:2] = torch.tensor([1, 0])  # a decode row and a padding row among them
     ctx = q_lens + torch.randint(0, 2 * top, (B,), generator=gen)
     case = make_prefill_case(ctx.tolist(), q_lens.tolist(), 32, 8, 128, 16, stream=229, device=runtime.device)
+    check(impl, case)
+
+
+@pytest.mark.parametrize("B", [65, 130], ids=["65-seqs", "130-seqs"])
+def test_sequence_search_covers_every_sequence(impl, runtime, B):
+    """65 and 130 sequences of 1-3 new tokens over contexts of 1-12: the search for a tile's sequence over
+    cu_seqlens_q must narrow [0, B) down to one sequence whatever B is. A fixed number of halvings, 6
+    (right up to 64 sequences) or 7 (up to 128), stops with two candidates left and hands some tiles to
+    the wrong sequence. Every other case has at most 51 sequences."""
+    gen = torch.Generator().manual_seed(seeded(243))
+    q_lens = torch.randint(1, 4, (B,), generator=gen)
+    ctx = q_lens + torch.randint(0, 10, (B,), generator=gen)
+    case = make_prefill_case(ctx.tolist(), q_lens.tolist(), 2, 1, 16, 4, stream=243, device=runtime.device)
     check(impl, case)
 
 
@@ -553,6 +602,46 @@ def test_page_index_widened_to_int64(impl, runtime):
     )
     assert case.block_tables[:, 0].min().item() * stride > 2**32
     check(impl, case)
+
+
+def test_v_page_offsets_widened_to_int64(impl, runtime):
+    """k_cache spans under 2**31 elements, v_cache is layer 3 of a 4-layer pool (stride_vb = 4 stride_kb)
+    that spans 2**32 and more: every V row sits past 2**32, every K row below 2**31. int64 offsets are
+    needed for V alone, through V's own strides: a kernel that widens K's offsets and not V's (or decides
+    from k_cache's span alone) wraps V's rows onto the pool's first blocks, zeros here. Sparse files on a
+    CPU: only the pages the sequences use take memory."""
+    if runtime.interpreter and bigmem.free_bytes() < 2**30:
+        pytest.skip(
+            f"needs about 1 GB of free memory for the pages it touches, {bigmem.free_bytes() / 2**30:.1f} GB free"
+        )
+    PAGE, Hkv, D, layers = 16, 1, 128, 4
+    stride = PAGE * Hkv * D  # elements per block of k_cache
+    first = 2**30 // stride + 8  # K rows below 2**31; V rows, 4 times as far apart, past 2**32
+    q_lens = sizes(runtime, [9, 7], [300, 45])
+    ctx = sizes(runtime, [40, 7], [700, 45])
+    case = make_prefill_case(
+        ctx,
+        q_lens,
+        4,
+        Hkv,
+        D,
+        PAGE,
+        stream=247,
+        device=runtime.device,
+        num_blocks=first + 96,
+        first_block=first,
+        sparse=True,
+    )
+    num_blocks = case.k_cache.shape[0]
+    pool = bigmem.sparse_empty((num_blocks, layers, PAGE, Hkv, D), case.q.dtype, runtime.device)
+    v_cache = pool[:, layers - 1]  # [num_blocks, PAGE, Hkv, D], stride_vb = layers * stride
+    if not runtime.interpreter:
+        pool[:128].zero_()  # torch.empty on a GPU: the blocks a wrapped V offset lands on (8-104) read 0
+    in_use = torch.cat([case.block_tables[b, : math.ceil(n / PAGE)] for b, n in enumerate(ctx)]).long()
+    v_cache[in_use] = case.v_cache[in_use]  # the poisoned, filled blocks, nothing else touched
+    assert num_blocks * stride < 2**31 <= 2**32 < in_use.min().item() * v_cache.stride(0)
+    check(impl, PrefillCase(case.q, case.k_cache, v_cache, *case.args[3:]))
+    del pool, v_cache
 
 
 # --- The launcher rejects bad input before launching -----------------------------------------------
@@ -709,6 +798,7 @@ MISTAKES = [
         1,
         fails=("test_cached_prefix_is_visible_bottom_right", "test_decode_rows_beside_long_chunks", WORKED),
         passes=("test_pure_prefill_without_a_prefix",),
+        messages=(r"aligned to the top left",),
         question="Prefill without a prefix passes and every case with a cached prefix fails: request 2's new "
         "token G sits at position 4; which keys may it see, and which does your mask let it see?",
         section="2",
@@ -780,6 +870,14 @@ MISTAKES = [
         section="3.3",
     ),
     Mistake(
+        7,
+        fails=("test_v_page_offsets_widened_to_int64",),
+        passes=(WORKED, "test_k_and_v_caches_with_different_strides", "test_large_ragged_batch"),
+        question="k_cache spans under 2**31 elements and v_cache more than 2**32: in which integer type is "
+        "phys * stride_vb computed in your kernel, and does WIDE look at v_cache's span too?",
+        section="3.3",
+    ),
+    Mistake(
         8,
         fails=(
             "test_diagonal_tiles_are_masked",
@@ -811,10 +909,22 @@ MISTAKES = [
     Mistake(
         9,
         fails=("test_table_rows_exactly_full",),
-        passes=("test_keys_past_the_context_are_not_read", WORKED),
+        # Not the worked example: its table has 5 columns, so an unmasked table load runs past them.
+        passes=("test_keys_past_the_context_are_not_read", "test_pure_prefill_without_a_prefix"),
         messages=(r"out of bounds load of block_tables",),
         question="A context of 48 with PAGE = 8 fills pages 0-5: which is the last table entry your kernel "
         "may read, and which does the mask of your table load let it read?",
+        section="3.3",
+    ),
+    Mistake(
+        9,
+        fails=("test_keys_past_the_context_are_not_read", "test_table_rows_exactly_full"),
+        # Both loads unmasked: the table load reads past the end of block_tables, and the garbage ids it
+        # reads past a sequence's last page send the K and V loads outside the caches.
+        messages=(r"out of bounds load of block_tables", r"out of bounds load of [kv]_cache"),
+        question="Context 33, PAGE = 8, 16 keys per tile: which table entries does the tile of keys 32-47 "
+        "read, what do the entries past the last page hold, and which masks do your table load and your K "
+        "and V loads have?",
         section="3.3",
     ),
     Mistake(
@@ -840,6 +950,16 @@ MISTAKES = [
         question="E sees 5 keys that all score 0: its lse is ln 5 = 1.609. What does your kernel return, "
         "and in which base is m + log2(l)?",
         section="2",
+    ),
+    Mistake(
+        12,
+        # m kept in base 2 plus a natural log of l: right wherever every score is 0 (the worked example,
+        # where m = 0), wrong elsewhere.
+        fails=("test_lse_is_natural_log", "test_chunked_prefill_equals_one_call"),
+        passes=(WORKED, WORKED_LSE, "test_pure_prefill_without_a_prefix"),
+        question="Your lse is right where every score is 0 and wrong elsewhere: in which base is m_i, and "
+        "in which base is the log of l_i you add to it?",
+        section="3.6",
     ),
     Mistake(
         14,
@@ -876,7 +996,9 @@ MISTAKES = [
     Mistake(
         17,
         fails=("test_padding_rows_of_a_packed_tile_not_stored",),
-        passes=("test_rows_past_a_sequence_end_not_written", WORKED),
+        # Not the lse check: its packed tiles have no padding rows (8 tokens x 4 heads), so a wrong lse
+        # that fails the padding check's lse as well is pitfall 12.
+        passes=("test_rows_past_a_sequence_end_not_written", WORKED, "test_lse_is_natural_log"),
         question="GROUP = 3 and 16 rows per packed tile: whose token and head does row 15 compute, which "
         "keys does this tile load for it, and does your kernel store it?",
         section="3.1",
@@ -908,6 +1030,28 @@ MISTAKES = [
         question="A decode row is a sequence with q_len = 1 in the same batch: which tile and which program "
         "compute its one row in your kernel, and are its rows ever stored?",
         section="3.4",
+    ),
+    Mistake(
+        20,
+        fails=("test_sequence_search_covers_every_sequence",),
+        passes=(
+            WORKED,
+            "test_large_ragged_batch",
+            "test_key_ranges_at_every_alignment",
+            "test_empty_sequences_produce_nothing",
+        ),
+        question="Up to 51 sequences pass and 65 or 130 fail: how many halvings does your search over "
+        "cu_seqlens_q need before hi - lo = 1 when B = 130, and how many does it do?",
+        section="3.4",
+    ),
+    Mistake(
+        21,
+        fails=("test_cached_prefix_is_visible_bottom_right", "test_decode_rows_beside_long_chunks"),
+        passes=("test_pure_prefill_without_a_prefix",),
+        messages=(r"the new tokens alone",),
+        question="A new token at position 20 after a prefix of 16: which keys must it see, and at which key "
+        "does your first key loop start?",
+        section="3.2",
     ),
     Mistake(
         13,
