@@ -390,3 +390,39 @@ def _ws_smem() -> str:
         if m:
             return f"{int(m.group(1)):,} bytes of shared memory where an SM has {int(m.group(2)):,}"
     return "n/a"
+
+
+# How the kernel got here: each step's TFLOP/s on the four prefill rows, measured beside the one before
+# (l4_paged_prefill.steps.json, a record of those runs: make bench does not re-run the old kernels).
+
+
+def _steps() -> list[dict]:
+    import json
+    from pathlib import Path
+
+    return json.loads((Path(__file__).parents[1] / "content" / "l4_paged_prefill.steps.json").read_text())[
+        "steps"
+    ]
+
+
+def _steps_table(data) -> str:
+    lines = ["| step | prefill rows | what changed |", "| --- | --- | --- |"]
+    lines += [
+        f"| {s['step']} | {' / '.join(str(t) for t in s['tflops'])} | {s['what_changed']} |" for s in _steps()
+    ]
+    return "\n" + "\n".join(lines) + "\n"
+
+
+def _step_gain(step: str) -> str:
+    """ "0.3 to 4.0": what one step bought on the prefill rows, in percent of the step before."""
+    names = [s["step"] for s in _steps()]
+    i = names.index(step)
+    before, after = _steps()[i - 1]["tflops"], _steps()[i]["tflops"]
+    return bench.span_of((100 * (a / b - 1) for a, b in zip(after, before)), 1)
+
+
+FIGURES |= {
+    "steps": _steps_table,
+    "ids_ahead_gain": lambda d: _step_gain("ids a tile ahead"),
+    "order_first_row": lambda d: f"{_steps()[-2]['tflops'][0]} to {_steps()[-1]['tflops'][0]}",
+}
