@@ -22,7 +22,7 @@ class Runtime:
     @property
     def banner(self) -> str:
         if self.interpreter:
-            return f"runtime: Triton interpreter on CPU (Triton {self.triton_version}; small shapes, bf16 cases skipped)"
+            return f"runtime: Triton interpreter on CPU (Triton {self.triton_version}; small shapes, bf16 tl.dot exact)"
         return f"runtime: {self.gpu_name} with compiled Triton {self.triton_version}"
 
 

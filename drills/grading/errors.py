@@ -63,6 +63,14 @@ class ImportFailed(Exception):
         self.info = info
 
 
+class Refused(Exception):
+    """The learner's file asks where it runs (source_check.py): refused before any check; `lines` says where."""
+
+    def __init__(self, lines: list[str]):
+        super().__init__("; ".join(lines))
+        self.lines = lines
+
+
 # The kinds the learner's process reports by name and the grader raises again as the same class.
 BY_KIND: dict[str, type[LearnerFailure]] = {
     cls.kind: cls for cls in (OutOfBoundsAccess, WriteRace, NotFromKernel, LearnerCrash, LearnerTimeout)

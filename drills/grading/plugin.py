@@ -14,8 +14,10 @@ import drills.runtime
 from drills import contract, grading
 from drills.grading import process
 from drills.grading.channel import write_to_fd
+from drills.grading.errors import Refused
 from drills.grading.report import STAGES, report_text, stage_lines
 from drills.grading.run import NOT_STARTED_EXIT
+from drills.grading.source_check import check_file
 from drills.grading.streams import base_seed
 from drills.lessons import LESSONS, by_stem
 
@@ -75,9 +77,13 @@ def _load(config, stem: str):
     processes = config.stash.setdefault(LOADED, {})
     if stem not in processes:
         file, name, reference = _graded_file(config, stem)
-        process = LearnerProcess(file, name, reference=reference)
-        processes[stem] = process
-        process.start()  # raises ImportFailed / LearnerCrash / LearnerTimeout for the collection hook
+        if not reference:  # code that asks where it runs is refused before it runs (source_check.py)
+            refused = check_file(file, by_stem(stem).solution)
+            if refused:
+                raise Refused(refused)
+        learner = LearnerProcess(file, name, reference=reference)
+        processes[stem] = learner
+        learner.start()  # raises ImportFailed / LearnerCrash / LearnerTimeout for the collection hook
     return processes[stem].module
 
 
@@ -114,6 +120,16 @@ def pytest_collection_modifyitems(session, config, items):
                     stem,
                     f"{by_stem(stem).id}: {graded} does not import: "
                     f"{info.get('type')}: {info.get('message')}{where}",
+                )
+            )
+            continue
+        except Refused as exc:
+            errors.append(
+                (
+                    stem,
+                    f"{by_stem(stem).id}: {graded} refused before grading: it asks where it runs, so it "
+                    "could behave differently when graded than when used; remove this (a graded file must "
+                    "do the same everywhere):\n  " + "\n  ".join(exc.lines),
                 )
             )
             continue

@@ -43,22 +43,12 @@ def sizes(runtime, cpu, gpu):
     return cpu if runtime.interpreter else gpu
 
 
-BF16_SKIP_REASON = (
-    "bf16 runs on a GPU only, the course's rule under the Triton interpreter (whose bf16 tl.dot returns "
-    "garbage in Triton 3.6 and 3.9)"
-)
-
-
-def bf16_on_gpu_only():
-    """torch.bfloat16 as one value of a dtype parametrization, skipped under the Triton interpreter with
-    BF16_SKIP_REASON (pytest prints it): `@pytest.mark.parametrize("dtype", [torch.float16,
-    bf16_on_gpu_only()], ids=["fp16", "bf16"])`."""
+def bf16_everywhere():
+    """torch.bfloat16 as one value of a dtype parametrization, run on every machine: under Triton's
+    interpreter the learner's process computes a bf16 tl.dot exactly (drills/grading/instrument.py,
+    exact_bf16_dot), as a GPU's tensor cores do. `@pytest.mark.parametrize("dtype", [torch.float16,
+    bf16_everywhere()], ids=["fp16", "bf16"])`."""
     import pytest
     import torch
 
-    import drills.runtime
-
-    return pytest.param(
-        torch.bfloat16,
-        marks=pytest.mark.skipif(drills.runtime.current().interpreter, reason=BF16_SKIP_REASON),
-    )
+    return pytest.param(torch.bfloat16)

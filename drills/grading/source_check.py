@@ -1,0 +1,130 @@
+"""A static check of the learner's file before it is graded: code that asks where it runs is refused.
+
+A file that tests for the interpreter, TRITON_INTERPRET, the runtime, the environment, the grader's
+modules or the call stack can take a different path when graded than when used, so its grade would
+mean nothing. Such code is refused before any check runs, with the line and the reason on one screen.
+
+The course's own given code does choose tile sizes by runtime (t3's `_config`, t5's block picker), so a
+construct is allowed where the learner's file keeps a definition exactly as the reference has it
+(compared as code, as the stub contract compares given code), and nowhere else.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+# Modules whose import alone says the file looks at its grading or its runtime.
+MODULES = (
+    "drills.runtime",
+    "drills.grading",
+    "drills.tests",
+    "drills.solutions",
+    "drills.mutants",
+    "triton.runtime.interpreter",
+    "triton.knobs",
+    "pytest",
+    "_pytest",
+    "gc",
+    "inspect",
+    "faulthandler",
+    "traceback",
+)
+# Attribute and function names that read where the code runs, or reach the grader's objects.
+NAMES = {
+    "interpreter": "asks whether Triton's interpreter runs it",
+    "is_interpreter": "asks whether Triton's interpreter runs it",
+    "InterpretedFunction": "looks at Triton's interpreter",
+    "GridExecutor": "looks at Triton's interpreter",
+    "interpreter_builder": "looks at Triton's interpreter",
+    "environ": "reads the process environment",
+    "getenv": "reads the process environment",
+    "environb": "reads the process environment",
+    "modules": "reads sys.modules (the grader's modules are there)",
+    "argv": "reads the command line the grader started",
+    "orig_argv": "reads the command line the grader started",
+    "_getframe": "walks the call stack (the grader's frames)",
+    "f_back": "walks the call stack (the grader's frames)",
+    "f_globals": "reads another module's globals through a frame",
+    "getppid": "asks which process started it",
+    "addaudithook": "touches the grader's audit hook",
+}
+WORDS = ("TRITON_INTERPRET", "drills.grading", "drills.tests", "PYTEST", "pytest", "DRILLS_")
+
+
+def _top_defs(tree: ast.Module) -> dict[str, str]:
+    return {
+        node.name: ast.dump(node)
+        for node in tree.body
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+    }
+
+
+def _why(node: ast.AST) -> str | None:
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names += [f"{node.module}.{a.name}" for a in node.names]
+        for name in names:
+            if any(name == m or name.startswith(m + ".") for m in MODULES):
+                return f"imports {name}"
+    if isinstance(node, ast.Attribute) and node.attr in NAMES:
+        return NAMES[node.attr]
+    if isinstance(node, ast.Name) and node.id in NAMES and node.id != "modules":
+        return NAMES[node.id]
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        for word in WORDS:
+            if word in node.value:
+                return f"names {word!r}"
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in ("__import__", "exec", "eval", "compile")
+    ):
+        return f"calls {node.func.id}() (code the check cannot read)"
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "import_module"
+    ):
+        return "imports a module by name at run time"
+    return None
+
+
+def refusals(source: str, reference_source: str | None, filename: str = "<file>") -> list[str]:
+    """One line per construct refused, empty when the file may be graded. reference_source: the
+    lesson's reference, whose unchanged definitions and module-level statements are allowed."""
+    try:
+        tree = ast.parse(source, filename)
+    except SyntaxError:
+        return []  # the import reports it, with its line
+    allowed_defs, allowed_top = {}, set()
+    if reference_source:
+        try:
+            ref = ast.parse(reference_source)
+            allowed_defs = _top_defs(ref)
+            allowed_top = {ast.dump(n) for n in ref.body}
+        except SyntaxError:
+            pass
+    lines = source.splitlines()
+    found = []
+    for top in tree.body:
+        name = getattr(top, "name", None)
+        if name is not None and allowed_defs.get(name) == ast.dump(top):
+            continue  # given code, exactly as the reference has it
+        if ast.dump(top) in allowed_top:
+            continue
+        for node in ast.walk(top):
+            why = _why(node)
+            if why is not None:
+                line = getattr(node, "lineno", top.lineno)
+                code = lines[line - 1].strip() if 0 < line <= len(lines) else ""
+                found.append(f"line {line}: `{code}` {why}")
+                break  # one line per top-level statement is enough to say why
+    return found
+
+
+def check_file(path: str | Path, reference: str | Path | None) -> list[str]:
+    source = Path(path).read_text(errors="replace")
+    ref = Path(reference).read_text(errors="replace") if reference and Path(reference).exists() else None
+    return refusals(source, ref, str(path))
