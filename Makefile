@@ -34,13 +34,26 @@ help: ## every target, one line each, learners' first
 list: $(ENV) ## the lessons in course order
 	@$(PYTHON) -m drills list
 
-# A failing grade already says why on one screen; make's own "*** Error" line would only add noise, so
-# the recipe ends make quietly (SIGPIPE, which make and the shell do not report) with a non-zero status.
-QUIET_FAIL = rc=$$?; [ $$rc -eq 0 ] || kill -PIPE $$PPID; exit $$rc
+# A failing grade already says why on one screen; make's own "*** Error" line would only add noise, and
+# make exits 2 on a failed recipe. So once the environment exists, `make test L=..` grades while make
+# reads this file (the screen streams to stderr as it is printed), and a failing grade turns on
+# make's question mode (-q): make then runs no recipe and exits 1 without a word of its own. On the
+# first run (no environment yet) the recipe below builds it and grades, and make's status is its own.
+GRADE = VERBOSE=$(or $(V),$(VERBOSE)) $(PYTHON) -m drills test $(L) --impl $(IMPL)
+ifeq ($(MAKECMDGOALS),test)
+ifneq ($(L),)
+ifneq ($(wildcard $(ENV))$(filter env-check,$(ENV)),)
+GRADED := $(shell $(GRADE) 1>&2; echo $$?)
+ifneq ($(GRADED),0)
+MAKEFLAGS += -q
+endif
+endif
+endif
+endif
 
 test: $(ENV) ## grade one lesson: make test L=t1 (your drills/mine); IMPL=solutions grades the reference; V=1 pytest's full output
 	@test -n "$(L)" || { echo "say which lesson: make test L=t1 (make list shows them)"; exit 2; }
-	@VERBOSE=$(or $(V),$(VERBOSE)) $(PYTHON) -m drills test $(L) --impl $(IMPL); $(QUIET_FAIL)
+	@$(if $(GRADED),:,$(GRADE))
 
 progress: $(ENV) ## every lesson's status for your files (on a GPU, your GB/s beside the reference's) and the next one
 	@$(PYTHON) -m drills progress

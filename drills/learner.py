@@ -203,11 +203,57 @@ def hint_steps(lesson: Lesson, finding: dict) -> list[tuple[str, str]]:
         steps.append((f"{pitfall.name} of {rel(lesson.explainer)}", _plain(pitfall.text)))
     section = next((sec for sec in explainer.sections(lesson) if sec.number == finding.get("section")), None)
     if section is not None:
-        lines = [line.rstrip() for line in section.body.splitlines() if line.strip()][:14]
-        steps.append((f"{section.name} of {rel(lesson.explainer)}, its worked example", "\n".join(lines)))
+        steps.append(
+            (f"{section.name} of {rel(lesson.explainer)}, its worked example", _opening_blocks(section.body))
+        )
     if not steps and finding.get("evidence"):
         steps.append(("the grader", " ".join(finding["evidence"])))
     return steps
+
+
+def _blocks(body: str) -> list[list[str]]:
+    """The body of a section as blocks: paragraphs, tables, lists and fenced code, each a list of lines."""
+    blocks, current, fenced = [], [], False
+    for line in body.splitlines():
+        if line.strip().startswith("```"):
+            current.append(line.rstrip())
+            fenced = not fenced
+            if not fenced:
+                blocks.append(current)
+                current = []
+            continue
+        if not fenced and not line.strip():
+            if current:
+                blocks.append(current)
+            current = []
+            continue
+        current.append(line.rstrip())
+    if current:
+        blocks.append(current)
+    return blocks
+
+
+def _opening_blocks(body: str, lines: int = 14) -> str:
+    """The first whole blocks of a section, about `lines` long, never cut inside a block, and never
+    ending on a sentence that announces what follows (one ending in ':'): its table or code comes too."""
+    out: list[str] = []
+    for block in _blocks(body):
+        if out and len(out) >= lines and not out[-1].rstrip().endswith(":"):
+            break
+        if out:
+            out.append("")
+        out += block
+    return "\n".join(out)
+
+
+def _verbatim(block: list[str]) -> bool:
+    """Tables, fenced code, lists and indented lines keep their own line breaks."""
+    first = block[0].lstrip()
+    return (
+        first.startswith(("|", "```", "- ", "* ", "    "))
+        or first[:2].rstrip(".").isdigit()
+        or block[0].startswith("  ")
+    )
 
 
 def _hint_state() -> Path:
@@ -310,12 +356,20 @@ def hint(lesson: Lesson, restart: bool = False) -> int:
     print(
         f"hint {shown + 1} of {len(steps)} for {lesson.id}, about the likely mistake ({what}), from {source}:"
     )
-    for para in text.split("\n"):
-        print(
-            textwrap.fill(para, width=100, initial_indent="  ", subsequent_indent="  ")
-            if para.strip()
-            else ""
-        )
+    for i, block in enumerate(_blocks(text)):
+        if i:
+            print("")
+        if _verbatim(block):
+            print("\n".join("  " + line for line in block))
+        else:  # one paragraph, filled as a whole: its sentences are never broken at the file's line ends
+            print(
+                textwrap.fill(
+                    " ".join(line.strip() for line in block),
+                    width=100,
+                    initial_indent="  ",
+                    subsequent_indent="  ",
+                )
+            )
     state[key] = shown + 1
     _hint_state().parent.mkdir(parents=True, exist_ok=True)
     _hint_state().write_text(json.dumps(state, indent=1) + "\n")

@@ -10,6 +10,7 @@ explainer section to reread.
 from __future__ import annotations
 
 import json
+import textwrap
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -223,7 +224,12 @@ def check_lines(summary: Summary) -> list[str]:
             skipped = sum(c.outcome == "skipped" for c in cases)
             note = f"{skipped} of {len(cases)} cases skipped here" if skipped else ""
         label = {"pass": "pass", "fail": "FAIL", "skip": "skip"}[status]
-        lines.append(clip(f"  {label}  {name:{width}}  {note}".rstrip()))
+        line = f"  {label}  {name:{width}}  {note}".rstrip()
+        if status == "skip" and len(line) > WIDTH:  # a skip's reason is read whole, on lines of its own
+            lines.append(f"  {label}  {name}")
+            lines += textwrap.wrap(note, WIDTH, initial_indent="        ", subsequent_indent="        ")
+        else:
+            lines.append(clip(line))
     return lines
 
 
