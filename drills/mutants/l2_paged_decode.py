@@ -105,4 +105,16 @@ MUTANTS = [
         "acc = acc * alpha[:, None] + tl.dot(p_.to(v.dtype), v)",
         "acc = acc + tl.dot(p_.to(v.dtype), v)",
     ),
+    Mutant(
+        "pages_counted_rounding_down",
+        "16. pages counted rounding down (the last, partly filled page never read)",
+        "num_pages = tl.cdiv(ctx, PAGE)",
+        "num_pages = ctx // PAGE",
+    ),
+    Mutant(
+        "sequence_index_int32",
+        "17. the sequence index left int32 (b * stride_qb overflows)",
+        "b = tl.program_id(0).to(tl.int64)",
+        "b = tl.program_id(0)",
+    ),
 ]

@@ -19,6 +19,7 @@ from drills.grading.launches import assert_runs_a_triton_kernel
 from drills.tests import bf16_everywhere, seeded, sizes
 from drills.tests.paged_kv import (
     PAGED_BAD_INPUTS,
+    PagedCase,
     call_with_canary_out,
     gather_kv,
     in_layer_pool,
@@ -79,7 +80,31 @@ def test_last_page_is_masked(impl, runtime, PAGE):
     the loads; test_tail_keys_get_no_weight is about the scores."""
     lens = [1, PAGE - 1, PAGE, PAGE + 1, 2 * PAGE - 3] + sizes(runtime, [], [3 * PAGE, 777, 1000])
     case = shift_scores(make_paged_case(lens, 8, 2, 64, PAGE, device=runtime.device, stream=PAGE), 40.0)
-    check(impl, case)
+    out = run_into_canary(impl, case)
+    ref, _ = paged_attention_reference(*case.args)
+    problem = mismatch(out, ref, DIMS)
+    if problem is not None:
+        raise AssertionError(f"{problem}\n{last_page_skipped(out, ref, case)}".rstrip())
+
+
+def last_page_skipped(out, ref, case) -> str:
+    """A sentence naming the sequences (over one page, the last partly filled) whose rows are attention
+    over their whole pages alone, as when the pages are counted ctx // PAGE; "" when there are none."""
+    PAGE = case.k_cache.shape[1]
+    lens = case.context_lens.tolist()
+    whole = torch.tensor([n // PAGE * PAGE for n in lens], dtype=torch.int32, device=case.q.device)
+    cut, _ = paged_attention_reference(*case.args[:4], whole)
+    seqs = [
+        b
+        for b, n in enumerate(lens)
+        if n > PAGE and n % PAGE and mismatch(out[b], ref[b]) is not None and mismatch(out[b], cut[b]) is None
+    ]
+    if not seqs:
+        return ""
+    return (
+        f"sequences {seqs} (context_lens {[lens[b] for b in seqs]}) attended over their whole pages alone: "
+        "the last, partly filled page was never read"
+    )
 
 
 def test_masked_v_lanes_are_zero(impl, runtime):
@@ -309,6 +334,29 @@ def test_page_index_widened_to_int64(impl, runtime):
     check(impl, case)
 
 
+def test_sequence_index_widened_to_int64(impl, runtime):
+    """q's rows lie 1.5 * 2**30 elements apart (a view of a large activation buffer; the stride fits in
+    int32): row 2 starts 3 * 2**30 elements in, so b * stride(0) in int32 wraps to -2**30 and reads
+    before q. The buffer holds 2**31 elements before q, zeros, so on a GPU the wrapped row lands inside
+    it; the interpreter reports a load outside q. A sparse file on a CPU."""
+    if runtime.interpreter and bigmem.free_bytes() < 2**30:
+        pytest.skip(
+            f"needs about 1 GB of free memory for the pages it touches, "
+            f"{bigmem.free_bytes() / 2**30:.1f} GB free"
+        )
+    case = make_paged_case([20, 9, 33], 4, 2, 64, 16, device=runtime.device, stream=97)
+    B, Hq, D = case.q.shape
+    stride, before = 3 * 2**29, 2**31  # q's row stride, and the buffer's elements before q
+    flat = bigmem.sparse_empty((before + (B - 1) * stride + Hq * D,), case.q.dtype, runtime.device)
+    if not runtime.interpreter:
+        flat[before - 2**30 : before - 2**30 + Hq * D].zero_()  # torch.empty on a GPU: row 2 wrapped
+    q = flat.as_strided((B, Hq, D), (stride, D, 1), before)  # [B, Hq, D], row b at b * stride
+    q.copy_(case.q)
+    assert (B - 1) * stride >= 2**31 > stride
+    check(impl, PagedCase(q, *case.args[1:]))
+    del q, flat
+
+
 # --- The launcher rejects bad input before launching -----------------------------------------------
 
 
@@ -469,6 +517,23 @@ MISTAKES = [
         question="Only the cases with 1 < GROUP < Hq fail: with Hq = 32 and Hkv = 8, which KV head should "
         "query head 13 read, and which one does your kernel give it?",
         section="3.2",
+    ),
+    Mistake(
+        17,
+        fails=("test_sequence_index_widened_to_int64",),
+        passes=(WORKED, "test_q_strides_are_used", "test_page_index_widened_to_int64"),
+        question="Row 2 of q starts 3 * 2**30 elements in: in which integer type does your kernel compute "
+        "b * stride_qb?",
+        section="3.1",
+    ),
+    Mistake(
+        16,
+        fails=("test_last_page_is_masked",),
+        passes=("test_max_starts_at_minus_inf", "test_each_head_keeps_its_own_max"),
+        messages=(r"the last, partly filled page was never read",),
+        question="ctx = 37 and PAGE = 16: how many pages hold this sequence's tokens, and how many times "
+        "does your page loop run?",
+        section="3.3",
     ),
     Mistake(
         2,
