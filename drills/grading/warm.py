@@ -11,7 +11,7 @@ first). Each learner file is still imported in a process of its own, its kernels
 grading; what a grading checks and reports is unchanged, only the start is shorter.
 
 Forking is safe here because neither warm process has run a kernel or started a thread (one thread per
-math library, remote.child_env), and it is used only under Triton's interpreter on Linux (`available`):
+math library, remote.child_env), and it is used only under Triton's interpreter on Linux (`unavailable`):
 a process that has touched CUDA cannot be forked, nor one that loaded macOS's frameworks. `make test`
 (one grading) never uses it.
 """
@@ -38,7 +38,7 @@ ZYGOTE_ENV = "DRILLS_LEARNER_ZYGOTE"  # the socket of the warm learner process, 
 TICK_S = 0.02  # how often a warm process looks for children that ended
 
 
-def available() -> str | None:
+def unavailable() -> str | None:
     """None when gradings can be forked here, else why not (the caller starts fresh processes)."""
     import drills.runtime
 

@@ -1,0 +1,117 @@
+"""Grading the mutants: each mutated solution is graded as `make test` grades a learner's file, and
+must fail its grader and be diagnosed as its own pitfall (`make mutants`, and `make check`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def grade_mutants(lesson_id: str | None = None, gpu_only: bool = False) -> int:
+    """Grade every declared mutant of each lesson's solution: each must fail its grader AND be diagnosed
+    as its own pitfall (the summary a learner with that mistake would read names it first). GPU-only
+    mutants run only on a GPU; with gpu_only (make check on a GPU) only those run.
+
+    Each mutant is graded as `make test` grades a learner's file. On the CPU the gradings are forked
+    from one warm process (drills/grading/warm.py: no second of imports per grading), and those of all
+    lessons share the cores, printed lesson by lesson."""
+    import contextlib
+    import tempfile
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    import drills.runtime
+    from drills.grading import run, warm
+    from drills.lessons import LESSONS, find
+    from drills.mutants import load_mutants, mutate, pitfall_mismatches
+
+    on_gpu = not drills.runtime.current().interpreter
+    failures = graded = 0
+    counts = []
+    began = time.monotonic()
+    with contextlib.ExitStack() as stack:
+        folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="drills-mutants-")))
+        forks = None if warm.unavailable() else stack.enter_context(warm.GradingPool())
+        jobs = ThreadPoolExecutor(mutant_workers(on_gpu))
+        stack.callback(jobs.shutdown, cancel_futures=True)  # after Ctrl-C, grade nothing more
+        plans = []  # (lesson, number of mutants, lines to print first, [(mutant, its grading)])
+        for lesson in [find(lesson_id)] if lesson_id else LESSONS:
+            mutants = load_mutants(lesson.stem)
+            if not mutants:
+                continue
+            lines = [
+                f"  {problem}" for problem in pitfall_mismatches(lesson.stem, lesson.explainer.read_text())
+            ]
+            failures += len(lines)
+            todo = []
+            for m, mutated, problem in mutate(lesson):
+                if m.gpu_only and not on_gpu:
+                    lines.append(f"  {m.name:34} skipped on the CPU: only a GPU exposes it ({m.pitfall})")
+                    continue
+                if gpu_only and not m.gpu_only:
+                    continue
+                if problem is not None:
+                    lines.append(f"  {m.name:34} BROKEN: {problem}")
+                    failures += 1
+                    continue
+                path = folder / lesson.stem / m.name / f"{lesson.stem}.py"  # named as the learner's file
+                path.parent.mkdir(parents=True)
+                path.write_text(mutated)
+                todo.append((m, jobs.submit(run.grade, lesson, file=path, pool=forks)))
+            plans.append((lesson, len(mutants), lines, todo))
+        for lesson, total, lines, todo in plans:
+            print(f"== {lesson.id}: {total} mutants ==", flush=True)
+            for line in lines:
+                print(line, flush=True)
+            diagnosed = 0
+            for m, grading in todo:
+                verdict, ok = mutant_verdict(m, grading.result())
+                diagnosed += ok
+                failures += not ok
+                print(f"  {m.name:34} {verdict}", flush=True)
+            graded += len(todo)
+            counts.append(f"{lesson.id} {diagnosed}/{len(todo)}")
+    took = time.monotonic() - began
+    print("mutants diagnosed as their own pitfall: " + (", ".join(counts) or "none ran"))
+    print(
+        "mutants: "
+        + ("every mutant killed and diagnosed" if not failures else f"{failures} problems")
+        + f" ({graded} graded in {took // 60:.0f} min {took % 60:.0f} s)"
+    )
+    return 1 if failures else 0
+
+
+def mutant_workers(on_gpu: bool) -> int:
+    # Each grading is a pytest process plus the learner's process, one of them waiting on the other most
+    # of the time, so one grading per core; on a GPU one at a time.
+    import os
+
+    return 1 if on_gpu else max(1, min(4, os.cpu_count() or 2))
+
+
+ONE_SCREEN = 60  # lines: what a learner reads after make test
+
+
+def mutant_verdict(m, result) -> tuple[str, bool]:
+    """(the line to print, whether the mutant was killed and diagnosed as its own pitfall)."""
+    import re
+
+    own = re.match(r"(\d+)\. ", m.pitfall)
+    if result.state == "passing":
+        return f"SURVIVED   [{m.pitfall}]", False
+    if result.state in ("not started", "grader error", "missing"):
+        return (
+            f"NOT GRADED ({result.state}: {result.message.splitlines()[0] if result.message else ''})",
+            False,
+        )
+    screen = result.screen()
+    if len(screen) >= ONE_SCREEN:
+        return f"killed, but its summary takes {len(screen)} lines (one screen is under {ONE_SCREEN})", False
+    top = result.findings[0] if result.findings else {}
+    named = top.get("pitfall") or 0
+    first_failed = next((c.id for c in result.cases if c.outcome == "failed"), result.state)
+    if own is None:  # a mutant standing for another lesson's pitfall: being killed is enough
+        return f"killed by {first_failed}   [{m.pitfall}]", True
+    if named == int(own.group(1)):
+        return f"killed, diagnosed as pitfall {named}   [{m.pitfall}]", True
+    said = f"pitfall {named}" if named else (top.get("title") or "nothing")
+    return f"killed by {first_failed} but DIAGNOSED AS {said}   [{m.pitfall}]", False
