@@ -127,7 +127,9 @@ class Scheduler:
     max_num_seqs            sequences in one step at most (the batch the CUDA graphs are captured for)
     max_num_batched_tokens  tokens in one step at most: the token budget
     chunked_prefill         a prompt longer than what is left of the budget is computed in chunks over
-                            several steps; without it a prompt waits until it fits whole
+                            several steps; without it a prompt waits until it fits whole, and add()
+                            refuses a request whose prompt + max_tokens - 1 exceeds the budget (a
+                            preempted request is recomputed whole, its output so far included)
 
     Policy (section 3): running sequences first, oldest first (decode rows and unfinished prompts), then
     waiting ones in arrival order while the budget, the batch and the free blocks allow. A decode row
@@ -165,10 +167,14 @@ class Scheduler:
                 f"request {seq.seq_id!r} needs up to {need} tokens of KV (prompt {seq.num_tokens} + "
                 f"max_tokens {seq.params.max_tokens}), more than the whole pool holds ({capacity})"
             )
-        if not self.chunked_prefill and seq.num_tokens > self.max_num_batched_tokens:
+        # Without chunks, every step computes a sequence's tokens not yet computed whole, and a request
+        # preempted after its (max_tokens - 1)-th token is recomputed from need - 1 tokens.
+        if not self.chunked_prefill and need - 1 > self.max_num_batched_tokens:
             raise ValueError(
-                f"request {seq.seq_id!r} has {seq.num_tokens} prompt tokens, more than "
-                f"max_num_batched_tokens = {self.max_num_batched_tokens}: enable chunked_prefill"
+                f"request {seq.seq_id!r} has {seq.num_tokens} prompt tokens and max_tokens "
+                f"{seq.params.max_tokens}: recomputed after a preemption it needs up to {need - 1} tokens "
+                f"in one step, more than max_num_batched_tokens = {self.max_num_batched_tokens}: "
+                "enable chunked_prefill"
             )
         seq.status = WAITING
         self.waiting.append(seq)
