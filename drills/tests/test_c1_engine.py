@@ -2,7 +2,7 @@
 the mistake it catches.
 
 Run: make test L=c1 (your drills/mine) or make test L=c1 IMPL=solutions. Most checks serve requests with
-the real engine loop (drills/engine/llm.py: schedule, prepare_inputs, the model, sample, postprocess)
+the real engine loop (drills/engine/engine.py: schedule, prepare_inputs, the model, sample, postprocess)
 on a tiny random-weights Llama, with your Scheduler, Sequence and prepare_inputs, the KV cache read
 through your slots and block tables by TorchPagedAttention (the kernels are graded by their own
 lessons), and the pool managed by L3's reference BlockManager. Your file may not import the reference,
@@ -35,6 +35,18 @@ WEIGHT_SCALE = 5.0
 LOGITS_ATOL = 1e-3  # engine (paged, batched) vs oracle (contiguous, one sequence): fp32, ~1e-6 apart
 MIN_MARGIN = 2e-3  # prompts are drawn until the oracle's top-2 logits are this far apart at every token
 MAX_STEPS = 400  # a run that takes more steps than this is stuck (a request never admitted)
+# StepInputs' tensors and the dtype each kernel reads them in (L1's store: int64 slots; L4 and F1:
+# int32 lengths and block tables; the model: int64 token ids, positions and logits rows).
+STEP_DTYPES = {
+    "input_ids": "torch.int64",
+    "positions": "torch.int64",
+    "slot_mapping": "torch.int64",
+    "cu_seqlens_q": "torch.int32",
+    "context_lens": "torch.int32",
+    "block_tables": "torch.int32",
+    "logits_rows": "torch.int64",
+}
+TENSOR_FIELDS = tuple(STEP_DTYPES)
 
 
 # --- The model and the oracle (built the same way in both processes) ----------------------------------
@@ -42,13 +54,14 @@ MAX_STEPS = 400  # a run that takes more steps than this is stuck (a request nev
 
 def _model(stream: int):
     """The tiny Llama (2 layers, Hq 6, Hkv 2: GQA group 3 as SmolLM2), weights from `stream`."""
-    from drills.engine import model as llama
+    from drills.engine.config import tiny_config
+    from drills.engine.model import Llama, random_weights
 
-    weights = llama.random_weights(llama.tiny_config(), stream)
+    weights = random_weights(tiny_config(), stream)
     for layer in weights.layers:
         for name in ("wqkv", "wo", "w_gate_up", "w_down"):
             getattr(layer, name).mul_(WEIGHT_SCALE)
-    return llama.Llama(weights)
+    return Llama(weights)
 
 
 @functools.cache
@@ -59,9 +72,9 @@ def _grader_model(stream: int):
 @functools.cache
 def oracle(prompt: tuple, max_tokens: int, stream: int):
     """(tokens, logits (max_tokens, V)) of greedy decoding, one sequence at a time, no paging."""
-    from drills.engine import model as llama
+    from drills.engine.oracle import greedy_generate
 
-    return llama.greedy_generate(_grader_model(stream), list(prompt), max_tokens)
+    return greedy_generate(_grader_model(stream), list(prompt), max_tokens)
 
 
 def margin(prompt: tuple, max_tokens: int, stream: int) -> float:
@@ -166,35 +179,74 @@ def _learner_line(module, exc) -> str:
     return f"{type(exc).__name__}{where}: {exc}"
 
 
-def _serve(module, manager, prompts, waves, stream, engine_args, params=None):
-    """Run the engine (drills/engine/llm.py) with the learner's Scheduler, Sequence and prepare_inputs.
+def _tensor_meta(step) -> dict:
+    """Each StepInputs field as the kernels see it: (dtype, shape, device) of a tensor, the python type
+    of the host fields' items. Readable on any device, 'meta' included (no value is read)."""
+    import torch
 
-    prompts  token lists; waves: lists of request indexes, each wave added once the one before ended
-    params   SamplingParams keyword arguments per request (default: greedy, 6 tokens, ignore_eos)
+    meta = {}
+    for name in TENSOR_FIELDS:
+        value = getattr(step, name)
+        if isinstance(value, torch.Tensor):
+            meta[name] = (str(value.dtype), list(value.shape), str(value.device))
+        else:
+            meta[name] = (type(value).__name__, None, None)
+    for name in ("sample_index", "query_lens", "context_lens_list"):
+        value = getattr(step, name)
+        items = value if isinstance(value, (list, tuple)) else [value]
+        meta[name] = (type(value).__name__, sorted({type(v).__name__ for v in items}), None)
+    for name in ("is_decode", "num_seqs"):
+        meta[name] = (type(getattr(step, name)).__name__, None, None)
+    return meta
+
+
+def _serve(module, manager, prompts, waves, stream, engine_args, params=None):
+    """Run the engine (drills/engine/engine.py) with the learner's Scheduler, Sequence and prepare_inputs.
+
+    prompts      token lists; waves: lists of request indexes, each wave added once the one before ended
+    params       SamplingParams keyword arguments per request (default: greedy, 6 tokens, ignore_eos)
+    engine_args  EngineConfig's scheduler options (max_num_seqs, max_num_batched_tokens,
+                 chunked_prefill) and the engine's eos_id
     Returns plain data: each request's tokens and the logits (T, V) each was drawn from, every step's
-    [(request, num_new)], [num_computed] and inputs (slot_mapping, cu_seqlens_q, context_lens,
-    block_tables, logits_rows as lists), the free blocks after each wave, and the error that stopped
-    the run (if any).
+    [(request, num_new)], [num_computed], [num_tokens], [num_cached], inputs (slot_mapping, cu_seqlens_q,
+    context_lens, block_tables, logits_rows as lists, and each field's dtype, shape and device), the
+    waiting and running queues right after schedule() (request indexes), the free blocks after each
+    wave, the engine's stats, each request's final num_cached and preemptions, the scheduler's
+    num_preemptions, and the error that stopped the run (if any).
     """
+    import dataclasses
     from types import SimpleNamespace
 
     import torch
 
-    from drills.engine import llm
+    from drills.engine import sampler
     from drills.engine.attention import PagedKVCache
+    from drills.engine.config import EngineConfig
+    from drills.engine.engine import Engine
 
     model = _model(stream)
     cache = PagedKVCache(model.config, manager.num_blocks, manager.block_size, torch.float32)
     cache.k.fill_(float("nan"))  # K and V no step wrote: NaN, never a plausible value
     cache.v.fill_(float("nan"))
-    steps, computed, inputs, request_of, drawn = [], [], [], {}, {}
+    steps, computed, cached, inputs, queues, request_of, drawn = [], [], [], [], [], {}, {}
+    holder, totals = {}, []
 
     def prepare_inputs(scheduled, block_manager, device="cpu", pad_to=None):
         steps.append([(request_of.get(item.seq.seq_id), item.num_new) for item in scheduled])
         computed.append([item.seq.num_computed for item in scheduled])
+        totals.append([item.seq.num_tokens for item in scheduled])
+        cached.append([item.seq.num_cached for item in scheduled])
+        scheduler = holder["engine"].scheduler
+        queues.append(
+            {
+                "waiting": [request_of.get(s.seq_id) for s in scheduler.waiting],
+                "running": [request_of.get(s.seq_id) for s in scheduler.running],
+            }
+        )
         step = module.prepare_inputs(scheduled, block_manager, device, pad_to=pad_to)
         names = ("slot_mapping", "cu_seqlens_q", "context_lens", "block_tables", "logits_rows")
         inputs.append({name: getattr(step, name).tolist() for name in names})
+        inputs[-1]["meta"] = _tensor_meta(step)
         return step
 
     def sample(logits, seqs, generator):
@@ -211,31 +263,46 @@ def _serve(module, manager, prompts, waves, stream, engine_args, params=None):
         SamplingParams=module.SamplingParams,
         prepare_inputs=prepare_inputs,
     )
-    out = {"tokens": [None] * len(prompts), "logits": [None] * len(prompts), "steps": steps}
-    out["computed"], out["inputs"] = computed, inputs
-    out["free_after_wave"], out["error"] = [], None
-    original_sample = llm.sample
-    llm.sample = sample  # the engine's own sampler, watched: the logits every token was drawn from
+    n = len(prompts)
+    out = {"tokens": [None] * n, "logits": [None] * n, "steps": steps, "computed": computed}
+    out["cached"], out["inputs"], out["queues"], out["num_tokens"] = cached, inputs, queues, totals
+    out["free_after_wave"], out["error"], out["stats"] = [], None, None
+    out["num_cached"], out["preemptions"], out["scheduler_preemptions"] = [None] * n, [None] * n, None
+    args = dict(engine_args)
+    eos_id = args.pop("eos_id", None)
+    config = EngineConfig(
+        attention="torch", block_size=manager.block_size, num_blocks=manager.num_blocks, **args
+    )
+    original_sample = sampler.sample
+    sampler.sample = sample  # the engine's own sampler, watched: the logits every token was drawn from
+    seqs = []
     try:
-        engine = llm.Engine(model, parts, manager, cache, attention="torch", **engine_args)
+        engine = holder["engine"] = Engine(model, parts, manager, cache, config, eos_id=eos_id)
         for wave in waves:
-            seqs = []
+            added = []
             for i in wave:
                 kwargs = (params or {}).get(i) or dict(temperature=0.0, max_tokens=6, ignore_eos=True)
                 seq = engine.add_request(prompts[i], module.SamplingParams(**kwargs))
                 request_of[seq.seq_id] = i
-                seqs.append((i, seq))
-            while not all(seq.finished for _, seq in seqs):
+                added.append((i, seq))
+            seqs += added
+            while not all(seq.finished for _, seq in added):
                 if len(steps) >= MAX_STEPS:
                     raise RuntimeError(f"no request finished within {MAX_STEPS} steps (stuck)")
                 engine.step()
-            for i, seq in seqs:
+            for i, seq in added:
                 out["tokens"][i] = list(seq.output)
             out["free_after_wave"].append(manager.num_free_blocks)
     except Exception as exc:  # noqa: BLE001 - judged by the grader, with the learner's line
         out["error"] = f"after {len(steps)} steps: {_learner_line(module, exc)}"
     finally:
-        llm.sample = original_sample
+        sampler.sample = original_sample
+    for i, seq in seqs:
+        out["num_cached"][i], out["preemptions"][i] = seq.num_cached, seq.preemptions
+    if "engine" in holder:
+        stats = dataclasses.asdict(holder["engine"].stats)
+        out["stats"] = {k: v for k, v in stats.items() if isinstance(v, int)}
+        out["scheduler_preemptions"] = getattr(holder["engine"].scheduler, "num_preemptions", None)
     for i, rows in drawn.items():
         if i is not None:
             missing = torch.full_like(next(iter(rows.values())), float("nan"))
@@ -254,16 +321,41 @@ def assert_no_error(run, what: str):
     assert run["error"] is None, f"{what}: the engine stopped {run['error']}"
 
 
-def assert_matches_oracle(run, prompts, what: str, params=None, indexes=None):
-    """Every request's tokens and logits equal greedy decoding through the oracle."""
+def expected_output(prompt, kwargs: dict | None, eos_id=None):
+    """The oracle's (tokens, logits) for one request: greedy to max_tokens, cut after the first eos_id
+    it draws unless the request has ignore_eos (the default of `_serve`)."""
+    kwargs = kwargs or {}
+    want, want_logits = oracle(tuple(prompt), kwargs.get("max_tokens", 6), seeded(WEIGHTS_STREAM))
+    if eos_id is not None and not kwargs.get("ignore_eos", True) and eos_id in want:
+        end = want.index(eos_id) + 1
+        want, want_logits = want[:end], want_logits[:end]
+    return want, want_logits
+
+
+def assert_matches_oracle(run, prompts, what: str, params=None, indexes=None, eos_id=None):
+    """Every request's tokens and logits equal greedy decoding through the oracle (stopped at eos_id
+    where the request does not ignore it)."""
     assert_no_error(run, what)
-    stream = seeded(WEIGHTS_STREAM)
     for i in indexes if indexes is not None else range(len(prompts)):
-        max_tokens = ((params or {}).get(i) or {}).get("max_tokens", 6)
-        want, want_logits = oracle(tuple(prompts[i]), max_tokens, stream)
+        kwargs = (params or {}).get(i) or {}
+        want, want_logits = expected_output(prompts[i], kwargs, eos_id)
+        max_tokens = kwargs.get("max_tokens", 6)
         got = run["tokens"][i]
         assert got is not None, f"{what}: request {i} never finished"
-        assert len(got) == len(want), f"{what}: request {i} gave {len(got)} tokens, max_tokens is {len(want)}"
+        if eos_id is not None and want[-1] == eos_id and len(got) > len(want) and got[: len(want)] == want:
+            raise AssertionError(
+                f"{what}: request {i} drew the end-of-sequence token {eos_id} as output token "
+                f"{len(want) - 1} and went on ({got}): without ignore_eos a request finishes on eos_id"
+            )
+        if eos_id is not None and eos_id in got and len(got) < len(want) and got == want[: len(got)]:
+            raise AssertionError(
+                f"{what}: request {i} stopped at the end-of-sequence token {eos_id} after {len(got)} tokens "
+                f"({got}), but it has ignore_eos=True: it runs to max_tokens = {max_tokens}"
+            )
+        assert len(got) == len(want), (
+            f"{what}: request {i} gave {len(got)} tokens {got}, the oracle {len(want)} {want} "
+            f"(max_tokens {max_tokens})"
+        )
         logits = run["logits"][i]
         for k in range(len(want)):
             drawn = logits is not None and k < len(logits)
@@ -416,6 +508,66 @@ MISTAKES = [
         "its slots?",
         section="4.1",
     ),
+    Mistake(
+        15,
+        fails=("test_request_stops_at_its_eos_token",),
+        passes=ENGINE_BASICS,
+        question="A request without ignore_eos samples the engine's eos_id as its 3rd token, max_tokens 6: "
+        "how many tokens does its output hold when it ends?",
+        section="3.6",
+    ),
+    Mistake(
+        16,
+        fails=("test_ignore_eos_keeps_going_past_eos",),
+        passes=ENGINE_BASICS + ("test_request_stops_at_its_eos_token",),
+        question="A benchmark request has ignore_eos=True and samples eos_id as its 3rd token: does it stop?",
+        section="3.6",
+    ),
+    Mistake(
+        17,
+        fails=("test_without_chunked_prefill_prompts_run_whole",),
+        passes=ENGINE_BASICS + ("test_chunked_prefill_matches_the_oracle",),
+        question="chunked_prefill=False, 3 tokens of the budget left, a 7-token prompt first in line: how "
+        "many of its tokens does this step compute?",
+        section="3.3",
+    ),
+    Mistake(
+        18,
+        fails=("test_prepare_inputs_builds_on_the_device_asked",),
+        passes=STEP_BY_HAND,
+        question="The engine calls prepare_inputs(scheduled, manager, torch.device('cuda')): where do your "
+        "tensors live when it returns?",
+        section="4",
+    ),
+    Mistake(
+        19,
+        fails=("test_prepare_inputs_fields_have_the_kernels_dtypes_and_shapes",),
+        passes=STEP_BY_HAND,
+        question="Which of StepInputs' tensors are int32 and which int64, and why does F1's kernel care?",
+        section="4.2",
+    ),
+    Mistake(
+        20,
+        fails=("test_preempted_requests_wait_at_the_front_in_arrival_order",),
+        passes=ENGINE_BASICS + ("test_preemption_finishes_every_request_with_the_same_output",),
+        question="C is preempted while D and E have never run: who is first in line at the next step?",
+        section="3.5",
+    ),
+    Mistake(
+        21,
+        fails=("test_preemptions_are_counted_on_the_request_and_the_scheduler",),
+        passes=ENGINE_BASICS + ("test_preemption_finishes_every_request_with_the_same_output",),
+        question="Where do Completion.preemptions and the scheduler's num_preemptions get their numbers?",
+        section="3.5",
+    ),
+    Mistake(
+        22,
+        fails=("test_num_cached_counts_the_hits_the_request_used",),
+        passes=ENGINE_BASICS + ("test_whole_prompt_cached_still_computes_its_last_token",),
+        question="An 8-token prompt found whole in the cache computes position 7: how many of its tokens "
+        "were cached, as the hit rate counts them?",
+        section="3.4",
+    ),
 ]
 
 
@@ -463,10 +615,14 @@ def _step_data(step) -> dict:
     fields = ("input_ids", "positions", "slot_mapping", "cu_seqlens_q", "context_lens", "logits_rows")
     data = {name: getattr(step, name).tolist() for name in fields}
     data["block_tables"] = step.block_tables.tolist()
-    data["dtypes"] = {name: str(getattr(step, name).dtype) for name in fields + ("block_tables",)}
-    for name in ("sample_index", "is_decode", "query_lens", "context_lens_list", "num_seqs"):
+    # The values only (their types are test_prepare_inputs_fields_have_the_kernels_dtypes_and_shapes'):
+    # a tensor where a list belongs is read as its list here, and named as a wrong type there.
+    for name in ("sample_index", "query_lens", "context_lens_list"):
         value = getattr(step, name)
-        data[name] = list(value) if isinstance(value, (list, tuple)) else value
+        data[name] = value.tolist() if hasattr(value, "tolist") else list(value)
+    for name in ("is_decode", "num_seqs"):
+        value = getattr(step, name)
+        data[name] = value.item() if hasattr(value, "item") else value
     data["error"] = None
     return data
 
@@ -531,7 +687,6 @@ def test_prepare_inputs_slots_follow_the_block_table(impl):
         f"slot_mapping is {got['slot_mapping']}, expected {want['slot_mapping']} (tables "
         f"{want['block_tables']}, block size {BLOCK})"
     )
-    assert got["dtypes"]["slot_mapping"] == "torch.int64", "slot_mapping must be int64 (L1's store reads it)"
 
 
 def test_prepare_inputs_lengths_count_the_steps_own_tokens(impl):
@@ -550,7 +705,6 @@ def test_prepare_inputs_lengths_count_the_steps_own_tokens(impl):
     assert got["block_tables"] == want["block_tables"], (
         f"block_tables is {got['block_tables']}, expected {want['block_tables']} (rows padded with 0)"
     )
-    assert got["dtypes"]["cu_seqlens_q"] == got["dtypes"]["context_lens"] == "torch.int32"
     assert got["num_seqs"] == 3 and got["is_decode"] is False
 
 
@@ -643,6 +797,116 @@ def test_prepare_inputs_reads_the_block_table_every_step(impl):
     assert steps[1]["block_tables"] == [table], (
         f"block_tables is {steps[1]['block_tables']}, expected {[table]}"
     )
+
+
+def _prepare_where(module, manager, specs, device: str, as_object: bool, pad_to=None):
+    """prepare_inputs for hand-built entries (as `_prepare`) on `device`, given as a torch.device or as
+    its name: each field's dtype, shape and device (no value is read: 'meta' holds none)."""
+    import torch
+
+    scheduled = []
+    for seq_id, prompt, output, computed, num_new in specs:
+        seq = module.Sequence(seq_id, prompt, module.SamplingParams(temperature=0.0, max_tokens=8))
+        seq.output.extend(output)
+        seq.num_computed, seq.num_slots = computed, len(prompt) + len(output)
+        scheduled.append(module.Scheduled(seq, num_new))
+    try:
+        step = module.prepare_inputs(
+            scheduled, manager, torch.device(device) if as_object else device, pad_to=pad_to
+        )
+    except Exception as exc:  # noqa: BLE001
+        return {"error": _learner_line(module, exc)}
+    return {"error": None, "meta": _tensor_meta(step)}
+
+
+def hand_specs(seqs):
+    specs = []
+    for seq_id, prompt_len, _, computed, num_new in HAND_STEP:
+        every = seqs[seq_id]
+        specs.append((seq_id, every[:prompt_len], every[prompt_len:], computed, num_new))
+    return specs
+
+
+def padded_specs(seqs):
+    return [("s1", seqs["s1"][:9], seqs["s1"][9:], 9, 1), ("s0", seqs["s0"], [], 11, 1)]
+
+
+def assert_step_types(meta, want: dict, what: str):
+    """Every StepInputs field: each tensor in its kernel's dtype and with its documented shape, the host
+    fields python lists of ints, a bool and an int."""
+    for name, dtype in STEP_DTYPES.items():
+        got_dtype, shape, _ = meta[name]
+        assert got_dtype == dtype, (
+            f"{what}: {name} is {got_dtype}, the kernels read it as {dtype} (StepInputs' docstring): "
+            + ("an int64 table doubles the bytes L4 and F1 read per page" if name == "block_tables" else "")
+        ).rstrip(": ")
+        assert shape == want[name], f"{what}: {name} has shape {shape}, expected {want[name]}"
+    for name in ("sample_index", "query_lens", "context_lens_list"):
+        kind, items, _ = meta[name]
+        assert kind == "list" and items in ([], ["int"]), (
+            f"{what}: {name} is a {kind} of {items}: a python list of ints (host copies, read without a sync)"
+        )
+    assert meta["is_decode"][0] == "bool", f"{what}: is_decode is a {meta['is_decode'][0]}, not a bool"
+    assert meta["num_seqs"][0] == "int", f"{what}: num_seqs is a {meta['num_seqs'][0]}, not an int"
+
+
+def test_prepare_inputs_fields_have_the_kernels_dtypes_and_shapes(impl):
+    """StepInputs as the kernels read it (its docstring): input_ids, positions, slot_mapping and
+    logits_rows int64; cu_seqlens_q, context_lens and block_tables int32; shapes (T,), (B + 1,), (B,),
+    (B, max_pages), (R,); the host copies python lists of ints. Checked on the hand-built step, on a padded
+    decode step and on every step the engine ran for a ragged batch."""
+    rng = random.Random(seeded(4))
+    watched, seqs = hand_tables(rng)
+    for what, specs, pad_to in (
+        ("the hand-built step", hand_specs(seqs), None),
+        ("a decode step with pad_to=4", padded_specs(seqs), 4),
+    ):
+        got = probe(impl, _prepare_where, lend(watched), specs, "cpu", False, pad_to)
+        assert got["error"] is None, f"{what}: prepare_inputs raised {got['error']}"
+        want = expected_step(watched.manager, seqs, specs, pad_to=pad_to)
+        T, B, R = len(want["input_ids"]), len(want["context_lens"]), len(want["logits_rows"])
+        shapes = dict(input_ids=[T], positions=[T], slot_mapping=[T], cu_seqlens_q=[B + 1])
+        shapes |= dict(context_lens=[B], logits_rows=[R], block_tables=[B, len(want["block_tables"][0])])
+        assert_step_types(got["meta"], shapes, what)
+    prompts = ragged_prompts(seeded(WEIGHTS_STREAM), 10, [1, 3, 6, 9, 13])
+    # The steps the engine ran, up to an error, if any: whether the outputs are right is judged elsewhere.
+    run = serve(impl, Watched(64), prompts, max_num_batched_tokens=8)
+    for k, (step, data) in enumerate(zip(run["steps"], run["inputs"]), start=1):
+        T, B = sum(n for _, n in step), len(step)
+        shapes = dict(input_ids=[T], positions=[T], slot_mapping=[T], cu_seqlens_q=[B + 1])
+        shapes |= dict(context_lens=[B], logits_rows=[len(data["logits_rows"])])
+        shapes["block_tables"] = [B, max(1, max(len(row) for row in data["block_tables"]))]
+        assert_step_types(data["meta"], shapes, f"engine step {k}")
+
+
+def test_prepare_inputs_builds_on_the_device_asked(impl):
+    """Every tensor of StepInputs is on the `device` argument, whether it comes as a torch.device (the
+    engine passes the model's) or as a name: here 'meta' (tensors without memory: a tensor left on the
+    host shows at once), and a GPU where there is one. Built on the host and copied once (section 4),
+    so no value is read back from the device."""
+    import torch
+
+    devices = [("meta", True), ("meta", False), ("cpu", True)]
+    if torch.cuda.is_available():
+        devices += [("cuda", True), ("cuda:0", False)]
+    rng = random.Random(seeded(5))
+    watched, seqs = hand_tables(rng)
+    for device, as_object in devices:
+        for specs, pad_to in ((hand_specs(seqs), None), (padded_specs(seqs), 4)):
+            given = f"torch.device({device!r})" if as_object else repr(device)
+            what = f"prepare_inputs(..., device={given}" + (", pad_to=4)" if pad_to else ")")
+            got = probe(impl, _prepare_where, lend(watched), specs, device, as_object, pad_to)
+            assert got["error"] is None, (
+                f"{what} raised {got['error']}: build every list on the host and copy each tensor to "
+                "the device once (.to(device)); nothing is read back from it"
+            )
+            want = torch.device(device).type
+            where = {n: got["meta"][n][2] or "no device (not a tensor)" for n in TENSOR_FIELDS}
+            wrong = {n: d for n, d in where.items() if d != want and not d.startswith(f"{want}:")}
+            assert not wrong, (
+                f"{what}: {', '.join(f'{n} on {d}' for n, d in wrong.items())}: every tensor goes to the device "
+                "the engine asks for (the model's), or the kernels read host memory"
+            )
 
 
 # --- Section 3: serving requests, against the oracle ----------------------------------------------------
@@ -799,6 +1063,116 @@ def test_no_block_leaks_after_every_request_ends(impl):
     assert leak is None, leak
 
 
+def eos_prompts():
+    """A prompt P0 whose greedy output has a token E first at output position 2 (E is the test's
+    end-of-sequence token), P1 = P0 + its first two output tokens (its first token is E, sampled by its
+    prefill), P2 a prompt holding E itself (a prompt token never stops a request), and P3 another."""
+    stream = seeded(WEIGHTS_STREAM)
+    rng = random.Random(seeded(28))
+    for _ in range(50):
+        p0 = clear_prompts(rng, lambda r: [tokens(r, 7)], 6, stream)[0]
+        out0 = oracle(tuple(p0), 6, stream)[0]
+        eos = out0[2]
+        p1 = p0 + out0[:2]
+        if (
+            eos in out0[:2]
+            or margin(tuple(p1), 6, stream) < MIN_MARGIN
+            or oracle(tuple(p1), 6, stream)[0][0] != eos
+        ):
+            continue
+
+        def build(r, eos=eos):
+            held = tokens(r, 9)
+            held[3] = eos
+            return [held, tokens(r, 4)]
+
+        return [p0, p1] + clear_prompts(rng, build, 6, stream), eos
+    raise AssertionError("no prompt found whose greedy output suits the end-of-sequence checks (grader bug)")
+
+
+def test_request_stops_at_its_eos_token(impl):
+    """The engine's eos_id set, ignore_eos False: a request finishes on the end-of-sequence token it
+    samples, that token its last output (max_tokens counts it), its blocks freed; one that samples it
+    with its prefill's first token ends there; a prompt that holds the token does not stop (section 3.6).
+    In chunks of 8 tokens, so a chunk that stops short of its prompt's end samples nothing to compare."""
+    prompts, eos = eos_prompts()
+    params = {i: dict(temperature=0.0, max_tokens=6, ignore_eos=False) for i in range(len(prompts))}
+    watched = Watched(64)
+    run = serve(impl, watched, prompts, params=params, max_num_batched_tokens=8, eos_id=eos)
+    what = f"eos_id={eos}, ignore_eos=False"
+    assert_matches_oracle(run, prompts, what, params, eos_id=eos)
+    assert len(run["tokens"][0]) == 3 and run["tokens"][1] == [eos], "grader bug: the prompts do not stop"
+    leak = watched.leaks()
+    assert leak is None, (
+        f"{what}: {leak}; a request that ends at eos_id gives its blocks back as at max_tokens"
+    )
+
+
+def test_ignore_eos_keeps_going_past_eos(impl):
+    """The same prompts and eos_id, with ignore_eos=True: every request gives all its max_tokens, the
+    end-of-sequence token included wherever greedy decoding draws it; beside them, P0 again without
+    ignore_eos stops at it. ignore_eos is each request's own (section 3.6)."""
+    prompts, eos = eos_prompts()
+    prompts = prompts + [prompts[0]]
+    params = {i: dict(temperature=0.0, max_tokens=6, ignore_eos=True) for i in range(len(prompts) - 1)}
+    params[len(prompts) - 1] = dict(temperature=0.0, max_tokens=6, ignore_eos=False)
+    watched = Watched(64)
+    run = serve(impl, watched, prompts, params=params, max_num_batched_tokens=8, eos_id=eos)
+    assert_matches_oracle(
+        run, prompts, f"eos_id={eos}, ignore_eos=True (the last request: False)", params, eos_id=eos
+    )
+    leak = watched.leaks()
+    assert leak is None, leak
+
+
+def test_preempted_requests_wait_at_the_front_in_arrival_order(impl):
+    """Three requests decode in a pool of 8 blocks while two more wait (max_num_seqs=3): the newest running
+    request is preempted, then the next newest. Each goes to the front of the waiting queue, ahead of the
+    requests never admitted, so after both preemptions the queue is [B, C, D, E] (section 3.5): the
+    queue is in arrival order after every step."""
+    rng = random.Random(seeded(29))
+    prompts = [tokens(rng, BLOCK) for _ in range(5)]
+    params = {i: dict(temperature=0.0, max_tokens=14, ignore_eos=True) for i in range(5)}
+    watched = Watched(8)
+    run = serve(impl, watched, prompts, params=params, max_num_seqs=3)
+    assert_no_error(run, "five requests, three running in a pool of 8 blocks")
+    names = "ABCDE"
+    both = False
+    for k, queue in enumerate(run["queues"], start=1):
+        waiting = queue["waiting"]
+        shown = "[" + ", ".join(names[i] for i in waiting) + "]"
+        assert waiting == sorted(waiting), (
+            f"after step {k}'s schedule() the waiting queue is {shown} (A-E in arrival order): a preempted "
+            "request goes to the front of the queue (appendleft), ahead of the requests that came after it, "
+            "so the queue stays in arrival order"
+        )
+        both |= {1, 2, 3}.issubset(waiting) or {1, 2, 4}.issubset(waiting)
+    assert watched.preemptions >= 2 and both, (
+        f"grader bug: the scenario must preempt two requests while others wait ({watched.preemptions} preemptions)"
+    )
+
+
+def test_preemptions_are_counted_on_the_request_and_the_scheduler(impl):
+    """The same five requests: each preemption counts once on the sequence (Completion.preemptions) and
+    once on the scheduler (num_preemptions), as many as the grader's manager saw (section 3.5)."""
+    rng = random.Random(seeded(29))
+    prompts = [tokens(rng, BLOCK) for _ in range(5)]
+    params = {i: dict(temperature=0.0, max_tokens=14, ignore_eos=True) for i in range(5)}
+    watched = Watched(8)
+    run = serve(impl, watched, prompts, params=params, max_num_seqs=3)
+    assert_no_error(run, "five requests, three running in a pool of 8 blocks")
+    seen = {i: n - 1 for i, n in watched.allocations.items()}  # seq_id -> times allocated again
+    assert sum(seen.values()) >= 2, "grader bug: the scenario must preempt two requests"
+    assert sorted(run["preemptions"]) == sorted(seen.get(i, 0) for i in range(5)), (
+        f"the requests' preemptions are {run['preemptions']}, the manager saw {sorted(seen.values())} "
+        "(each freed before it ended and allocated again): preempt() counts on the sequence"
+    )
+    assert run["scheduler_preemptions"] == sum(seen.values()), (
+        f"the scheduler's num_preemptions is {run['scheduler_preemptions']}, {sum(seen.values())} preemptions "
+        "happened: preempt() counts on the scheduler too"
+    )
+
+
 def test_request_longer_than_the_pool_is_refused(impl):
     """A request that could never fit the pool, even alone, is refused when added (ValueError), rather than
     waiting forever."""
@@ -840,6 +1214,44 @@ def test_every_step_respects_the_token_budget_and_batch_size(impl):
         assert all(t is not None for t in run["tokens"]), "a request never finished"
 
 
+def test_without_chunked_prefill_prompts_run_whole(impl):
+    """chunked_prefill=False: every scheduled sequence computes all its tokens not yet computed, a prompt
+    whole or a decode row, never a chunk; a prompt that does not fit what is left of the budget waits for
+    a later step (section 3.3). A prompt as long as the budget itself (12), and a pool so small that a
+    request is preempted and recomputed whole, its output so far included."""
+    stream = seeded(WEIGHTS_STREAM)
+    small = ragged_prompts(stream, 26, [9, 7, 12, 3, 5])
+    # prompt + max_tokens - 1 within the budget: add() refuses more without chunks (recomputed whole)
+    small_params = {
+        i: dict(temperature=0.0, max_tokens=m, ignore_eos=True) for i, m in enumerate((4, 6, 1, 6, 6))
+    }
+    tight = ragged_prompts(stream, 27, [6, 6], max_tokens=5)
+    tight_params = {i: dict(temperature=0.0, max_tokens=5, ignore_eos=True) for i in range(2)}
+    for what, prompts, params, pool, budget in (
+        ("five prompts, a budget of 12", small, small_params, 64, 12),
+        ("two requests preempting in a pool of 5 blocks, a budget of 10", tight, tight_params, 5, 10),
+    ):
+        watched = Watched(pool)
+        run = serve(
+            impl, watched, prompts, params=params, max_num_batched_tokens=budget, chunked_prefill=False
+        )
+        what = f"chunked_prefill=False, {what}"
+        assert_no_error(run, what)
+        for k, (step, done, total) in enumerate(
+            zip(run["steps"], run["computed"], run["num_tokens"]), start=1
+        ):
+            assert sum(n for _, n in step) <= budget, f"{what}: step {k} computes {step}, over the budget"
+            for (i, n), c, t in zip(step, done, total):
+                assert c + n == t, (
+                    f"{what}: step {k} computes request {i}'s tokens {c}..{c + n - 1} of {t}: a chunk, with "
+                    "chunked_prefill=False. A prompt that does not fit what is left of the budget whole waits "
+                    "for a later step"
+                )
+        assert_matches_oracle(run, prompts, what, params)
+        if pool == 5:
+            assert watched.preemptions > 0, f"{what}: no request was preempted (grader bug?)"
+
+
 def test_finished_prompt_is_found_in_the_prefix_cache(impl):
     """A request ends; a second wave of prompts beginning with its prompt computes fewer prompt tokens
     (its full blocks are found cached, section 3.4), with the same outputs."""
@@ -871,6 +1283,36 @@ def test_whole_prompt_cached_still_computes_its_last_token(impl):
     done = computed_per_request(run, 2)
     assert done[1] < done[0], (
         "the second request computed its whole prompt again: no prefix hit (section 3.4)"
+    )
+
+
+def test_num_cached_counts_the_hits_the_request_used(impl):
+    """num_cached (Completion.cached_tokens, the engine's cached_tokens and hit rate) is the prompt tokens
+    a request did not compute at its admission: its usable hits, at most num_tokens - 1 (section 3.4).
+    After P (8 tokens) ends: P again (8 hit, 7 usable), P + 3 tokens (8), and the same new 10-token
+    prompt twice in one step (the second finds 8 by their keys, none computed yet: 0)."""
+    rng = random.Random(seeded(30))
+    first, fresh = tokens(rng, 2 * BLOCK), tokens(rng, 10)
+    prompts = [first, list(first), first + tokens(rng, 3), fresh, list(fresh)]
+    run = serve(impl, Watched(64), prompts, waves=[[0], [1, 2, 3, 4]])
+    assert_no_error(run, "prompts found in the prefix cache")
+    admitted = {}
+    for step, done, cached in zip(run["steps"], run["computed"], run["cached"]):
+        for (i, _), c, n in zip(step, done, cached):
+            admitted.setdefault(i, (c, n))
+    for i, (c, n) in sorted(admitted.items()):
+        assert n == c, (
+            f"request {i} ({len(prompts[i])} prompt tokens) was admitted with num_cached = {n} but computed its "
+            f"prompt from position {c}: num_cached records the hits it used (num_computed at admission), not "
+            "the blocks L3 found by their keys"
+        )
+        assert run["num_cached"][i] == c, (
+            f"request {i} ended with num_cached = {run['num_cached'][i]}, admitted with {c}"
+        )
+    stats = run["stats"]
+    assert stats["prefill_tokens"] + stats["cached_tokens"] == stats["prompt_tokens"], (
+        f"the engine counted {stats['cached_tokens']} cached and {stats['prefill_tokens']} computed of "
+        f"{stats['prompt_tokens']} prompt tokens: num_cached must be what the request did not compute"
     )
 
 
@@ -930,21 +1372,21 @@ def test_fresh_blocks_lose_their_old_computed_mark(impl):
 
 
 def oracle_sampled(prompt, params: dict, stream: int) -> list[int]:
-    """The engine's own sampler (llm.sample) over the oracle's logits, for one request alone."""
+    """The engine's own sampler (sampler.sample) over the oracle's logits, for one request alone."""
     from types import SimpleNamespace
 
-    from drills.engine import llm
-    from drills.engine import model as llama
+    from drills.engine import oracle, sampler
+    from drills.engine.model import forward
 
     model = _grader_model(stream)
-    attention = llama.ReferenceAttention(model.config)
+    attention = oracle.ReferenceAttention(model.config)
     seq = SimpleNamespace(params=SimpleNamespace(**params), generator=None)
     out, new = [], list(prompt)
     for _ in range(params["max_tokens"]):
         context = len(prompt) + len(out) - len(new)
-        ids, positions, rows, meta = llama.packed_step([(0, new, context)])
-        logits = llama.forward(model, ids, positions, attention, meta, rows)  # (1, V)
-        out.append(llm.sample(logits, [seq], None)[0])
+        ids, positions, rows, meta = oracle.packed_step([(0, new, context)])
+        logits = forward(model, ids, positions, attention, meta, rows)  # (1, V)
+        out.append(sampler.sample(logits, [seq], None)[0])
         new = [out[-1]]
     return out
 
@@ -1029,19 +1471,23 @@ ENGINE_EXTRA = "make engine (or make chat) installs the engine's packages and th
 
 def _serve_real(module, manager, chats, max_tokens, engine_args):
     """SmolLM2 from its GGUF file, served by the learner's scheduler and prepare_inputs (torch attention,
-    fp32): every request's tokens and the logits (steps, V) each was drawn from."""
+    fp32) with the tokenizer's end-of-sequence token: each chat twice, once stopping there (request 2c)
+    and once with ignore_eos (request 2c + 1). Every request's tokens and the logits (steps, V) each was
+    drawn from."""
     from types import SimpleNamespace
 
     import torch
 
-    from drills.engine import llm
-    from drills.engine import model as llama
+    from drills.engine import loader
     from drills.engine.attention import PagedKVCache
+    from drills.engine.config import EngineConfig
+    from drills.engine.engine import Engine
+    from drills.engine.model import Llama
     from drills.engine.tokenizer import Tokenizer
 
-    path = llama.smollm2_gguf_path()
+    path = loader.smollm2_gguf_path()
     tokenizer = Tokenizer.from_gguf(path)
-    model = llama.Llama(llama.load_gguf(path))
+    model = Llama(loader.load_gguf(path))
     cache = PagedKVCache(model.config, manager.num_blocks, manager.block_size, torch.float32)
     parts = SimpleNamespace(
         Scheduler=module.Scheduler,
@@ -1049,33 +1495,43 @@ def _serve_real(module, manager, chats, max_tokens, engine_args):
         SamplingParams=module.SamplingParams,
         prepare_inputs=module.prepare_inputs,
     )
-    engine = llm.Engine(model, parts, manager, cache, attention="torch", eos_id=None, **engine_args)
+    config = EngineConfig(
+        attention="torch", block_size=manager.block_size, num_blocks=manager.num_blocks, **engine_args
+    )
+    eos = tokenizer.eos_token_id
     rows = {}
 
     def on_logits(seqs, logits):
         for seq, row in zip(seqs, logits):
             rows.setdefault(seq.seq_id, []).append(row.float().clone())
 
-    engine.on_logits = on_logits
     prompts = [tokenizer.encode_chat(chat) for chat in chats]
-    params = module.SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-    seqs = [engine.add_request(p, params) for p in prompts]
     try:
+        engine = Engine(model, parts, manager, cache, config, eos_id=eos)
+        engine.on_logits = on_logits
+        seqs = []
+        for p in prompts:
+            for ignore_eos in (False, True):
+                params = module.SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=ignore_eos)
+                seqs.append(engine.add_request(p, params))
         engine.run(seqs)
     except Exception as exc:  # noqa: BLE001 - judged by the grader, with the learner's line
-        return {"error": _learner_line(module, exc), "prompts": prompts}
+        return {"error": _learner_line(module, exc), "prompts": prompts, "eos": eos}
     return {
         "error": None,
         "prompts": prompts,
+        "eos": eos,
         "tokens": [list(s.output) for s in seqs],
         "logits": [torch.stack(rows[s.seq_id]) for s in seqs],
     }
 
 
 def test_serves_smollm2_like_transformers(impl):
-    """The real model, four chats served together in chunks of 32 tokens by your scheduler: every step's
-    logits within 5e-4 of transformers' (fp32, the same GGUF file), and the same greedy tokens wherever
-    transformers' top two are clearly apart."""
+    """The real model, four chats served together in chunks of 32 tokens by your scheduler, each chat
+    twice: every step's logits within 5e-4 of transformers' (fp32, the same GGUF file), and the same
+    greedy tokens wherever transformers' top two are clearly apart. The request that stops at SmolLM2's
+    end-of-sequence token (<|im_end|>) ends there, as transformers does; its twin with ignore_eos gives
+    all its max_tokens."""
     import importlib.util
 
     import torch
@@ -1086,39 +1542,56 @@ def test_serves_smollm2_like_transformers(impl):
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging
 
-    from drills.engine import model as llama
+    from drills.engine import loader
 
     watched = Watched(64, block_size=16)
     args = dict(max_num_seqs=8, max_num_batched_tokens=32)
     run = probe(impl, _serve_real, lend(watched), REAL_CHATS, REAL_TOKENS, args)
     assert run["error"] is None, f"serving SmolLM2: the engine stopped: {run['error']}"
-    path = llama.smollm2_gguf_path()
+    path = loader.smollm2_gguf_path()
     logging.disable_progress_bar()
     hf = AutoModelForCausalLM.from_pretrained(
         str(path.parent), gguf_file=path.name, dtype=torch.float32
     ).eval()
-    clear = 0
-    for chat, prompt, tokens, logits in zip(REAL_CHATS, run["prompts"], run["tokens"], run["logits"]):
+    clear = stopped = 0
+    for c, (chat, prompt) in enumerate(zip(REAL_CHATS, run["prompts"])):
         with torch.no_grad():
             out = hf.generate(
                 torch.tensor([prompt]),
                 max_new_tokens=REAL_TOKENS,
                 do_sample=False,
+                eos_token_id=run["eos"],
                 output_logits=True,
                 return_dict_in_generate=True,
             )
         expected = out.sequences[0, len(prompt) :].tolist()  # ends at the end-of-sequence token, if any
         want = torch.cat(out.logits).float()  # (steps, V)
-        tokens = tokens[: len(expected)]  # your engine ran on (ignore_eos): compared up to there
         top2 = want.topk(2, dim=-1).values
         clearly_apart = bool(((top2[:, 0] - top2[:, 1]) >= REAL_MARGIN).all())
-        # Logits compared while the two token streams agree: after a divergence they see other tokens.
-        same = next((i for i, (a, b) in enumerate(zip(tokens, expected)) if a != b), len(expected))
-        steps = min(same + 1, len(expected))
-        diff = (logits[:steps] - want[:steps]).abs().max().item()
-        what = f"chat {chat[-1]['content']!r}"
-        assert diff <= REAL_ATOL, f"{what}: max |logit - transformers'| = {diff:.3g} over {steps} steps"
-        if clearly_apart:
-            clear += 1
+        ends = expected[-1] == run["eos"]
+        for r, ignore_eos in ((2 * c, False), (2 * c + 1, True)):
+            what = f"chat {chat[-1]['content']!r}" + (" (ignore_eos)" if ignore_eos else "")
+            got, logits = run["tokens"][r], run["logits"][r]
+            tokens = got[: len(expected)]  # past transformers' end-of-sequence token: nothing to compare
+            # Logits compared while the two token streams agree: after a divergence they see other tokens.
+            same = next((i for i, (a, b) in enumerate(zip(tokens, expected)) if a != b), len(expected))
+            steps = min(same + 1, len(expected), len(logits))
+            diff = (logits[:steps] - want[:steps]).abs().max().item()
+            assert diff <= REAL_ATOL, f"{what}: max |logit - transformers'| = {diff:.3g} over {steps} steps"
+            if not clearly_apart:
+                continue
             assert tokens == expected, f"{what}: your engine gave {tokens}, transformers {expected}"
+            if ignore_eos:
+                assert len(got) == REAL_TOKENS, (
+                    f"{what}: {len(got)} tokens {got}, max_tokens is {REAL_TOKENS}: a request with "
+                    f"ignore_eos=True keeps going past the end-of-sequence token {run['eos']}"
+                )
+            elif ends:
+                assert len(got) == len(expected), (
+                    f"{what}: {len(got)} tokens {got}; transformers stops after {len(expected)}, at the "
+                    f"end-of-sequence token {run['eos']}, and so must a request without ignore_eos"
+                )
+        clear += clearly_apart
+        stopped += clearly_apart and ends
     assert clear >= 2, f"only {clear} of the chats had clear top-2 margins: the check would mean little"
+    assert stopped >= 1, "no clear chat ended at the end-of-sequence token: the stop would go unchecked"
