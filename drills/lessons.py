@@ -1,4 +1,5 @@
-"""The one lesson list. A lesson is one stem across content/, mine/, solutions/, tests/ and notebooks/;
+"""The one lesson list. A lesson is one stem across content/, mine/, solutions/, tests/, mutants/,
+benchmarks/ (when it has a benchmark) and notebooks/;
 its id is the stem's prefix (`l2` for `l2_paged_decode`). Adding a lesson = adding its files and one
 entry here, in course order."""
 
@@ -71,7 +72,3 @@ def find(lesson_id: str) -> Lesson:
             return lesson
     known = ", ".join(lesson.id for lesson in LESSONS)
     raise SystemExit(f"unknown lesson {lesson_id!r}; known lessons: {known}")
-
-
-def by_stem(stem: str) -> Lesson:
-    return find(stem)

@@ -47,7 +47,7 @@ def choose(use: str = "auto") -> dict[str, Choice]:
 
     chosen = {}
     for stem in PARTS:
-        lesson = lessons.by_stem(stem)
+        lesson = lessons.find(stem)
         if use != "auto":
             chosen[stem] = Choice(lesson, use, f"use={use}")
             continue

@@ -1,9 +1,26 @@
-"""Grading a learner's file: run its checks out of the learner code's reach (run.py, worker.py,
-remote.py), decide from the whole pattern of results which mistake is most likely (diagnose.py), and
-print one screen (report.py).
+"""Grading a learner's file: run its checks out of the learner code's reach, decide from the whole
+pattern of results which mistake is most likely, and print one screen. One job per module:
 
-Data flows one way: the CLI and the learner tools -> run (pytest in this process, the learner's code
-in a child process) -> the report file -> diagnose -> report -> one screen.
+  run.py          host side: the pytest command, the result read back, what "missing" or "partial" means
+  env.py          the learner process's environment and time limits (a leaf)
+  process.py      sessions and subreapers: every descendant of the learner's file ended before the result
+  channel.py      the report over a pipe the learner's process cannot rewrite
+  wire.py         the messages between the grader and the learner's process
+  remote.py       the grader's client of the learner's process; proxy.py the objects lent across
+  errors.py       one table of failure kinds, used by both sides
+  sandbox.py      what the learner's process may open (Landlock where the kernel has it, an audit hook)
+  source_check.py code that asks where it runs, refused before grading
+  server.py       the learner's process: its file imported, the grader's calls served
+  instrument.py   Triton instrumented there (bounds, NaN reads, program order, exact bf16, launches)
+  calls.py        one call run there, with the evidence provenance.py judges in the grader's process
+  plugin.py       the pytest plugin: --impl, the report, the one-screen summary
+  diagnose.py, report.py   the likely mistake, and the screen
+  launches.py, bigmem.py, streams.py, warm.py   launch records, sparse big tensors, SEED numbering,
+                  warm forked processes for make mutants
+
+Data flows one way: the CLI and the learner tools -> run -> pytest with the plugin (the learner's code
+in its own process) -> the report over the channel -> diagnose -> report -> one screen. This package
+imports nothing from drills.tests; it only reads each lesson grader's MISTAKES and STAGES by name.
 """
 
 # The report's names, where the rest of the course has always found them (drills.grading.Case, ...).
@@ -12,23 +29,13 @@ from drills.grading.report import (  # noqa: E402,F401
     FINDINGS,
     IMPORT_ERROR,
     NOT_STARTED,
-    REPORT_EXIT,
-    REPORT_LESSONS,
-    REPORT_SHIFT,
     Case,
-    Summary,
-    check_lines,
     check_name,
     clip,
-    failure_lines,
     failure_message,
     finding_dict,
-    finding_lines,
     random_cases_line,
-    read_report,
     relative,
     render,
     skip_reason,
-    summarize,
-    write_report,
 )

@@ -1,7 +1,9 @@
-"""Grader plumbing: `--impl=mine|solutions` picks the module under test, the banner says which runtime
-runs it, a lesson whose stub is untouched is reported as "not started" in one line, and the run ends
-with a grading summary (drills/grading.py): a line per check, the first failure in words, the
-explainer section to reread, and the SEED line. Test files that are not a lesson's grader (test_<stem>.py
+"""The grading pytest plugin (loaded by `-p drills.grading.plugin`, pyproject's addopts):
+`--impl=mine|solutions` picks the module under test, served by its own process (remote.py) once the
+static check (source_check.py) lets it through; the banner says which runtime runs it; a lesson whose
+stub is untouched is reported as "not started" in one line; and the run ends with a grading summary
+(report.py): a line per check, the first failure in words, the explainer section to reread, and the
+SEED line. The report goes to the result channel (channel.py) after every stray process is ended. Test files that are not a lesson's grader (test_<stem>.py
 for a stem in drills/lessons.py), such as the learner tools' own tests, are run as plain tests."""
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from drills.grading.report import STAGES, report_text, stage_lines
 from drills.grading.run import NOT_STARTED_EXIT
 from drills.grading.source_check import check_file
 from drills.grading.streams import base_seed
-from drills.lessons import LESSONS, by_stem
+from drills.lessons import LESSONS, find
 
 
 def pytest_addoption(parser):
@@ -51,9 +53,8 @@ LOADED = pytest.StashKey[dict]()  # stem -> LearnerProcess
 NOT_STARTED = pytest.StashKey[list]()
 IMPORT_ERRORS = pytest.StashKey[list]()
 RESULTS = pytest.StashKey[dict]()
-FINDINGS = pytest.StashKey[
-    dict
-]()  # stem -> the diagnosis, as the report stores it  # stem -> {case id: grading.Case}, in the order the cases ran
+FINDINGS = pytest.StashKey[dict]()  # stem -> the diagnosis, as the report stores it
+# RESULTS: stem -> {case id: grading.Case}, in the order the cases ran
 # NOT_STARTED and IMPORT_ERRORS hold (stem, the one line to print) pairs
 LESSON_STEMS = {lesson.stem for lesson in LESSONS}
 
@@ -61,7 +62,7 @@ LESSON_STEMS = {lesson.stem for lesson in LESSONS}
 def _graded_file(config, stem: str) -> tuple[Path, str, bool]:
     """(the file graded, the module name it is loaded as, whether it is a reference solution)."""
     path = config.getoption("--impl-file")
-    lesson = by_stem(stem)
+    lesson = find(stem)
     if path:
         return Path(path), f"drills._graded_{stem}", False
     impl = config.getoption("--impl")
@@ -78,7 +79,7 @@ def _load(config, stem: str):
     if stem not in processes:
         file, name, reference = _graded_file(config, stem)
         if not reference:  # code that asks where it runs is refused before it runs (source_check.py)
-            refused = check_file(file, by_stem(stem).solution)
+            refused = check_file(file, find(stem).solution)
             if refused:
                 raise Refused(refused)
         learner = LearnerProcess(file, name, reference=reference)
@@ -118,7 +119,7 @@ def pytest_collection_modifyitems(session, config, items):
             errors.append(
                 (
                     stem,
-                    f"{by_stem(stem).id}: {graded} does not import: "
+                    f"{find(stem).id}: {graded} does not import: "
                     f"{info.get('type')}: {info.get('message')}{where}",
                 )
             )
@@ -127,19 +128,19 @@ def pytest_collection_modifyitems(session, config, items):
             errors.append(
                 (
                     stem,
-                    f"{by_stem(stem).id}: {graded} refused before grading: it asks where it runs, so it "
+                    f"{find(stem).id}: {graded} refused before grading: it asks where it runs, so it "
                     "could behave differently when graded than when used; remove this (a graded file must "
                     "do the same everywhere):\n  " + "\n  ".join(exc.lines),
                 )
             )
             continue
         except LearnerFailure as exc:  # os._exit() at import, a crash or a hang while importing
-            errors.append((stem, f"{by_stem(stem).id}: {graded} could not be imported: {exc}"))
+            errors.append((stem, f"{find(stem).id}: {graded} could not be imported: {exc}"))
             continue
         message = config.stash[LOADED][stem].ready.get("not_started")
         # A function still raising, with another's raise deleted, is a staged lesson begun at its first stage.
         if message is not None and not contract.deleted_a_stub_raise(
-            _graded_file(config, stem)[0], by_stem(stem)
+            _graded_file(config, stem)[0], find(stem)
         ):
             lines.append((stem, message))
     if lines or errors:
@@ -207,7 +208,7 @@ def findings_for(session, stem: str, cases: list) -> list[dict]:
     from drills.grading import diagnose
 
     mistakes = list(_module_attr(session, stem, "MISTAKES"))
-    lesson = by_stem(stem)
+    lesson = find(stem)
     titles = {p.number: p.title for p in explainer.pitfalls(lesson)}
     return [grading.finding_dict(f) for f in diagnose.diagnose(cases, mistakes, titles)]
 
@@ -276,7 +277,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     detailed = len(results) == 1
     terminalreporter.write_line("")
     for stem, cases in results.items():
-        lesson = by_stem(stem)
+        lesson = find(stem)
         for line in grading.render(
             lesson,
             list(cases.values()),
