@@ -1,6 +1,6 @@
-"""Command line behind the Makefile: python -m drills {list,test,check,contract,notebooks,mutants,bench},
-the learner's tools {progress,hint,reset,diff,watch} (drills/learner.py), doctor (drills/doctor.py) and
-chat (drills/engine/chat.py).
+"""Command line behind the Makefile: python -m drills {list,test,check,lint,contract,notebooks,mutants,
+bench}, the learner's tools {progress,hint,reset,diff,watch} (drills/learner.py), doctor
+(drills/doctor.py), chat (drills/engine/chat.py) and new, a new lesson's files (drills/scaffold.py).
 The learner's tools are plain functions of their arguments; this module only parses the command line."""
 
 from __future__ import annotations
