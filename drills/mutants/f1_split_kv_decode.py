@@ -106,4 +106,16 @@ MUTANTS = [
         "w = tl.exp(lse - m_ref)",
         'w = tl.where(lse > float("-inf"), 1.0, 0.0)',
     ),
+    Mutant(
+        "empty_split_lse_zero",
+        "1. an empty split stores lse = 0: its output 0 weighs e^0 in the merge",
+        'lse = tl.where(seen, (m_i + tl.log2(tl.where(seen, l_i, 1.0))) * 0.6931471805599453, float("-inf"))',
+        "lse = tl.where(seen, (m_i + tl.log2(tl.where(seen, l_i, 1.0))) * 0.6931471805599453, 0.0)",
+    ),
+    Mutant(
+        "chunk_not_whole_tiles",
+        "16. plan() makes chunks that are not whole tiles",
+        "    chunk = triton.cdiv(max_tiles, num_splits) * BLOCK_N\n",
+        "    chunk = max(1, triton.cdiv(max_len, num_splits))\n",
+    ),
 ]

@@ -453,6 +453,10 @@ def test_plan_never_returns_empty_or_zero_splits(impl, lens, Hkv):
         assert (p.num_splits - 1) * p.chunk < max(lens) <= p.num_splits * p.chunk, (
             f"{p}: the last split of the longest sequence is empty, or the splits do not cover it"
         )
+        assert p.chunk % 16 == 0, (
+            f"{p}: a chunk of {p.chunk} tokens is not a whole number of 16-token tiles (BLOCK_N), so "
+            "a tile would straddle two splits and, with PAGE >= 16, two pages"
+        )
         if forced is not None:
             assert p.num_splits <= forced
 
@@ -707,6 +711,17 @@ MISTAKES = [
         section="3.4",
     ),
     Mistake(
+        1,
+        fails=(
+            "test_empty_splits_do_not_divide_zero_by_zero",
+            "test_padding_sequences_give_zero_and_lse_minus_inf[one-split]",
+        ),
+        passes=(EVERY_SPLIT, "test_lse_is_natural_log"),
+        question="A split that saw no token: what lse does your kernel store for it, and what weight "
+        "does the merge then give its output of 0?",
+        section="3.4",
+    ),
+    Mistake(
         2,
         fails=("test_lse_is_natural_log",),
         messages=(r"out matches, but the returned lse",),
@@ -840,9 +855,18 @@ MISTAKES = [
             "test_split_ranges_cover_each_key_once",
             "test_lse_is_natural_log",
             "test_last_page_is_masked[1]",
+            "test_plan_never_returns_empty_or_zero_splits",
         ),
         question="Two splits, one whose keys score far higher than the other's: should their partial "
         "outputs count equally in the merge, and what tells the merge how much each weighs?",
         section="2",
+    ),
+    Mistake(
+        16,
+        fails=("test_plan_never_returns_empty_or_zero_splits",),
+        messages=(r"not a whole number of 16-token tiles",),
+        question="max_len = 100 and 3 splits: what chunk does your plan() give, and where does the "
+        "second split's first 16-token tile start?",
+        section="4",
     ),
 ]
