@@ -176,6 +176,8 @@ def _plain(text: str) -> str:
 
 # What to ask first about a failure no pitfall of the lesson explains, by the kind the grader reported.
 GENERIC_QUESTIONS = {
+    "dtype": "Only the bf16 cases fail: where does your code name a dtype (tl.float16, torch.float16) "
+    "instead of taking it from a tensor (v.dtype, out_ptr.dtype.element_ty)?",
     "crash": "Which tl.load or tl.store can reach past the end of its tensor? Every lane of the last block, "
     "and every padding row, needs a mask.",
     "out_of_bounds": "The summary names the line and the argument: which lanes of that access point past the "

@@ -685,3 +685,24 @@ print((c - a.float() @ b.float()).abs().max().item(), (s.float() - (a + b).float
     dot_error, sum_error = map(float, out.stdout.split())
     assert dot_error == 0.0, f"bf16 tl.dot off by {dot_error}"
     assert sum_error < 0.1, f"bf16 x + y summed off by {sum_error}"
+
+
+def test_failures_only_in_bf16_cases_are_named_a_hard_coded_dtype():
+    """A cast written as tl.float16 fails every bf16 case and no other: whatever each failure says (a
+    compile error, a mismatch), the diagnosis names the dtype, not "your code raised an exception"."""
+    cases = [
+        Case("test_dtypes[fp16-causal]", "test_dtypes", "passed"),
+        Case(
+            "test_dtypes[bf16-causal]",
+            "test_dtypes",
+            "failed",
+            "your code raised InterpreterError: operands fp16 and bf16",
+        ),
+        Case("test_dtypes[bf16-noncausal]", "test_dtypes", "failed", "largest error 0.3 at [0, 1]"),
+        Case("test_scale_is_applied", "test_scale_is_applied", "passed"),
+    ]
+    findings = diagnose.diagnose(cases, [])
+    assert findings and findings[0].kind == "dtype", findings
+    # A kernel wrong for every dtype is not this mistake.
+    cases[0] = Case("test_dtypes[fp16-causal]", "test_dtypes", "failed", "largest error 0.3")
+    assert all(f.kind != "dtype" for f in diagnose.diagnose(cases, []))

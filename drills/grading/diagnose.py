@@ -112,6 +112,22 @@ GENERIC = (
 )
 
 
+DTYPE_TITLE = (
+    "a dtype written into the code: only the bf16 cases fail (tl.float16 where the inputs' dtype belongs?)"
+)
+
+
+def only_one_dtype_fails(cases) -> bool:
+    """Every failing case is a bf16 case, and a case of another dtype passed: the kernel is right for fp16
+    or fp32 and wrong for bf16, the mark of a cast written as tl.float16 (or torch.float16) instead of
+    the tensor's own dtype (v.dtype, out_ptr.dtype.element_ty, q.dtype)."""
+    failing = [c for c in cases if c.outcome == "failed"]
+    passing_other = any(
+        c.outcome == "passed" and re.search(r"fp16|fp32|float16|float32", c.id) for c in cases
+    )
+    return bool(failing) and passing_other and all(re.search(r"bf16|bfloat16", c.id) for c in failing)
+
+
 def generic_kind(message: str) -> tuple[str, str] | None:
     for kind, regex, title in GENERIC:
         if re.search(regex, message or "", re.M):
@@ -141,6 +157,8 @@ def diagnose(cases, mistakes, titles: dict[int, str] | None = None, limit: int =
         findings.append(_finding(s, True, titles))
     if findings:
         return findings[:limit]
+    if only_one_dtype_fails(cases):  # whatever each failure says, the dtype is what they share
+        return [Finding(0, DTYPE_TITLE, _evidence(failing[0]), True, None, "dtype")]
     # Nothing fully consistent. A failure the harness names (crash, timeout, out of bounds...) is
     # reported as what it is; otherwise the mistake with the largest share of its conditions holding.
     first = failing[0]
