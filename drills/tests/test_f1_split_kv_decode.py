@@ -16,7 +16,7 @@ from drills.grading import bigmem
 from drills.grading.diagnose import Mistake
 from drills.grading.launches import assert_runs_a_triton_kernel
 from drills.grading.report import Stage
-from drills.tests import bf16_on_gpu_only, seeded, sizes
+from drills.tests import bf16_everywhere, seeded, sizes
 from drills.tests.paged_kv import (
     call_with_canary_out,
     in_layer_pool,
@@ -265,7 +265,7 @@ def test_shared_and_shuffled_pages_single_sequence(impl, runtime):
     check(impl, one)  # B = 1: the case split-KV exists for
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, bf16_on_gpu_only()], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("dtype", [torch.float16, bf16_everywhere()], ids=["fp16", "bf16"])
 def test_dtypes(impl, runtime, dtype):
     case = make_paged_case(
         sizes(runtime, [33, 4], [1500, 17]), 8, 2, 128, 16, dtype=dtype, device=runtime.device, stream=8

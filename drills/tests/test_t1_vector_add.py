@@ -13,7 +13,7 @@ import torch
 from drills.compare import assert_close, assert_untouched, mismatch
 from drills.grading.diagnose import Mistake
 from drills.grading.launches import assert_runs_a_triton_kernel, record_launches
-from drills.tests import bf16_on_gpu_only, seeded, sizes
+from drills.tests import bf16_everywhere, seeded, sizes
 
 DIMS = ("i",)
 CANARY = 1234.5  # exactly representable in fp16, bf16 and fp32
@@ -150,7 +150,7 @@ def test_each_program_adds_its_own_block(impl, runtime, n):
 
 
 @pytest.mark.parametrize(
-    "dtype", [torch.float16, bf16_on_gpu_only(), torch.float32], ids=["fp16", "bf16", "fp32"]
+    "dtype", [torch.float16, bf16_everywhere(), torch.float32], ids=["fp16", "bf16", "fp32"]
 )
 def test_dtypes(impl, runtime, dtype):
     n = sizes(runtime, 5_000, 1_000_003)

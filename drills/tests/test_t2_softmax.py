@@ -14,7 +14,7 @@ from drills.compare import assert_close, assert_untouched, mismatch
 from drills.grading.bigmem import free_bytes, sparse_empty
 from drills.grading.diagnose import Mistake
 from drills.grading.launches import assert_runs_a_triton_kernel, record_launches
-from drills.tests import bf16_on_gpu_only, seeded, sizes
+from drills.tests import bf16_everywhere, seeded, sizes
 
 DIMS = ("row", "col")
 CANARY = 1234.5  # exactly representable in fp16, bf16 and fp32
@@ -227,7 +227,7 @@ def test_rows_sum_to_one(impl, runtime, where):
 
 
 @pytest.mark.parametrize(
-    "dtype", [torch.float16, bf16_on_gpu_only(), torch.float32], ids=["fp16", "bf16", "fp32"]
+    "dtype", [torch.float16, bf16_everywhere(), torch.float32], ids=["fp16", "bf16", "fp32"]
 )
 def test_dtypes(impl, runtime, dtype):
     M, N = sizes(runtime, (21, 1000), (4096, 3000))

@@ -14,7 +14,7 @@ from drills.compare import assert_close, assert_untouched, mismatch
 from drills.grading.bigmem import sparse_empty
 from drills.grading.diagnose import Mistake
 from drills.grading.launches import assert_runs_a_triton_kernel, record_launches
-from drills.tests import bf16_on_gpu_only, seeded, sizes
+from drills.tests import bf16_everywhere, seeded, sizes
 
 DIMS = ("m", "n")  # how a mismatch names its position in C
 PAD = 256  # NaN rows and columns after every input: more than any block reaches past an edge
@@ -285,7 +285,7 @@ def test_loads_stay_inside_a_and_b(impl, runtime):
     check(impl, a, b)
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, bf16_on_gpu_only()], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("dtype", [torch.float16, bf16_everywhere()], ids=["fp16", "bf16"])
 def test_dtypes(impl, runtime, dtype):
     """The output has the inputs' dtype, rounded from fp32 once."""
     M, N, K = sizes(runtime, (37, 100, 61), (1031, 1100, 1000))

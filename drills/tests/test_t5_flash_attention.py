@@ -17,7 +17,7 @@ from drills.grading.bigmem import free_bytes, sparse_empty
 from drills.grading.diagnose import Mistake
 from drills.grading.launches import assert_runs_a_triton_kernel, record_launches
 from drills.grading.report import Stage
-from drills.tests import bf16_on_gpu_only, seeded, sizes
+from drills.tests import bf16_everywhere, seeded, sizes
 
 DIMS = ("b", "head", "query", "d")  # how a mismatch names its position
 LSE_DIMS = ("b", "head", "query")
@@ -415,7 +415,7 @@ def test_head_dims(impl, runtime, D, causal):
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
-@pytest.mark.parametrize("dtype", [torch.float16, bf16_on_gpu_only()], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("dtype", [torch.float16, bf16_everywhere()], ids=["fp16", "bf16"])
 def test_dtypes(impl, runtime, dtype, causal):
     """out in q's dtype; lse (fp32 whatever the dtype) is test_lse_is_natural_log's, and on a GPU
     test_long_sequences'."""
