@@ -114,4 +114,16 @@ MUTANTS = [
         "tl.store(out_ptr + row * stride_om + cols",
         "tl.store(out_ptr + row * N + cols",
     ),
+    Mutant(
+        "stats_row_offset_int32",
+        "15. the row index left int32 in the statistics pass",
+        "row = tl.program_id(0).to(tl.int64)\n    split = tl.program_id(1)",
+        "row = tl.program_id(0)\n    split = tl.program_id(1)",
+    ),
+    Mutant(
+        "normalize_row_offset_int32",
+        "15. the row index left int32 in the pass that writes p",
+        "row = tl.program_id(0).to(tl.int64)\n    lo = tl.program_id(1) * cols_per_split",
+        "row = tl.program_id(0)\n    lo = tl.program_id(1) * cols_per_split",
+    ),
 ]

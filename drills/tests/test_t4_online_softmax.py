@@ -14,9 +14,10 @@ import pytest
 import torch
 
 from drills.compare import assert_close, assert_untouched, mismatch
+from drills.grading.bigmem import free_bytes, sparse_empty
 from drills.grading.diagnose import Mistake
+from drills.grading.launches import assert_runs_a_triton_kernel
 from drills.tests import bf16_on_gpu_only, seeded, sizes
-from drills.tests.launches import assert_runs_a_triton_kernel
 
 # The explainer's hand trace of x = [2, 1, 4, 3], one element per block, to four decimals.
 HAND_X = [2.0, 1.0, 4.0, 3.0]
@@ -104,7 +105,8 @@ def softmax_into_canary(impl, x, **kwargs):
     out = buffer[1 : M + 1, 8 : 8 + N]  # [M, N], rows N + 16 apart
     returned = impl.online_softmax(x, out=out, **kwargs)
     assert isinstance(returned, torch.Tensor) and returned.data_ptr() == out.data_ptr(), (
-        "online_softmax must write into the `out` it is given and return it"
+        "the tensor online_softmax returned is not the `out` it was given, so the output did not come from "
+        "your kernel's store into out: write into out and return it"
     )
     keep = torch.zeros(buffer.shape, dtype=torch.bool, device=x.device)
     keep[1 : M + 1, 8 : 8 + N] = True
@@ -431,6 +433,47 @@ def test_rows_sum_to_one(impl, runtime):
     assert_close(out.float().sum(dim=1), torch.ones(x.shape[0]), ("row",))
 
 
+# --- Offsets past 2**31 elements, on sparse buffers -----------------------------------------------
+
+ROW_STRIDE = 2**30 + 2**20  # fits in int32; 2 * ROW_STRIDE does not
+WRAP = 2**32 - 2 * ROW_STRIDE  # how far before row 0 an int32 row * stride puts row 2: 2**31 - 2**21
+
+
+def rows_past_int32(N, device):
+    """A [3, N] fp16 view whose rows lie ROW_STRIDE elements apart, WRAP elements into a buffer of
+    zeros, and the buffer: row 2 starts past element 2**31 of the view, and where an int32 offset would
+    put it (the buffer's first N elements) reads zeros. On the CPU the buffer is a sparse file."""
+    flat = sparse_empty((WRAP + 2 * ROW_STRIDE + N,), torch.float16, device)  # [2**32 + N]
+    flat[:N].zero_()  # already zeros on the CPU; torch.empty on a GPU
+    return flat.as_strided((3, N), (ROW_STRIDE, 1), WRAP), flat
+
+
+@pytest.mark.parametrize("splits", [1, 2])
+def test_row_offsets_widened_to_int64(impl, runtime, splits):
+    """Row 2 of x and of out starts 2 * (2**30 + 2**20) elements in, past 2**31: row * stride computed
+    in int32 wraps to a negative offset, 2**31 - 2**21 elements before row 0, so both passes read that
+    row from the wrong place (zeros) and the second stores it there. 70 columns in blocks of 16."""
+    if runtime.interpreter and free_bytes() < 2**30:
+        pytest.skip(
+            f"needs about 1 GB of free memory for the touched pages and the interpreter; "
+            f"{free_bytes() / 2**30:.1f} GB free"
+        )
+    N = 70
+    gen = torch.Generator().manual_seed(seeded(41))
+    x, _ = rows_past_int32(N, runtime.device)
+    x.copy_(torch.randn(3, N, generator=gen).to(torch.float16))
+    m, l = impl.softmax_stats(x, block=16, splits=splits)
+    assert_stats_close(m, l, *stats_reference(x))
+    out, out_flat = rows_past_int32(N, runtime.device)
+    out.fill_(CANARY)
+    impl.online_softmax(x, block=16, splits=splits, out=out)
+    assert (out_flat[:N] == 0).all(), (
+        f"a row of out was stored {WRAP} elements before row 0: the row offset row * stride wrapped "
+        "around in int32"
+    )
+    assert_close(out, softmax_reference(x), ("row", "col"))
+
+
 # --- The launchers reject bad input before launching ----------------------------------------------
 
 
@@ -748,5 +791,13 @@ MISTAKES = [
         question="out here is a view whose rows are N + 16 elements apart: what does your second pass "
         "multiply the row index by when it stores p?",
         section="3.5",
+    ),
+    Mistake(
+        15,
+        fails=("test_row_offsets_widened_to_int64",),
+        passes=("test_rows_are_read_through_their_strides", "test_last_block_is_masked"),
+        question="Row 2 starts 2 * (2**30 + 2**20) elements into x: in which integer type does your kernel "
+        "compute row * stride_xm, and what does that type do past 2**31 - 1?",
+        section="3.1",
     ),
 ]
