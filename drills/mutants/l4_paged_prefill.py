@@ -170,4 +170,10 @@ MUTANTS = [
         "lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453",
         "lse = m_i + tl.log(l_i)",
     ),
+    Mutant(
+        "own_key_hidden",
+        "22. each token's own key hidden (the causal mask j < pos)",
+        's = tl.where(cols[None, :] <= pos[:, None], s, float("-inf"))',
+        's = tl.where(cols[None, :] < pos[:, None], s, float("-inf"))',
+    ),
 ]

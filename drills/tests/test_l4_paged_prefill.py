@@ -80,12 +80,20 @@ def make_prefill_case(
 
 
 def prefill_reference(
-    q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale=None, skip_prefix=False
+    q,
+    k_cache,
+    v_cache,
+    block_tables,
+    cu_seqlens_q,
+    context_lens,
+    scale=None,
+    skip_prefix=False,
+    own_key_hidden=False,
 ):
     """fp32 oracle: for each sequence, gather its pages, score its new tokens against every key, mask
     key j > prefix + i (bottom right), softmax. Returns (out [total_q, Hq, D], lse [total_q, Hq]).
-    skip_prefix=True is a wrong answer the diagnosis names: the keys of the cached prefix masked too, so
-    new token i sees only the new tokens' keys prefix .. prefix + i."""
+    Two wrong answers the diagnosis names: skip_prefix=True masks the cached prefix's keys too (new token
+    i sees keys prefix .. prefix + i), own_key_hidden=True each token's own key (j < prefix + i)."""
     total_q, Hq, D = q.shape
     group = Hq // k_cache.shape[2]
     scale = 1.0 / math.sqrt(D) if scale is None else scale
@@ -101,7 +109,9 @@ def prefill_reference(
         s = torch.einsum("ihd,jhd->hij", q[first:last].float(), k) * scale  # [Hq, q_len, ctx]
         i = torch.arange(last - first, device=q.device)[:, None] + ctx - (last - first)  # positions
         j = torch.arange(ctx, device=q.device)[None, :]  # key positions
-        hidden = (j > i) | (j < ctx - (last - first)) if skip_prefix else j > i
+        hidden = (j >= i) if own_key_hidden else (j > i)
+        if skip_prefix:
+            hidden = hidden | (j < ctx - (last - first))
         s = s.masked_fill(hidden, float("-inf"))
         out[first:last] = torch.einsum("hij,jhd->ihd", torch.softmax(s, dim=-1), v)
         lse[first:last] = torch.logsumexp(s, dim=-1).T
@@ -199,24 +209,32 @@ def test_pure_prefill_without_a_prefix(impl, runtime):
 
 def wrong_alignments(out, case) -> str:
     """Which wrong answer each failing sequence's rows are, as a sentence ("" when none): top-left
-    alignment (new token i sees keys 0..i) or the new tokens alone (the cached prefix skipped). The
-    two fail the same checks; only the rows themselves tell them apart."""
+    alignment (new token i sees keys 0..i), the new tokens alone (the cached prefix skipped), or each
+    row's own key hidden (a strict causal mask). They fail the same checks; only the rows themselves
+    tell them apart."""
     ref, _ = prefill_reference(*case.args)
     q_lens = torch.diff(case.cu_seqlens_q).to(torch.int32)
     top_left, _ = prefill_reference(*case.args[:5], q_lens)  # keys 0..i: a context cut to q_len
     alone, _ = prefill_reference(*case.args, skip_prefix=True)
+    strict, _ = prefill_reference(*case.args, own_key_hidden=True)  # finite: every row sees key 0 here
+    wrongs = (
+        (top_left, "aligned to the top left"),
+        (alone, "the new tokens alone"),
+        (strict, "its own key hidden"),
+    )
     cu, said = case.cu_seqlens_q.tolist(), []
     for b in range(len(cu) - 1):
         rows = slice(cu[b], cu[b + 1])
         if cu[b] == cu[b + 1] or mismatch(out[rows], ref[rows]) is None:
             continue
-        for wrong, what in ((top_left, "aligned to the top left"), (alone, "the new tokens alone")):
+        for wrong, what in wrongs:
             if mismatch(out[rows], wrong[rows]) is None:
                 said.append(f"sequence {b}: {what}")
     if not said:
         return ""
     return "; ".join(said) + (
-        " (top left: new token i saw keys 0..i; new tokens alone: the cached prefix's keys were skipped)"
+        " (top left: new token i saw keys 0..i; new tokens alone: the cached prefix's keys were skipped; "
+        "its own key hidden: each row saw keys 0..position - 1)"
     )
 
 
@@ -956,7 +974,14 @@ MISTAKES = [
         # m kept in base 2 plus a natural log of l: right wherever every score is 0 (the worked example,
         # where m = 0), wrong elsewhere.
         fails=("test_lse_is_natural_log", "test_chunked_prefill_equals_one_call"),
-        passes=(WORKED, WORKED_LSE, "test_pure_prefill_without_a_prefix"),
+        # The outputs are right: a mistake in the keys seen fails these too (and lse with them).
+        passes=(
+            WORKED,
+            WORKED_LSE,
+            "test_pure_prefill_without_a_prefix",
+            "test_cached_prefix_is_visible_bottom_right",
+            "test_decode_rows_beside_long_chunks",
+        ),
         question="Your lse is right where every score is 0 and wrong elsewhere: in which base is m_i, and "
         "in which base is the log of l_i you add to it?",
         section="3.6",
@@ -1051,6 +1076,14 @@ MISTAKES = [
         messages=(r"the new tokens alone",),
         question="A new token at position 20 after a prefix of 16: which keys must it see, and at which key "
         "does your first key loop start?",
+        section="3.2",
+    ),
+    Mistake(
+        22,
+        fails=("test_cached_prefix_is_visible_bottom_right", "test_pure_prefill_without_a_prefix"),
+        messages=(r"its own key hidden",),
+        question="New token E of the worked example sits at position 4: is key 4 among the keys it sees, "
+        "and does your mask compare with <= or with <?",
         section="3.2",
     ),
     Mistake(
