@@ -116,4 +116,28 @@ MUTANTS = [
         "value_ptr + i * stride_vn",
         "value_ptr + i.to(tl.int32) * stride_vn",
     ),
+    Mutant(
+        "value_stored_into_k_cache",
+        "14. V stored through k_cache's pointer",
+        "tl.store(v_cache_ptr + dst, v, mask=mask)",
+        "tl.store(k_cache_ptr + dst, v, mask=mask)",
+    ),
+    Mutant(
+        "allocate_from_the_back",
+        "15. blocks taken from the back of the free list",
+        "block = self._free.popleft()",
+        "block = self._free.pop()",
+    ),
+    Mutant(
+        "release_keeps_the_token_count",
+        "16. release() keeps the token count",
+        "        self._blocks.clear()\n        self.num_tokens = 0\n",
+        "        self._blocks.clear()\n",
+    ),
+    Mutant(
+        "lookup_one_token_too_far",
+        "17. lookup accepts the token one past the end",
+        "if not 0 <= token_index < self.num_tokens:",
+        "if not 0 <= token_index <= self.num_tokens:",
+    ),
 ]

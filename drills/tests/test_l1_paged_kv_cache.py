@@ -64,6 +64,48 @@ MISTAKES = [
         section="3.4",
     ),
     Mistake(
+        14,
+        fails=("test_first_and_last_slot_of_the_cache", "test_store_then_gather_through_block_tables"),
+        passes=("test_worked_example_slot_mapping",),
+        messages=(r"k_cache holds value's rows|v_cache holds key's rows",),
+        question="Which pointer does each of your two tl.store calls write through, and which rows does "
+        "each store?",
+        section="3.4",
+    ),
+    Mistake(
+        15,
+        fails=("test_fresh_pool_hands_out_block_0_first", "test_worked_example_slot_mapping"),
+        passes=("test_free_returns_the_block_to_the_free_list", "test_double_free_rejected"),
+        question="A fresh pool of 5 blocks: which block does your first allocate() return, and from which "
+        "end of the free list does it take it?",
+        section="3.1",
+    ),
+    Mistake(
+        16,
+        fails=("test_release_returns_every_block",),
+        # A table that miscounts its tokens as it grows fails the release check as well.
+        passes=(
+            "test_free_returns_the_block_to_the_free_list",
+            "test_double_free_rejected",
+            "test_table_grows_one_block_at_a_time",
+            "test_worked_example_last_block_is_full_check",
+        ),
+        question="After release(), the table holds no block: how many tokens does it say it holds, and "
+        "where does its next append_tokens put the first new token?",
+        section="3.2",
+    ),
+    Mistake(
+        17,
+        fails=("test_lookup_outside_the_sequence_raises[10]",),
+        passes=(
+            "test_lookup_outside_the_sequence_raises[-1]",
+            "test_worked_example_block_table_lookup_for_every_token",
+        ),
+        question="A sequence of 10 tokens holds tokens 0-9: does your lookup(10) raise, or does it find "
+        "a slot in the free room of the last block?",
+        section="2.3",
+    ),
+    Mistake(
         3,
         fails=("test_worked_example_slot_mapping",),
         passes=("test_free_returns_the_block_to_the_free_list",),
@@ -241,7 +283,13 @@ def store_and_check(impl, key, value, slot_mapping, num_blocks, PAGE):
             "mis-addressed, or padded heads/features stored?)",
             CACHE_DIMS,
         )
-        assert_close(cache.reshape(-1, Hkv, D)[slots], src[real], ROW_DIMS, **EXACT)
+        got = cache.reshape(-1, Hkv, D)[slots]
+        problem = mismatch(got, src[real], ROW_DIMS, **EXACT)
+        if problem is not None:
+            other, other_name = (value, "value") if src is key else (key, "key")
+            if torch.equal(got, other[real]):  # the two stores crossed: say so, it is no addressing bug
+                problem += f"\n{name} holds {other_name}'s rows: does each store go to its own cache?"
+            raise AssertionError(problem)
     return k_cache, v_cache
 
 
