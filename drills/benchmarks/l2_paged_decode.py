@@ -223,3 +223,28 @@ FIGURES = {
         r["api_vs_flashinfer_eager"] for r in d["rows"] if r["B"] >= 64
     ),
 }
+
+
+# Section 3.6's host costs per call (l2_paged_decode.host.json, a record of that run: make bench does
+# not re-time them). FlashInfer's run() row is this run's, from the bench JSON, so it stays current.
+
+
+def _host() -> list[dict]:
+    import json
+    from pathlib import Path
+
+    return json.loads((Path(__file__).parents[1] / "content" / "l2_paged_decode.host.json").read_text())[
+        "rows"
+    ]
+
+
+def _host_table(data) -> str:
+    lines = ["| what the host does | µs per call |", "| --- | --- |"]
+    lines += [f"| {r['what']} | {r['us']}{', plus ' + r['plus'] if 'plus' in r else ''} |" for r in _host()]
+    lines.append(
+        f"| FlashInfer's `run()` (its plan done before; section 4's run) | {FIGURES['flashinfer_host_us'](data)} |"
+    )
+    return "\n" + "\n".join(lines) + "\n"
+
+
+FIGURES |= {"host_costs": _host_table}
