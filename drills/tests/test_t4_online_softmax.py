@@ -17,7 +17,7 @@ from drills.compare import assert_close, assert_untouched, mismatch
 from drills.grading.bigmem import free_bytes, sparse_empty
 from drills.grading.diagnose import Mistake
 from drills.grading.launches import assert_runs_a_triton_kernel
-from drills.tests import bf16_on_gpu_only, seeded, sizes
+from drills.tests import bf16_everywhere, seeded, sizes
 
 # The explainer's hand trace of x = [2, 1, 4, 3], one element per block, to four decimals.
 HAND_X = [2.0, 1.0, 4.0, 3.0]
@@ -300,7 +300,7 @@ def test_large_non_power_of_two_sizes(impl, runtime):
 
 
 @pytest.mark.parametrize(
-    "dtype", [torch.float32, torch.float16, bf16_on_gpu_only()], ids=["fp32", "fp16", "bf16"]
+    "dtype", [torch.float32, torch.float16, bf16_everywhere()], ids=["fp32", "fp16", "bf16"]
 )
 def test_dtypes(impl, runtime, dtype):
     """Statistics are fp32 whatever x is; p comes back in x's dtype."""
