@@ -187,7 +187,8 @@ def _launch(x, y, out, BLOCK=2048, num_warps=4):
     result = grade_t1(tmp_path, t1_source(extra=copy), "test_runs_a_triton_kernel")
     screen = one_screen(result)
     assert result.state == "failing", screen
-    assert "does not hold what a launch stored" in failures(result)["test_runs_a_triton_kernel"], screen
+    message = failures(result)["test_runs_a_triton_kernel"]
+    assert "does not hold what a launch stored" in message or "torch computed floats" in message, screen
     assert result.findings[0]["kind"] == "not_from_kernel", screen
 
 
@@ -706,3 +707,64 @@ def test_failures_only_in_bf16_cases_are_named_a_hard_coded_dtype():
     # A kernel wrong for every dtype is not this mistake.
     cases[0] = Case("test_dtypes[fp16-causal]", "test_dtypes", "failed", "largest error 0.3")
     assert all(f.kind != "dtype" for f in diagnose.diagnose(cases, []))
+
+
+def test_torch_answer_copied_into_out_by_a_kernel_did_not_come_from_your_kernel(tmp_path):
+    """torch computes x + y, and a real kernel copies it into out: every byte of out is a launch's store,
+    and with launches off out changes, yet the answer is torch's. The float ops torch ran outside any
+    launch give it away."""
+    copy = """
+
+@triton.jit
+def _copy_kernel(src_ptr, dst_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(dst_ptr + offs, tl.load(src_ptr + offs, mask=offs < n), mask=offs < n)
+
+
+def _launch(x, y, out, BLOCK=2048, num_warps=4):
+    answer = x + y
+    _copy_kernel[(triton.cdiv(x.numel(), 1024),)](answer, out, x.numel(), BLOCK=1024)
+    return out
+"""
+    result = grade_t1(tmp_path, t1_source(extra=copy), "test_runs_a_triton_kernel")
+    screen = one_screen(result)
+    assert "torch computed floats" in failures(result)["test_runs_a_triton_kernel"], screen
+    assert result.findings[0]["kind"] == "not_from_kernel", screen
+
+
+def test_a_kernel_that_is_not_a_triton_kernel_is_refused(tmp_path):
+    """An object that answers kernel[grid](...) by adding with torch, under the kernel's name: the checks
+    that launch the kernel by hand would never reach a launch, so the file is refused."""
+    fake = """
+
+class _FakeKernel:
+    def __getitem__(self, grid):
+        def launch(x, y, out, n, BLOCK=None, num_warps=None):
+            out[:n] = x[:n] + y[:n]
+
+        return launch
+
+
+vector_add_kernel = _FakeKernel()
+"""
+    result = grade_t1(tmp_path, t1_source(extra=fake), "test_by_hand_lane_11_is_masked")
+    screen = one_screen(result)
+    assert result.state == "does not import" and "must be a @triton.jit kernel" in result.message, screen
+
+
+@pytest.mark.parametrize(
+    "evasion",
+    [
+        "import drills\n_G = hasattr(drills, 'grading')\n",
+        "_G = hasattr(torch.empty, '__wrapped__')\n",
+        "import os\n_G = getattr(os, 'environ')\n",
+        "import sys\n_G = vars(sys)['modules']\n",
+        "import builtins\n_G = getattr(builtins, '__imp' + 'ort__')\n",
+        "_G = triton.runtime.jit.JITFunction.run.__closure__\n",
+        "_G = open('/proc/self/stat').read()\n",
+    ],
+)
+def test_indirect_ways_of_asking_where_it_runs_are_refused(evasion):
+    from drills.grading.source_check import refusals
+
+    assert refusals(t1_source(extra="\n" + evasion), T1.solution.read_text()), evasion

@@ -10,8 +10,17 @@
 
 from __future__ import annotations
 
+import contextlib
+
 from drills.grading.errors import WriteRace
-from drills.grading.instrument import DISABLED_POISON, POISON, TritonWatch, _storages, _u8
+from drills.grading.instrument import (
+    DISABLED_POISON,
+    POISON,
+    TritonWatch,
+    _storages,
+    _u8,
+    torch_compute_recorder,
+)
 from drills.grading.provenance import compare_states
 from drills.grading.wire import tensors_in
 
@@ -78,8 +87,10 @@ def run_call(watch: TritonWatch, fn, args, kwargs, options: dict):
     snap = _snapshot(storages) if (checks or provenance) else None
     watch.launched, watch.reverse, watch.disabled = 0, False, False
     watch.stored = {} if provenance else None
+    recorder = torch_compute_recorder(watch) if provenance else contextlib.nullcontext()
     try:
-        result = fn(*args, **kwargs)
+        with recorder:
+            result = fn(*args, **kwargs)
     finally:
         stored, watch.stored = watch.stored, None
     launched = watch.launched
@@ -90,7 +101,7 @@ def run_call(watch: TritonWatch, fn, args, kwargs, options: dict):
         for t in returned:
             after = stored.get(t.untyped_storage().data_ptr()) if launched else None
             written.append(None if after is None else _as_stored(t, after).clone())
-        evidence = {"launched": launched, "written": written, "disabled": None}
+        evidence = {"launched": launched, "written": written, "disabled": None, "torch": list(recorder.seen)}
     if launched == 0 or snap is None:
         return result, evidence
     names = _argument_names(fn, args, kwargs)

@@ -50,6 +50,7 @@ class TritonWatch:
         self.disabled = False  # turn every launch into a no-op
         self.recording: list | None = None  # Launch records, when asked
         self.launched = 0  # launches during the current call
+        self.in_launch = 0  # > 0 while a launch runs
         self.stored: dict | None = None  # storage address -> its bytes after the last launch given it
         self.ranges: list[tuple[str, int, int]] = []  # (argument name, first byte, end) of the running kernel
         self.interpreter = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -86,12 +87,18 @@ class TritonWatch:
                 if watch.interpreter:
                     names = list(getattr(self, "arg_names", []) or [])
                     watch.ranges = _tensor_ranges(names, args, kwargs)
-                value = _original(self, *args, **kwargs)
+                watch.in_launch += 1  # torch ops from here on are Triton's own (the interpreter's copies)
+                try:
+                    value = _original(self, *args, **kwargs)
+                finally:
+                    watch.in_launch -= 1
                 if watch.stored is not None:  # what this launch left in each tensor it was given
                     for storage in _storages(tensors_in(list(args) + list(kwargs.values()))).values():
                         watch.stored[storage[0].data_ptr()] = _u8(storage[0]).clone()
                 return value
 
+            for name in ("__name__", "__qualname__", "__doc__", "__module__"):
+                setattr(run, name, getattr(original, name, None))
             cls.run = run
 
     def _patch_interpreter(self):
@@ -386,7 +393,12 @@ def poison_empty() -> None:
                 t.fill_(POISON["value"])
             return t
 
-        wrapper.__wrapped__ = fn
+        # Named as the function it wraps, and no __wrapped__: nothing that says the process is graded.
+        for name in ("__name__", "__qualname__", "__doc__", "__module__"):
+            try:
+                setattr(wrapper, name, getattr(fn, name))
+            except (AttributeError, TypeError):
+                pass
         return wrapper
 
     torch.empty = poisoned(torch.empty)
@@ -405,3 +417,47 @@ def _storages(tensors) -> dict:
 
 def _u8(storage):
     return as_bytes_view(storage)
+
+
+# torch ops that only allocate, move, view or convert data: a launcher may use them on float tensors.
+MOVES = set(
+    """empty empty_like empty_strided new_empty new_empty_strided zeros zeros_like new_zeros ones_like
+    full full_like new_full fill fill_ zero_ copy copy_ clone _to_copy to view _unsafe_view reshape
+    _reshape_alias expand expand_as as_strided as_strided_ permute transpose transpose_ t contiguous
+    select slice unsqueeze unsqueeze_ squeeze squeeze_ flatten unflatten split split_with_sizes chunk
+    narrow detach alias lift_fresh lift_fresh_copy set_ resize_ unbind movedim swapaxes
+    _local_scalar_dense item""".split()
+)
+
+
+def torch_compute_recorder(watch: TritonWatch):
+    """A torch dispatch mode that records every torch op outside a launch that computes floats from
+    floats (an add, a matmul, a softmax, an index_put of values): what a launcher never needs, and what
+    computing the answer beside a kernel takes. provenance.judge refuses a result made that way."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    def floats(value) -> bool:
+        return any(t.is_floating_point() for t in tensors_in(value))
+
+    class Recorder(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            out = func(*args, **kwargs)
+            name = getattr(getattr(func, "overloadpacket", None), "__name__", str(func))
+            if (
+                not watch.in_launch
+                and name not in MOVES
+                and floats(list(args) + list(kwargs.values()))
+                and floats(out if isinstance(out, (list, tuple)) else [out])
+                and name not in self.seen
+            ):
+                self.seen.append(name)
+            return out
+
+    del torch  # only the mode's module is needed
+    return Recorder()

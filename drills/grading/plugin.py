@@ -19,7 +19,7 @@ from drills.grading.channel import write_to_fd
 from drills.grading.errors import Refused
 from drills.grading.report import STAGES, report_text, stage_lines
 from drills.grading.run import NOT_STARTED_EXIT
-from drills.grading.source_check import check_file
+from drills.grading.source_check import check_file, kernel_names
 from drills.grading.streams import base_seed
 from drills.lessons import LESSONS, find
 
@@ -85,7 +85,26 @@ def _load(config, stem: str):
         learner = LearnerProcess(file, name, reference=reference)
         processes[stem] = learner
         learner.start()  # raises ImportFailed / LearnerCrash / LearnerTimeout for the collection hook
+        if not reference and learner.ready.get("not_started") is None:
+            _require_kernels(learner.module, find(stem).solution)
     return processes[stem].module
+
+
+def _require_kernels(module, solution) -> None:
+    """Every kernel of the reference is a Triton kernel in the learner's file too: a grader that launches
+    impl.kernel[grid](...) by hand must reach a real launch, not an object that adds with torch."""
+    not_kernels = []
+    for name in kernel_names(solution):
+        try:
+            kind = getattr(module, name)._kind
+        except Exception:  # noqa: BLE001 - missing: the contract and the checks that use it say so
+            continue
+        if kind != "kernel":
+            not_kernels.append(name)
+    if not_kernels:
+        raise Refused(
+            [f"`{n}` must be a @triton.jit kernel, as the lesson's stub declares it" for n in not_kernels]
+        )
 
 
 def _graded_path(config, stem: str) -> str:
@@ -128,9 +147,15 @@ def pytest_collection_modifyitems(session, config, items):
             errors.append(
                 (
                     stem,
-                    f"{find(stem).id}: {graded} refused before grading: it asks where it runs, so it "
-                    "could behave differently when graded than when used; remove this (a graded file must "
-                    "do the same everywhere):\n  " + "\n  ".join(exc.lines),
+                    f"{find(stem).id}: {graded} refused before grading: "
+                    + (
+                        "it asks where it runs, so it could behave differently when graded than when used; "
+                        "remove this (a graded file must do the same everywhere):"
+                        if not exc.lines[0].startswith("`")
+                        else "its kernels must be Triton's:"
+                    )
+                    + "\n  "
+                    + "\n  ".join(exc.lines),
                 )
             )
             continue

@@ -8,6 +8,8 @@ decided here, in the grader's process, from the evidence the learner's process s
 
   written   per returned tensor, what the last launch that was given its storage left there (None:
             no launch was given it); the tensor returned must equal it
+  torch     the torch ops that computed floats from floats during the call, outside any launch (an add,
+            a matmul): a launcher allocates, views, copies and converts; it never computes the answer
   disabled  the call once more with every launch a no-op: the returned tensors and the arguments'
             states; if they equal those of the real call, the result was computed some other way
 """
@@ -55,6 +57,13 @@ def judge(result_tensors: list, evidence: dict | None) -> None:
     kernel. result_tensors: the tensors of the call's result as the grader received them."""
     if not evidence or not evidence.get("launched"):
         return  # no launch: the lesson's own checks (assert_runs_a_triton_kernel) say so
+    computed = evidence.get("torch") or []
+    if computed:
+        raise NotFromKernel(
+            "the output did not come from your kernel: torch computed floats during the call ("
+            + ", ".join(f"torch's {name}" for name in computed[:4])
+            + "); the launcher may allocate, view, copy and convert tensors, and the kernel computes"
+        )
     written = evidence.get("written")
     if written is not None:
         if len(written) != len(result_tensors):

@@ -21,6 +21,9 @@ from drills.grading.calls import run_call
 from drills.grading.env import STACK_SIGNAL
 from drills.grading.errors import RAISED_IN_KERNELS
 from drills.grading.instrument import _relative
+from drills.grading.launches import _kernel_classes
+
+KERNEL_CLASSES = tuple(_kernel_classes())
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -111,7 +114,7 @@ class Server:
         self.counts[key] = self.counts.get(key, 0) + 1  # one per handle the grader holds
         kind = (
             "kernel"
-            if hasattr(obj, "fn") and hasattr(obj, "run")
+            if isinstance(obj, KERNEL_CLASSES)  # Triton's own kernel classes, not anything with .fn and .run
             else "class"
             if isinstance(obj, type)
             else "callable"

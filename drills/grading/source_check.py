@@ -48,8 +48,21 @@ NAMES = {
     "f_globals": "reads another module's globals through a frame",
     "getppid": "asks which process started it",
     "addaudithook": "touches the grader's audit hook",
+    "grading": "looks for the grader's modules",
+    "knobs": "reads Triton's settings (whether it interprets)",
+    "find_spec": "looks for a module by name",
+    "__wrapped__": "looks behind a function the grader may have wrapped",
+    "__closure__": "reads a function's hidden state",
+    "__globals__": "reads another module's globals through a function",
+    "__builtins__": "reaches the built-ins by another way",
+    "__qualname__": "reads a function's qualified name (the grader's wrappers)",
+    "__subclasses__": "walks the class tree",
 }
-WORDS = ("TRITON_INTERPRET", "drills.grading", "drills.tests", "PYTEST", "pytest", "DRILLS_")
+# Built-ins that reach an attribute or a namespace by a name built at run time: what the names above
+# would otherwise be hidden in.
+DYNAMIC = {"getattr", "hasattr", "setattr", "delattr"}
+NAMESPACES = {"vars", "globals", "locals", "dir"}
+WORDS = ("TRITON_INTERPRET", "drills.grading", "drills.tests", "PYTEST", "pytest", "DRILLS_", "/proc")
 
 
 def _top_defs(tree: ast.Module) -> dict[str, str]:
@@ -82,6 +95,13 @@ def _why(node: ast.AST) -> str | None:
         and node.func.id in ("__import__", "exec", "eval", "compile")
     ):
         return f"calls {node.func.id}() (code the check cannot read)"
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+        if node.func.id in DYNAMIC and (len(node.args) < 2 or not isinstance(node.args[1], ast.Constant)):
+            return f"calls {node.func.id}() with a name built at run time"
+        if node.func.id in DYNAMIC and node.args[1].value in NAMES:
+            return NAMES[node.args[1].value]
+        if node.func.id in NAMESPACES:
+            return f"reads a namespace with {node.func.id}()"
     if (
         isinstance(node, ast.Call)
         and isinstance(node.func, ast.Attribute)
@@ -128,3 +148,17 @@ def check_file(path: str | Path, reference: str | Path | None) -> list[str]:
     source = Path(path).read_text(errors="replace")
     ref = Path(reference).read_text(errors="replace") if reference and Path(reference).exists() else None
     return refusals(source, ref, str(path))
+
+
+def kernel_names(reference: str | Path) -> list[str]:
+    """The top-level functions the reference decorates with @triton.jit: the learner's file must define
+    each as a Triton kernel too (the graders launch some of them directly, kernel[grid](...))."""
+    try:
+        tree = ast.parse(Path(reference).read_text(errors="replace"))
+    except (OSError, SyntaxError):
+        return []
+    names = []
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and any("jit" in ast.unparse(d) for d in node.decorator_list):
+            names.append(node.name)
+    return names
