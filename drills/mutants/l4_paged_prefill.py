@@ -127,14 +127,14 @@ MUTANTS = [
     Mutant(
         "search_fixed_6_steps",
         "20. the sequence search with a fixed number of steps (6 halvings: right up to 64 sequences)",
-        "    while hi - lo > 1:\n        mid = (lo + hi) // 2\n",
-        "    for _ in range(6):\n        mid = (lo + hi) // 2\n",
+        "    while hi - lo > 1:\n",
+        "    for _ in range(6):\n",
     ),
     Mutant(
         "search_fixed_7_steps",
         "20. the sequence search with a fixed number of steps (7 halvings: right up to 128 sequences)",
-        "    while hi - lo > 1:\n        mid = (lo + hi) // 2\n",
-        "    for _ in range(7):\n        mid = (lo + hi) // 2\n",
+        "    while hi - lo > 1:\n",
+        "    for _ in range(7):\n",
     ),
     Mutant(
         "v_page_offset_int32",
