@@ -313,8 +313,9 @@ def test_first_failure_points_at_the_pitfall_that_names_the_test():
     where = explainer.where_taught(find("l2"), "test_last_page_is_masked")
     assert where == (
         'drills/content/l2_paged_decode.md, section 5 "Pitfalls and self-test", '
-        'pitfall 2 "Unmasked last page"'
-    )
+        'pitfall 2 "Unmasked last page"; also section 5 "Pitfalls and self-test", pitfall 16 "Pages '
+        'counted rounding down"'
+    )  # two pitfalls name that check: the first named first, the other after it
     assert "each pitfall names" in explainer.where_taught(find("l2"), "test_no_such_check")
 
 
