@@ -77,3 +77,23 @@ def free_bytes() -> int:
     except OSError:
         pass
     return 0
+
+
+# Offsets past 2**31 elements: slices SLICE_STRIDE apart fit int32 one by one, but slice 2 does not.
+SLICE_STRIDE = 2**30 + 2**20
+WRAP = 2**32 - 2 * SLICE_STRIDE  # where an int32 2 * SLICE_STRIDE lands: this far before slice 0
+
+
+def past_int32(slice_numel: int, dtype: torch.dtype, device) -> tuple[torch.Tensor, int]:
+    """(a buffer of zeros, WRAP) for three slices of slice_numel elements SLICE_STRIDE apart starting at
+    element WRAP: slice 2 starts past element 2**31 of a view there, and where an int32 offset would put
+    it (the buffer's first slice_numel elements) reads zeros instead of faulting. Sparse on the CPU."""
+    flat = sparse_empty((WRAP + 2 * SLICE_STRIDE + slice_numel,), dtype, device)
+    flat[:slice_numel].zero_()  # already zeros on the CPU; torch.empty on a GPU
+    return flat, WRAP
+
+
+def rows_past_int32(N: int, device, dtype: torch.dtype = torch.float16) -> tuple[torch.Tensor, torch.Tensor]:
+    """A [3, N] view whose rows lie SLICE_STRIDE elements apart (row 2 past element 2**31), and its buffer."""
+    flat, wrap = past_int32(N, dtype, device)
+    return flat.as_strided((3, N), (SLICE_STRIDE, 1), wrap), flat

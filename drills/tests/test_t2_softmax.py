@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from drills.compare import assert_close, assert_untouched, mismatch
-from drills.grading.bigmem import free_bytes, sparse_empty
+from drills.grading.bigmem import WRAP, free_bytes, rows_past_int32
 from drills.grading.diagnose import Mistake
 from drills.grading.launches import assert_runs_a_triton_kernel, record_launches
 from drills.tests import bf16_everywhere, seeded, sizes
@@ -353,19 +353,6 @@ def test_out_may_be_x(impl, runtime):
 
 
 # --- Offsets past 2**31 elements, on sparse buffers -----------------------------------------------
-
-ROW_STRIDE = 2**30 + 2**20  # fits in int32; 2 * ROW_STRIDE does not
-WRAP = 2**32 - 2 * ROW_STRIDE  # how far before row 0 an int32 row * stride puts row 2: 2**31 - 2**21
-
-
-def rows_past_int32(N, device):
-    """A [3, N] fp16 view whose rows lie ROW_STRIDE elements apart, WRAP elements into a buffer of
-    zeros, and the buffer: row 2 starts past element 2**31 of the view, and where an int32 offset would
-    put it (element 0 of the buffer) lies inside the buffer, so the mistake reads zeros instead of
-    faulting. On the CPU the buffer is a sparse file: only the pages of the three rows take memory."""
-    flat = sparse_empty((WRAP + 2 * ROW_STRIDE + N,), torch.float16, device)  # [2**32 + N]
-    flat[:N].zero_()  # where a wrapped row lands (already zeros on the CPU; torch.empty on a GPU)
-    return flat.as_strided((3, N), (ROW_STRIDE, 1), WRAP), flat
 
 
 @pytest.mark.parametrize("where", ["one_block", "long_rows"])

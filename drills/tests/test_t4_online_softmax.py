@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from drills.compare import assert_close, assert_untouched, mismatch
-from drills.grading.bigmem import free_bytes, sparse_empty
+from drills.grading.bigmem import WRAP, free_bytes, rows_past_int32
 from drills.grading.diagnose import Mistake
 from drills.grading.launches import assert_runs_a_triton_kernel
 from drills.tests import bf16_everywhere, seeded, sizes
@@ -434,18 +434,6 @@ def test_rows_sum_to_one(impl, runtime):
 
 
 # --- Offsets past 2**31 elements, on sparse buffers -----------------------------------------------
-
-ROW_STRIDE = 2**30 + 2**20  # fits in int32; 2 * ROW_STRIDE does not
-WRAP = 2**32 - 2 * ROW_STRIDE  # how far before row 0 an int32 row * stride puts row 2: 2**31 - 2**21
-
-
-def rows_past_int32(N, device):
-    """A [3, N] fp16 view whose rows lie ROW_STRIDE elements apart, WRAP elements into a buffer of
-    zeros, and the buffer: row 2 starts past element 2**31 of the view, and where an int32 offset would
-    put it (the buffer's first N elements) reads zeros. On the CPU the buffer is a sparse file."""
-    flat = sparse_empty((WRAP + 2 * ROW_STRIDE + N,), torch.float16, device)  # [2**32 + N]
-    flat[:N].zero_()  # already zeros on the CPU; torch.empty on a GPU
-    return flat.as_strided((3, N), (ROW_STRIDE, 1), WRAP), flat
 
 
 @pytest.mark.parametrize("splits", [1, 2])

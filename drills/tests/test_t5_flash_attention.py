@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from drills.compare import assert_close, assert_untouched, mismatch
-from drills.grading.bigmem import free_bytes, sparse_empty
+from drills.grading.bigmem import SLICE_STRIDE, free_bytes, past_int32
 from drills.grading.diagnose import Mistake
 from drills.grading.launches import assert_runs_a_triton_kernel, record_launches
 from drills.grading.report import Stage
@@ -445,21 +445,17 @@ def test_long_sequences(impl, runtime, causal):
 
 # --- Offsets past 2**31 elements, on sparse buffers -----------------------------------------------
 
-SLICE_STRIDE = 2**30 + 2**20  # fits in int32; 2 * SLICE_STRIDE does not
-WRAP = 2**32 - 2 * SLICE_STRIDE  # where an int32 2 * SLICE_STRIDE lands: this far before element 0
-
 
 def slices_past_int32(n, D, axis, device, stream):
     """A [3, 1, n, D] (axis "batch") or [1, 3, n, D] (axis "head") fp16 view of random values whose
     batches or heads lie SLICE_STRIDE elements apart, WRAP elements into a buffer of zeros, and the
     buffer: slice 2 starts past element 2**31 of the view, and where an int32 offset would put it (the
     buffer's first n * D elements) reads zeros. On the CPU the buffer is a sparse file."""
-    flat = sparse_empty((WRAP + 2 * SLICE_STRIDE + n * D,), torch.float16, device)
-    flat[: n * D].zero_()  # already zeros on the CPU; torch.empty on a GPU
+    flat, wrap = past_int32(n * D, torch.float16, device)
     shape, strides = ((3, 1, n, D), (SLICE_STRIDE, n * D, D, 1))
     if axis == "head":
         shape, strides = ((1, 3, n, D), (3 * SLICE_STRIDE, SLICE_STRIDE, D, 1))
-    view = flat.as_strided(shape, strides, WRAP)
+    view = flat.as_strided(shape, strides, wrap)
     gen = torch.Generator().manual_seed(seeded(stream))
     view.copy_(torch.randn(shape, generator=gen).to(torch.float16))
     return view
