@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from drills import validate
+from drills.device_errors import error_word
 from drills.launch import launch, next_pow2
 
 
@@ -39,11 +40,17 @@ def paged_decode_kernel(
     stride_ob,
     stride_oh,
     stride_bt,
+    num_blocks,  # k_cache.shape[0]: the device guard's bound for block ids
+    max_pages,  # block_tables.shape[1]: the device guard's bound for ctx, in pages
+    err_ptr,  # [4] int64, the device error word (drills/device_errors.py)
     GROUP: tl.constexpr,  # query heads per KV head, Hq // Hkv
     GROUP_PAD: tl.constexpr,  # max(16, next_pow2(GROUP)): tensor cores multiply 16 rows anyway (T3 3.5)
     PAGE: tl.constexpr,
     D: tl.constexpr,
+    GUARD: tl.constexpr,  # section 3.7: contain bad device values (False only to time the guard's cost)
 ):
+    # num_blocks, max_pages, err_ptr and GUARD serve the reference's device guard (section 3.7, read it
+    # once you pass): the launcher checks every value before launching, so your kernel may ignore them.
     # TODO(section 3.1 "One program"): which sequence b and which KV head kvh this program owns (widen
     # both to int64), and the sequence's length ctx from context_lens.
 
@@ -66,8 +73,9 @@ def paged_decode_kernel(
     pass
 
 
-def _launch(q, k_cache, v_cache, block_tables, context_lens, scale, out):
-    """Launch without checks: the benchmark times this, the public function adds the checks."""
+def _launch(q, k_cache, v_cache, block_tables, context_lens, scale, out, guard=True):
+    """Launch without checks: the benchmark times this, the public function adds the checks. guard=False
+    drops the device guard (section 3.7), only so that the benchmark can time what it costs."""
     B, Hq, D = q.shape
     _, PAGE, Hkv, _ = k_cache.shape
     group = Hq // Hkv
@@ -90,11 +98,15 @@ def _launch(q, k_cache, v_cache, block_tables, context_lens, scale, out):
             out.stride(0),
             out.stride(1),
             block_tables.stride(0),
+            k_cache.shape[0],
+            block_tables.shape[1],
+            error_word(q.device),
         ),
         GROUP=group,
         GROUP_PAD=max(16, next_pow2(group)),
         PAGE=PAGE,
         D=D,
+        GUARD=guard,
         # Measured on an H200 over warps {2, 4, 8} x stages {1..5}: a [16, D] page tile is small, so 2
         # warps with 5 loads in flight read fastest (0.70 -> 1.02 of the read ceiling at B=64, ctx=1024).
         num_warps=2,

@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from drills import validate
+from drills.device_errors import error_word, record_error
 from drills.launch import launch, next_pow2
 
 
@@ -42,15 +43,27 @@ def paged_decode_kernel(
     stride_ob,
     stride_oh,
     stride_bt,
+    num_blocks,  # k_cache.shape[0]: the device guard's bound for block ids
+    max_pages,  # block_tables.shape[1]: the device guard's bound for ctx, in pages
+    err_ptr,  # [4] int64, the device error word (drills/device_errors.py)
     GROUP: tl.constexpr,  # query heads per KV head, Hq // Hkv
     GROUP_PAD: tl.constexpr,  # max(16, next_pow2(GROUP)): tensor cores multiply 16 rows anyway (T3 3.5)
     PAGE: tl.constexpr,
     D: tl.constexpr,
+    GUARD: tl.constexpr,  # section 3.7: contain bad device values (False only to time the guard's cost)
 ):
     # Section 3.1 "One program": which sequence and which KV head this program owns.
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1).to(tl.int64)
     ctx = tl.load(context_lens_ptr + b)
+    if GUARD:
+        # Section 3.7 "A kernel that trusts nothing": a length the table row cannot hold would walk past
+        # the row into another sequence's block ids. Such a row reads nothing and stores zeros.
+        ctx_ok = (ctx >= 0) & (ctx <= max_pages * PAGE)
+        record_error(err_ptr, (ctx_ok == 0) & (kvh == 0), 21, b, ctx)
+        ctx = tl.where(ctx_ok, ctx, 0)
+        n_bad = 0  # block ids outside [0, num_blocks) met so far
+        first_bad = 0
 
     # Section 3.2 "Packing the group": the GROUP query heads that share KV head kvh are contiguous
     # (head h reads KV head h // GROUP), padded with zero rows up to GROUP_PAD.
@@ -75,6 +88,13 @@ def paged_decode_kernel(
     for p in range(0, num_pages):
         # Widen before multiplying: block id * page stride passes 2**31 on large caches.
         phys = tl.load(block_tables_ptr + b * stride_bt + p).to(tl.int64)
+        if GUARD:
+            # Section 3.7: a block id outside the pool is read as block 0 (inside the pool) and the row
+            # is zeroed at the end, so no address is formed from it.
+            phys_ok = (phys >= 0) & (phys < num_blocks)
+            first_bad = tl.where((n_bad == 0) & (phys_ok == 0), phys, first_bad)
+            n_bad += (phys_ok == 0).to(tl.int32)
+            phys = tl.where(phys_ok, phys, 0)
         tok = p * PAGE + offs_t  # [PAGE] token positions in the sequence
         t_mask = tok < ctx  # the last page is usually partly filled: its tail is stale
         k = tl.load(
@@ -102,6 +122,9 @@ def paged_decode_kernel(
     # Section 3.5 "Storing only real rows": normalise once, at the end. A padding sequence (ctx = 0)
     # read nothing: l_i = 0 and acc = 0, and 0 / 0 would store NaN, so it divides by 1 and stores zeros.
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # [GROUP_PAD, D]
+    if GUARD:
+        record_error(err_ptr, (n_bad > 0) & (kvh == 0), 22, b, first_bad)
+        out = tl.where(n_bad == 0, out, 0.0)  # a row that met a bad block id is defined: zeros
     # Only the GROUP real rows are stored: padding rows belong to other heads' memory.
     tl.store(
         out_ptr + b * stride_ob + q_heads[:, None] * stride_oh + offs_d[None, :],
@@ -110,8 +133,9 @@ def paged_decode_kernel(
     )
 
 
-def _launch(q, k_cache, v_cache, block_tables, context_lens, scale, out):
-    """Launch without checks: the benchmark times this, the public function adds the checks."""
+def _launch(q, k_cache, v_cache, block_tables, context_lens, scale, out, guard=True):
+    """Launch without checks: the benchmark times this, the public function adds the checks. guard=False
+    drops the device guard (section 3.7), only so that the benchmark can time what it costs."""
     B, Hq, D = q.shape
     _, PAGE, Hkv, _ = k_cache.shape
     group = Hq // Hkv
@@ -134,11 +158,15 @@ def _launch(q, k_cache, v_cache, block_tables, context_lens, scale, out):
             out.stride(0),
             out.stride(1),
             block_tables.stride(0),
+            k_cache.shape[0],
+            block_tables.shape[1],
+            error_word(q.device),
         ),
         GROUP=group,
         GROUP_PAD=max(16, next_pow2(group)),
         PAGE=PAGE,
         D=D,
+        GUARD=guard,
         # Measured on an H200 over warps {2, 4, 8} x stages {1..5}: a [16, D] page tile is small, so 2
         # warps with 5 loads in flight read fastest (0.70 -> 1.02 of the read ceiling at B=64, ctx=1024).
         num_warps=2,

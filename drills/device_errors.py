@@ -1,0 +1,118 @@
+"""The device-side error word: how a kernel reports a bad device value without a host sync.
+
+A launcher called without `check` never reads lengths, slots or block ids on the host (that read is a
+sync, and impossible inside CUDA-graph capture), so the reference kernels guard themselves: every load
+and store is masked to the tensors they were given, a row whose inputs are invalid is written as zeros
+(lse -inf), and the first bad value met is recorded here. The word is four int64 per device, allocated
+once, so its address is fixed and a captured graph's replays record into the same word:
+
+    word[0]  the error's code (0: none; CODES below says which lesson and argument)
+    word[1]  where: the sequence, slot or token index the bad value belongs to
+    word[2]  the bad value itself
+    word[3]  how many programs found one (only the first is described)
+
+raise_device_errors() is the one place that reads it, and so the one place that syncs: the engine calls
+it once per step, where sampling syncs anyway; the graders call it after every default-path call.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+# code -> (lesson, argument, what was wrong). The kernels pass the code as a literal (a Triton kernel
+# cannot read a Python dict); tests/test_device_guards.py checks that every literal is listed here.
+CODES: dict[int, tuple[str, str, str]] = {
+    11: ("L1 store_kvcache", "slot_mapping", "slot {value} of token {index} is past the end of the cache"),
+    21: (
+        "L2 paged_decode",
+        "context_lens",
+        "context_lens[{index}] = {value} is negative or longer than block_tables' row holds",
+    ),
+    22: (
+        "L2 paged_decode",
+        "block_tables",
+        "sequence {index} reads block id {value}, outside [0, num_blocks)",
+    ),
+    31: (
+        "F1 split_kv_decode",
+        "context_lens",
+        "context_lens[{index}] = {value} is negative or longer than block_tables' row holds",
+    ),
+    32: (
+        "F1 split_kv_decode",
+        "block_tables",
+        "sequence {index} reads block id {value}, outside [0, num_blocks)",
+    ),
+    41: (
+        "L4 paged_prefill",
+        "cu_seqlens_q",
+        "sequence {index} has {value} query tokens: cu_seqlens_q must not decrease, start at 0 and end at "
+        "q's token count",
+    ),
+    42: (
+        "L4 paged_prefill",
+        "context_lens",
+        "context_lens[{index}] = {value} is shorter than the sequence's query tokens or longer than "
+        "block_tables' row holds",
+    ),
+    43: (
+        "L4 paged_prefill",
+        "block_tables",
+        "sequence {index} reads block id {value}, outside [0, num_blocks)",
+    ),
+}
+
+_WORDS: dict[torch.device, torch.Tensor] = {}
+
+
+def error_word(device) -> torch.Tensor:
+    """[4] int64 on `device`, zero until a kernel records an error; the same tensor on every call.
+    Launchers call it per launch with a tensor's own .device, so that case is a dict lookup (< 0.2 us)."""
+    word = _WORDS.get(device)
+    if word is None:
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        word = _WORDS.get(device)
+        if word is None:
+            word = torch.zeros(4, dtype=torch.int64, device=device)
+        _WORDS[device] = word
+    return word
+
+
+def describe(word: list[int]) -> str:
+    code, index, value, count = word
+    lesson, argument, what = CODES.get(code, ("a kernel", "an argument", "error code {code}"))
+    more = f" ({count - 1} more programs found bad values too)" if count > 1 else ""
+    return f"{lesson}: {argument}: " + what.format(index=index, value=value, code=code) + more
+
+
+def raise_device_errors(device=None) -> None:
+    """Raise ValueError naming the argument (and the lesson) if a kernel recorded a bad device value since
+    the last call, and clear the word; do nothing when all was well. Syncs with `device` (default: every
+    device that has a word); call it where the host waits anyway, never while a graph is captured."""
+    devices = [torch.device(device)] if device is not None else list(_WORDS)
+    for dev in devices:
+        word = _WORDS.get(dev) if dev.type != "cuda" or dev.index is not None else error_word(dev)
+        if word is None:
+            continue
+        if word.is_cuda and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("raise_device_errors() reads the device: call it after the graph is captured")
+        values = word.tolist()  # the sync
+        if values[0] != 0:
+            word.zero_()
+            raise ValueError(describe(values))
+
+
+@triton.jit
+def record_error(err_ptr, bad, code: tl.constexpr, index, value):
+    """If `bad` (a scalar), record (code, index, value) unless another program got there first, and count.
+    The compare-and-swap makes the first recorder the only one that writes the description."""
+    if bad:
+        old = tl.atomic_cas(err_ptr, 0, code)
+        if old == 0:
+            tl.store(err_ptr + 1, index.to(tl.int64))
+            tl.store(err_ptr + 2, value.to(tl.int64))
+        tl.atomic_add(err_ptr + 3, 1)

@@ -1,0 +1,126 @@
+"""Bad device values, one case each, for the references' device guards (drills/device_errors.py).
+
+Each case builds a valid input and a copy with one bad value on the device (a length the table cannot
+hold, a block id outside the pool, a slot past the cache, decreasing cu_seqlens), calls the reference
+with check=False (the default GPU path, where nothing is read on the host), and says what must hold:
+- every row the bad value belongs to is zeros (lse -inf), every other row is the valid call's;
+- raise_device_errors() raises ValueError naming the argument;
+- with check=True the launcher raises ValueError naming the same argument before launching.
+
+tests/test_device_guards.py runs every case on the CPU (Triton's interpreter), and
+drills/benchmarks/memcheck.py runs them on a GPU under compute-sanitizer, whose log shows that no
+access left the tensors the kernels were given.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+GARBAGE_IDS = (2**31 - 1, -(2**31), -1, 1 << 24)
+
+
+@dataclass
+class GuardCase:
+    lesson: str  # the stem of the lesson whose reference is called
+    name: str
+    argument: str  # the argument that raise_device_errors() and check=True must name
+    call: Callable  # call(check) -> the outputs (a tensor or a tuple), from a fresh copy of the inputs
+    call_valid: Callable  # the same with every value valid
+    compare: Callable  # compare(valid_outputs, bad_outputs): raises AssertionError if the guard failed
+
+
+def _reference(stem: str):
+    return importlib.import_module(f"drills.solutions.{stem}")
+
+
+def _rows_zero_else_equal(rows, lse_dim=None):
+    """compare() for outputs whose dim 0 is the row: rows in `rows` zero (lse -inf), the rest equal."""
+
+    def compare(valid, bad):
+        valid = valid if isinstance(valid, tuple) else (valid,)
+        bad = bad if isinstance(bad, tuple) else (bad,)
+        for i, (v, b) in enumerate(zip(valid, bad)):
+            is_lse = lse_dim is not None and i == lse_dim
+            keep = torch.ones(v.shape[0], dtype=torch.bool)
+            keep[list(rows)] = False
+            dropped = b[~keep.to(b.device)]
+            if is_lse:
+                assert torch.all(dropped == float("-inf")), f"lse of invalid rows {list(rows)}: {dropped}"
+            else:
+                assert torch.all(dropped == 0), f"invalid rows {list(rows)} are not zero"
+            assert torch.equal(v[keep.to(v.device)], b[keep.to(b.device)]), (
+                f"output {i}: a valid row changed beside the invalid rows {list(rows)}"
+            )
+
+    return compare
+
+
+# ---------------------------------------------------------------------------------------------- paged
+def _paged_inputs(device, dtype=torch.float16, B=3, Hq=4, Hkv=2, D=16, PAGE=16, pages=2, gen_seed=0):
+    """[B] sequences of up to pages * PAGE tokens in a pool of B * pages + 2 blocks, each row its own."""
+    gen = torch.Generator().manual_seed(gen_seed)
+    num_blocks = B * pages + 2
+    k = torch.randn(num_blocks, PAGE, Hkv, D, generator=gen).to(dtype)  # [num_blocks, PAGE, Hkv, D]
+    v = torch.randn(num_blocks, PAGE, Hkv, D, generator=gen).to(dtype)
+    q = torch.randn(B, Hq, D, generator=gen).to(dtype)  # [B, Hq, D]
+    tables = torch.randperm(num_blocks, generator=gen)[: B * pages].view(B, pages).to(torch.int32)
+    lens = torch.tensor([pages * PAGE - 3 - i for i in range(B)], dtype=torch.int32)  # [B]
+    return [t.to(device) for t in (q, k, v, tables, lens)]
+
+
+def _decode_cases(stem: str, fn_name: str, device) -> list[GuardCase]:
+    """context_lens and block_tables corrupted one value at a time, for L2 and F1 (the same API)."""
+    cases = []
+
+    def case(name, argument, corrupt, rows):
+        def run(check, bad=True):
+            fn = getattr(_reference(stem), fn_name)
+            q, k, v, tables, lens = _paged_inputs(device)
+            if bad:
+                corrupt(tables, lens)
+            return fn(q, k, v, tables, lens, check=check)
+
+        cases.append(
+            GuardCase(
+                stem,
+                name,
+                argument,
+                lambda check: run(check),
+                lambda: run(False, bad=False),
+                _rows_zero_else_equal(rows),
+            )
+        )
+
+    def set_len(value):
+        return lambda tables, lens: lens.__setitem__(1, value)
+
+    case("context_len_one_past_the_row", "context_lens", set_len(2 * 16 + 1), [1])
+    case("context_len_far_past_the_row", "context_lens", set_len(2**31 - 1), [1])
+    case("context_len_negative", "context_lens", set_len(-5), [1])
+    for bad_id in GARBAGE_IDS:
+        case(
+            f"block_id_{bad_id}",
+            "block_tables",
+            lambda tables, lens, bad_id=bad_id: tables.__setitem__((2, 1), bad_id),
+            [2],
+        )
+    case("block_id_num_blocks", "block_tables", lambda tables, lens: tables.__setitem__((0, 0), 8), [0])
+    return cases
+
+
+def l2_cases(device) -> list[GuardCase]:
+    return _decode_cases("l2_paged_decode", "paged_decode", device)
+
+
+# Each lesson's cases, by stem; the test and the memcheck run iterate this.
+LESSONS: dict[str, Callable[[object], list[GuardCase]]] = {
+    "l2_paged_decode": l2_cases,
+}
+
+
+def all_cases(device) -> list[GuardCase]:
+    return [c for make in LESSONS.values() for c in make(device)]

@@ -1,0 +1,63 @@
+"""The references' device guards, on the CPU (Triton's interpreter): every bad device value of
+drills/guard_cases.py is contained (invalid rows zero, lse -inf, valid rows unchanged), recorded in the
+device error word and raised by raise_device_errors() naming the argument, and refused by check=True
+before any launch. On a GPU the same cases run under compute-sanitizer (drills/benchmarks/memcheck.py)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from drills import device_errors, guard_cases
+
+CASES = guard_cases.all_cases("cpu")
+
+
+@pytest.fixture(autouse=True)
+def _clean_word():
+    device_errors.error_word("cpu").zero_()
+    yield
+    device_errors.error_word("cpu").zero_()
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{c.lesson}-{c.name}" for c in CASES])
+def test_bad_device_value_is_contained_and_named(case):
+    valid = case.call_valid()
+    device_errors.raise_device_errors("cpu")  # a valid call records nothing
+    bad = case.call(False)
+    case.compare(valid, bad)
+    with pytest.raises(ValueError, match=case.argument):
+        device_errors.raise_device_errors("cpu")
+    device_errors.raise_device_errors("cpu")  # read once, then cleared
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{c.lesson}-{c.name}" for c in CASES])
+def test_check_true_still_refuses_before_launch(case):
+    with pytest.raises(ValueError, match=case.argument):
+        case.call(True)
+    device_errors.raise_device_errors("cpu")  # nothing was launched, so nothing was recorded
+
+
+def test_every_error_code_a_kernel_records_is_described():
+    """A code a kernel passes to record_error must be in CODES, or the learner reads 'error code N'."""
+    root = Path(device_errors.__file__).parent / "solutions"
+    used = set()
+    for path in root.glob("*.py"):
+        used |= {int(n) for n in re.findall(r"record_error\([^,]+,[^,]+,\s*(\d+)\s*,", path.read_text())}
+    assert used, "no reference kernel records a device error"
+    assert used <= set(device_errors.CODES), f"codes without a description: {used - set(device_errors.CODES)}"
+
+
+def test_first_error_is_described_and_later_ones_counted():
+    word = device_errors.error_word("cpu")
+    word.copy_(word.new_tensor([21, 4, 99, 3]))
+    with pytest.raises(ValueError, match=r"context_lens\[4\] = 99.*2 more programs"):
+        device_errors.raise_device_errors("cpu")
+    assert word.tolist() == [0, 0, 0, 0]
+
+
+def test_the_word_keeps_its_address():
+    """CUDA-graph replays record into the address captured: the word is allocated once per device."""
+    assert device_errors.error_word("cpu").data_ptr() == device_errors.error_word("cpu").data_ptr()
