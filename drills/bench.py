@@ -146,6 +146,29 @@ def time_us(fn, graph: bool = False) -> float:
     return 1000.0 * triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
 
 
+def guard_cost(launch) -> dict:
+    """What the device guard (drills/device_errors.py) costs: launch(guard) runs the kernel with the guard
+    on or off. Returns the ratios guarded / unguarded of the eager time and of the CUDA-graph replay
+    time, each the median of 5 alternating measurements (a drift of the clock then hits both sides)."""
+    ratios = {"eager": [], "graph": []}
+    for _ in range(5):
+        for mode in ratios:
+            on = time_us(lambda: launch(True), graph=mode == "graph")
+            off = time_us(lambda: launch(False), graph=mode == "graph")
+            ratios[mode].append(on / off)
+    return {mode: sorted(r)[len(r) // 2] for mode, r in ratios.items()}
+
+
+def guard_cost_figure(data: dict) -> str:
+    """The explainers' sentence on the guard's cost, from a benchmark JSON with guard_cost columns."""
+    eager = [r["guard_eager"] for r in data["rows"] if r.get("guard_eager") is not None]
+    graph = [r["guard_graph"] for r in data["rows"] if r.get("guard_graph") is not None]
+    return (
+        f"{span_of(eager, 3)} eager and {span_of(graph, 3)} graph-replayed over the {len(eager)} shapes, "
+        f"on {data['meta']['gpu']}"
+    )
+
+
 def host_us(fn, calls: int = 100) -> float:
     """Median host time of one call in microseconds: what the calling Python thread pays per call
     (checks, allocations, launches), not the GPU. Calls are queued without waiting, and 100 of them stay

@@ -24,7 +24,11 @@ import triton.language as tl
 # code -> (lesson, argument, what was wrong). The kernels pass the code as a literal (a Triton kernel
 # cannot read a Python dict); tests/test_device_guards.py checks that every literal is listed here.
 CODES: dict[int, tuple[str, str, str]] = {
-    11: ("L1 store_kvcache", "slot_mapping", "slot {value} of token {index} is past the end of the cache"),
+    11: (
+        "L1 store_kvcache",
+        "slot_mapping",
+        "slot_mapping[{index}] = {value} is outside [-1, num_blocks * PAGE): the token was not stored",
+    ),
     21: (
         "L2 paged_decode",
         "context_lens",

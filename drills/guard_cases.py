@@ -59,6 +59,46 @@ def _rows_zero_else_equal(rows, lse_dim=None):
     return compare
 
 
+# -------------------------------------------------------------------------------------------- L1
+def l1_cases(device) -> list[GuardCase]:
+    """store_kvcache with one slot past the cache (or below -1): that token is not stored, every other
+    token is, and nothing outside the caches is written."""
+    N, Hkv, D, PAGE, num_blocks = 6, 2, 16, 16, 4
+    num_slots = num_blocks * PAGE
+    cases = []
+
+    def case(name, bad_slot):
+        def run(check, bad=True):
+            gen = torch.Generator().manual_seed(1)
+            key = torch.randn(N, Hkv, D, generator=gen).to(device)  # [N, Hkv, D]
+            value = torch.randn(N, Hkv, D, generator=gen).to(device)
+            slots = torch.randperm(num_slots, generator=gen)[:N].to(device)  # [N] int64, distinct
+            if bad:
+                slots[3] = bad_slot
+            k_cache = torch.zeros(num_blocks, PAGE, Hkv, D, device=device)
+            v_cache = torch.zeros_like(k_cache)
+            _reference("l1_paged_kv_cache").store_kvcache(key, value, k_cache, v_cache, slots, check=check)
+            return k_cache.view(num_slots, Hkv, D), v_cache.view(num_slots, Hkv, D), slots
+
+        def compare(valid, bad):
+            (vk, vv, vslots), (bk, bv, _) = valid, bad
+            dropped = int(vslots[3])  # the slot token 3 would have had: left as it was, zero
+            for v, b in ((vk, bk), (vv, bv)):
+                assert torch.all(b[dropped] == 0), "the token with the bad slot was stored somewhere"
+                keep = torch.ones(num_slots, dtype=torch.bool)
+                keep[dropped] = False
+                assert torch.equal(v[keep.to(v.device)], b[keep.to(b.device)]), "another token's slot changed"
+
+        cases.append(
+            GuardCase("l1_paged_kv_cache", name, "slot_mapping", run, lambda: run(False, False), compare)
+        )
+
+    case("slot_one_past_the_cache", num_slots)
+    case("slot_far_past_the_cache", 2**40)
+    case("slot_below_padding", -7)
+    return cases
+
+
 # ---------------------------------------------------------------------------------------------- paged
 def _paged_inputs(device, dtype=torch.float16, B=3, Hq=4, Hkv=2, D=16, PAGE=16, pages=2, gen_seed=0):
     """[B] sequences of up to pages * PAGE tokens in a pool of B * pages + 2 blocks, each row its own."""
@@ -118,6 +158,7 @@ def l2_cases(device) -> list[GuardCase]:
 
 # Each lesson's cases, by stem; the test and the memcheck run iterate this.
 LESSONS: dict[str, Callable[[object], list[GuardCase]]] = {
+    "l1_paged_kv_cache": l1_cases,
     "l2_paged_decode": l2_cases,
 }
 

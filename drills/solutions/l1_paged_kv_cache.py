@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 
 from drills import validate
+from drills.device_errors import error_word, record_error
 from drills.launch import launch, next_pow2
 
 
@@ -186,15 +187,23 @@ def store_kvcache_kernel(
     stride_cb,
     stride_ct,
     stride_ch,
+    num_slots,  # num_blocks * PAGE: the device guard's bound for slots
+    err_ptr,  # [4] int64, the device error word (drills/device_errors.py)
     PAGE: tl.constexpr,
     Hkv: tl.constexpr,
     D: tl.constexpr,
     HKV_PAD: tl.constexpr,  # next_pow2(Hkv): tl.arange needs a power of two
     D_PAD: tl.constexpr,  # next_pow2(D)
+    GUARD: tl.constexpr,  # section 3.8: contain bad slots (False only to time the guard's cost)
 ):
     # Section 3.4 "One program per token": row i of key/value goes to slot slot_mapping[i].
     i = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_mapping_ptr + i)  # int64, so every product below is int64 too
+    if GUARD:
+        # Section 3.8 "A kernel that trusts nothing": a slot past the cache would be a store into
+        # whatever memory follows it. Record it, and treat it as padding: the token is not stored.
+        record_error(err_ptr, (slot >= num_slots) | (slot < -1), 11, i, slot)
+        slot = tl.where(slot >= num_slots, -1, slot)
     if slot < 0:  # a padding row (batch padded to a fixed size): nothing to store
         return
 
@@ -312,8 +321,9 @@ def _check_inputs(key, value, k_cache, v_cache, slot_mapping, check=None):
         )
 
 
-def _launch(key, value, k_cache, v_cache, slot_mapping):
-    """Launch without checks: the benchmark times this, the public function adds the checks."""
+def _launch(key, value, k_cache, v_cache, slot_mapping, guard=True):
+    """Launch without checks: the benchmark times this, the public function adds the checks. guard=False
+    drops the device guard (section 3.8), only so that the benchmark can time what it costs."""
     N, Hkv, D = key.shape
     if N == 0:
         return
@@ -330,12 +340,15 @@ def _launch(key, value, k_cache, v_cache, slot_mapping):
             *key.stride()[:2],
             *value.stride()[:2],
             *k_cache.stride()[:3],
+            k_cache.shape[0] * k_cache.shape[1],
+            error_word(key.device),
         ),
         PAGE=k_cache.shape[1],
         Hkv=Hkv,
         D=D,
         HKV_PAD=next_pow2(Hkv),
         D_PAD=next_pow2(D),
+        GUARD=guard,
         num_warps=4,
     )
 
