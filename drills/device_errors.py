@@ -49,6 +49,14 @@ CODES: dict[int, tuple[str, str, str]] = {
         "block_tables",
         "sequence {index} reads block id {value}, outside [0, num_blocks)",
     ),
+    33: (
+        "F1 split_kv_decode",
+        "context_lens",
+        "context_lens[{index}] = {value} is longer than the plan's num_splits * chunk tokens (plan for the "
+        "longest length the step or graph will see)",
+    ),
+    34: ("F1 merge_states", "lse_a", "lse_a[{index}] (flat index) is NaN or +inf"),
+    35: ("F1 merge_states", "lse_b", "lse_b[{index}] (flat index) is NaN or +inf"),
     41: (
         "L4 paged_prefill",
         "cu_seqlens_q",

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -112,17 +112,20 @@ def _paged_inputs(device, dtype=torch.float16, B=3, Hq=4, Hkv=2, D=16, PAGE=16, 
     return [t.to(device) for t in (q, k, v, tables, lens)]
 
 
-def _decode_cases(stem: str, fn_name: str, device) -> list[GuardCase]:
-    """context_lens and block_tables corrupted one value at a time, for L2 and F1 (the same API)."""
+def _decode_cases(stem: str, fn_name: str, device, extra=None, lse_dim=None) -> list[GuardCase]:
+    """context_lens and block_tables corrupted one value at a time, for L2 and F1 (the same API).
+    extra(q, k, v, tables, lens): more keyword arguments, made from the valid inputs (F1's plan, as an
+    engine plans from the lengths it knows); lse_dim: which output is the lse, if one is returned."""
     cases = []
 
     def case(name, argument, corrupt, rows):
         def run(check, bad=True):
             fn = getattr(_reference(stem), fn_name)
             q, k, v, tables, lens = _paged_inputs(device)
+            kwargs = extra(q, k, v, tables, lens) if extra else {}
             if bad:
                 corrupt(tables, lens)
-            return fn(q, k, v, tables, lens, check=check)
+            return fn(q, k, v, tables, lens, check=check, **kwargs)
 
         cases.append(
             GuardCase(
@@ -131,7 +134,7 @@ def _decode_cases(stem: str, fn_name: str, device) -> list[GuardCase]:
                 argument,
                 lambda check: run(check),
                 lambda: run(False, bad=False),
-                _rows_zero_else_equal(rows),
+                _rows_zero_else_equal(rows, lse_dim),
             )
         )
 
@@ -156,10 +159,123 @@ def l2_cases(device) -> list[GuardCase]:
     return _decode_cases("l2_paged_decode", "paged_decode", device)
 
 
+def f1_cases(device) -> list[GuardCase]:
+    """L2's cases through both of F1's paths (one split writes the output itself; two splits write
+    partials that the merge kernel combines: a bad block id seen by one split must zero the whole row),
+    a length inside the table but past the plan's splits, and merge_states given a NaN or +inf lse."""
+    f1 = "f1_split_kv_decode"
+    cases = []
+    for splits in (1, 2):
+
+        def planned(q, k, v, tables, lens, splits=splits):
+            return dict(plan=_reference(f1).plan(lens, k.shape[2], k.shape[1], num_splits=splits), return_lse=True)
+
+        for c in _decode_cases(f1, "split_kv_decode", device, extra=planned, lse_dim=1):
+            cases.append(replace(c, name=f"{c.name}_{splits}_split{'s' if splits > 1 else ''}"))
+
+        def past_the_plan(check, bad=True, splits=splits):
+            q, k, v, tables, lens = _paged_inputs(device, pages=4)  # a row holds 64 tokens
+            lens.copy_(torch.tensor([20, 10, 30], dtype=torch.int32))  # planned for 30: the splits cover 32
+            plan = _reference(f1).plan(lens, k.shape[2], k.shape[1], num_splits=splits)
+            if bad:
+                lens[1] = 40  # inside the table row, past what the plan's splits read
+            return _reference(f1).split_kv_decode(q, k, v, tables, lens, plan=plan, return_lse=True, check=check)
+
+        cases.append(
+            GuardCase(
+                f1,
+                f"context_len_past_the_plan_{splits}_split{'s' if splits > 1 else ''}",
+                "context_lens",
+                past_the_plan,
+                lambda fn=past_the_plan: fn(False, bad=False),
+                _rows_zero_else_equal([1], lse_dim=1),
+            )
+        )
+
+    def merge_case(name, argument, row, value):
+        def run(check, bad=True):
+            gen = torch.Generator().manual_seed(3)
+            o_a, o_b = torch.randn(2, 6, 16, generator=gen).to(device)  # [R, D] each
+            lse_a, lse_b = (torch.randn(2, 6, generator=gen) * 4).to(device)  # [R]
+            lse_a[5] = lse_b[0] = float("-inf")  # an empty part beside them stays valid
+            if bad:
+                (lse_a if argument == "lse_a" else lse_b)[row] = value
+            return _reference(f1).merge_states(o_a, lse_a, o_b, lse_b, check=check)
+
+        cases.append(
+            GuardCase(f1, name, argument, run, lambda: run(False, bad=False), _rows_zero_else_equal([row], 1))
+        )
+
+    merge_case("merge_states_lse_a_nan", "lse_a", 2, float("nan"))
+    merge_case("merge_states_lse_a_plus_inf", "lse_a", 4, float("inf"))
+    merge_case("merge_states_lse_b_plus_inf", "lse_b", 1, float("inf"))
+    merge_case("merge_states_lse_b_nan_beside_an_empty_part", "lse_b", 5, float("nan"))
+    return cases
+
+
+# -------------------------------------------------------------------------------------------- L4
+def l4_cases(device) -> list[GuardCase]:
+    """paged_prefill with bad cu_seqlens_q, context_lens or block ids: every row of the sequence the bad
+    value belongs to is zeros with an lse of -inf (the last sequence: every row up to q's end), the
+    other sequences' rows are unchanged, and nothing outside q, out, lse, the caches or the table is
+    touched."""
+    B, Hq, Hkv, D, PAGE, pages = 3, 4, 2, 16, 16, 3
+    q_lens, ctx_lens = [5, 7, 4], [20, 7, 40]  # a cached prefix, a prompt without one, a longer prefix
+    cases = []
+
+    def case(name, argument, corrupt, rows):
+        def run(check, bad=True):
+            gen = torch.Generator().manual_seed(2)
+            num_blocks = B * pages + 2
+            k = torch.randn(num_blocks, PAGE, Hkv, D, generator=gen).half().to(device)
+            v = torch.randn(num_blocks, PAGE, Hkv, D, generator=gen).half().to(device)
+            q = torch.randn(sum(q_lens), Hq, D, generator=gen).half().to(device)  # [total_q, Hq, D]
+            tables = torch.randperm(num_blocks, generator=gen)[: B * pages].view(B, pages).int().to(device)
+            cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32).to(device)
+            lens = torch.tensor(ctx_lens, dtype=torch.int32).to(device)  # [B]
+            if bad:
+                corrupt(tables, cu, lens)
+            fn = _reference("l4_paged_prefill").paged_prefill
+            return fn(q, k, v, tables, cu, lens, return_lse=True, check=check)
+
+        cases.append(
+            GuardCase(
+                "l4_paged_prefill",
+                name,
+                argument,
+                run,
+                lambda: run(False, bad=False),
+                _rows_zero_else_equal(rows, lse_dim=1),
+            )
+        )
+
+    seq = [list(range(0, 5)), list(range(5, 12)), list(range(12, 16))]  # each sequence's rows of q
+    # cu[2] = 3 < cu[1] = 5 ends sequence 1 before it starts and starts sequence 2 inside sequence 0:
+    # all three are bounded by a decreasing boundary.
+    every = seq[0] + seq[1] + seq[2]
+    case("cu_seqlens_decreasing", "cu_seqlens_q", lambda t, cu, n: cu.__setitem__(2, 3), every)
+    case("cu_seqlens_total_short", "cu_seqlens_q", lambda t, cu, n: cu.__setitem__(3, 14), seq[2])
+    case("cu_seqlens_total_long", "cu_seqlens_q", lambda t, cu, n: cu.__setitem__(3, 40), seq[2])
+    case("cu_seqlens_start_not_0", "cu_seqlens_q", lambda t, cu, n: cu.__setitem__(0, 2), seq[0])
+    case("q_len_past_context", "context_lens", lambda t, cu, n: n.__setitem__(1, 1), seq[1])
+    case("context_past_the_row", "context_lens", lambda t, cu, n: n.__setitem__(2, pages * PAGE + 1), seq[2])
+    case("context_negative", "context_lens", lambda t, cu, n: n.__setitem__(0, -1), seq[0])
+    for bad_id in GARBAGE_IDS:
+        case(
+            f"block_id_{bad_id}",
+            "block_tables",
+            lambda t, cu, n, bad_id=bad_id: t.__setitem__((2, 1), bad_id),
+            seq[2],
+        )
+    return cases
+
+
 # Each lesson's cases, by stem; the test and the memcheck run iterate this.
 LESSONS: dict[str, Callable[[object], list[GuardCase]]] = {
     "l1_paged_kv_cache": l1_cases,
     "l2_paged_decode": l2_cases,
+    "f1_split_kv_decode": f1_cases,
+    "l4_paged_prefill": l4_cases,
 }
 
 

@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from drills import validate
+from drills.device_errors import error_word
 from drills.launch import launch, next_pow2
 
 
@@ -26,6 +27,16 @@ def _block_ids(table_ptr, start_n, offs_n, ctx, PAGE: tl.constexpr):
     # entry of table_ptr (this sequence's row) for its logical page. Only keys before ctx may read the
     # table: entries past the last page are garbage. The others get 0 (block 0, never loaded).
     pass
+
+
+@triton.jit
+def _contain_block_ids(phys, num_blocks, n_bad, first_bad):
+    """Section 3.8: block ids outside [0, num_blocks) become block 0 (inside the pool), and are counted,
+    the largest kept, so that the tile's rows can be zeroed and the id named. Returns the three."""
+    bad = (phys < 0) | (phys >= num_blocks)  # [BLOCK_N]
+    first_bad = tl.where(n_bad == 0, tl.max(tl.where(bad, phys, -(2**31))), first_bad)
+    n_bad += tl.sum(bad.to(tl.int32))
+    return tl.where(bad, 0, phys), n_bad, first_bad
 
 
 @triton.jit
@@ -93,6 +104,10 @@ def paged_prefill_kernel(
     stride_lt,
     stride_lh,
     stride_bt,
+    total_q,  # q.shape[0]: the device guard's bound for query rows
+    num_blocks,  # k_cache.shape[0]: the device guard's bound for block ids
+    max_pages,  # block_tables.shape[1]: the device guard's bound for context_lens, in pages
+    err_ptr,  # [4] int64, the device error word (drills/device_errors.py)
     GROUP: tl.constexpr,  # query heads per KV head, Hq // Hkv
     HEADS: tl.constexpr,  # query heads per tile: GROUP (packed) or 1 (one head per tile)
     BLOCK_Q: tl.constexpr,  # new tokens per tile: BLOCK_M // HEADS
@@ -103,7 +118,10 @@ def paged_prefill_kernel(
     WIDE: tl.constexpr,  # int64 offsets into the caches (one spans 2**31 elements or more)
     SAME_KV: tl.constexpr,  # k_cache and v_cache have the same strides
     STORE_LSE: tl.constexpr,
+    GUARD: tl.constexpr,  # section 3.8: contain bad device values (False only to time the guard's cost)
 ):
+    # total_q, num_blocks, max_pages, err_ptr and GUARD serve the reference's device guard (section 3.8,
+    # read it once you pass): your kernel may leave them unused; the grader gives it valid values.
     # TODO(section 3.4 "The varlen grid"): the grid has one axis, tiles x head_groups programs, numbered
     # head groups first and tiles from the last down: pid = tl.program_id(0), this program's tile =
     # tl.num_programs(0) // head_groups - 1 - pid // head_groups, its head group pid % head_groups. Find
@@ -160,8 +178,21 @@ def _span(t) -> int:
     return 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
 
 
-def _launch(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, out, lse=None, config=None):
-    """Launch without checks: the benchmark times this, the public function adds the checks.
+def _launch(
+    q,
+    k_cache,
+    v_cache,
+    block_tables,
+    cu_seqlens_q,
+    context_lens,
+    scale,
+    out,
+    lse=None,
+    config=None,
+    guard=True,
+):
+    """Launch without checks: the benchmark times this, the public function adds the checks; guard=False
+    drops the device guard (section 3.8), only so that the benchmark can time what it costs.
     out [total_q, Hq, D] and lse [total_q, Hq] fp32 (or None) may be strided views; config, a _config
     tuple, overrides it. The grid needs only shapes (total_q // BLOCK_Q + B tiles): no value is read on the host."""
     total_q, Hq, D = q.shape
@@ -206,6 +237,10 @@ def _launch(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale
             0 if lse is None else lse.stride(0),
             0 if lse is None else lse.stride(1),
             block_tables.stride(0),
+            total_q,
+            k_cache.shape[0],
+            block_tables.shape[1],
+            error_word(q.device),
         ),
         GROUP=group,
         HEADS=heads,
@@ -217,6 +252,7 @@ def _launch(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale
         WIDE=wide,
         SAME_KV=k_cache.stride() == v_cache.stride(),
         STORE_LSE=lse is not None,
+        GUARD=guard,
         num_warps=num_warps,
         num_stages=num_stages,
     )

@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from drills import validate
+from drills.device_errors import error_word, record_error
 from drills.launch import launch, next_pow2
 
 
@@ -35,6 +36,16 @@ def _block_ids(table_ptr, start_n, offs_n, ctx, PAGE: tl.constexpr):
     # Entries past the last page are garbage: not read. Keys at or past ctx get block 0 instead, and
     # _attend_kv_tile never loads them.
     return tl.load(table_ptr + cols // PAGE, mask=cols < ctx, other=0)
+
+
+@triton.jit
+def _contain_block_ids(phys, num_blocks, n_bad, first_bad):
+    """Section 3.8: block ids outside [0, num_blocks) become block 0 (inside the pool), and are counted,
+    the largest kept, so that the tile's rows can be zeroed and the id named. Returns the three."""
+    bad = (phys < 0) | (phys >= num_blocks)  # [BLOCK_N]
+    first_bad = tl.where(n_bad == 0, tl.max(tl.where(bad, phys, -(2**31))), first_bad)
+    n_bad += tl.sum(bad.to(tl.int32))
+    return tl.where(bad, 0, phys), n_bad, first_bad
 
 
 @triton.jit
@@ -126,6 +137,10 @@ def paged_prefill_kernel(
     stride_lt,
     stride_lh,
     stride_bt,
+    total_q,  # q.shape[0]: the device guard's bound for query rows
+    num_blocks,  # k_cache.shape[0]: the device guard's bound for block ids
+    max_pages,  # block_tables.shape[1]: the device guard's bound for context_lens, in pages
+    err_ptr,  # [4] int64, the device error word (drills/device_errors.py)
     GROUP: tl.constexpr,  # query heads per KV head, Hq // Hkv
     HEADS: tl.constexpr,  # query heads per tile: GROUP (packed) or 1 (one head per tile)
     BLOCK_Q: tl.constexpr,  # new tokens per tile: BLOCK_M // HEADS
@@ -136,6 +151,7 @@ def paged_prefill_kernel(
     WIDE: tl.constexpr,  # int64 offsets into the caches (one spans 2**31 elements or more)
     SAME_KV: tl.constexpr,  # k_cache and v_cache have the same strides
     STORE_LSE: tl.constexpr,
+    GUARD: tl.constexpr,  # section 3.8: contain bad device values (False only to time the guard's cost)
 ):
     # Section 3.4 "The varlen grid": one program per (tile, head group), numbered head groups first and
     # tiles from the last one down: a sequence's last tiles see the most keys, and starting the longest
@@ -158,9 +174,35 @@ def paged_prefill_kernel(
     q_start = tl.load(cu_seqlens_ptr + b)
     q_len = tl.load(cu_seqlens_ptr + b + 1) - q_start
     tok0 = (tile - (q_start // BLOCK_Q + lo)) * BLOCK_Q  # this tile's first new token in its sequence
+    if GUARD:
+        # Section 3.8 "A kernel that trusts nothing": a sequence's query range must lie in q, start at 0
+        # for the first sequence and end at total_q for the last. An invalid one is stored as zeros
+        # (lse -inf), the last one up to q's end, so that every row of q gets a defined value.
+        q_end = q_start + q_len
+        last = b == num_seqs - 1
+        cu_ok = (q_start >= 0) & (q_len >= 0) & (q_end <= total_q)
+        cu_ok = cu_ok & ((b > 0) | (q_start == 0)) & ((last == 0) | (q_end == total_q))
+        # A boundary that decreases makes both sequences it bounds invalid: so check the neighbours' too.
+        before = tl.load(cu_seqlens_ptr + b - 1, mask=b > 0, other=0)
+        after = tl.load(cu_seqlens_ptr + b + 2, mask=b + 2 <= num_seqs, other=total_q)
+        cu_ok = cu_ok & (before <= q_start) & (q_end <= after)
+        record_error(err_ptr, (cu_ok == 0) & (head0 == 0), 41, b, q_len)
+        q_len = tl.where(last & (cu_ok == 0), total_q - q_start, q_len)
+        # The first sequence, invalid, is stored from row 0 (its tiles then count from tile 0 up).
+        first = (b == 0) & (cu_ok == 0)
+        tok0 = tl.where(first, tile * BLOCK_Q, tok0)
+        q_len = tl.where(first, tl.where(last, total_q, tl.minimum(tl.maximum(q_end, 0), total_q)), q_len)
+        q_start = tl.where(first, 0, q_start)
     if tok0 >= q_len:
         return  # a spare tile (or a sequence with q_len = 0): nothing to compute, nothing to store
     ctx = tl.load(context_lens_ptr + b)
+    if GUARD:
+        # Section 3.8: at least one key per new token, and no more than the table row holds; an invalid
+        # sequence reads nothing (ctx = 0).
+        ctx_ok = (ctx >= q_len) & (ctx <= max_pages * PAGE)
+        record_error(err_ptr, cu_ok & (ctx_ok == 0) & (tok0 == 0) & (head0 == 0), 42, b, ctx)
+        seq_ok = cu_ok & ctx_ok
+        ctx = tl.where(seq_ok, ctx, 0)
     prefix = ctx - q_len  # cached tokens before the first new one
 
     # Section 3.1 "One program": row r is new token tok0 + r // HEADS, query head head0 + r % HEADS
@@ -170,6 +212,8 @@ def paged_prefill_kernel(
     heads = head0 + offs_r % HEADS  # [BLOCK_M]
     row_ok = (tok < q_len) & (offs_r < BLOCK_Q * HEADS)  # past the sequence's end: the next one's rows
     q_rows = (q_start + tok).to(tl.int64)  # [BLOCK_M] rows of the packed q (and out, lse)
+    if GUARD:
+        row_ok = row_ok & (tok >= 0) & (q_rows >= 0) & (q_rows < total_q)  # inside q, whatever cu says
     offs_d = tl.arange(0, D)
     offs_n = tl.arange(0, BLOCK_N)
     q = tl.load(
@@ -192,10 +236,17 @@ def paged_prefill_kernel(
     # Keys >= hi are seen by no row of the tile and are never loaded.
     full_end = (prefix + tok0 + 1) // BLOCK_N * BLOCK_N
     hi = tl.minimum(ctx, prefix + tok0 + BLOCK_Q)
+    if GUARD:
+        full_end = tl.where(seq_ok, full_end, 0)  # an invalid sequence's prefix is negative: no key
+        hi = tl.where(seq_ok, hi, 0)
     # Section 3.3: each tile's block ids are loaded one tile ahead, so no K or V copy waits on the table.
     phys = _block_ids(table_ptr, 0, offs_n, ctx, PAGE)  # [BLOCK_N] the first tile's, wherever it is
+    if GUARD:
+        phys, n_bad, first_bad = _contain_block_ids(phys, num_blocks, 0, 0)
     for start_n in range(0, full_end, BLOCK_N):
         phys_next = _block_ids(table_ptr, start_n + BLOCK_N, offs_n, ctx, PAGE)
+        if GUARD:
+            phys_next, n_bad, first_bad = _contain_block_ids(phys_next, num_blocks, n_bad, first_bad)
         acc, l_i, m_i = _attend_kv_tile(
             acc,
             l_i,
@@ -222,6 +273,8 @@ def paged_prefill_kernel(
         phys = phys_next
     for start_n in range(full_end, hi, BLOCK_N):
         phys_next = _block_ids(table_ptr, start_n + BLOCK_N, offs_n, ctx, PAGE)
+        if GUARD:
+            phys_next, n_bad, first_bad = _contain_block_ids(phys_next, num_blocks, n_bad, first_bad)
         acc, l_i, m_i = _attend_kv_tile(
             acc,
             l_i,
@@ -249,6 +302,11 @@ def paged_prefill_kernel(
 
     # Section 3.5 "Storing the rows": every real row saw key 0, so l >= 1: divide once, store real rows only.
     out = acc / l_i[:, None]  # [BLOCK_M, D]
+    if GUARD:
+        # Section 3.8: a row that read nothing (invalid sequence) or met a bad block id stores zeros.
+        record_error(err_ptr, (n_bad > 0) & (head0 == 0), 43, b, first_bad)
+        row_valid = seq_ok & (n_bad == 0)
+        out = tl.where(row_valid, out, 0.0)
     tl.store(
         out_ptr + q_rows[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
         out.to(out_ptr.dtype.element_ty),
@@ -256,6 +314,8 @@ def paged_prefill_kernel(
     )
     if STORE_LSE:
         lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453  # base 2 -> natural log: times ln(2)
+        if GUARD:
+            lse = tl.where(row_valid, lse, float("-inf"))
         tl.store(lse_ptr + q_rows * stride_lt + heads * stride_lh, lse, mask=row_ok)
 
 
@@ -285,8 +345,21 @@ def _span(t) -> int:
     return 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
 
 
-def _launch(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, out, lse=None, config=None):
-    """Launch without checks: the benchmark times this, the public function adds the checks.
+def _launch(
+    q,
+    k_cache,
+    v_cache,
+    block_tables,
+    cu_seqlens_q,
+    context_lens,
+    scale,
+    out,
+    lse=None,
+    config=None,
+    guard=True,
+):
+    """Launch without checks: the benchmark times this, the public function adds the checks; guard=False
+    drops the device guard (section 3.8), only so that the benchmark can time what it costs.
     out [total_q, Hq, D] and lse [total_q, Hq] fp32 (or None) may be strided views; config, a _config
     tuple, overrides it. The grid needs only shapes (total_q // BLOCK_Q + B tiles): no value is read on the host."""
     total_q, Hq, D = q.shape
@@ -331,6 +404,10 @@ def _launch(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale
             0 if lse is None else lse.stride(0),
             0 if lse is None else lse.stride(1),
             block_tables.stride(0),
+            total_q,
+            k_cache.shape[0],
+            block_tables.shape[1],
+            error_word(q.device),
         ),
         GROUP=group,
         HEADS=heads,
@@ -342,6 +419,7 @@ def _launch(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale
         WIDE=wide,
         SAME_KV=k_cache.stride() == v_cache.stride(),
         STORE_LSE=lse is not None,
+        GUARD=guard,
         num_warps=num_warps,
         num_stages=num_stages,
     )
