@@ -176,6 +176,28 @@ def cmd_mutants(args) -> int:
     return grade_mutants(args.lesson, gpu_only=getattr(args, "gpu_only_mutants", False))
 
 
+def cmd_memcheck(args) -> int:
+    """Every bad device value of the references under compute-sanitizer (drills/benchmarks/memcheck.py);
+    the whole output, the sanitizer's summary included, goes to drills/content/device_guards.memcheck.log."""
+    import datetime
+    import shutil
+    import subprocess
+
+    sanitizer = shutil.which("compute-sanitizer")
+    if sanitizer is None:
+        print("make memcheck: compute-sanitizer is not on PATH (it comes with the CUDA toolkit)")
+        return 2
+    log = ROOT / "drills" / "content" / "device_guards.memcheck.log"
+    command = [sanitizer, "--tool", "memcheck", "--error-exitcode", "3", sys.executable, "-m"]
+    command.append("drills.benchmarks.memcheck")
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    text = f"$ make memcheck ({stamp}; exit status {done.returncode})\n{done.stdout}{done.stderr}"
+    log.write_text(text)
+    print(text)
+    return done.returncode
+
+
 def cmd_bench(args) -> int:
     """Time each lesson's benchmark; a module with NEEDS_CUDA = False (pure-Python lessons) runs on a CPU."""
     import drills.runtime
@@ -245,6 +267,9 @@ def main(argv=None) -> int:
     p = sub.add_parser("mutants", help="every lesson's mutants must fail its grader")
     p.add_argument("lesson", nargs="?")
     p.set_defaults(fn=cmd_mutants)
+    sub.add_parser(
+        "memcheck", help="the references' bad-input cases under compute-sanitizer (GPU)"
+    ).set_defaults(fn=cmd_memcheck)
     p = sub.add_parser("bench", help="benchmarks (CUDA GPU only)")
     p.add_argument("lesson", nargs="?")
     p.add_argument("--impl", choices=("mine", "solutions"), default="solutions")

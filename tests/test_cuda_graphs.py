@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import drills.runtime
+from drills import device_errors
 from drills.compare import assert_close
 from drills.tests.paged_kv import make_paged_case, paged_attention_reference
 
@@ -117,6 +118,30 @@ def test_l1_store_kvcache_replays_new_values():
         load((key, value, slots), (new_key, new_value, new_slots))
         graph.replay()
         assert torch.equal(k_cache, expected_k) and torch.equal(v_cache, expected_v), f"replay {i}"
+
+
+def test_a_bad_value_replayed_is_contained_and_named():
+    """The device error word has a fixed address, so a captured graph's kernels record into it on every
+    replay: a length the engine got wrong between replays is contained (that row zeros, the others as
+    an eager call gives them) and named by raise_device_errors(), and the next valid replay is clean."""
+    buffers = case(CAPTURED, stream=3).args
+    out = torch.empty_like(buffers[0])
+    graph = capture(lambda: l2.paged_decode(*buffers, out=out))
+    device_errors.raise_device_errors("cuda")
+    step = case(REPLAYED[0], stream=30)
+    load(buffers, step.args)
+    buffers[4][1] = MAX_PAGES * PAGE + 1  # context_lens[1] past what its table row holds
+    graph.replay()
+    with pytest.raises(ValueError, match=r"context_lens\[1\] = 129"):
+        device_errors.raise_device_errors("cuda")
+    assert (out[1] == 0).all(), "the row with the bad length must be zeros"
+    eager = l2.paged_decode(*step.args, check=True)
+    keep = torch.arange(len(CAPTURED), device="cuda") != 1
+    assert torch.equal(out[keep], eager[keep]), "the valid rows of the replay changed"
+    load(buffers, step.args)
+    graph.replay()
+    device_errors.raise_device_errors("cuda")  # valid again: nothing recorded
+    assert torch.equal(out, eager)
 
 
 def test_capture_refuses_device_value_checks():

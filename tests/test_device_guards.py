@@ -1,4 +1,4 @@
-"""The references' device guards, on the CPU (Triton's interpreter): every bad device value of
+"""The references' device guards, on the CPU (Triton's interpreter) or a GPU: every bad device value of
 drills/guard_cases.py is contained (invalid rows zero, lse -inf, valid rows unchanged), recorded in the
 device error word and raised by raise_device_errors() naming the argument, and refused by check=True
 before any launch. On a GPU the same cases run under compute-sanitizer (drills/benchmarks/memcheck.py)."""
@@ -10,34 +10,37 @@ from pathlib import Path
 
 import pytest
 
+import drills.runtime
 from drills import device_errors, guard_cases
 
-CASES = guard_cases.all_cases("cpu")
+# The interpreter reads CPU tensors, compiled Triton CUDA ones: the cases run where the kernels do.
+DEVICE = "cpu" if drills.runtime.current().interpreter else "cuda"
+CASES = guard_cases.all_cases(DEVICE)
 
 
 @pytest.fixture(autouse=True)
 def _clean_word():
-    device_errors.error_word("cpu").zero_()
+    device_errors.error_word(DEVICE).zero_()
     yield
-    device_errors.error_word("cpu").zero_()
+    device_errors.error_word(DEVICE).zero_()
 
 
 @pytest.mark.parametrize("case", CASES, ids=[f"{c.lesson}-{c.name}" for c in CASES])
 def test_bad_device_value_is_contained_and_named(case):
     valid = case.call_valid()
-    device_errors.raise_device_errors("cpu")  # a valid call records nothing
+    device_errors.raise_device_errors(DEVICE)  # a valid call records nothing
     bad = case.call(False)
     case.compare(valid, bad)
     with pytest.raises(ValueError, match=case.argument):
-        device_errors.raise_device_errors("cpu")
-    device_errors.raise_device_errors("cpu")  # read once, then cleared
+        device_errors.raise_device_errors(DEVICE)
+    device_errors.raise_device_errors(DEVICE)  # read once, then cleared
 
 
 @pytest.mark.parametrize("case", CASES, ids=[f"{c.lesson}-{c.name}" for c in CASES])
 def test_check_true_still_refuses_before_launch(case):
     with pytest.raises(ValueError, match=case.argument):
         case.call(True)
-    device_errors.raise_device_errors("cpu")  # nothing was launched, so nothing was recorded
+    device_errors.raise_device_errors(DEVICE)  # nothing was launched, so nothing was recorded
 
 
 def test_every_error_code_a_kernel_records_is_described():
@@ -51,13 +54,13 @@ def test_every_error_code_a_kernel_records_is_described():
 
 
 def test_first_error_is_described_and_later_ones_counted():
-    word = device_errors.error_word("cpu")
+    word = device_errors.error_word(DEVICE)
     word.copy_(word.new_tensor([21, 4, 99, 3]))
     with pytest.raises(ValueError, match=r"context_lens\[4\] = 99.*2 more programs"):
-        device_errors.raise_device_errors("cpu")
+        device_errors.raise_device_errors(DEVICE)
     assert word.tolist() == [0, 0, 0, 0]
 
 
 def test_the_word_keeps_its_address():
     """CUDA-graph replays record into the address captured: the word is allocated once per device."""
-    assert device_errors.error_word("cpu").data_ptr() == device_errors.error_word("cpu").data_ptr()
+    assert device_errors.error_word(DEVICE).data_ptr() == device_errors.error_word(DEVICE).data_ptr()

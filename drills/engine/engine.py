@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from drills.device_errors import raise_device_errors
 from drills.engine import sampler
 from drills.engine.attention import KernelAttention, PagedKVCache, TorchPagedAttention
 from drills.engine.config import EngineConfig
@@ -137,6 +138,10 @@ class Engine:
         # The one host sync of the step. Called through the module: a grader watches every draw by
         # replacing sampler.sample.
         tokens = sampler.sample(logits, seqs, self.generator)
+        # A reference kernel's guard records a bad device value (a slot, a length, a block id) in the
+        # device error word instead of reading past a tensor; read it here, where the GPU has just been
+        # waited for: a wrong value from the scheduler raises, naming the argument, within the step.
+        raise_device_errors(device)
         sampled = [None] * len(scheduled)
         for i, token in zip(inputs.sample_index, tokens):
             sampled[i] = token

@@ -78,6 +78,19 @@ def _argument_names(fn, args, kwargs) -> dict:
     return names
 
 
+def _raise_device_errors() -> None:
+    """Every call is followed by a read of the device error word (drills/device_errors.py), as an engine
+    reads it once per step: a reference kernel's guard records there a bad value it contained, and a
+    guard that fires on valid input must fail the check. Not while a CUDA graph is being captured."""
+    import torch
+
+    from drills.device_errors import raise_device_errors
+
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        return
+    raise_device_errors()
+
+
 def run_call(watch: TritonWatch, fn, args, kwargs, options: dict):
     """(the call's result, the provenance evidence or None): see the module docstring."""
     tensors = tensors_in(list(args) + list(kwargs.values()))
@@ -91,6 +104,7 @@ def run_call(watch: TritonWatch, fn, args, kwargs, options: dict):
     try:
         with recorder:
             result = fn(*args, **kwargs)
+        _raise_device_errors()
     finally:
         stored, watch.stored = watch.stored, None
     launched = watch.launched
