@@ -123,8 +123,10 @@ def record_error(err_ptr, bad, code: tl.constexpr, index, value):
     """If `bad` (a scalar), record (code, index, value) unless another program got there first, and count.
     The compare-and-swap makes the first recorder the only one that writes the description."""
     if bad:
-        old = tl.atomic_cas(err_ptr, 0, code)
+        # Compare and value typed as the word: a compiled atomic_cas takes three operands of one type.
+        none = tl.full([], 0, tl.int64)
+        old = tl.atomic_cas(err_ptr, none, none + code)
         if old == 0:
             tl.store(err_ptr + 1, index.to(tl.int64))
             tl.store(err_ptr + 2, value.to(tl.int64))
-        tl.atomic_add(err_ptr + 3, 1)
+        tl.atomic_add(err_ptr + 3, none + 1)

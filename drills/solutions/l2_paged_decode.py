@@ -62,8 +62,9 @@ def paged_decode_kernel(
         ctx_ok = (ctx >= 0) & (ctx <= max_pages * PAGE)
         record_error(err_ptr, (ctx_ok == 0) & (kvh == 0), 21, b, ctx)
         ctx = tl.where(ctx_ok, ctx, 0)
-        n_bad = 0  # block ids outside [0, num_blocks) met so far
-        first_bad = 0
+        # Typed before the loop: a loop-carried value keeps one type (first_bad takes phys's int64).
+        n_bad = tl.full([], 0, tl.int32)  # block ids outside [0, num_blocks) met so far
+        first_bad = tl.full([], 0, tl.int64)
 
     # Section 3.2 "Packing the group": the GROUP query heads that share KV head kvh are contiguous
     # (head h reads KV head h // GROUP), padded with zero rows up to GROUP_PAD.
