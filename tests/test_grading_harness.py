@@ -768,3 +768,28 @@ def test_indirect_ways_of_asking_where_it_runs_are_refused(evasion):
     from drills.grading.source_check import refusals
 
     assert refusals(t1_source(extra="\n" + evasion), T1.solution.read_text()), evasion
+
+
+def test_fast_launch_path_sees_a_wrapper_that_copies_tritons_names():
+    """drills.launch calls the compiled binary directly unless JITFunction.run is wrapped (the grader wraps
+    it to count launches and to turn them into no-ops). The grader's wrapper copies Triton's names, so
+    that a learner's file cannot tell it from Triton's; drills.launch must judge by the code object, or
+    on a GPU every launch bypasses the counter and even the reference fails test_runs_a_triton_kernel."""
+    from triton.runtime.jit import JITFunction
+
+    from drills import launch
+
+    class Plain:
+        run = JITFunction.run
+
+    def wrapper(self, *args, **kwargs):
+        return JITFunction.run(self, *args, **kwargs)
+
+    for name in ("__name__", "__qualname__", "__doc__", "__module__"):
+        setattr(wrapper, name, getattr(JITFunction.run, name))
+
+    class Watched:
+        run = wrapper
+
+    assert not launch._observed(Plain()), "Triton's own run taken for a wrapper: the fast path is never used"
+    assert launch._observed(Watched()), "a wrapper with Triton's names taken for Triton's run"

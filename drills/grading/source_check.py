@@ -56,6 +56,8 @@ NAMES = {
     "__globals__": "reads another module's globals through a function",
     "__builtins__": "reaches the built-ins by another way",
     "__qualname__": "reads a function's qualified name (the grader's wrappers)",
+    "__code__": "reads a function's code object (the grader's wrappers)",
+    "co_filename": "reads where a function was defined (the grader's wrappers)",
     "__subclasses__": "walks the class tree",
 }
 # Built-ins that reach an attribute or a namespace by a name built at run time: what the names above
