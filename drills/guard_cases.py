@@ -168,7 +168,9 @@ def f1_cases(device) -> list[GuardCase]:
     for splits in (1, 2):
 
         def planned(q, k, v, tables, lens, splits=splits):
-            return dict(plan=_reference(f1).plan(lens, k.shape[2], k.shape[1], num_splits=splits), return_lse=True)
+            return dict(
+                plan=_reference(f1).plan(lens, k.shape[2], k.shape[1], num_splits=splits), return_lse=True
+            )
 
         for c in _decode_cases(f1, "split_kv_decode", device, extra=planned, lse_dim=1):
             cases.append(replace(c, name=f"{c.name}_{splits}_split{'s' if splits > 1 else ''}"))
@@ -179,7 +181,9 @@ def f1_cases(device) -> list[GuardCase]:
             plan = _reference(f1).plan(lens, k.shape[2], k.shape[1], num_splits=splits)
             if bad:
                 lens[1] = 40  # inside the table row, past what the plan's splits read
-            return _reference(f1).split_kv_decode(q, k, v, tables, lens, plan=plan, return_lse=True, check=check)
+            return _reference(f1).split_kv_decode(
+                q, k, v, tables, lens, plan=plan, return_lse=True, check=check
+            )
 
         cases.append(
             GuardCase(
@@ -189,6 +193,26 @@ def f1_cases(device) -> list[GuardCase]:
                 past_the_plan,
                 lambda fn=past_the_plan: fn(False, bad=False),
                 _rows_zero_else_equal([1], lse_dim=1),
+            )
+        )
+
+        def small_pages(check, bad=True, splits=splits):
+            q, k, v, tables, lens = _paged_inputs(device, PAGE=4, pages=8)  # a tile spans 4 pages
+            plan = _reference(f1).plan(lens, k.shape[2], k.shape[1], num_splits=splits)
+            if bad:
+                tables[2, 5] = -1  # in the second tile of the row, looked up token by token
+            return _reference(f1).split_kv_decode(
+                q, k, v, tables, lens, plan=plan, return_lse=True, check=check
+            )
+
+        cases.append(
+            GuardCase(
+                f1,
+                f"block_id_-1_pages_of_4_{splits}_split{'s' if splits > 1 else ''}",
+                "block_tables",
+                small_pages,
+                lambda fn=small_pages: fn(False, bad=False),
+                _rows_zero_else_equal([2], lse_dim=1),
             )
         )
 
@@ -219,11 +243,12 @@ def l4_cases(device) -> list[GuardCase]:
     value belongs to is zeros with an lse of -inf (the last sequence: every row up to q's end), the
     other sequences' rows are unchanged, and nothing outside q, out, lse, the caches or the table is
     touched."""
-    B, Hq, Hkv, D, PAGE, pages = 3, 4, 2, 16, 16, 3
-    q_lens, ctx_lens = [5, 7, 4], [20, 7, 40]  # a cached prefix, a prompt without one, a longer prefix
     cases = []
+    shape = dict(Hq=4, Hkv=2, D=16, PAGE=16, pages=3, q_lens=[5, 7, 4], ctx_lens=[20, 7, 40])
 
-    def case(name, argument, corrupt, rows):
+    def case(name, argument, corrupt, rows, Hq, Hkv, D, PAGE, pages, q_lens, ctx_lens):
+        B = len(q_lens)
+
         def run(check, bad=True):
             gen = torch.Generator().manual_seed(2)
             num_blocks = B * pages + 2
@@ -253,20 +278,28 @@ def l4_cases(device) -> list[GuardCase]:
     # cu[2] = 3 < cu[1] = 5 ends sequence 1 before it starts and starts sequence 2 inside sequence 0:
     # all three are bounded by a decreasing boundary.
     every = seq[0] + seq[1] + seq[2]
-    case("cu_seqlens_decreasing", "cu_seqlens_q", lambda t, cu, n: cu.__setitem__(2, 3), every)
-    case("cu_seqlens_total_short", "cu_seqlens_q", lambda t, cu, n: cu.__setitem__(3, 14), seq[2])
-    case("cu_seqlens_total_long", "cu_seqlens_q", lambda t, cu, n: cu.__setitem__(3, 40), seq[2])
-    case("cu_seqlens_start_not_0", "cu_seqlens_q", lambda t, cu, n: cu.__setitem__(0, 2), seq[0])
-    case("q_len_past_context", "context_lens", lambda t, cu, n: n.__setitem__(1, 1), seq[1])
-    case("context_past_the_row", "context_lens", lambda t, cu, n: n.__setitem__(2, pages * PAGE + 1), seq[2])
-    case("context_negative", "context_lens", lambda t, cu, n: n.__setitem__(0, -1), seq[0])
+    case("cu_seqlens_decreasing", "cu_seqlens_q", lambda t, cu, n: cu.__setitem__(2, 3), every, **shape)
+    case("cu_seqlens_total_short", "cu_seqlens_q", lambda t, cu, n: cu.__setitem__(3, 14), seq[2], **shape)
+    case("cu_seqlens_total_long", "cu_seqlens_q", lambda t, cu, n: cu.__setitem__(3, 40), seq[2], **shape)
+    case("cu_seqlens_start_not_0", "cu_seqlens_q", lambda t, cu, n: cu.__setitem__(0, 2), seq[0], **shape)
+    case("q_len_past_context", "context_lens", lambda t, cu, n: n.__setitem__(1, 1), seq[1], **shape)
+    case(
+        "context_past_the_row", "context_lens", lambda t, cu, n: n.__setitem__(2, 3 * 16 + 1), seq[2], **shape
+    )
+    case("context_negative", "context_lens", lambda t, cu, n: n.__setitem__(0, -1), seq[0], **shape)
     for bad_id in GARBAGE_IDS:
-        case(
-            f"block_id_{bad_id}",
-            "block_tables",
-            lambda t, cu, n, bad_id=bad_id: t.__setitem__((2, 1), bad_id),
-            seq[2],
-        )
+        corrupt = lambda t, cu, n, bad_id=bad_id: t.__setitem__((2, 1), bad_id)  # noqa: E731
+        case(f"block_id_{bad_id}", "block_tables", corrupt, seq[2], **shape)
+    # FlashInfer's fully-masked-rows case: 34 new tokens over a context of 1 (Hq 32, Hkv 8, D 128, page 1),
+    # beside a valid sequence. 33 of those rows see no key: FlashInfer defines them as zeros, lse -inf.
+    flashinfer = dict(Hq=32, Hkv=8, D=128, PAGE=1, pages=40, q_lens=[34, 3], ctx_lens=[34, 5])
+    case(
+        "flashinfer_fully_masked_rows",
+        "context_lens",
+        lambda t, cu, n: n.__setitem__(0, 1),
+        list(range(34)),
+        **flashinfer,
+    )
     return cases
 
 

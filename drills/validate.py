@@ -9,6 +9,7 @@ import numbers
 import torch
 
 import drills.runtime
+from drills.device_errors import raise_device_errors  # noqa: F401 - the one read of the device error word
 
 
 def is_pow2(n: int) -> bool:
