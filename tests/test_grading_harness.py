@@ -663,7 +663,7 @@ def test_bf16_dot_and_arithmetic_are_exact_in_the_learners_process():
     code = """
 import torch, triton, triton.language as tl
 from triton.runtime import interpreter
-from drills.grading.instrument import exact_bf16_dot
+from drills.grading.bf16 import exact_bf16_dot
 exact_bf16_dot(interpreter)
 
 @triton.jit
