@@ -6,12 +6,10 @@ impl.BlockManager(...).allocate(...))."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from drills.grading.errors import LearnerCrash
 
-if TYPE_CHECKING:  # remote.py imports this module: the name is for the annotations only
-    from drills.grading.remote import LearnerProcess
+# proc below is a remote.LearnerProcess; remote.py imports this module, so the type is not imported
+# here (not even for annotations): the two modules stay a one-way dependency.
 
 
 class RemoteObject:
@@ -19,7 +17,7 @@ class RemoteObject:
 
     __slots__ = ("_proc", "_key", "_kind", "_typename", "_generation", "__weakref__")
 
-    def __init__(self, proc: LearnerProcess, key: int, kind: str, typename: str):
+    def __init__(self, proc, key: int, kind: str, typename: str):
         object.__setattr__(self, "_proc", proc)
         object.__setattr__(self, "_key", key)
         object.__setattr__(self, "_kind", kind)
@@ -99,7 +97,7 @@ class RemoteObject:
 class RemoteMethod:
     """A method of an object in the learner's process, called by name (no handle of its own)."""
 
-    def __init__(self, proc: LearnerProcess, key: int, name: str):
+    def __init__(self, proc, key: int, name: str):
         self._proc, self._key, self._name, self._generation = proc, key, name, proc.generation
 
     def __call__(self, *args, **kwargs):
@@ -117,7 +115,7 @@ class RemoteModule(RemoteObject):
 
     __slots__ = ()
 
-    def __init__(self, proc: LearnerProcess):
+    def __init__(self, proc):
         super().__init__(proc, 0, "module", "module")
 
     @property
