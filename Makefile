@@ -27,7 +27,7 @@ ENGINE_ENV := engine-check
 endif
 
 .DEFAULT_GOAL := help
-.PHONY: newest-triton help list test check bench memcheck contract new notebooks mutants lint progress hint reset diff watch doctor chat engine env-check engine-check clean-venv
+.PHONY: newest-triton help list test check bench guards contract new notebooks mutants lint progress hint reset diff watch doctor chat engine env-check engine-check clean-venv
 
 ##@ Learning: your files in drills/mine
 help: ## every target, one line each, learners' first
@@ -107,8 +107,8 @@ mutants: $(ENV) ## every lesson's mutants (classic mistakes) must fail its grade
 engine: $(ENGINE_ENV) ## install the capstone's extra packages and model now (make chat does it on first use)
 	@echo "the engine's packages and SmolLM2's model are installed in $(PYTHON): make chat"
 
-memcheck: $(ENV) ## CUDA GPU only: the references' bad device values under compute-sanitizer; log in drills/content/device_guards.memcheck.log
-	@$(PYTHON) -m drills memcheck
+guards: $(ENV) ## CUDA GPU only: every bad device value under compute-sanitizer (device_guards.memcheck.log), then the guards' cost (device_guards.bench.json)
+	@$(PYTHON) -m drills guards
 
 bench: $(ENV) ## CUDA GPU only: time solutions and peers, publish table, plot, JSON (L= for one); IMPL=mine: yours beside the reference
 	@$(PYTHON) -m drills bench $(L) --impl $(if $(filter command line environment,$(origin IMPL)),$(IMPL),solutions)

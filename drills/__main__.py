@@ -176,26 +176,35 @@ def cmd_mutants(args) -> int:
     return grade_mutants(args.lesson, gpu_only=getattr(args, "gpu_only_mutants", False))
 
 
-def cmd_memcheck(args) -> int:
-    """Every bad device value of the references under compute-sanitizer (drills/benchmarks/memcheck.py);
-    the whole output, the sanitizer's summary included, goes to drills/content/device_guards.memcheck.log."""
+def cmd_guards(args) -> int:
+    """The references' device guards on a GPU: every bad device value under compute-sanitizer
+    (drills/benchmarks/memcheck.py; the whole output, the sanitizer's summary included, goes to
+    drills/content/device_guards.memcheck.log), then the guards' cost on each lesson's benchmark shapes
+    (drills/benchmarks/guard_cost.py, into drills/content/device_guards.bench.json)."""
     import datetime
     import shutil
     import subprocess
 
     sanitizer = shutil.which("compute-sanitizer")
     if sanitizer is None:
-        print("make memcheck: compute-sanitizer is not on PATH (it comes with the CUDA toolkit)")
+        print("make guards: compute-sanitizer is not on PATH (it comes with the CUDA toolkit)")
         return 2
     log = ROOT / "drills" / "content" / "device_guards.memcheck.log"
+    if shutil.which("nvidia-smi") is None:
+        print("make guards needs a CUDA GPU (compute-sanitizer watches GPU memory)")
+        return 2
     command = [sanitizer, "--tool", "memcheck", "--error-exitcode", "3", sys.executable, "-m"]
     command.append("drills.benchmarks.memcheck")
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    text = f"$ make memcheck ({stamp}; exit status {done.returncode})\n{done.stdout}{done.stderr}"
+    text = f"$ make guards: the memcheck ({stamp}; exit status {done.returncode})\n{done.stdout}{done.stderr}"
     log.write_text(text)
     print(text)
-    return done.returncode
+    if done.returncode != 0:
+        return done.returncode
+    from drills.benchmarks import guard_cost
+
+    return guard_cost.main()
 
 
 def cmd_bench(args) -> int:
@@ -268,8 +277,9 @@ def main(argv=None) -> int:
     p.add_argument("lesson", nargs="?")
     p.set_defaults(fn=cmd_mutants)
     sub.add_parser(
-        "memcheck", help="the references' bad-input cases under compute-sanitizer (GPU)"
-    ).set_defaults(fn=cmd_memcheck)
+        "guards",
+        help="the references' device guards: every bad value under compute-sanitizer, their cost (GPU)",
+    ).set_defaults(fn=cmd_guards)
     p = sub.add_parser("bench", help="benchmarks (CUDA GPU only)")
     p.add_argument("lesson", nargs="?")
     p.add_argument("--impl", choices=("mine", "solutions"), default="solutions")

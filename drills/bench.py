@@ -46,6 +46,7 @@ import datetime
 import importlib
 import json
 import re
+from pathlib import Path
 
 import torch
 
@@ -148,24 +149,32 @@ def time_us(fn, graph: bool = False) -> float:
 
 def guard_cost(launch) -> dict:
     """What the device guard (drills/device_errors.py) costs: launch(guard) runs the kernel with the guard
-    on or off. Returns the ratios guarded / unguarded of the eager time and of the CUDA-graph replay
-    time, each the median of 5 alternating measurements (a drift of the clock then hits both sides)."""
-    ratios = {"eager": [], "graph": []}
-    for _ in range(5):
-        for mode in ratios:
-            on = time_us(lambda: launch(True), graph=mode == "graph")
-            off = time_us(lambda: launch(False), graph=mode == "graph")
-            ratios[mode].append(on / off)
-    return {mode: sorted(r)[len(r) // 2] for mode, r in ratios.items()}
+    on or off. Returns, for "eager" and "graph" (a CUDA-graph replay), the guarded and unguarded times
+    in us and their ratio, each the median of 5 alternating measurements (a drift of the clock then
+    hits both sides alike)."""
+    cost = {}
+    for mode in ("eager", "graph"):
+        on, off = [], []
+        for _ in range(5):
+            on.append(time_us(lambda: launch(True), graph=mode == "graph"))
+            off.append(time_us(lambda: launch(False), graph=mode == "graph"))
+        ratios = sorted(a / b for a, b in zip(on, off))
+        cost[mode] = dict(guarded_us=sorted(on)[2], unguarded_us=sorted(off)[2], ratio=ratios[2])
+    return cost
 
 
-def guard_cost_figure(data: dict) -> str:
-    """The explainers' sentence on the guard's cost, from a benchmark JSON with guard_cost columns."""
-    eager = [r["guard_eager"] for r in data["rows"] if r.get("guard_eager") is not None]
-    graph = [r["guard_graph"] for r in data["rows"] if r.get("guard_graph") is not None]
+GUARDS_JSON = "device_guards.bench.json"  # under drills/content, written by drills/benchmarks/guard_cost.py
+
+
+def guard_cost_figure(stem: str) -> str:
+    """The explainers' words on the guard's cost: the span of the ratios over the lesson's benchmark
+    shapes, eager and graph-replayed, from the record drills/benchmarks/guard_cost.py writes."""
+    data = json.loads((Path(__file__).parent / "content" / GUARDS_JSON).read_text())
+    rows = [r for r in data["rows"] if r["lesson"] == stem]
+    eager, graph = [r["eager_ratio"] for r in rows], [r["graph_ratio"] for r in rows]
     return (
-        f"{span_of(eager, 3)} eager and {span_of(graph, 3)} graph-replayed over the {len(eager)} shapes, "
-        f"on {data['meta']['gpu']}"
+        f"{span_of(eager, 3)} eager and {span_of(graph, 3)} graph-replayed over its {len(rows)} benchmark "
+        f"shapes ({data['meta']['gpu']}, {data['meta']['date']})"
     )
 
 

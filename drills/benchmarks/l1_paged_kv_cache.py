@@ -28,8 +28,6 @@ COLUMNS = [
     ("l1_ceiling", "L1 / ceiling"),
     ("l1_peak", "L1 / datasheet"),
     ("api_us", "L1 API us (with checks)"),
-    ("guard_eager", "guard cost, eager"),
-    ("guard_graph", "guard cost, graph"),
     ("torch_us", "torch index us"),
     ("torch_gbs", "torch index GB/s"),
     ("torch_ceiling", "torch / ceiling"),
@@ -68,8 +66,6 @@ def run(impl) -> tuple[bench.Table, list[str]]:
 
         row = dict(N=N, mb=round(nbytes / 1e6, 1), ceiling_gbs=bench.copy_ceiling_gbs(read))
         row["l1_us"] = bench.time_us(l1_store)
-        cost = bench.guard_cost(lambda guard: impl._launch(key, value, k_cache, v_cache, slot_mapping, guard))
-        row["guard_eager"], row["guard_graph"] = cost["eager"], cost["graph"]
         row["api_us"] = bench.time_us(
             lambda: impl.store_kvcache(key, value, k_cache, v_cache, slot_mapping, check=True)
         )
@@ -91,8 +87,6 @@ def run(impl) -> tuple[bench.Table, list[str]]:
         "checks with the slot values (range and duplicates), which cost host syncs.",
         "torch index is `k_cache.view(-1, Hkv, D)[slot_mapping] = key` and the same for V: two launches, "
         "and no way to skip padding rows (-1 would index the last slot).",
-        "Guard cost is the bare launch's time with the device guard (section 3.8) over its time without "
-        "(GUARD=False), eager and graph-replayed, the median of 5 alternating measurements.",
     ]
     return table, notes
 
@@ -136,7 +130,7 @@ def _f(N: int, key: str):
 
 
 FIGURES = {
-    "guard_cost": bench.guard_cost_figure,
+    "guard_cost": lambda d: bench.guard_cost_figure("l1_paged_kv_cache"),
     "small_api_us": _f(256, "api_us"),
     "small_us": _f(256, "l1_us"),
     "small_torch_us": _f(256, "torch_us"),

@@ -35,8 +35,6 @@ COLUMNS = [
     ("api_vs_flashinfer_eager", "L2 API / FlashInfer, eager time"),
     ("api_graph_us", "L2 API graph us"),
     ("api_host_us", "L2 API host us/call"),
-    ("guard_eager", "guard cost, eager"),
-    ("guard_graph", "guard cost, graph"),
     ("flashinfer_host_us", "FlashInfer run() host us/call"),
     ("flashinfer_gbs", "FlashInfer GB/s"),
     ("flashinfer_ceiling", "FlashInfer / ceiling"),
@@ -107,8 +105,6 @@ def run(impl) -> tuple[bench.Table, list[str]]:
         row["api_eager_us"] = bench.time_us(api)
         row["api_graph_us"] = bench.time_us(api, graph=True)
         row["api_host_us"] = bench.host_us(api)
-        cost = bench.guard_cost(lambda guard: impl._launch(*args, scale, out, guard=guard))
-        row["guard_eager"], row["guard_graph"] = cost["eager"], cost["graph"]
         row["l2_gbs"] = bench.gbs(nbytes, row["l2_us"])
         row["l2_ceiling"] = row["l2_gbs"] / row["ceiling_gbs"]
         row["l2_peak"] = row["l2_gbs"] / peak if peak else None
@@ -146,10 +142,6 @@ def run(impl) -> tuple[bench.Table, list[str]]:
         "paged_decode (checks of shapes, dtypes and strides, no device sync), timed as FlashInfer's "
         "run() is, with L2 flushed between calls; L2 API graph us is the same call captured in a CUDA "
         "graph. Host us/call is what the calling thread pays per call (100 calls queued, median of 7)."
-    )
-    notes.append(
-        "Guard cost is the bare launch's time with the device guard (section 3.7) over its time "
-        "without (GUARD=False), eager and graph-replayed, the median of 5 alternating measurements."
     )
     notes.append(
         "SDPA contiguous reads KV that is not paged (an upper reference); gather + SDPA copies the "
@@ -216,6 +208,7 @@ def _at(data, B: int, ctx: int) -> dict:
 
 
 FIGURES = {
+    "guard_cost": lambda d: bench.guard_cost_figure("l2_paged_decode"),
     "b64_us": lambda d: bench.num(_at(d, 64, 1024)["l2_us"]),
     "b64_eager_us": lambda d: bench.num(_at(d, 64, 1024)["api_eager_us"]),
     "b64_ceiling": lambda d: bench.num(_at(d, 64, 1024)["l2_ceiling"]),
@@ -227,7 +220,6 @@ FIGURES = {
     "b1_ceiling": lambda d: bench.num(_at(d, 1, 32768)["l2_ceiling"]),
     "host_us": lambda d: bench.span_of(r["api_host_us"] for r in d["rows"]),
     "flashinfer_host_us": lambda d: bench.span_of(r["flashinfer_host_us"] for r in d["rows"]),
-    "guard_cost": bench.guard_cost_figure,
     "full_vs_flashinfer": lambda d: bench.span_of(
         r["api_vs_flashinfer_eager"] for r in d["rows"] if r["B"] >= 64
     ),

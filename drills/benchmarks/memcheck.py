@@ -1,4 +1,4 @@
-"""Every bad device value of drills/guard_cases.py on a GPU, for `make memcheck`, which runs this module
+"""Every bad device value of drills/guard_cases.py on a GPU, for `make guards`, which runs this module
 under `compute-sanitizer --tool memcheck` and writes its log to drills/content/device_guards.memcheck.log.
 
 Each case calls the reference with check=False (the default GPU path: nothing read on the host) and
@@ -44,7 +44,7 @@ def run_case(case) -> str | None:
 
 def main() -> int:
     if not torch.cuda.is_available():
-        print("make memcheck needs a CUDA GPU (compute-sanitizer watches GPU memory)")
+        print("make guards needs a CUDA GPU (compute-sanitizer watches GPU memory)")
         return 2
     cases = guard_cases.all_cases("cuda")
     failed = 0
