@@ -197,6 +197,7 @@ def _n(v: float) -> str:
 
 
 FIGURES = {
+    "guard_cost": lambda d: bench.guard_cost_figure("f1_split_kv_decode"),
     "l2_b1_gbs": lambda d: bench.num(_at(d, 1, 32768)["l2_ceiling"] * _at(d, 1, 32768)["ceiling_gbs"]),
     "l2_b1_ceiling": lambda d: bench.num(_at(d, 1, 32768)["l2_ceiling"]),
     "l2_b64_ceiling": lambda d: bench.num(_at(d, 64, 1024)["l2_ceiling"]),

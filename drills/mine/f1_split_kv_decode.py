@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from drills import validate
+from drills.device_errors import error_word
 from drills.launch import launch, next_pow2, prepare
 
 LOG2E = 1.4426950408889634  # exp(x) = exp2(x * log2(e)): exp2 is the hardware instruction
@@ -88,13 +89,19 @@ def split_kv_kernel(
     stride_lb,
     stride_lh,
     stride_bt,
+    num_blocks,  # k_cache.shape[0]: the device guard's bound for block ids
+    max_pages,  # block_tables.shape[1]: the device guard's bound for ctx, in pages
+    err_ptr,  # [4] int64, the device error word (drills/device_errors.py)
     GROUP: tl.constexpr,
     GROUP_PAD: tl.constexpr,
     PAGE: tl.constexpr,
     D: tl.constexpr,
     BLOCK_N: tl.constexpr,
     WRITE_LSE: tl.constexpr,
+    GUARD: tl.constexpr,  # section 3.7: contain bad device values (False only to time the guard's cost)
 ):
+    # num_blocks, max_pages, err_ptr and GUARD serve the reference's device guard (section 3.7, read it
+    # once you pass): the launcher checks every value before launching, so your kernel may ignore them.
     # TODO(stage 2, section 3.1 "The grid"): b, kvh (int64) and split from the program ids; this split's token range
     # [start, end) = [split * chunk, min((split + 1) * chunk, ctx)), empty when start >= ctx.
     # TODO(section 3.1): load q as [GROUP_PAD, D] through its strides with padding rows masked to 0 (as in
@@ -127,7 +134,10 @@ def merge_splits_kernel(
     D: tl.constexpr,
     BLOCK_S: tl.constexpr,
     WRITE_LSE: tl.constexpr,
+    GUARD: tl.constexpr,  # section 3.7: a split that met a bad block id zeroes its row
 ):
+    # GUARD serves the reference's device guard (section 3.7, read it once you pass): the launcher checks
+    # every value before launching, so your kernel may ignore it.
     # TODO(stage 2, section 3.5 "Merging the splits"): for (b, h), walk the splits BLOCK_S at a time: running max
     # m of the lse values, weights exp(lse - m), rescale the running sum and output when m grows; store
     # acc / w_sum, and m + log(w_sum) when WRITE_LSE. A padding sequence (ctx = 0) has every split empty:
@@ -144,19 +154,26 @@ def merge_states_kernel(
     o_ptr,
     lse_ptr,  # o [R, D], lse [R], all contiguous
     R,
+    err_ptr,  # [4] int64, the device error word (drills/device_errors.py)
     D: tl.constexpr,
     BLOCK_R: tl.constexpr,
+    GUARD: tl.constexpr,  # section 3.7: a NaN or +inf lse gives its row zeros and lse -inf
 ):
+    # err_ptr and GUARD serve the reference's device guard (section 3.7, read it once you pass): the
+    # launcher checks every lse before launching, so your kernel may ignore them.
     # TODO(stage 1, section 3.5): for BLOCK_R rows, m = max(lse_a, lse_b) (0 when both are -inf), w = exp(lse - m),
     # o = (w_a * o_a + w_b * o_b) / (w_a + w_b), lse = m + log(w_a + w_b); both empty -> o = 0, lse = -inf.
     pass
 
 
-def merge_states(o_a, lse_a, o_b, lse_b):
+def merge_states(o_a, lse_a, o_b, lse_b, check=None):
     """Merge two attention states over disjoint key sets into the state over their union.
 
     o_a, o_b      [..., D] normalised partial outputs (same shape and dtype)
     lse_a, lse_b  [...] float32 log-sum-exp of each part's scaled scores, natural log; -inf = empty
+    check         also check that no lse is NaN or +inf: None (default) on the CPU only, where it costs
+                  no device sync; True on a GPU too; False never (the kernel then stores such a row as
+                  zeros with lse -inf, and raise_device_errors() names the argument)
     Any of the four may be a strided view: the kernel reads contiguous copies.
     Returns (o [..., D] in o_a's dtype, lse [...] float32).
     """
@@ -180,18 +197,30 @@ def merge_states(o_a, lse_a, o_b, lse_b):
     D = o_a.shape[-1]
     if not (validate.is_pow2(D) and D <= 256):
         raise ValueError(f"head dim D = {D} (o_a.shape[-1]) must be a power of two up to 256")
+    if validate.device_values_checked(check, lse_a):
+        for name, t in (("lse_a", lse_a), ("lse_b", lse_b)):
+            bad = (t < float("inf")).logical_not().flatten()  # NaN or +inf
+            if bad.any():
+                i = int(bad.nonzero()[0])
+                raise ValueError(
+                    f"{name} holds {float(t.flatten()[i])} at flat index {i}: a log-sum-exp is finite, or -inf "
+                    "for an empty part"
+                )
     o_a, o_b = o_a.contiguous(), o_b.contiguous()
     lse_a, lse_b = lse_a.contiguous(), lse_b.contiguous()
     o = torch.empty_like(o_a)
     lse = torch.empty_like(lse_a)
     R = lse_a.numel()
     BLOCK_R = 16
-    merge_states_kernel[(triton.cdiv(R, BLOCK_R),)](o_a, lse_a, o_b, lse_b, o, lse, R, D=D, BLOCK_R=BLOCK_R)
+    merge_states_kernel[(triton.cdiv(R, BLOCK_R),)](
+        o_a, lse_a, o_b, lse_b, o, lse, R, error_word(o_a.device), D=D, BLOCK_R=BLOCK_R, GUARD=True
+    )
     return o, lse
 
 
-def _launch(q, k_cache, v_cache, block_tables, context_lens, scale, decode_plan, out, lse):
-    """Launch without checks (the benchmark times this). lse is None or [B, Hq] fp32."""
+def _launch(q, k_cache, v_cache, block_tables, context_lens, scale, decode_plan, out, lse, guard=True):
+    """Launch without checks (the benchmark times this). lse is None or [B, Hq] fp32. guard=False drops
+    the device guard (section 3.7), only so that the benchmark can time what it costs."""
     B, Hq, D = q.shape
     _, PAGE, Hkv, _ = k_cache.shape
     group = Hq // Hkv
@@ -206,8 +235,10 @@ def _launch(q, k_cache, v_cache, block_tables, context_lens, scale, decode_plan,
         BLOCK_N=BLOCK_N,
         num_warps=2,
         num_stages=5,
+        GUARD=guard,
     )
     head = (q, k_cache, v_cache, block_tables, context_lens)
+    guard_args = (k_cache.shape[0], block_tables.shape[1], error_word(q.device))
     kv_args = (scale * LOG2E, decode_plan.chunk, q.stride(0), q.stride(1), *k_cache.stride()[:3])
     kv_args += v_cache.stride()[:3]
     # launch() calls the compiled binary directly once it has seen this specialisation (section 3.6).
@@ -227,6 +258,7 @@ def _launch(q, k_cache, v_cache, block_tables, context_lens, scale, decode_plan,
                 0,
                 *lse_strides,
                 block_tables.stride(0),
+                *guard_args,
             ),
             WRITE_LSE=lse is not None,
             **common,
@@ -243,7 +275,16 @@ def _launch(q, k_cache, v_cache, block_tables, context_lens, scale, decode_plan,
     split = prepare(
         split_kv_kernel,
         (B, Hkv, splits),
-        (*head, o_part, lse_part, *kv_args, *part_strides, *lse_part_strides, block_tables.stride(0)),
+        (
+            *head,
+            o_part,
+            lse_part,
+            *kv_args,
+            *part_strides,
+            *lse_part_strides,
+            block_tables.stride(0),
+            *guard_args,
+        ),
         WRITE_LSE=True,
         **common,
     )
@@ -267,6 +308,7 @@ def _launch(q, k_cache, v_cache, block_tables, context_lens, scale, decode_plan,
         D=D,
         BLOCK_S=min(64, max(16, next_pow2(splits))),
         WRITE_LSE=lse is not None,
+        GUARD=guard,
         num_warps=4,
     )
     split()
@@ -339,6 +381,10 @@ def split_kv_decode(
             raise ValueError(
                 f"plan.chunk = {plan.chunk} must be a multiple of BLOCK_N = {BLOCK_N}, and "
                 f"plan.num_splits = {plan.num_splits} chunks must cover plan.max_len = {plan.max_len}"
+            )
+        if splits * chunk >= 2**31:  # a split's first token, split * chunk, is an int32 in the kernel
+            raise ValueError(
+                f"plan.num_splits * plan.chunk = {splits * chunk} must be below 2**31: token positions are int32"
             )
         capacity = block_tables.shape[1] * PAGE
         if max_len > capacity:  # the plan saw a length the table cannot hold: no device read needed

@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from drills import validate
+from drills.device_errors import error_word, record_error
 from drills.launch import launch, next_pow2, prepare
 
 LOG2E = 1.4426950408889634  # exp(x) = exp2(x * log2(e)): exp2 is the hardware instruction
@@ -103,18 +104,34 @@ def split_kv_kernel(
     stride_lb,
     stride_lh,
     stride_bt,
+    num_blocks,  # k_cache.shape[0]: the device guard's bound for block ids
+    max_pages,  # block_tables.shape[1]: the device guard's bound for ctx, in pages
+    err_ptr,  # [4] int64, the device error word (drills/device_errors.py)
     GROUP: tl.constexpr,
     GROUP_PAD: tl.constexpr,
     PAGE: tl.constexpr,
     D: tl.constexpr,
     BLOCK_N: tl.constexpr,
     WRITE_LSE: tl.constexpr,
+    GUARD: tl.constexpr,  # section 3.7: contain bad device values (False only to time the guard's cost)
 ):
     # Section 3.1 "The grid": one program per (sequence, KV head, split).
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1).to(tl.int64)
     split = tl.program_id(2)
     ctx = tl.load(context_lens_ptr + b)
+    if GUARD:
+        # Section 3.7 "A kernel that trusts nothing": a length the table row cannot hold would walk past
+        # the row into another sequence's block ids, and one past the plan's splits would lose its tail
+        # unseen. Every split of such a row reads nothing: o = 0, lse = -inf, and the merge stores zeros.
+        ctx_ok = (ctx >= 0) & (ctx <= max_pages * PAGE)
+        ctx_planned = ctx <= tl.num_programs(2).to(tl.int64) * chunk  # int64: splits * chunk may pass 2**31
+        first = (kvh == 0) & (split == 0)  # one program per sequence records it
+        record_error(err_ptr, (ctx_ok == 0) & first, 31, b, ctx)
+        record_error(err_ptr, ctx_ok & (ctx_planned == 0) & first, 33, b, ctx)
+        ctx = tl.where(ctx_ok & ctx_planned, ctx, 0)
+        n_bad = tl.zeros([BLOCK_N], dtype=tl.int32)  # per lane: block ids outside [0, num_blocks) met so far
+        first_bad = tl.zeros([BLOCK_N], dtype=tl.int64)
     start = split * chunk
     end = tl.minimum(start + chunk, ctx)  # end <= start for an empty split: the loop does not run
 
@@ -140,12 +157,17 @@ def split_kv_kernel(
         # (PAGE < BLOCK_N) spreads one tile over several pages. Widened: block id * stride > 2**31.
         if PAGE >= BLOCK_N:
             phys = tl.load(bt_row + t0 // PAGE).to(tl.int64)  # chunks are tile-aligned: one page per tile
-            row = phys * stride_kb + (tok % PAGE) * stride_kt  # [BLOCK_N]
-            vrow = phys * stride_vb + (tok % PAGE) * stride_vt
         else:
             phys = tl.load(bt_row + tok // PAGE, mask=t_mask, other=0).to(tl.int64)  # [BLOCK_N]
-            row = phys * stride_kb + (tok % PAGE) * stride_kt
-            vrow = phys * stride_vb + (tok % PAGE) * stride_vt
+        if GUARD:
+            # Section 3.7: a block id outside the pool is read as block 0 (inside the pool) and the row
+            # is zeroed at the end, so no address is formed from it. Kept per lane: no reduction here.
+            phys_ok = (phys >= 0) & (phys < num_blocks)
+            first_bad = tl.where((n_bad == 0) & (phys_ok == 0), phys, first_bad)
+            n_bad += (phys_ok == 0).to(tl.int32)
+            phys = tl.where(phys_ok, phys, 0)
+        row = phys * stride_kb + (tok % PAGE) * stride_kt  # [BLOCK_N]
+        vrow = phys * stride_vb + (tok % PAGE) * stride_vt
         k = tl.load(
             k_cache_ptr + row[:, None] + kvh * stride_kh + offs_d[None, :], mask=t_mask[:, None], other=0.0
         )  # [BLOCK_N, D]
@@ -168,6 +190,15 @@ def split_kv_kernel(
     seen = l_i > 0
     o = tl.where(seen[:, None], acc / tl.where(seen, l_i, 1.0)[:, None], 0.0)
     lse = tl.where(seen, (m_i + tl.log2(tl.where(seen, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
+    if GUARD:
+        bad_lane = tl.min(tl.where(n_bad > 0, offs_n, BLOCK_N), axis=0)  # BLOCK_N: no bad block id
+        bad_id = tl.sum(tl.where(offs_n == bad_lane, first_bad, 0), axis=0)
+        record_error(err_ptr, (bad_lane < BLOCK_N) & (kvh == 0), 32, b, bad_id)
+        # The row's other splits never saw this block id: lse = +inf (a real one is finite or -inf) tells
+        # the merge to store the row as zeros. Unsplit, this is the row itself: zeros and lse -inf.
+        o = tl.where(bad_lane < BLOCK_N, 0.0, o)
+        poison = tl.where(tl.num_programs(2) > 1, float("inf"), float("-inf"))
+        lse = tl.where(bad_lane < BLOCK_N, poison, lse)
     o_rows = o_ptr + b * stride_ob + q_heads[:, None] * stride_oh + split * stride_os + offs_d[None, :]
     tl.store(o_rows, o.to(o_ptr.dtype.element_ty), mask=g_mask[:, None])
     if WRITE_LSE:
@@ -193,6 +224,7 @@ def merge_splits_kernel(
     D: tl.constexpr,
     BLOCK_S: tl.constexpr,
     WRITE_LSE: tl.constexpr,
+    GUARD: tl.constexpr,  # section 3.7: a split that met a bad block id zeroes its row
 ):
     # Section 3.5 "Merging the splits": the same rescale as online softmax, over split states.
     b = tl.program_id(0).to(tl.int64)
@@ -221,6 +253,11 @@ def merge_splits_kernel(
         w_sum = w_sum * alpha + tl.sum(w, axis=0)
         acc = acc * alpha + tl.sum(w[:, None] * o, axis=0)
         m = m_new
+    if GUARD:
+        # Section 3.7: m = +inf only when a split met a bad block id (its lse = +inf, and inf - inf made
+        # the sums NaN): the row stores zeros and lse -inf, as a padding sequence does.
+        acc = tl.where(m < float("inf"), acc, 0.0)
+        w_sum = tl.where(m < float("inf"), w_sum, 0.0)
     seen = w_sum > 0  # [1]: False only for a padding sequence, whose output is 0 and lse -inf
     w_safe = tl.where(seen, w_sum, 1.0)
     tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_d, (acc / w_safe).to(out_ptr.dtype.element_ty))
@@ -238,8 +275,10 @@ def merge_states_kernel(
     o_ptr,
     lse_ptr,  # o [R, D], lse [R], all contiguous
     R,
+    err_ptr,  # [4] int64, the device error word (drills/device_errors.py)
     D: tl.constexpr,
     BLOCK_R: tl.constexpr,
+    GUARD: tl.constexpr,  # section 3.7: a NaN or +inf lse gives its row zeros and lse -inf
 ):
     # Section 3.5: two states (o, lse) over disjoint key sets -> the state over their union.
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -257,15 +296,30 @@ def merge_states_kernel(
     w_b = tl.exp(lse_b - m_safe)
     w = w_a + w_b
     o = (w_a[:, None] * o_a + w_b[:, None] * o_b) / tl.where(w > 0, w, 1.0)[:, None]
+    lse = tl.where(w > 0, m_safe + tl.log(w), float("-inf"))
+    if GUARD:
+        # Section 3.7: a log-sum-exp is finite, or -inf for an empty part. NaN or +inf (NaN < inf is
+        # False) made the weights inf / inf above: such a row stores zeros and lse -inf.
+        bad_a = r_mask & ((lse_a < float("inf")) == 0)
+        bad_b = r_mask & ((lse_b < float("inf")) == 0)
+        first_a = tl.min(tl.where(bad_a, rows, R), axis=0)  # R: no bad row here
+        first_b = tl.min(tl.where(bad_b, rows, R), axis=0)
+        record_error(err_ptr, first_a < R, 34, first_a, first_a)
+        record_error(err_ptr, first_b < R, 35, first_b, first_b)
+        o = tl.where((bad_a | bad_b)[:, None], 0.0, o)
+        lse = tl.where(bad_a | bad_b, float("-inf"), lse)
     tl.store(o_ptr + ptrs, o.to(o_ptr.dtype.element_ty), mask=r_mask[:, None])
-    tl.store(lse_ptr + rows64, tl.where(w > 0, m_safe + tl.log(w), float("-inf")), mask=r_mask)
+    tl.store(lse_ptr + rows64, lse, mask=r_mask)
 
 
-def merge_states(o_a, lse_a, o_b, lse_b):
+def merge_states(o_a, lse_a, o_b, lse_b, check=None):
     """Merge two attention states over disjoint key sets into the state over their union.
 
     o_a, o_b      [..., D] normalised partial outputs (same shape and dtype)
     lse_a, lse_b  [...] float32 log-sum-exp of each part's scaled scores, natural log; -inf = empty
+    check         also check that no lse is NaN or +inf: None (default) on the CPU only, where it costs
+                  no device sync; True on a GPU too; False never (the kernel then stores such a row as
+                  zeros with lse -inf, and raise_device_errors() names the argument)
     Any of the four may be a strided view: the kernel reads contiguous copies.
     Returns (o [..., D] in o_a's dtype, lse [...] float32).
     """
@@ -286,18 +340,30 @@ def merge_states(o_a, lse_a, o_b, lse_b):
     D = o_a.shape[-1]
     if not (validate.is_pow2(D) and D <= 256):
         raise ValueError(f"head dim D = {D} (o_a.shape[-1]) must be a power of two up to 256")
+    if validate.device_values_checked(check, lse_a):
+        for name, t in (("lse_a", lse_a), ("lse_b", lse_b)):
+            bad = (t < float("inf")).logical_not().flatten()  # NaN or +inf
+            if bad.any():
+                i = int(bad.nonzero()[0])
+                raise ValueError(
+                    f"{name} holds {float(t.flatten()[i])} at flat index {i}: a log-sum-exp is finite, or -inf "
+                    "for an empty part"
+                )
     o_a, o_b = o_a.contiguous(), o_b.contiguous()
     lse_a, lse_b = lse_a.contiguous(), lse_b.contiguous()
     o = torch.empty_like(o_a)
     lse = torch.empty_like(lse_a)
     R = lse_a.numel()
     BLOCK_R = 16
-    merge_states_kernel[(triton.cdiv(R, BLOCK_R),)](o_a, lse_a, o_b, lse_b, o, lse, R, D=D, BLOCK_R=BLOCK_R)
+    merge_states_kernel[(triton.cdiv(R, BLOCK_R),)](
+        o_a, lse_a, o_b, lse_b, o, lse, R, error_word(o_a.device), D=D, BLOCK_R=BLOCK_R, GUARD=True
+    )
     return o, lse
 
 
-def _launch(q, k_cache, v_cache, block_tables, context_lens, scale, decode_plan, out, lse):
-    """Launch without checks (the benchmark times this). lse is None or [B, Hq] fp32."""
+def _launch(q, k_cache, v_cache, block_tables, context_lens, scale, decode_plan, out, lse, guard=True):
+    """Launch without checks (the benchmark times this). lse is None or [B, Hq] fp32. guard=False drops
+    the device guard (section 3.7), only so that the benchmark can time what it costs."""
     B, Hq, D = q.shape
     _, PAGE, Hkv, _ = k_cache.shape
     group = Hq // Hkv
@@ -312,8 +378,10 @@ def _launch(q, k_cache, v_cache, block_tables, context_lens, scale, decode_plan,
         BLOCK_N=BLOCK_N,
         num_warps=2,
         num_stages=5,
+        GUARD=guard,
     )
     head = (q, k_cache, v_cache, block_tables, context_lens)
+    guard_args = (k_cache.shape[0], block_tables.shape[1], error_word(q.device))
     kv_args = (scale * LOG2E, decode_plan.chunk, q.stride(0), q.stride(1), *k_cache.stride()[:3])
     kv_args += v_cache.stride()[:3]
     # launch() calls the compiled binary directly once it has seen this specialisation (section 3.6).
@@ -333,6 +401,7 @@ def _launch(q, k_cache, v_cache, block_tables, context_lens, scale, decode_plan,
                 0,
                 *lse_strides,
                 block_tables.stride(0),
+                *guard_args,
             ),
             WRITE_LSE=lse is not None,
             **common,
@@ -349,7 +418,16 @@ def _launch(q, k_cache, v_cache, block_tables, context_lens, scale, decode_plan,
     split = prepare(
         split_kv_kernel,
         (B, Hkv, splits),
-        (*head, o_part, lse_part, *kv_args, *part_strides, *lse_part_strides, block_tables.stride(0)),
+        (
+            *head,
+            o_part,
+            lse_part,
+            *kv_args,
+            *part_strides,
+            *lse_part_strides,
+            block_tables.stride(0),
+            *guard_args,
+        ),
         WRITE_LSE=True,
         **common,
     )
@@ -373,6 +451,7 @@ def _launch(q, k_cache, v_cache, block_tables, context_lens, scale, decode_plan,
         D=D,
         BLOCK_S=min(64, max(16, next_pow2(splits))),
         WRITE_LSE=lse is not None,
+        GUARD=guard,
         num_warps=4,
     )
     split()
@@ -442,6 +521,10 @@ def split_kv_decode(
             raise ValueError(
                 f"plan.chunk = {plan.chunk} must be a multiple of BLOCK_N = {BLOCK_N}, and "
                 f"plan.num_splits = {plan.num_splits} chunks must cover plan.max_len = {plan.max_len}"
+            )
+        if splits * chunk >= 2**31:  # a split's first token, split * chunk, is an int32 in the kernel
+            raise ValueError(
+                f"plan.num_splits * plan.chunk = {splits * chunk} must be below 2**31: token positions are int32"
             )
         capacity = block_tables.shape[1] * PAGE
         if max_len > capacity:  # the plan saw a length the table cannot hold: no device read needed
