@@ -1,4 +1,5 @@
-"""Paged-KV test cases and the fp32 PyTorch oracle for decode attention (L2, F1, L1 share them).
+"""Paged-KV test cases, the fp32 PyTorch oracle for decode attention, and the checks the paged graders
+share (L2, F1, L4; L1 takes the cases and the oracle).
 
 A case fills only the cache slots that some sequence really uses; every other slot (the tail of each
 last page, every unused block) holds NaN, and every block-table entry past a sequence's last page holds
@@ -7,12 +8,13 @@ a garbage id. A kernel that reads anything it should not gets NaN or faults.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
 import torch
 
-from drills.compare import assert_untouched
+from drills.compare import assert_close, assert_untouched
 from drills.grading import bigmem
 from drills.tests import seeded
 
@@ -106,6 +108,36 @@ def make_paged_case(
         block_tables=tables.to(torch.int32).to(device),
         context_lens=torch.tensor(lens, dtype=torch.int32, device=device),
     )
+
+
+def blocks_past(elements: int, PAGE: int, Hkv: int, D: int, spare: int) -> dict:
+    """make_paged_case's pool arguments (num_blocks, first_block, sparse) for a case whose used blocks all
+    start past `elements` elements of the cache, so that block id * PAGE * Hkv * D needs int64: the first
+    block 8 past the limit, `spare` blocks above it to shuffle the pages among. With elements = 2**32 an
+    int32 offset wraps past 0 onto the pool's first blocks, zeros in a sparse cache."""
+    first = elements // (PAGE * Hkv * D) + 8
+    return dict(num_blocks=first + spare, first_block=first, sparse=True)
+
+
+def skip_without_memory_for_sparse_pages(runtime):
+    """Skip, saying why, a test over sparse caches (bigmem.sparse_empty) when the interpreter's machine
+    cannot hold the pages the test touches (about 1 GB); on a GPU they are allocated for real."""
+    import pytest
+
+    if runtime.interpreter and bigmem.free_bytes() < 2**30:
+        pytest.skip(
+            f"needs about 1 GB of free memory for the pages it touches, {bigmem.free_bytes() / 2**30:.1f} GB free"
+        )
+
+
+def in_wider_table(block_tables: torch.Tensor, extra: int = 5) -> torch.Tensor:
+    """The same [B, max_pages] entries as columns 0..max_pages - 1 of a [B, max_pages + extra] table of
+    -1: a row stride of max_pages + extra, so a kernel that steps rows by max_pages instead of
+    block_tables.stride(0) reads another sequence's pages or a -1."""
+    B, max_pages = block_tables.shape
+    wide = torch.full((B, max_pages + extra), -1, dtype=torch.int32, device=block_tables.device)
+    wide[:, :max_pages] = block_tables
+    return wide[:, :max_pages]
 
 
 def live_slots(case: PagedCase) -> tuple[torch.Tensor, torch.Tensor]:
@@ -232,7 +264,55 @@ def call_with_canary_out(fn, q):
     return out
 
 
+def launch_into_canary(launch, case, scale=None):
+    """launch(*case.args, scale=scale, out=out), the lesson's launcher, with `out` a view into a canary
+    buffer (call_with_canary_out): every check also catches rows stored where they do not belong.
+    Returns out, shaped like case.q."""
+    return call_with_canary_out(lambda out: launch(*case.args, scale=scale, out=out), case.q)
+
+
+def check_launch(launch, reference, case, dims, scale=None, **tol):
+    """launch_into_canary against the fp32 oracle reference(*case.args, scale=scale) -> (out, lse),
+    a mismatch named along `dims`; tol overrides the dtype's tolerance. Returns the launcher's out."""
+    out = launch_into_canary(launch, case, scale)
+    ref, _ = reference(*case.args, scale=scale)
+    assert_close(out, ref, dims, **tol)
+    return out
+
+
+# (Hq, Hkv) by the name a grouping test's case carries, so that one name is one shape in every lesson.
+# GROUP = 1 (MHA) and Hkv = 1 (MQA) pass even with interleaved heads: the controls for the others.
+GROUPINGS = {
+    "group1-MHA": (4, 4),
+    "group2": (4, 2),
+    "group3": (9, 3),
+    "group4": (8, 2),
+    "group4-worked-example": (32, 8),
+    "group8": (16, 2),
+    "group8-MQA": (8, 1),
+    "group32-MQA": (32, 1),
+    "group32x2": (64, 2),
+}
+
+
+def grouping_cases(*names):
+    """@pytest.mark.parametrize("Hq,Hkv", ...) over the named GROUPINGS, each case's id its name."""
+    import pytest
+
+    return pytest.mark.parametrize("Hq,Hkv", [GROUPINGS[n] for n in names], ids=list(names))
+
+
 # --- Spoiling a valid call, for the launchers' bad-input checks (L2, F1) -----------------------------
+
+
+def spoiled_call(case, spoil, *context) -> dict:
+    """The keyword arguments of a valid launch on `case` (its fields by name, in order), with check=True:
+    on a GPU the lengths and block ids are checked only when asked, and these cases spoil them too.
+    Then spoiled: updated with spoil(arguments, *context), an entry of a bad-input table."""
+    args = {field.name: getattr(case, field.name) for field in dataclasses.fields(case)}
+    args["check"] = True
+    args.update(spoil(args, *context))
+    return args
 
 
 def int32_tensor(device, *values):
@@ -273,4 +353,36 @@ PAGED_BAD_INPUTS = {
         TypeError,
         "block_tables",
     ),
+}
+
+# Entries that L2 and L4 both add after their own, each group at the place both tables give it.
+CONTEXT_LENS_BAD_INPUTS = {
+    "context_lens_int64": (
+        lambda a, dev: dict(context_lens=a["context_lens"].long()),
+        TypeError,
+        "context_lens",
+    ),
+    "context_lens_wrong_batch": (
+        lambda a, dev: dict(context_lens=a["context_lens"][:1]),
+        ValueError,
+        "context_lens",
+    ),
+}
+# Live ids the kernel would follow out of the pool: the launcher checks every entry below a context_len.
+LIVE_BLOCK_ID_BAD_INPUTS = {
+    "live_block_id_past_pool": (
+        lambda a, dev: dict(block_tables=with_entry(a["block_tables"], 0, 1, a["k_cache"].shape[0])),
+        ValueError,
+        r"block_tables\[0, 1\]",
+    ),
+    "live_block_id_negative": (
+        lambda a, dev: dict(block_tables=with_entry(a["block_tables"], 1, 0, -1)),
+        ValueError,
+        r"block_tables\[1, 0\]",
+    ),
+}
+# k_cache and v_cache must share no element: V in K's memory is a caller's mix-up, not a layout.
+SHARED_KV_BAD_INPUTS = {
+    "v_cache_is_k_cache": (lambda a, dev: dict(v_cache=a["k_cache"]), ValueError, "v_cache"),
+    "v_cache_overlaps_k_cache": (lambda a, dev: overlapping_caches(a["k_cache"]), ValueError, "v_cache"),
 }

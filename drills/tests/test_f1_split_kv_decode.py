@@ -12,19 +12,22 @@ import pytest
 import torch
 
 from drills.compare import assert_close, mismatch
-from drills.grading import bigmem
 from drills.grading.diagnose import Mistake
 from drills.grading.launches import assert_runs_a_triton_kernel
 from drills.grading.report import Stage
 from drills.tests import bf16_everywhere, seeded, sizes
 from drills.tests.paged_kv import (
+    blocks_past,
     call_with_canary_out,
+    grouping_cases,
     in_layer_pool,
     int32_tensor,
     make_paged_case,
     overlapping_caches,
     paged_attention_reference,
     shift_scores,
+    skip_without_memory_for_sparse_pages,
+    spoiled_call,
     strided_q,
     with_entry,
 )
@@ -228,11 +231,7 @@ def test_last_page_is_masked(impl, runtime, splits):
     check(impl, case, plan=impl.plan(case.context_lens, 2, 16, num_splits=splits))
 
 
-@pytest.mark.parametrize(
-    "Hq,Hkv",
-    [(4, 4), (4, 2), (8, 2), (16, 2), (32, 1)],
-    ids=["group1-MHA", "group2", "group4", "group8", "group32-MQA"],
-)
+@grouping_cases("group1-MHA", "group2", "group4", "group8", "group32-MQA")
 def test_kv_head_grouping_is_contiguous(impl, runtime, Hq, Hkv):
     case = make_paged_case(
         sizes(runtime, [40, 9], [300, 129]), Hq, Hkv, 64, 16, device=runtime.device, stream=Hq + Hkv
@@ -277,29 +276,14 @@ def test_page_index_widened_to_int64(impl, runtime):
     """Block ids above 2**32 / page stride: int32 offsets wrap around to block 0 onwards and read zeros,
     on the one-page-per-tile path (PAGE = 16) and the token-by-token one (PAGE = 8). The caches are
     sparse files on a CPU: only the pages the sequences use take memory."""
-    if runtime.interpreter and bigmem.free_bytes() < 2**30:
-        pytest.skip(
-            f"needs about 1 GB of free memory for the pages it touches, "
-            f"{bigmem.free_bytes() / 2**30:.1f} GB free"
-        )
+    skip_without_memory_for_sparse_pages(runtime)
     Hkv, D = 1, 128
     for PAGE, lens, splits in (
         (16, sizes(runtime, [40, 7], [300, 45]), (1, 3)),
         (8, [sizes(runtime, 40, 100)], (2,)),
     ):
-        first = 2**32 // (PAGE * Hkv * D) + 8  # every used block id is past the int32 limit, wrapped past 0
-        case = make_paged_case(
-            lens,
-            4,
-            Hkv,
-            D,
-            PAGE,
-            device=runtime.device,
-            stream=9 + PAGE,
-            num_blocks=first + 64,
-            first_block=first,
-            sparse=True,
-        )
+        far_blocks = blocks_past(2**32, PAGE, Hkv, D, spare=64)  # every used block id past the int32 limit
+        case = make_paged_case(lens, 4, Hkv, D, PAGE, device=runtime.device, stream=9 + PAGE, **far_blocks)
         for n in splits:
             check(impl, case, plan=impl.plan(case.context_lens, Hkv, PAGE, num_splits=n))
 
@@ -582,15 +566,7 @@ def test_launcher_rejects_bad_input(impl, runtime, name):
     """Each bad argument raises ValueError/TypeError naming it, before any kernel runs."""
     spoil, error, names = BAD_INPUTS[name]
     case = make_paged_case([20, 5], 4, 2, 64, 16, device=runtime.device, stream=14)
-    args = dict(
-        q=case.q,
-        k_cache=case.k_cache,
-        v_cache=case.v_cache,
-        block_tables=case.block_tables,
-        context_lens=case.context_lens,
-    )
-    args["check"] = True  # the lengths and block ids too: on a GPU they are checked only when asked
-    args.update(spoil(args, impl, runtime.device))
+    args = spoiled_call(case, spoil, impl, runtime.device)
     with pytest.raises(error, match=names):
         impl.split_kv_decode(**args)
 

@@ -18,33 +18,38 @@ from drills.grading.diagnose import Mistake
 from drills.grading.launches import assert_runs_a_triton_kernel
 from drills.tests import bf16_everywhere, seeded, sizes
 from drills.tests.paged_kv import (
+    CONTEXT_LENS_BAD_INPUTS,
+    LIVE_BLOCK_ID_BAD_INPUTS,
     PAGED_BAD_INPUTS,
+    SHARED_KV_BAD_INPUTS,
     PagedCase,
-    call_with_canary_out,
+    blocks_past,
+    check_launch,
     gather_kv,
+    grouping_cases,
     in_layer_pool,
+    in_wider_table,
     int32_tensor,
+    launch_into_canary,
     make_paged_case,
-    overlapping_caches,
     paged_attention_reference,
     shift_scores,
+    skip_without_memory_for_sparse_pages,
+    spoiled_call,
     strided_q,
     tail_slots,
-    with_entry,
 )
 
 DIMS = ("b", "head", "d")  # how a mismatch names its position: sequence, query head, feature
 
 
 def run_into_canary(impl, case, scale=None):
-    return call_with_canary_out(lambda out: impl.paged_decode(*case.args, scale=scale, out=out), case.q)
+    return launch_into_canary(impl.paged_decode, case, scale)
 
 
 def check(impl, case, scale=None, **tol):
-    out = run_into_canary(impl, case, scale)
-    ref, _ = paged_attention_reference(*case.args, scale=scale)
-    assert_close(out, ref, DIMS, **tol)
-    return out
+    """paged_decode on `case` against the decode oracle: out [B, Hq, D]."""
+    return check_launch(impl.paged_decode, paged_attention_reference, case, DIMS, scale, **tol)
 
 
 # --- Section 2 "By hand": the worked example through your kernel -------------------------------------
@@ -131,10 +136,8 @@ def test_tail_keys_get_no_weight(impl, runtime):
     check(impl, case)
 
 
-@pytest.mark.parametrize(
-    "Hq,Hkv",
-    [(4, 4), (4, 2), (8, 2), (32, 8), (16, 2), (32, 1), (64, 2)],
-    ids=["group1-MHA", "group2", "group4", "group4-worked-example", "group8", "group32-MQA", "group32x2"],
+@grouping_cases(
+    "group1-MHA", "group2", "group4", "group4-worked-example", "group8", "group32-MQA", "group32x2"
 )
 def test_kv_head_grouping_is_contiguous(impl, runtime, Hq, Hkv):
     """Query head h reads KV head h // GROUP, not h % Hkv (interleaved). GROUP > 16 needs GROUP_PAD > 16.
@@ -259,11 +262,7 @@ def test_pages_are_looked_up_through_the_block_table(impl, runtime):
     assert 0 in case0.block_tables[0, :3].tolist(), "this case should use physical block 0"
     check(impl, case0)
     # The rows of a wider table: row stride max_pages + 5 (the kernel must use stride_bt).
-    wide = torch.full(
-        (len(lens), case.block_tables.shape[1] + 5), -1, dtype=torch.int32, device=runtime.device
-    )
-    wide[:, : case.block_tables.shape[1]] = case.block_tables
-    case.block_tables = wide[:, : case.block_tables.shape[1]]
+    case.block_tables = in_wider_table(case.block_tables)
     check(impl, case)
 
 
@@ -310,27 +309,12 @@ def test_page_index_widened_to_int64(impl, runtime):
     """Block ids above 2**32 / page stride: block id * stride_kb overflows int32 and wraps around to
     block 0 onwards, which reads zeros here. The 8.6 GB caches are sparse files on a CPU: only the pages
     the sequences use take memory."""
-    if runtime.interpreter and bigmem.free_bytes() < 2**30:
-        pytest.skip(
-            f"needs about 1 GB of free memory for the pages it touches, "
-            f"{bigmem.free_bytes() / 2**30:.1f} GB free"
-        )
+    skip_without_memory_for_sparse_pages(runtime)
     PAGE, Hkv, D = 16, 1, 128
-    stride = PAGE * Hkv * D  # elements per block
-    first = 2**32 // stride + 8  # every used block id is past the int32 limit, wrapped past 0
-    case = make_paged_case(
-        sizes(runtime, [40, 7], [300, 45]),
-        4,
-        Hkv,
-        D,
-        PAGE,
-        device=runtime.device,
-        stream=41,
-        num_blocks=first + 64,
-        first_block=first,
-        sparse=True,
-    )
-    assert case.block_tables[:, 0].min().item() * stride > 2**32
+    far_blocks = blocks_past(2**32, PAGE, Hkv, D, spare=64)  # every used block id past the int32 limit
+    lens = sizes(runtime, [40, 7], [300, 45])
+    case = make_paged_case(lens, 4, Hkv, D, PAGE, device=runtime.device, stream=41, **far_blocks)
+    assert case.block_tables[:, 0].min().item() * PAGE * Hkv * D > 2**32
     check(impl, case)
 
 
@@ -339,11 +323,7 @@ def test_sequence_index_widened_to_int64(impl, runtime):
     int32): row 2 starts 3 * 2**30 elements in, so b * stride(0) in int32 wraps to -2**30 and reads
     before q. The buffer holds 2**31 elements before q, zeros, so on a GPU the wrapped row lands inside
     it; the interpreter reports a load outside q. A sparse file on a CPU."""
-    if runtime.interpreter and bigmem.free_bytes() < 2**30:
-        pytest.skip(
-            f"needs about 1 GB of free memory for the pages it touches, "
-            f"{bigmem.free_bytes() / 2**30:.1f} GB free"
-        )
+    skip_without_memory_for_sparse_pages(runtime)
     case = make_paged_case([20, 9, 33], 4, 2, 64, 16, device=runtime.device, stream=97)
     B, Hq, D = case.q.shape
     stride, before = 3 * 2**29, 2**31  # q's row stride, and the buffer's elements before q
@@ -378,16 +358,7 @@ BAD_INPUTS = {
         ValueError,
         "block_tables",
     ),
-    "context_lens_int64": (
-        lambda a, dev: dict(context_lens=a["context_lens"].long()),
-        TypeError,
-        "context_lens",
-    ),
-    "context_lens_wrong_batch": (
-        lambda a, dev: dict(context_lens=a["context_lens"][:1]),
-        ValueError,
-        "context_lens",
-    ),
+    **CONTEXT_LENS_BAD_INPUTS,
     "context_len_negative": (
         lambda a, dev: dict(context_lens=int32_tensor(dev, 20, -1)),
         ValueError,
@@ -415,23 +386,13 @@ BAD_INPUTS = {
         ValueError,
         "block_tables",
     ),
-    "live_block_id_past_pool": (
-        lambda a, dev: dict(block_tables=with_entry(a["block_tables"], 0, 1, a["k_cache"].shape[0])),
-        ValueError,
-        r"block_tables\[0, 1\]",
-    ),
-    "live_block_id_negative": (
-        lambda a, dev: dict(block_tables=with_entry(a["block_tables"], 1, 0, -1)),
-        ValueError,
-        r"block_tables\[1, 0\]",
-    ),
+    **LIVE_BLOCK_ID_BAD_INPUTS,
     "scale_nan": (lambda a, dev: dict(scale=float("nan")), ValueError, "scale"),
     "scale_inf": (lambda a, dev: dict(scale=float("inf")), ValueError, "scale"),
     "scale_negative": (lambda a, dev: dict(scale=-0.125), ValueError, "scale"),
     "scale_zero": (lambda a, dev: dict(scale=0.0), ValueError, "scale"),
     "scale_bool": (lambda a, dev: dict(scale=True), TypeError, "scale"),
-    "v_cache_is_k_cache": (lambda a, dev: dict(v_cache=a["k_cache"]), ValueError, "v_cache"),
-    "v_cache_overlaps_k_cache": (lambda a, dev: overlapping_caches(a["k_cache"]), ValueError, "v_cache"),
+    **SHARED_KV_BAD_INPUTS,
 }
 
 
@@ -440,15 +401,7 @@ def test_launcher_rejects_bad_input(impl, runtime, name):
     """Each bad argument raises ValueError/TypeError naming it, before any kernel runs."""
     spoil, error, names = BAD_INPUTS[name]
     case = make_paged_case([20, 5], 4, 2, 64, 16, device=runtime.device, stream=43)
-    args = dict(
-        q=case.q,
-        k_cache=case.k_cache,
-        v_cache=case.v_cache,
-        block_tables=case.block_tables,
-        context_lens=case.context_lens,
-    )
-    args["check"] = True  # the lengths and block ids too: on a GPU they are checked only when asked
-    args.update(spoil(args, runtime.device))
+    args = spoiled_call(case, spoil, runtime.device)
     with pytest.raises(error, match=names):
         impl.paged_decode(**args)
 

@@ -21,16 +21,23 @@ from drills.grading.diagnose import Mistake
 from drills.grading.launches import assert_runs_a_triton_kernel
 from drills.tests import bf16_everywhere, raises_naming, seeded, sizes
 from drills.tests.paged_kv import (
+    CONTEXT_LENS_BAD_INPUTS,
     GARBAGE_BLOCK_IDS,
+    LIVE_BLOCK_ID_BAD_INPUTS,
     PAGED_BAD_INPUTS,
+    SHARED_KV_BAD_INPUTS,
     PagedCase,
-    call_with_canary_out,
+    blocks_past,
+    check_launch,
     gather_kv,
+    grouping_cases,
     in_layer_pool,
+    in_wider_table,
     int32_tensor,
+    launch_into_canary,
     make_paged_case,
-    overlapping_caches,
-    with_entry,
+    skip_without_memory_for_sparse_pages,
+    spoiled_call,
 )
 
 DIMS = ("token", "head", "d")  # how a mismatch names its position: row of the packed q, query head, feature
@@ -118,15 +125,9 @@ def prefill_reference(
     return out, lse
 
 
-def run_into_canary(impl, case, scale=None):
-    return call_with_canary_out(lambda out: impl.paged_prefill(*case.args, scale=scale, out=out), case.q)
-
-
 def check(impl, case, scale=None, **tol):
-    out = run_into_canary(impl, case, scale)
-    ref, _ = prefill_reference(*case.args, scale=scale)
-    assert_close(out, ref, DIMS, **tol)
-    return out
+    """paged_prefill on `case` against the prefill oracle: out [total_q, Hq, D]."""
+    return check_launch(impl.paged_prefill, prefill_reference, case, DIMS, scale, **tol)
 
 
 def check_lse(impl, case):
@@ -247,7 +248,7 @@ def test_cached_prefix_is_visible_bottom_right(impl, runtime):
     prefix = sizes(runtime, [24, 16, 40], [2048, 1024, 4000])
     ctx = [p + n for p, n in zip(prefix, q_lens)]
     case = make_prefill_case(ctx, q_lens, 8, 2, 64, 8, stream=103, device=runtime.device)
-    out = run_into_canary(impl, case)
+    out = launch_into_canary(impl.paged_prefill, case)
     ref, _ = prefill_reference(*case.args)
     problem = mismatch(out, ref, DIMS)
     if problem is not None:
@@ -310,11 +311,7 @@ def test_cu_seqlens_mark_where_each_sequence_starts(impl, runtime):
     check(impl, case)
 
 
-@pytest.mark.parametrize(
-    "Hq,Hkv",
-    [(4, 4), (9, 3), (8, 2), (16, 2), (8, 1)],
-    ids=["group1-MHA", "group3", "group4", "group8", "group8-MQA"],
-)
+@grouping_cases("group1-MHA", "group3", "group4", "group8", "group8-MQA")
 def test_kv_head_grouping_is_contiguous(impl, runtime, Hq, Hkv):
     """Query head h reads KV head h // GROUP, not h % Hkv (interleaved). GROUP = 3 (SmolLM2: Hq = 9,
     Hkv = 3) is not a power of two: a tile's rows are not a whole number of groups. Interleaved and
@@ -347,9 +344,7 @@ def test_pages_shuffled_and_shared(impl, runtime):
         ctx, q_lens, 8, 2, 64, 8, stream=151, device=runtime.device, shared_prefix_pages=2
     )
     assert (case.block_tables[:, :2] == case.block_tables[0, :2]).all()
-    wide = torch.full((3, case.block_tables.shape[1] + 5), -1, dtype=torch.int32, device=runtime.device)
-    wide[:, : case.block_tables.shape[1]] = case.block_tables
-    case.block_tables = wide[:, : case.block_tables.shape[1]]
+    case.block_tables = in_wider_table(case.block_tables)
     check(impl, case)
     case0 = make_prefill_case([19], [7], 4, 1, 64, 8, stream=157, device=runtime.device, num_blocks=3)
     assert 0 in case0.block_tables[0, :3].tolist(), "this case should use physical block 0"
@@ -596,29 +591,13 @@ def test_page_index_widened_to_int64(impl, runtime):
     """Block ids above 2**32 / page stride: block id * stride_kb overflows int32 and wraps around to
     block 0 onwards, which reads zeros here. The 8.6 GB caches are sparse files on a CPU: only the pages
     the sequences use take memory."""
-    if runtime.interpreter and bigmem.free_bytes() < 2**30:
-        pytest.skip(
-            f"needs about 1 GB of free memory for the pages it touches, {bigmem.free_bytes() / 2**30:.1f} GB free"
-        )
+    skip_without_memory_for_sparse_pages(runtime)
     PAGE, Hkv, D = 16, 1, 128
-    stride = PAGE * Hkv * D  # elements per block
-    first = 2**32 // stride + 8  # every used block id is past the int32 limit, wrapped past 0
+    far_blocks = blocks_past(2**32, PAGE, Hkv, D, spare=96)  # every used block id past the int32 limit
     q_lens = sizes(runtime, [9, 7], [300, 45])
     ctx = sizes(runtime, [40, 7], [700, 45])
-    case = make_prefill_case(
-        ctx,
-        q_lens,
-        4,
-        Hkv,
-        D,
-        PAGE,
-        stream=233,
-        device=runtime.device,
-        num_blocks=first + 96,
-        first_block=first,
-        sparse=True,
-    )
-    assert case.block_tables[:, 0].min().item() * stride > 2**32
+    case = make_prefill_case(ctx, q_lens, 4, Hkv, D, PAGE, stream=233, device=runtime.device, **far_blocks)
+    assert case.block_tables[:, 0].min().item() * PAGE * Hkv * D > 2**32
     check(impl, case)
 
 
@@ -628,28 +607,14 @@ def test_v_page_offsets_widened_to_int64(impl, runtime):
     needed for V alone, through V's own strides: a kernel that widens K's offsets and not V's (or decides
     from k_cache's span alone) wraps V's rows onto the pool's first blocks, zeros here. Sparse files on a
     CPU: only the pages the sequences use take memory."""
-    if runtime.interpreter and bigmem.free_bytes() < 2**30:
-        pytest.skip(
-            f"needs about 1 GB of free memory for the pages it touches, {bigmem.free_bytes() / 2**30:.1f} GB free"
-        )
+    skip_without_memory_for_sparse_pages(runtime)
     PAGE, Hkv, D, layers = 16, 1, 128, 4
     stride = PAGE * Hkv * D  # elements per block of k_cache
-    first = 2**30 // stride + 8  # K rows below 2**31; V rows, 4 times as far apart, past 2**32
+    # K rows below 2**31; V rows, 4 times as far apart, past 2**32
+    far_blocks = blocks_past(2**30, PAGE, Hkv, D, spare=96)
     q_lens = sizes(runtime, [9, 7], [300, 45])
     ctx = sizes(runtime, [40, 7], [700, 45])
-    case = make_prefill_case(
-        ctx,
-        q_lens,
-        4,
-        Hkv,
-        D,
-        PAGE,
-        stream=247,
-        device=runtime.device,
-        num_blocks=first + 96,
-        first_block=first,
-        sparse=True,
-    )
+    case = make_prefill_case(ctx, q_lens, 4, Hkv, D, PAGE, stream=247, device=runtime.device, **far_blocks)
     num_blocks = case.k_cache.shape[0]
     pool = bigmem.sparse_empty((num_blocks, layers, PAGE, Hkv, D), case.q.dtype, runtime.device)
     v_cache = pool[:, layers - 1]  # [num_blocks, PAGE, Hkv, D], stride_vb = layers * stride
@@ -697,16 +662,7 @@ BAD_INPUTS = {
         ValueError,
         "cu_seqlens_q",
     ),
-    "context_lens_int64": (
-        lambda a, dev: dict(context_lens=a["context_lens"].long()),
-        TypeError,
-        "context_lens",
-    ),
-    "context_lens_wrong_batch": (
-        lambda a, dev: dict(context_lens=a["context_lens"][:1]),
-        ValueError,
-        "context_lens",
-    ),
+    **CONTEXT_LENS_BAD_INPUTS,
     "q_len_past_context_len": (
         lambda a, dev: dict(context_lens=int32_tensor(dev, 20, 2)),
         ValueError,
@@ -722,23 +678,13 @@ BAD_INPUTS = {
         ValueError,
         "cu_seqlens_q",
     ),
-    "live_block_id_past_pool": (
-        lambda a, dev: dict(block_tables=with_entry(a["block_tables"], 0, 1, a["k_cache"].shape[0])),
-        ValueError,
-        r"block_tables\[0, 1\]",
-    ),
-    "live_block_id_negative": (
-        lambda a, dev: dict(block_tables=with_entry(a["block_tables"], 1, 0, -1)),
-        ValueError,
-        r"block_tables\[1, 0\]",
-    ),
+    **LIVE_BLOCK_ID_BAD_INPUTS,
     "scale_nan": (lambda a, dev: dict(scale=float("nan")), ValueError, "scale"),
     "scale_negative": (lambda a, dev: dict(scale=-0.125), ValueError, "scale"),
     "scale_bool": (lambda a, dev: dict(scale=True), TypeError, "scale"),
     "return_lse_not_bool": (lambda a, dev: dict(return_lse="yes"), TypeError, "return_lse"),
     "check_not_bool": (lambda a, dev: dict(check="yes"), TypeError, "check"),
-    "v_cache_is_k_cache": (lambda a, dev: dict(v_cache=a["k_cache"]), ValueError, "v_cache"),
-    "v_cache_overlaps_k_cache": (lambda a, dev: overlapping_caches(a["k_cache"]), ValueError, "v_cache"),
+    **SHARED_KV_BAD_INPUTS,
     "out_wrong_shape": (lambda a, dev: dict(out=torch.empty_like(a["q"])[:, :2]), ValueError, "out"),
     "out_fp32": (lambda a, dev: dict(out=torch.empty_like(a["q"], dtype=torch.float32)), TypeError, "out"),
 }
@@ -749,9 +695,7 @@ def test_launcher_rejects_bad_input(impl, runtime, name):
     """Each bad argument raises ValueError/TypeError naming it, before any kernel runs."""
     spoil, error, names = BAD_INPUTS[name]
     case = make_prefill_case([20, 3], [5, 3], 4, 2, 64, 16, stream=239, device=runtime.device, max_pages=4)
-    args = dict(zip(("q", "k_cache", "v_cache", "block_tables", "cu_seqlens_q", "context_lens"), case.args))
-    args["check"] = True  # the values too on a GPU, where check=None skips them (no device sync)
-    args.update(spoil(args, runtime.device))
+    args = spoiled_call(case, spoil, runtime.device)
     with raises_naming(error, names):
         impl.paged_prefill(**args)
 
