@@ -1,5 +1,5 @@
 """T5 mutants: the mistakes of explainer section 5 (causal alignment, masks, the online softmax, exp2 and
-lse, strides, grouping, empty rows)."""
+lse, strides, grouping, empty rows, offsets, dtypes)."""
 
 from drills.mutants import Mutant
 
@@ -134,5 +134,17 @@ MUTANTS = [
         "16. the head index left int32 (h * stride_qh wraps past 2**31)",
         "h = (pid_bh % H).to(tl.int64)",
         "h = pid_bh % H",
+    ),
+    Mutant(
+        "p_cast_to_fp16",
+        "17. p cast to tl.float16 before P V, not to v's dtype",
+        "acc = tl.dot(p.to(v.dtype), v, acc)",
+        "acc = tl.dot(p.to(tl.float16), v, acc)",
+    ),
+    Mutant(
+        "out_stored_as_fp16",
+        "17. out cast to tl.float16 before the store, not to out's element type",
+        "out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None]",
+        "out.to(tl.float16), mask=row_ok[:, None]",
     ),
 ]

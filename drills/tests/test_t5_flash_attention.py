@@ -426,6 +426,27 @@ def test_dtypes(impl, runtime, dtype, causal):
     assert_close(out, attention_reference(q, k, v, causal)[0], DIMS)
 
 
+# Per dtype, a V magnitude whose outputs lie at the top of fp16's range (2^13 to about 5 x 2^13, under
+# fp16's largest 65504) or, for bf16, just past it (2^16 = 65536 and up): bf16 keeps fp32's range.
+LARGE_V = {torch.float16: 2.0**13, torch.bfloat16: 2.0**16}
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, bf16_everywhere()], ids=["fp16", "bf16"])
+def test_out_keeps_the_range_of_its_dtype(impl, runtime, dtype):
+    """Every V element is LARGE_V[dtype] x (1 + |randn|), so every output element is too. bf16 outputs
+    from 65536 up hold in bf16 and not in fp16 (largest 65504): a kernel that casts to tl.float16 where
+    the tensors' own dtype belongs (p before P V, or out before the store) turns them into inf, or does
+    not compile (tl.dot of fp16 p by bf16 v). The fp16 case is the same check inside fp16's range."""
+    q, k, v = make_qkv(1, 2, 2, 30, 50, 64, dtype=dtype, device=runtime.device, stream=89)
+    v.copy_(((v.float().abs() + 1) * LARGE_V[dtype]).to(dtype))
+    ref, _ = attention_reference(q, k, v, scale=0.125)
+    out, _ = launch_into_canary(impl, q, k, v, False, 0.125)  # compared first: an inf here says so
+    assert_close(out, ref, DIMS)
+    out = impl.flash_attention(q, k, v)
+    assert out.dtype == dtype, f"out is {out.dtype}, q is {dtype}"
+    assert_close(out, ref, DIMS)
+
+
 @pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
 def test_long_sequences(impl, runtime, causal):
     """GPU only: sequences of thousands of tokens, many query blocks and key blocks, with GQA."""
@@ -588,10 +609,12 @@ STAGES = [
             "test_runs_a_triton_kernel",
             "test_launcher_rejects_bad_input",
             "test_tolerance_rejects_zeros_and_mean_of_v",
+            "test_out_keeps_the_range_of_its_dtype",
             "*noncausal*",
         ),
         "attention over every key (causal=False, H = Hkv, no lse): the worked example, partial blocks, "
-        "strides, the online softmax, the scale, the final division, rows past Nq",
+        "strides, the online softmax, the scale, the final division, rows past Nq, bf16 outputs past "
+        "fp16's range",
     ),
     Stage(
         "causal",
@@ -626,7 +649,8 @@ STAGES = [
 # padding mistake; test_last_key_block_is_masked[noncausal] and test_keys_not_a_multiple_of_the_block have no
 # causal mask to blame; the by-hand cases (B = H = 1, one key block, contiguous rows) pass every mistake
 # of rescaling, strides and grouping; test_negative_causal_shift_is_not_clamped compares only rows that
-# see a key, so it passes the empty-row mistakes (9) and fails the clamp (15).
+# see a key, so it passes the empty-row mistakes (9) and fails the clamp (15); a tl.float16 written where
+# the tensors' dtype belongs (17) passes every fp16 case and fails the bf16 outputs past fp16's range.
 
 MISTAKES = [
     Mistake(
@@ -852,5 +876,17 @@ MISTAKES = [
         question="Batch 2 starts 2 * (2**30 + 2**20) elements into q: in which integer type does your kernel "
         "compute b * stride_qb, and what does that type do past 2**31 - 1?",
         section="3.1",
+    ),
+    Mistake(
+        17,
+        fails=("test_out_keeps_the_range_of_its_dtype[bf16]",),
+        passes=(
+            "test_out_keeps_the_range_of_its_dtype[fp16]",
+            "test_dtypes[fp16-noncausal]",
+            "test_dtypes[fp16-causal]",
+        ),
+        question="Your fp16 cases pass and your bf16 ones do not: which dtype does your kernel give p before "
+        "P V and out before the store, and what does fp16 make of a bf16 output of 65536?",
+        section="3.4",
     ),
 ]
