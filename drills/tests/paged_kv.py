@@ -302,7 +302,7 @@ def grouping_cases(*names):
     return pytest.mark.parametrize("Hq,Hkv", [GROUPINGS[n] for n in names], ids=list(names))
 
 
-# --- Spoiling a valid call, for the launchers' bad-input checks (L2, F1) -----------------------------
+# --- Spoiling a valid call, for the launchers' bad-input checks (L2, F1, L4) -------------------------
 
 
 def spoiled_call(case, spoil, *context) -> dict:
@@ -368,7 +368,7 @@ CONTEXT_LENS_BAD_INPUTS = {
         "context_lens",
     ),
 }
-# Live ids the kernel would follow out of the pool: the launcher checks every entry below a context_len.
+# Block ids the kernel would follow out of the pool: the launcher checks every entry a sequence's pages use.
 LIVE_BLOCK_ID_BAD_INPUTS = {
     "live_block_id_past_pool": (
         lambda a, dev: dict(block_tables=with_entry(a["block_tables"], 0, 1, a["k_cache"].shape[0])),
