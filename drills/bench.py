@@ -294,6 +294,15 @@ def render_figures(text: str, figures: dict, data: dict) -> str:
     return FIGURE.sub(fill, text)
 
 
+def refresh_figures(lesson: Lesson) -> None:
+    """Refill the lesson explainer's figures from its committed JSON, for a record that the figures read
+    beside it (make guards rewrites device_guards.bench.json, which four explainers quote)."""
+    path = lesson.explainer.parent / f"{lesson.stem}.bench.json"
+    figures = getattr(benchmark_module(lesson), "FIGURES", {})
+    text = lesson.explainer.read_text()
+    lesson.explainer.write_text(render_figures(text, figures, json.loads(path.read_text())))
+
+
 def stale_figures_in(text: str, figures: dict, data: dict) -> list[str]:
     """The spans of text whose content is not what data renders, or that name no figure, one line each
     ("name: the text says X, the JSON gives Y"); empty when every figure is current."""

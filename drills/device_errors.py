@@ -130,3 +130,21 @@ def record_error(err_ptr, bad, code: tl.constexpr, index, value):
             tl.store(err_ptr + 1, index.to(tl.int64))
             tl.store(err_ptr + 2, value.to(tl.int64))
         tl.atomic_add(err_ptr + 3, none + 1)
+
+
+@triton.jit
+def scan_block_ids(row_ptr, num_pages, num_blocks, CHUNK: tl.constexpr = 128):
+    """(how many, the largest) of the block ids row_ptr[0:num_pages] outside [0, num_blocks), read CHUNK
+    at a time before the kernel's own page loop: a guard inside that loop would sit on the path from
+    each block id to its K and V loads (it cost L4 8-22% there, measured on an H200), a scan ahead of it
+    costs one vector load per CHUNK pages. The row must be contiguous (the launchers check it)."""
+    offs = tl.arange(0, CHUNK)
+    n_bad = tl.full([], 0, tl.int32)
+    largest = tl.full([], -(2**62), tl.int64)  # below every int32 id, so a bad -1 still shows
+    for p0 in range(0, num_pages, CHUNK):
+        pages = p0 + offs  # [CHUNK]
+        ids = tl.load(row_ptr + pages, mask=pages < num_pages, other=0).to(tl.int64)
+        bad = (pages < num_pages) & ((ids < 0) | (ids >= num_blocks))
+        n_bad += tl.sum(bad.to(tl.int32), axis=0)
+        largest = tl.maximum(largest, tl.max(tl.where(bad, ids, -(2**62)), axis=0))
+    return n_bad, largest

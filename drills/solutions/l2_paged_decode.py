@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from drills import validate
-from drills.device_errors import error_word, record_error
+from drills.device_errors import error_word, record_error, scan_block_ids
 from drills.launch import launch, next_pow2
 
 
@@ -62,9 +62,6 @@ def paged_decode_kernel(
         ctx_ok = (ctx >= 0) & (ctx <= max_pages * PAGE)
         record_error(err_ptr, (ctx_ok == 0) & (kvh == 0), 21, b, ctx)
         ctx = tl.where(ctx_ok, ctx, 0)
-        # Typed before the loop: a loop-carried value keeps one type (first_bad takes phys's int64).
-        n_bad = tl.full([], 0, tl.int32)  # block ids outside [0, num_blocks) met so far
-        first_bad = tl.full([], 0, tl.int64)
 
     # Section 3.2 "Packing the group": the GROUP query heads that share KV head kvh are contiguous
     # (head h reads KV head h // GROUP), padded with zero rows up to GROUP_PAD.
@@ -86,16 +83,15 @@ def paged_decode_kernel(
 
     # Section 3.3 "The page loop": only cdiv(ctx, PAGE) table entries are read; the rest may be garbage.
     num_pages = tl.cdiv(ctx, PAGE)
+    if GUARD:
+        # Section 3.7: the row's block ids are scanned before the loop; one outside the pool makes the
+        # row read nothing (zeros), so no address is ever formed from it.
+        n_bad, bad_id = scan_block_ids(block_tables_ptr + b * stride_bt, num_pages, num_blocks)
+        record_error(err_ptr, (n_bad > 0) & (kvh == 0), 22, b, bad_id)
+        num_pages = tl.where(n_bad == 0, num_pages, 0)
     for p in range(0, num_pages):
         # Widen before multiplying: block id * page stride passes 2**31 on large caches.
         phys = tl.load(block_tables_ptr + b * stride_bt + p).to(tl.int64)
-        if GUARD:
-            # Section 3.7: a block id outside the pool is read as block 0 (inside the pool) and the row
-            # is zeroed at the end, so no address is formed from it.
-            phys_ok = (phys >= 0) & (phys < num_blocks)
-            first_bad = tl.where((n_bad == 0) & (phys_ok == 0), phys, first_bad)
-            n_bad += (phys_ok == 0).to(tl.int32)
-            phys = tl.where(phys_ok, phys, 0)
         tok = p * PAGE + offs_t  # [PAGE] token positions in the sequence
         t_mask = tok < ctx  # the last page is usually partly filled: its tail is stale
         k = tl.load(
@@ -123,9 +119,6 @@ def paged_decode_kernel(
     # Section 3.5 "Storing only real rows": normalise once, at the end. A padding sequence (ctx = 0)
     # read nothing: l_i = 0 and acc = 0, and 0 / 0 would store NaN, so it divides by 1 and stores zeros.
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # [GROUP_PAD, D]
-    if GUARD:
-        record_error(err_ptr, (n_bad > 0) & (kvh == 0), 22, b, first_bad)
-        out = tl.where(n_bad == 0, out, 0.0)  # a row that met a bad block id is defined: zeros
     # Only the GROUP real rows are stored: padding rows belong to other heads' memory.
     tl.store(
         out_ptr + b * stride_ob + q_heads[:, None] * stride_oh + offs_d[None, :],
