@@ -111,7 +111,9 @@ def main() -> int:
     for stem in sorted({r["lesson"] for r in rows}):
         bench.refresh_figures(lessons.find(stem))  # their guard paragraphs quote this record
     worst = max(max(r["eager_ratio"], r["graph_ratio"]) for r in rows)
-    print(f"wrote {path.name}: {len(rows)} shapes, worst ratio {worst:.3f}; refreshed the explainers' figures")
+    print(
+        f"wrote {path.name}: {len(rows)} shapes, worst ratio {worst:.3f}; refreshed the explainers' figures"
+    )
     return 0
 
 

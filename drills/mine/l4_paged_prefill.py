@@ -30,16 +30,6 @@ def _block_ids(table_ptr, start_n, offs_n, ctx, PAGE: tl.constexpr):
 
 
 @triton.jit
-def _contain_block_ids(phys, num_blocks, n_bad, first_bad):
-    """Section 3.8: block ids outside [0, num_blocks) become block 0 (inside the pool), and are counted,
-    the largest kept, so that the tile's rows can be zeroed and the id named. Returns the three."""
-    bad = (phys < 0) | (phys >= num_blocks)  # [BLOCK_N]
-    first_bad = tl.where(n_bad == 0, tl.max(tl.where(bad, phys, -(2**31))), first_bad)
-    n_bad += tl.sum(bad.to(tl.int32))
-    return tl.where(bad, 0, phys), n_bad, first_bad
-
-
-@triton.jit
 def _attend_kv_tile(
     acc,
     l_i,

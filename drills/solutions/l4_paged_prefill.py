@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from drills import validate
-from drills.device_errors import error_word, record_error
+from drills.device_errors import error_word, record_error, scan_block_ids
 from drills.launch import launch, next_pow2
 
 
@@ -36,16 +36,6 @@ def _block_ids(table_ptr, start_n, offs_n, ctx, PAGE: tl.constexpr):
     # Entries past the last page are garbage: not read. Keys at or past ctx get block 0 instead, and
     # _attend_kv_tile never loads them.
     return tl.load(table_ptr + cols // PAGE, mask=cols < ctx, other=0)
-
-
-@triton.jit
-def _contain_block_ids(phys, num_blocks, n_bad, first_bad):
-    """Section 3.8: block ids outside [0, num_blocks) become block 0 (inside the pool), and are counted,
-    the largest kept, so that the tile's rows can be zeroed and the id named. Returns the three."""
-    bad = (phys < 0) | (phys >= num_blocks)  # [BLOCK_N]
-    first_bad = tl.where(n_bad == 0, tl.max(tl.where(bad, phys, -(2**31))), first_bad)
-    n_bad += tl.sum(bad.to(tl.int32))
-    return tl.where(bad, 0, phys), n_bad, first_bad
 
 
 @triton.jit
@@ -237,16 +227,17 @@ def paged_prefill_kernel(
     full_end = (prefix + tok0 + 1) // BLOCK_N * BLOCK_N
     hi = tl.minimum(ctx, prefix + tok0 + BLOCK_Q)
     if GUARD:
-        full_end = tl.where(seq_ok, full_end, 0)  # an invalid sequence's prefix is negative: no key
+        # Section 3.8: every block id the sequence uses is scanned before the key loops; one outside the
+        # pool makes the whole sequence invalid, in every tile alike. An invalid sequence reads no key.
+        n_bad, bad_id = scan_block_ids(table_ptr, tl.cdiv(ctx, PAGE), num_blocks)
+        record_error(err_ptr, (n_bad > 0) & (tok0 == 0) & (head0 == 0), 43, b, bad_id)
+        seq_ok = seq_ok & (n_bad == 0)
+        full_end = tl.where(seq_ok, full_end, 0)
         hi = tl.where(seq_ok, hi, 0)
     # Section 3.3: each tile's block ids are loaded one tile ahead, so no K or V copy waits on the table.
     phys = _block_ids(table_ptr, 0, offs_n, ctx, PAGE)  # [BLOCK_N] the first tile's, wherever it is
-    if GUARD:
-        phys, n_bad, first_bad = _contain_block_ids(phys, num_blocks, 0, 0)
     for start_n in range(0, full_end, BLOCK_N):
         phys_next = _block_ids(table_ptr, start_n + BLOCK_N, offs_n, ctx, PAGE)
-        if GUARD:
-            phys_next, n_bad, first_bad = _contain_block_ids(phys_next, num_blocks, n_bad, first_bad)
         acc, l_i, m_i = _attend_kv_tile(
             acc,
             l_i,
@@ -273,8 +264,6 @@ def paged_prefill_kernel(
         phys = phys_next
     for start_n in range(full_end, hi, BLOCK_N):
         phys_next = _block_ids(table_ptr, start_n + BLOCK_N, offs_n, ctx, PAGE)
-        if GUARD:
-            phys_next, n_bad, first_bad = _contain_block_ids(phys_next, num_blocks, n_bad, first_bad)
         acc, l_i, m_i = _attend_kv_tile(
             acc,
             l_i,
@@ -303,10 +292,7 @@ def paged_prefill_kernel(
     # Section 3.5 "Storing the rows": every real row saw key 0, so l >= 1: divide once, store real rows only.
     out = acc / l_i[:, None]  # [BLOCK_M, D]
     if GUARD:
-        # Section 3.8: a row that read nothing (invalid sequence) or met a bad block id stores zeros.
-        record_error(err_ptr, (n_bad > 0) & (head0 == 0), 43, b, first_bad)
-        row_valid = seq_ok & (n_bad == 0)
-        out = tl.where(row_valid, out, 0.0)
+        out = tl.where(seq_ok, out, 0.0)  # Section 3.8: an invalid sequence read nothing: zeros, not 0 / 0
     tl.store(
         out_ptr + q_rows[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
         out.to(out_ptr.dtype.element_ty),
@@ -315,7 +301,7 @@ def paged_prefill_kernel(
     if STORE_LSE:
         lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453  # base 2 -> natural log: times ln(2)
         if GUARD:
-            lse = tl.where(row_valid, lse, float("-inf"))
+            lse = tl.where(seq_ok, lse, float("-inf"))
         tl.store(lse_ptr + q_rows * stride_lt + heads * stride_lh, lse, mask=row_ok)
 
 
