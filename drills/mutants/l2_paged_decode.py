@@ -67,6 +67,24 @@ MUTANTS = [
         "offs_t[:, None] * stride_kt + kvh * D",
     ),
     Mutant(
+        "out_through_q_strides",
+        "9. out written through q's strides",
+        "out_ptr + b * stride_ob + q_heads[:, None] * stride_oh",
+        "out_ptr + b * stride_qb + q_heads[:, None] * stride_qh",
+    ),
+    Mutant(
+        "table_row_stride_assumed",
+        "9. the block table's row stride taken as its width",
+        "phys = tl.load(block_tables_ptr + b * stride_bt + p).to(tl.int64)",
+        "phys = tl.load(block_tables_ptr + b * max_pages + p).to(tl.int64)",
+    ),
+    Mutant(
+        "heads_counted_by_group_pad",
+        "1. a group's heads counted from kvh * GROUP_PAD (the padded size)",
+        "q_heads = kvh * GROUP + offs_g",
+        "q_heads = kvh * GROUP_PAD + offs_g",
+    ),
+    Mutant(
         "max_starts_at_zero",
         "10. running max initialised to 0",
         'm_i = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)',

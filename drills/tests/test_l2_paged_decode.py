@@ -261,7 +261,13 @@ def test_pages_are_looked_up_through_the_block_table(impl, runtime):
     case0 = make_paged_case([40], 4, 1, 64, 16, num_blocks=3, device=runtime.device, stream=23)
     assert 0 in case0.block_tables[0, :3].tolist(), "this case should use physical block 0"
     check(impl, case0)
-    # The rows of a wider table: row stride max_pages + 5 (the kernel must use stride_bt).
+
+
+def test_table_rows_are_read_through_their_stride(impl, runtime):
+    """The rows of a wider table: row stride max_pages + 5, so a kernel that steps by the table's width
+    instead of stride_bt reads another row's block ids (or the garbage between rows)."""
+    lens = sizes(runtime, [35, 48, 70], [1000, 513, 2048, 640])
+    case = make_paged_case(lens, 8, 2, 64, 16, device=runtime.device, stream=19, shared_prefix_pages=2)
     case.block_tables = in_wider_table(case.block_tables)
     check(impl, case)
 
@@ -462,6 +468,18 @@ WORKED = "test_worked_example_ctx37_reads_three_pages"
 MISTAKES = [
     Mistake(
         1,
+        fails=(
+            "test_kv_head_grouping_is_contiguous[group4-worked-example]",
+            "test_kv_head_grouping_is_contiguous[group1-MHA]",
+            WORKED,
+        ),
+        passes=("test_kv_head_grouping_is_contiguous[group32-MQA]",),
+        question="Only MQA (one KV head, kvh = 0) passes: with GROUP = 4 padded to GROUP_PAD = 16, which "
+        "query heads does KV head 1 own, kvh * GROUP onwards or kvh * GROUP_PAD onwards?",
+        section="3.2",
+    ),
+    Mistake(
+        1,
         fails=("test_kv_head_grouping_is_contiguous[group4-worked-example]", WORKED),
         passes=(
             "test_kv_head_grouping_is_contiguous[group1-MHA]",
@@ -573,6 +591,26 @@ MISTAKES = [
         passes=(WORKED,),
         question="The cache is one layer of a bigger pool here: which strides does your kernel use to "
         "find block phys, token t and KV head kvh?",
+        section="2",
+    ),
+    Mistake(
+        9,
+        fails=("test_table_rows_are_read_through_their_stride",),
+        passes=("test_pages_are_looked_up_through_the_block_table", WORKED),
+        question="block_tables is a slice of a wider table here (each row max_pages + 5 apart): how does "
+        "your kernel find row b, by stride_bt or by the table's width?",
+        section="2",
+    ),
+    Mistake(
+        9,
+        fails=(
+            "test_kv_head_grouping_is_contiguous[group1-MHA]",
+            "test_q_strides_are_used",
+            "test_padding_rows_not_written",
+        ),
+        passes=(WORKED, "test_single_sequence_long_context"),
+        question="out is a view with strides of its own here (a slice of a larger buffer), and q another: "
+        "which strides does your store into out step by?",
         section="2",
     ),
     Mistake(
