@@ -1,5 +1,6 @@
 """L4 mutants: one per pitfall of explainer section 5 (causal alignment with a prefix, the varlen grid,
-pages inside a key tile, grouping, int64 offsets, masks, and T5's softmax mistakes)."""
+pages inside a key tile, grouping, int64 offsets, masks, T5's softmax mistakes, and a dtype written
+into the kernel)."""
 
 from drills.mutants import Mutant
 
@@ -175,5 +176,17 @@ MUTANTS = [
         "22. each token's own key hidden (the causal mask j < pos)",
         's = tl.where(cols[None, :] <= pos[:, None], s, float("-inf"))',
         's = tl.where(cols[None, :] < pos[:, None], s, float("-inf"))',
+    ),
+    Mutant(
+        "p_cast_to_fp16",
+        "23. p cast to tl.float16 before P V, not to v's dtype",
+        "acc = tl.dot(p.to(v.dtype), v, acc)",
+        "acc = tl.dot(p.to(tl.float16), v, acc)",
+    ),
+    Mutant(
+        "out_stored_as_fp16",
+        "23. out cast to tl.float16 before the store, not to out's element type",
+        "out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None]",
+        "out.to(tl.float16), mask=row_ok[:, None]",
     ),
 ]

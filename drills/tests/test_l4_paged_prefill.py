@@ -563,6 +563,23 @@ def test_dtypes(impl, runtime, dtype):
     assert out.dtype == dtype
 
 
+# Per dtype, a V magnitude whose outputs lie at the top of fp16's range (2^13 to about 5 x 2^13, under
+# fp16's largest 65504) or, for bf16, just past it (2^16 = 65536 and up): bf16 keeps fp32's range.
+LARGE_V = {torch.float16: 2.0**13, torch.bfloat16: 2.0**16}
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, bf16_everywhere()], ids=["fp16", "bf16"])
+def test_out_keeps_the_range_of_its_dtype(impl, runtime, dtype):
+    """Every V element is LARGE_V[dtype] x (1 + |randn|), so every output element is too. bf16 outputs
+    from 65536 up hold in bf16 and not in fp16 (largest 65504): a kernel that casts to tl.float16 where
+    the tensors' own dtype belongs (p before P V, or out before the store) turns them into inf, or does
+    not compile (tl.dot of fp16 p by bf16 v). The fp16 case is the same check inside fp16's range."""
+    case = make_prefill_case([20, 33], [9, 1], 4, 2, 64, 8, stream=231, dtype=dtype, device=runtime.device)
+    v = case.v_cache  # the stale slots' NaN stay NaN
+    v.copy_(((v.float().abs() + 1) * LARGE_V[dtype]).to(dtype))
+    check(impl, case)
+
+
 def test_large_ragged_batch(impl, runtime):
     """Many sequences of random prefixes and chunk sizes, decode rows and empty rows among them."""
     gen = torch.Generator().manual_seed(seeded(229))
@@ -1038,5 +1055,13 @@ MISTAKES = [
         question="A sequence with q_len = 0 (or a tile past a sequence's last new token) still gets a "
         "program: which keys does that program read, through which table entries?",
         section="3.4",
+    ),
+    Mistake(
+        23,
+        fails=("test_out_keeps_the_range_of_its_dtype[bf16]",),
+        passes=("test_out_keeps_the_range_of_its_dtype[fp16]", "test_dtypes[fp16]"),
+        question="Your fp16 cases pass and your bf16 ones do not: which dtype does your kernel give p before "
+        "P V and out before the store, and what does fp16 make of a bf16 output of 65536?",
+        section="3.6",
     ),
 ]
