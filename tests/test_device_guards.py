@@ -64,3 +64,21 @@ def test_first_error_is_described_and_later_ones_counted():
 def test_the_word_keeps_its_address():
     """CUDA-graph replays record into the address captured: the word is allocated once per device."""
     assert device_errors.error_word(DEVICE).data_ptr() == device_errors.error_word(DEVICE).data_ptr()
+
+
+def test_a_guard_that_fires_on_valid_input_fails_as_a_check_not_as_an_exception():
+    """The graders pass bad values only with check=True, so a word set after a grader's call is a guard
+    (the learner's copy of the reference's) that fired on values the launcher accepted: the kernel
+    computed a wrong length, boundary or block id. That must read as a failed check whose message names
+    the argument, so that the diagnosis goes on to the pitfall the failing checks share, and not as
+    "your code raised an exception", which would stop it there."""
+    from drills.grading import calls
+    from drills.grading.diagnose import generic_kind
+
+    device_errors.error_word(DEVICE).copy_(device_errors.error_word(DEVICE).new_tensor([41, 1, 9, 1]))
+    with pytest.raises(AssertionError) as failed:
+        calls._raise_device_errors()
+    message = str(failed.value)
+    assert "cu_seqlens_q" in message and "device guard fired" in message
+    assert generic_kind(message) is None, "read as a generic failure, the pitfall is never named"
+    calls._raise_device_errors()  # read once, then cleared

@@ -80,15 +80,24 @@ def _argument_names(fn, args, kwargs) -> dict:
 
 def _raise_device_errors() -> None:
     """Every call is followed by a read of the device error word (drills/device_errors.py), as an engine
-    reads it once per step: a reference kernel's guard records there a bad value it contained, and a
-    guard that fires on valid input must fail the check. Not while a CUDA graph is being captured."""
+    reads it once per step: a reference kernel's guard records there a bad value it contained. The
+    graders pass bad values only with check=True, which refuses them before any launch, so a word set
+    here is a guard that fired on values the launcher accepted: what the kernel computed from them (a
+    length, a boundary, a block id) is wrong. It fails as a check does, not as an exception, so the
+    diagnosis goes on to the mistake that the failing checks share. Not while a graph is being captured."""
     import torch
 
     from drills.device_errors import raise_device_errors
 
     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
         return
-    raise_device_errors()
+    try:
+        raise_device_errors()
+    except ValueError as recorded:
+        raise AssertionError(
+            f"a device guard fired on arguments the launcher accepted ({recorded}): the kernel computed a "
+            "length, a sequence boundary or a block id that the arguments do not hold"
+        ) from None
 
 
 def run_call(watch: TritonWatch, fn, args, kwargs, options: dict):

@@ -473,8 +473,16 @@ MISTAKES = [
             "test_kv_head_grouping_is_contiguous[group1-MHA]",
             WORKED,
         ),
-        passes=("test_kv_head_grouping_is_contiguous[group32-MQA]",),
-        question="Only MQA (one KV head, kvh = 0) passes: with GROUP = 4 padded to GROUP_PAD = 16, which "
+        # One KV head (kvh = 0) hides the mistake: MQA and the other one-KV-head cases pass.
+        passes=(
+            "test_kv_head_grouping_is_contiguous[group32-MQA]",
+            "test_each_head_keeps_its_own_max",
+            "test_scale_is_applied",
+        ),
+        # Heads kvh * GROUP_PAD + r pass Hq for the last KV heads whenever GROUP < GROUP_PAD: q is read
+        # past its end (padding rows stored over the next group, also right only for one KV head, are not).
+        messages=(r"out of bounds load of q_ptr",),
+        question="Only the cases with one KV head (kvh = 0) pass: with GROUP = 4 padded to GROUP_PAD = 16, which "
         "query heads does KV head 1 own, kvh * GROUP onwards or kvh * GROUP_PAD onwards?",
         section="3.2",
     ),
