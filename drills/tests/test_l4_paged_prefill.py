@@ -1051,7 +1051,9 @@ MISTAKES = [
         13,
         fails=("test_empty_sequences_produce_nothing",),
         passes=("test_keys_past_the_context_are_not_read", "test_pure_prefill_without_a_prefix"),
-        messages=(r"out of bounds load",),
+        # The garbage table row is read: out of bounds, or, in a kernel keeping the reference's guard,
+        # its scan of the row's block ids fires.
+        messages=(r"out of bounds load|device guard fired.*block_tables",),
         question="A sequence with q_len = 0 (or a tile past a sequence's last new token) still gets a "
         "program: which keys does that program read, through which table entries?",
         section="3.4",
