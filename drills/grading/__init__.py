@@ -11,7 +11,8 @@ pattern of results which mistake is most likely, and print one screen. One job p
   sandbox.py      what the learner's process may open (Landlock where the kernel has it, an audit hook)
   source_check.py code that asks where it runs, refused before grading
   server.py       the learner's process: its file imported, the grader's calls served
-  instrument.py   Triton instrumented there (bounds, NaN reads, program order, exact bf16, launches)
+  instrument.py   Triton instrumented there (bounds, NaN reads, program order, launches)
+  bf16.py         the exact bf16 dot, elementwise ops and reductions the interpreter lacks
   calls.py        one call run there, with the evidence provenance.py judges in the grader's process
   plugin.py       the pytest plugin: --impl, the report, the one-screen summary
   diagnose.py, report.py   the likely mistake, and the screen

@@ -17,7 +17,6 @@ from drills.grading.launches import assert_runs_a_triton_kernel
 from drills.grading.report import Stage
 from drills.tests import bf16_everywhere, seeded, sizes
 from drills.tests.paged_kv import (
-    blocks_past,
     call_with_canary_out,
     grouping_cases,
     in_layer_pool,
@@ -25,8 +24,8 @@ from drills.tests.paged_kv import (
     make_paged_case,
     overlapping_caches,
     paged_attention_reference,
+    pool_past_int32,
     shift_scores,
-    skip_without_memory_for_sparse_pages,
     spoiled_call,
     strided_q,
     with_entry,
@@ -275,14 +274,13 @@ def test_dtypes(impl, runtime, dtype):
 def test_page_index_widened_to_int64(impl, runtime):
     """Block ids above 2**32 / page stride: int32 offsets wrap around to block 0 onwards and read zeros,
     on the one-page-per-tile path (PAGE = 16) and the token-by-token one (PAGE = 8). The caches are
-    sparse files on a CPU: only the pages the sequences use take memory."""
-    skip_without_memory_for_sparse_pages(runtime)
+    sparse files on a CPU (pool_past_int32)."""
     Hkv, D = 1, 128
     for PAGE, lens, splits in (
         (16, sizes(runtime, [40, 7], [300, 45]), (1, 3)),
         (8, [sizes(runtime, 40, 100)], (2,)),
     ):
-        far_blocks = blocks_past(2**32, PAGE, Hkv, D, spare=64)  # every used block id past the int32 limit
+        far_blocks = pool_past_int32(runtime, PAGE, Hkv, D, spare=64)
         case = make_paged_case(lens, 4, Hkv, D, PAGE, device=runtime.device, stream=9 + PAGE, **far_blocks)
         for n in splits:
             check(impl, case, plan=impl.plan(case.context_lens, Hkv, PAGE, num_splits=n))

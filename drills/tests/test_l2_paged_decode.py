@@ -23,7 +23,6 @@ from drills.tests.paged_kv import (
     PAGED_BAD_INPUTS,
     SHARED_KV_BAD_INPUTS,
     PagedCase,
-    blocks_past,
     check_launch,
     gather_kv,
     grouping_cases,
@@ -33,6 +32,7 @@ from drills.tests.paged_kv import (
     launch_into_canary,
     make_paged_case,
     paged_attention_reference,
+    pool_past_int32,
     shift_scores,
     skip_without_memory_for_sparse_pages,
     spoiled_call,
@@ -312,12 +312,10 @@ def test_dtypes(impl, runtime, dtype):
 
 
 def test_page_index_widened_to_int64(impl, runtime):
-    """Block ids above 2**32 / page stride: block id * stride_kb overflows int32 and wraps around to
-    block 0 onwards, which reads zeros here. The 8.6 GB caches are sparse files on a CPU: only the pages
-    the sequences use take memory."""
-    skip_without_memory_for_sparse_pages(runtime)
+    """Two decode rows whose pages all lie past 2**32 elements of the cache (pool_past_int32): the page
+    loop's phys * stride_kb must be computed in int64."""
     PAGE, Hkv, D = 16, 1, 128
-    far_blocks = blocks_past(2**32, PAGE, Hkv, D, spare=64)  # every used block id past the int32 limit
+    far_blocks = pool_past_int32(runtime, PAGE, Hkv, D, spare=64)
     lens = sizes(runtime, [40, 7], [300, 45])
     case = make_paged_case(lens, 4, Hkv, D, PAGE, device=runtime.device, stream=41, **far_blocks)
     assert case.block_tables[:, 0].min().item() * PAGE * Hkv * D > 2**32

@@ -36,6 +36,7 @@ from drills.tests.paged_kv import (
     int32_tensor,
     launch_into_canary,
     make_paged_case,
+    pool_past_int32,
     skip_without_memory_for_sparse_pages,
     spoiled_call,
 )
@@ -605,12 +606,10 @@ def test_sequence_search_covers_every_sequence(impl, runtime, B):
 
 
 def test_page_index_widened_to_int64(impl, runtime):
-    """Block ids above 2**32 / page stride: block id * stride_kb overflows int32 and wraps around to
-    block 0 onwards, which reads zeros here. The 8.6 GB caches are sparse files on a CPU: only the pages
-    the sequences use take memory."""
-    skip_without_memory_for_sparse_pages(runtime)
+    """A chunk after a prefix and a decode row, every page past 2**32 elements of the cache
+    (pool_past_int32): the key tiles' block id * stride_kb must be computed in int64, in both key loops."""
     PAGE, Hkv, D = 16, 1, 128
-    far_blocks = blocks_past(2**32, PAGE, Hkv, D, spare=96)  # every used block id past the int32 limit
+    far_blocks = pool_past_int32(runtime, PAGE, Hkv, D, spare=96)
     q_lens = sizes(runtime, [9, 7], [300, 45])
     ctx = sizes(runtime, [40, 7], [700, 45])
     case = make_prefill_case(ctx, q_lens, 4, Hkv, D, PAGE, stream=233, device=runtime.device, **far_blocks)
