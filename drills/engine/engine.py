@@ -33,6 +33,9 @@ class Stats:
     cached_tokens: int = 0
     output_tokens: int = 0
     graph_steps: int = 0
+    peak_blocks: int = (
+        0  # the most KV blocks in use at once, after a step's scheduling (LLM.generate resets it)
+    )
     seconds: float = 0.0
     first_token_s: list = field(default_factory=list)  # per request, from add_request to its first token
 
@@ -121,6 +124,8 @@ class Engine:
                     "the scheduler scheduled nothing while requests wait: no progress possible"
                 )
             return []
+        in_use = self.cache.num_blocks - self.block_manager.num_free_blocks  # the step's blocks are allocated
+        self.stats.peak_blocks = max(self.stats.peak_blocks, in_use)
         graph = self.graphs.batch_for(scheduled) if self.graphs else None
         device = self.model.device
         inputs = self.parts.prepare_inputs(scheduled, self.block_manager, device, pad_to=graph)

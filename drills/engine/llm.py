@@ -105,7 +105,7 @@ class LLM:
         torch_path = f"attention in torch on {self.model.device}"
         where = rt.banner if self.config.attention == "kernels" else torch_path
         c = self.cache
-        return sources.describe(self.choices) + [
+        return sources.describe(self.choices, self.config.attention) + [
             f"  {where}; model {self.model.dtype}, KV cache {c.num_blocks} blocks x {c.block_size} tokens "
             f"({c.dtype}), CUDA graphs {'on' if self.engine.graphs else 'off'}"
         ]
@@ -129,6 +129,7 @@ class LLM:
         many = params if isinstance(params, (list, tuple)) else [params] * len(prompts)
         if len(many) != len(prompts):
             raise ValueError(f"{len(many)} SamplingParams for {len(prompts)} prompts")
+        self.engine.stats.peak_blocks = 0  # status() gives this call's peak
         seqs = [self.engine.add_request(self.encode(p), sp) for p, sp in zip(prompts, many)]
         index = {s.seq_id: i for i, s in enumerate(seqs)}
         seen = {s.seq_id: 0 for s in seqs}
@@ -154,12 +155,12 @@ class LLM:
         )
 
     def status(self) -> str:
-        """One line: tokens/s, KV blocks in use, prefix-cache hit rate."""
+        """One line: tokens/s, the most KV blocks in use at once during the last generate (a finished
+        request gives its blocks back, so those in use after it are 0), prefix-cache hit rate."""
         s = self.engine.stats
-        used = self.cache.num_blocks - self.block_manager.num_free_blocks
         rate = s.output_tokens / s.seconds if s.seconds else 0.0
         return (
-            f"{rate:,.1f} tok/s · KV blocks {used}/{self.cache.num_blocks} · "
+            f"{rate:,.1f} tok/s · KV blocks at most {s.peak_blocks}/{self.cache.num_blocks} in use · "
             f"prefix-cache hits {100 * s.hit_rate:.0f}% of {s.prompt_tokens} prompt tokens"
         )
 

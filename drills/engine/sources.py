@@ -72,5 +72,17 @@ def load(choices: dict[str, Choice]) -> SimpleNamespace:
     return SimpleNamespace(**parts)
 
 
-def describe(choices: dict[str, Choice]) -> list[str]:
-    return ["the engine runs:"] + [choice.line for choice in choices.values()]
+# The lessons whose code only the kernel attention path calls: with attention in torch they do not run.
+KERNEL_PATH = ("l1_paged_kv_cache", "l4_paged_prefill", "f1_split_kv_decode")
+
+
+def describe(choices: dict[str, Choice], attention: str = "kernels") -> list[str]:
+    """The start-up lines: whose code each part is, and, with attention in torch, which parts are not
+    called at all (the torch path stores and attends K and V itself)."""
+    lines = ["the engine runs:"]
+    for stem, choice in choices.items():
+        if attention != "kernels" and stem in KERNEL_PATH:
+            lines.append(f"  {choice.lesson.id} {', '.join(PARTS[stem])}: not called (attention in torch)")
+        else:
+            lines.append(choice.line)
+    return lines
