@@ -189,4 +189,22 @@ MUTANTS = [
         "out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None]",
         "out.to(tl.float16), mask=row_ok[:, None]",
     ),
+    Mutant(
+        "search_range_one_short",
+        "20. the sequence search over [0, B - 1): the last sequence is never found",
+        "hi = lo + num_seqs  # the owner is in [lo, hi)",
+        "hi = lo + num_seqs - 1",
+    ),
+    Mutant(
+        "first_tile_without_the_sequence_index",
+        "24. a sequence's first tile taken as cu_seqlens_q[b] // BLOCK_Q, without the + b",
+        "tok0 = (tile - (q_start // BLOCK_Q + lo)) * BLOCK_Q",
+        "tok0 = (tile - q_start // BLOCK_Q) * BLOCK_Q",
+    ),
+    Mutant(
+        "table_row_stride_assumed",
+        "25. block_tables' rows taken as max_pages apart (the table's width, not its row stride)",
+        "table_ptr = block_tables_ptr + b * stride_bt",
+        "table_ptr = block_tables_ptr + b * max_pages",
+    ),
 ]

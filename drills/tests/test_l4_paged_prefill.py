@@ -338,18 +338,28 @@ def test_head_dims(impl, runtime, D):
 
 def test_pages_shuffled_and_shared(impl, runtime):
     """Three sequences share a cached prefix of two full pages (the same physical blocks, as L3 produces),
-    physical block 0 is in use, and block_tables is a slice of a wider table (row stride max_pages + 5)."""
+    and physical block 0 is in use."""
     q_lens = sizes(runtime, [6, 12, 1], [400, 1000, 1])
     ctx = sizes(runtime, [22, 40, 17], [1000, 1500, 700])
     case = make_prefill_case(
         ctx, q_lens, 8, 2, 64, 8, stream=151, device=runtime.device, shared_prefix_pages=2
     )
     assert (case.block_tables[:, :2] == case.block_tables[0, :2]).all()
-    case.block_tables = in_wider_table(case.block_tables)
     check(impl, case)
     case0 = make_prefill_case([19], [7], 4, 1, 64, 8, stream=157, device=runtime.device, num_blocks=3)
     assert 0 in case0.block_tables[0, :3].tolist(), "this case should use physical block 0"
     check(impl, case0)
+
+
+def test_table_rows_are_read_through_their_stride(impl, runtime):
+    """block_tables is a slice of a wider table (row stride max_pages + 5): a kernel that finds row b at
+    b * max_pages (the table's width) instead of b * stride_bt reads another row's block ids, or the
+    garbage between rows, for every sequence after the first."""
+    q_lens = sizes(runtime, [6, 12, 1], [400, 1000, 1])
+    ctx = sizes(runtime, [22, 40, 17], [1000, 1500, 700])
+    case = make_prefill_case(ctx, q_lens, 8, 2, 64, 8, stream=152, device=runtime.device)
+    case.block_tables = in_wider_table(case.block_tables)
+    check(impl, case)
 
 
 def test_pages_smaller_than_a_key_tile(impl, runtime):
@@ -1030,6 +1040,35 @@ MISTAKES = [
         section="3.4",
     ),
     Mistake(
+        20,
+        # The last sequence never found: every batch of two or more fails, except where the last
+        # sequence has no new tokens (the empty-sequences and any-table cases end with one).
+        fails=(WORKED, "test_sequence_search_covers_every_sequence[65-seqs]", "test_large_ragged_batch"),
+        passes=(
+            "test_empty_sequences_produce_nothing",
+            "test_padding_rows_may_have_any_table",
+            "test_online_softmax_rescales_old_tiles",
+        ),
+        question="Every batch fails except those whose last sequence has no new tokens: which range does "
+        "your search over cu_seqlens_q start from, and can it ever return b = B - 1?",
+        section="3.4",
+    ),
+    Mistake(
+        24,
+        # Sequence 0 is right (b = 0): one-sequence cases pass, every batch of two or more fails, even
+        # where the later sequences are empty (their tiles then land on rows that are not theirs).
+        fails=(
+            WORKED,
+            "test_empty_sequences_produce_nothing",
+            "test_padding_rows_may_have_any_table",
+            "test_sequence_search_covers_every_sequence[65-seqs]",
+        ),
+        passes=("test_online_softmax_rescales_old_tiles", "test_chunked_prefill_equals_one_call"),
+        question="One sequence passes and every batch fails: sequence b's first tile is cu_seqlens_q[b] // "
+        "BLOCK_Q + b; which first tile does your tok0 subtract?",
+        section="3.4",
+    ),
+    Mistake(
         21,
         fails=("test_cached_prefix_is_visible_bottom_right", "test_decode_rows_beside_long_chunks"),
         passes=("test_pure_prefill_without_a_prefix",),
@@ -1064,5 +1103,13 @@ MISTAKES = [
         question="Your fp16 cases pass and your bf16 ones do not: which dtype does your kernel give p before "
         "P V and out before the store, and what does fp16 make of a bf16 output of 65536?",
         section="3.6",
+    ),
+    Mistake(
+        25,
+        fails=("test_table_rows_are_read_through_their_stride",),
+        passes=(WORKED, "test_pages_shuffled_and_shared", "test_large_ragged_batch"),
+        question="block_tables is a slice of a wider table here (rows max_pages + 5 apart): how does your "
+        "kernel find row b, by stride_bt or by the table's width?",
+        section="3.3",
     ),
 ]
