@@ -118,4 +118,18 @@ MUTANTS = [
         "    chunk = triton.cdiv(max_tiles, num_splits) * BLOCK_N\n",
         "    chunk = max(1, triton.cdiv(max_len, num_splits))\n",
     ),
+    Mutant(
+        "sequence_index_int32",
+        "17. the sequence index left int32 (L2 pitfall 17)",
+        '    # Section 3.1 "The grid": one program per (sequence, KV head, split).\n'
+        "    b = tl.program_id(0).to(tl.int64)\n",
+        '    # Section 3.1 "The grid": one program per (sequence, KV head, split).\n'
+        "    b = tl.program_id(0)\n",
+    ),
+    Mutant(
+        "out_stored_as_fp16",
+        "18. a dtype written into the kernel: the split kernel's output stored as tl.float16",
+        "tl.store(o_rows, o.to(o_ptr.dtype.element_ty), mask=g_mask[:, None])",
+        "tl.store(o_rows, o.to(tl.float16), mask=g_mask[:, None])",
+    ),
 ]

@@ -135,4 +135,10 @@ MUTANTS = [
         "b = tl.program_id(0).to(tl.int64)",
         "b = tl.program_id(0)",
     ),
+    Mutant(
+        "v_through_k_strides",
+        "9. V loaded through K's strides (the caches' strides assumed equal)",
+        "v_cache_ptr + phys * stride_vb + offs_t[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :],",
+        "v_cache_ptr + phys * stride_kb + offs_t[:, None] * stride_kt + kvh * stride_kh + offs_d[None, :],",
+    ),
 ]

@@ -207,4 +207,16 @@ MUTANTS = [
         "table_ptr = block_tables_ptr + b * stride_bt",
         "table_ptr = block_tables_ptr + b * max_pages",
     ),
+    Mutant(
+        "max_starts_at_zero",
+        "26. the running max initialised to 0 (L2 pitfall 10)",
+        'm_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)',
+        "m_i = tl.zeros([BLOCK_M], dtype=tl.float32)",
+    ),
+    Mutant(
+        "q_rows_int32",
+        "27. the packed row index left int32 (L2 pitfall 17)",
+        "q_rows = (q_start + tok).to(tl.int64)",
+        "q_rows = q_start + tok",
+    ),
 ]

@@ -12,11 +12,13 @@ import pytest
 import torch
 
 from drills.compare import assert_close, mismatch
+from drills.grading import bigmem
 from drills.grading.diagnose import Mistake
 from drills.grading.launches import assert_runs_a_triton_kernel
 from drills.grading.report import Stage
 from drills.tests import bf16_everywhere, seeded, sizes
 from drills.tests.paged_kv import (
+    PagedCase,
     call_with_canary_out,
     grouping_cases,
     in_layer_pool,
@@ -26,6 +28,7 @@ from drills.tests.paged_kv import (
     paged_attention_reference,
     pool_past_int32,
     shift_scores,
+    skip_without_memory_for_sparse_pages,
     spoiled_call,
     strided_q,
     with_entry,
@@ -269,6 +272,45 @@ def test_dtypes(impl, runtime, dtype):
         sizes(runtime, [33, 4], [1500, 17]), 8, 2, 128, 16, dtype=dtype, device=runtime.device, stream=8
     )
     check(impl, case, plan=impl.plan(case.context_lens, 2, 16, num_splits=3))
+
+
+# Per dtype, a V magnitude whose outputs lie at the top of fp16's range (2^13 and up, under fp16's
+# largest 65504) or, for bf16, past it (2^16 = 65536 and up): bf16 keeps fp32's range.
+LARGE_V = {torch.float16: 2.0**13, torch.bfloat16: 2.0**16}
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, bf16_everywhere()], ids=["fp16", "bf16"])
+def test_out_keeps_the_range_of_its_dtype(impl, runtime, dtype):
+    """Every V element is LARGE_V[dtype] x (1 + |randn|), so every output element is too: bf16 outputs
+    from 65536 up hold in bf16 and not in fp16 (largest 65504). A store cast to tl.float16 where out's own
+    element type belongs turns them into inf (and a merge of inf partial outputs into NaN). Unsplit and
+    split; the fp16 case is the same check inside fp16's range."""
+    case = make_paged_case([40, 17], 8, 2, 64, 16, dtype=dtype, device=runtime.device, stream=21)
+    v = case.v_cache
+    v.copy_(((v.float().abs() + 1) * LARGE_V[dtype]).to(dtype))  # the stale slots' NaN stay NaN
+    for splits in (1, 3):
+        check(impl, case, plan=impl.plan(case.context_lens, 2, 16, num_splits=splits))
+
+
+def test_sequence_index_widened_to_int64(impl, runtime):
+    """q's rows lie 1.5 * 2**30 elements apart (a view of a large activation buffer; the stride fits in
+    int32): row 2 starts 3 * 2**30 elements in, so b * stride(0) in int32 wraps to -2**30 and reads
+    before q (the interpreter reports it; on a GPU the wrapped row lands in zeros). Unsplit and split: both
+    kernels index q, and the split kernel's partial outputs, by the sequence. A sparse file on a CPU."""
+    skip_without_memory_for_sparse_pages(runtime)
+    case = make_paged_case([20, 9, 33], 4, 2, 64, 16, device=runtime.device, stream=22)
+    B, Hq, D = case.q.shape
+    stride, before = 3 * 2**29, 2**31  # q's row stride, and the buffer's elements before q
+    flat = bigmem.sparse_empty((before + (B - 1) * stride + Hq * D,), case.q.dtype, runtime.device)
+    if not runtime.interpreter:
+        flat[before - 2**30 : before - 2**30 + Hq * D].zero_()  # torch.empty on a GPU: row 2 wrapped
+    q = flat.as_strided((B, Hq, D), (stride, D, 1), before)  # [B, Hq, D], row b at b * stride
+    q.copy_(case.q)
+    assert (B - 1) * stride >= 2**31 > stride
+    wide = PagedCase(q, *case.args[1:])
+    for splits in (1, 3):
+        check(impl, wide, plan=impl.plan(case.context_lens, 2, 16, num_splits=splits))
+    del q, flat, wide
 
 
 def test_page_index_widened_to_int64(impl, runtime):
@@ -842,5 +884,21 @@ MISTAKES = [
         question="max_len = 100 and 3 splits: what chunk does your plan() give, and where does the "
         "second split's first 16-token tile start?",
         section="4",
+    ),
+    Mistake(
+        17,
+        fails=("test_sequence_index_widened_to_int64",),
+        passes=(EVERY_SPLIT, "test_q_strides_are_used", "test_page_index_widened_to_int64"),
+        question="Row 2 of q starts 3 * 2**30 elements in: in which integer type does your kernel compute "
+        "b * stride_qb?",
+        section="3.1",
+    ),
+    Mistake(
+        18,
+        fails=("test_out_keeps_the_range_of_its_dtype[bf16]",),
+        passes=("test_out_keeps_the_range_of_its_dtype[fp16]", "test_dtypes[fp16]"),
+        question="Your fp16 cases pass and your bf16 ones do not: which dtype does your kernel store its "
+        "output in, and what does fp16 make of a bf16 output of 65536?",
+        section="3.3",
     ),
 ]

@@ -221,6 +221,16 @@ def test_cache_strides_are_used(impl, runtime):
     check(impl, in_layer_pool(case))
 
 
+def test_k_and_v_caches_with_different_strides(impl, runtime):
+    """k_cache contiguous, v_cache a head-major [num_blocks, Hkv, PAGE, D] buffer seen as [num_blocks, PAGE,
+    Hkv, D]: the same block stride as K, its token and head strides swapped. A kernel that loads V
+    through K's strides (one copy-pasted address line) reads the wrong tokens and heads of V."""
+    case = make_paged_case([40, 9], 8, 2, 64, 16, device=runtime.device, stream=91)
+    v_cache = case.v_cache.transpose(1, 2).contiguous().transpose(1, 2)  # strides (PAGE Hkv D, D, PAGE D, 1)
+    assert v_cache.stride() != case.k_cache.stride() and v_cache.stride(0) == case.k_cache.stride(0)
+    check(impl, PagedCase(case.q, case.k_cache, v_cache, *case.args[3:]))
+
+
 def test_scale_is_applied(impl, runtime):
     """The default scale is 1 / sqrt(D); an explicit scale replaces it. One page per sequence and one KV
     head, so that among the mistakes of section 5 mostly a missing scale fails here (no rescale, no
@@ -664,5 +674,13 @@ MISTAKES = [
         question="A padding sequence has context_lens = 0: how many times does your page loop run for it, "
         "what are l_i and acc afterwards, and what does acc / l_i store?",
         section="3.5",
+    ),
+    Mistake(
+        9,
+        fails=("test_k_and_v_caches_with_different_strides",),
+        passes=(WORKED, "test_cache_strides_are_used", "test_q_strides_are_used"),
+        question="v_cache's token and head strides differ from k_cache's here: through which strides does "
+        "your kernel load V?",
+        section="2",
     ),
 ]

@@ -37,6 +37,7 @@ from drills.tests.paged_kv import (
     launch_into_canary,
     make_paged_case,
     pool_past_int32,
+    shift_scores,
     skip_without_memory_for_sparse_pages,
     spoiled_call,
 )
@@ -462,6 +463,14 @@ def test_padding_rows_of_a_packed_tile_not_stored(impl, runtime):
 # --- Section 3.6 "The softmax": T5's update, base 2 inside, natural log out --------------------------------
 
 
+def test_max_starts_at_minus_inf(impl, runtime):
+    """Every score is about -128 (shift_scores: keys point away from the queries). A running max that
+    starts at 0 instead of -inf stays 0, so p = exp2(s - 0) underflows to 0 for every key, l = 0, and the
+    row stores 0 / 0. A chunk after a prefix, and a decode row."""
+    case = make_prefill_case([30, 17], [12, 1], 4, 2, 64, 8, stream=189, device=runtime.device)
+    check(impl, shift_scores(case, -128.0))
+
+
 def test_online_softmax_rescales_old_tiles(impl, runtime):
     """Scores rise with the key position, so the running max grows tile after tile: dropping the rescale
     factor alpha = exp2(m_old - m_new) leaves the early tiles over-weighted."""
@@ -613,6 +622,23 @@ def test_sequence_search_covers_every_sequence(impl, runtime, B):
     ctx = q_lens + torch.randint(0, 10, (B,), generator=gen)
     case = make_prefill_case(ctx.tolist(), q_lens.tolist(), 2, 1, 16, 4, stream=243, device=runtime.device)
     check(impl, case)
+
+
+def test_q_rows_widened_to_int64(impl, runtime):
+    """q's rows lie 3 * 2**26 elements apart (a view of a large activation buffer; the stride fits in
+    int32): rows 11 to 16 start past 2**31 elements, so q_row * stride_qt in int32 wraps to before q
+    (the interpreter reports it; on a GPU the wrapped rows read other memory of the buffer). The packed row
+    index must be int64 before it meets a stride. A sparse file on a CPU."""
+    skip_without_memory_for_sparse_pages(runtime)
+    case = make_prefill_case([9, 14], [5, 12], 4, 2, 64, 8, stream=235, device=runtime.device)
+    total_q, Hq, D = case.q.shape
+    stride, before = 3 * 2**26, 2**31  # q's row stride, and the buffer's elements before q
+    flat = bigmem.sparse_empty((before + (total_q - 1) * stride + Hq * D,), case.q.dtype, runtime.device)
+    q = flat.as_strided((total_q, Hq, D), (stride, D, 1), before)  # [total_q, Hq, D], row t at t * stride
+    q.copy_(case.q)
+    assert (total_q - 1) * stride >= 2**31 > stride
+    check(impl, PrefillCase(q, *case.args[1:]))
+    del q, flat
 
 
 def test_page_index_widened_to_int64(impl, runtime):
@@ -1111,5 +1137,21 @@ MISTAKES = [
         question="block_tables is a slice of a wider table here (rows max_pages + 5 apart): how does your "
         "kernel find row b, by stride_bt or by the table's width?",
         section="3.3",
+    ),
+    Mistake(
+        26,
+        fails=("test_max_starts_at_minus_inf",),
+        passes=(WORKED, "test_online_softmax_rescales_old_tiles", "test_lse_is_natural_log"),
+        question="Every score is about -128 here: what is your running max after the first key tile, if it "
+        "starts at 0, and what is exp2 of the scores minus it?",
+        section="3.6",
+    ),
+    Mistake(
+        27,
+        fails=("test_q_rows_widened_to_int64",),
+        passes=(WORKED, "test_q_and_cache_strides_are_used", "test_page_index_widened_to_int64"),
+        question="Row 16 of q starts 16 * 3 * 2**26 elements in: in which integer type does your kernel "
+        "compute the packed row index times stride_qt?",
+        section="3.5",
     ),
 ]
