@@ -624,6 +624,22 @@ def test_given_code_that_picks_tiles_by_runtime_is_not_refused():
         assert check_file(lesson.stub, lesson.solution) == [], lesson.id
 
 
+def test_no_stub_reference_or_mutant_is_refused():
+    """The static check refuses only what asks where it runs or computes out of sight: every lesson's
+    stub, its reference and every mutant (an honest mistake) must be graded, not refused."""
+    from drills.grading.source_check import refusals
+    from drills.lessons import LESSONS
+    from drills.mutants import mutate
+
+    for lesson in LESSONS:
+        reference = lesson.solution.read_text()
+        assert refusals(lesson.stub.read_text(), reference) == [], f"{lesson.id}'s stub"
+        assert refusals(reference, reference) == [], f"{lesson.id}'s reference"
+        for mutant, mutated, problem in mutate(lesson):
+            if problem is None:
+                assert refusals(mutated, reference) == [], f"{lesson.id} mutant {mutant.name}"
+
+
 def test_provenance_is_decided_in_the_graders_process(remote):
     """torch's answer beside a decoy kernel, and the provenance code of the learner's own process patched
     to approve anything: the verdict is the grader's, from the evidence, so it still fails."""
@@ -730,6 +746,53 @@ def _launch(x, y, out, BLOCK=2048, num_warps=4):
     screen = one_screen(result)
     assert "torch computed floats" in failures(result)["test_runs_a_triton_kernel"], screen
     assert result.findings[0]["kind"] == "not_from_kernel", screen
+
+
+def test_an_answer_made_out_of_torchs_sight_and_copied_in_reads_no_input(tmp_path):
+    """x + y computed in plain Python from the inputs' values (no torch float op, so the recorder sees
+    nothing), then a real kernel copies it into out: every byte of out is a launch's store and turning
+    launches off changes it, yet no kernel loaded x or y. The loads the interpreter watched give it
+    away, whatever computed the numbers (numpy, Python, torch with its dispatch hidden)."""
+    copy = """
+
+@triton.jit
+def _copy_kernel(src_ptr, dst_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(dst_ptr + offs, tl.load(src_ptr + offs, mask=offs < n), mask=offs < n)
+
+
+def _launch(x, y, out, BLOCK=2048, num_warps=4):
+    values = [a + b for a, b in zip(x.tolist(), y.tolist())]
+    answer = torch.tensor(values, dtype=x.dtype, device=x.device)
+    _copy_kernel[(triton.cdiv(x.numel(), 1024),)](answer, out, x.numel(), BLOCK=1024)
+    return out
+"""
+    result = grade_t1(tmp_path, t1_source(extra=copy), "test_runs_a_triton_kernel")
+    screen = one_screen(result)
+    message = failures(result).get("test_runs_a_triton_kernel", "")
+    assert "no kernel of yours read `x`, `y`" in message, screen
+    assert result.findings[0]["kind"] == "not_from_kernel", screen
+
+
+OUT_OF_SIGHT = {
+    "numpy_imported": ("\nimport numpy as np\n", "imports numpy"),
+    "dispatch_modes_off": (
+        "\nfrom torch.utils._python_dispatch import _disable_current_modes\n",
+        "imports torch.utils._python_dispatch",
+    ),
+    "a_tensor_as_numpy": ("\ndef _host(x):\n    return x.numpy()\n", "computes on the host with numpy"),
+}
+
+
+@pytest.mark.parametrize("how", list(OUT_OF_SIGHT))
+def test_a_file_that_computes_out_of_the_graders_sight_is_refused_before_grading(tmp_path, how):
+    """numpy on the tensors' memory, or torch with the grader's op recorder switched off: refused by the
+    static check with the line and the reason."""
+    extra, why = OUT_OF_SIGHT[how]
+    result = grade_t1(tmp_path, t1_source(extra=extra), "test_by_hand_lane_11_is_masked")
+    screen = one_screen(result)
+    assert result.state == "does not import" and "refused before grading" in result.message, screen
+    assert why in result.message, screen
 
 
 def test_a_kernel_that_is_not_a_triton_kernel_is_refused(tmp_path):

@@ -100,6 +100,25 @@ def _raise_device_errors() -> None:
         ) from None
 
 
+def _unread_inputs(fn, args, kwargs, storages: dict, snap: dict | None, read: set | None) -> list[str]:
+    """The names of the call's floating-point inputs that no load of any launch read from: arguments the
+    call left as they were (an output it writes is not an input). Computing the answer elsewhere (numpy,
+    torch out of the recorder's sight) and copying it in with a kernel leaves the inputs unread. Empty
+    when the loads were not watched (compiled Triton) or the storages too large to compare."""
+    import torch
+
+    if read is None or snap is None:
+        return []
+    names = _argument_names(fn, args, kwargs)
+    unread = []
+    for ptr, (storage, tensor) in storages.items():
+        if not tensor.is_floating_point() or tensor.numel() == 0 or ptr in read:
+            continue
+        if torch.equal(_u8(storage), snap[ptr]):  # left as it was: an input
+            unread.append(names.get(ptr, "an argument"))
+    return unread
+
+
 def run_call(watch: TritonWatch, fn, args, kwargs, options: dict):
     """(the call's result, the provenance evidence or None): see the module docstring."""
     tensors = tensors_in(list(args) + list(kwargs.values()))
@@ -109,6 +128,7 @@ def run_call(watch: TritonWatch, fn, args, kwargs, options: dict):
     snap = _snapshot(storages) if (checks or provenance) else None
     watch.launched, watch.reverse, watch.disabled = 0, False, False
     watch.stored = {} if provenance else None
+    watch.read = set() if provenance and watch.interpreter else None
     recorder = torch_compute_recorder(watch) if provenance else contextlib.nullcontext()
     try:
         with recorder:
@@ -116,6 +136,7 @@ def run_call(watch: TritonWatch, fn, args, kwargs, options: dict):
         _raise_device_errors()
     finally:
         stored, watch.stored = watch.stored, None
+        read, watch.read = watch.read, None
     launched = watch.launched
     evidence = None
     if provenance:
@@ -125,6 +146,7 @@ def run_call(watch: TritonWatch, fn, args, kwargs, options: dict):
             after = stored.get(t.untyped_storage().data_ptr()) if launched else None
             written.append(None if after is None else _as_stored(t, after).clone())
         evidence = {"launched": launched, "written": written, "disabled": None, "torch": list(recorder.seen)}
+        evidence["unread"] = _unread_inputs(fn, args, kwargs, storages, snap, read) if launched else []
     if launched == 0 or snap is None:
         return result, evidence
     names = _argument_names(fn, args, kwargs)

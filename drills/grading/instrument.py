@@ -54,6 +54,7 @@ class TritonWatch:
         self.in_launch = 0  # > 0 while a launch runs
         self.stored: dict | None = None  # storage address -> its bytes after the last launch given it
         self.ranges: list[tuple[str, int, int]] = []  # (argument name, first byte, end) of the running kernel
+        self.read: set | None = None  # first bytes of the storages some load read from, when asked
         self.interpreter = os.environ.get("TRITON_INTERPRET", "0") == "1"
         self._patch_launch()
         if self.interpreter:
@@ -131,6 +132,10 @@ class TritonWatch:
                 return
             size = max(1, ptrs.get_element_ty().primitive_bitwidth // 8)
             p = data[active]
+            if watch.read is not None and what == "load":  # which tensors the kernel really reads
+                for _, start, end in watch.ranges:
+                    if start not in watch.read and ((p >= np.uint64(start)) & (p < np.uint64(end))).any():
+                        watch.read.add(start)
             inside = np.zeros(p.shape, dtype=bool)
             for _, start, end in watch.ranges:
                 inside |= (p >= np.uint64(start)) & (p + np.uint64(size) <= np.uint64(end))

@@ -10,6 +10,8 @@ decided here, in the grader's process, from the evidence the learner's process s
             no launch was given it); the tensor returned must equal it
   torch     the torch ops that computed floats from floats during the call, outside any launch (an add,
             a matmul): a launcher allocates, views, copies and converts; it never computes the answer
+  unread    the floating-point inputs (arguments the call left unchanged) that no load of any launch
+            read from, under the interpreter: an answer made elsewhere and copied in reads none of them
   disabled  the call once more with every launch a no-op: the returned tensors and the arguments'
             states; if they equal those of the real call, the result was computed some other way
 """
@@ -63,6 +65,13 @@ def judge(result_tensors: list, evidence: dict | None) -> None:
             "the output did not come from your kernel: torch computed floats during the call ("
             + ", ".join(f"torch's {name}" for name in computed[:4])
             + "); the launcher may allocate, view, copy and convert tensors, and the kernel computes"
+        )
+    unread = evidence.get("unread") or []
+    if unread:
+        raise NotFromKernel(
+            "the output did not come from your kernel: no kernel of yours read "
+            + ", ".join(f"`{name}`" for name in unread)
+            + " (an answer computed elsewhere and copied in?); the kernel must load its inputs and compute"
         )
     written = evidence.get("written")
     if written is not None:

@@ -2,7 +2,9 @@
 
 A file that tests for the interpreter, TRITON_INTERPRET, the runtime, the environment, the grader's
 modules or the call stack can take a different path when graded than when used, so its grade would
-mean nothing. Such code is refused before any check runs, with the line and the reason on one screen.
+mean nothing. So is code that computes out of the grader's sight (numpy on the tensors' memory, torch
+with the grader's record of its ops switched off). Such code is refused before any check runs, with the
+line and the reason on one screen.
 
 The course's own given code does choose tile sizes by runtime (t3's `_config`, t5's block picker), so a
 construct is allowed where the learner's file keeps a definition exactly as the reference has it
@@ -29,6 +31,11 @@ MODULES = (
     "inspect",
     "faulthandler",
     "traceback",
+    # Computing out of the grader's sight: numpy on the tensors' memory, or torch with the grader's op
+    # recorder switched off (its dispatch internals); a launcher allocates, views and copies in torch.
+    "numpy",
+    "torch.utils._python_dispatch",
+    "torch._C",
 )
 # Attribute and function names that read where the code runs, or reach the grader's objects.
 NAMES = {
@@ -59,6 +66,12 @@ NAMES = {
     "__code__": "reads a function's code object (the grader's wrappers)",
     "co_filename": "reads where a function was defined (the grader's wrappers)",
     "__subclasses__": "walks the class tree",
+    "numpy": "computes on the host with numpy, out of the grader's sight",
+    "__array__": "computes on the host with numpy, out of the grader's sight",
+    "_python_dispatch": "switches off the grader's record of torch's ops",
+    "_disable_current_modes": "switches off the grader's record of torch's ops",
+    "__torch_dispatch__": "switches off the grader's record of torch's ops",
+    "_C": "reaches torch's C internals (the grader's record of torch's ops)",
 }
 # Built-ins that reach an attribute or a namespace by a name built at run time: what the names above
 # would otherwise be hidden in.
