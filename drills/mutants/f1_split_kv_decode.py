@@ -132,4 +132,10 @@ MUTANTS = [
         "tl.store(o_rows, o.to(o_ptr.dtype.element_ty), mask=g_mask[:, None])",
         "tl.store(o_rows, o.to(tl.float16), mask=g_mask[:, None])",
     ),
+    Mutant(
+        "merged_lse_log2",
+        "2. the split merge's lse returned in base 2 (log2 of the weights' sum)",
+        'lse_out = tl.where(seen, m + tl.log(w_safe), float("-inf"))',
+        'lse_out = tl.where(seen, m + tl.log2(w_safe), float("-inf"))',
+    ),
 ]

@@ -747,6 +747,25 @@ MISTAKES = [
     ),
     Mistake(
         2,
+        # The merge's weights are right (out matches) and its returned lse is not: the log of the weights'
+        # sum taken in base 2. Unsplit rows, which the merge does not touch, pass.
+        fails=(
+            EVERY_SPLIT,
+            "test_many_splits_merge_with_rescale",
+            "test_empty_splits_do_not_divide_zero_by_zero",
+        ),
+        passes=(
+            "test_lse_is_natural_log",
+            "test_split_ranges_cover_each_key_once",
+            "test_plan_never_returns_empty_or_zero_splits",
+        ),
+        messages=(r"out matches, but the returned lse",),
+        question="Merged rows have the right output and the wrong lse, unsplit ones are right: in which base "
+        "does your merge take the log of its weights' sum?",
+        section="3.5",
+    ),
+    Mistake(
+        2,
         fails=("test_library_base2_lse_merged_after_times_ln2", "test_merge_states_equals_one_shot_softmax"),
         passes=("test_lse_is_natural_log", EVERY_SPLIT),
         question="merge_states gets its lse in natural log, as torch.logsumexp gives it: in which base do "
