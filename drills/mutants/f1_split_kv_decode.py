@@ -121,10 +121,8 @@ MUTANTS = [
     Mutant(
         "sequence_index_int32",
         "17. the sequence index left int32 (L2 pitfall 17)",
-        '    # Section 3.1 "The grid": one program per (sequence, KV head, split).\n'
-        "    b = tl.program_id(0).to(tl.int64)\n",
-        '    # Section 3.1 "The grid": one program per (sequence, KV head, split).\n'
-        "    b = tl.program_id(0)\n",
+        "    b = tl.program_id(0).to(tl.int64)\n    kvh = tl.program_id(1).to(tl.int64)\n    split = tl.program_id(2)\n",
+        "    b = tl.program_id(0)\n    kvh = tl.program_id(1).to(tl.int64)\n    split = tl.program_id(2)\n",
     ),
     Mutant(
         "out_stored_as_fp16",
