@@ -694,13 +694,16 @@ g = torch.Generator().manual_seed(0)
 a, b = (torch.randn(16, 16, generator=g).bfloat16() for _ in range(2))
 c, s = torch.empty(16, 16), torch.empty(16, dtype=torch.bfloat16)
 k[(1,)](a, b, c, s, 16)
-print((c - a.float() @ b.float()).abs().max().item(), (s.float() - (a + b).float().sum(1)).abs().max().item())
+print((c.double() - a.double() @ b.double()).abs().max().item(), (s.float() - (a + b).float().sum(1)).abs().max().item())
 """
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
     out = sp.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
     dot_error, sum_error = map(float, out.stdout.split())
-    assert dot_error == 0.0, f"bf16 tl.dot off by {dot_error}"
+    # bf16 products are exact in fp32; only the fp32 sum of 16 of them rounds, in whatever order the
+    # machine adds (torch's own fp32 matmul differs from it by an ulp under some thread counts). The
+    # interpreter's own bf16 dot, on the uint16 bits, is off by about 1e10.
+    assert dot_error < 1e-4, f"bf16 tl.dot off by {dot_error}"
     assert sum_error < 0.1, f"bf16 x + y summed off by {sum_error}"
 
 
