@@ -777,6 +777,18 @@ def _launch(x, y, out, BLOCK=2048, num_warps=4):
     assert result.findings[0]["kind"] == "not_from_kernel", screen
 
 
+def test_a_launcher_that_copies_its_inputs_still_runs_its_kernel(tmp_path):
+    """An honest launcher may hand the kernel copies of its inputs (a clone, a contiguous copy of a view):
+    a kernel that reads the copy reads the input, so no 'did not come from your kernel' for it."""
+    copies = """
+
+def _launch(x, y, out, BLOCK=2048, num_warps=4, _original=_launch):
+    return _original(x.clone(), y.clone().contiguous(), out, BLOCK, num_warps)
+"""
+    result = grade_t1(tmp_path, t1_source(extra=copies), "test_runs_a_triton_kernel")
+    assert result.state == "passing", one_screen(result)
+
+
 OUT_OF_SIGHT = {
     "numpy_imported": ("\nimport numpy as np\n", "imports numpy"),
     "dispatch_modes_off": (

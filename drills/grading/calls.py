@@ -100,6 +100,17 @@ def _raise_device_errors() -> None:
         ) from None
 
 
+def _through_copies(read: set, copied_from: dict) -> set:
+    """The storages read, with those they were copied (or viewed) from, however many copies deep."""
+    read, todo = set(read), list(read)
+    while todo:
+        for source in copied_from.get(todo.pop(), ()):
+            if source not in read:
+                read.add(source)
+                todo.append(source)
+    return read
+
+
 def _unread_inputs(fn, args, kwargs, storages: dict, snap: dict | None, read: set | None) -> list[str]:
     """The names of the call's floating-point inputs that no load of any launch read from: arguments the
     call left as they were (an output it writes is not an input). Computing the answer elsewhere (numpy,
@@ -146,6 +157,8 @@ def run_call(watch: TritonWatch, fn, args, kwargs, options: dict):
             after = stored.get(t.untyped_storage().data_ptr()) if launched else None
             written.append(None if after is None else _as_stored(t, after).clone())
         evidence = {"launched": launched, "written": written, "disabled": None, "torch": list(recorder.seen)}
+        if launched and read is not None:  # a kernel that read a copy of an input read the input
+            read = _through_copies(read, recorder.copied_from)
         evidence["unread"] = _unread_inputs(fn, args, kwargs, storages, snap, read) if launched else []
     if launched == 0 or snap is None:
         return result, evidence

@@ -320,11 +320,21 @@ def torch_compute_recorder(watch: TritonWatch):
         def __init__(self):
             super().__init__()
             self.seen: list[str] = []
+            # storage of a copy -> storages it was copied from (a launcher's .contiguous() of an input,
+            # say): a kernel that reads the copy reads the input (calls._unread_inputs)
+            self.copied_from: dict[int, set[int]] = {}
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             out = func(*args, **kwargs)
             name = getattr(getattr(func, "overloadpacket", None), "__name__", str(func))
+            if not watch.in_launch and name in MOVES:
+                sources = {
+                    t.untyped_storage().data_ptr() for t in tensors_in(list(args) + list(kwargs.values()))
+                }
+                for t in tensors_in(out if isinstance(out, (list, tuple)) else [out]):
+                    dst = t.untyped_storage().data_ptr()
+                    self.copied_from.setdefault(dst, set()).update(sources - {dst})
             if (
                 not watch.in_launch
                 and name not in MOVES
