@@ -23,6 +23,12 @@ _FILES: dict[int, tuple[str, int]] = {}  # storage data_ptr -> (path, nbytes), f
 _DIR: str | None = None
 
 
+def sparse_folder() -> str:
+    """The folder of this process's sparse files, made on first use (the grader makes it before it starts
+    the learner's process, whose sandbox then allows it)."""
+    return _folder()
+
+
 def _folder() -> str:
     global _DIR
     if _DIR is None:

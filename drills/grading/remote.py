@@ -23,7 +23,7 @@ import time
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from drills.grading import process, provenance, warm, wire
+from drills.grading import bigmem, process, provenance, warm, wire
 from drills.grading.env import (
     AFTER_TIMEOUT_S,
     MAX_TIMEOUTS,
@@ -106,6 +106,11 @@ class LearnerProcess:
     def start(self) -> dict:
         """Start the process and wait until the file is imported. Raises ImportFailed or LearnerCrash."""
         self.stop()
+        # The folder of the sparse files this process will lend (bigmem.py) exists before the learner's
+        # process builds its sandbox: Landlock allows the entries of a folder on the way to the
+        # repository as they are then, so with the repository under /tmp a folder made later in /tmp
+        # could not be opened there.
+        bigmem.sparse_folder()
         parent, child = socket.socketpair()
         env = child_env()
         cmd = [
