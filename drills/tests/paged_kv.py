@@ -139,6 +139,24 @@ def pool_past_int32(runtime, PAGE: int, Hkv: int, D: int, spare: int) -> dict:
     return blocks_past(2**32, PAGE, Hkv, D, spare=spare)
 
 
+def q_rows_far_apart(q: torch.Tensor, runtime) -> torch.Tensor:
+    """A copy of q [B, Hq, D] whose rows lie 1.5 * 2**30 elements apart in a sparse buffer (a view of a
+    large activation buffer; the stride fits in int32), for the int64 sequence-index cases of L2 and F1:
+    row 2 starts 3 * 2**30 elements in, so b * stride(0) in int32 wraps to -2**30, a row before q. The
+    buffer holds 2**31 elements before q, so on a GPU the wrapped row lands in it (zeroed there); the
+    interpreter reports a load outside q. Skips, saying why, without the memory for the rows."""
+    skip_without_memory_for_sparse_pages(runtime)
+    B, Hq, D = q.shape
+    stride, before = 3 * 2**29, 2**31  # q's row stride, and the buffer's elements before q
+    flat = bigmem.sparse_empty((before + (B - 1) * stride + Hq * D,), q.dtype, runtime.device)
+    if not runtime.interpreter:
+        flat[before - 2**30 : before - 2**30 + Hq * D].zero_()  # torch.empty on a GPU: row 2 wrapped
+    far = flat.as_strided((B, Hq, D), (stride, D, 1), before)  # [B, Hq, D], row b at b * stride
+    far.copy_(q)
+    assert (B - 1) * stride >= 2**31 > stride
+    return far
+
+
 def in_wider_table(block_tables: torch.Tensor, extra: int = 5) -> torch.Tensor:
     """The same [B, max_pages] entries as columns 0..max_pages - 1 of a [B, max_pages + extra] table of
     -1: a row stride of max_pages + extra, so a kernel that steps rows by max_pages instead of

@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from drills.compare import assert_close, mismatch
-from drills.grading import bigmem
 from drills.grading.diagnose import Mistake
 from drills.grading.launches import assert_runs_a_triton_kernel
 from drills.grading.report import Stage
@@ -27,8 +26,8 @@ from drills.tests.paged_kv import (
     overlapping_caches,
     paged_attention_reference,
     pool_past_int32,
+    q_rows_far_apart,
     shift_scores,
-    skip_without_memory_for_sparse_pages,
     spoiled_call,
     strided_q,
     with_entry,
@@ -293,24 +292,12 @@ def test_out_keeps_the_range_of_its_dtype(impl, runtime, dtype):
 
 
 def test_sequence_index_widened_to_int64(impl, runtime):
-    """q's rows lie 1.5 * 2**30 elements apart (a view of a large activation buffer; the stride fits in
-    int32): row 2 starts 3 * 2**30 elements in, so b * stride(0) in int32 wraps to -2**30 and reads
-    before q (the interpreter reports it; on a GPU the wrapped row lands in zeros). Unsplit and split: both
-    kernels index q, and the split kernel's partial outputs, by the sequence. A sparse file on a CPU."""
-    skip_without_memory_for_sparse_pages(runtime)
+    """q's rows 1.5 * 2**30 elements apart (q_rows_far_apart), unsplit and split: both kernels index q,
+    and the split kernel its partial outputs, by the sequence, whose offsets must be int64."""
     case = make_paged_case([20, 9, 33], 4, 2, 64, 16, device=runtime.device, stream=22)
-    B, Hq, D = case.q.shape
-    stride, before = 3 * 2**29, 2**31  # q's row stride, and the buffer's elements before q
-    flat = bigmem.sparse_empty((before + (B - 1) * stride + Hq * D,), case.q.dtype, runtime.device)
-    if not runtime.interpreter:
-        flat[before - 2**30 : before - 2**30 + Hq * D].zero_()  # torch.empty on a GPU: row 2 wrapped
-    q = flat.as_strided((B, Hq, D), (stride, D, 1), before)  # [B, Hq, D], row b at b * stride
-    q.copy_(case.q)
-    assert (B - 1) * stride >= 2**31 > stride
-    wide = PagedCase(q, *case.args[1:])
+    wide = PagedCase(q_rows_far_apart(case.q, runtime), *case.args[1:])
     for splits in (1, 3):
         check(impl, wide, plan=impl.plan(case.context_lens, 2, 16, num_splits=splits))
-    del q, flat, wide
 
 
 def test_page_index_widened_to_int64(impl, runtime):

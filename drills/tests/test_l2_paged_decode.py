@@ -13,7 +13,6 @@ import pytest
 import torch
 
 from drills.compare import assert_close, mismatch
-from drills.grading import bigmem
 from drills.grading.diagnose import Mistake
 from drills.grading.launches import assert_runs_a_triton_kernel
 from drills.tests import bf16_everywhere, seeded, sizes
@@ -33,8 +32,8 @@ from drills.tests.paged_kv import (
     make_paged_case,
     paged_attention_reference,
     pool_past_int32,
+    q_rows_far_apart,
     shift_scores,
-    skip_without_memory_for_sparse_pages,
     spoiled_call,
     strided_q,
     tail_slots,
@@ -333,22 +332,9 @@ def test_page_index_widened_to_int64(impl, runtime):
 
 
 def test_sequence_index_widened_to_int64(impl, runtime):
-    """q's rows lie 1.5 * 2**30 elements apart (a view of a large activation buffer; the stride fits in
-    int32): row 2 starts 3 * 2**30 elements in, so b * stride(0) in int32 wraps to -2**30 and reads
-    before q. The buffer holds 2**31 elements before q, zeros, so on a GPU the wrapped row lands inside
-    it; the interpreter reports a load outside q. A sparse file on a CPU."""
-    skip_without_memory_for_sparse_pages(runtime)
+    """q's rows 1.5 * 2**30 elements apart (q_rows_far_apart): b * stride_qb must be computed in int64."""
     case = make_paged_case([20, 9, 33], 4, 2, 64, 16, device=runtime.device, stream=97)
-    B, Hq, D = case.q.shape
-    stride, before = 3 * 2**29, 2**31  # q's row stride, and the buffer's elements before q
-    flat = bigmem.sparse_empty((before + (B - 1) * stride + Hq * D,), case.q.dtype, runtime.device)
-    if not runtime.interpreter:
-        flat[before - 2**30 : before - 2**30 + Hq * D].zero_()  # torch.empty on a GPU: row 2 wrapped
-    q = flat.as_strided((B, Hq, D), (stride, D, 1), before)  # [B, Hq, D], row b at b * stride
-    q.copy_(case.q)
-    assert (B - 1) * stride >= 2**31 > stride
-    check(impl, PagedCase(q, *case.args[1:]))
-    del q, flat
+    check(impl, PagedCase(q_rows_far_apart(case.q, runtime), *case.args[1:]))
 
 
 # --- The launcher rejects bad input before launching -----------------------------------------------
