@@ -52,3 +52,14 @@ def bf16_everywhere():
     import torch
 
     return pytest.param(torch.bfloat16)
+
+
+def fill_past_fp16_range(v) -> None:
+    """Every element of v becomes m x (1 + |v|), in place (NaN stays NaN), so every attention output over
+    it lies there too. m = 2^16 for bf16: outputs past fp16's largest 65504, which a store or a P V cast
+    to tl.float16 turns into inf (T5, L4, F1's dtype pitfalls); m = 2^13 for fp16: the same values
+    inside fp16's range, which such a cast keeps."""
+    import torch
+
+    m = 2.0**16 if v.dtype == torch.bfloat16 else 2.0**13
+    v.copy_(((v.float().abs() + 1) * m).to(v.dtype))

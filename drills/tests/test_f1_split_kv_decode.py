@@ -15,7 +15,7 @@ from drills.compare import assert_close, mismatch
 from drills.grading.diagnose import Mistake
 from drills.grading.launches import assert_runs_a_triton_kernel
 from drills.grading.report import Stage
-from drills.tests import bf16_everywhere, seeded, sizes
+from drills.tests import bf16_everywhere, fill_past_fp16_range, seeded, sizes
 from drills.tests.paged_kv import (
     PagedCase,
     call_with_canary_out,
@@ -273,20 +273,15 @@ def test_dtypes(impl, runtime, dtype):
     check(impl, case, plan=impl.plan(case.context_lens, 2, 16, num_splits=3))
 
 
-# Per dtype, a V magnitude whose outputs lie at the top of fp16's range (2^13 and up, under fp16's
-# largest 65504) or, for bf16, past it (2^16 = 65536 and up): bf16 keeps fp32's range.
-LARGE_V = {torch.float16: 2.0**13, torch.bfloat16: 2.0**16}
-
-
 @pytest.mark.parametrize("dtype", [torch.float16, bf16_everywhere()], ids=["fp16", "bf16"])
 def test_out_keeps_the_range_of_its_dtype(impl, runtime, dtype):
-    """Every V element is LARGE_V[dtype] x (1 + |randn|), so every output element is too: bf16 outputs
+    """Every V element is 2^16 (bf16) or 2^13 (fp16) x (1 + |randn|) (fill_past_fp16_range), so every output element is too: bf16 outputs
     from 65536 up hold in bf16 and not in fp16 (largest 65504). A store cast to tl.float16 where out's own
     element type belongs turns them into inf (and a merge of inf partial outputs into NaN). Unsplit and
     split; the fp16 case is the same check inside fp16's range."""
     case = make_paged_case([40, 17], 8, 2, 64, 16, dtype=dtype, device=runtime.device, stream=21)
     v = case.v_cache
-    v.copy_(((v.float().abs() + 1) * LARGE_V[dtype]).to(dtype))  # the stale slots' NaN stay NaN
+    fill_past_fp16_range(v)  # the stale slots' NaN stay NaN
     for splits in (1, 3):
         check(impl, case, plan=impl.plan(case.context_lens, 2, 16, num_splits=splits))
 

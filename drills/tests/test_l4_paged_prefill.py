@@ -19,7 +19,7 @@ from drills.compare import assert_close, mismatch
 from drills.grading import bigmem
 from drills.grading.diagnose import Mistake
 from drills.grading.launches import assert_runs_a_triton_kernel
-from drills.tests import bf16_everywhere, raises_naming, seeded, sizes
+from drills.tests import bf16_everywhere, fill_past_fp16_range, raises_naming, seeded, sizes
 from drills.tests.paged_kv import (
     CONTEXT_LENS_BAD_INPUTS,
     GARBAGE_BLOCK_IDS,
@@ -583,20 +583,15 @@ def test_dtypes(impl, runtime, dtype):
     assert out.dtype == dtype
 
 
-# Per dtype, a V magnitude whose outputs lie at the top of fp16's range (2^13 to about 5 x 2^13, under
-# fp16's largest 65504) or, for bf16, just past it (2^16 = 65536 and up): bf16 keeps fp32's range.
-LARGE_V = {torch.float16: 2.0**13, torch.bfloat16: 2.0**16}
-
-
 @pytest.mark.parametrize("dtype", [torch.float16, bf16_everywhere()], ids=["fp16", "bf16"])
 def test_out_keeps_the_range_of_its_dtype(impl, runtime, dtype):
-    """Every V element is LARGE_V[dtype] x (1 + |randn|), so every output element is too. bf16 outputs
+    """Every V element is 2^16 (bf16) or 2^13 (fp16) x (1 + |randn|) (fill_past_fp16_range), so every output element is too. bf16 outputs
     from 65536 up hold in bf16 and not in fp16 (largest 65504): a kernel that casts to tl.float16 where
     the tensors' own dtype belongs (p before P V, or out before the store) turns them into inf, or does
     not compile (tl.dot of fp16 p by bf16 v). The fp16 case is the same check inside fp16's range."""
     case = make_prefill_case([20, 33], [9, 1], 4, 2, 64, 8, stream=231, dtype=dtype, device=runtime.device)
     v = case.v_cache  # the stale slots' NaN stay NaN
-    v.copy_(((v.float().abs() + 1) * LARGE_V[dtype]).to(dtype))
+    fill_past_fp16_range(v)
     check(impl, case)
 
 

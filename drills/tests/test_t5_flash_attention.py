@@ -17,7 +17,7 @@ from drills.grading.bigmem import SLICE_STRIDE, free_bytes, past_int32
 from drills.grading.diagnose import Mistake
 from drills.grading.launches import assert_runs_a_triton_kernel, record_launches
 from drills.grading.report import Stage
-from drills.tests import bf16_everywhere, seeded, sizes
+from drills.tests import bf16_everywhere, fill_past_fp16_range, seeded, sizes
 
 DIMS = ("b", "head", "query", "d")  # how a mismatch names its position
 LSE_DIMS = ("b", "head", "query")
@@ -426,19 +426,14 @@ def test_dtypes(impl, runtime, dtype, causal):
     assert_close(out, attention_reference(q, k, v, causal)[0], DIMS)
 
 
-# Per dtype, a V magnitude whose outputs lie at the top of fp16's range (2^13 to about 5 x 2^13, under
-# fp16's largest 65504) or, for bf16, just past it (2^16 = 65536 and up): bf16 keeps fp32's range.
-LARGE_V = {torch.float16: 2.0**13, torch.bfloat16: 2.0**16}
-
-
 @pytest.mark.parametrize("dtype", [torch.float16, bf16_everywhere()], ids=["fp16", "bf16"])
 def test_out_keeps_the_range_of_its_dtype(impl, runtime, dtype):
-    """Every V element is LARGE_V[dtype] x (1 + |randn|), so every output element is too. bf16 outputs
+    """Every V element is 2^16 (bf16) or 2^13 (fp16) x (1 + |randn|) (fill_past_fp16_range), so every output element is too. bf16 outputs
     from 65536 up hold in bf16 and not in fp16 (largest 65504): a kernel that casts to tl.float16 where
     the tensors' own dtype belongs (p before P V, or out before the store) turns them into inf, or does
     not compile (tl.dot of fp16 p by bf16 v). The fp16 case is the same check inside fp16's range."""
     q, k, v = make_qkv(1, 2, 2, 30, 50, 64, dtype=dtype, device=runtime.device, stream=89)
-    v.copy_(((v.float().abs() + 1) * LARGE_V[dtype]).to(dtype))
+    fill_past_fp16_range(v)
     ref, _ = attention_reference(q, k, v, scale=0.125)
     out, _ = launch_into_canary(impl, q, k, v, False, 0.125)  # compared first: an inf here says so
     assert_close(out, ref, DIMS)
