@@ -1,8 +1,8 @@
 """Running one of the grader's calls in the learner's process (server.py), as the grader asked:
 
-- under the interpreter, a call that launches a kernel is run again with its programs visited in
-  reverse order; a result that depends on the order is a write race (raised here: it is the learner's
-  own bug);
+- under the interpreter, a call whose launch has programs touching each other's memory (overlap.py)
+  is run again with its programs visited in reverse order; a result that depends on the order is a
+  write race (raised here: it is the learner's own bug);
 - with `provenance`, the evidence the grader's process judges (provenance.judge) goes back with the
   result: what the last launch left in each returned tensor, and the call's result and argument states
   once more with every Triton launch turned into a no-op.
@@ -21,6 +21,7 @@ from drills.grading.instrument import (
     _u8,
     torch_compute_recorder,
 )
+from drills.grading.overlap import AccessLog
 from drills.grading.provenance import compare_states
 from drills.grading.wire import tensors_in
 
@@ -138,6 +139,7 @@ def run_call(watch: TritonWatch, fn, args, kwargs, options: dict):
     provenance = options.get("provenance", False)
     snap = _snapshot(storages) if (checks or provenance) else None
     watch.launched, watch.reverse, watch.disabled = 0, False, False
+    watch.access, watch.overlapped = (AccessLog() if checks else None), False
     watch.stored = {} if provenance else None
     watch.read = set() if provenance and watch.interpreter else None
     recorder = torch_compute_recorder(watch) if provenance else contextlib.nullcontext()
@@ -148,6 +150,7 @@ def run_call(watch: TritonWatch, fn, args, kwargs, options: dict):
     finally:
         stored, watch.stored = watch.stored, None
         read, watch.read = watch.read, None
+        overlapped, watch.access = watch.overlapped, None
     launched = watch.launched
     evidence = None
     if provenance:
@@ -168,7 +171,7 @@ def run_call(watch: TritonWatch, fn, args, kwargs, options: dict):
     ordered = list(storages.items())
     typed_after = [_typed(after[ptr], t) for ptr, (_, t) in ordered]
     arg_names = [names.get(ptr, "?") for ptr, _ in ordered]
-    if checks:
+    if checks and overlapped:  # programs that never touch each other's bytes give one result in any order
         _restore(storages, snap)
         watch.reverse = True
         try:

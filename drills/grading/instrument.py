@@ -19,6 +19,7 @@ import sys
 
 from drills.grading.bf16 import exact_bf16_dot
 from drills.grading.errors import OutOfBoundsAccess
+from drills.grading.overlap import program_number
 from drills.grading.wire import as_bytes_view, tensors_in
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -55,6 +56,8 @@ class TritonWatch:
         self.stored: dict | None = None  # storage address -> its bytes after the last launch given it
         self.ranges: list[tuple[str, int, int]] = []  # (argument name, first byte, end) of the running kernel
         self.read: set | None = None  # first bytes of the storages some load read from, when asked
+        self.access = None  # overlap.AccessLog of the running launch, when the call checks the order
+        self.overlapped = False  # some launch of the call had programs touching each other's memory
         self.interpreter = os.environ.get("TRITON_INTERPRET", "0") == "1"
         self._patch_launch()
         if self.interpreter:
@@ -89,11 +92,16 @@ class TritonWatch:
                 if watch.interpreter:
                     names = list(getattr(self, "arg_names", []) or [])
                     watch.ranges = _tensor_ranges(names, args, kwargs)
+                    if watch.access is not None:
+                        watch.access.reset()
+                        watch.access.shared = not watch.ranges  # accesses it cannot place
                 watch.in_launch += 1  # torch ops from here on are Triton's own (the interpreter's copies)
                 try:
                     value = _original(self, *args, **kwargs)
                 finally:
                     watch.in_launch -= 1
+                if watch.access is not None and watch.interpreter and watch.access.overlapping():
+                    watch.overlapped = True
                 if watch.stored is not None:  # what this launch left in each tensor it was given
                     for storage in _storages(tensors_in(list(args) + list(kwargs.values()))).values():
                         watch.stored[storage[0].data_ptr()] = _u8(storage[0]).clone()
@@ -132,6 +140,9 @@ class TritonWatch:
                 return
             size = max(1, ptrs.get_element_ty().primitive_bitwidth // 8)
             p = data[active]
+            if watch.access is not None:
+                builder = interp.interpreter_builder
+                watch.access.record(what, p, size, program_number(builder.grid_idx, builder.grid_dim))
             if watch.read is not None and what == "load":  # which tensors the kernel really reads
                 for _, start, end in watch.ranges:
                     if start not in watch.read and ((p >= np.uint64(start)) & (p < np.uint64(end))).any():
@@ -180,6 +191,15 @@ class TritonWatch:
                 return _original(self, op, ptr, val, mask, *rest)
 
             setattr(builder, name, atomic)
+        cas = getattr(builder, "create_atomic_cas", None)
+        if cas is not None:
+
+            def atomic_cas(self, *args, _original=cas):
+                if watch.access is not None:
+                    watch.access.shared = True  # a compare-and-swap: programs sharing memory
+                return _original(self, *args)
+
+            builder.create_atomic_cas = atomic_cas
 
 
 def _patch_language_once(interp) -> None:
