@@ -73,12 +73,12 @@ class LLM:
         if parts is not None:  # a benchmark's or a test's own module for some parts
             self.parts = type(self.parts)(**{**vars(self.parts), **vars(parts)})
         if weights is None:
-            from drills.engine.loader import load_gguf, smollm2_gguf_path
+            from drills.engine.loader import load_gguf, open_gguf
             from drills.engine.tokenizer import Tokenizer
 
-            path = smollm2_gguf_path()
-            tokenizer = tokenizer or Tokenizer.from_gguf(path)
-            weights = load_gguf(path)
+            reader = open_gguf(None)  # SmolLM2's file, parsed once for the tokenizer and the weights
+            tokenizer = tokenizer or Tokenizer.from_gguf(reader)
+            weights = load_gguf(reader)
         self.tokenizer = tokenizer
         self.model = Llama(weights.to(device=device, dtype=dtype))
         # The kernels read fp16 or bf16; an fp32 model on the CPU keeps a bf16-free fp16 cache (the

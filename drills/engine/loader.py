@@ -35,7 +35,7 @@ def smollm2_gguf_path() -> Path:
     )
 
 
-def _reader(path):
+def open_gguf(path):
     """A gguf.GGUFReader of `path` (the SmolLM2 file when None); an open reader is passed through, since
     parsing the file's metadata takes seconds (49,152 tokens and 48,900 merges)."""
     if hasattr(path, "tensors") and hasattr(path, "fields"):
@@ -117,7 +117,7 @@ def _unpermute_rope_rows(w: torch.Tensor, heads: int) -> torch.Tensor:
 def load_gguf(path=None, dtype=torch.float32, device="cpu") -> LlamaWeights:
     """SmolLM2-135M-Instruct (or another plain-Llama GGUF file at `path`, or an open GGUFReader) as
     LlamaWeights."""
-    reader = _reader(path)
+    reader = open_gguf(path)
     config = read_config(reader)
     c = config
     tensors = {t.name: t for t in reader.tensors}

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from drills.engine.loader import INSTALL_HINT, _metadata, _reader
+from drills.engine.loader import INSTALL_HINT, _metadata, open_gguf
 
 CONTROL = 3  # llama.cpp's token type of a special token (<|im_start|>, <|endoftext|>, ...)
 SUPPORTED_PRE = {"smollm"}  # the pre-tokenizer rules this file knows how to rebuild
@@ -45,7 +45,7 @@ class Tokenizer:
             from tokenizers import Tokenizer as Backend
         except ModuleNotFoundError:
             raise ModuleNotFoundError(f"the tokenizer needs the package tokenizers: {INSTALL_HINT}") from None
-        reader = _reader(path)
+        reader = open_gguf(path)
         kind, pre = _metadata(reader, "tokenizer.ggml.model"), _metadata(reader, "tokenizer.ggml.pre", "")
         if kind != "gpt2" or pre not in SUPPORTED_PRE:
             # Another BPE split (llama3, qwen2, ...) would tokenize text differently from the model's training.

@@ -5,10 +5,13 @@ Two layers, both set up in the learner's process before its file is imported (se
 - Landlock (Linux 5.13+, unprivileged): the kernel itself refuses to open anything under
   drills/solutions, drills/mutants or .git, whatever call opens it (open, os.open with dir_fd, libc
   through ctypes, a program started from the process), and the process may neither signal nor trace
-  a process outside its sandbox (the grader, the command that reads the result). Landlock grants rather
+  a process outside its sandbox (the grader, the command that reads the result). The rest of the
+  repository is read-only to it, the graded file's own folder aside: a file that rewrote the graders,
+  the harness or the course's records would pass every grading after its own. Landlock grants rather
   than denies, so the rules allow every other entry of each folder on the way down to those three.
 - An audit hook (any Python): refuses Python-level opens and imports of the references, copies and
-  links of them, and starting programs unless Triton's own compiler code is the caller.
+  links of them, writes into the repository outside the graded file's folder, and starting programs
+  unless Triton's own compiler code is the caller.
 
 `make doctor` prints `status()`: which of the two is in force on this machine.
 """
@@ -28,6 +31,7 @@ _CREATE_RULESET_VERSION = 1
 _RULE_PATH_BENEATH = 1
 _PR_SET_NO_NEW_PRIVS = 38
 _FILE_RIGHTS = (1 << 0) | (1 << 1) | (1 << 2)  # execute, write, read: what a rule on a file may grant
+_READ_RIGHTS = (1 << 0) | (1 << 2) | (1 << 3)  # execute, read a file, read a folder: the repository's
 _SCOPE_SIGNAL = 1 << 1
 
 
@@ -81,12 +85,24 @@ def _fs_rights(abi: int) -> int:
     return rights
 
 
-def _allowed_entries(targets: list[str]) -> list[str]:
-    """Every path to allow so that all is reachable except the targets: the siblings of each folder
-    on the way from / down to a target, none of the folders on that way themselves."""
+def writable(graded_file: str) -> list[str]:
+    """The folders inside the repository that the learner's process may write: its file's own folder
+    (drills/mine for make test), where a learner may keep notes or debug output."""
+    root = os.path.realpath(ROOT)
+    folder = os.path.dirname(os.path.realpath(graded_file))
+    return [folder] if folder.startswith(root + os.sep) else []
+
+
+def _allowed_entries(targets: list[str], writable: list[str] = ()) -> list[tuple[str, bool]]:
+    """Every path to allow, and whether to allow writes there, so that all is reachable except the
+    targets, and the repository is read-only but for the writable folders: the siblings of each folder
+    on the way from / down to a target or a writable folder (writable outside the repository, read-only
+    inside it), the writable folders, and none of the folders on those ways themselves."""
+    root = os.path.realpath(ROOT)
     targets = [os.path.realpath(t) for t in targets]
+    writable = [os.path.realpath(w) for w in writable]
     on_the_way = set()
-    for t in targets:
+    for t in targets + writable:
         p = t
         while True:
             on_the_way.add(p)
@@ -94,8 +110,10 @@ def _allowed_entries(targets: list[str]) -> list[str]:
             if parent == p:
                 break
             p = parent
-    allowed = []
-    for folder in sorted(p for p in on_the_way if p not in targets and os.path.isdir(p)):
+    allowed = [(w, True) for w in writable]
+    for folder in sorted(
+        p for p in on_the_way if p not in targets and p not in writable and os.path.isdir(p)
+    ):
         try:
             names = os.listdir(folder)
         except OSError:
@@ -103,12 +121,13 @@ def _allowed_entries(targets: list[str]) -> list[str]:
         for name in names:
             path = os.path.join(folder, name)
             if path not in on_the_way:
-                allowed.append(path)
+                allowed.append((path, not (path == root or path.startswith(root + os.sep))))
     return allowed
 
 
-def apply_landlock(targets: list[str] | None = None) -> str | None:
-    """Sandbox this process and its future children; None when in force, else why not."""
+def apply_landlock(targets: list[str] | None = None, graded_file: str | None = None) -> str | None:
+    """Sandbox this process and its future children; None when in force, else why not. graded_file:
+    its folder stays writable (writable())."""
     abi = landlock_abi()
     if abi < 1:
         return "Landlock is not available in this kernel (Linux 5.13+ with Landlock enabled)"
@@ -120,7 +139,9 @@ def apply_landlock(targets: list[str] | None = None) -> str | None:
     if ruleset < 0:
         return f"Landlock refused a ruleset: {os.strerror(ctypes.get_errno())}"
     try:
-        for path in _allowed_entries(targets or protected()):
+        for path, writes in _allowed_entries(
+            targets or protected(), writable(graded_file) if graded_file else []
+        ):
             try:
                 fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
             except OSError:
@@ -131,7 +152,8 @@ def apply_landlock(targets: list[str] | None = None) -> str | None:
                     if os.path.exists("/proc/self/fd")
                     else os.path.isdir(path)
                 )
-                rule = _PathBeneath(rights if is_dir else rights & _FILE_RIGHTS | (rights & (1 << 14)), fd)
+                granted = rights if writes else rights & _READ_RIGHTS
+                rule = _PathBeneath(granted if is_dir else granted & _FILE_RIGHTS | (granted & (1 << 14)), fd)
                 libc.syscall(
                     _ADD_RULE,
                     ctypes.c_int(ruleset),
@@ -155,8 +177,14 @@ def status() -> str:
     abi = landlock_abi()
     names = "drills/solutions, drills/mutants and .git"
     if abi >= 1:
-        return f"Landlock (ABI {abi}) and the audit hook: your file's process cannot open {names} by any call"
-    return f"the audit hook only (no Landlock in this kernel): Python-level opens of {names} are refused"
+        return (
+            f"Landlock (ABI {abi}) and the audit hook: your file's process cannot open {names} by any call, "
+            "nor write into the repository outside your file's folder"
+        )
+    return (
+        f"the audit hook only (no Landlock in this kernel): Python-level opens of {names}, and writes into "
+        "the repository outside your file's folder, are refused"
+    )
 
 
 # --- The audit hook --------------------------------------------------------------------------------
@@ -265,6 +293,25 @@ def protect(graded_file: str) -> None:
             return False
         return st is not None and (st.st_dev, st.st_ino) in inodes
 
+    root = os.path.realpath(ROOT) + os.sep
+    own = [w + os.sep for w in writable(graded_file)]
+    changes = ("os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.truncate", "os.chmod", "os.symlink")
+
+    def in_repository(path) -> bool:
+        """A path inside the repository and outside the graded file's folder."""
+        try:
+            real = os.path.realpath(os.fsdecode(path)) if isinstance(path, (str, bytes, os.PathLike)) else ""
+        except Exception:
+            return False
+        return bool(real) and (real + os.sep).startswith(root) and not real.startswith(tuple(own))
+
+    def writes(args) -> bool:
+        mode = args[1] if len(args) > 1 else None
+        flags = args[2] if len(args) > 2 else 0
+        if isinstance(mode, str) and any(c in mode for c in "wax+"):
+            return True
+        return isinstance(flags, int) and bool(flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC))
+
     starts = (
         "subprocess.Popen",
         "os.system",
@@ -289,6 +336,15 @@ def protect(graded_file: str) -> None:
             raise PermissionError(
                 f"grading: your file may not read {args[0]} (the reference solutions "
                 "and the repository's history are off limits while your file is graded)"
+            )
+        changed = args[:2] if event == "os.rename" else args[1:2] if event == "os.symlink" else args[:1]
+        if (event == "open" and args and writes(args) and in_repository(args[0])) or (
+            event in changes and any(in_repository(a) for a in changed if not isinstance(a, int))
+        ):
+            raise PermissionError(
+                f"grading: your file may not write {changed[-1] if event in changes else args[0]} (the "
+                "repository is read-only while your file "
+                "is graded, but for your file's own folder)"
             )
         if (
             event == "import"

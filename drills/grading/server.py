@@ -341,7 +341,7 @@ def run_file(fd: int, graded_file: str, module_name: str, reference: bool) -> in
         poison_empty()
     if not reference:
         # The kernel's sandbox where it has one (Landlock), and the audit hook everywhere.
-        apply_landlock()
+        apply_landlock(graded_file=graded_file)
         protect(graded_file)
     try:
         module = contract.load_from_file(graded_file, module_name)

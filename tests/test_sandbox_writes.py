@@ -1,0 +1,75 @@
+"""The learner's process cannot write into the repository, but for its own file's folder: a file that
+rewrote a grader, the harness or the course's records would make every later grading pass. Landlock
+refuses it whatever the call; the audit hook refuses Python's own calls where Landlock is missing."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+import pytest
+
+from drills.grading import run
+from drills.grading.sandbox import landlock_abi
+from drills.lessons import ROOT, find
+from tests.test_grading_harness import grade_t1, one_screen, outcome, t1_source
+
+TARGET = os.path.join(ROOT, "drills", "tests", "_written_by_a_learner_file.py")  # must never appear
+KEPT = os.path.join(ROOT, "drills", "grading", "_kept_while_graded.txt")  # must never go away
+
+WRITES = {
+    "open_for_writing": f"open({TARGET!r}, 'w').write('forged')\n",
+    "os_open_creating": f"import os\nos.close(os.open({TARGET!r}, os.O_CREAT | os.O_WRONLY))\n",
+    "appending_to_a_grader": (
+        f"open({os.path.join(ROOT, 'drills', 'tests', 'test_t1_vector_add.py')!r}, 'a').write('')\n"
+    ),
+    "renaming_over_a_grader": (
+        f"import os, tempfile\nfd, p = tempfile.mkstemp()\nos.close(fd)\nos.replace(p, {TARGET!r})\n"
+    ),
+    "removing_a_repository_file": f"import os\nos.remove({KEPT!r})\n",
+}
+if landlock_abi() >= 1:  # calls no audit hook sees: only Landlock refuses them
+    WRITES["libc_open_creating"] = (
+        f"import ctypes\nfd = ctypes.CDLL(None).open({TARGET.encode()!r}, 0o101, 0o644)\n"
+        "assert fd < 0, 'created a file in the repository through libc'\nraise RuntimeError('libc open refused')\n"
+    )
+
+
+@pytest.fixture
+def kept_file():
+    with open(KEPT, "w") as f:
+        f.write("the learner's process may not remove this\n")
+    yield KEPT
+    for path in (KEPT, TARGET):
+        if os.path.exists(path):
+            os.remove(path)
+
+
+@pytest.mark.parametrize("how", list(WRITES))
+def test_a_file_cannot_write_into_the_repository(tmp_path, kept_file, how):
+    grader = os.path.join(ROOT, "drills", "tests", "test_t1_vector_add.py")
+    before = os.stat(grader).st_mtime_ns
+    result = grade_t1(tmp_path, t1_source(extra="\n" + WRITES[how]), "test_by_hand_lane_11_is_masked")
+    screen = one_screen(result)
+    assert not os.path.exists(TARGET), f"the learner's process created {TARGET}"
+    assert os.path.exists(kept_file), f"the learner's process removed {kept_file}"
+    assert os.stat(grader).st_mtime_ns == before, "the learner's process wrote into T1's grader"
+    assert result.state == "does not import", screen
+    assert any(w in result.message for w in ("refused", "Permission denied", "may not write")), screen
+
+
+def test_a_file_may_write_in_its_own_folder():
+    """A learner's notes or debug output beside the file, inside the repository, are still allowed."""
+    folder = tempfile.mkdtemp(prefix="own-folder-", dir=os.path.join(ROOT, "drills"))
+    try:
+        T1 = find("t1")
+        path = os.path.join(folder, f"{T1.stem}.py")
+        notes = os.path.join(folder, "notes.txt")
+        with open(path, "w") as f:
+            f.write(t1_source(extra=f"\nopen({notes!r}, 'w').write('debug output')\n"))
+        result = run.grade(T1, file=path, extra=["-k", "test_by_hand_lane_11_is_masked"])
+        assert outcome(result, "test_by_hand_lane_11_is_masked") == {"passed"}, one_screen(result)
+        assert os.path.exists(notes)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
