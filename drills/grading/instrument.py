@@ -126,6 +126,7 @@ class TritonWatch:
 
         interp.range = grid_range  # the module's own `range`: GridExecutor's program loops read it
         _wrap_int32_as_a_gpu_does(interp)
+        _memoize_np_dtypes(interp)
         _patch_language_once(interp)
         exact_bf16_dot(interp)
 
@@ -215,6 +216,28 @@ def _wrap_int32_as_a_gpu_does(interp) -> None:
     options = getattr(builder, "options", None)
     if dataclasses.is_dataclass(options) and getattr(options, "sanitize_overflow", False):
         builder.options = dataclasses.replace(options, sanitize_overflow=False)
+
+
+def _memoize_np_dtypes(interp) -> None:
+    """The interpreter maps a Triton dtype to its numpy dtype by building a table of twenty entries on
+    every call, tens of thousands of times per kernel (a twentieth of its time): the map never changes,
+    so each answer is kept."""
+    original = getattr(interp, "_get_np_dtype", None)
+    if original is None or getattr(original, "drills_memoized", False):
+        return
+    known: dict = {}
+
+    def np_dtype(tt_dtype):
+        try:
+            return known[tt_dtype]
+        except KeyError:
+            known[tt_dtype] = value = original(tt_dtype)
+            return value
+        except TypeError:  # not hashable: as Triton computes it
+            return original(tt_dtype)
+
+    np_dtype.drills_memoized = True
+    interp._get_np_dtype = np_dtype
 
 
 def _patch_language_once(interp) -> None:

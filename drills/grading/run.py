@@ -225,3 +225,27 @@ def run_pytest_here(
     torch.set_num_threads(1)  # this process and the learner's take turns: see env.child_env
     print(drills.runtime.current().banner, flush=True)
     return pytest.main(pytest_args(tests, impl, verbose=verbose, extra=list(extra)))
+
+
+def run_pytest_side_by_side(groups: list[list[str | Path]], impl: str, extra: list[str] = ()) -> int:
+    """Each group of test files in a pytest process of its own, all at once (make check: one grading
+    keeps about one core busy, the grader and the learner's process taking turns), each group's output
+    printed whole once it ends. The largest exit status."""
+    import drills.runtime
+
+    print(drills.runtime.current().banner, flush=True)
+    with tempfile.TemporaryDirectory(prefix="drills-check-") as tmp:
+        started = []
+        for i, tests in enumerate(groups):
+            log = open(Path(tmp) / f"group-{i}.log", "w+")
+            args = [sys.executable, "-m", "pytest", *pytest_args(tests, impl, extra=list(extra))]
+            env = dict(os.environ, OMP_NUM_THREADS="1")  # as run_pytest_here: the processes take turns
+            proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+            started.append((proc, log))
+        status = 0
+        for proc, log in started:
+            status = max(status, proc.wait())
+            log.seek(0)
+            print(log.read(), end="", flush=True)
+            log.close()
+    return status

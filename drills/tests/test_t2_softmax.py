@@ -132,7 +132,7 @@ def test_by_hand_two_blocks_of_2_three_passes(impl, runtime):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 def test_non_power_of_two_1823x781(impl, runtime, dtype):
     """781 columns in a block of 1024: 243 padded lanes per row, 1823 rows (the interpreter takes a few
-    ms a row, and the grader runs every launch twice, so it runs the first 203 rows there)."""
+    ms a row, so it runs the first 203 rows there)."""
     M = sizes(runtime, 203, 1823)
     check(impl, randn(M, 781, dtype, runtime.device, stream=1823))
 
