@@ -255,6 +255,14 @@ def started_by_triton() -> bool:
     return False
 
 
+def _real_path(path) -> str:
+    """The resolved path an audit event names, or "" for a file descriptor or anything unreadable."""
+    try:
+        return os.path.realpath(os.fsdecode(path)) if isinstance(path, (str, bytes, os.PathLike)) else ""
+    except Exception:  # noqa: BLE001 - an argument no path can be made of
+        return ""
+
+
 def protect(graded_file: str) -> None:
     """The audit hook: refuse the references and starting programs (see the module docstring)."""
     solutions = os.path.join(ROOT, "drills", "solutions") + os.sep
@@ -262,10 +270,7 @@ def protect(graded_file: str) -> None:
     graded = os.path.realpath(graded_file)
 
     def forbidden_path(path) -> bool:
-        try:
-            real = os.path.realpath(os.fsdecode(path)) if isinstance(path, (str, bytes, os.PathLike)) else ""
-        except Exception:
-            return False
+        real = _real_path(path)
         if not real or real == graded:
             return False
         parts = real.split(os.sep)
@@ -299,10 +304,7 @@ def protect(graded_file: str) -> None:
 
     def in_repository(path) -> bool:
         """A path inside the repository and outside the graded file's folder."""
-        try:
-            real = os.path.realpath(os.fsdecode(path)) if isinstance(path, (str, bytes, os.PathLike)) else ""
-        except Exception:
-            return False
+        real = _real_path(path)
         return bool(real) and (real + os.sep).startswith(root) and not real.startswith(tuple(own))
 
     def writes(args) -> bool:
