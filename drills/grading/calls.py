@@ -116,7 +116,8 @@ def _unread_inputs(fn, args, kwargs, storages: dict, snap: dict | None, read: se
     """The names of the call's floating-point inputs that no load of any launch read from: arguments the
     call left as they were (an output it writes is not an input). Computing the answer elsewhere (numpy,
     torch out of the recorder's sight) and copying it in with a kernel leaves the inputs unread. Empty
-    when the loads were not watched (compiled Triton) or the storages too large to compare."""
+    when the storages were too large to compare. Compiled Triton hides its loads: there `read` holds the
+    storages some launch was given, so an answer made elsewhere and copied in is still caught."""
     import torch
 
     if read is None or snap is None:
@@ -141,7 +142,7 @@ def run_call(watch: TritonWatch, fn, args, kwargs, options: dict):
     watch.launched, watch.reverse, watch.disabled = 0, False, False
     watch.access, watch.overlapped = (AccessLog() if checks else None), False
     watch.stored = {} if provenance else None
-    watch.read = set() if provenance and watch.interpreter else None
+    watch.read = set() if provenance else None
     recorder = torch_compute_recorder(watch) if provenance else contextlib.nullcontext()
     try:
         with recorder:

@@ -55,7 +55,9 @@ class TritonWatch:
         self.in_launch = 0  # > 0 while a launch runs
         self.stored: dict | None = None  # storage address -> its bytes after the last launch given it
         self.ranges: list[tuple[str, int, int]] = []  # (argument name, first byte, end) of the running kernel
-        self.read: set | None = None  # first bytes of the storages some load read from, when asked
+        self.read: set | None = (
+            None  # first bytes of the storages some load read from (compiled: some launch was given), when asked
+        )
         self.access = None  # overlap.AccessLog of the running launch, when the call checks the order
         self.overlapped = False  # some launch of the call had programs touching each other's memory
         self.interpreter = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -102,8 +104,15 @@ class TritonWatch:
                     watch.in_launch -= 1
                 if watch.access is not None and watch.interpreter and watch.access.overlapping():
                     watch.overlapped = True
+                given = None
+                if watch.read is not None and not watch.interpreter:
+                    # Compiled Triton hides its loads: a storage some launch was given stands for one it
+                    # read. An answer computed elsewhere and copied in is still given none of the inputs.
+                    given = _storages(tensors_in(list(args) + list(kwargs.values())))
+                    watch.read.update(given)
                 if watch.stored is not None:  # what this launch left in each tensor it was given
-                    for storage in _storages(tensors_in(list(args) + list(kwargs.values()))).values():
+                    given = given or _storages(tensors_in(list(args) + list(kwargs.values())))
+                    for storage in given.values():
                         watch.stored[storage[0].data_ptr()] = _u8(storage[0]).clone()
                 return value
 

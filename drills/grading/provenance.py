@@ -11,7 +11,8 @@ decided here, in the grader's process, from the evidence the learner's process s
   torch     the torch ops that computed floats from floats during the call, outside any launch (an add,
             a matmul): a launcher allocates, views, copies and converts; it never computes the answer
   unread    the floating-point inputs (arguments the call left unchanged) that no load of any launch
-            read from, under the interpreter: an answer made elsewhere and copied in reads none of them
+            read from under the interpreter, or that no launch was given in compiled Triton (which hides
+            its loads): an answer made elsewhere and copied in reads none of them
   disabled  the call once more with every launch a no-op: the returned tensors and the arguments'
             states; if they equal those of the real call, the result was computed some other way
 """
