@@ -89,4 +89,11 @@ MUTANTS = [
         "a_rows = offs_m % M",
         "a_rows = offs_m",
     ),
+    # Exact for fp16 and for every bf16 value inside fp16's range: only C past 65504 shows it.
+    Mutant(
+        "out_cast_to_fp16",
+        "10. a dtype written into the kernel: acc stored as tl.float16, not as C's element type",
+        "c = acc.to(c_ptr.dtype.element_ty)",
+        "c = acc.to(tl.float16)",
+    ),
 ]

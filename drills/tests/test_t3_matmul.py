@@ -294,6 +294,22 @@ def test_dtypes(impl, runtime, dtype):
     assert out.dtype == dtype
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, bf16_everywhere()], ids=["fp16", "bf16"])
+def test_out_keeps_the_range_of_its_dtype(impl, runtime, dtype):
+    """Every element of A and B is m x (1 + |randn|), m = 64 for bf16 (products of about 10^4, sums over
+    K = 61 of about 10^6) and m = 2 for fp16 (the same check inside fp16's range). bf16 outputs past
+    65504 hold in bf16 and not in fp16: a kernel that stores acc.to(tl.float16) where C's own element
+    type belongs turns them into inf, while every value inside fp16's range survives the round trip."""
+    a, b = inputs(37, 45, 61, runtime.device, stream=47, dtype=dtype)
+    m = 64.0 if dtype == torch.bfloat16 else 2.0
+    for x in (a, b):
+        x.copy_(((x.float().abs() + 1) * m).to(dtype))
+    out = check(impl, a, b)
+    assert out.dtype == dtype
+    if dtype == torch.bfloat16:
+        assert out.float().abs().max().item() > 65504, "the case should reach past fp16's range"
+
+
 # --- The launcher rejects bad input before launching -----------------------------------------------
 
 
@@ -543,6 +559,14 @@ MISTAKES = [
         question="Which configuration of the table has a block dimension below 16, and what does a GPU's "
         "tl.dot need for K?",
         section="3.5",
+    ),
+    Mistake(
+        10,
+        fails=("test_out_keeps_the_range_of_its_dtype[bf16]",),
+        passes=("test_out_keeps_the_range_of_its_dtype[fp16]", "test_dtypes[fp16]"),
+        question="Your fp16 cases pass and a bf16 one past 65504 does not: which dtype does your kernel "
+        "cast acc to before the store, and what does fp16 make of a bf16 value of 300000?",
+        section="3.4",
     ),
     Mistake(
         9,
