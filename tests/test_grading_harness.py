@@ -65,9 +65,13 @@ def write_learner_file(folder, source: str, stem: str = T1.stem):
     return path
 
 
-def grade_t1(folder, source: str, *checks: str) -> run.Grade:
-    """Grade `source` as the learner's T1 file, running only the named checks (a -k expression each)."""
-    result = run.grade(T1, file=write_learner_file(folder, source), extra=["-k", " or ".join(checks)])
+def grade_t1(folder, source: str, *checks: str, checked: bool = False) -> run.Grade:
+    """Grade `source` as the learner's T1 file, running only the named checks (a -k expression each).
+    The static check (source_check.py), which refuses open(), os and ctypes before anything runs, is
+    passed by unless `checked`: these tests are about the layers behind it (the sandbox, the recorder,
+    the evidence), which must hold on their own."""
+    extra = ["-k", " or ".join(checks)] + ([] if checked else ["--drills-skip-source-check"])
+    result = run.grade(T1, file=write_learner_file(folder, source), extra=extra)
     if result.state in ("passing", "failing"):
         ran = {c.id for c in result.cases} | {c.check for c in result.cases}
         missing = [c for c in checks if c not in ran]
@@ -610,7 +614,9 @@ WHERE_IT_RUNS = {
 
 @pytest.mark.parametrize("how", list(WHERE_IT_RUNS))
 def test_a_file_that_asks_where_it_runs_is_refused_before_grading(tmp_path, how):
-    result = grade_t1(tmp_path, t1_source(extra=WHERE_IT_RUNS[how]), "test_by_hand_lane_11_is_masked")
+    result = grade_t1(
+        tmp_path, t1_source(extra=WHERE_IT_RUNS[how]), "test_by_hand_lane_11_is_masked", checked=True
+    )
     screen = one_screen(result)
     assert result.state == "does not import" and "refused before grading" in result.message, screen
     assert "line " in result.message, screen
@@ -777,6 +783,26 @@ def _launch(x, y, out, BLOCK=2048, num_warps=4):
     assert result.findings[0]["kind"] == "not_from_kernel", screen
 
 
+def test_torch_answering_the_cases_the_provenance_check_does_not_make_is_refused(tmp_path):
+    """The kernel for small vectors, torch for the rest: the one call that asks for provenance is small,
+    so only watching every call for torch's float ops catches the others."""
+    fallback = """
+
+_kernel_launch = _launch
+
+
+def _launch(x, y, out, BLOCK=2048, num_warps=4):
+    if x.numel() > 3000:
+        out.copy_(x + y)
+        return out
+    return _kernel_launch(x, y, out, BLOCK, num_warps)
+"""
+    result = grade_t1(tmp_path, t1_source(extra=fallback), "test_each_program_adds_its_own_block")
+    screen = one_screen(result)
+    failed = failures(result)
+    assert failed and all("torch computed floats" in m for m in failed.values()), screen
+
+
 def test_a_launcher_that_copies_its_inputs_still_runs_its_kernel(tmp_path):
     """An honest launcher may hand the kernel copies of its inputs (a clone, a contiguous copy of a view):
     a kernel that reads the copy reads the input, so no 'did not come from your kernel' for it."""
@@ -804,7 +830,7 @@ def test_a_file_that_computes_out_of_the_graders_sight_is_refused_before_grading
     """numpy on the tensors' memory, or torch with the grader's op recorder switched off: refused by the
     static check with the line and the reason."""
     extra, why = OUT_OF_SIGHT[how]
-    result = grade_t1(tmp_path, t1_source(extra=extra), "test_by_hand_lane_11_is_masked")
+    result = grade_t1(tmp_path, t1_source(extra=extra), "test_by_hand_lane_11_is_masked", checked=True)
     screen = one_screen(result)
     assert result.state == "does not import" and "refused before grading" in result.message, screen
     assert why in result.message, screen
@@ -840,6 +866,17 @@ vector_add_kernel = _FakeKernel()
         "import builtins\n_G = getattr(builtins, '__imp' + 'ort__')\n",
         "_G = triton.runtime.jit.JITFunction.run.__closure__\n",
         "_G = open('/proc/self/stat').read()\n",
+        # The names under other names, or built from pieces at run time
+        "from sys import modules as _M\n_G = 'drills.' + 'grad' + 'ing' in _M\n",
+        "from os import environ as _E\n_G = ''.join(['PYTE', 'ST_VERSION']) in _E\n",
+        # Work out of the op recorder's sight: another thread, another process
+        "import threading\n",
+        "from concurrent.futures import ThreadPoolExecutor\n",
+        "_G = torch.jit.fork(torch.zeros, 1)\n",
+        # Probing the sandbox (can the references be opened?) or the poisoned fresh memory
+        "_G = (__file__, 'solutions')\n",
+        "from pathlib import Path\n",
+        "_G = torch.empty(16).isnan().all()\n",
     ],
 )
 def test_indirect_ways_of_asking_where_it_runs_are_refused(evasion):

@@ -1,11 +1,13 @@
-"""The learner's process cannot write into the repository, but for its own file's folder: a file that
-rewrote a grader, the harness or the course's records would make every later grading pass. Landlock
+"""The learner's process cannot write into the repository, the Python installation or the home folder,
+but for its own file's folder and the compilers' caches: a file that rewrote a grader, the harness or
+the course's records, or left a .pth file in site-packages, would make every later grading pass. Landlock
 refuses it whatever the call; the audit hook refuses Python's own calls where Landlock is missing."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import sysconfig
 import tempfile
 
 import pytest
@@ -13,7 +15,7 @@ import pytest
 from drills.grading import run
 from drills.grading.sandbox import landlock_abi
 from drills.lessons import ROOT, find
-from tests.test_grading_harness import grade_t1, one_screen, outcome, t1_source
+from tests.test_grading_harness import one_screen, outcome, t1_source, write_learner_file
 
 TARGET = os.path.join(ROOT, "drills", "tests", "_written_by_a_learner_file.py")  # must never appear
 KEPT = os.path.join(ROOT, "drills", "grading", "_kept_while_graded.txt")  # must never go away
@@ -36,12 +38,25 @@ if landlock_abi() >= 1:  # calls no audit hook sees: only Landlock refuses them
     )
 
 
+SITE_PTH = os.path.join(sysconfig.get_paths()["purelib"], "_written_by_a_learner_file.pth")  # never
+HOME_FILE = os.path.join(os.path.expanduser("~"), "_written_by_a_learner_file")  # never either
+WRITES["pth_file_into_site_packages"] = f"open({SITE_PTH!r}, 'w').write('import os')\n"
+WRITES["file_into_the_home_folder"] = f"open({HOME_FILE!r}, 'w').write('forged')\n"
+
+
+def grade_unchecked(folder, source: str, check: str) -> run.Grade:
+    """T1's grading of `source` past the static check, which refuses open() and os before any sandbox
+    is reached: these tests are about the sandbox behind it."""
+    file = write_learner_file(folder, source)
+    return run.grade(find("t1"), file=file, extra=["-k", check, "--drills-skip-source-check"])
+
+
 @pytest.fixture
 def kept_file():
     with open(KEPT, "w") as f:
         f.write("the learner's process may not remove this\n")
     yield KEPT
-    for path in (KEPT, TARGET):
+    for path in (KEPT, TARGET, SITE_PTH, HOME_FILE):
         if os.path.exists(path):
             os.remove(path)
 
@@ -50,9 +65,10 @@ def kept_file():
 def test_a_file_cannot_write_into_the_repository(tmp_path, kept_file, how):
     grader = os.path.join(ROOT, "drills", "tests", "test_t1_vector_add.py")
     before = os.stat(grader).st_mtime_ns
-    result = grade_t1(tmp_path, t1_source(extra="\n" + WRITES[how]), "test_by_hand_lane_11_is_masked")
+    result = grade_unchecked(tmp_path, t1_source(extra="\n" + WRITES[how]), "test_by_hand_lane_11_is_masked")
     screen = one_screen(result)
-    assert not os.path.exists(TARGET), f"the learner's process created {TARGET}"
+    for path in (TARGET, SITE_PTH, HOME_FILE):
+        assert not os.path.exists(path), f"the learner's process created {path}"
     assert os.path.exists(kept_file), f"the learner's process removed {kept_file}"
     assert os.stat(grader).st_mtime_ns == before, "the learner's process wrote into T1's grader"
     assert result.state == "does not import", screen
@@ -68,7 +84,9 @@ def test_a_file_may_write_in_its_own_folder():
         notes = os.path.join(folder, "notes.txt")
         with open(path, "w") as f:
             f.write(t1_source(extra=f"\nopen({notes!r}, 'w').write('debug output')\n"))
-        result = run.grade(T1, file=path, extra=["-k", "test_by_hand_lane_11_is_masked"])
+        result = run.grade(
+            T1, file=path, extra=["-k", "test_by_hand_lane_11_is_masked", "--drills-skip-source-check"]
+        )
         assert outcome(result, "test_by_hand_lane_11_is_masked") == {"passed"}, one_screen(result)
         assert os.path.exists(notes)
     finally:

@@ -58,9 +58,13 @@ def compare_states(before: list, after: list, names: list, results_a: list, resu
 def judge(result_tensors: list, evidence: dict | None) -> None:
     """Raise NotFromKernel unless the evidence shows the result came from a launch of the learner's
     kernel. result_tensors: the tensors of the call's result as the grader received them."""
-    if not evidence or not evidence.get("launched"):
-        return  # no launch: the lesson's own checks (assert_runs_a_triton_kernel) say so
+    if not evidence:
+        return
     computed = evidence.get("torch") or []
+    if evidence.get("light") and not computed:
+        return  # a call that did not ask for provenance: only torch's float ops beside the kernels count
+    if not evidence.get("launched") and not evidence.get("light"):
+        return  # no launch: the lesson's own checks (assert_runs_a_triton_kernel) say so
     if computed:
         raise NotFromKernel(
             "the output did not come from your kernel: torch computed floats during the call ("

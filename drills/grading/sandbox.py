@@ -6,11 +6,12 @@ Two layers, both set up in the learner's process before its file is imported (se
   drills/solutions, drills/mutants or .git, whatever call opens it (open, os.open with dir_fd, libc
   through ctypes, a program started from the process), and the process may neither signal nor trace
   a process outside its sandbox (the grader, the command that reads the result). The rest of the
-  repository is read-only to it, the graded file's own folder aside: a file that rewrote the graders,
-  the harness or the course's records would pass every grading after its own. Landlock grants rather
+  repository, the Python installation and the home folder are read-only to it, the graded file's own
+  folder and the compilers' caches aside: a file that rewrote the graders, the harness or the course's
+  records, or left a `.pth` file in site-packages, would pass every grading after its own. Landlock grants rather
   than denies, so the rules allow every other entry of each folder on the way down to those three.
 - An audit hook (any Python): refuses Python-level opens and imports of the references, copies and
-  links of them, writes into the repository outside the graded file's folder, and starting programs
+  links of them, writes into those read-only trees outside the writable folders, and starting programs
   unless Triton's own compiler code is the caller.
 
 `make doctor` prints `status()`: which of the two is in force on this machine.
@@ -85,24 +86,70 @@ def _fs_rights(abi: int) -> int:
     return rights
 
 
+def read_only() -> list[str]:
+    """The trees the learner's process may read but not write: the repository (a file that rewrote the
+    graders or the harness would pass every grading after its own), the Python installation and the
+    home folder (a `.pth` file in site-packages, or a shell's start-up file, runs code in every later
+    grading), writable() aside."""
+    import site
+
+    home = os.path.expanduser("~")
+    trees = [ROOT, sys.prefix, sys.base_prefix, sys.exec_prefix, site.getuserbase(), home]
+    try:
+        trees += site.getsitepackages()
+    except AttributeError:  # an old virtualenv's site module
+        pass
+    real = sorted({os.path.realpath(t) for t in trees if t and os.path.isdir(t)})
+    return [t for t in real if t != os.sep]  # never the whole file system
+
+
+def _caches() -> list[str]:
+    """Where Triton, torch and CUDA keep their caches (the learner's process compiles kernels)."""
+    home = os.path.expanduser("~")
+    triton_home = os.environ.get("TRITON_HOME") or home
+    return [
+        os.environ.get("TRITON_CACHE_DIR") or os.path.join(triton_home, ".triton"),
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(home, ".cache"),
+        os.path.join(home, ".nv"),
+    ]
+
+
 def writable(graded_file: str) -> list[str]:
-    """The folders inside the repository that the learner's process may write: its file's own folder
-    (drills/mine for make test), where a learner may keep notes or debug output."""
-    root = os.path.realpath(ROOT)
-    folder = os.path.dirname(os.path.realpath(graded_file))
-    return [folder] if folder.startswith(root + os.sep) else []
+    """The folders inside read_only()'s trees that the learner's process may write: its file's own folder
+    (drills/mine for make test), where a learner may keep notes or debug output, and the compilers'
+    caches (made here if missing: a Landlock rule needs the folder to exist)."""
+    import tempfile
+
+    folders = [os.path.dirname(os.path.realpath(graded_file)), tempfile.gettempdir()]
+    for cache in _caches():
+        try:
+            os.makedirs(cache, exist_ok=True)
+            folders.append(cache)
+        except OSError:
+            pass
+    trees = read_only()
+    real = {os.path.realpath(f) for f in folders}
+    return sorted(f for f in real if any(f == t or f.startswith(t + os.sep) for t in trees))
 
 
-def _allowed_entries(targets: list[str], writable: list[str] = ()) -> list[tuple[str, bool]]:
+def _inside(path: str, trees: list[str]) -> bool:
+    return any(path == t or path.startswith(t + os.sep) for t in trees)
+
+
+def _allowed_entries(
+    targets: list[str], writable: list[str] = (), trees: list[str] | None = None
+) -> list[tuple[str, bool]]:
     """Every path to allow, and whether to allow writes there, so that all is reachable except the
-    targets, and the repository is read-only but for the writable folders: the siblings of each folder
-    on the way from / down to a target or a writable folder (writable outside the repository, read-only
-    inside it), the writable folders, and none of the folders on those ways themselves."""
-    root = os.path.realpath(ROOT)
+    targets, and the read-only trees (read_only(): the repository, the Python installation, the home
+    folder) may be read but not written, but for the writable folders: the siblings of each folder on
+    the way from / down to a target, a writable folder or a read-only tree (writable outside those
+    trees, read-only inside them), the writable folders, the read-only trees that hold neither, and none
+    of the folders on those ways themselves."""
+    trees = [os.path.realpath(t) for t in (read_only() if trees is None else trees)]
     targets = [os.path.realpath(t) for t in targets]
     writable = [os.path.realpath(w) for w in writable]
     on_the_way = set()
-    for t in targets + writable:
+    for t in targets + writable + trees:
         p = t
         while True:
             on_the_way.add(p)
@@ -111,9 +158,18 @@ def _allowed_entries(targets: list[str], writable: list[str] = ()) -> list[tuple
                 break
             p = parent
     allowed = [(w, True) for w in writable]
+    # A read-only tree with no target and no writable folder inside is one rule; the others are split.
+    holders = {p for t in targets + writable for p in on_the_way if t == p or t.startswith(p + os.sep)}
+    for tree in trees:
+        if tree not in holders and not any(_inside(tree, [w]) for w in writable):
+            allowed.append((tree, False))
     for folder in sorted(
-        p for p in on_the_way if p not in targets and p not in writable and os.path.isdir(p)
+        p
+        for p in on_the_way
+        if p not in targets and p not in writable and (p in holders or p not in trees) and os.path.isdir(p)
     ):
+        if folder in trees and folder not in holders:
+            continue
         try:
             names = os.listdir(folder)
         except OSError:
@@ -121,7 +177,7 @@ def _allowed_entries(targets: list[str], writable: list[str] = ()) -> list[tuple
         for name in names:
             path = os.path.join(folder, name)
             if path not in on_the_way:
-                allowed.append((path, not (path == root or path.startswith(root + os.sep))))
+                allowed.append((path, not _inside(path, trees)))
     return allowed
 
 
@@ -179,11 +235,13 @@ def status() -> str:
     if abi >= 1:
         return (
             f"Landlock (ABI {abi}) and the audit hook: your file's process cannot open {names} by any call, "
-            "nor write into the repository outside your file's folder"
+            "nor write into the repository, the Python installation or the home folder outside your file's "
+            "folder and the compilers' caches"
         )
     return (
         f"the audit hook only (no Landlock in this kernel): Python-level opens of {names}, and writes into "
-        "the repository outside your file's folder, are refused"
+        "the repository, the Python installation or the home folder outside your file's folder and the "
+        "compilers' caches, are refused"
     )
 
 
@@ -298,14 +356,14 @@ def protect(graded_file: str) -> None:
             return False
         return st is not None and (st.st_dev, st.st_ino) in inodes
 
-    root = os.path.realpath(ROOT) + os.sep
-    own = [w + os.sep for w in writable(graded_file)]
+    trees, own = read_only(), writable(graded_file)
     changes = ("os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.truncate", "os.chmod", "os.symlink")
 
     def in_repository(path) -> bool:
-        """A path inside the repository and outside the graded file's folder."""
+        """A path inside a read-only tree (the repository, the Python installation, the home folder)
+        and outside the folders the process may write."""
         real = _real_path(path)
-        return bool(real) and (real + os.sep).startswith(root) and not real.startswith(tuple(own))
+        return bool(real) and _inside(real, trees) and not _inside(real, own)
 
     def writes(args) -> bool:
         mode = args[1] if len(args) > 1 else None
@@ -345,8 +403,8 @@ def protect(graded_file: str) -> None:
         ):
             raise PermissionError(
                 f"grading: your file may not write {changed[-1] if event in changes else args[0]} (the "
-                "repository is read-only while your file "
-                "is graded, but for your file's own folder)"
+                "repository, the Python installation and the home folder are read-only while your file "
+                "is graded, but for your file's own folder and the compilers' caches)"
             )
         if (
             event == "import"

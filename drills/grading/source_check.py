@@ -36,6 +36,27 @@ MODULES = (
     "numpy",
     "torch.utils._python_dispatch",
     "torch._C",
+    # Work out of the op recorder's sight: another thread or process computing the answer (the recorder
+    # watches the calling thread), or C code reached directly.
+    "threading",
+    "_thread",
+    "concurrent",
+    "multiprocessing",
+    "subprocess",
+    "asyncio",
+    "ctypes",
+    "signal",
+    # Files: a launcher reads and writes tensors, not files; a file that probes what it may open (the
+    # references, the repository) can tell that it is graded.
+    "pathlib",
+    "io",
+    "shutil",
+    "tempfile",
+    "glob",
+    "site",
+    "sysconfig",
+    "importlib",
+    "builtins",
 )
 # Attribute and function names that read where the code runs, or reach the grader's objects.
 NAMES = {
@@ -72,6 +93,31 @@ NAMES = {
     "_disable_current_modes": "switches off the grader's record of torch's ops",
     "__torch_dispatch__": "switches off the grader's record of torch's ops",
     "_C": "reaches torch's C internals (the grader's record of torch's ops)",
+    "multiprocessing": "computes in another process, out of the grader's sight",
+    "DataLoader": "computes in worker processes, out of the grader's sight",
+    "fork": "computes in another process or thread, out of the grader's sight",
+    "Thread": "computes in another thread, out of the grader's sight",
+    "ThreadPoolExecutor": "computes in another thread, out of the grader's sight",
+    "popen": "starts a program",
+    "system": "starts a program",
+    "posix_spawn": "starts a program",
+    "__file__": "reads where the file lies (to open what lies beside it)",
+    "read_text": "reads a file",
+    "read_bytes": "reads a file",
+    "write_text": "writes a file",
+    "write_bytes": "writes a file",
+    "listdir": "lists a folder",
+    "scandir": "lists a folder",
+    "exists": "asks whether a file exists",
+}
+# Tensor tests a launcher never needs, and the way to look at fresh memory, which is poisoned while graded
+# (math.isfinite on a Python number, to check an argument, is fine).
+FRESH = {"isnan", "isinf", "isfinite", "isneginf", "isposinf", "nan_to_num"}
+# Built-in functions that reach files or the interpreter's state directly.
+CALLS = {
+    "open": "opens a file",
+    "breakpoint": "starts a debugger",
+    "input": "reads the terminal",
 }
 # Built-ins that reach an attribute or a namespace by a name built at run time: what the names above
 # would otherwise be hidden in.
@@ -88,6 +134,30 @@ def _top_defs(tree: ast.Module) -> dict[str, str]:
     }
 
 
+def _folded(node: ast.AST) -> str | None:
+    """The string a concatenation of string constants builds ("drills." + "grad" + "ing"), else None."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        left, right = _folded(node.left), _folded(node.right)
+        if left is not None and right is not None:
+            return left + right
+    if isinstance(node, ast.JoinedStr):
+        parts = [_folded(v) if not isinstance(v, ast.FormattedValue) else "" for v in node.values]
+        return "".join(p or "" for p in parts)
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "join"
+        and node.args
+        and isinstance(node.args[0], (ast.List, ast.Tuple))
+    ):
+        parts = [_folded(e) for e in node.args[0].elts]
+        if all(p is not None for p in parts):
+            return "".join(parts)
+    return None
+
+
 def _why(node: ast.AST) -> str | None:
     if isinstance(node, (ast.Import, ast.ImportFrom)):
         names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
@@ -96,14 +166,29 @@ def _why(node: ast.AST) -> str | None:
         for name in names:
             if any(name == m or name.startswith(m + ".") for m in MODULES):
                 return f"imports {name}"
+        if isinstance(node, ast.ImportFrom):  # `from sys import modules as M`: the name under another
+            for a in node.names:
+                if a.name in NAMES:
+                    return NAMES[a.name]
+                if a.name in CALLS:
+                    return CALLS[a.name]
     if isinstance(node, ast.Attribute) and node.attr in NAMES:
         return NAMES[node.attr]
+    if (
+        isinstance(node, ast.Attribute)
+        and node.attr in FRESH
+        and not (isinstance(node.value, ast.Name) and node.value.id == "math")
+    ):
+        return f"tests tensor values with {node.attr} on the host (fresh memory is poisoned while graded)"
     if isinstance(node, ast.Name) and node.id in NAMES and node.id != "modules":
         return NAMES[node.id]
-    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+    text = _folded(node) if isinstance(node, (ast.Constant, ast.BinOp, ast.JoinedStr, ast.Call)) else None
+    if text:
         for word in WORDS:
-            if word in node.value:
+            if word in text:
                 return f"names {word!r}"
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in CALLS:
+        return CALLS[node.func.id]
     if (
         isinstance(node, ast.Call)
         and isinstance(node.func, ast.Name)
@@ -115,6 +200,8 @@ def _why(node: ast.AST) -> str | None:
             return f"calls {node.func.id}() with a name built at run time"
         if node.func.id in DYNAMIC and node.args[1].value in NAMES:
             return NAMES[node.args[1].value]
+        if node.func.id in DYNAMIC and isinstance(node.args[1].value, str) and node.args[1].value in CALLS:
+            return CALLS[node.args[1].value]
         if node.func.id in NAMESPACES:
             return f"reads a namespace with {node.func.id}()"
     if (
