@@ -4,7 +4,8 @@ Requests: 256 chat prompts sharing a 300-token system prompt, each followed by 2
 tokens of its own, 128 output tokens each with ignore_eos (every request generates exactly 128, so the
 work is the same for every configuration and peer). Throughput does not depend on the weights' values,
 so random weights of SmolLM2-135M-Instruct's shapes stand in for the 98 MB model file (bf16, as the
-peer). Rows: this engine with CUDA-graph decode steps on and off, prefix caching on and off; transformers
+peer). Rows: this engine with CUDA-graph decode steps on and off, prefix caching on and off, F2's
+cascade on and off (also on the same traffic with a 4,096-token shared prompt); transformers
 5.24's batched `generate` (SDPA attention, left-padded batches of 64 and of 256, greedy, KV cache on) on
 the same token ids and GPU; then a Llama-3-8B-shaped model cut to 4 layers: 5.3x the KV bytes per
 token and layer, about 10x the weight bytes per step, where the kernels' bandwidth shows end to end.
@@ -25,6 +26,7 @@ import torch
 from drills import bench
 
 NUM_REQUESTS, SYSTEM_TOKENS, USER_TOKENS, OUTPUT_TOKENS = 256, 300, (20, 200), 128
+LONG_SYSTEM_TOKENS, LONG_MODEL_LEN = 4096, 4608  # the second traffic: a long shared prompt
 
 COLUMNS = [
     ("row", "row"),
@@ -36,14 +38,18 @@ COLUMNS = [
     ("prefill_tokens", "prefill tokens computed"),
     ("cached_tokens", "prompt tokens from the cache"),
     ("ttft_s", "mean time to first token, s"),
+    ("steps", "steps"),
+    ("cascade_steps", "steps F2 served"),
     ("vs_hf", "x transformers (best batch)"),
 ]
 
 
-def requests(vocab: int, stream: int = 0, n: int = NUM_REQUESTS) -> list[list[int]]:
+def requests(
+    vocab: int, stream: int = 0, n: int = NUM_REQUESTS, system_tokens: int = SYSTEM_TOKENS
+) -> list[list[int]]:
     """n prompts of token ids: one shared system prompt, then 20-200 tokens of each request's own."""
     g = torch.Generator().manual_seed(stream)
-    system = torch.randint(100, vocab, (SYSTEM_TOKENS,), generator=g).tolist()
+    system = torch.randint(100, vocab, (system_tokens,), generator=g).tolist()
     lens = torch.randint(USER_TOKENS[0], USER_TOKENS[1] + 1, (n,), generator=g).tolist()
     return [system + torch.randint(100, vocab, (k,), generator=g).tolist() for k in lens]
 
@@ -64,7 +70,8 @@ def engine_row(impl, weights, prompts, label, model_name, **options) -> dict:
         SamplingParams=impl.SamplingParams,
         prepare_inputs=impl.prepare_inputs,
     )
-    llm = LLM(weights, use="solutions", parts=parts, quiet=True, max_model_len=2048, **options)
+    options.setdefault("max_model_len", 2048)
+    llm = LLM(weights, use="solutions", parts=parts, quiet=True, **options)
     # The same traffic with every token id shifted (no prefix hits later, the same lengths, so the same
     # steps): Triton compiles a kernel per class of its integer arguments (batch size, table width), and
     # every class the timed run meets is compiled here, not inside the timing.
@@ -86,7 +93,7 @@ def engine_row(impl, weights, prompts, label, model_name, **options) -> dict:
     row = dict(
         row=label,
         model=model_name,
-        config=", ".join(f"{k}={v}" for k, v in options.items()) or "defaults",
+        config=", ".join(f"{k}={v}" for k, v in options.items() if k != "max_model_len") or "defaults",
         c1_tok_s=produced / seconds,
         req_s=len(prompts) / seconds,
         seconds=seconds,
@@ -94,6 +101,7 @@ def engine_row(impl, weights, prompts, label, model_name, **options) -> dict:
         cached_tokens=s.cached_tokens,
         ttft_s=sum(s.first_token_s) / max(1, len(s.first_token_s)),
         graph_steps=s.graph_steps,
+        cascade_steps=s.cascade_steps,
         steps=s.steps,
         preemptions=llm.engine.scheduler.num_preemptions,
     )
@@ -204,6 +212,28 @@ def run(impl) -> tuple[bench.Table, list[str]]:
         engine_row(
             impl, small, prompts, "engine, no prefix caching", "SmolLM2-135M shapes", prefix_caching=False
         ),
+        engine_row(impl, small, prompts, "engine, no cascade", "SmolLM2-135M shapes", cascade=False),
+    ]
+    # A long shared prompt, where reading it once per step (F2) instead of once per request matters most.
+    long_prompts = requests(small.config.vocab_size, system_tokens=LONG_SYSTEM_TOKENS)
+    long_rows = [
+        engine_row(
+            impl,
+            small,
+            long_prompts,
+            f"engine, {LONG_SYSTEM_TOKENS:,}-token shared prompt",
+            "SmolLM2-135M shapes",
+            max_model_len=LONG_MODEL_LEN,
+        ),
+        engine_row(
+            impl,
+            small,
+            long_prompts,
+            f"engine, {LONG_SYSTEM_TOKENS:,}-token shared prompt, no cascade",
+            "SmolLM2-135M shapes",
+            max_model_len=LONG_MODEL_LEN,
+            cascade=False,
+        ),
     ]
     peers = [transformers_row(small, prompts, b, "SmolLM2-135M shapes") for b in (64, 256)]
     peers = [p for p in peers if p is not None]
@@ -218,7 +248,7 @@ def run(impl) -> tuple[bench.Table, list[str]]:
     big_peer = transformers_row(big, big_prompts, 256, "Llama-3-8B shapes, 4 layers")
     if big_peer:
         big_rows[0]["vs_hf"] = big_rows[0]["c1_tok_s"] / big_peer["c1_tok_s"]
-    for row in rows + peers + big_rows + ([big_peer] if big_peer else []):
+    for row in rows + long_rows + peers + big_rows + ([big_peer] if big_peer else []):
         table.add(row)
     c = EngineConfig()  # the rows' settings, except where a row's configuration says otherwise
     notes += [
@@ -229,6 +259,9 @@ def run(impl) -> tuple[bench.Table, list[str]]:
         "time from the first request queued to the last token, after a warm-up run of the same traffic with other token ids.",
         "prefill tokens computed counts prompt tokens the model ran (prefix hits excluded); requests admitted in "
         "the same step as the first one recompute the shared prompt, whose blocks are not written yet.",
+        f"Cascade (F2): a decode step whose sequences share their first pages reads them once, where F2's planner "
+        f"finds it pays; such steps run eagerly. The {LONG_SYSTEM_TOKENS:,}-token rows are the same traffic with a "
+        "longer shared prompt (no transformers row: it recomputes the prompt per request).",
         "transformers: LlamaForCausalLM of the same config and weights' shapes (its own random init), "
         "generate() with left padding, min_new_tokens = max_new_tokens, SDPA attention.",
         "Target: at least 5x the better transformers batch of the same run"

@@ -4,7 +4,8 @@ forward() in model.py calls attention(layer, q, k, v, meta) once per layer, meta
 StepInputs (C1's prepare_inputs): slot_mapping, cu_seqlens_q, context_lens, block_tables.
 
 KernelAttention       the course's kernels: L1 store_kvcache, then L4 paged_prefill for a step with any
-                      prompt tokens, F1 split_kv_decode (planned once per step) for a pure decode step
+                      prompt tokens, F1 split_kv_decode (planned once per step) for a pure decode step,
+                      or F2 cascade_decode for a decode step whose sequences share their first pages
 TorchPagedAttention   the same cache and the same inputs in plain torch (fp32 math): the fast path on a
                       CPU, and a second opinion on the kernels. It reads the cache only through the block
                       tables and stores only through the slots, so a wrong input breaks it as it breaks them.
@@ -48,15 +49,44 @@ class KernelAttention:
     lengths on the host there, once, rather than once per layer.
     """
 
-    def __init__(self, cache: PagedKVCache, kernels):
+    def __init__(self, cache: PagedKVCache, kernels, num_q_heads: int | None = None):
         self.cache = cache
         self.kernels = kernels
+        self.num_q_heads = num_q_heads  # Hq, which F2's plan needs (its prefix tiles hold query heads)
         self.plan = None
+        self.cascade = None  # (F2's plan, prefix_group [B] int32, prefix_lens [G] int32) for this step
 
-    def begin_step(self, inputs, plan_len: int | None = None):
+    def cascade_plan(self, context_lens: list[int], groups: list[int], prefix_lens: list[int]):
+        """F2's plan for a decode step with these shared prefixes (engine._shared_prefixes), or None
+        where its planner finds that reading each prefix once does not pay (F1 serves the step)."""
+        if self.num_q_heads is None or not prefix_lens:
+            return None
+        cplan = self.kernels.cascade_plan(
+            context_lens,
+            groups,
+            prefix_lens,
+            self.num_q_heads,
+            self.cache.k.shape[3],
+            self.cache.block_size,
+            device=self.cache.k.device,
+        )
+        return cplan if cplan.cascade else None
+
+    def begin_step(self, inputs, plan_len: int | None = None, cascade=None):
         """plan_len: plan for this length instead of the step's longest (a CUDA graph is captured once
-        for the longest context it will replay)."""
-        if inputs.is_decode:
+        for the longest context it will replay). cascade: (cascade_plan's plan, groups, prefix_lens)
+        for a decode step F2 serves."""
+        self.cascade = None
+        if inputs.is_decode and cascade is not None:
+            cplan, groups, prefix_lens = cascade
+            device = self.cache.k.device
+            self.cascade = (
+                cplan,
+                torch.tensor(groups, dtype=torch.int32).to(device, non_blocking=True),
+                torch.tensor(prefix_lens, dtype=torch.int32).to(device, non_blocking=True),
+            )
+            self.plan = None
+        elif inputs.is_decode:
             lens = (
                 inputs.context_lens_list if plan_len is None else [plan_len] * len(inputs.context_lens_list)
             )
@@ -71,7 +101,20 @@ class KernelAttention:
         # False: the engine built the slots itself (prepare_inputs); a check would read them back from
         # the device once per layer and forbid CUDA-graph capture.
         self.kernels.store_kvcache(k.to(dtype), v.to(dtype), kc, vc, meta.slot_mapping, check=False)
-        if meta.is_decode:
+        if meta.is_decode and self.cascade is not None:
+            cplan, groups, prefix_lens = self.cascade
+            out = self.kernels.cascade_decode(
+                q.to(dtype),
+                kc,
+                vc,
+                meta.block_tables,
+                meta.context_lens,
+                groups,
+                prefix_lens,
+                check=False,
+                plan=cplan,
+            )
+        elif meta.is_decode:
             if self.plan is None:
                 raise RuntimeError("KernelAttention.begin_step(inputs) was not called for this step")
             out = self.kernels.split_kv_decode(
@@ -91,7 +134,7 @@ class TorchPagedAttention:
     def __init__(self, cache: PagedKVCache):
         self.cache = cache
 
-    def begin_step(self, inputs, plan_len: int | None = None):
+    def begin_step(self, inputs, plan_len: int | None = None, cascade=None):
         pass
 
     def __call__(self, layer, q, k, v, meta):

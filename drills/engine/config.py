@@ -108,6 +108,8 @@ class EngineConfig:
                             capped at what max_num_seqs full-length sequences need; on a CPU one
                             sequence of max_model_len: a chat is one sequence)
     prefix_caching          reuse the blocks of earlier prompts with the same beginning (L3)
+    cascade                 a decode step whose sequences share their first pages reads them once (F2's
+                            cascade_decode), where F2's planner finds it pays; such a step runs eagerly
     """
 
     attention: str = "kernels"
@@ -119,6 +121,7 @@ class EngineConfig:
     block_size: int = 16
     num_blocks: int | None = None
     prefix_caching: bool = True
+    cascade: bool = True
 
     def __post_init__(self):
         if self.attention not in ATTENTION:

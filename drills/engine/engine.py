@@ -33,6 +33,7 @@ class Stats:
     cached_tokens: int = 0
     output_tokens: int = 0
     graph_steps: int = 0
+    cascade_steps: int = 0  # decode steps served by F2's cascade_decode
     peak_blocks: int = (
         0  # the most KV blocks in use at once, after a step's scheduling (LLM.generate resets it)
     )
@@ -78,7 +79,9 @@ class Engine:
             chunked_prefill=config.chunked_prefill,
         )
         self.attention = (
-            KernelAttention(cache, parts) if config.attention == "kernels" else TorchPagedAttention(cache)
+            KernelAttention(cache, parts, model.config.num_heads)
+            if config.attention == "kernels"
+            else TorchPagedAttention(cache)
         )
         self.eos_id = eos_id
         self.max_model_len = config.model_len(model.config)
@@ -126,14 +129,16 @@ class Engine:
             return []
         in_use = self.cache.num_blocks - self.block_manager.num_free_blocks  # the step's blocks are allocated
         self.stats.peak_blocks = max(self.stats.peak_blocks, in_use)
-        graph = self.graphs.batch_for(scheduled) if self.graphs else None
+        cascade = self._cascade(scheduled)
+        graph = self.graphs.batch_for(scheduled) if self.graphs and cascade is None else None
         device = self.model.device
         inputs = self.parts.prepare_inputs(scheduled, self.block_manager, device, pad_to=graph)
         if graph:
             logits = self.graphs.run(inputs)
             self.stats.graph_steps += 1
         else:
-            self.attention.begin_step(inputs)
+            self.attention.begin_step(inputs, cascade=cascade)
+            self.stats.cascade_steps += cascade is not None
             logits = forward(
                 self.model, inputs.input_ids, inputs.positions, self.attention, inputs, inputs.logits_rows
             )
@@ -168,7 +173,55 @@ class Engine:
         self.stats.seconds += time.perf_counter() - t0
         return finished
 
+    def _cascade(self, scheduled):
+        """(F2's plan, prefix_group, prefix_lens) for a decode step whose sequences share their first
+        pages, where F2's planner finds that reading them once pays; else None (F1 serves the step)."""
+        if not (self.config.cascade and isinstance(self.attention, KernelAttention)):
+            return None
+        if not all(item.num_new == 1 for item in scheduled):
+            return None
+        tables = [self.block_manager.block_table(item.seq.seq_id) for item in scheduled]
+        lens = [item.seq.num_computed + 1 for item in scheduled]  # the step's token stored first
+        groups, prefix_lens = shared_prefixes(tables, lens, self.cache.block_size)
+        if not prefix_lens:
+            return None
+        cplan = self.attention.cascade_plan(lens, groups, prefix_lens)
+        return None if cplan is None else (cplan, groups, prefix_lens)
+
     def run(self, seqs) -> None:
         """Step until every sequence in `seqs` has finished."""
         while not all(s.finished for s in seqs):
             self.step()
+
+
+def shared_prefixes(tables: list[list[int]], lens: list[int], page: int) -> tuple[list[int], list[int]]:
+    """Sequences grouped by their first block, and each group's shared pages, in tokens:
+    (prefix_group [B], prefix_lens [G]) as F2's cascade_decode takes them.
+
+    The members of a group share the longest run of identical block ids at the start of their tables,
+    cut to whole pages every member has filled (the prefix cache shares full blocks only), as vLLM's
+    get_num_common_prefix_blocks finds the blocks all running requests hold. A sequence alone in its
+    group, or whose group shares no whole page, gets -1.
+    """
+    by_first: dict[int, list[int]] = {}
+    for i, table in enumerate(tables):
+        if table:
+            by_first.setdefault(table[0], []).append(i)
+    groups, prefix_lens = [-1] * len(tables), []
+    for members in by_first.values():
+        if len(members) < 2:
+            continue
+        first = tables[members[0]]
+        n = min(min(len(tables[i]) for i in members), min(lens[i] for i in members) // page)
+        for i in members[1:]:
+            t = tables[i]
+            k = 0
+            while k < n and t[k] == first[k]:
+                k += 1
+            n = k
+        if n == 0:
+            continue
+        for i in members:
+            groups[i] = len(prefix_lens)
+        prefix_lens.append(n * page)
+    return groups, prefix_lens

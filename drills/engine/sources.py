@@ -1,7 +1,7 @@
 """Which code the engine runs: your file of a lesson where it passes its grader, the reference otherwise.
 
-The engine needs five lessons: L1's store_kvcache, L3's BlockManager, L4's paged_prefill, F1's plan and
-split_kv_decode, and C1's scheduler and prepare_inputs. A lesson uses drills/mine/<stem>.py when the
+The engine needs six lessons: L1's store_kvcache, L3's BlockManager, L4's paged_prefill, F1's plan and
+split_kv_decode, F2's plan (as cascade_plan) and cascade_decode, and C1's scheduler and prepare_inputs. A lesson uses drills/mine/<stem>.py when the
 last `make test` of that file, as it is now, passed (the grade is remembered in .drills/, never
 re-run here: grading takes a minute); otherwise the reference in drills/solutions/. `describe()` gives
 the lines the engine prints at start-up, so a learner always knows whose code answered.
@@ -15,14 +15,26 @@ from types import SimpleNamespace
 
 from drills import lessons
 
-# stem -> the names the engine takes from it
+# stem -> the names the engine takes from it; (name, as) where two lessons use one name
 PARTS = {
     "l1_paged_kv_cache": ("store_kvcache",),
     "l3_prefix_cache": ("BlockManager",),
     "l4_paged_prefill": ("paged_prefill",),
     "f1_split_kv_decode": ("plan", "split_kv_decode"),
+    "f2_cascade_decode": (("plan", "cascade_plan"), "cascade_decode"),
     "c1_engine": ("Scheduler", "Sequence", "SamplingParams", "prepare_inputs"),
 }
+
+
+def _names(stem: str) -> list[tuple[str, str]]:
+    """(the name in the lesson's module, the name in the engine's namespace) for each part of `stem`."""
+    return [(n, n) if isinstance(n, str) else n for n in PARTS[stem]]
+
+
+def _listed(stem: str) -> str:
+    return ", ".join(name for name, _ in _names(stem))
+
+
 CHOICES = ("auto", "solutions", "mine")
 
 
@@ -35,7 +47,7 @@ class Choice:
     @property
     def line(self) -> str:
         who = "yours" if self.impl == "mine" else "reference"
-        return f"  {self.lesson.id} {', '.join(PARTS[self.lesson.stem])}: {who} ({self.why})"
+        return f"  {self.lesson.id} {_listed(self.lesson.stem)}: {who} ({self.why})"
 
 
 def choose(use: str = "auto") -> dict[str, Choice]:
@@ -65,15 +77,15 @@ def choose(use: str = "auto") -> dict[str, Choice]:
 def load(choices: dict[str, Choice]) -> SimpleNamespace:
     """One namespace with every part the engine calls (parts.store_kvcache, parts.Scheduler, ...)."""
     parts = {}
-    for stem, names in PARTS.items():
+    for stem in PARTS:
         module = importlib.import_module(choices[stem].lesson.module(choices[stem].impl))
-        for name in names:
-            parts[name] = getattr(module, name)
+        for name, alias in _names(stem):
+            parts[alias] = getattr(module, name)
     return SimpleNamespace(**parts)
 
 
 # The lessons whose code only the kernel attention path calls: with attention in torch they do not run.
-KERNEL_PATH = ("l1_paged_kv_cache", "l4_paged_prefill", "f1_split_kv_decode")
+KERNEL_PATH = ("l1_paged_kv_cache", "l4_paged_prefill", "f1_split_kv_decode", "f2_cascade_decode")
 
 
 def describe(choices: dict[str, Choice], attention: str = "kernels") -> list[str]:
@@ -82,7 +94,7 @@ def describe(choices: dict[str, Choice], attention: str = "kernels") -> list[str
     lines = ["the engine runs:"]
     for stem, choice in choices.items():
         if attention != "kernels" and stem in KERNEL_PATH:
-            lines.append(f"  {choice.lesson.id} {', '.join(PARTS[stem])}: not called (attention in torch)")
+            lines.append(f"  {choice.lesson.id} {_listed(stem)}: not called (attention in torch)")
         else:
             lines.append(choice.line)
     return lines
