@@ -548,8 +548,11 @@ def merge_states(o_a, lse_a, o_b, lse_b, check=None):
                 i = int(bad.nonzero()[0])
                 raise ValueError(f"{name}[{i}] = {float(t[i])}: a log-sum-exp is finite, or -inf for an empty part")
     # The two states side by side as partials of one row each: [R, 1, 2, D] and [R, 1, 2].
-    o_part = torch.stack([o_a.float(), o_b.float()], dim=1)[:, None]
-    lse_part = torch.stack([lse_a, lse_b], dim=1)[:, None]
+    o_part = torch.empty(R, 1, 2, D, dtype=torch.float32, device=o_a.device)
+    lse_part = torch.empty(R, 1, 2, dtype=torch.float32, device=o_a.device)
+    for i, (o_i, lse_i) in enumerate(((o_a, lse_a), (o_b, lse_b))):
+        o_part[:, 0, i].copy_(o_i)
+        lse_part[:, 0, i].copy_(lse_i)
     o = torch.empty(R, 1, D, dtype=o_a.dtype, device=o_a.device)
     lse = torch.empty(R, 1, dtype=torch.float32, device=o_a.device)
     no_group = torch.full((R,), -1, dtype=torch.int32, device=o_a.device)
