@@ -65,7 +65,9 @@ def _split(max_len, programs, num_sms, forced):
 def _as_list(name, values):
     if isinstance(values, torch.Tensor):
         if values.dim() != 1 or values.dtype.is_floating_point or values.dtype == torch.bool:
-            raise TypeError(f"{name} must be a 1-D integer tensor, got {values.dtype} of shape {tuple(values.shape)}")
+            raise TypeError(
+                f"{name} must be a 1-D integer tensor, got {values.dtype} of shape {tuple(values.shape)}"
+            )
         return values.tolist()
     if not isinstance(values, (list, tuple)):
         raise TypeError(f"{name} must be a list of ints or a 1-D integer tensor, got {type(values).__name__}")
@@ -88,7 +90,9 @@ def check_groups(context_lens, prefix_group, prefix_lens, page_size):
             raise ValueError(f"prefix_lens[{g}] = {n} must be a multiple of PAGE = {page_size} and >= 0")
     for b, g in enumerate(groups):
         if not -1 <= g < len(plens):
-            raise ValueError(f"prefix_group[{b}] = {g} is outside [-1, G = {len(plens)}) (G = len(prefix_lens))")
+            raise ValueError(
+                f"prefix_group[{b}] = {g} is outside [-1, G = {len(plens)}) (G = len(prefix_lens))"
+            )
         if g >= 0 and plens[g] > lens[b]:
             raise ValueError(
                 f"prefix_lens[{g}] = {plens[g]} is longer than context_lens[{b}] = {lens[b]}, a member of group {g}"
@@ -132,9 +136,15 @@ def plan(
     if cascade is not None and not isinstance(cascade, bool):
         raise TypeError(f"cascade must be True, False or None, got {type(cascade).__name__}")
     if device is None:
-        device = context_lens.device if isinstance(context_lens, torch.Tensor) else drills.runtime.current().device
+        device = (
+            context_lens.device if isinstance(context_lens, torch.Tensor) else drills.runtime.current().device
+        )
     if num_sms is None:
-        num_sms = torch.cuda.get_device_properties().multi_processor_count if torch.cuda.is_available() else H200_SMS
+        num_sms = (
+            torch.cuda.get_device_properties().multi_processor_count
+            if torch.cuda.is_available()
+            else H200_SMS
+        )
     group_size = num_q_heads // num_kv_heads
     members = {}  # group -> its sequences, in batch order
     for b, g in enumerate(groups):
@@ -161,7 +171,16 @@ def plan(
     s_count, s_chunk = _split(max_suffix, len(lens) * num_kv_heads, num_sms, suffix_splits)
     as_tensor = lambda x: torch.tensor(x, dtype=torch.int32, device=device)  # noqa: E731
     return CascadePlan(
-        True, mt, as_tensor(tiles), as_tensor(tile_group), p_count, p_chunk, s_count, s_chunk, max_prefix, max_suffix
+        True,
+        mt,
+        as_tensor(tiles),
+        as_tensor(tile_group),
+        p_count,
+        p_chunk,
+        s_count,
+        s_chunk,
+        max_prefix,
+        max_suffix,
     )
 
 
@@ -407,7 +426,9 @@ def suffix_kernel(
     q_heads = kvh * GROUP + offs_g  # [GROUP_PAD]: contiguous grouping, as in L2
     offs_d = tl.arange(0, D)
     q = tl.load(
-        q_ptr + b * stride_qb + q_heads[:, None] * stride_qh + offs_d[None, :], mask=g_mask[:, None], other=0.0
+        q_ptr + b * stride_qb + q_heads[:, None] * stride_qh + offs_d[None, :],
+        mask=g_mask[:, None],
+        other=0.0,
     )  # [GROUP_PAD, D]
     s0 = start + split * chunk
     o, lse, bad_page, bad_id = _attend_tiles(
@@ -546,7 +567,9 @@ def merge_states(o_a, lse_a, o_b, lse_b, check=None):
             bad = (t < float("inf")).logical_not()
             if bad.any():
                 i = int(bad.nonzero()[0])
-                raise ValueError(f"{name}[{i}] = {float(t[i])}: a log-sum-exp is finite, or -inf for an empty part")
+                raise ValueError(
+                    f"{name}[{i}] = {float(t[i])}: a log-sum-exp is finite, or -inf for an empty part"
+                )
     # The two states side by side as partials of one row each: [R, 1, 2, D] and [R, 1, 2].
     o_part = torch.empty(R, 1, 2, D, dtype=torch.float32, device=o_a.device)
     lse_part = torch.empty(R, 1, 2, dtype=torch.float32, device=o_a.device)
@@ -560,7 +583,9 @@ def merge_states(o_a, lse_a, o_b, lse_b, check=None):
     return o[:, 0], lse[:, 0]
 
 
-def _launch(q, k_cache, v_cache, block_tables, context_lens, prefix_group, prefix_lens, scale, cplan, out, lse):
+def _launch(
+    q, k_cache, v_cache, block_tables, context_lens, prefix_group, prefix_lens, scale, cplan, out, lse
+):
     """Launch without checks (the benchmark times this). lse is None or [B, Hq] fp32."""
     B, Hq, D = q.shape
     _, PAGE, Hkv, _ = k_cache.shape
@@ -572,13 +597,31 @@ def _launch(q, k_cache, v_cache, block_tables, context_lens, prefix_group, prefi
     head = (q, k_cache, v_cache, block_tables, context_lens, prefix_group, prefix_lens)
     suffix_meta = dict(GROUP=group, GROUP_PAD=max(16, next_pow2(group)), CASCADE=cplan.cascade, **common)
     qk_scale = scale * LOG2E
-    suffix_args = (qk_scale, cplan.suffix_chunk, P, prefix_lens.shape[0], q.stride(0), q.stride(1), *kv_strides)
+    suffix_args = (
+        qk_scale,
+        cplan.suffix_chunk,
+        P,
+        prefix_lens.shape[0],
+        q.stride(0),
+        q.stride(1),
+        *kv_strides,
+    )
     if P == 0 and S == 1:  # F1 unsplit: the suffix stage writes the final output itself
         lse_arg, lse_strides = (lse, lse.stride()) if lse is not None else (out, (0, 0))
         launch(
             suffix_kernel,
             (B, Hkv, 1),
-            (*head, out, lse_arg, *suffix_args, *out.stride()[:2], 0, *lse_strides, block_tables.stride(0), *guard),
+            (
+                *head,
+                out,
+                lse_arg,
+                *suffix_args,
+                *out.stride()[:2],
+                0,
+                *lse_strides,
+                block_tables.stride(0),
+                *guard,
+            ),
             WRITE_LSE=lse is not None,
             num_warps=2,
             num_stages=5,
@@ -600,7 +643,17 @@ def _launch(q, k_cache, v_cache, block_tables, context_lens, prefix_group, prefi
                 prefix_kernel,
                 (T, Hkv, P),
                 (q, k_cache, v_cache, block_tables, prefix_lens, cplan.tile_seqs, cplan.tile_group)
-                + (o_part, lse_part, qk_scale, cplan.prefix_chunk, B, prefix_lens.shape[0], q.stride(0), q.stride(1), *kv_strides)
+                + (
+                    o_part,
+                    lse_part,
+                    qk_scale,
+                    cplan.prefix_chunk,
+                    B,
+                    prefix_lens.shape[0],
+                    q.stride(0),
+                    q.stride(1),
+                    *kv_strides,
+                )
                 + (*o_part.stride()[:2], *lse_part.stride()[:2], block_tables.stride(0), *guard),
                 MEMBERS=mt,
                 GROUP=group,
@@ -636,19 +689,27 @@ def _check_plan(cplan, B, Hkv, capacity, device):
         if name.endswith("chunk") and value % BLOCK_N:
             raise ValueError(f"plan.{name} = {value} must be a multiple of BLOCK_N = {BLOCK_N}")
     if cplan.suffix_splits * cplan.suffix_chunk < cplan.max_suffix:
-        raise ValueError(f"plan.suffix_splits * plan.suffix_chunk must cover plan.max_suffix = {cplan.max_suffix}")
+        raise ValueError(
+            f"plan.suffix_splits * plan.suffix_chunk must cover plan.max_suffix = {cplan.max_suffix}"
+        )
     if max(cplan.max_suffix, cplan.max_prefix) > capacity:
         raise ValueError(f"plan.max_suffix / plan.max_prefix is past the block table's capacity {capacity}")
     if cplan.cascade:
         validate.positive_int("plan.prefix_chunks", cplan.prefix_chunks)
         if cplan.prefix_chunks * cplan.prefix_chunk < cplan.max_prefix:
-            raise ValueError(f"plan.prefix_chunks * plan.prefix_chunk must cover plan.max_prefix = {cplan.max_prefix}")
+            raise ValueError(
+                f"plan.prefix_chunks * plan.prefix_chunk must cover plan.max_prefix = {cplan.max_prefix}"
+            )
         seqs, groups = cplan.tile_seqs, cplan.tile_group
         if not (isinstance(seqs, torch.Tensor) and isinstance(groups, torch.Tensor)):
             raise TypeError("plan.tile_seqs and plan.tile_group must be tensors (a plan from plan())")
         if seqs.dim() != 2 or seqs.shape[1] != cplan.members_per_tile or groups.shape != (seqs.shape[0],):
             raise ValueError("plan.tile_seqs must be [T, members_per_tile] and plan.tile_group [T]")
-        if seqs.device != device or groups.device != device or not (seqs.is_contiguous() and groups.is_contiguous()):
+        if (
+            seqs.device != device
+            or groups.device != device
+            or not (seqs.is_contiguous() and groups.is_contiguous())
+        ):
             raise ValueError(f"plan.tile_seqs and plan.tile_group must be contiguous on q's device {device}")
 
 
@@ -681,7 +742,9 @@ def _check_shared(block_tables, context_lens, prefix_group, prefix_lens, cplan, 
                 if b >= 0:
                     planned.setdefault(g, []).append(b)
         if {g: sorted(m) for g, m in planned.items()} != {g: sorted(m) for g, m in members.items()}:
-            raise ValueError("plan's tiles do not hold the sequences prefix_group groups: plan from these prefix_group")
+            raise ValueError(
+                "plan's tiles do not hold the sequences prefix_group groups: plan from these prefix_group"
+            )
         if members and max(plens[g] for g in members) > cplan.max_prefix:
             raise ValueError(f"a prefix_lens of a group is past the plan's max_prefix = {cplan.max_prefix}")
     longest = max(n - (s if cplan.cascade else 0) for n, s in zip(lens, starts))
@@ -737,7 +800,9 @@ def cascade_decode(
     checked = validate.device_values_checked(check, context_lens)
     if plan is None:
         if q.is_cuda and torch.cuda.is_current_stream_capturing():
-            raise ValueError("plan is None while a CUDA graph is captured: call plan() before capturing, pass plan=")
+            raise ValueError(
+                "plan is None while a CUDA graph is captured: call plan() before capturing, pass plan="
+            )
         plan = _make_plan(context_lens, prefix_group, prefix_lens, Hq, Hkv, PAGE, device=q.device)
     _check_plan(plan, B, Hkv, block_tables.shape[1] * PAGE, q.device)
     if checked:
@@ -747,5 +812,17 @@ def cascade_decode(
     if out is None:
         out = torch.empty_like(q)
     lse = torch.empty(B, Hq, dtype=torch.float32, device=q.device) if return_lse else None
-    _launch(q, k_cache, v_cache, block_tables, context_lens, prefix_group, prefix_lens, float(scale), plan, out, lse)
+    _launch(
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        context_lens,
+        prefix_group,
+        prefix_lens,
+        float(scale),
+        plan,
+        out,
+        lse,
+    )
     return (out, lse) if return_lse else out

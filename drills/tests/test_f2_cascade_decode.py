@@ -36,7 +36,9 @@ DIMS = ("b", "head", "d")
 LOG2E, LN2 = 1 / math.log(2), math.log(2)
 
 
-def cascade_case(lens, groups, plens, Hq=8, Hkv=2, D=64, PAGE=16, dtype=torch.float16, device="cpu", stream=0):
+def cascade_case(
+    lens, groups, plens, Hq=8, Hkv=2, D=64, PAGE=16, dtype=torch.float16, device="cpu", stream=0
+):
     """A paged case whose sequences in group g share the first plens[g] tokens: the later members' table
     entries point at the first member's pages, and the pages they had there are poisoned (NaN).
     Returns (case, prefix_group [B] int32, prefix_lens [G] int32)."""
@@ -59,7 +61,9 @@ def check(impl, case, groups, plens, plan=None, scale=None):
     lse_box = []
 
     def call(out):
-        o, lse = impl.cascade_decode(*case.args, groups, plens, scale=scale, out=out, return_lse=True, plan=plan)
+        o, lse = impl.cascade_decode(
+            *case.args, groups, plens, scale=scale, out=out, return_lse=True, plan=plan
+        )
         lse_box.append(lse)
         return o
 
@@ -71,7 +75,12 @@ def check(impl, case, groups, plens, plan=None, scale=None):
     empty = ref_lse == float("-inf")
     assert (lse[empty] == float("-inf")).all(), "a padding sequence's lse (context_lens = 0) must be -inf"
     problem = mismatch(
-        lse.masked_fill(empty, 0.0), ref_lse.masked_fill(empty, 0.0), ("b", "head"), atol=2e-3, rtol=1e-3, rel=1e-3
+        lse.masked_fill(empty, 0.0),
+        ref_lse.masked_fill(empty, 0.0),
+        ("b", "head"),
+        atol=2e-3,
+        rtol=1e-3,
+        rel=1e-3,
     )
     if problem is not None:
         raise AssertionError(f"out matches, but the returned lse does not:\n{problem}")
@@ -177,7 +186,9 @@ def test_merge_states_reads_strided_views(impl, runtime):
 def test_worked_example_three_requests(impl, runtime):
     """Section 2's case: three requests share 8 tokens (PAGE = 4, two pages) and hold 2, 3 and 5 of
     their own. One tile of rows attends the two shared pages; each suffix starts at token 8."""
-    case, groups, plens = cascade_case([10, 11, 13], [0, 0, 0], [8], 4, 1, 64, 4, device=runtime.device, stream=1)
+    case, groups, plens = cascade_case(
+        [10, 11, 13], [0, 0, 0], [8], 4, 1, 64, 4, device=runtime.device, stream=1
+    )
     check(impl, case, groups, plens, plan=forced(impl, case, groups, plens, prefix_chunks=1, suffix_splits=1))
 
 
@@ -185,9 +196,11 @@ def test_prefix_counted_once(impl, runtime):
     """Every member's suffix must start after the shared prefix: a suffix stage that starts at token 0
     attends the prefix a second time (its pages are in every member's table), and the merge then
     weighs it twice. Prefixes of 1 page and of 4, one split and several."""
-    for pages, stream in ((1, 2), (4, 3)):
+    for pages, stream in ((1, 2), (sizes(runtime, 4, 64), 3)):
         n = 16 * pages
-        case, groups, plens = cascade_case([n + 5, n + 20, n + 1], [0, 0, 0], [n], device=runtime.device, stream=stream)
+        case, groups, plens = cascade_case(
+            [n + 5, n + 20, n + 1], [0, 0, 0], [n], device=runtime.device, stream=stream
+        )
         for splits in (1, 2):
             check(impl, case, groups, plens, plan=forced(impl, case, groups, plens, suffix_splits=splits))
 
@@ -210,12 +223,13 @@ def test_groups_of_one_member(impl, runtime):
 
 
 def test_tiles_hold_one_group(impl, runtime):
-    """Three groups and two sequences with none (one a padding sequence, context 0), two members per tile:
+    """Two groups of three and of three and two sequences with none (one a padding sequence, context 0),
+    two members per tile:
     a tile built from the batch in order would put group 0's last member and group 1's first in one tile
     and attend both to one prefix. Each tile's rows must all be members of its group."""
     lens = [37, 0, 40, 33, 20, 50, 19, 48]
-    groups = [0, -1, 1, 0, -1, 1, 0, 2]
-    case, pg, pl = cascade_case(lens, groups, [16, 32, 32], device=runtime.device, stream=6)
+    groups = [0, -1, 1, 0, -1, 1, 0, 1]
+    case, pg, pl = cascade_case(lens, groups, [16, 32], device=runtime.device, stream=6)
     check(impl, case, pg, pl, plan=forced(impl, case, pg, pl, members_per_tile=2, suffix_splits=2))
 
 
@@ -248,8 +262,9 @@ def test_every_prefix_chunk_count_matches(impl, runtime):
 
 
 def test_every_suffix_split_count_matches(impl, runtime):
-    """Suffixes of 1 .. 4 tiles after a 1-page prefix, cut into 1 .. 5 splits: empty splits weigh 0."""
-    case, groups, plens = cascade_case([80, 17, 40], [0, 0, -1], [16], 4, 1, device=runtime.device, stream=12)
+    """Suffixes of 0 .. 4 tiles after a 1-page prefix (sequence 1 ends where its prefix ends), cut into
+    1 .. 5 splits: an empty suffix or split stores o = 0 and lse = -inf and weighs 0 in the merge."""
+    case, groups, plens = cascade_case([80, 16, 40], [0, 0, -1], [16], 4, 1, device=runtime.device, stream=12)
     for splits in (1, 2, 5):
         check(impl, case, groups, plens, plan=forced(impl, case, groups, plens, suffix_splits=splits))
 
@@ -261,7 +276,9 @@ def test_prefix_tile_rows_map_to_heads(impl, runtime, Hq, Hkv):
     under another member's head."""
     lens = [30, 21, 40, 17, 25, 33]
     case, groups, plens = cascade_case(lens, [0] * 6, [16], Hq, Hkv, device=runtime.device, stream=13 + Hq)
-    check(impl, case, groups, plens, plan=forced(impl, case, groups, plens, members_per_tile=5, suffix_splits=1))
+    check(
+        impl, case, groups, plens, plan=forced(impl, case, groups, plens, members_per_tile=5, suffix_splits=1)
+    )
 
 
 @pytest.mark.parametrize("D", [64, 128])
@@ -274,7 +291,9 @@ def test_head_dims(impl, runtime, D):
 def test_page_sizes(impl, runtime, PAGE):
     """Pages smaller than a 16-token tile are gathered token by token, in the prefix and the suffix."""
     n = max(PAGE, 8)
-    case, groups, plens = cascade_case([n + 9, n + 30, 12], [0, 0, -1], [n], PAGE=PAGE, device=runtime.device, stream=16)
+    case, groups, plens = cascade_case(
+        [n + 9, n + 30, 12], [0, 0, -1], [n], PAGE=PAGE, device=runtime.device, stream=16
+    )
     check(impl, case, groups, plens, plan=forced(impl, case, groups, plens, suffix_splits=2))
 
 
@@ -304,7 +323,9 @@ def test_equals_paged_decode(impl, runtime):
     rounding (the lse is checked against the oracle by every other test)."""
     from drills.solutions.l2_paged_decode import paged_decode
 
-    case, groups, plens = cascade_case([50, 64, 17, 33], [0, 0, -1, 0], [32], device=runtime.device, stream=20)
+    case, groups, plens = cascade_case(
+        [50, 64, 17, 33], [0, 0, -1, 0], [32], device=runtime.device, stream=20
+    )
     out = impl.cascade_decode(*case.args, groups, plens)
     assert_close(out, paged_decode(*case.args).float(), DIMS)
 
@@ -328,17 +349,41 @@ F2_BAD_INPUTS = {
         ValueError,
         r"prefix_lens\[0\]",
     ),
-    "prefix_len_past_a_member": (lambda a, dev: dict(prefix_lens=int32_tensor(dev, 48)), ValueError, "prefix_lens"),
-    "prefix_len_negative": (lambda a, dev: dict(prefix_lens=int32_tensor(dev, -16)), ValueError, "prefix_lens"),
-    "prefix_group_past_G": (lambda a, dev: dict(prefix_group=int32_tensor(dev, 0, 1)), ValueError, "prefix_group"),
+    "prefix_len_past_a_member": (
+        lambda a, dev: dict(prefix_lens=int32_tensor(dev, 48)),
+        ValueError,
+        "prefix_lens",
+    ),
+    "prefix_len_negative": (
+        lambda a, dev: dict(prefix_lens=int32_tensor(dev, -16)),
+        ValueError,
+        "prefix_lens",
+    ),
+    "prefix_group_past_G": (
+        lambda a, dev: dict(prefix_group=int32_tensor(dev, 0, 1)),
+        ValueError,
+        "prefix_group",
+    ),
     "prefix_group_below_minus_one": (
         lambda a, dev: dict(prefix_group=int32_tensor(dev, 0, -2)),
         ValueError,
         "prefix_group",
     ),
-    "prefix_group_int64": (lambda a, dev: dict(prefix_group=a["prefix_group"].long()), TypeError, "prefix_group"),
-    "prefix_lens_float": (lambda a, dev: dict(prefix_lens=a["prefix_lens"].float()), TypeError, "prefix_lens"),
-    "prefix_group_wrong_batch": (lambda a, dev: dict(prefix_group=int32_tensor(dev, 0)), ValueError, "prefix_group"),
+    "prefix_group_int64": (
+        lambda a, dev: dict(prefix_group=a["prefix_group"].long()),
+        TypeError,
+        "prefix_group",
+    ),
+    "prefix_lens_float": (
+        lambda a, dev: dict(prefix_lens=a["prefix_lens"].float()),
+        TypeError,
+        "prefix_lens",
+    ),
+    "prefix_group_wrong_batch": (
+        lambda a, dev: dict(prefix_group=int32_tensor(dev, 0)),
+        ValueError,
+        "prefix_group",
+    ),
     "members_do_not_share_pages": (
         lambda a, dev: dict(block_tables=with_entry(a["block_tables"], 1, 0, int(a["block_tables"][1, 2]))),
         ValueError,
@@ -432,14 +477,24 @@ def test_plan_covers_every_token_once(impl, lens, groups, plens):
 
 
 BAD_PLANS = {
-    "prefix_len_not_a_page_multiple": (([40, 40], [0, 0], [24], 8, 2, 16), {}, ValueError, r"prefix_lens\[0\]"),
+    "prefix_len_not_a_page_multiple": (
+        ([40, 40], [0, 0], [24], 8, 2, 16),
+        {},
+        ValueError,
+        r"prefix_lens\[0\]",
+    ),
     "prefix_len_past_a_member": (([40, 20], [0, 0], [32], 8, 2, 16), {}, ValueError, "prefix_lens"),
     "prefix_group_past_G": (([40, 40], [0, 1], [16], 8, 2, 16), {}, ValueError, r"prefix_group\[1\]"),
     "prefix_group_wrong_length": (([40, 40], [0], [16], 8, 2, 16), {}, ValueError, "prefix_group"),
     "prefix_group_float": (([40, 40], [0.0, 0], [16], 8, 2, 16), {}, TypeError, "prefix_group"),
     "heads_not_a_multiple": (([40], [0], [16], 9, 2, 16), {}, ValueError, "num_q_heads"),
     "page_size_not_pow2": (([40], [0], [12], 8, 2, 12), {}, ValueError, "page_size"),
-    "members_per_tile_zero": (([40], [0], [16], 8, 2, 16), dict(members_per_tile=0), ValueError, "members_per_tile"),
+    "members_per_tile_zero": (
+        ([40], [0], [16], 8, 2, 16),
+        dict(members_per_tile=0),
+        ValueError,
+        "members_per_tile",
+    ),
     "cascade_not_a_bool": (([40], [0], [16], 8, 2, 16), dict(cascade=1), TypeError, "cascade"),
 }
 
@@ -516,4 +571,105 @@ STAGES = [
     ),
 ]
 
-MISTAKES: list[Mistake] = []
+# --- Diagnosis: which pitfall of section 5 a pattern of results points at -------------------------
+# Most mistakes of the stages fail almost every cascade check; they are told apart by what they still
+# get right: PAGE = 1 (a page count equals a token count), GROUP = 1 (every row mapping agrees), the
+# fallback (no prefix stage), merge_states alone, one tile, one chunk.
+
+MHA = "test_prefix_tile_rows_map_to_heads[group1-MHA]"
+MISTAKES = [
+    Mistake(
+        1,
+        fails=("test_prefix_counted_once", "test_page_sizes[1]", MHA),
+        passes=("test_merge_states_equals_one_shot_softmax", "test_fallback_equals_split_kv"),
+        question="A member has context 11 and a prefix of 8: which tokens does your suffix stage read, and "
+        "which does the prefix stage read?",
+        section="2",
+    ),
+    Mistake(
+        2,
+        fails=("test_suffix_starts_after_the_prefix",),
+        passes=("test_page_sizes[1]", "test_merge_states_equals_one_shot_softmax"),
+        question="Only PAGE = 1 passes: is prefix_lens a count of tokens or of pages, and at which token "
+        "does your suffix start?",
+        section="3.3",
+    ),
+    Mistake(
+        3,
+        fails=("test_plan_rejects_bad_arguments[prefix_len_not_a_page_multiple]",),
+        question="prefix_lens = 24 with PAGE = 16: which page holds tokens 16 to 23, and do the members "
+        "share it?",
+        section="3.5",
+    ),
+    Mistake(
+        4,
+        fails=("test_groups_of_one_member",),
+        passes=("test_tiles_hold_one_group", "test_worked_example_three_requests"),
+        question="A group with one member: does your planner give it a tile, and if not, who attends its "
+        "prefix?",
+        section="3.5",
+    ),
+    Mistake(
+        5,
+        fails=("test_merge_states_equals_one_shot_softmax",),
+        question="Your merge weighs each part by e^(lse - m): is that the exponential your code takes, and "
+        "in which base is the lse it is given?",
+        section="3.4",
+    ),
+    Mistake(
+        5,
+        fails=("test_lse_is_natural_log", "test_fallback_equals_split_kv"),
+        passes=("test_merge_states_equals_one_shot_softmax",),
+        question="Your stages run in base 2 (exp2, the scale times log2 e): what do you multiply m + log2 l "
+        "by before you store it as lse?",
+        section="3.2",
+    ),
+    Mistake(
+        6,
+        fails=("test_tiles_hold_one_group",),
+        passes=(
+            "test_worked_example_three_requests",
+            "test_members_one_past_the_tile",
+            "test_every_suffix_split_count_matches",
+        ),
+        question="Groups [0, 1, 0, 1] and two members per tile: which sequences does your planner put in "
+        "the first tile, and which prefix does that tile attend?",
+        section="3.1",
+    ),
+    Mistake(
+        7,
+        fails=("test_prefix_tile_rows_map_to_heads[group3]",),
+        passes=(MHA,),
+        question="GROUP = 3 and 5 members per tile: which member and which query head is row 7 of your "
+        "prefix tile?",
+        section="3.1",
+    ),
+    Mistake(
+        8,
+        fails=("test_members_one_past_the_tile",),
+        passes=("test_worked_example_three_requests",),
+        messages=(r"out of bounds|outside|canary",),
+        question="The last tile of a group holds fewer members than the tile has room for: what sequence "
+        "does a -1 entry of tile_seqs name, and does your mask stop its row?",
+        section="3.1",
+    ),
+    Mistake(
+        9,
+        fails=("test_every_prefix_chunk_count_matches",),
+        passes=("test_prefix_counted_once", "test_worked_example_three_requests"),
+        question="An 80-token prefix in 3 chunks of 32: where does each of your chunks stop?",
+        section="3.1",
+    ),
+    Mistake(
+        10,
+        fails=("test_every_suffix_split_count_matches",),
+        passes=(
+            "test_worked_example_three_requests",
+            "test_merge_states_equals_one_shot_softmax",
+            "test_lse_is_natural_log",
+        ),
+        question="A member whose context ends where its prefix ends: what are l and acc for its suffix, "
+        "and what does acc / l give?",
+        section="3.3",
+    ),
+]
