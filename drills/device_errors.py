@@ -74,6 +74,40 @@ CODES: dict[int, tuple[str, str, str]] = {
         "block_tables",
         "sequence {index} reads block id {value}, outside [0, num_blocks)",
     ),
+    51: (
+        "F2 cascade_decode",
+        "prefix_lens",
+        "prefix_lens[{index}] = {value} is negative, no whole number of pages, longer than block_tables' row "
+        "holds or than the plan's prefix chunks cover",
+    ),
+    52: (
+        "F2 cascade_decode",
+        "block_tables",
+        "the shared prefix of sequence {index}'s group reads block id {value}, outside [0, num_blocks)",
+    ),
+    53: (
+        "F2 cascade_decode",
+        "context_lens",
+        "context_lens[{index}] = {value} is negative or longer than block_tables' row holds",
+    ),
+    54: ("F2 cascade_decode", "prefix_group", "prefix_group[{index}] = {value} is outside [-1, G)"),
+    55: (
+        "F2 cascade_decode",
+        "prefix_lens",
+        "sequence {index}'s group has prefix_lens = {value}: negative, no whole number of pages, or longer "
+        "than its context_lens",
+    ),
+    56: (
+        "F2 cascade_decode",
+        "context_lens",
+        "context_lens[{index}] = {value} leaves more tokens after the prefix than the plan's suffix splits "
+        "cover (plan for these lengths)",
+    ),
+    57: (
+        "F2 cascade_decode",
+        "block_tables",
+        "sequence {index} reads block id {value}, outside [0, num_blocks)",
+    ),
 }
 
 _WORDS: dict[torch.device, torch.Tensor] = {}

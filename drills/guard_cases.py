@@ -237,6 +237,49 @@ def f1_cases(device) -> list[GuardCase]:
     return cases
 
 
+def f2_cases(device) -> list[GuardCase]:
+    """L2's cases through F2 with sequences 1 and 2 sharing their first page (group 0, a 16-token prefix)
+    and sequence 0 in no group, cascading and not (the fallback is F1's split-KV); then a group id
+    outside [-1, G) and a prefix length that is no whole number of pages, which zero the rows they reach."""
+    f2 = "f2_cascade_decode"
+    cases = []
+
+    def grouped(q, k, v, tables, lens, cascade=True):
+        tables[2, 0] = tables[1, 0]  # sequence 2 shares sequence 1's first page
+        prefix_group = torch.tensor([-1, 0, 0], dtype=torch.int32, device=q.device)
+        prefix_lens = torch.tensor([16], dtype=torch.int32, device=q.device)
+        plan = _reference(f2).plan(
+            lens, prefix_group, prefix_lens, q.shape[1], k.shape[2], k.shape[1], cascade=cascade
+        )
+        return dict(prefix_group=prefix_group, prefix_lens=prefix_lens, plan=plan, return_lse=True)
+
+    for cascade in (True, False):
+        extra = lambda *t, cascade=cascade: grouped(*t, cascade=cascade)  # noqa: E731
+        for c in _decode_cases(f2, "cascade_decode", device, extra=extra, lse_dim=1):
+            cases.append(replace(c, name=f"{c.name}_{'cascade' if cascade else 'fallback'}"))
+
+    def group_case(name, argument, corrupt, rows):
+        def run(check, bad=True):
+            q, k, v, tables, lens = _paged_inputs(device)
+            kwargs = grouped(q, k, v, tables, lens)
+            if bad:
+                corrupt(kwargs)
+            return _reference(f2).cascade_decode(q, k, v, tables, lens, check=check, **kwargs)
+
+        cases.append(
+            GuardCase(f2, name, argument, run, lambda: run(False, bad=False), _rows_zero_else_equal(rows, 1))
+        )
+
+    group_case("prefix_group_past_G", "prefix_group", lambda a: a["prefix_group"].__setitem__(1, 5), [1])
+    group_case(
+        "prefix_group_below_minus_one", "prefix_group", lambda a: a["prefix_group"].__setitem__(2, -3), [2]
+    )
+    group_case(
+        "prefix_len_not_whole_pages", "prefix_lens", lambda a: a["prefix_lens"].__setitem__(0, 8), [1, 2]
+    )
+    return cases
+
+
 # -------------------------------------------------------------------------------------------- L4
 def l4_cases(device) -> list[GuardCase]:
     """paged_prefill with bad cu_seqlens_q, context_lens or block ids: every row of the sequence the bad
@@ -308,6 +351,7 @@ LESSONS: dict[str, Callable[[object], list[GuardCase]]] = {
     "l1_paged_kv_cache": l1_cases,
     "l2_paged_decode": l2_cases,
     "f1_split_kv_decode": f1_cases,
+    "f2_cascade_decode": f2_cases,
     "l4_paged_prefill": l4_cases,
 }
 

@@ -61,6 +61,7 @@ LESSONS: tuple[Lesson, ...] = (
     Lesson("l3_prefix_cache", "Prefix caching with reference counts", "L"),
     Lesson("l2_paged_decode", "Paged decode attention with GQA", "L"),
     Lesson("f1_split_kv_decode", "Split-KV decode with a planner", "F"),
+    Lesson("f2_cascade_decode", "Cascade attention: a shared prefix read once", "F"),
     Lesson("l4_paged_prefill", "Paged prefill over a cached prefix (chunked prefill, mixed batches)", "L"),
     Lesson("c1_engine", "Capstone: an inference engine serving a real model on your kernels", "C"),
 )

@@ -1,0 +1,260 @@
+"""F2 benchmark: cascade decode against F1 alone and FlashInfer's two-level cascade, one run.
+
+Shapes (B, shared prefix, own suffix), Hq = 32, Hkv = 8, D = 128 (Llama-3-8B's attention), PAGE = 16, fp16:
+C1's traffic scaled to a bigger model (a 304-token system prompt, 128 tokens of its own), the long
+shared documents of Hydragen's evaluation (arXiv 2402.05099: 4k to 32k shared tokens, many requests),
+two groups of 128 sharing 2048 tokens each, and a batch with no prefix at all (the planner's fallback
+must cost nothing there). Every column is a CUDA-graph replay of the bare launches (GPU time).
+
+The read-once bound: the time to read each shared prefix once and each suffix once at this run's measured
+copy bandwidth (a device-to-device copy, bytes read + written), or to do the attention's FLOPs at this
+run's measured fp16 matmul rate, whichever is longer.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from drills import bench
+from drills.compare import assert_close
+
+HQ, HKV, D, PAGE = 32, 8, 128, 16
+SHAPES = [
+    (256, 304, 128, 1),
+    (256, 4096, 512, 1),
+    (64, 8192, 256, 1),
+    (32, 32768, 1024, 1),
+    (256, 2048, 512, 2),
+    (64, 0, 1024, 1),
+]  # (B, shared prefix tokens, own suffix tokens, groups); prefix 0: no group
+
+COLUMNS = [
+    ("B", "B"),
+    ("prefix", "shared prefix"),
+    ("suffix", "own suffix"),
+    ("label", "groups"),
+    ("read_once_mb", "read-once MB"),
+    ("cascade", "plan cascades"),
+    ("f1_us", "F1 us"),
+    ("f2_us", "F2 us"),
+    ("flashinfer_us", "FlashInfer cascade us"),
+    ("bound_us", "read-once bound us"),
+    ("f2_vs_f1", "F2 / F1 (speed)"),
+    ("f2_vs_flashinfer", "F2 / FlashInfer (speed)"),
+    ("f2_vs_bound", "F2 / bound"),
+]
+
+
+def make_inputs(B, prefix, suffix, groups=1, dtype=torch.float16):
+    """A shuffled page pool where sequence b belongs to group b * groups // B, whose first prefix / PAGE
+    table entries are that group's shared pages; then suffix / PAGE pages of its own. prefix = 0: no
+    group (prefix_group -1, prefix_lens [0])."""
+    p_pages, s_pages = prefix // PAGE, math.ceil(suffix / PAGE)
+    shared = groups * p_pages if prefix else 0
+    num_blocks = shared + B * s_pages
+    k_cache = torch.randn(num_blocks, PAGE, HKV, D, device="cuda", dtype=dtype)  # [num_blocks, PAGE, Hkv, D]
+    v_cache = torch.randn_like(k_cache)
+    ids = torch.randperm(num_blocks, device="cuda").to(torch.int32)
+    group = torch.arange(B, device="cuda") * groups // B  # [B]
+    own = ids[shared:].view(B, s_pages)
+    if prefix:
+        prefix_pages = ids[:shared].view(groups, p_pages)[group]  # [B, p_pages]
+        block_tables = torch.cat([prefix_pages, own], dim=1).contiguous()
+        prefix_group = group.to(torch.int32)
+        prefix_lens = torch.full((groups,), prefix, dtype=torch.int32, device="cuda")
+    else:
+        block_tables = own.contiguous()
+        prefix_group = torch.full((B,), -1, dtype=torch.int32, device="cuda")
+        prefix_lens = torch.zeros(1, dtype=torch.int32, device="cuda")
+    context_lens = torch.full((B,), prefix + suffix, dtype=torch.int32, device="cuda")
+    q = torch.randn(B, HQ, D, device="cuda", dtype=dtype)  # [B, Hq, D]
+    return (q, k_cache, v_cache, block_tables, context_lens), prefix_group, prefix_lens
+
+
+def expected(q, k_cache, v_cache, block_tables, context_lens):
+    """[B, Hq, D] fp32: every sequence's pages gathered, then SDPA (all sequences of a row are one length)."""
+    ctx = int(context_lens[0])
+    k = bench.gather_pages(k_cache, block_tables, ctx)  # [B, Hkv, ctx, D]
+    v = bench.gather_pages(v_cache, block_tables, ctx)
+    return F.scaled_dot_product_attention(q[:, :, None], k, v, enable_gqa=True)[:, :, 0].float()
+
+
+def flashinfer_cascade(args, prefix_group, prefix, groups):
+    """FlashInfer's MultiLevelCascadeAttentionWrapper on the same paged cache, two levels (level 0 each
+    group's shared pages with all its members' queries, level 1 each request's own pages), plan() done
+    here, outside the timing; None when FlashInfer is not installed."""
+    try:
+        import flashinfer
+    except ImportError:
+        return None
+    q, k_cache, v_cache, block_tables, context_lens = args
+    B = q.shape[0]
+    p_pages = prefix // PAGE
+    s_pages = block_tables.shape[1] - p_pages
+    dev = q.device
+    i32 = dict(dtype=torch.int32, device=dev)
+    per_group = B // groups
+    # Level 0: group g's queries are rows [g * per_group, (g + 1) * per_group); its pages, its first member's.
+    qo0 = torch.arange(0, B + 1, per_group, **i32)
+    kv0 = torch.arange(0, groups * p_pages + 1, p_pages, **i32)
+    idx0 = block_tables[::per_group, :p_pages].reshape(-1)
+    last0 = torch.full((groups,), PAGE, **i32)
+    # Level 1: one query per request, its own pages.
+    qo1 = torch.arange(0, B + 1, **i32)
+    kv1 = torch.arange(0, B * s_pages + 1, s_pages, **i32)
+    idx1 = block_tables[:, p_pages:].reshape(-1)
+    last1 = (context_lens - prefix - 1) % PAGE + 1
+    workspace = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device=dev)
+    wrapper = flashinfer.MultiLevelCascadeAttentionWrapper(2, workspace, "NHD")
+    wrapper.plan([qo0, qo1], [kv0, kv1], [idx0, idx1], [last0, last1], HQ, HKV, D, PAGE, q_data_type=q.dtype)
+    cache = (k_cache, v_cache)
+    return lambda: wrapper.run(q, cache)
+
+
+def flashinfer_note(error, ran):
+    if error:
+        return f"FlashInfer: failed to build or run here ({error}), so its column is n/a."
+    if not ran:
+        return "FlashInfer: not importable in this environment, so its column is n/a."
+    import flashinfer
+
+    return (
+        f"FlashInfer {flashinfer.__version__}: MultiLevelCascadeAttentionWrapper, two levels (each group's "
+        "shared pages, then each request's own), plan() outside the timed call; the no-prefix row is n/a."
+    )
+
+
+def matmul_tflops() -> float:
+    """fp16 TFLOP/s of one 8192-square torch.matmul, this run: the tensor cores' practical rate."""
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.float16)
+    b = torch.randn_like(a)
+    us = bench.time_us(lambda: a @ b, graph=True)
+    return bench.tflops(2 * 8192**3, us)
+
+
+def run(impl) -> tuple[bench.Table, list[str]]:
+    from drills.solutions import f1_split_kv_decode as f1
+
+    table = bench.Table(COLUMNS)
+    rate = matmul_tflops()
+    flashinfer_error, ran_flashinfer = None, False
+    for B, prefix, suffix, groups in SHAPES:
+        args, prefix_group, prefix_lens = make_inputs(B, prefix, suffix, groups)
+        q, k_cache, v_cache, block_tables, context_lens = args
+        scale = 1.0 / math.sqrt(D)
+        out = torch.empty_like(q)
+        want = expected(*args)
+        unique_tokens = (groups * prefix if prefix else 0) + B * suffix
+        nbytes = 2 * unique_tokens * HKV * D * q.element_size()
+        flops = 4 * B * HQ * (prefix + suffix) * D  # q.k and p.v over every key of every request
+        copy_gbs = bench.copy_ceiling_gbs(nbytes)
+        bound_us = max(nbytes / copy_gbs / 1e3, flops / rate / 1e6)
+
+        f1_plan = f1.plan(context_lens, HKV, PAGE)
+        assert_close(f1.split_kv_decode(*args, plan=f1_plan), want)
+        f1_us = bench.time_us(lambda: f1._launch(*args, scale, f1_plan, out, None), graph=True)
+
+        plan = impl.plan(context_lens, prefix_group, prefix_lens, HQ, HKV, PAGE)
+        assert_close(impl.cascade_decode(*args, prefix_group, prefix_lens, plan=plan, check=True), want)
+        launch = lambda: impl._launch(*args, prefix_group, prefix_lens, scale, plan, out, None)  # noqa: E731
+        f2_us = bench.time_us(launch, graph=True)
+        row = dict(
+            B=B,
+            prefix=prefix,
+            suffix=suffix,
+            label=f"{groups} of {B // groups}" if prefix else "none",
+            read_once_mb=round(nbytes / 1e6),
+            cascade=str(plan.cascade),
+            f1_us=f1_us,
+            f2_us=f2_us,
+            bound_us=bound_us,
+            f2_vs_f1=f1_us / f2_us,
+            f2_vs_bound=bound_us / f2_us,
+            copy_gbs=copy_gbs,
+            matmul_tflops=rate,
+        )
+        if prefix:
+            try:
+                fi = flashinfer_cascade(args, prefix_group, prefix, groups)
+            except Exception as exc:  # FlashInfer compiles on first use; a failed build is a note
+                fi, flashinfer_error = None, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+            if fi is not None:
+                ran_flashinfer = True
+                assert_close(fi(), want)
+                row["flashinfer_us"] = bench.time_us(fi, graph=True)
+                row["f2_vs_flashinfer"] = row["flashinfer_us"] / f2_us
+        table.add(row)
+        del args, q, k_cache, v_cache, out, want
+        torch.cuda.empty_cache()
+
+    notes = [
+        f"Hq = {HQ}, Hkv = {HKV}, D = {D}, PAGE = {PAGE}, fp16, pages shuffled; sequence b is in group "
+        "b * groups // B, its table the group's shared pages then its own.",
+        "Every time is a CUDA-graph replay of the bare launches (plan() made before); each output was "
+        "checked against SDPA over the gathered pages first.",
+        "Read-once bound = max(bytes of each shared prefix once and each suffix once / copy bandwidth, "
+        "attention FLOPs / matmul rate), both measured in this run (copy: device-to-device, bytes read + "
+        "written; matmul: one 8192-square fp16 torch.matmul). F2 / bound is the bound's time over F2's.",
+        "F2 / F1 and F2 / FlashInfer are speed ratios (the other's time over F2's): above 1, F2 is faster.",
+        flashinfer_note(flashinfer_error, ran_flashinfer),
+    ]
+    return table, notes
+
+
+def plot(rows, meta, path):
+    for r in rows:  # times as fractions of the bound, so that every shape fits one axis
+        r["_f1"] = r["bound_us"] / r["f1_us"]
+        r["_f2"] = r["f2_vs_bound"]
+        r["_fi"] = r["bound_us"] / r["flashinfer_us"] if r.get("flashinfer_us") else None
+    bench.plot_bars(
+        rows,
+        [("_f2", "F2 cascade"), ("_f1", "F1 split-KV"), ("_fi", "FlashInfer cascade")],
+        [
+            f"B={r['B']}\n{r['prefix']}+{r['suffix']}" + ("\n2 groups" if r["label"].startswith("2") else "")
+            for r in rows
+        ],
+        f"Cascade decode, {meta['gpu']}, {meta['date']}",
+        path,
+        ylabel="fraction of the read-once bound",
+    )
+    for r in rows:
+        for k in ("_f1", "_f2", "_fi"):
+            r.pop(k, None)
+
+
+def headline(impl) -> tuple[float, str, str]:
+    """make progress on a GPU: impl's speed over F1's at B = 256, a 4096-token shared prefix and 512 of
+    each request's own, plan() choosing, checked against SDPA first."""
+    from drills.solutions import f1_split_kv_decode as f1
+
+    B, prefix, suffix, groups = SHAPES[1]
+    args, prefix_group, prefix_lens = make_inputs(B, prefix, suffix, groups)
+    q, _, _, _, context_lens = args
+    plan = impl.plan(context_lens, prefix_group, prefix_lens, HQ, HKV, PAGE)
+    assert_close(impl.cascade_decode(*args, prefix_group, prefix_lens, plan=plan), expected(*args))
+    out, scale = torch.empty_like(q), 1.0 / math.sqrt(D)
+    f2_us = bench.time_us(
+        lambda: impl._launch(*args, prefix_group, prefix_lens, scale, plan, out, None), graph=True
+    )
+    f1_plan = f1.plan(context_lens, HKV, PAGE)
+    f1_us = bench.time_us(lambda: f1._launch(*args, scale, f1_plan, out, None), graph=True)
+    return f1_us / f2_us, "x F1", f"B = {B}, {prefix} shared + {suffix} own tokens, fp16"
+
+
+# --- The figures the explainer's sentences may quote (bench.FIGURES); data is f2_cascade_decode.bench.json
+
+
+def _at(data, B: int, prefix: int, suffix: int) -> dict:
+    return next(r for r in data["rows"] if (r["B"], r["prefix"], r["suffix"]) == (B, prefix, suffix))
+
+
+FIGURES = {
+    "vs_f1": lambda d: bench.span_of(r["f2_vs_f1"] for r in d["rows"] if r["prefix"]),
+    "vs_bound": lambda d: bench.span_of(r["f2_vs_bound"] for r in d["rows"]),
+    "c1_vs_f1": lambda d: bench.num(_at(d, 256, 304, 128)["f2_vs_f1"]),
+    "long_vs_f1": lambda d: bench.num(_at(d, 32, 32768, 1024)["f2_vs_f1"]),
+    "no_prefix_vs_f1": lambda d: bench.num(_at(d, 64, 0, 1024)["f2_vs_f1"]),
+}

@@ -1,0 +1,73 @@
+"""F2 mutants: one per pitfall of explainer section 5 (pitfall 5 has two: the merge's base and the
+stages' lse base)."""
+
+from drills.mutants import Mutant
+
+MUTANTS = [
+    Mutant(
+        "suffix_starts_at_zero",
+        "1. the prefix counted twice: every suffix starts at token 0",
+        "start = tl.where(row_ok, plen, 0)",
+        "start = tl.where(row_ok, plen * 0, 0)",
+    ),
+    Mutant(
+        "suffix_starts_at_prefix_pages",
+        "2. the suffix started at the wrong page: prefix_lens // PAGE used as a token index",
+        "start = tl.where(row_ok, plen, 0)",
+        "start = tl.where(row_ok, plen // PAGE, 0)",
+    ),
+    Mutant(
+        "prefix_len_not_checked_against_page",
+        "3. a prefix length that is not a page multiple accepted",
+        "if n < 0 or n % page_size:",
+        "if n < 0:",
+    ),
+    Mutant(
+        "groups_of_one_left_out",
+        "4. groups of one member get no tile",
+        "    for g, m in sorted(members.items()):\n",
+        "    for g, m in sorted((g, m) for g, m in members.items() if len(m) > 1):\n",
+    ),
+    Mutant(
+        "merge_weights_in_base_2",
+        "5. the merge weighs natural-log lse in base 2",
+        "w = tl.exp(lse - m_ref)",
+        "w = tl.exp2(lse - m_ref)",
+    ),
+    Mutant(
+        "stage_lse_in_base_2",
+        "5. the stages store lse in base 2 (no ln 2)",
+        "(m_i + tl.log2(tl.where(seen, l_i, 1.0))) * 0.6931471805599453",
+        "(m_i + tl.log2(tl.where(seen, l_i, 1.0)))",
+    ),
+    Mutant(
+        "tiles_mix_groups",
+        "6. rows of different groups mixed in one tile: the batch's grouped sequences cut in order",
+        "    for g, m in sorted(members.items()):\n",
+        "    for g, m in [(min(members), [b for b, x in enumerate(groups) if x >= 0])]:\n",
+    ),
+    Mutant(
+        "rows_mapped_to_wrong_heads",
+        "7. rows mapped to the wrong heads: the head taken from r // members_per_tile",
+        "head = kvh * GROUP + offs_r % GROUP  #",
+        "head = kvh * GROUP + (offs_r // MEMBERS) % GROUP  #",
+    ),
+    Mutant(
+        "padded_rows_not_masked",
+        "8. the tile's padded rows not masked: a -1 member is read and written",
+        "r_mask = (offs_r < MEMBERS * GROUP) & (seq >= 0) & (seq < B)",
+        "r_mask = offs_r < MEMBERS * GROUP",
+    ),
+    Mutant(
+        "prefix_chunks_overlap",
+        "9. prefix chunks that overlap: every chunk reads to the prefix's end",
+        "end = tl.minimum(start + chunk, plen)",
+        "end = plen",
+    ),
+    Mutant(
+        "empty_part_zero_over_zero",
+        "10. an empty part divides 0 by 0",
+        "o = tl.where(seen[:, None], acc / tl.where(seen, l_i, 1.0)[:, None], 0.0)",
+        "o = acc / l_i[:, None]",
+    ),
+]

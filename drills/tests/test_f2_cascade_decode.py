@@ -1,0 +1,675 @@
+"""Grader for F2, cascade attention over a paged KV cache. Each test is named for the mistake it catches.
+
+Run: make test L=f2 (your drills/mine) or make test L=f2 IMPL=solutions. Caches are poisoned as in L2
+(NaN past every sequence's end and in unused blocks, garbage block ids past every last page), and the
+pages a group's later members gave up for the shared ones are NaN too: a suffix that starts too early,
+or a prefix read from a member's own first pages, reads them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from drills.compare import assert_close, mismatch
+from drills.grading.diagnose import Mistake
+from drills.grading.launches import assert_runs_a_triton_kernel
+from drills.grading.report import Stage
+from drills.tests import bf16_everywhere, seeded, sizes
+from drills.tests.paged_kv import (
+    PAGED_BAD_INPUTS,
+    SHARED_KV_BAD_INPUTS,
+    call_with_canary_out,
+    grouping_cases,
+    in_layer_pool,
+    int32_tensor,
+    make_paged_case,
+    paged_attention_reference,
+    spoiled_call,
+    strided_q,
+    with_entry,
+)
+
+DIMS = ("b", "head", "d")
+LOG2E, LN2 = 1 / math.log(2), math.log(2)
+
+
+def cascade_case(
+    lens, groups, plens, Hq=8, Hkv=2, D=64, PAGE=16, dtype=torch.float16, device="cpu", stream=0
+):
+    """A paged case whose sequences in group g share the first plens[g] tokens: the later members' table
+    entries point at the first member's pages, and the pages they had there are poisoned (NaN).
+    Returns (case, prefix_group [B] int32, prefix_lens [G] int32)."""
+    case = make_paged_case(lens, Hq, Hkv, D, PAGE, dtype=dtype, device=device, stream=stream)
+    tables = case.block_tables.clone()
+    for g, n in enumerate(plens):
+        members = [b for b, x in enumerate(groups) if x == g]
+        pages = n // PAGE
+        for b in members[1:]:
+            given_up = tables[b, :pages].long()
+            case.k_cache[given_up] = float("nan")
+            case.v_cache[given_up] = float("nan")
+            tables[b, :pages] = tables[members[0], :pages]
+    case.block_tables = tables
+    return case, int32_tensor(device, *groups), torch.tensor(plens, dtype=torch.int32, device=device)
+
+
+def check(impl, case, groups, plens, plan=None, scale=None):
+    """Run through a canary-wrapped `out` with return_lse, compare out and lse with the fp32 oracle."""
+    lse_box = []
+
+    def call(out):
+        o, lse = impl.cascade_decode(
+            *case.args, groups, plens, scale=scale, out=out, return_lse=True, plan=plan
+        )
+        lse_box.append(lse)
+        return o
+
+    out = call_with_canary_out(call, case.q)
+    ref, ref_lse = paged_attention_reference(*case.args, scale=scale)
+    assert_close(out, ref, DIMS)
+    lse = lse_box[0]
+    assert lse.dtype == torch.float32 and lse.shape == ref_lse.shape, "lse must be [B, Hq] float32"
+    empty = ref_lse == float("-inf")
+    assert (lse[empty] == float("-inf")).all(), "a padding sequence's lse (context_lens = 0) must be -inf"
+    problem = mismatch(
+        lse.masked_fill(empty, 0.0),
+        ref_lse.masked_fill(empty, 0.0),
+        ("b", "head"),
+        atol=2e-3,
+        rtol=1e-3,
+        rel=1e-3,
+    )
+    if problem is not None:
+        raise AssertionError(f"out matches, but the returned lse does not:\n{problem}")
+    return out, lse
+
+
+def forced(impl, case, groups, plens, **cuts):
+    """A cascading plan with the cuts given (members_per_tile, prefix_chunks, suffix_splits)."""
+    _, Hq, _ = case.q.shape
+    _, PAGE, Hkv, _ = case.k_cache.shape
+    return impl.plan(case.context_lens, groups, plens, Hq, Hkv, PAGE, cascade=True, **cuts)
+
+
+PLAN_FIELDS = (
+    "cascade",
+    "members_per_tile",
+    "tile_seqs",
+    "tile_group",
+    "prefix_chunks",
+    "prefix_chunk",
+    "suffix_splits",
+    "suffix_chunk",
+    "max_prefix",
+    "max_suffix",
+)
+
+
+def with_cuts(impl, plan, **fields):
+    """A copy of a plan with some fields replaced, bypassing the planner: how the tests force exact cuts."""
+    return impl.CascadePlan(**{name: fields.get(name, getattr(plan, name)) for name in PLAN_FIELDS})
+
+
+# --- merge_states -----------------------------------------------------------------------------
+
+
+def _state(scores, values):
+    """(o, lse) of softmax(scores) @ values over the last key axis: scores [R, n], values [R, n, D]."""
+    return torch.einsum("rn,rnd->rd", torch.softmax(scores, dim=-1), values), torch.logsumexp(scores, dim=-1)
+
+
+def test_merge_states_equals_one_shot_softmax(impl, runtime):
+    """Two parts far apart (part b 40 above or below part a) merged must equal the softmax over the union.
+    A merge that averages the outputs without their lse weights, or in base 2, is off."""
+    gen = torch.Generator().manual_seed(seeded(11))
+    R, D, dev = 37, 64, runtime.device
+    s = torch.randn(R, 30, generator=gen) * 3
+    s[:, 10:] += torch.linspace(-40, 40, R)[:, None]
+    v = torch.randn(R, 30, D, generator=gen)
+    (o_a, lse_a), (o_b, lse_b) = _state(s[:, :10], v[:, :10]), _state(s[:, 10:], v[:, 10:])
+    want_o, want_lse = _state(s, v)
+    o, lse = impl.merge_states(o_a.to(dev), lse_a.to(dev), o_b.to(dev), lse_b.to(dev))
+    assert_close(o, want_o, ("row", "d"), atol=1e-4, rtol=1e-4, rel=1e-4)
+    assert_close(lse, want_lse, ("row",), atol=1e-4, rtol=1e-5, rel=1e-5)
+
+
+def test_merge_states_lse_beyond_fp32_exp_range(impl, runtime):
+    """lse near +200 and -200: e^lse overflows or underflows fp32, so the weights must be e^(lse - max)."""
+    gen = torch.Generator().manual_seed(seeded(24))
+    R, D, dev = 16, 32, runtime.device
+    s, v = torch.randn(R, 16, generator=gen) * 2, torch.randn(R, 16, D, generator=gen)
+    s_a = s[:, :6] + torch.tensor([200.0] * 8 + [-200.0] * 8)[:, None]
+    s_b = s[:, 6:] + torch.tensor([205.0] * 8 + [-190.0] * 8)[:, None]
+    (o_a, lse_a), (o_b, lse_b) = _state(s_a, v[:, :6]), _state(s_b, v[:, 6:])
+    want_o, want_lse = _state(torch.cat([s_a, s_b], dim=1), v)
+    o, lse = impl.merge_states(o_a.to(dev), lse_a.to(dev), o_b.to(dev), lse_b.to(dev))
+    assert_close(o, want_o, ("row", "d"), atol=1e-4, rtol=1e-4, rel=1e-4)
+    assert_close(lse, want_lse, ("row",), atol=1e-4, rtol=1e-5, rel=1e-5)
+
+
+def test_merge_states_handles_empty_parts(impl, runtime):
+    """An empty part (lse = -inf, o = 0) changes nothing; two empty parts give 0 and -inf, never NaN."""
+    gen = torch.Generator().manual_seed(seeded(12))
+    dev = runtime.device
+    o_a, lse_a = _state(torch.randn(8, 5, generator=gen), torch.randn(8, 5, 32, generator=gen))
+    o_a, lse_a = o_a.to(dev), lse_a.to(dev)
+    empty_o, empty_l = torch.zeros_like(o_a), torch.full_like(lse_a, float("-inf"))
+    o, lse = impl.merge_states(o_a, lse_a, empty_o, empty_l)
+    assert_close(o, o_a, ("row", "d"), atol=1e-6, rtol=1e-6, rel=1e-6)
+    assert_close(lse, lse_a, ("row",), atol=1e-6, rtol=1e-6, rel=1e-6)
+    o, lse = impl.merge_states(empty_o, empty_l, empty_o, empty_l)
+    assert not torch.isnan(o).any() and (o == 0).all() and (lse == float("-inf")).all(), "both parts empty"
+
+
+def test_merge_states_reads_strided_views(impl, runtime):
+    """o_a one half of a [R, 2, D] buffer, lse_b a column of a [R, 3] one, NaN around them."""
+    gen = torch.Generator().manual_seed(seeded(25))
+    R, D, dev = 12, 32, runtime.device
+    s, v = torch.randn(R, 16, generator=gen) * 3, torch.randn(R, 16, D, generator=gen)
+    (o_a, lse_a), (o_b, lse_b) = _state(s[:, :7], v[:, :7]), _state(s[:, 7:], v[:, 7:])
+    o_a_view = torch.full((R, 2, D), float("nan"), device=dev)[:, 1]
+    lse_b_view = torch.full((R, 3), float("nan"), device=dev)[:, 2]
+    o_a_view.copy_(o_a)
+    lse_b_view.copy_(lse_b)
+    o, lse = impl.merge_states(o_a_view, lse_a.to(dev), o_b.to(dev), lse_b_view)
+    want_o, want_lse = _state(s, v)
+    assert_close(o, want_o, ("row", "d"), atol=1e-4, rtol=1e-4, rel=1e-4)
+    assert_close(lse, want_lse, ("row",), atol=1e-4, rtol=1e-5, rel=1e-5)
+
+
+# --- The prefix and suffix stages, cut as the test says ------------------------------------------
+
+
+def test_worked_example_three_requests(impl, runtime):
+    """Section 2's case: three requests share 8 tokens (PAGE = 4, two pages) and hold 2, 3 and 5 of
+    their own. One tile of rows attends the two shared pages; each suffix starts at token 8."""
+    case, groups, plens = cascade_case(
+        [10, 11, 13], [0, 0, 0], [8], 4, 1, 64, 4, device=runtime.device, stream=1
+    )
+    check(impl, case, groups, plens, plan=forced(impl, case, groups, plens, prefix_chunks=1, suffix_splits=1))
+
+
+def test_prefix_counted_once(impl, runtime):
+    """Every member's suffix must start after the shared prefix: a suffix stage that starts at token 0
+    attends the prefix a second time (its pages are in every member's table), and the merge then
+    weighs it twice. Prefixes of 1 page and of 4, one split and several."""
+    for pages, stream in ((1, 2), (sizes(runtime, 4, 64), 3)):
+        n = 16 * pages
+        case, groups, plens = cascade_case(
+            [n + 5, n + 20, n + 1], [0, 0, 0], [n], device=runtime.device, stream=stream
+        )
+        for splits in (1, 2):
+            check(impl, case, groups, plens, plan=forced(impl, case, groups, plens, suffix_splits=splits))
+
+
+def test_suffix_starts_after_the_prefix(impl, runtime):
+    """prefix_lens counts tokens, not pages: with PAGE = 8 and a 24-token prefix the suffix starts at
+    token 24 (page 3), not at page 24 or token 3. The pages a member gave up are NaN, so starting early
+    reads NaN; starting late drops tokens."""
+    case, groups, plens = cascade_case([30, 40, 25], [0, 0, 0], [24], PAGE=8, device=runtime.device, stream=4)
+    check(impl, case, groups, plens, plan=forced(impl, case, groups, plens, suffix_splits=1))
+
+
+def test_groups_of_one_member(impl, runtime):
+    """A group of one still gets its prefix attended by the prefix stage (its suffix starts after it), in a
+    batch where another group has two members."""
+    case, groups, plens = cascade_case(
+        [20, 37, 35, 50], [0, 1, 1, 2], [16, 32, 48], device=runtime.device, stream=5
+    )
+    check(impl, case, groups, plens, plan=forced(impl, case, groups, plens, suffix_splits=1))
+
+
+def test_tiles_hold_one_group(impl, runtime):
+    """Two groups of three and of three and two sequences with none (one a padding sequence, context 0),
+    two members per tile:
+    a tile built from the batch in order would put group 0's last member and group 1's first in one tile
+    and attend both to one prefix. Each tile's rows must all be members of its group."""
+    lens = [37, 0, 40, 33, 20, 50, 19, 48]
+    groups = [0, -1, 1, 0, -1, 1, 0, 1]
+    case, pg, pl = cascade_case(lens, groups, [16, 32], device=runtime.device, stream=6)
+    check(impl, case, pg, pl, plan=forced(impl, case, pg, pl, members_per_tile=2, suffix_splits=2))
+
+
+@pytest.mark.parametrize("members", [1, 2, 3])
+def test_members_one_past_the_tile(impl, runtime, members):
+    """A group one member past members_per_tile: its last tile holds one member and padded rows, which
+    must be masked (no load through a -1, no store past the tile's members)."""
+    n = members + 1
+    lens = [20 + 3 * i for i in range(n)]
+    case, groups, plens = cascade_case(lens, [0] * n, [16], 6, 2, device=runtime.device, stream=7 + members)
+    check(impl, case, groups, plens, plan=forced(impl, case, groups, plens, members_per_tile=members))
+
+
+def test_group_of_64_members(impl, runtime):
+    """64 members of one group, two query heads of one KV head: 128 rows, two tiles of 64 (the planner's
+    default), with short suffixes so that the case stays small."""
+    lens = [16 + (i % 5) for i in range(64)]
+    case, groups, plens = cascade_case(lens, [0] * 64, [16], 2, 1, 16, 16, device=runtime.device, stream=10)
+    check(impl, case, groups, plens, plan=forced(impl, case, groups, plens, suffix_splits=1))
+
+
+def test_every_prefix_chunk_count_matches(impl, runtime):
+    """A 5-tile prefix (80 tokens) cut into 1 .. 6 chunks (6: one past the tiles, an empty chunk):
+    every cut equals the whole; a chunk that reads to the prefix's end, or stops a tile short, does not."""
+    case, groups, plens = cascade_case([90, 85], [0, 0], [80], 4, 1, device=runtime.device, stream=11)
+    for chunks in (1, 2, 3, 5, 6):
+        plan = forced(impl, case, groups, plens, prefix_chunks=chunks, suffix_splits=1)
+        plan = with_cuts(impl, plan, prefix_chunks=chunks, prefix_chunk=16 * math.ceil(5 / chunks))
+        check(impl, case, groups, plens, plan=plan)
+
+
+def test_every_suffix_split_count_matches(impl, runtime):
+    """Suffixes of 0 .. 4 tiles after a 1-page prefix (sequence 1 ends where its prefix ends), cut into
+    1 .. 5 splits: an empty suffix or split stores o = 0 and lse = -inf and weighs 0 in the merge."""
+    case, groups, plens = cascade_case([80, 16, 40], [0, 0, -1], [16], 4, 1, device=runtime.device, stream=12)
+    for splits in (1, 2, 5):
+        check(impl, case, groups, plens, plan=forced(impl, case, groups, plens, suffix_splits=splits))
+
+
+@grouping_cases("group1-MHA", "group3", "group8-MQA")
+def test_prefix_tile_rows_map_to_heads(impl, runtime, Hq, Hkv):
+    """Row r of a prefix tile is member r // GROUP and query head kvh * GROUP + r % GROUP. GROUP = 3
+    leaves padded rows in a tile of 16 (5 members = 15 rows); mixed up rows put a member's output
+    under another member's head."""
+    lens = [30, 21, 40, 17, 25, 33]
+    case, groups, plens = cascade_case(lens, [0] * 6, [16], Hq, Hkv, device=runtime.device, stream=13 + Hq)
+    check(
+        impl, case, groups, plens, plan=forced(impl, case, groups, plens, members_per_tile=5, suffix_splits=1)
+    )
+
+
+@pytest.mark.parametrize("D", [64, 128])
+def test_head_dims(impl, runtime, D):
+    case, groups, plens = cascade_case([40, 35, 20], [0, 0, -1], [32], D=D, device=runtime.device, stream=15)
+    check(impl, case, groups, plens, plan=forced(impl, case, groups, plens, suffix_splits=2))
+
+
+@pytest.mark.parametrize("PAGE", [1, 4, 32])
+def test_page_sizes(impl, runtime, PAGE):
+    """Pages smaller than a 16-token tile are gathered token by token, in the prefix and the suffix."""
+    n = max(PAGE, 8)
+    case, groups, plens = cascade_case(
+        [n + 9, n + 30, 12], [0, 0, -1], [n], PAGE=PAGE, device=runtime.device, stream=16
+    )
+    check(impl, case, groups, plens, plan=forced(impl, case, groups, plens, suffix_splits=2))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, bf16_everywhere()], ids=["fp16", "bf16"])
+def test_dtypes(impl, runtime, dtype):
+    case, groups, plens = cascade_case([40, 33], [0, 0], [32], dtype=dtype, device=runtime.device, stream=17)
+    check(impl, case, groups, plens, plan=forced(impl, case, groups, plens, suffix_splits=2))
+
+
+def test_q_and_cache_strides_are_used(impl, runtime):
+    """q is every other head of a NaN buffer; K and V are one layer of a NaN-filled pool."""
+    case, groups, plens = cascade_case([40, 33, 9], [0, 0, -1], [32], device=runtime.device, stream=18)
+    case = in_layer_pool(strided_q(case))
+    check(impl, case, groups, plens, plan=forced(impl, case, groups, plens, suffix_splits=2))
+
+
+def test_lse_is_natural_log(impl, runtime):
+    """lse must equal torch.logsumexp of the scaled scores (base e), with the default scale and another."""
+    case, groups, plens = cascade_case([40, 33], [0, 0], [16], device=runtime.device, stream=19)
+    plan = forced(impl, case, groups, plens, suffix_splits=1)
+    check(impl, case, groups, plens, plan=plan)
+    check(impl, case, groups, plens, plan=plan, scale=0.37)
+
+
+def test_equals_paged_decode(impl, runtime):
+    """The same inputs through L2's reference paged_decode (which knows nothing of groups): equal up to
+    rounding (the lse is checked against the oracle by every other test)."""
+    from drills.solutions.l2_paged_decode import paged_decode
+
+    case, groups, plens = cascade_case(
+        [50, 64, 17, 33], [0, 0, -1, 0], [32], device=runtime.device, stream=20
+    )
+    out = impl.cascade_decode(*case.args, groups, plens)
+    assert_close(out, paged_decode(*case.args).float(), DIMS)
+
+
+@pytest.mark.parametrize("cascade", [True, False], ids=["cascade", "fallback"])
+def test_runs_a_triton_kernel(impl, runtime, cascade):
+    case, groups, plens = cascade_case([40, 33], [0, 0], [16], device=runtime.device, stream=21)
+    plan = impl.plan(case.context_lens, groups, plens, 8, 2, 16, cascade=cascade)
+    assert_runs_a_triton_kernel(
+        impl, lambda: impl.cascade_decode(*case.args, groups, plens, plan=plan), "cascade_decode"
+    )
+    o, lse = torch.randn(6, 32, device=runtime.device), torch.randn(6, device=runtime.device)
+    assert_runs_a_triton_kernel(impl, lambda: impl.merge_states(o, lse, o, lse), "merge_states")
+
+
+# --- The launcher rejects bad input ------------------------------------------------------------
+
+F2_BAD_INPUTS = {
+    "prefix_len_not_a_page_multiple": (
+        lambda a, dev: dict(prefix_lens=int32_tensor(dev, 24)),
+        ValueError,
+        r"prefix_lens\[0\]",
+    ),
+    "prefix_len_past_a_member": (
+        lambda a, dev: dict(prefix_lens=int32_tensor(dev, 48)),
+        ValueError,
+        "prefix_lens",
+    ),
+    "prefix_len_negative": (
+        lambda a, dev: dict(prefix_lens=int32_tensor(dev, -16)),
+        ValueError,
+        "prefix_lens",
+    ),
+    "prefix_group_past_G": (
+        lambda a, dev: dict(prefix_group=int32_tensor(dev, 0, 1)),
+        ValueError,
+        "prefix_group",
+    ),
+    "prefix_group_below_minus_one": (
+        lambda a, dev: dict(prefix_group=int32_tensor(dev, 0, -2)),
+        ValueError,
+        "prefix_group",
+    ),
+    "prefix_group_int64": (
+        lambda a, dev: dict(prefix_group=a["prefix_group"].long()),
+        TypeError,
+        "prefix_group",
+    ),
+    "prefix_lens_float": (
+        lambda a, dev: dict(prefix_lens=a["prefix_lens"].float()),
+        TypeError,
+        "prefix_lens",
+    ),
+    "prefix_group_wrong_batch": (
+        lambda a, dev: dict(prefix_group=int32_tensor(dev, 0)),
+        ValueError,
+        "prefix_group",
+    ),
+    "members_do_not_share_pages": (
+        lambda a, dev: dict(block_tables=with_entry(a["block_tables"], 1, 0, int(a["block_tables"][1, 2]))),
+        ValueError,
+        "block_tables",
+    ),
+    "plan_not_a_plan": (lambda a, dev: dict(plan=3), TypeError, "plan"),
+    "scale_nan": (lambda a, dev: dict(scale=float("nan")), ValueError, "scale"),
+    "return_lse_not_a_bool": (lambda a, dev: dict(return_lse=1), TypeError, "return_lse"),
+}
+BAD_INPUTS = {**PAGED_BAD_INPUTS, **SHARED_KV_BAD_INPUTS, **F2_BAD_INPUTS}
+
+
+@pytest.mark.parametrize("name", list(BAD_INPUTS))
+def test_launcher_rejects_bad_input(impl, runtime, name):
+    """Each bad argument raises ValueError/TypeError naming it, before any kernel runs."""
+    spoil, error, names = BAD_INPUTS[name]
+    case, groups, plens = cascade_case([40, 37], [0, 0], [32], 4, 2, device=runtime.device, stream=22)
+    args = spoiled_call(case, lambda a, dev: {}, runtime.device)
+    args.update(prefix_group=groups, prefix_lens=plens)
+    args.update(spoil(args, runtime.device))
+    with pytest.raises(error, match=names):
+        impl.cascade_decode(**args)
+
+
+def test_check_true_catches_tables_that_do_not_share(impl, runtime):
+    """Sequence 2 claims group 0's 32-token prefix but its table's second page is its own: check=True
+    names block_tables (and the group) before any kernel runs."""
+    case, groups, plens = cascade_case([40, 37, 45], [0, 0, 0], [32], device=runtime.device, stream=23)
+    case.block_tables = with_entry(case.block_tables, 2, 1, int(case.block_tables[2, 2]))
+    with pytest.raises(ValueError, match=r"block_tables\[2"):
+        impl.cascade_decode(*case.args, groups, plens, check=True)
+
+
+# --- plan() -------------------------------------------------------------------------------------
+
+
+def _plan_invariants(p, lens, groups, plens, Hkv):
+    members = {}
+    for b, g in enumerate(groups):
+        if g >= 0:
+            members.setdefault(g, []).append(b)
+    starts = [plens[g] if (p.cascade and g >= 0) else 0 for g in groups]
+    suffix = max(n - s for n, s in zip(lens, starts))
+    assert p.suffix_chunk % 16 == 0 and p.suffix_splits * p.suffix_chunk >= suffix, f"{p}: suffix not covered"
+    assert (p.suffix_splits - 1) * p.suffix_chunk < max(suffix, 1), f"{p}: an empty last suffix split"
+    if not p.cascade:
+        return
+    assert p.prefix_chunk % 16 == 0 and p.prefix_chunks * p.prefix_chunk >= max(plens[g] for g in members)
+    tiles = p.tile_seqs.tolist()
+    seen = {}
+    for row, g in zip(tiles, p.tile_group.tolist()):
+        real = [b for b in row if b >= 0]
+        assert real, f"{p}: a tile with no member"
+        assert all(groups[b] == g for b in real), f"tile of group {g} holds {real}: rows of another group"
+        seen.setdefault(g, []).extend(real)
+    assert {g: sorted(m) for g, m in seen.items()} == members, "every member in exactly one tile of its group"
+
+
+def test_plan_cascades_only_when_it_pays(impl):
+    """256 requests sharing 288 tokens with 12 of their own: cascade. Groups of one, a 16-token prefix
+    among long suffixes, or no groups: F1's split-KV, which reads the same bytes with fewer kernels."""
+    lens, groups, plens = [300] * 256, [0] * 256, [288]
+    p = impl.plan(lens, groups, plens, 9, 3, 16, device="cpu", num_sms=132)
+    assert p.cascade, f"{p}: 255 of 256 requests re-read 288 shared tokens; cascading pays here"
+    _plan_invariants(p, lens, groups, plens, 3)
+    for lens, groups, plens in (
+        ([300] * 4, [0, 1, 2, 3], [288] * 4),
+        ([4000] * 8, [0] * 8, [16]),
+        ([300] * 8, [-1] * 8, []),
+    ):
+        p = impl.plan(lens, groups, plens, 32, 8, 16, device="cpu", num_sms=132)
+        assert not p.cascade, f"{p}: nothing (or almost nothing) is read twice; cascading does not pay"
+        _plan_invariants(p, lens, groups, plens, 8)
+
+
+@pytest.mark.parametrize(
+    "lens,groups,plens",
+    [
+        ([300] * 64, [0] * 64, [288]),
+        ([4608] * 32, [0] * 16 + [1] * 16, [4096, 2048]),
+        ([33000, 32900], [0, 0], [32768]),
+        ([40, 0, 17, 300], [0, -1, -1, 0], [32]),
+    ],
+)
+def test_plan_covers_every_token_once(impl, lens, groups, plens):
+    """Whatever it chooses: chunks of whole tiles cover every prefix and suffix, no empty last split,
+    each member in exactly one tile of its own group."""
+    for cuts in ({}, dict(cascade=True), dict(cascade=True, members_per_tile=3, prefix_chunks=7)):
+        p = impl.plan(lens, groups, plens, 32, 8, 16, device="cpu", num_sms=132, **cuts)
+        _plan_invariants(p, lens, groups, plens, 8)
+
+
+BAD_PLANS = {
+    "prefix_len_not_a_page_multiple": (
+        ([40, 40], [0, 0], [24], 8, 2, 16),
+        {},
+        ValueError,
+        r"prefix_lens\[0\]",
+    ),
+    "prefix_len_past_a_member": (([40, 20], [0, 0], [32], 8, 2, 16), {}, ValueError, "prefix_lens"),
+    "prefix_group_past_G": (([40, 40], [0, 1], [16], 8, 2, 16), {}, ValueError, r"prefix_group\[1\]"),
+    "prefix_group_wrong_length": (([40, 40], [0], [16], 8, 2, 16), {}, ValueError, "prefix_group"),
+    "prefix_group_float": (([40, 40], [0.0, 0], [16], 8, 2, 16), {}, TypeError, "prefix_group"),
+    "heads_not_a_multiple": (([40], [0], [16], 9, 2, 16), {}, ValueError, "num_q_heads"),
+    "page_size_not_pow2": (([40], [0], [12], 8, 2, 12), {}, ValueError, "page_size"),
+    "members_per_tile_zero": (
+        ([40], [0], [16], 8, 2, 16),
+        dict(members_per_tile=0),
+        ValueError,
+        "members_per_tile",
+    ),
+    "cascade_not_a_bool": (([40], [0], [16], 8, 2, 16), dict(cascade=1), TypeError, "cascade"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_PLANS))
+def test_plan_rejects_bad_arguments(impl, name):
+    args, kwargs, error, names = BAD_PLANS[name]
+    with pytest.raises(error, match=names):
+        impl.plan(*args, device="cpu", **kwargs)
+
+
+def test_default_plan_two_groups_and_shuffled_pages(impl, runtime):
+    """plan=None: cascade_decode plans for itself. Two groups of four sharing 64 and 48 tokens, pages
+    shuffled through the pool, and one sequence with none."""
+    lens = [70, 66, 80, 65, 50, 60, 72, 55, 30]
+    groups = [0, 0, 1, 0, 1, 1, 0, 1, -1]
+    case, pg, pl = cascade_case(lens, groups, [64, 48], device=runtime.device, stream=24)
+    check(impl, case, pg, pl)
+
+
+def test_fallback_equals_split_kv(impl, runtime):
+    """The planner's fallback (cascade=False): every sequence attended whole by the suffix stage, unsplit
+    and split, groups ignored."""
+    case, groups, plens = cascade_case([40, 0, 37], [0, -1, 0], [32], device=runtime.device, stream=25)
+    for splits in (1, 3):
+        plan = impl.plan(case.context_lens, groups, plens, 8, 2, 16, cascade=False, suffix_splits=splits)
+        assert not plan.cascade
+        check(impl, case, groups, plens, plan=plan)
+
+
+# --- Stages: merge, then the stages with the cuts forced, then the planner ------------------------
+
+STAGES = [
+    Stage(
+        "merge",
+        ("test_merge_states_*",),
+        "merge_states: two states merged into the softmax over their union, shifted by the max, empty parts, "
+        "strided views",
+    ),
+    Stage(
+        "prefix and suffix, cuts forced",
+        (
+            "test_worked_example_three_requests",
+            "test_prefix_counted_once",
+            "test_suffix_starts_after_the_prefix",
+            "test_groups_of_one_member",
+            "test_tiles_hold_one_group",
+            "test_members_one_past_the_tile",
+            "test_group_of_64_members",
+            "test_every_prefix_chunk_count_matches",
+            "test_every_suffix_split_count_matches",
+            "test_prefix_tile_rows_map_to_heads",
+            "test_head_dims",
+            "test_page_sizes",
+            "test_dtypes",
+            "test_q_and_cache_strides_are_used",
+            "test_lse_is_natural_log",
+            "test_runs_a_triton_kernel",
+            "test_launcher_rejects_bad_input",
+            "test_check_true_catches_tables_that_do_not_share",
+        ),
+        "prefix_kernel, suffix_kernel and merge_kernel with plan(cascade=True, ...) cutting the work as each "
+        "test says: the prefix once, suffixes after it, tiles of one group, masked rows, any chunk count",
+    ),
+    Stage(
+        "planner",
+        (
+            "test_plan_*",
+            "test_default_plan_two_groups_and_shuffled_pages",
+            "test_fallback_equals_split_kv",
+            "test_equals_paged_decode",
+        ),
+        "plan() choosing on its own: cascade only when it pays, else F1's split-KV; every token covered once",
+    ),
+]
+
+# --- Diagnosis: which pitfall of section 5 a pattern of results points at -------------------------
+# Most mistakes of the stages fail almost every cascade check; they are told apart by what they still
+# get right: PAGE = 1 (a page count equals a token count), GROUP = 1 (every row mapping agrees), the
+# fallback (no prefix stage), merge_states alone, one tile, one chunk.
+
+MHA = "test_prefix_tile_rows_map_to_heads[group1-MHA]"
+MISTAKES = [
+    Mistake(
+        1,
+        fails=("test_prefix_counted_once", "test_page_sizes[1]", MHA),
+        passes=("test_merge_states_equals_one_shot_softmax", "test_fallback_equals_split_kv"),
+        question="A member has context 11 and a prefix of 8: which tokens does your suffix stage read, and "
+        "which does the prefix stage read?",
+        section="2",
+    ),
+    Mistake(
+        2,
+        fails=("test_suffix_starts_after_the_prefix",),
+        passes=("test_page_sizes[1]", "test_merge_states_equals_one_shot_softmax"),
+        question="Only PAGE = 1 passes: is prefix_lens a count of tokens or of pages, and at which token "
+        "does your suffix start?",
+        section="3.3",
+    ),
+    Mistake(
+        3,
+        fails=("test_plan_rejects_bad_arguments[prefix_len_not_a_page_multiple]",),
+        question="prefix_lens = 24 with PAGE = 16: which page holds tokens 16 to 23, and do the members "
+        "share it?",
+        section="3.5",
+    ),
+    Mistake(
+        4,
+        fails=("test_groups_of_one_member",),
+        passes=("test_tiles_hold_one_group", "test_worked_example_three_requests"),
+        question="A group with one member: does your planner give it a tile, and if not, who attends its "
+        "prefix?",
+        section="3.5",
+    ),
+    Mistake(
+        5,
+        fails=("test_merge_states_equals_one_shot_softmax",),
+        question="Your merge weighs each part by e^(lse - m): is that the exponential your code takes, and "
+        "in which base is the lse it is given?",
+        section="3.4",
+    ),
+    Mistake(
+        5,
+        fails=("test_lse_is_natural_log", "test_fallback_equals_split_kv"),
+        passes=("test_merge_states_equals_one_shot_softmax",),
+        question="Your stages run in base 2 (exp2, the scale times log2 e): what do you multiply m + log2 l "
+        "by before you store it as lse?",
+        section="3.2",
+    ),
+    Mistake(
+        6,
+        fails=("test_tiles_hold_one_group",),
+        passes=(
+            "test_worked_example_three_requests",
+            "test_members_one_past_the_tile",
+            "test_every_suffix_split_count_matches",
+        ),
+        question="Groups [0, 1, 0, 1] and two members per tile: which sequences does your planner put in "
+        "the first tile, and which prefix does that tile attend?",
+        section="3.1",
+    ),
+    Mistake(
+        7,
+        fails=("test_prefix_tile_rows_map_to_heads[group3]",),
+        passes=(MHA,),
+        question="GROUP = 3 and 5 members per tile: which member and which query head is row 7 of your "
+        "prefix tile?",
+        section="3.1",
+    ),
+    Mistake(
+        8,
+        fails=("test_members_one_past_the_tile",),
+        passes=("test_worked_example_three_requests",),
+        messages=(r"out of bounds|outside|canary",),
+        question="The last tile of a group holds fewer members than the tile has room for: what sequence "
+        "does a -1 entry of tile_seqs name, and does your mask stop its row?",
+        section="3.1",
+    ),
+    Mistake(
+        9,
+        fails=("test_every_prefix_chunk_count_matches",),
+        passes=("test_prefix_counted_once", "test_worked_example_three_requests"),
+        question="An 80-token prefix in 3 chunks of 32: where does each of your chunks stop?",
+        section="3.1",
+    ),
+    Mistake(
+        10,
+        fails=("test_every_suffix_split_count_matches",),
+        passes=(
+            "test_worked_example_three_requests",
+            "test_merge_states_equals_one_shot_softmax",
+            "test_lse_is_natural_log",
+        ),
+        question="A member whose context ends where its prefix ends: what are l and acc for its suffix, "
+        "and what does acc / l give?",
+        section="3.3",
+    ),
+]
