@@ -141,4 +141,18 @@ MUTANTS = [
         "v_cache_ptr + phys * stride_vb + offs_t[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :],",
         "v_cache_ptr + phys * stride_kb + offs_t[:, None] * stride_kt + kvh * stride_kh + offs_d[None, :],",
     ),
+    # Right for every power-of-two group: only GROUP = 3 (Hq = 9, Hkv = 3) reads the wrong KV heads.
+    Mutant(
+        "group_rounded_to_pow2",
+        "1. GROUP rounded up to a power of two (KV head 1 of a group of 3 takes query heads 4-7)",
+        "GROUP=group,",
+        "GROUP=next_pow2(group),",
+    ),
+    # Exact for fp16 and for every bf16 value inside fp16's range: only outputs past 65504 show it.
+    Mutant(
+        "out_cast_to_fp16",
+        "18. a dtype written into the kernel: out stored as tl.float16, not as out's element type",
+        "out.to(out_ptr.dtype.element_ty),",
+        "out.to(tl.float16),",
+    ),
 ]

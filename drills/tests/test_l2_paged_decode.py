@@ -15,7 +15,7 @@ import torch
 from drills.compare import assert_close, mismatch
 from drills.grading.diagnose import Mistake
 from drills.grading.launches import assert_runs_a_triton_kernel
-from drills.tests import bf16_everywhere, seeded, sizes
+from drills.tests import bf16_everywhere, fill_past_fp16_range, seeded, sizes
 from drills.tests.paged_kv import (
     CONTEXT_LENS_BAD_INPUTS,
     LIVE_BLOCK_ID_BAD_INPUTS,
@@ -136,10 +136,18 @@ def test_tail_keys_get_no_weight(impl, runtime):
 
 
 @grouping_cases(
-    "group1-MHA", "group2", "group4", "group4-worked-example", "group8", "group32-MQA", "group32x2"
+    "group1-MHA",
+    "group2",
+    "group3",
+    "group4",
+    "group4-worked-example",
+    "group8",
+    "group32-MQA",
+    "group32x2",
 )
 def test_kv_head_grouping_is_contiguous(impl, runtime, Hq, Hkv):
     """Query head h reads KV head h // GROUP, not h % Hkv (interleaved). GROUP > 16 needs GROUP_PAD > 16.
+    GROUP = 3 (Hq = 9, Hkv = 3) is not a power of two: a GROUP rounded up to 4 reads the wrong KV heads.
     Interleaved and contiguous agree when GROUP = 1 (MHA) or Hkv = 1 (MQA): those cases pass either way."""
     lens = sizes(runtime, [20, 9], [300, 129, 64])
     case = make_paged_case(lens, Hq, Hkv, 64, 16, device=runtime.device, stream=Hq * 7 + Hkv)
@@ -320,6 +328,17 @@ def test_dtypes(impl, runtime, dtype):
     check(impl, case)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, bf16_everywhere()], ids=["fp16", "bf16"])
+def test_out_keeps_the_range_of_its_dtype(impl, runtime, dtype):
+    """Every V element is 2^16 (bf16) or 2^13 (fp16) x (1 + |randn|) (fill_past_fp16_range), so every
+    output element is too: bf16 outputs from 65536 up hold in bf16 and not in fp16 (largest 65504). A
+    store cast to tl.float16 where out's own element type belongs turns them into inf. The fp16 case is
+    the same check inside fp16's range."""
+    case = make_paged_case([40, 17], 8, 2, 64, 16, dtype=dtype, device=runtime.device, stream=39)
+    fill_past_fp16_range(case.v_cache)  # the stale slots' NaN stay NaN
+    check(impl, case)
+
+
 def test_page_index_widened_to_int64(impl, runtime):
     """Two decode rows whose pages all lie past 2**32 elements of the cache (pool_past_int32): the page
     loop's phys * stride_kb must be computed in int64."""
@@ -490,6 +509,26 @@ MISTAKES = [
         question="Only the cases with 1 < GROUP < Hq fail: with Hq = 32 and Hkv = 8, which KV head should "
         "query head 13 read, and which one does your kernel give it?",
         section="3.2",
+    ),
+    Mistake(
+        1,
+        fails=("test_kv_head_grouping_is_contiguous[group3]",),
+        passes=(
+            "test_kv_head_grouping_is_contiguous[group4-worked-example]",
+            "test_kv_head_grouping_is_contiguous[group2]",
+            "test_kv_head_grouping_is_contiguous[group8]",
+        ),
+        question="Every power-of-two group passes and GROUP = 3 does not: with Hq = 9 and Hkv = 3, which "
+        "query heads does KV head 1 own, and what GROUP does your kernel receive?",
+        section="3.2",
+    ),
+    Mistake(
+        18,
+        fails=("test_out_keeps_the_range_of_its_dtype[bf16]",),
+        passes=("test_out_keeps_the_range_of_its_dtype[fp16]", "test_dtypes[fp16]"),
+        question="Your fp16 cases pass and a bf16 one past 65504 does not: which dtype does your kernel "
+        "cast out to before the store, and what does fp16 make of a bf16 output of 10^5?",
+        section="3.5",
     ),
     Mistake(
         17,
