@@ -212,7 +212,7 @@ def run(impl) -> tuple[bench.Table, list[str]]:
         engine_row(
             impl, small, prompts, "engine, no prefix caching", "SmolLM2-135M shapes", prefix_caching=False
         ),
-        engine_row(impl, small, prompts, "engine, no cascade", "SmolLM2-135M shapes", cascade=False),
+        engine_row(impl, small, prompts, "engine, cascade", "SmolLM2-135M shapes", cascade=True),
     ]
     # A long shared prompt, where reading it once per step (F2) instead of once per request matters most.
     long_prompts = requests(small.config.vocab_size, system_tokens=LONG_SYSTEM_TOKENS)
@@ -229,10 +229,10 @@ def run(impl) -> tuple[bench.Table, list[str]]:
             impl,
             small,
             long_prompts,
-            f"engine, {LONG_SYSTEM_TOKENS:,}-token shared prompt, no cascade",
+            f"engine, {LONG_SYSTEM_TOKENS:,}-token shared prompt, cascade",
             "SmolLM2-135M shapes",
             max_model_len=LONG_MODEL_LEN,
-            cascade=False,
+            cascade=True,
         ),
     ]
     peers = [transformers_row(small, prompts, b, "SmolLM2-135M shapes") for b in (64, 256)]
@@ -260,7 +260,7 @@ def run(impl) -> tuple[bench.Table, list[str]]:
         "prefill tokens computed counts prompt tokens the model ran (prefix hits excluded); requests admitted in "
         "the same step as the first one recompute the shared prompt, whose blocks are not written yet.",
         f"Cascade (F2): a decode step whose sequences share their first pages reads them once, where F2's planner "
-        f"finds it pays; such steps run eagerly. The {LONG_SYSTEM_TOKENS:,}-token rows are the same traffic with a "
+        f"finds it pays; such steps run eagerly (off by default). The {LONG_SYSTEM_TOKENS:,}-token rows are the same traffic with a "
         "longer shared prompt (no transformers row: it recomputes the prompt per request).",
         "transformers: LlamaForCausalLM of the same config and weights' shapes (its own random init), "
         "generate() with left padding, min_new_tokens = max_new_tokens, SDPA attention.",

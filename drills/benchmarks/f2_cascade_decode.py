@@ -29,6 +29,10 @@ SHAPES = [
     (32, 32768, 1024, 1),
     (256, 2048, 512, 2),
     (64, 0, 1024, 1),
+    # Around the planner's crossover: few members, or a prefix short beside the suffixes
+    (2, 1024, 1024, 1),
+    (8, 256, 1024, 1),
+    (32, 128, 1024, 1),
 ]  # (B, shared prefix tokens, own suffix tokens, groups); prefix 0: no group
 
 COLUMNS = [
@@ -45,6 +49,7 @@ COLUMNS = [
     ("f2_vs_f1", "F2 / F1 (speed)"),
     ("f2_vs_flashinfer", "F2 / FlashInfer (speed)"),
     ("f2_vs_bound", "F2 / bound"),
+    ("forced_vs_f1", "cascade forced / F1 (speed)"),
 ]
 
 
@@ -161,7 +166,16 @@ def run(impl) -> tuple[bench.Table, list[str]]:
         assert_close(impl.cascade_decode(*args, prefix_group, prefix_lens, plan=plan, check=True), want)
         launch = lambda: impl._launch(*args, prefix_group, prefix_lens, scale, plan, out, None)  # noqa: E731
         f2_us = bench.time_us(launch, graph=True)
+        forced_vs_f1 = None
+        if prefix:  # the prefix stage whatever the planner says: where cascading starts to pay
+            forced = impl.plan(context_lens, prefix_group, prefix_lens, HQ, HKV, PAGE, cascade=True)
+            assert_close(impl.cascade_decode(*args, prefix_group, prefix_lens, plan=forced), want)
+            forced_us = bench.time_us(
+                lambda: impl._launch(*args, prefix_group, prefix_lens, scale, forced, out, None), graph=True
+            )
+            forced_vs_f1 = f1_us / forced_us
         row = dict(
+            forced_vs_f1=forced_vs_f1,
             B=B,
             prefix=prefix,
             suffix=suffix,
@@ -198,7 +212,9 @@ def run(impl) -> tuple[bench.Table, list[str]]:
         "Read-once bound = max(bytes of each shared prefix once and each suffix once / copy bandwidth, "
         "attention FLOPs / matmul rate), both measured in this run (copy: device-to-device, bytes read + "
         "written; matmul: one 8192-square fp16 torch.matmul). F2 / bound is the bound's time over F2's.",
-        "F2 / F1 and F2 / FlashInfer are speed ratios (the other's time over F2's): above 1, F2 is faster.",
+        "F2 / F1 and F2 / FlashInfer are speed ratios (the other's time over F2's): above 1, F2 is faster. "
+        "Cascade forced / F1 is the same with plan(cascade=True): the prefix stage even where the planner "
+        "falls back to F1, which shows where cascading starts to pay.",
         flashinfer_note(flashinfer_error, ran_flashinfer),
     ]
     return table, notes

@@ -109,7 +109,9 @@ class EngineConfig:
                             sequence of max_model_len: a chat is one sequence)
     prefix_caching          reuse the blocks of earlier prompts with the same beginning (L3)
     cascade                 a decode step whose sequences share their first pages reads them once (F2's
-                            cascade_decode), where F2's planner finds it pays; such a step runs eagerly
+                            cascade_decode), where F2's planner finds it pays; such a step runs eagerly,
+                            without its CUDA graph, which costs more than it saves on the C1 benchmark
+                            (c1_engine.md, section 7), so it is off unless asked for
     """
 
     attention: str = "kernels"
@@ -121,7 +123,7 @@ class EngineConfig:
     block_size: int = 16
     num_blocks: int | None = None
     prefix_caching: bool = True
-    cascade: bool = True
+    cascade: bool = False
 
     def __post_init__(self):
         if self.attention not in ATTENTION:
