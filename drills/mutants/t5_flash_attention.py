@@ -65,6 +65,13 @@ MUTANTS = [
         "kvh = h // GROUP",
         "kvh = h % (H // GROUP)",
     ),
+    # Right for every power-of-two group: only GROUP = 3 reads the wrong KV heads.
+    Mutant(
+        "group_rounded_to_pow2",
+        "8. GROUP rounded up to a power of two (query heads 3-5 of H = 6, Hkv = 2 read the wrong KV head)",
+        "GROUP=H // Hkv,",
+        "GROUP=triton.next_power_of_2(H // Hkv),",
+    ),
     Mutant(
         "empty_rows_divide_by_zero",
         "9. a row that sees no key divides 0 by 0",

@@ -397,12 +397,13 @@ def test_negative_causal_shift_is_not_clamped(impl, runtime):
 
 @pytest.mark.parametrize(
     "H,Hkv,causal",
-    [(8, 8, False), (8, 4, False), (8, 2, False), (8, 1, False), (8, 2, True)],
-    ids=["group1-MHA", "group2", "group4", "group8-MQA", "group4-causal"],
+    [(8, 8, False), (8, 4, False), (6, 2, False), (9, 3, False), (8, 2, False), (8, 1, False), (8, 2, True)],
+    ids=["group1-MHA", "group2", "group3", "group3x3", "group4", "group8-MQA", "group4-causal"],
 )
 def test_kv_head_grouping_is_contiguous(impl, runtime, H, Hkv, causal):
     """Query head h reads KV head h // GROUP, not h % Hkv (interleaved). The checks of the first two
-    stages have H = Hkv; here H > Hkv, and once with the causal mask."""
+    stages have H = Hkv; here H > Hkv, and once with the causal mask. GROUP = 3 (H = 6 or 9) is not a
+    power of two: a GROUP rounded up to 4 gives query heads 4-7 KV head 1, not heads 3-5."""
     q, k, v = make_qkv(1, H, Hkv, 21, 40, 32, device=runtime.device, stream=31 + Hkv)
     check(impl, q, k, v, causal=causal)
 
@@ -767,6 +768,18 @@ MISTAKES = [
         ),
         question="With H = 8 and Hkv = 2, which KV head does your kernel give query head 1, and which "
         "should share KV head 0?",
+        section="3.1",
+    ),
+    Mistake(
+        8,
+        fails=("test_kv_head_grouping_is_contiguous[group3]",),
+        passes=(
+            "test_kv_head_grouping_is_contiguous[group2]",
+            "test_kv_head_grouping_is_contiguous[group4]",
+            "test_worked_example_O1_to_three_decimals",
+        ),
+        question="Every power-of-two group passes and GROUP = 3 does not: with H = 6 and Hkv = 2, which "
+        "KV head should query head 3 read, and what GROUP does your kernel receive?",
         section="3.1",
     ),
     Mistake(
