@@ -786,6 +786,32 @@ def _launch(x, y, out, BLOCK=2048, num_warps=4):
     assert result.findings[0]["kind"] == "not_from_kernel", screen
 
 
+def test_an_answer_built_where_a_freed_copy_of_the_input_lay_still_reads_no_input(tmp_path):
+    """A copy of x is made and freed, and the answer, built from plain Python numbers, lands at the
+    freed copy's address (as on a GPU, where x.tolist() copies x to the host first): the record of
+    which storage was copied from which must not let the answer pass for a copy of x."""
+    copy = """
+
+@triton.jit
+def _copy_kernel(src_ptr, dst_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(dst_ptr + offs, tl.load(src_ptr + offs, mask=offs < n), mask=offs < n)
+
+
+def _launch(x, y, out, BLOCK=2048, num_warps=4):
+    xs, ys = x.clone(), y.clone()
+    values = [a + b for a, b in zip(xs.tolist(), ys.tolist())]
+    del xs, ys
+    answer = torch.tensor(values, dtype=x.dtype, device=x.device)
+    _copy_kernel[(triton.cdiv(x.numel(), 1024),)](answer, out, x.numel(), BLOCK=1024)
+    return out
+"""
+    result = grade_t1(tmp_path, t1_source(extra=copy), "test_runs_a_triton_kernel")
+    screen = one_screen(result)
+    message = failures(result).get("test_runs_a_triton_kernel", "")
+    assert "no kernel of yours read" in message, screen
+
+
 def test_torch_answering_the_cases_the_provenance_check_does_not_make_is_refused(tmp_path):
     """The kernel for small vectors, torch for the rest: the one call that asks for provenance is small,
     so only watching every call for torch's float ops catches the others."""

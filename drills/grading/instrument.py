@@ -401,7 +401,10 @@ def torch_compute_recorder(watch: TritonWatch):
                 }
                 for t in tensors_in(out if isinstance(out, (list, tuple)) else [out]):
                     dst = t.untyped_storage().data_ptr()
-                    self.copied_from.setdefault(dst, set()).update(sources - {dst})
+                    if dst in sources:  # written in place (copy_): it now holds its sources too
+                        self.copied_from.setdefault(dst, set()).update(sources - {dst})
+                    else:  # a new storage; one freed before may have had its address, so start afresh
+                        self.copied_from[dst] = set(sources)
             if (
                 not watch.in_launch
                 and name not in MOVES
