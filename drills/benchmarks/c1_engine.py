@@ -325,4 +325,12 @@ FIGURES = {
     "big_tok_s": lambda d: f"{_row(d, 'engine', 'Llama')['c1_tok_s']:,.0f}",
     "big_vs_hf": lambda d: bench.num(_row(d, "engine", "Llama")["vs_hf"], 1),
     "big_hf": lambda d: f"{_best_hf(d, 'Llama')['c1_tok_s']:,.0f}",
+    "cascade_tok_s": lambda d: f"{_row(d, 'engine, cascade')['c1_tok_s']:,.0f}",
+    "cascade_steps": lambda d: str(_row(d, "engine, cascade")["cascade_steps"]),
+    "long_tok_s": lambda d: (
+        f"{_row(d, f'engine, {LONG_SYSTEM_TOKENS:,}-token shared prompt')['c1_tok_s']:,.0f}"
+    ),
+    "long_cascade_tok_s": lambda d: (
+        f"{_row(d, f'engine, {LONG_SYSTEM_TOKENS:,}-token shared prompt, cascade')['c1_tok_s']:,.0f}"
+    ),
 }

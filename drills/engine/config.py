@@ -111,7 +111,7 @@ class EngineConfig:
     cascade                 a decode step whose sequences share their first pages reads them once (F2's
                             cascade_decode), where F2's planner finds it pays; such a step runs eagerly,
                             without its CUDA graph, which costs more than it saves on the C1 benchmark
-                            (c1_engine.md, section 7), so it is off unless asked for
+                            (c1_engine.md, section 6), so it is off unless asked for
     """
 
     attention: str = "kernels"
