@@ -906,6 +906,12 @@ vector_add_kernel = _FakeKernel()
         "_G = (__file__, 'solutions')\n",
         "from pathlib import Path\n",
         "_G = torch.empty(16).isnan().all()\n",
+        # The clock or the process's set-up (the interpreter is slow; make check runs one thread)
+        "import time\n",
+        "_G = torch.get_num_threads()\n",
+        # Kernels or arrays out of the check's and the recorder's reach
+        "_G = torch.compile(torch.add)\n",
+        "import scipy\n",
     ],
 )
 def test_indirect_ways_of_asking_where_it_runs_are_refused(evasion):

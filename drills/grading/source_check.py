@@ -57,6 +57,18 @@ MODULES = (
     "sysconfig",
     "importlib",
     "builtins",
+    # Other array libraries: they compute out of the recorder's sight
+    "cupy",
+    "jax",
+    "numba",
+    "scipy",
+    "pandas",
+    "tensorflow",
+    # The clock and the machine's state: how long a launch took, how many threads run, tell the grader apart
+    "time",
+    "timeit",
+    "resource",
+    "platform",
 )
 # Attribute and function names that read where the code runs, or reach the grader's objects.
 NAMES = {
@@ -102,6 +114,13 @@ NAMES = {
     "system": "starts a program",
     "posix_spawn": "starts a program",
     "__file__": "reads where the file lies (to open what lies beside it)",
+    "compile": "compiles code the check cannot read (torch.compile generates its own kernels)",
+    "elapsed_time": "reads the clock",
+    "perf_counter": "reads the clock",
+    "get_num_threads": "reads how the process is set up",
+    "cpu_count": "reads how the process is set up",
+    "sched_getaffinity": "reads how the process is set up",
+    "getpid": "reads how the process is set up",
     "read_text": "reads a file",
     "read_bytes": "reads a file",
     "write_text": "writes a file",
