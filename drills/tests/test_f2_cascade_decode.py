@@ -540,12 +540,14 @@ def test_default_plan_two_groups_and_shuffled_pages(impl, runtime):
 
 def test_fallback_equals_split_kv(impl, runtime):
     """The planner's fallback (cascade=False): every sequence attended whole by the suffix stage, unsplit
-    and split, groups ignored."""
+    and split, groups ignored; and a batch with no group at all (prefix_lens empty, G = 0)."""
     case, groups, plens = cascade_case([40, 0, 37], [0, -1, 0], [32], device=runtime.device, stream=25)
     for splits in (1, 3):
         plan = impl.plan(case.context_lens, groups, plens, 8, 2, 16, cascade=False, suffix_splits=splits)
         assert not plan.cascade
         check(impl, case, groups, plens, plan=plan)
+    no_groups = int32_tensor(runtime.device, -1, -1, -1)
+    check(impl, case, no_groups, torch.zeros(0, dtype=torch.int32, device=runtime.device))  # G = 0
 
 
 # --- Stages: merge, then the stages with the cuts forced, then the planner ------------------------
