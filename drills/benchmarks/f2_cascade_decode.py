@@ -1,10 +1,10 @@
 """F2 benchmark: cascade decode against F1 alone and FlashInfer's two-level cascade, one run.
 
 Shapes (B, shared prefix, own suffix), Hq = 32, Hkv = 8, D = 128 (Llama-3-8B's attention), PAGE = 16, fp16:
-C1's traffic scaled to a bigger model (a 304-token system prompt, 128 tokens of its own), the long
-shared documents of Hydragen's evaluation (arXiv 2402.05099: 4k to 32k shared tokens, many requests),
-two groups of 128 sharing 2048 tokens each, and a batch with no prefix at all (the planner's fallback
-must cost nothing there). Every column is a CUDA-graph replay of the bare launches (GPU time).
+C1's traffic (a system prompt of 19 shared pages, 128 tokens of each request's own) on a bigger model,
+long shared documents read by many requests (4k to 32k tokens: the setting the Hydragen paper,
+arXiv 2402.05099, targets), two groups of 128 sharing 2048 tokens each, and a batch with no prefix at
+all (the planner's fallback, which must cost nothing there). Every column is a CUDA-graph replay of the bare launches (GPU time).
 
 The read-once bound: the time to read each shared prefix once and each suffix once at this run's measured
 copy bandwidth (a device-to-device copy, bytes read + written), or to do the attention's FLOPs at this

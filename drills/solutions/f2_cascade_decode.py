@@ -591,6 +591,9 @@ def _launch(
     _, PAGE, Hkv, _ = k_cache.shape
     group = Hq // Hkv
     P, S = (cplan.prefix_chunks if cplan.cascade else 0), cplan.suffix_splits
+    G = prefix_lens.shape[0]
+    if G == 0:  # no group at all: hand the kernels a pointer they never read (G = 0), not an empty one
+        prefix_lens = prefix_group
     common = dict(PAGE=PAGE, D=D, BLOCK_N=BLOCK_N)
     kv_strides = (*k_cache.stride()[:3], *v_cache.stride()[:3])
     guard = (k_cache.shape[0], block_tables.shape[1], error_word(q.device))
@@ -601,7 +604,7 @@ def _launch(
         qk_scale,
         cplan.suffix_chunk,
         P,
-        prefix_lens.shape[0],
+        G,
         q.stride(0),
         q.stride(1),
         *kv_strides,
@@ -649,7 +652,7 @@ def _launch(
                     qk_scale,
                     cplan.prefix_chunk,
                     B,
-                    prefix_lens.shape[0],
+                    G,
                     q.stride(0),
                     q.stride(1),
                     *kv_strides,

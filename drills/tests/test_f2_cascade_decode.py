@@ -27,6 +27,7 @@ from drills.tests.paged_kv import (
     int32_tensor,
     make_paged_case,
     paged_attention_reference,
+    pool_past_int32,
     spoiled_call,
     strided_q,
     with_entry,
@@ -37,12 +38,13 @@ LOG2E, LN2 = 1 / math.log(2), math.log(2)
 
 
 def cascade_case(
-    lens, groups, plens, Hq=8, Hkv=2, D=64, PAGE=16, dtype=torch.float16, device="cpu", stream=0
+    lens, groups, plens, Hq=8, Hkv=2, D=64, PAGE=16, dtype=torch.float16, device="cpu", stream=0, **pool
 ):
     """A paged case whose sequences in group g share the first plens[g] tokens: the later members' table
     entries point at the first member's pages, and the pages they had there are poisoned (NaN).
+    pool: make_paged_case's pool arguments (num_blocks, first_block, sparse).
     Returns (case, prefix_group [B] int32, prefix_lens [G] int32)."""
-    case = make_paged_case(lens, Hq, Hkv, D, PAGE, dtype=dtype, device=device, stream=stream)
+    case = make_paged_case(lens, Hq, Hkv, D, PAGE, dtype=dtype, device=device, stream=stream, **pool)
     tables = case.block_tables.clone()
     for g, n in enumerate(plens):
         members = [b for b, x in enumerate(groups) if x == g]
@@ -267,6 +269,27 @@ def test_every_suffix_split_count_matches(impl, runtime):
     case, groups, plens = cascade_case([80, 16, 40], [0, 0, -1], [16], 4, 1, device=runtime.device, stream=12)
     for splits in (1, 2, 5):
         check(impl, case, groups, plens, plan=forced(impl, case, groups, plens, suffix_splits=splits))
+
+
+def test_merge_reads_every_tile_of_slots(impl, runtime):
+    """33 prefix chunks and 32 suffix splits of one tile each: 65 partial states per row, one past the
+    merge's widest tile of 64 slots, so the merge must loop over its slots, not read one tile of them."""
+    case, groups, plens = cascade_case(
+        [1040, 1040], [0, 0], [528], 2, 1, 16, device=runtime.device, stream=26
+    )
+    plan = forced(impl, case, groups, plens, prefix_chunks=33, suffix_splits=32)
+    assert plan.prefix_chunks + plan.suffix_splits == 65, f"{plan}"
+    check(impl, case, groups, plens, plan=plan)
+
+
+def test_page_index_widened_to_int64(impl, runtime):
+    """Block ids above 2**32 / page stride, in the shared prefix and the suffixes: int32 offsets wrap to
+    the pool's first blocks (zeros in a sparse cache). The caches are sparse files on a CPU."""
+    far_blocks = pool_past_int32(runtime, 16, 1, 128, spare=32)
+    case, groups, plens = cascade_case(
+        [40, 37], [0, 0], [32], 4, 1, 128, device=runtime.device, stream=27, **far_blocks
+    )
+    check(impl, case, groups, plens, plan=forced(impl, case, groups, plens, suffix_splits=1))
 
 
 @grouping_cases("group1-MHA", "group3", "group8-MQA")
@@ -517,12 +540,14 @@ def test_default_plan_two_groups_and_shuffled_pages(impl, runtime):
 
 def test_fallback_equals_split_kv(impl, runtime):
     """The planner's fallback (cascade=False): every sequence attended whole by the suffix stage, unsplit
-    and split, groups ignored."""
+    and split, groups ignored; and a batch with no group at all (prefix_lens empty, G = 0)."""
     case, groups, plens = cascade_case([40, 0, 37], [0, -1, 0], [32], device=runtime.device, stream=25)
     for splits in (1, 3):
         plan = impl.plan(case.context_lens, groups, plens, 8, 2, 16, cascade=False, suffix_splits=splits)
         assert not plan.cascade
         check(impl, case, groups, plens, plan=plan)
+    no_groups = int32_tensor(runtime.device, -1, -1, -1)
+    check(impl, case, no_groups, torch.zeros(0, dtype=torch.int32, device=runtime.device))  # G = 0
 
 
 # --- Stages: merge, then the stages with the cuts forced, then the planner ------------------------
@@ -546,6 +571,8 @@ STAGES = [
             "test_group_of_64_members",
             "test_every_prefix_chunk_count_matches",
             "test_every_suffix_split_count_matches",
+            "test_merge_reads_every_tile_of_slots",
+            "test_page_index_widened_to_int64",
             "test_prefix_tile_rows_map_to_heads",
             "test_head_dims",
             "test_page_sizes",
