@@ -123,7 +123,10 @@ def error_word(device) -> torch.Tensor:
             device = torch.device("cuda", torch.cuda.current_device())
         word = _WORDS.get(device)
         if word is None:
-            word = torch.zeros(4, dtype=torch.int64, device=device)
+            # A normal tensor even when first asked for inside inference_mode (the engine's forward):
+            # an inference tensor could not be cleared in place outside it.
+            with torch.inference_mode(False):
+                word = torch.zeros(4, dtype=torch.int64, device=device)
         _WORDS[device] = word
     return word
 
