@@ -136,4 +136,24 @@ MUTANTS = [
         'lse_out = tl.where(seen, m + tl.log(w_safe), float("-inf"))',
         'lse_out = tl.where(seen, m + tl.log2(w_safe), float("-inf"))',
     ),
+    # Right only for a block table whose rows are max_pages apart: a view of a wider table is not.
+    Mutant(
+        "table_row_stride_assumed",
+        "19. the block table's row stride assumed to be its width (shape[1], not stride(0))",
+        "*lse_part_strides,\n            block_tables.stride(0),",
+        "*lse_part_strides,\n            block_tables.shape[1],",
+    ),
+    # Right only for a contiguous out: the grader's out is a view into a wider canary buffer.
+    Mutant(
+        "out_assumed_contiguous",
+        "19. out's strides assumed contiguous (Hq * D and D, not out.stride())",
+        "out.stride(0),\n                out.stride(1),\n                0,",
+        "Hq * D,\n                D,\n                0,",
+    ),
+    Mutant(
+        "group_rounded_to_pow2",
+        "7. GROUP rounded up to a power of two (a group of 3 reads the wrong KV heads)",
+        "GROUP=group,",
+        "GROUP=next_pow2(group),",
+    ),
 ]

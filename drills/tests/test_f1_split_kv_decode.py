@@ -21,6 +21,7 @@ from drills.tests.paged_kv import (
     call_with_canary_out,
     grouping_cases,
     in_layer_pool,
+    in_wider_table,
     int32_tensor,
     make_paged_case,
     overlapping_caches,
@@ -204,6 +205,16 @@ def test_q_strides_are_used(impl, runtime):
         check(impl, case, plan=impl.plan(case.context_lens, 2, 16, num_splits=splits))
 
 
+def test_table_rows_are_read_through_their_stride(impl, runtime):
+    """block_tables is a view of a wider table of -1 (in_wider_table): row b starts at b * stride(0), not
+    at b * max_pages. A kernel given block_tables.shape[1] for the row stride reads another sequence's
+    pages, or a -1. Unsplit and split."""
+    case = make_paged_case([35, 48, 70], 8, 2, 64, 16, device=runtime.device, stream=23)
+    case.block_tables = in_wider_table(case.block_tables)
+    for splits in (1, 3):
+        check(impl, case, plan=impl.plan(case.context_lens, 2, 16, num_splits=splits))
+
+
 @pytest.mark.parametrize("PAGE", [4, 16])
 def test_cache_strides_are_used(impl, runtime, PAGE):
     """k_cache and v_cache are layer 1 of a NaN-filled pool [num_blocks, layers, PAGE, Hkv, 2, D]: block,
@@ -232,8 +243,10 @@ def test_last_page_is_masked(impl, runtime, splits):
     check(impl, case, plan=impl.plan(case.context_lens, 2, 16, num_splits=splits))
 
 
-@grouping_cases("group1-MHA", "group2", "group4", "group8", "group32-MQA")
+@grouping_cases("group1-MHA", "group2", "group3", "group4", "group8", "group32-MQA")
 def test_kv_head_grouping_is_contiguous(impl, runtime, Hq, Hkv):
+    """Query head h reads KV head h // GROUP, not h % Hkv (interleaved). GROUP = 3 (Hq = 9, Hkv = 3) is
+    not a power of two: a GROUP rounded up to 4 reads the wrong KV heads."""
     case = make_paged_case(
         sizes(runtime, [40, 9], [300, 129]), Hq, Hkv, 64, 16, device=runtime.device, stream=Hq + Hkv
     )
@@ -662,6 +675,7 @@ STAGES = [
             "test_split_merge_shifts_by_the_max",
             "test_max_starts_at_minus_inf",
             "test_q_strides_are_used",
+            "test_table_rows_are_read_through_their_stride",
             "test_cache_strides_are_used",
             "test_lse_is_natural_log",
             "test_last_page_is_masked",
@@ -810,6 +824,18 @@ MISTAKES = [
         section="3.1",
     ),
     Mistake(
+        7,
+        fails=("test_kv_head_grouping_is_contiguous[group3]",),
+        passes=(
+            "test_kv_head_grouping_is_contiguous[group2]",
+            "test_kv_head_grouping_is_contiguous[group4]",
+            EVERY_SPLIT,
+        ),
+        question="Every power-of-two group passes and GROUP = 3 does not: with Hq = 9 and Hkv = 3, which "
+        "query heads does KV head 1 own, and what GROUP does your kernel receive?",
+        section="3.1",
+    ),
+    Mistake(
         8,
         fails=("test_last_page_is_masked", EVERY_SPLIT),
         # The tokens past the split's end read table entries past the context: stale pages (NaN), past
@@ -903,5 +929,23 @@ MISTAKES = [
         question="Your fp16 cases pass and your bf16 ones do not: which dtype does your kernel store its "
         "output in, and what does fp16 make of a bf16 output of 65536?",
         section="3.3",
+    ),
+    Mistake(
+        19,
+        fails=("test_table_rows_are_read_through_their_stride",),
+        passes=(EVERY_SPLIT, "test_q_strides_are_used", "test_last_page_is_masked"),
+        question="block_tables is a view of a wider table here: how far apart are its rows, and what does "
+        "your launch pass the kernel for that distance?",
+        section="3.2",
+    ),
+    # One sequence (EVERY_SPLIT) passes whatever out's row stride: only sequence 1 on lands elsewhere.
+    Mistake(
+        19,
+        fails=("test_last_page_is_masked",),
+        passes=(EVERY_SPLIT,),
+        messages=(r"canary elements of the buffer around out",),
+        question="One sequence passes and two overwrite the canary around out: out is a view into a wider "
+        "buffer, so how far apart are its rows, and which distance does your launch pass for them?",
+        section="3.1",
     ),
 ]
