@@ -53,4 +53,10 @@ MUTANTS = [
         "mask = offs < n  # [BLOCK]",
         "mask = offs <= n  # [BLOCK]",
     ),
+    Mutant(
+        "subtracts",
+        "6. another operation than x + y (x - y)",
+        "tl.store(out_ptr + offs, x + y, mask=mask)",
+        "tl.store(out_ptr + offs, x - y, mask=mask)",
+    ),
 ]

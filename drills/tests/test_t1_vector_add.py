@@ -299,6 +299,8 @@ MISTAKES = [
     Mistake(
         1,
         fails=("test_by_hand_lane_11_is_masked", "test_last_block_is_masked[n1]"),
+        # A mask mistake keeps every element inside out right: what it shows is memory past the end.
+        messages=(r"canary|lane 11 \(past n = 10\) was written|out of bounds|NaN",),
         question="Program 2 of the by-hand example owns offsets 8 to 11, but n = 10: what keeps lanes 10 "
         "and 11 from writing past the end of out?",
         section="2",
@@ -340,6 +342,16 @@ MISTAKES = [
         fails=("test_by_hand_store_stops_at_element_9",),
         passes=("test_by_hand_lane_11_is_masked",),
         question="For n = 10, the last element is out[9]: does your mask let lane 10 through?",
+        section="2",
+    ),
+    # Every element wrong, even n = 1 and the by-hand launch of three programs: neither a mask nor the
+    # grid (whose mistakes keep the elements they write right), the operation itself.
+    Mistake(
+        6,
+        fails=("test_last_block_is_masked[n1]", "test_by_hand_kernel_masks_lanes_10_and_11"),
+        messages=(r"expected 0, 11, \.\.\., 99, got",),
+        question="The by-hand launch gives x = 0, 1, ..., 9 and y = 10 x: which values does your kernel "
+        "store into out[1] and out[2], and which expression of x and y gives them?",
         section="2",
     ),
 ]
