@@ -164,4 +164,16 @@ MUTANTS = [
         "seq.num_cached = seq.num_computed",
         "seq.num_cached = self.block_manager.num_cached_tokens(seq.seq_id)",
     ),
+    Mutant(
+        "admits_after_preemption",
+        "23. admission after a preemption in the same step",
+        "len(self.running) < self.max_num_seqs and not preempted:",
+        "len(self.running) < self.max_num_seqs:",
+    ),
+    Mutant(
+        "chunk_blocks_not_marked",
+        "10. computed blocks marked only by a step that samples (a prompt chunk's blocks never are)",
+        "seq.num_computed += item.num_new",
+        "seq.num_computed += item.num_new\n            if not samples:\n                continue",
+    ),
 ]

@@ -112,6 +112,7 @@ class Watched:
         hash_fn = None if prefix_caching else never_found_hash()
         self.manager = BlockManager(num_blocks, block_size, hash_fn=hash_fn)
         self.allocations: dict = {}  # seq_id -> times allocated
+        self.events: list = []  # ("allocate" | "free", seq_id), in the order the scheduler called them
 
     @property
     def block_size(self):
@@ -126,6 +127,7 @@ class Watched:
         return self.manager.num_free_blocks
 
     def allocate(self, seq_id, token_ids):
+        self.events.append(("allocate", seq_id))  # tried: a failing allocate is an admission attempted
         table = self.manager.allocate(seq_id, token_ids)
         self.allocations[seq_id] = self.allocations.get(seq_id, 0) + 1
         return table
@@ -134,7 +136,12 @@ class Watched:
         return self.manager.append(seq_id, token_id)
 
     def free(self, seq_id):
+        self.events.append(("free", seq_id))
         return self.manager.free(seq_id)
+
+    @property
+    def num_events(self) -> int:
+        return len(self.events)
 
     def block_table(self, seq_id):
         return self.manager.block_table(seq_id)
@@ -229,13 +236,14 @@ def _serve(module, manager, prompts, waves, stream, engine_args, params=None):
     cache.k.fill_(float("nan"))  # K and V no step wrote: NaN, never a plausible value
     cache.v.fill_(float("nan"))
     steps, computed, cached, inputs, queues, request_of, drawn = [], [], [], [], [], {}, {}
-    holder, totals = {}, []
+    holder, totals, marks = {}, [], []
 
     def prepare_inputs(scheduled, block_manager, device="cpu", pad_to=None):
         steps.append([(request_of.get(item.seq.seq_id), item.num_new) for item in scheduled])
         computed.append([item.seq.num_computed for item in scheduled])
         totals.append([item.seq.num_tokens for item in scheduled])
         cached.append([item.seq.num_cached for item in scheduled])
+        marks.append(manager.num_events)  # the pool's calls up to this step's schedule() included
         scheduler = holder["engine"].scheduler
         queues.append(
             {
@@ -267,6 +275,7 @@ def _serve(module, manager, prompts, waves, stream, engine_args, params=None):
     out = {"tokens": [None] * n, "logits": [None] * n, "steps": steps, "computed": computed}
     out["cached"], out["inputs"], out["queues"], out["num_tokens"] = cached, inputs, queues, totals
     out["free_after_wave"], out["error"], out["stats"] = [], None, None
+    out["event_marks"] = marks
     out["num_cached"], out["preemptions"], out["scheduler_preemptions"] = [None] * n, [None] * n, None
     args = dict(engine_args)
     eos_id = args.pop("eos_id", None)
@@ -474,6 +483,17 @@ MISTAKES = [
         "may use that block?",
         section="3.6",
     ),
+    # R0's 9-token prompt computed 8 + 1: its first chunk samples nothing. Blocks marked only by a step
+    # that samples leave R1 (sharing R0's first two blocks) computing from 0 at step 2 instead of 8.
+    Mistake(
+        10,
+        fails=("test_worked_example_step_by_step",),
+        passes=ENGINE_BASICS,
+        messages=(r"step 2 schedules \(request, num_computed, num_new\) \[\(0, 8, 1\), \(1, 0, ",),
+        question="Step 1 computes R0's first chunk, 8 of its 9 prompt tokens, and samples nothing: which "
+        "blocks did that step fill, and when does your postprocess mark them computed?",
+        section="3.6",
+    ),
     Mistake(
         11,
         fails=("test_fresh_blocks_lose_their_old_computed_mark",),
@@ -567,6 +587,14 @@ MISTAKES = [
         question="An 8-token prompt found whole in the cache computes position 7: how many of its tokens "
         "were cached, as the hit rate counts them?",
         section="3.4",
+    ),
+    Mistake(
+        23,
+        fails=("test_nothing_is_admitted_in_a_step_after_a_preemption",),
+        passes=ENGINE_BASICS + ("test_preempted_requests_wait_at_the_front_in_arrival_order",),
+        question="A step has just preempted C to give its blocks to B: who may take those blocks in the "
+        "same step's admission, and who would be first in line to?",
+        section="3.3",
     ),
 ]
 
@@ -1150,6 +1178,55 @@ def test_preempted_requests_wait_at_the_front_in_arrival_order(impl):
     assert watched.preemptions >= 2 and both, (
         f"grader bug: the scenario must preempt two requests while others wait ({watched.preemptions} preemptions)"
     )
+
+
+def admissions_after_preemptions(watched: Watched, marks: list) -> list[str]:
+    """The steps whose schedule() admitted a request, or tried to (called allocate, which may fail), in the
+    same step as it preempted one (a free of a sequence allocated again later: finished requests never
+    are). Right after its preemption the victim, first in the queue, rarely fits, so a scheduler without
+    the rule mostly tries and fails: the attempt is what shows it. marks[k]: the number
+    of the pool's calls up to step k's schedule(); the calls between two marks are the previous step's
+    postprocess (frees of finished requests only) and this step's schedule()."""
+    events, found = watched.events, []
+    for k, (lo, hi) in enumerate(zip([0] + marks[:-1], marks)):
+        window = events[lo:hi]
+        preempted = [
+            s
+            for i, (kind, s) in enumerate(window)
+            if kind == "free" and ("allocate", s) in events[lo + i + 1 :]
+        ]
+        admitted = [s for kind, s in window if kind == "allocate"]
+        if preempted and admitted:
+            found.append(
+                f"step {k + 1} preempted sequence(s) {preempted} and then tried to admit {admitted} (allocate)"
+            )
+    return found
+
+
+def test_nothing_is_admitted_in_a_step_after_a_preemption(impl):
+    """Section 3.3: once a step has preempted, it admits no one. The blocks just freed are for the running
+    sequences; the victim, first in the queue, would be admitted again at once into the blocks it gave
+    up. The five requests of the queue-order check, and the four of the preemption check, with the pool
+    watched call by call."""
+    rng = random.Random(seeded(29))
+    five = [tokens(rng, BLOCK) for _ in range(5)]
+    params = {i: dict(temperature=0.0, max_tokens=14, ignore_eos=True) for i in range(5)}
+    scenarios = (
+        ("five requests, three running in a pool of 8 blocks", five, params, dict(max_num_seqs=3)),
+        ("four requests needing 16 blocks in a pool of 8", preemption_prompts(14), PREEMPTION_PARAMS, {}),
+    )
+    seen = 0
+    for what, prompts, kwargs, engine_args in scenarios:
+        watched = Watched(8)
+        run = serve(impl, watched, prompts, params=kwargs, **engine_args)
+        assert_no_error(run, what)
+        seen += watched.preemptions
+        found = admissions_after_preemptions(watched, run["event_marks"])
+        assert not found, (
+            f"{what}: {found[0]}: a step that preempted admits no one (section 3.3), or the blocks it "
+            "just freed go to a waiting request, the victim itself first, instead of to the running ones"
+        )
+    assert seen > 0, "grader bug: the scenarios must preempt"
 
 
 def test_preemptions_are_counted_on_the_request_and_the_scheduler(impl):
