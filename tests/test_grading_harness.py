@@ -782,7 +782,8 @@ def _launch(x, y, out, BLOCK=2048, num_warps=4):
     result = grade_t1(tmp_path, t1_source(extra=copy), "test_runs_a_triton_kernel")
     screen = one_screen(result)
     message = failures(result).get("test_runs_a_triton_kernel", "")
-    assert "no kernel of yours read `x`, `y`" in message, screen
+    # Reading the floats to Python (tolist) is refused as it happens; the unread inputs are the backstop.
+    assert "no kernel of yours read `x`, `y`" in message or "floats read to the host" in message, screen
     assert result.findings[0]["kind"] == "not_from_kernel", screen
 
 
@@ -809,7 +810,40 @@ def _launch(x, y, out, BLOCK=2048, num_warps=4):
     result = grade_t1(tmp_path, t1_source(extra=copy), "test_runs_a_triton_kernel")
     screen = one_screen(result)
     message = failures(result).get("test_runs_a_triton_kernel", "")
-    assert "no kernel of yours read" in message, screen
+    assert "no kernel of yours read" in message or "floats read to the host" in message, screen
+
+
+ANSWERS_OUT_OF_TORCHS_OPS = {
+    # The values read to Python and added there: no torch op computes, yet floats left the tensors.
+    "python_arithmetic_on_tolist": (
+        "    values = [a + b for a, b in zip(x.tolist(), y.tolist())]\n"
+        "    out.copy_(torch.tensor(values, dtype=x.dtype))\n",
+        "floats read to the host",
+    ),
+    "python_arithmetic_on_item": (
+        "    values = [x[i].item() + y[i].item() for i in range(x.numel())]\n"
+        "    out.copy_(torch.tensor(values, dtype=x.dtype))\n",
+        "read to the host",
+    ),
+    # torch computing in complex numbers, which are not floating point to torch
+    "torch_in_complex64": (
+        "    out.copy_((x.to(torch.complex64) + y.to(torch.complex64)).real)\n",
+        "torch's add",
+    ),
+}
+
+
+@pytest.mark.parametrize("how", list(ANSWERS_OUT_OF_TORCHS_OPS))
+def test_an_answer_made_without_a_float_op_of_torch_is_refused(tmp_path, how):
+    """The kernel still runs (loads x and y, stores out), then the launcher overwrites out with an
+    answer made where the op recorder would not see a float op: each way is refused by name."""
+    body, says = ANSWERS_OUT_OF_TORCHS_OPS[how]
+    cheat = "\n\n_kernel_launch = _launch\n\n\ndef _launch(x, y, out, BLOCK=2048, num_warps=4):\n"
+    cheat += "    _kernel_launch(x, y, out, BLOCK, num_warps)\n" + body + "    return out\n"
+    result = grade_t1(tmp_path, t1_source(extra=cheat), "test_each_program_adds_its_own_block")
+    screen = one_screen(result)
+    failed = failures(result)
+    assert failed and all(says in m for m in failed.values()), screen
 
 
 def test_torch_answering_the_cases_the_provenance_check_does_not_make_is_refused(tmp_path):

@@ -149,6 +149,15 @@ def diagnose(cases, mistakes, titles: dict[int, str] | None = None, limit: int =
     # The most specific consistent mistake first; ties go to the one explaining more failures, then
     # to the order of the lesson's list.
     consistent.sort(key=lambda s: (-s.total, -len(s.witnesses), mistakes.index(s.mistake)))
+    # torch (or Python, on values read to the host) computing beside the kernel: never a kernel's bug.
+    refused = [c for c in failing if re.search(r"torch computed floats", c.message or "")]
+    if refused and not any(
+        any(re.search(rx, refused[0].message or "") for rx in s.mistake.messages) for s in consistent
+    ):
+        # The grader saw floats computed outside the kernel: that verdict is certain, and the checks that
+        # fail with it say nothing about which pitfall the kernel has (it may have none).
+        _, title = generic_kind(refused[0].message)
+        return [Finding(0, title, _evidence(refused[0]), True, None, "not_from_kernel")]
     findings, named = [], set()
     for s in consistent:
         if s.mistake.pitfall in named:

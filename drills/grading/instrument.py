@@ -61,7 +61,9 @@ class TritonWatch:
         self.access = None  # overlap.AccessLog of the running launch, when the call checks the order
         self.overlapped = False  # some launch of the call had programs touching each other's memory
         self.interpreter = os.environ.get("TRITON_INTERPRET", "0") == "1"
+        self.recorder = None  # the torch op recorder of the call being run, if any
         self._patch_launch()
+        self._patch_tolist()
         if self.interpreter:
             self._patch_interpreter()
 
@@ -119,6 +121,22 @@ class TritonWatch:
             for name in ("__name__", "__qualname__", "__doc__", "__module__"):
                 setattr(run, name, getattr(original, name, None))
             cls.run = run
+
+    def _patch_tolist(self):
+        """Tensor.tolist copies values to Python with no op a dispatch mode sees: while a call runs, a
+        float tensor's tolist outside a launch is reported to the call's recorder (values read to the
+        host, where an answer can be computed in plain Python)."""
+        import torch
+
+        watch, original = self, torch.Tensor.tolist
+
+        def tolist(tensor):
+            r = watch.recorder
+            if r is not None and (tensor.is_floating_point() or tensor.is_complex()):
+                r.note("tolist (floats read to the host)")
+            return original(tensor)
+
+        torch.Tensor.tolist = tolist
 
     def _patch_interpreter(self):
         import numpy as np
@@ -380,8 +398,8 @@ def torch_compute_recorder(watch: TritonWatch):
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    def floats(value) -> bool:
-        return any(t.is_floating_point() for t in tensors_in(value))
+    def floats(value) -> bool:  # complex numbers are floats too (an add in complex64 is an add)
+        return any(t.is_floating_point() or t.is_complex() for t in tensors_in(value))
 
     class Recorder(TorchDispatchMode):
         def __init__(self):
@@ -390,6 +408,18 @@ def torch_compute_recorder(watch: TritonWatch):
             # storage of a copy -> storages it was copied from (a launcher's .contiguous() of an input,
             # say): a kernel that reads the copy reads the input (calls._unread_inputs)
             self.copied_from: dict[int, set[int]] = {}
+
+        def note(self, name: str) -> None:
+            if not watch.in_launch and name not in self.seen:
+                self.seen.append(name)
+
+        def __enter__(self):
+            watch.recorder = self  # Tensor.tolist, which no dispatch mode sees, reports here
+            return super().__enter__()
+
+        def __exit__(self, *exc):
+            watch.recorder = None
+            return super().__exit__(*exc)
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
@@ -405,6 +435,10 @@ def torch_compute_recorder(watch: TritonWatch):
                         self.copied_from.setdefault(dst, set()).update(sources - {dst})
                     else:  # a new storage; one freed before may have had its address, so start afresh
                         self.copied_from[dst] = set(sources)
+            if name == "_local_scalar_dense" and floats(list(args)):
+                # A float read to the host (item(), float()): a launcher reads lengths, never values;
+                # an answer computed in Python from the values is out of every other check's sight.
+                self.note("item (a float read to the host)")
             if (
                 not watch.in_launch
                 and name not in MOVES

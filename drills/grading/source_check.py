@@ -69,6 +69,8 @@ MODULES = (
     "timeit",
     "resource",
     "platform",
+    # The operating system: a launcher needs none of it, and a failed mkdir or open tells the sandbox apart
+    "os",
 )
 # Attribute and function names that read where the code runs, or reach the grader's objects.
 NAMES = {
@@ -114,6 +116,11 @@ NAMES = {
     "system": "starts a program",
     "posix_spawn": "starts a program",
     "__file__": "reads where the file lies (to open what lies beside it)",
+    "__dict__": "reaches a module's or a class's namespace by another way",
+    "__mro__": "walks the class tree",
+    "__bases__": "walks the class tree",
+    "__base__": "walks the class tree",
+    "_get_current_dispatch_mode": "looks for the grader's record of torch's ops",
     "compile": "compiles code the check cannot read (torch.compile generates its own kernels)",
     "elapsed_time": "reads the clock",
     "perf_counter": "reads the clock",
@@ -142,7 +149,17 @@ CALLS = {
 # would otherwise be hidden in.
 DYNAMIC = {"getattr", "hasattr", "setattr", "delattr"}
 NAMESPACES = {"vars", "globals", "locals", "dir"}
-WORDS = ("TRITON_INTERPRET", "drills.grading", "drills.tests", "PYTEST", "pytest", "DRILLS_", "/proc")
+WORDS = (
+    "TRITON_INTERPRET",
+    "drills.grading",
+    "drills.tests",
+    "PYTEST",
+    "pytest",
+    "DRILLS_",
+    "/proc",
+    "_python_dispatch",
+    "dispatch_mode",
+)
 
 
 def _top_defs(tree: ast.Module) -> dict[str, str]:
