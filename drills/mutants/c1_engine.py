@@ -173,7 +173,7 @@ MUTANTS = [
     Mutant(
         "chunk_blocks_not_marked",
         "10. computed blocks marked only by a step that samples (a prompt chunk's blocks never are)",
-        "seq.num_computed += item.num_new",
-        "seq.num_computed += item.num_new\n            if not samples:\n                continue",
+        "            seq.num_computed += item.num_new\n",
+        "            seq.num_computed += item.num_new\n            if not samples:\n                continue\n",
     ),
 ]
