@@ -191,12 +191,16 @@ def test_t1s_numbering_agrees():
 
 
 def test_a_pitfall_without_a_mistake_or_mutant_is_named():
-    text = T1.explainer.read_text().replace(
-        "\nAnswers:", "6. **A sixth mistake.** Caught by `test_last_block_is_masked`.\n\nAnswers:", 1
+    import re
+
+    text = T1.explainer.read_text()
+    n = 1 + max(int(k) for k in re.findall(r"^(\d+)\. \*\*", text, flags=re.M))  # one past the last
+    text = text.replace(
+        "\nAnswers:", f"{n}. **One more mistake.** Caught by `test_last_block_is_masked`.\n\nAnswers:", 1
     )
     problems = contract.numbering_problems(T1, explainer_text=text)
-    assert any("pitfall 6" in p and "MISTAKES" in p for p in problems), problems
-    assert any("pitfall 6" in p and "mutant" in p for p in problems), problems
+    assert any(f"pitfall {n}" in p and "MISTAKES" in p for p in problems), problems
+    assert any(f"pitfall {n}" in p and "mutant" in p for p in problems), problems
 
 
 def test_pitfalls_numbered_twice_are_named():
