@@ -35,6 +35,7 @@ def test_a_group_sharing_no_whole_filled_page_is_no_group():
 
 
 def _llm(cascade: bool):
+    import drills.runtime
     from drills.engine.config import tiny_config
     from drills.engine.llm import LLM
     from drills.engine.model import random_weights
@@ -44,7 +45,7 @@ def _llm(cascade: bool):
         weights,
         attention="kernels",
         use="solutions",
-        device="cpu",
+        device=drills.runtime.current().device,  # the kernels' device: compiled Triton wants CUDA tensors
         block_size=16,
         num_blocks=64,
         max_model_len=256,
