@@ -237,18 +237,21 @@ def f1_cases(device) -> list[GuardCase]:
     return cases
 
 
-def f2_cases(device) -> list[GuardCase]:
+def f2_cases(device, impl=None) -> list[GuardCase]:
     """L2's cases through F2 with sequences 1 and 2 sharing their first page (group 0, a 16-token prefix)
     and sequence 0 in no group, cascading and not (the fallback is F1's split-KV); then a group id
-    outside [-1, G) and a prefix length that is no whole number of pages, which zero the rows they reach."""
+    outside [-1, G) and prefix lengths that are no whole number of pages, past a member's context or past
+    the table, which zero the rows they reach. impl: the module called (default the reference; F2's
+    grader passes the learner's, for the group cases, whose guards the lesson asks for)."""
     f2 = "f2_cascade_decode"
     cases = []
+    module = (lambda: impl) if impl is not None else (lambda: _reference(f2))
 
     def grouped(q, k, v, tables, lens, cascade=True):
         tables[2, 0] = tables[1, 0]  # sequence 2 shares sequence 1's first page
         prefix_group = torch.tensor([-1, 0, 0], dtype=torch.int32, device=q.device)
         prefix_lens = torch.tensor([16], dtype=torch.int32, device=q.device)
-        plan = _reference(f2).plan(
+        plan = module().plan(
             lens, prefix_group, prefix_lens, q.shape[1], k.shape[2], k.shape[1], cascade=cascade
         )
         return dict(prefix_group=prefix_group, prefix_lens=prefix_lens, plan=plan, return_lse=True)
@@ -264,7 +267,7 @@ def f2_cases(device) -> list[GuardCase]:
             kwargs = grouped(q, k, v, tables, lens)
             if bad:
                 corrupt(kwargs)
-            return _reference(f2).cascade_decode(q, k, v, tables, lens, check=check, **kwargs)
+            return module().cascade_decode(q, k, v, tables, lens, check=check, **kwargs)
 
         cases.append(
             GuardCase(f2, name, argument, run, lambda: run(False, bad=False), _rows_zero_else_equal(rows, 1))
@@ -277,6 +280,14 @@ def f2_cases(device) -> list[GuardCase]:
     group_case(
         "prefix_len_not_whole_pages", "prefix_lens", lambda a: a["prefix_lens"].__setitem__(0, 8), [1, 2]
     )
+    # Contexts are 28 and 27 tokens (two pages): 32 is past both members, 48 past the table's two pages too.
+    for n in (32, 48):
+        group_case(
+            f"prefix_len_{n}_past_the_members",
+            "prefix_lens",
+            lambda a, n=n: a["prefix_lens"].__setitem__(0, n),
+            [1, 2],
+        )
     return cases
 
 

@@ -55,13 +55,14 @@ def _llm(cascade: bool):
 
 
 def test_cascading_decode_steps_gives_the_tokens_of_the_engine_without_it():
-    """Three requests share a 96-token prompt (6 pages, past F2's smallest chunk): their decode steps
-    are cascaded, and the greedy tokens equal those of the same engine with cascade=False."""
+    """Ten requests share a 96-token prompt (6 pages, past F2's smallest chunk) and hold 1 to 10 tokens of
+    their own: the planner cascades their decode steps (the shared share of their tokens is past
+    CASCADE_SHARE), and the greedy tokens equal those of the same engine with cascade=False."""
     from drills.solutions.c1_engine import SamplingParams
 
     g = torch.Generator().manual_seed(0)
     shared = torch.randint(1, 256, (96,), generator=g).tolist()
-    prompts = [shared + torch.randint(1, 256, (n,), generator=g).tolist() for n in (3, 9, 17)]
+    prompts = [shared + torch.randint(1, 256, (n,), generator=g).tolist() for n in range(1, 11)]
     params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
     on, off = _llm(True), _llm(False)
     got = [o.token_ids for o in on.generate(prompts, params)]

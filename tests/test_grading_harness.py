@@ -530,6 +530,32 @@ def test_mistake_naming_one_parametrized_case_matches_it():
     assert found and found[0].pitfall == 1 and found[0].consistent, found
 
 
+def test_a_valid_case_refused_by_the_learners_own_check_is_named_so():
+    """The learner's check raising on a case the grader means as valid (an empty suffix refused with >=
+    where > belongs), where no pitfall fits, is named as that rather than "your code raised"; the same
+    raise in a check that passes bad input on purpose (the wrong error type) is not, and a pitfall that
+    fits comes first (the learner's check may be catching the learner's own planner)."""
+    raised = (
+        "your code raised ValueError at drills/mine/x.py:97 (`raise ValueError(`): prefix_lens[0] = 16 is "
+        "longer than context_lens[1] = 16"
+    )
+    cases = [
+        Case(
+            "test_every_suffix_split_count_matches", "test_every_suffix_split_count_matches", "failed", raised
+        ),
+        Case("test_worked_example", "test_worked_example", "passed"),
+    ]
+    nan_only = diagnose.Mistake(10, fails=("test_every_suffix_split_count_matches",), messages=("NaN",))
+    found = diagnose.diagnose(cases, [nan_only])
+    assert len(found) == 1 and found[0].kind == "refused_valid" and found[0].consistent, found
+    planner = diagnose.Mistake(4, fails=("test_every_suffix_split_count_matches",))
+    assert diagnose.diagnose(cases, [planner])[0].pitfall == 4
+    wrong_type = [
+        Case("test_launcher_rejects_bad_input[x]", "test_launcher_rejects_bad_input", "failed", raised)
+    ]
+    assert all(f.kind != "refused_valid" for f in diagnose.diagnose(wrong_type, []))
+
+
 # --- What a pass must not depend on: forged reports, strays, where the file runs -----------------
 
 DETACHED = """
@@ -714,6 +740,39 @@ print((c.double() - a.double() @ b.double()).abs().max().item(), (s.float() - (a
     # interpreter's own bf16 dot, on the uint16 bits, is off by about 1e10.
     assert dot_error < 1e-4, f"bf16 tl.dot off by {dot_error}"
     assert sum_error < 0.1, f"bf16 x + y summed off by {sum_error}"
+
+
+@interpreter_only
+def test_a_dot_too_shallow_for_a_gpu_is_refused_in_the_learners_process():
+    """NVIDIA's compiler refuses a tl.dot with K below 16, which the interpreter computes: the learner's
+    process takes the compiler's rule, so such a kernel fails on the CPU as it would on a GPU."""
+    import subprocess as sp
+
+    code = """
+import torch, triton, triton.language as tl
+from triton.runtime import interpreter
+from drills.grading.instrument import _dot_sizes_as_a_gpu_compiles
+_dot_sizes_as_a_gpu_compiles(interpreter)
+
+@triton.jit
+def k(a, c, K: tl.constexpr):
+    r, j = tl.arange(0, 16), tl.arange(0, K)
+    x = tl.load(a + r[:, None] * K + j[None, :])  # [16, K]
+    y = tl.load(a + j[:, None] * 16 + r[None, :])  # [K, 16]
+    tl.store(c + r[:, None] * 16 + r[None, :], tl.dot(x, y))
+
+a, c = torch.randn(256), torch.empty(256)
+k[(1,)](a, c, 16)
+try:
+    k[(1,)](a, c, 8)
+    print("K = 8 ran")
+except Exception as e:
+    print("refused", e)
+"""
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
+    out = sp.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.startswith("refused") and "K >= 16" in out.stdout, out.stdout
 
 
 def test_failures_only_in_bf16_cases_are_named_a_hard_coded_dtype():

@@ -112,6 +112,25 @@ GENERIC = (
 )
 
 
+# The learner's own argument check raising on a case the grader passes as valid: the traceback's line
+# is a `raise ValueError(` or `raise TypeError(` of the learner's file. Checks that pass bad input on
+# purpose (their names say reject, raise, catch or bad) fail that way when the wrong error is raised.
+OWN_RAISE = r"your code raised (ValueError|TypeError) at [^\n]*\(`raise (ValueError|TypeError)\b"
+BAD_INPUT_CHECK = r"reject|raise|catch|bad_"
+REFUSED_TITLE = "your own argument check refused input the spec admits"
+
+
+def refused_valid(cases):
+    """The first failing case whose failure is the learner's own ValueError/TypeError raised on input the
+    grader meant as valid, or None."""
+    for c in cases:
+        if c.outcome != "failed" or re.search(BAD_INPUT_CHECK, c.id.split("[", 1)[0]):
+            continue
+        if re.search(OWN_RAISE, c.message or ""):
+            return c
+    return None
+
+
 DTYPE_TITLE = (
     "a dtype written into the code: only the bf16 cases fail (tl.float16 where the inputs' dtype belongs?)"
 )
@@ -170,6 +189,12 @@ def diagnose(cases, mistakes, titles: dict[int, str] | None = None, limit: int =
         return [Finding(0, DTYPE_TITLE, _evidence(failing[0]), True, None, "dtype")]
     # Nothing fully consistent. A failure the harness names (crash, timeout, out of bounds...) is
     # reported as what it is; otherwise the mistake with the largest share of its conditions holding.
+    own = refused_valid(cases)
+    if own is not None:
+        # No pitfall fits, and the learner's own check raised on a case the grader means as valid: that
+        # is the finding, not "your code raised an exception" (a pitfall that fits is named first above:
+        # a check of the learner's that catches its own planner's mistake raises too).
+        return [Finding(0, REFUSED_TITLE, _evidence(own), True, None, "refused_valid")]
     first = failing[0]
     generic = generic_kind(first.message)
     partial = [s for s in scored if s.held > 0 and s.witnesses]

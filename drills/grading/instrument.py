@@ -154,6 +154,7 @@ class TritonWatch:
         interp.range = grid_range  # the module's own `range`: GridExecutor's program loops read it
         _wrap_int32_as_a_gpu_does(interp)
         _memoize_np_dtypes(interp)
+        _dot_sizes_as_a_gpu_compiles(interp)
         _patch_language_once(interp)
         exact_bf16_dot(interp)
 
@@ -243,6 +244,22 @@ def _wrap_int32_as_a_gpu_does(interp) -> None:
     options = getattr(builder, "options", None)
     if dataclasses.is_dataclass(options) and getattr(options, "sanitize_overflow", False):
         builder.options = dataclasses.replace(options, sanitize_overflow=False)
+
+
+def _dot_sizes_as_a_gpu_compiles(interp) -> None:
+    """The interpreter lets tl.dot take any shape (its smallest is 1 x 1 x 1); NVIDIA's compiler refuses
+    a K below 16 (32 for 8-bit operands), the depth of one tensor-core instruction. With its rule here, a
+    kernel whose dot a GPU would not compile fails on the CPU too, with the compiler's own message. M and
+    N may be small: the compiler pads them (Triton 3.2 and later)."""
+    builder = interp.interpreter_builder
+    fns = getattr(builder, "codegen_fns", None)
+    if not isinstance(fns, dict) or "min_dot_size" not in fns:
+        return
+
+    def min_dot_size(lhs_type, rhs_type):  # (m, n, k)
+        return (1, 1, 32) if lhs_type.scalar.primitive_bitwidth == 8 else (1, 1, 16)
+
+    fns["min_dot_size"] = min_dot_size
 
 
 def _memoize_np_dtypes(interp) -> None:

@@ -249,6 +249,8 @@ GENERIC_TODO = {
     "crash": "the line that crashed is not known: look for a tl.load or tl.store without a mask, or a pointer "
     "built from an index that can run past the tensor",
     "timeout": "look for a loop whose bound or step never lets it end",
+    "refused_valid": "that case is valid: read the argument's rule in the function's docstring (or the "
+    "explainer's API box) and loosen the check that raised, which the quoted line shows",
     "dtype": "cast with the tensors' own dtype (p.to(v.dtype), out.to(out_ptr.dtype.element_ty)); a "
     "tl.float16 written into a kernel is right for fp16 inputs only",
 }

@@ -70,4 +70,28 @@ MUTANTS = [
         "o = tl.where(seen[:, None], acc / tl.where(seen, l_i, 1.0)[:, None], 0.0)",
         "o = acc / l_i[:, None]",
     ),
+    Mutant(
+        "merge_reads_prefix_slots_of_ungrouped",
+        "11. the merge reads prefix slots for a sequence in no group, which no stage wrote",
+        "s_mask = (slot < num_slots) & ((slot >= num_prefix) | grouped)",
+        "s_mask = slot < num_slots",
+    ),
+    Mutant(
+        "table_row_stride_assumed",
+        "12. the table's row stride assumed: the prefix tile steps rows by max_pages",
+        "block_tables_ptr + first * stride_bt,",
+        "block_tables_ptr + first * max_pages,",
+    ),
+    Mutant(
+        "members_per_tile_zero_for_wide_groups",
+        "13. a GQA group wider than a tile: MAX_ROWS // GROUP rounds down to 0 members per tile",
+        "mt = members_per_tile or max(1, MAX_ROWS // group_size)",
+        "mt = members_per_tile or MAX_ROWS // group_size",
+    ),
+    Mutant(
+        "saved_counts_every_member",
+        "14. every member counted as a saving: the one read of each prefix forgotten",
+        "saved = sum((len(m) - 1) * plens[g] for g, m in members.items())",
+        "saved = sum(len(m) * plens[g] for g, m in members.items())",
+    ),
 ]

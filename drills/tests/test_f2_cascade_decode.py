@@ -13,6 +13,7 @@ import math
 import pytest
 import torch
 
+from drills import guard_cases
 from drills.compare import assert_close, mismatch
 from drills.grading.diagnose import Mistake
 from drills.grading.launches import assert_runs_a_triton_kernel
@@ -24,6 +25,7 @@ from drills.tests.paged_kv import (
     call_with_canary_out,
     grouping_cases,
     in_layer_pool,
+    in_wider_table,
     int32_tensor,
     make_paged_case,
     paged_attention_reference,
@@ -182,6 +184,36 @@ def test_merge_states_reads_strided_views(impl, runtime):
     assert_close(lse, want_lse, ("row",), atol=1e-4, rtol=1e-5, rel=1e-5)
 
 
+MERGE_BAD_INPUTS = {
+    "lse_a_nan": (
+        lambda o, l: dict(lse_a=l.clone().index_fill_(0, torch.tensor([3], device=l.device), float("nan"))),
+        ValueError,
+        r"lse_a\[3\]",
+    ),
+    "lse_b_plus_inf": (
+        lambda o, l: dict(lse_b=l.clone().index_fill_(0, torch.tensor([5], device=l.device), float("inf"))),
+        ValueError,
+        r"lse_b\[5\]",
+    ),
+    "lse_a_float16": (lambda o, l: dict(lse_a=l.half()), TypeError, "lse_a"),
+    "o_b_other_dtype": (lambda o, l: dict(o_b=o.double()), TypeError, "o_b"),
+    "o_b_other_shape": (lambda o, l: dict(o_b=o[:-1]), ValueError, "o_b"),
+    "lse_b_other_length": (lambda o, l: dict(lse_b=l[:-1]), ValueError, "lse_b"),
+}
+
+
+@pytest.mark.parametrize("name", list(MERGE_BAD_INPUTS))
+def test_merge_states_rejects_bad_input(impl, runtime, name):
+    """A NaN or +inf lse is no state of any key set (check, the CPU's default, names it before the launch),
+    nor is an lse of the wrong dtype or length, or two outputs that differ in shape or dtype."""
+    o, lse = torch.randn(8, 32, device=runtime.device), torch.randn(8, device=runtime.device)
+    args = dict(o_a=o, lse_a=lse, o_b=o.clone(), lse_b=lse.clone())
+    spoil, error, names = MERGE_BAD_INPUTS[name]
+    args.update(spoil(o, lse))
+    with pytest.raises(error, match=names):
+        impl.merge_states(**args)
+
+
 # --- The prefix and suffix stages, cut as the test says ------------------------------------------
 
 
@@ -331,6 +363,44 @@ def test_q_and_cache_strides_are_used(impl, runtime):
     case, groups, plens = cascade_case([40, 33, 9], [0, 0, -1], [32], device=runtime.device, stream=18)
     case = in_layer_pool(strided_q(case))
     check(impl, case, groups, plens, plan=forced(impl, case, groups, plens, suffix_splits=2))
+
+
+def test_table_rows_are_read_through_their_stride(impl, runtime):
+    """block_tables is a view of a wider table of -1 (in_wider_table), and group 0's first member is
+    sequence 1: the prefix stage reads the shared pages from row 1, at 1 * stride(0), not 1 * max_pages
+    (which lands in row 0's -1 padding). Suffixes read their own rows the same way."""
+    case, groups, plens = cascade_case(
+        [30, 45, 40, 33], [-1, 0, 0, 0], [32], device=runtime.device, stream=28
+    )
+    case.block_tables = in_wider_table(case.block_tables)
+    check(impl, case, groups, plens, plan=forced(impl, case, groups, plens, suffix_splits=2))
+
+
+def test_gqa_group_wider_than_a_tile(impl, runtime):
+    """128 query heads on one KV head: one member's rows alone fill two of the planner's 64-row tiles, so
+    a tile holds one member (members_per_tile = MAX_ROWS // GROUP rounds down to 0: at least 1) and the
+    kernel's rows are 128, not 64."""
+    case, groups, plens = cascade_case([40, 33], [0, 0], [32], 128, 1, 16, device=runtime.device, stream=29)
+    plan = impl.plan(case.context_lens, groups, plens, 128, 1, 16, cascade=True)
+    assert plan.members_per_tile >= 1, f"{plan}: a tile must hold at least one member"
+    check(impl, case, groups, plens, plan=plan)
+
+
+GROUP_GUARDS = [c.name for c in guard_cases.f2_cases("cpu") if c.name.startswith("prefix_")]
+
+
+@pytest.mark.parametrize("name", GROUP_GUARDS)
+def test_bad_group_values_on_the_device_are_contained(impl, runtime, name):
+    """check=False, as an engine calls on a GPU (nothing read on the host), with a group id outside
+    [-1, G) or a prefix length that is no whole number of pages, past a member's context or past the table
+    (section 3.6). The kernels must not follow it: they record it in the device error word, which names
+    the argument, and never read outside the tensors they were given."""
+    case = next(c for c in guard_cases.f2_cases(runtime.device, impl) if c.name == name)
+    with pytest.raises(Exception, match=case.argument) as raised:
+        case.call(False)
+    assert "device guard" in str(raised.value), (
+        f"raised, but not by the device guard of section 3.6: {raised.value}"
+    )
 
 
 def test_lse_is_natural_log(impl, runtime):
@@ -483,6 +553,25 @@ def test_plan_cascades_only_when_it_pays(impl):
 
 
 @pytest.mark.parametrize(
+    "members,prefix,own",
+    [(2, 1024, 64), (8, 256, 64), (8, 512, 64), (4, 4096, 1024), (64, 304, 128), (64, 512, 128)],
+)
+def test_plan_saves_every_read_but_one_per_group(impl, members, prefix, own):
+    """Cascading still reads each prefix once: the tokens saved are (members - 1) * prefix_lens[g], and the
+    planner cascades when they reach three quarters of all tokens (section 3.5). Counting all the members
+    (2 * 1024 of 2 * 1088 tokens saved, 94%) cascades two requests that save only 47%. These cases sit
+    on both sides of the line."""
+    lens, groups = [prefix + own] * members, [0] * members
+    p = impl.plan(lens, groups, [prefix], 32, 8, 16, device="cpu", num_sms=132)
+    saved, total = (members - 1) * prefix, members * (prefix + own)
+    pays = saved >= 0.75 * total
+    assert p.cascade == pays, (
+        f"{members} members sharing {prefix} tokens with {own} of their own each: cascading saves "
+        f"{saved} of {total} tokens ({saved / total:.0%}), so the planner should {'' if pays else 'not '}cascade"
+    )
+
+
+@pytest.mark.parametrize(
     "lens,groups,plens",
     [
         ([300] * 64, [0] * 64, [288]),
@@ -578,6 +667,9 @@ STAGES = [
             "test_page_sizes",
             "test_dtypes",
             "test_q_and_cache_strides_are_used",
+            "test_table_rows_are_read_through_their_stride",
+            "test_gqa_group_wider_than_a_tile",
+            "test_bad_group_values_on_the_device_are_contained",
             "test_lse_is_natural_log",
             "test_runs_a_triton_kernel",
             "test_launcher_rejects_bad_input",
@@ -675,7 +767,9 @@ MISTAKES = [
         8,
         fails=("test_members_one_past_the_tile",),
         passes=("test_worked_example_three_requests",),
-        messages=(r"out of bounds|outside|canary",),
+        # A -1 member read as sequence 0 stores into sequence 0's rows: a canary, or a write race when the
+        # programs run in another order.
+        messages=(r"out of bounds|outside|canary|write race",),
         question="The last tile of a group holds fewer members than the tile has room for: what sequence "
         "does a -1 entry of tile_seqs name, and does your mask stop its row?",
         section="3.1",
@@ -690,6 +784,7 @@ MISTAKES = [
     Mistake(
         10,
         fails=("test_every_suffix_split_count_matches",),
+        messages=(r"NaN|nan",),  # 0 / 0; a suffix refused as empty is the learner's check, not this
         passes=(
             "test_worked_example_three_requests",
             "test_merge_states_equals_one_shot_softmax",
@@ -698,5 +793,42 @@ MISTAKES = [
         question="A member whose context ends where its prefix ends: what are l and acc for its suffix, "
         "and what does acc / l give?",
         section="3.3",
+    ),
+    Mistake(
+        11,
+        fails=("test_tiles_hold_one_group", "test_head_dims"),
+        passes=(
+            "test_prefix_counted_once",
+            "test_groups_of_one_member",
+            "test_members_one_past_the_tile",
+            "test_merge_states_equals_one_shot_softmax",
+        ),
+        question="Sequence 2 is in no group: which of its partial slots did the prefix stage write, and "
+        "which does your merge read?",
+        section="3.4",
+    ),
+    Mistake(
+        12,
+        fails=("test_table_rows_are_read_through_their_stride",),
+        passes=("test_worked_example_three_requests", "test_prefix_counted_once"),
+        question="block_tables is a view of a wider table: where does row 1 start, in entries, and what "
+        "does your kernel add to the table's pointer for it?",
+        section="3.1",
+    ),
+    Mistake(
+        13,
+        fails=("test_gqa_group_wider_than_a_tile",),
+        passes=("test_worked_example_three_requests", "test_prefix_tile_rows_map_to_heads"),
+        question="128 query heads share one KV head: how many members fit in a 64-row tile, and what does "
+        "your planner do with that number?",
+        section="3.5",
+    ),
+    Mistake(
+        14,
+        fails=("test_plan_saves_every_read_but_one_per_group",),
+        passes=("test_plan_covers_every_token_once",),
+        question="Two requests share 1024 tokens: how many times does a cascading step still read them, and "
+        "so how many reads does it save?",
+        section="3.5",
     ),
 ]
