@@ -330,6 +330,13 @@ FIGURES = {
     "long_tok_s": lambda d: (
         f"{_row(d, f'engine, {LONG_SYSTEM_TOKENS:,}-token shared prompt')['c1_tok_s']:,.0f}"
     ),
+    "steps": lambda d: str(_row(d, "engine, cascade")["steps"]),
+    "long_cascade_steps": lambda d: str(
+        _row(d, f"engine, {LONG_SYSTEM_TOKENS:,}-token shared prompt, cascade")["cascade_steps"]
+    ),
+    "long_steps": lambda d: str(
+        _row(d, f"engine, {LONG_SYSTEM_TOKENS:,}-token shared prompt, cascade")["steps"]
+    ),
     "long_cascade_tok_s": lambda d: (
         f"{_row(d, f'engine, {LONG_SYSTEM_TOKENS:,}-token shared prompt, cascade')['c1_tok_s']:,.0f}"
     ),

@@ -186,12 +186,16 @@ def test_merge_states_reads_strided_views(impl, runtime):
 
 MERGE_BAD_INPUTS = {
     "lse_a_nan": (
-        lambda o, l: dict(lse_a=l.clone().index_fill_(0, torch.tensor([3], device=l.device), float("nan"))),
+        lambda o, l: dict(
+            lse_a=l.clone().index_fill_(0, torch.tensor([3], device=l.device), float("nan")), check=True
+        ),
         ValueError,
         r"lse_a\[3\]",
     ),
     "lse_b_plus_inf": (
-        lambda o, l: dict(lse_b=l.clone().index_fill_(0, torch.tensor([5], device=l.device), float("inf"))),
+        lambda o, l: dict(
+            lse_b=l.clone().index_fill_(0, torch.tensor([5], device=l.device), float("inf")), check=True
+        ),
         ValueError,
         r"lse_b\[5\]",
     ),
@@ -204,8 +208,8 @@ MERGE_BAD_INPUTS = {
 
 @pytest.mark.parametrize("name", list(MERGE_BAD_INPUTS))
 def test_merge_states_rejects_bad_input(impl, runtime, name):
-    """A NaN or +inf lse is no state of any key set (check, the CPU's default, names it before the launch),
-    nor is an lse of the wrong dtype or length, or two outputs that differ in shape or dtype."""
+    """A NaN or +inf lse is no state of any key set (check=True, as on the CPU by default, names it before
+    the launch), nor is an lse of the wrong dtype or length, or two outputs that differ in shape or dtype."""
     o, lse = torch.randn(8, 32, device=runtime.device), torch.randn(8, device=runtime.device)
     args = dict(o_a=o, lse_a=lse, o_b=o.clone(), lse_b=lse.clone())
     spoil, error, names = MERGE_BAD_INPUTS[name]
@@ -278,10 +282,10 @@ def test_members_one_past_the_tile(impl, runtime, members):
 
 
 def test_group_of_64_members(impl, runtime):
-    """64 members of one group, two query heads of one KV head: 128 rows, two tiles of 64 (the planner's
+    """64 members of one group, four query heads of one KV head: 256 rows, two tiles of 128 (the planner's
     default), with short suffixes so that the case stays small."""
     lens = [16 + (i % 5) for i in range(64)]
-    case, groups, plens = cascade_case(lens, [0] * 64, [16], 2, 1, 16, 16, device=runtime.device, stream=10)
+    case, groups, plens = cascade_case(lens, [0] * 64, [16], 4, 1, 16, 16, device=runtime.device, stream=10)
     check(impl, case, groups, plens, plan=forced(impl, case, groups, plens, suffix_splits=1))
 
 
@@ -377,11 +381,11 @@ def test_table_rows_are_read_through_their_stride(impl, runtime):
 
 
 def test_gqa_group_wider_than_a_tile(impl, runtime):
-    """128 query heads on one KV head: one member's rows alone fill two of the planner's 64-row tiles, so
+    """256 query heads on one KV head: one member's rows alone fill two of the planner's 128-row tiles, so
     a tile holds one member (members_per_tile = MAX_ROWS // GROUP rounds down to 0: at least 1) and the
-    kernel's rows are 128, not 64."""
-    case, groups, plens = cascade_case([40, 33], [0, 0], [32], 128, 1, 16, device=runtime.device, stream=29)
-    plan = impl.plan(case.context_lens, groups, plens, 128, 1, 16, cascade=True)
+    kernel's rows are 256, not 128."""
+    case, groups, plens = cascade_case([40, 33], [0, 0], [32], 256, 1, 16, device=runtime.device, stream=29)
+    plan = impl.plan(case.context_lens, groups, plens, 256, 1, 16, cascade=True)
     assert plan.members_per_tile >= 1, f"{plan}: a tile must hold at least one member"
     check(impl, case, groups, plens, plan=plan)
 
@@ -819,7 +823,7 @@ MISTAKES = [
         13,
         fails=("test_gqa_group_wider_than_a_tile",),
         passes=("test_worked_example_three_requests", "test_prefix_tile_rows_map_to_heads"),
-        question="128 query heads share one KV head: how many members fit in a 64-row tile, and what does "
+        question="256 query heads share one KV head: how many members fit in a 128-row tile, and what does "
         "your planner do with that number?",
         section="3.5",
     ),
