@@ -758,6 +758,9 @@ def test_one_dtype_right_and_another_wrong_in_one_check_is_named_a_hard_coded_dt
     assert diagnose.diagnose(cases, [own])[0].pitfall == 18
     every_dtype_wrong = [Case("test_dtypes[fp16]", "test_dtypes", "failed", "x")] + cases[1:]
     assert diagnose.diagnose(every_dtype_wrong, [fits])[0].pitfall == 11
+    # NaN met in one dtype's case and not another's is memory read that should not be, not a dtype.
+    stale = [cases[0], Case("test_dtypes[fp32]", "test_dtypes", "failed", "3 NaN/inf values")] + cases[2:]
+    assert diagnose.diagnose(stale, [fits])[0].pitfall == 11
 
 
 @interpreter_only

@@ -175,6 +175,9 @@ def dtype_split(cases) -> bool:
     return False
 
 
+NOT_A_DTYPE = r"NaN|\bnan\b|\binf\b|canary|out of bounds|write race|did not come from|did not return|crashed"
+
+
 def _names_a_dtype(mistake: Mistake) -> bool:
     """A pitfall whose pattern names a dtype's cases: a dtype mistake of the lesson's own (bf16 past
     fp16's range), which explains a dtype split better than the generic finding does."""
@@ -211,7 +214,13 @@ def diagnose(cases, mistakes, titles: dict[int, str] | None = None, limit: int =
         # fail with it say nothing about which pitfall the kernel has (it may have none).
         _, title = generic_kind(refused[0].message)
         return [Finding(0, title, _evidence(refused[0]), True, None, "not_from_kernel")]
-    dtype_first = dtype_split(cases) and not any(_names_a_dtype(s.mistake) for s in consistent)
+    # Only where every failure is a finite mismatch or a dtype refusal: NaN, a canary or a stray access
+    # in some cases and not others says which memory a run happened to meet, not which dtype it had.
+    dtype_first = (
+        dtype_split(cases)
+        and not any(re.search(NOT_A_DTYPE, c.message or "") for c in failing)
+        and not any(_names_a_dtype(s.mistake) for s in consistent)
+    )
     if dtype_first:
         # One dtype right and another wrong in the same check: whatever else fits, the dtype leads.
         witness = (
