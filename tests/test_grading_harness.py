@@ -742,27 +742,6 @@ print((c.double() - a.double() @ b.double()).abs().max().item(), (s.float() - (a
     assert sum_error < 0.1, f"bf16 x + y summed off by {sum_error}"
 
 
-def test_one_dtype_right_and_another_wrong_in_one_check_is_named_a_hard_coded_dtype():
-    """out cast to tl.float16 whatever out's dtype: fp16 passes, fp32 fails by fp16's rounding in
-    test_dtypes and in every check that runs in fp32, which a pitfall may happen to fit. The split within
-    test_dtypes names the dtype first; a pitfall whose own pattern names a dtype's case keeps its place."""
-    cases = [
-        Case("test_dtypes[fp16]", "test_dtypes", "passed"),
-        Case("test_dtypes[fp32]", "test_dtypes", "failed", "relative error 0.0003 (allowed 0.0001)"),
-        Case("test_rows_sum_to_one", "test_rows_sum_to_one", "failed", "relative error 0.0003"),
-    ]
-    fits = diagnose.Mistake(11, fails=("test_rows_sum_to_one",))
-    found = diagnose.diagnose(cases, [fits])
-    assert found[0].kind == "dtype" and found[1].pitfall == 11, found
-    own = diagnose.Mistake(18, fails=("test_dtypes[fp32]",))
-    assert diagnose.diagnose(cases, [own])[0].pitfall == 18
-    every_dtype_wrong = [Case("test_dtypes[fp16]", "test_dtypes", "failed", "x")] + cases[1:]
-    assert diagnose.diagnose(every_dtype_wrong, [fits])[0].pitfall == 11
-    # NaN met in one dtype's case and not another's is memory read that should not be, not a dtype.
-    stale = [cases[0], Case("test_dtypes[fp32]", "test_dtypes", "failed", "3 NaN/inf values")] + cases[2:]
-    assert diagnose.diagnose(stale, [fits])[0].pitfall == 11
-
-
 @interpreter_only
 def test_a_dot_too_shallow_for_a_gpu_is_refused_in_the_learners_process():
     """NVIDIA's compiler refuses a tl.dot with K below 16, which the interpreter computes: the learner's

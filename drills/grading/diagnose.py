@@ -132,8 +132,7 @@ def refused_valid(cases):
 
 
 DTYPE_TITLE = (
-    "a dtype written into the code: one dtype's cases pass and another's fail (tl.float16 where the "
-    "tensors' own dtype belongs?)"
+    "a dtype written into the code: only the bf16 cases fail (tl.float16 where the inputs' dtype belongs?)"
 )
 
 
@@ -146,42 +145,6 @@ def only_one_dtype_fails(cases) -> bool:
         c.outcome == "passed" and re.search(r"fp16|fp32|float16|float32", c.id) for c in cases
     )
     return bool(failing) and passing_other and all(re.search(r"bf16|bfloat16", c.id) for c in failing)
-
-
-DTYPE_TAGS = {"fp16", "bf16", "fp32", "float16", "bfloat16", "float32"}
-
-
-def _dtype_tag(case_id: str) -> str | None:
-    """The dtype a parametrized case names in its brackets ("test_dtypes[bf16-causal]" -> "bf16")."""
-    if "[" not in case_id:
-        return None
-    params = case_id.split("[", 1)[1].rstrip("]")
-    return next((t for t in re.split(r"[-_,]", params) if t in DTYPE_TAGS), None)
-
-
-def dtype_split(cases) -> bool:
-    """Some check passes every case of one dtype and fails a case of another: the kernel's arithmetic
-    is right, and a dtype is what it gets wrong (a cast written as tl.float16, an element size of 2)."""
-    by_check: dict[str, dict[str, set]] = {}
-    for c in cases:
-        tag = _dtype_tag(c.id)
-        if tag is not None and c.outcome in ("passed", "failed"):
-            by_check.setdefault(c.id.split("[", 1)[0], {}).setdefault(tag, set()).add(c.outcome)
-    for tags in by_check.values():
-        clean = [t for t, seen in tags.items() if seen == {"passed"}]
-        broken = [t for t, seen in tags.items() if "failed" in seen]
-        if clean and broken:
-            return True
-    return False
-
-
-NOT_A_DTYPE = r"NaN|\bnan\b|\binf\b|canary|out of bounds|write race|did not come from|did not return|crashed"
-
-
-def _names_a_dtype(mistake: Mistake) -> bool:
-    """A pitfall whose pattern names a dtype's cases: a dtype mistake of the lesson's own (bf16 past
-    fp16's range), which explains a dtype split better than the generic finding does."""
-    return any(_dtype_tag(p) for p in mistake.fails)
 
 
 def generic_kind(message: str) -> tuple[str, str] | None:
@@ -214,23 +177,7 @@ def diagnose(cases, mistakes, titles: dict[int, str] | None = None, limit: int =
         # fail with it say nothing about which pitfall the kernel has (it may have none).
         _, title = generic_kind(refused[0].message)
         return [Finding(0, title, _evidence(refused[0]), True, None, "not_from_kernel")]
-    # Only where every failure is a finite mismatch or a dtype refusal: NaN, a canary or a stray access
-    # in some cases and not others says which memory a run happened to meet, not which dtype it had.
-    dtype_first = (
-        dtype_split(cases)
-        and not any(re.search(NOT_A_DTYPE, c.message or "") for c in failing)
-        and not any(_names_a_dtype(s.mistake) for s in consistent)
-    )
-    if dtype_first:
-        # One dtype right and another wrong in the same check: whatever else fits, the dtype leads.
-        witness = (
-            next(c for c in failing if _dtype_tag(c.id))
-            if any(_dtype_tag(c.id) for c in failing)
-            else failing[0]
-        )
-        findings, named = [Finding(0, DTYPE_TITLE, _evidence(witness), True, None, "dtype")], set()
-    else:
-        findings, named = [], set()
+    findings, named = [], set()
     for s in consistent:
         if s.mistake.pitfall in named:
             continue
