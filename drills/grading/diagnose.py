@@ -132,19 +132,31 @@ def refused_valid(cases):
 
 
 DTYPE_TITLE = (
-    "a dtype written into the code: only the bf16 cases fail (tl.float16 where the inputs' dtype belongs?)"
+    "a dtype written into the code: only some dtypes' cases fail (tl.float16 where the tensors' own dtype "
+    "belongs?)"
 )
 
 
+DTYPES = ("bf16", "bfloat16", "fp16", "float16", "fp32", "float32")
+
+
+def _dtype_of(case_id: str) -> str | None:
+    """The dtype a parametrized case names in its brackets ("test_dtypes[bf16-causal]" -> "bf16")."""
+    if "[" not in case_id:
+        return None
+    params = re.split(r"[-_,\]]", case_id.split("[", 1)[1])
+    return next((p for p in params if p in DTYPES), None)
+
+
 def only_one_dtype_fails(cases) -> bool:
-    """Every failing case is a bf16 case, and a case of another dtype passed: the kernel is right for fp16
-    or fp32 and wrong for bf16, the mark of a cast written as tl.float16 (or torch.float16) instead of
-    the tensor's own dtype (v.dtype, out_ptr.dtype.element_ty, q.dtype)."""
+    """Every failing case names a dtype, and a case of a dtype none of them names passed: the kernel is
+    right for one dtype (fp16, or fp16 and fp32) and wrong for the others, the mark of a cast written as
+    tl.float16 (or torch.float16) instead of the tensor's own dtype (v.dtype, out_ptr.dtype.element_ty)."""
     failing = [c for c in cases if c.outcome == "failed"]
-    passing_other = any(
-        c.outcome == "passed" and re.search(r"fp16|fp32|float16|float32", c.id) for c in cases
-    )
-    return bool(failing) and passing_other and all(re.search(r"bf16|bfloat16", c.id) for c in failing)
+    failed_dtypes = {_dtype_of(c.id) for c in failing}
+    if not failing or None in failed_dtypes:
+        return False
+    return any(c.outcome == "passed" and _dtype_of(c.id) not in (None, *failed_dtypes) for c in cases)
 
 
 def generic_kind(message: str) -> tuple[str, str] | None:
