@@ -126,4 +126,10 @@ MUTANTS = [
         "row = tl.program_id(0).to(tl.int64)\n    lo = tl.program_id(1) * cols_per_split",
         "row = tl.program_id(0)\n    lo = tl.program_id(1) * cols_per_split",
     ),
+    Mutant(
+        "out_stored_as_fp16",
+        "16. a dtype written into the kernel: p stored as tl.float16, not as out's element type",
+        "p.to(out_ptr.dtype.element_ty)",
+        "p.to(tl.float16)",
+    ),
 ]

@@ -792,4 +792,12 @@ MISTAKES = [
         "compute row * stride_xm, and what does that type do past 2**31 - 1?",
         section="3.1",
     ),
+    Mistake(
+        16,
+        fails=("test_dtypes[fp32]",),
+        passes=("test_dtypes[fp16]",),
+        question="x is fp32: in which dtype does your kernel store p, and where in your code is that dtype "
+        "written?",
+        section="3.5",
+    ),
 ]
