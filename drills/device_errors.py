@@ -108,6 +108,11 @@ CODES: dict[int, tuple[str, str, str]] = {
         "block_tables",
         "sequence {index} reads block id {value}, outside [0, num_blocks)",
     ),
+    61: (
+        "C1 prepare_inputs (the engine's fused RoPE)",
+        "positions",
+        "positions[{index}] = {value} is outside the RoPE table [0, max_position)",
+    ),
 }
 
 _WORDS: dict[torch.device, torch.Tensor] = {}

@@ -112,6 +112,13 @@ class EngineConfig:
                             cascade_decode), where F2's planner finds it pays; such a step runs eagerly,
                             without its CUDA graph, which costs more than it saves on the C1 benchmark
                             (c1_engine.md, section 6), so it is off unless asked for
+    overlap                 the host schedules and prepares step n+1 while the GPU runs step n: a greedy
+                            step whose requests cannot stop on the end-of-sequence token leaves its
+                            tokens on the device for the next step to read (engine.py, Engine.step);
+                            None: on wherever CUDA graphs are
+    fused_kernels           the forward's RMSNorm + residual add, RoPE and SiLU-and-mul as fused Triton
+                            kernels (fused.py); None: on where attention="kernels" runs on a GPU (under
+                            the interpreter they would cost more than the torch ops they replace)
     """
 
     attention: str = "kernels"
@@ -124,6 +131,8 @@ class EngineConfig:
     num_blocks: int | None = None
     prefix_caching: bool = True
     cascade: bool = False
+    fused_kernels: bool | None = None
+    overlap: bool | None = None
 
     def __post_init__(self):
         if self.attention not in ATTENTION:
@@ -140,3 +149,15 @@ class EngineConfig:
         if self.cuda_graphs and (self.attention != "kernels" or device.type != "cuda"):
             raise ValueError("cuda_graphs needs attention='kernels' on a CUDA device")
         return self.cuda_graphs
+
+    def fused_on(self, device) -> bool:
+        """Whether the forward runs fused.py's kernels on `device` (a torch.device)."""
+        if self.fused_kernels is None:
+            return self.attention == "kernels" and device.type == "cuda"
+        return bool(self.fused_kernels)
+
+    def overlap_on(self, device) -> bool:
+        """Whether the step loop overlaps the host's next step with the device's current one."""
+        if self.overlap is None:
+            return self.graphs_on(device)
+        return bool(self.overlap)

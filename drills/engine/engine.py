@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from drills.device_errors import raise_device_errors
+from drills.device_errors import describe as describe_error
+from drills.device_errors import error_word, raise_device_errors
 from drills.engine import sampler
 from drills.engine.attention import KernelAttention, PagedKVCache, TorchPagedAttention
 from drills.engine.config import EngineConfig
@@ -34,10 +35,15 @@ class Stats:
     output_tokens: int = 0
     graph_steps: int = 0
     cascade_steps: int = 0  # decode steps served by F2's cascade_decode
+    overlap_steps: int = 0  # steps whose tokens stayed on the device while the next step was prepared
     peak_blocks: int = (
         0  # the most KV blocks in use at once, after a step's scheduling (LLM.generate resets it)
     )
     seconds: float = 0.0
+    decode_steps: int = 0  # steps in which every sequence computed one token
+    decode_tokens: int = 0  # the tokens those steps sampled
+    decode_context_tokens: int = 0  # the KV tokens those steps read, summed over their sequences
+    decode_seconds: float = 0.0  # the host's time in those steps (the GPU's runs under it when overlapped)
     first_token_s: list = field(default_factory=list)  # per request, from add_request to its first token
 
     @property
@@ -91,10 +97,22 @@ class Engine:
         self._ids = itertools.count()
         self._added: dict = {}  # seq_id -> time added, until its first token
         self._counted: set = set()  # sequences whose prefix hits are in the stats
+        self.fused = config.fused_on(model.device)
+        self.overlap = config.overlap_on(model.device)
+        # Placeholders for tokens still on the device: ids past the vocabulary, so never a real token.
+        self.placeholder_base = model.config.vocab_size
+        self._pending = None  # the step whose tokens are on their way to the host
+        self._buffers = _Buffers(config.max_num_seqs, model.device)
+        self._staging = _Staging(model.device) if self.overlap and model.device.type == "cuda" else None
         self.graphs = None
         if config.graphs_on(model.device):
             self.graphs = DecodeGraphs(
-                model, self.attention, cache.block_size, self.max_model_len, config.max_num_seqs
+                model,
+                self.attention,
+                cache.block_size,
+                self.max_model_len,
+                config.max_num_seqs,
+                fused=self.fused,
             )
 
     def add_request(self, prompt_ids: list[int], params) -> object:
@@ -115,10 +133,18 @@ class Engine:
 
     @property
     def has_work(self) -> bool:
-        return self.scheduler.has_work
+        return self.scheduler.has_work or self._pending is not None
 
     def step(self) -> list:
-        """One step; returns the sequences that finished in it."""
+        """One step; returns the sequences that finished (their tokens all known on the host).
+
+        With the overlap on (EngineConfig.overlap), a greedy step whose sequences cannot stop on the
+        end-of-sequence token leaves its sampled tokens on the device: the scheduler books placeholders
+        (vocab_size + row, never a real id) and the next step reads the real ids from the device where
+        its inputs hold a placeholder. The host meanwhile schedules and prepares that next step while the
+        GPU still runs this one, and reads this step's tokens (one pinned copy) only once the next is
+        queued. A sequence that finished in such a step is returned by the step after, or by flush().
+        """
         t0 = time.perf_counter()
         scheduled = self.scheduler.schedule()
         if not scheduled:
@@ -126,13 +152,22 @@ class Engine:
                 raise RuntimeError(
                     "the scheduler scheduled nothing while requests wait: no progress possible"
                 )
-            return []
+            return self.flush()
         in_use = self.cache.num_blocks - self.block_manager.num_free_blocks  # the step's blocks are allocated
         self.stats.peak_blocks = max(self.stats.peak_blocks, in_use)
         cascade = self._cascade(scheduled)
         graph = self.graphs.batch_for(scheduled) if self.graphs and cascade is None else None
         device = self.model.device
-        inputs = self.parts.prepare_inputs(scheduled, self.block_manager, device, pad_to=graph)
+        if self._staging is not None:
+            # Built on the host, then sent in one non-blocking copy from pinned memory: a pageable copy
+            # per tensor would block the host until the GPU, still running the previous step, got to it.
+            inputs = self.parts.prepare_inputs(scheduled, self.block_manager, "cpu", pad_to=graph)
+            inputs = self._staging.send(inputs)
+        else:
+            inputs = self.parts.prepare_inputs(scheduled, self.block_manager, device, pad_to=graph)
+        if self._pending is not None:
+            # The previous step's tokens, still on the device, replace their placeholders in the inputs.
+            inputs.input_ids = self._pending.resolve(inputs.input_ids, self.placeholder_base)
         if graph:
             logits = self.graphs.run(inputs)
             self.stats.graph_steps += 1
@@ -140,18 +175,35 @@ class Engine:
             self.attention.begin_step(inputs, cascade=cascade)
             self.stats.cascade_steps += cascade is not None
             logits = forward(
-                self.model, inputs.input_ids, inputs.positions, self.attention, inputs, inputs.logits_rows
+                self.model,
+                inputs.input_ids,
+                inputs.positions,
+                self.attention,
+                inputs,
+                inputs.logits_rows,
+                fused=self.fused,
             )
         seqs = [scheduled[i].seq for i in inputs.sample_index]
         if self.on_logits is not None:
             self.on_logits(seqs, logits)
-        # The one host sync of the step. Called through the module: a grader watches every draw by
-        # replacing sampler.sample.
-        tokens = sampler.sample(logits, seqs, self.generator)
-        # A reference kernel's guard records a bad device value (a slot, a length, a block id) in the
-        # device error word instead of reading past a tensor; read it here, where the GPU has just been
-        # waited for: a wrong value from the scheduler raises, naming the argument, within the step.
-        raise_device_errors(device)
+        done = []
+        if self.overlap and seqs and all(self._token_may_wait(s) for s in seqs):
+            pending = _Pending.launch(logits, seqs, self._buffers, device)
+            if self._pending is not None:
+                done = self._settle(self._pending)  # waits for the previous step only
+            self._pending = pending
+            self.stats.overlap_steps += 1
+            tokens = [self.placeholder_base + r for r in range(len(seqs))]
+        else:
+            if self._pending is not None:
+                done = self._settle(self._pending)
+            # The step's host sync. Called through the module: a grader watches every draw by replacing
+            # sampler.sample.
+            tokens = sampler.sample(logits, seqs, self.generator)
+            # A reference kernel's guard records a bad device value (a slot, a length, a block id) in the
+            # device error word instead of reading past a tensor; read it here, where the GPU has just
+            # been waited for: a wrong value from the scheduler raises, naming the argument, in the step.
+            raise_device_errors(device)
         sampled = [None] * len(scheduled)
         for i, token in zip(inputs.sample_index, tokens):
             sampled[i] = token
@@ -168,10 +220,59 @@ class Engine:
             if not decode_row:
                 self.stats.prefill_tokens += item.num_new
         finished = self.scheduler.postprocess(scheduled, sampled)
+        if self._pending is not None and self._pending.seqs is seqs:
+            self._pending.mark(seqs)  # where each placeholder sits, once postprocess appended it
+            self._pending.finished = finished
+            finished = []
+        took = time.perf_counter() - t0
         self.stats.steps += 1
         self.stats.output_tokens += len(tokens)
-        self.stats.seconds += time.perf_counter() - t0
-        return finished
+        self.stats.seconds += took
+        if inputs.is_decode:
+            self.stats.decode_steps += 1
+            self.stats.decode_tokens += len(tokens)
+            self.stats.decode_context_tokens += sum(inputs.context_lens_list)
+            self.stats.decode_seconds += took
+        return done + finished
+
+    def flush(self) -> list:
+        """Read the tokens a step left on the device into their sequences; returns the sequences that
+        finished in that step. Engine.run and LLM.generate call it once their sequences are done."""
+        if self._pending is None:
+            return []
+        return self._settle(self._pending)
+
+    @property
+    def pending_seq_ids(self) -> set:
+        """The sequences whose last output token is still a placeholder (its real id on the device)."""
+        return set() if self._pending is None else {s.seq_id for s in self._pending.seqs}
+
+    def _token_may_wait(self, seq) -> bool:
+        """A token may stay on the device for a step when nothing the scheduler decides depends on its
+        value: greedy (no host draw) and never an end-of-sequence stop (the length alone ends it)."""
+        p = seq.params
+        return p.temperature == 0 and (p.ignore_eos or self.eos_id is None)
+
+    def _settle(self, pending) -> list:
+        """Wait for `pending`'s copy, write its tokens where its placeholders are, and raise any bad device
+        value its kernels recorded (the error word came back with the tokens)."""
+        self._pending = None if self._pending is pending else self._pending
+        tokens, errors = pending.wait()
+        if errors[0] != 0:
+            error_word(self.model.device).zero_()
+            raise ValueError(describe_error(errors))
+        for r, ((seq, index), token) in enumerate(zip(pending.slots, tokens)):
+            placeholder = self.placeholder_base + r
+            if 0 <= index < len(seq.output) and seq.output[index] == placeholder:
+                seq.output[index] = token
+            elif placeholder in seq.prompt:  # a preemption folded the output into the prompt
+                seq.prompt[len(seq.prompt) - 1 - seq.prompt[::-1].index(placeholder)] = token
+            else:
+                raise RuntimeError(
+                    f"sequence {seq.seq_id!r} no longer holds the placeholder {placeholder} its step "
+                    "sampled into: Sequence.output (or prompt) must keep each token where postprocess put it"
+                )
+        return pending.finished
 
     def _cascade(self, scheduled):
         """(F2's plan, prefix_group, prefix_lens) for a decode step whose sequences share their first
@@ -189,9 +290,102 @@ class Engine:
         return None if cplan is None else (cplan, groups, prefix_lens)
 
     def run(self, seqs) -> None:
-        """Step until every sequence in `seqs` has finished."""
+        """Step until every sequence in `seqs` has finished, its tokens all on the host."""
         while not all(s.finished for s in seqs):
             self.step()
+        self.flush()
+
+
+class _Buffers:
+    """Two pinned host buffers for the sampled ids and two for the error word, used in turn: a step's
+    copy never lands where the previous step's tokens still wait to be read."""
+
+    def __init__(self, rows: int, device):
+        pin = device.type == "cuda"
+        self.tokens = [torch.empty(rows, dtype=torch.int64, pin_memory=pin) for _ in range(2)]
+        self.errors = [torch.empty(4, dtype=torch.int64, pin_memory=pin) for _ in range(2)]
+        self.turn = 0
+
+    def next(self):
+        self.turn ^= 1
+        return self.tokens[self.turn], self.errors[self.turn]
+
+
+class _Staging:
+    """A step's input tensors, built on the host, packed into one pinned buffer and copied to the device
+    in one non-blocking copy. Two host buffers are used in turn, each reused only once its last copy has
+    run (an event), so the host never overwrites bytes a queued copy has yet to read."""
+
+    ALIGN = 16  # every tensor starts 16-byte aligned on the device, as the kernels' loads assume
+
+    def __init__(self, device, nbytes: int = 1 << 23):
+        self.device = device
+        self.host = [torch.empty(nbytes, dtype=torch.uint8, pin_memory=True) for _ in range(2)]
+        self.events = [None, None]
+        self.dev = torch.empty(nbytes, dtype=torch.uint8, device=device)  # in stream order: one is enough
+        self.turn = 0
+
+    def send(self, inputs):
+        fields = {k: v for k, v in vars(inputs).items() if isinstance(v, torch.Tensor)}
+        offsets, total = {}, 0
+        for name, t in fields.items():
+            offsets[name] = total
+            total += -(-t.numel() * t.element_size() // self.ALIGN) * self.ALIGN
+        if total > self.dev.numel() or any(t.device.type != "cpu" for t in fields.values()):
+            for name, t in fields.items():  # too large for the buffers: one copy per tensor
+                setattr(inputs, name, t.to(self.device, non_blocking=True))
+            return inputs
+        self.turn ^= 1
+        host, event = self.host[self.turn], self.events[self.turn]
+        if event is not None:
+            event.synchronize()  # this buffer's copy of two steps ago has run
+        for name, t in fields.items():
+            n = t.numel() * t.element_size()
+            host[offsets[name] : offsets[name] + n].copy_(t.contiguous().view(-1).view(torch.uint8))
+        self.dev[:total].copy_(host[:total], non_blocking=True)
+        self.events[self.turn] = torch.cuda.Event()
+        self.events[self.turn].record()
+        for name, t in fields.items():
+            n = t.numel() * t.element_size()
+            setattr(inputs, name, self.dev[offsets[name] : offsets[name] + n].view(t.dtype).view(t.shape))
+        return inputs
+
+
+class _Pending:
+    """One step's greedy tokens on the device, on their way to the host (a non-blocking pinned copy)."""
+
+    def __init__(self, tokens, host, errors, event, seqs):
+        self.tokens, self.host, self.errors, self.event = tokens, host, errors, event
+        self.seqs = seqs
+        self.slots = []  # (seq, index in seq.output) of each row's placeholder
+        self.finished = []  # sequences that finished in the step, returned once their tokens are known
+
+    @classmethod
+    def launch(cls, logits, seqs, buffers, device):
+        tokens = logits.argmax(-1)  # (R,) int64, on the device: no round trip before the next step
+        host, errors = buffers.next()
+        host = host[: tokens.shape[0]]
+        host.copy_(tokens, non_blocking=True)
+        errors.copy_(error_word(device), non_blocking=True)  # the kernels' guards, read with the tokens
+        event = None
+        if device.type == "cuda":
+            event = torch.cuda.Event()
+            event.record()
+        return cls(tokens, host, errors, event, seqs)
+
+    def mark(self, seqs):
+        # postprocess appended each placeholder as the sequence's last output token.
+        self.slots = [(seq, len(seq.output) - 1) for seq in seqs]
+
+    def resolve(self, input_ids, base: int):
+        """input_ids with every placeholder (base + row) replaced by that row's token, on the device."""
+        rows = (input_ids - base).clamp(0, self.tokens.shape[0] - 1)  # clamped: never read past the tokens
+        return torch.where(input_ids >= base, self.tokens[rows], input_ids)
+
+    def wait(self):
+        if self.event is not None:
+            self.event.synchronize()
+        return self.host.tolist(), self.errors.tolist()
 
 
 def shared_prefixes(tables: list[list[int]], lens: list[int], page: int) -> tuple[list[int], list[int]]:

@@ -28,9 +28,12 @@ class DecodeGraphs:
     model          model.Llama on a CUDA device
     attention      the engine's attention.KernelAttention (its cache is the one the graphs read)
     max_model_len  the longest context a replay may meet (the plan's and the block tables' width)
+    fused          capture the forward through fused.py's kernels
     """
 
-    def __init__(self, model, attention, block_size: int, max_model_len: int, max_num_seqs: int):
+    def __init__(
+        self, model, attention, block_size: int, max_model_len: int, max_num_seqs: int, fused: bool = False
+    ):
         device = model.device
         self.batches = [b for b in GRAPH_BATCHES if b <= max_num_seqs] or [max_num_seqs]
         if self.batches[-1] < max_num_seqs:
@@ -55,7 +58,7 @@ class DecodeGraphs:
             attention.begin_step(meta, plan_len=max_model_len)
 
             def run(b=b, meta=meta):
-                return forward(model, self.ids[:b], self.positions[:b], attention, meta, None)
+                return forward(model, self.ids[:b], self.positions[:b], attention, meta, None, fused=fused)
 
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())

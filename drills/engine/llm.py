@@ -133,13 +133,24 @@ class LLM:
         seqs = [self.engine.add_request(self.encode(p), sp) for p, sp in zip(prompts, many)]
         index = {s.seq_id: i for i, s in enumerate(seqs)}
         seen = {s.seq_id: 0 for s in seqs}
+
+        def stream():
+            # A sequence's last token may still be a placeholder, its id on the device (Engine.step):
+            # only the tokens before it are streamed now.
+            waiting = self.engine.pending_seq_ids
+            for s in seqs:
+                known = len(s.output) - (s.seq_id in waiting)
+                for t in s.output[seen[s.seq_id] : known]:
+                    on_token(index[s.seq_id], t)
+                seen[s.seq_id] = known
+
         while not all(s.finished for s in seqs):
             self.engine.step()
             if on_token:
-                for s in seqs:
-                    for t in s.output[seen[s.seq_id] :]:
-                        on_token(index[s.seq_id], t)
-                    seen[s.seq_id] = len(s.output)
+                stream()
+        self.engine.flush()
+        if on_token:
+            stream()
         return [self._completion(s) for s in seqs]
 
     def _completion(self, seq) -> Completion:

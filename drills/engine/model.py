@@ -146,13 +146,18 @@ def forward(
     attention,
     meta=None,
     logits_rows: torch.Tensor | None = None,
+    fused: bool = False,
 ) -> torch.Tensor:
     """Logits (R, V) for the packed rows `logits_rows` (all T rows when None) of one engine step.
 
     input_ids (T,) int64, positions (T,) int64; attention(layer, q, k, v, meta) -> (T, Hq, D), with q
     (T, Hq, D) and k, v (T, Hkv, D) already rotated: it must store k and v before it attends, since a
-    prefill's queries read the keys of their own step.
+    prefill's queries read the keys of their own step. fused: the same computation through fused.py's
+    Triton kernels (11 launches a layer instead of about 35), which q and k then reach as strided
+    views of the QKV GEMM's output.
     """
+    if fused:
+        return _forward_fused(model, input_ids, positions, attention, meta, logits_rows)
     c, w = model.config, model.weights
     T = input_ids.shape[0]
     Hq, Hkv, D = c.num_heads, c.num_kv_heads, c.head_dim
@@ -179,3 +184,32 @@ def forward(
     if logits_rows is not None:
         h = h[logits_rows]  # (R, H)
     return rms_norm(h, w.final_norm, c.rms_norm_eps) @ w.lm_head.T  # (R, V)
+
+
+def _forward_fused(model, input_ids, positions, attention, meta, logits_rows):
+    """forward() through fused.py: the residual add inside the next RMSNorm, RoPE in place on the QKV
+    rows, SiLU and the multiply in one kernel. The residual stream `h` is updated in place."""
+    from drills.engine import fused
+
+    c, w = model.config, model.weights
+    T = input_ids.shape[0]
+    Hq, Hkv, D = c.num_heads, c.num_kv_heads, c.head_dim
+    eps = c.rms_norm_eps
+    h = F.embedding(input_ids, w.embed)  # (T, H), the residual stream
+    x = fused.rms_norm(h, w.layers[0].attn_norm, eps) if w.layers else h
+    for i, layer in enumerate(w.layers):
+        qkv = x @ layer.wqkv.T  # (T, (Hq + 2 Hkv) D)
+        fused.rope_(qkv, positions, model.rope_cos, model.rope_sin, Hq + Hkv, D)  # q's and k's heads
+        q = qkv[:, : Hq * D].view(T, Hq, D)  # views: rows (Hq + 2 Hkv) D apart
+        k = qkv[:, Hq * D : (Hq + Hkv) * D].view(T, Hkv, D)
+        v = qkv[:, (Hq + Hkv) * D :].view(T, Hkv, D)
+        o = attention(i, q, k, v, meta)  # (T, Hq, D)
+        x = fused.rms_norm(o.reshape(T, Hq * D) @ layer.wo.T, layer.mlp_norm, eps, residual=h)
+        act = fused.silu_mul(x @ layer.w_gate_up.T)  # (T, I)
+        after = w.layers[i + 1].attn_norm if i + 1 < len(w.layers) else w.final_norm
+        x = fused.rms_norm(act @ layer.w_down.T, after, eps, residual=h)  # the next layer's input
+    if not w.layers:
+        x = fused.rms_norm(h, w.final_norm, eps)
+    if logits_rows is not None:
+        x = x[logits_rows]  # (R, H), already through the final norm
+    return x @ w.lm_head.T  # (R, V)

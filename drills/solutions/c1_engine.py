@@ -337,9 +337,10 @@ def prepare_inputs(scheduled: list[Scheduled], block_manager, device="cpu", pad_
         seq, n = item.seq, item.num_new
         start = seq.num_computed
         table = block_manager.block_table(seq.seq_id)
+        tokens = seq.tokens  # a new list on every read (prompt + output): read once per sequence
         # Section 4.1 "Slots": position p lives in logical block p // PAGE at offset p % PAGE.
         for p in range(start, start + n):
-            ids.append(seq.tokens[p])
+            ids.append(tokens[p])
             positions.append(p)
             slot = table[p // page] * page + p % page
             # Two sequences may recompute one shared block in the same step (section 3.4): the same

@@ -1,0 +1,225 @@
+"""The engine's fused kernels (drills/engine/fused.py) against the torch ops they replace.
+
+Each kernel rounds where the torch path rounds, so the comparisons are tight: in fp32 RMSNorm differs
+only in the order of its sum of squares and RoPE by a fused multiply-add; in bf16 by a unit or a few. A whole forward through
+them must give the torch forward's logits, and the engine the same greedy tokens. They run on the
+kernels' device: the interpreter on a CPU, compiled on a GPU. Each test is named for the mistake it
+catches.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import drills.runtime
+from drills.device_errors import raise_device_errors
+from drills.engine import fused
+from drills.engine.config import tiny_config
+from drills.engine.model import Llama, apply_rope, forward, random_weights, rms_norm
+from drills.engine.oracle import ReferenceAttention, packed_step
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# Half a unit in the last place of each dtype, relative: the sum of squares in another order may move
+# the rsqrt by about that, and the product with the weight rounds once more.
+RTOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+def _exact(dtype) -> float:
+    """The tolerance of a result that rounds exactly as torch does: 0, except that Triton's interpreter
+    casts fp32 to bf16 by truncation, not to nearest (measured, Triton 3.6): one bf16 unit there."""
+    interpreted = torch.device(_device()).type == "cpu"
+    return 2**-7 if dtype == torch.bfloat16 and interpreted else 0.0
+
+
+def _device():
+    return drills.runtime.current().device
+
+
+def _rows(T, H, dtype, stream):
+    g = torch.Generator().manual_seed(stream)
+    return (torch.randn(T, H, generator=g) * 2).to(dtype).to(_device())
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("H", [96, 100])  # 100: a row width that is no power of two (masked columns)
+def test_rms_norm_is_normalised_by_the_mean_square_and_scaled_by_the_weight(dtype, H):
+    x = _rows(5, H, dtype, 1)
+    w = (1 + 0.1 * torch.randn(H, generator=torch.Generator().manual_seed(2))).to(dtype).to(_device())
+    got = fused.rms_norm(x, w, 1e-5)
+    ref = rms_norm(x, w, 1e-5)
+    assert got.abs().max() > 0.5, "the output is (nearly) all zeros"
+    torch.testing.assert_close(got.float(), ref.float(), rtol=RTOL[dtype], atol=RTOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_residual_is_added_in_place_and_the_sum_is_what_is_normalised(dtype):
+    x, h = _rows(7, 96, dtype, 3), _rows(7, 96, dtype, 4)
+    w = torch.ones(96, dtype=dtype, device=_device()) * 1.5
+    expected_h = h + x  # the torch path's `h = h + delta`, rounded to the dtype
+    got = fused.rms_norm(x, w, 1e-5, residual=h)
+    tol = _exact(dtype)
+    torch.testing.assert_close(h, expected_h, rtol=tol, atol=tol)  # the stream itself, exactly
+    torch.testing.assert_close(
+        got.float(), rms_norm(expected_h, w, 1e-5).float(), rtol=RTOL[dtype], atol=RTOL[dtype]
+    )
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_rope_rotates_q_and_k_heads_in_place_and_leaves_v_alone(dtype):
+    Hq, Hkv, D, T = 6, 2, 16, 9
+    model = Llama(random_weights(tiny_config(), stream=5, device=_device()))
+    qkv = _rows(T, (Hq + 2 * Hkv) * D, dtype, 6)
+    positions = torch.tensor([0, 1, 2, 700, 5, 5, 1023, 9, 3], device=_device())
+    before = qkv.clone()
+    fused.rope_(qkv, positions, model.rope_cos, model.rope_sin, Hq + Hkv, D)
+    cos = model.rope_cos[positions].to(dtype)[:, None, :]
+    sin = model.rope_sin[positions].to(dtype)[:, None, :]
+    want_q = apply_rope(before[:, : Hq * D].view(T, Hq, D), cos, sin)
+    want_k = apply_rope(before[:, Hq * D : (Hq + Hkv) * D].view(T, Hkv, D), cos, sin)
+    # fp32: a compiled kernel may contract a product and a sum into one fused multiply-add (one unit).
+    # bf16: the interpreter's casts truncate, and on an H200 the compiled kernel differed from torch's
+    # four multiplies by up to 0.03 (measured, Triton 3.6) where q1 cos - q2 sin cancels: a few units.
+    tol = {torch.float16: RTOL[dtype], torch.float32: 2e-6}.get(dtype, RTOL[dtype])
+    atol = 0.07 if dtype == torch.bfloat16 else tol
+    torch.testing.assert_close(qkv[:, : Hq * D].view(T, Hq, D), want_q, rtol=tol, atol=atol)
+    torch.testing.assert_close(qkv[:, Hq * D : (Hq + Hkv) * D].view(T, Hkv, D), want_k, rtol=tol, atol=atol)
+    assert torch.equal(qkv[:, (Hq + Hkv) * D :], before[:, (Hq + Hkv) * D :]), "v's columns were written"
+
+
+def test_a_position_past_the_rope_table_is_named_not_read():
+    model = Llama(random_weights(tiny_config(), stream=5, device=_device()))
+    qkv = _rows(3, 10 * 16, torch.float32, 7)
+    positions = torch.tensor([0, 5000, 1], device=_device())  # the table holds 1,024 positions
+    fused.rope_(qkv, positions, model.rope_cos, model.rope_sin, 8, 16)
+    with pytest.raises(ValueError, match=r"positions\[1\] = 5000"):
+        raise_device_errors(_device())
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("inter", [160, 1500])  # 1500: more than one column block per row, masked
+def test_silu_applies_to_the_gate_half_and_multiplies_the_up_half(dtype, inter):
+    gu = _rows(4, 2 * inter, dtype, 8)
+    gate, up = gu.chunk(2, dim=-1)
+    want = F.silu(gate) * up
+    got = fused.silu_mul(gu)
+    tol = 1e-6 if dtype == torch.float32 else RTOL[dtype]
+    torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+
+
+def test_bad_arguments_raise_naming_them():
+    x = _rows(2, 96, torch.float32, 9)
+    with pytest.raises(TypeError, match="x must be a torch.Tensor"):
+        fused.rms_norm([1.0], x[0], 1e-5)
+    with pytest.raises(ValueError, match="weight"):
+        fused.rms_norm(x, x[0, :10].contiguous(), 1e-5)
+    with pytest.raises(ValueError, match="residual"):
+        fused.rms_norm(x, x[0].contiguous(), 1e-5, residual=x[:1])
+    with pytest.raises(ValueError, match="gate_up"):
+        fused.silu_mul(x[:, :95])
+    with pytest.raises(ValueError, match="x must have contiguous rows"):
+        fused.rms_norm(x.t(), x[:, 0].contiguous(), 1e-5)
+    with pytest.raises(ValueError, match="positions"):
+        fused.rope_(x, torch.zeros(3, dtype=torch.int64, device=x.device), x, x, 2, 16)
+
+
+def test_fused_forward_gives_the_torch_forwards_logits():
+    """A packed prefill of three sequences (7, 1 and 12 tokens) through both forwards."""
+    model = Llama(random_weights(tiny_config(), stream=10, device=_device()))
+    g = torch.Generator().manual_seed(11)
+    prompts = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (7, 1, 12)]
+    ids, positions, rows, meta = packed_step([(i, p, 0) for i, p in enumerate(prompts)])
+    ids, positions, rows = ids.to(_device()), positions.to(_device()), rows.to(_device())
+    ref = forward(model, ids, positions, ReferenceAttention(model.config), meta, rows)
+    got = forward(model, ids, positions, ReferenceAttention(model.config), meta, rows, fused=True)
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_engine_greedy_tokens_are_the_same_fused_or_not():
+    from drills.engine.llm import LLM
+    from drills.solutions.c1_engine import SamplingParams
+
+    weights = random_weights(tiny_config(), stream=12)
+    g = torch.Generator().manual_seed(13)
+    prompts = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (5, 17, 33)]
+    outs = {}
+    for on in (False, True):
+        llm = LLM(
+            weights,
+            attention="torch",
+            use="solutions",
+            device=_device(),
+            dtype=torch.float32,
+            num_blocks=32,
+            fused_kernels=on,
+            quiet=True,
+        )
+        res = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))
+        outs[on] = [r.token_ids for r in res]
+    assert outs[True] == outs[False]
+
+
+def _overlap_llm(on: bool, eos_id=None):
+    from drills.engine.llm import LLM
+
+    llm = LLM(
+        random_weights(tiny_config(), stream=14),
+        attention="torch",
+        use="solutions",
+        device="cpu",
+        dtype=torch.float32,
+        block_size=8,
+        num_blocks=14,  # too few for all prompts at once: preemptions happen
+        max_num_batched_tokens=24,  # prompts in chunks
+        overlap=on,
+        quiet=True,
+    )
+    llm.engine.eos_id = eos_id
+    return llm
+
+
+def test_the_overlapped_loop_gives_the_same_tokens_and_counts():
+    """Tokens left on the device for a step (placeholders on the host) must come out exactly as the
+    step-by-step loop's, through chunked prefill and preemptions, with ragged max_tokens."""
+    from drills.solutions.c1_engine import SamplingParams
+
+    g = torch.Generator().manual_seed(15)
+    prompts = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (5, 40, 17, 33, 9, 60)]
+    params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in (20, 3, 31, 8, 1, 14)]
+    runs = {}
+    for on in (False, True):
+        llm = _overlap_llm(on)
+        streamed = [[] for _ in prompts]
+        outs = llm.generate(prompts, params, on_token=lambda i, t, got=streamed: got[i].append(t))
+        tokens = [o.token_ids for o in outs]
+        assert streamed == tokens, "streamed tokens differ from the completions (a placeholder streamed)"
+        assert all(t < 256 for ts in tokens for t in ts), "a placeholder reached a completion"
+        s = llm.engine.stats
+        runs[on] = (tokens, s.output_tokens, llm.engine.scheduler.num_preemptions, s.overlap_steps)
+    assert runs[True][0] == runs[False][0]
+    assert runs[True][1:3] == runs[False][1:3], "(output tokens, preemptions) differ"
+    assert runs[True][3] > 0 and runs[False][3] == 0, "the overlap was not taken (or taken when off)"
+    assert runs[False][2] > 0, "the pool was meant to be small enough for a preemption"
+
+
+def test_a_request_that_may_stop_on_eos_is_never_left_waiting():
+    """With an end-of-sequence token, the scheduler must see each real token before its next step: the
+    overlapped loop runs such steps in lockstep and stops exactly where the step-by-step loop does."""
+    from drills.solutions.c1_engine import SamplingParams
+
+    g = torch.Generator().manual_seed(16)
+    prompts = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (6, 11)]
+    first = _overlap_llm(False).generate(prompts, SamplingParams(temperature=0.0, max_tokens=16))
+    eos = first[0].token_ids[3]  # a token the first request really produces
+    outs = {}
+    for on in (False, True):
+        llm = _overlap_llm(on, eos_id=eos)
+        outs[on] = [
+            (o.token_ids, o.finish_reason)
+            for o in llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=16))
+        ]
+        outs[on] = (outs[on], llm.engine.stats.overlap_steps)
+    assert outs[True][0] == outs[False][0]
+    assert outs[True][0][0][1] == "stop"
+    assert outs[True][1] == 0, "a step was left waiting while its requests could stop on eos"
