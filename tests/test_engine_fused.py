@@ -223,3 +223,30 @@ def test_a_request_that_may_stop_on_eos_is_never_left_waiting():
     assert outs[True][0] == outs[False][0]
     assert outs[True][0][0][1] == "stop"
     assert outs[True][1] == 0, "a step was left waiting while its requests could stop on eos"
+
+
+def test_the_overlapped_loop_on_the_kernels_gives_the_same_tokens():
+    """The kernel path on the kernels' device: on a GPU the overlap runs with CUDA graphs, the pinned
+    input copy and the fused forward, the configuration the benchmark times."""
+    from drills.engine.llm import LLM
+    from drills.solutions.c1_engine import SamplingParams
+
+    g = torch.Generator().manual_seed(17)
+    prompts = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (3, 21, 40, 8)]
+    params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in (9, 4, 12, 1)]
+    runs = {}
+    for on in (False, True):
+        llm = LLM(
+            random_weights(tiny_config(), stream=18),
+            attention="kernels",
+            use="solutions",
+            device=_device(),
+            block_size=16,
+            num_blocks=32,
+            max_num_seqs=8,
+            overlap=on,
+            quiet=True,
+        )
+        runs[on] = [o.token_ids for o in llm.generate(prompts, params)]
+        assert (llm.engine.stats.overlap_steps > 0) == on
+    assert runs[True] == runs[False]

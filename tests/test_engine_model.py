@@ -323,3 +323,30 @@ def test_engine_on_the_course_kernels_answers_like_transformers(ours, hf_model, 
     assert out.token_ids == expected, f"engine {out.token_ids} ({out.text!r}), transformers {expected}"
     diff = (torch.stack(rows) - torch.cat(hf.logits)).abs().max().item()
     assert diff <= KERNEL_LOGIT_ATOL, f"max |logit - transformers'| = {diff:.3g} > {KERNEL_LOGIT_ATOL}"
+
+
+def test_fused_kernels_and_the_overlap_keep_smollm2s_greedy_answers(ours, tokenizer):
+    """The forward through fused.py's kernels (the interpreter here, compiled on a GPU), and the loop
+    that leaves tokens on the device for a step: both chats' greedy answers, token for token, as the
+    plain torch forward in lockstep gives them."""
+    from drills.engine.llm import LLM
+    from drills.solutions.c1_engine import SamplingParams
+
+    prompts = [tokenizer.encode_chat(chat) for chat in CHATS]
+    params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)  # no eos: may overlap
+    answers = {}
+    for fused, overlap in ((False, False), (True, False), (True, True)):
+        llm = LLM(
+            ours.weights,
+            tokenizer,
+            attention="torch",
+            use="solutions",
+            num_blocks=32,
+            fused_kernels=fused,
+            overlap=overlap,
+            quiet=True,
+        )
+        answers[fused, overlap] = [o.token_ids for o in llm.generate(prompts, params)]
+        assert llm.engine.stats.overlap_steps == (llm.engine.stats.steps if overlap else 0)
+    assert answers[True, False] == answers[False, False], "the fused forward changed a greedy token"
+    assert answers[True, True] == answers[False, False], "the overlapped loop changed a greedy token"

@@ -465,4 +465,29 @@ FIGURES = {
     "long_cascade_tok_s": lambda d: (
         f"{_row(d, f'engine, {LONG_SYSTEM_TOKENS:,}-token shared prompt, cascade')['c1_tok_s']:,.0f}"
     ),
+    # Section 6.1: where a step's time goes, before and after the overlap and the fused kernels.
+    "lockstep_tok_s": lambda d: f"{_row(d, LOCKSTEP)['c1_tok_s']:,.0f}",
+    "no_overlap_tok_s": lambda d: f"{_row(d, 'engine, no overlap')['c1_tok_s']:,.0f}",
+    "no_fused_tok_s": lambda d: f"{_row(d, 'engine, no fused kernels')['c1_tok_s']:,.0f}",
+    "speedup": lambda d: bench.num(_row(d, "engine")["c1_tok_s"] / _row(d, LOCKSTEP)["c1_tok_s"], 1),
+    "fused_launches": lambda d: str(_row(d, "engine")["decode_launches"]),
+    "unfused_launches": lambda d: f"{_row(d, LOCKSTEP)['decode_launches']:,}",
+    "host_ms": lambda d: bench.num(_host_ms(_row(d, "engine")), 1),
+    "lockstep_host_ms": lambda d: bench.num(_host_ms(_row(d, LOCKSTEP)), 1),
+    "busy": lambda d: f"{100 * _row(d, 'engine')['gpu_busy']:.0f}%",
+    "lockstep_busy": lambda d: f"{100 * _row(d, LOCKSTEP)['gpu_busy']:.0f}%",
+    "no_fused_busy": lambda d: f"{100 * _row(d, 'engine, no fused kernels')['gpu_busy']:.0f}%",
+    "roofline_tok_s": lambda d: f"{_row(d, 'engine')['roofline_tok_s']:,.0f}",
+    "roofline_fraction": lambda d: f"{100 * _row(d, 'engine')['roofline_fraction']:.0f}%",
+    "nano_tok_s": lambda d: f"{_row(d, 'engine', 'nano')['c1_tok_s']:,.0f}",
+    "nano_vs_hf": lambda d: bench.num(_row(d, "engine", "nano")["vs_hf"], 1),
+    "nano_roofline_fraction": lambda d: f"{100 * _row(d, 'engine', 'nano')['roofline_fraction']:.0f}%",
+    "nano_busy": lambda d: f"{100 * _row(d, 'engine', 'nano')['gpu_busy']:.0f}%",
 }
+
+LOCKSTEP = "engine, no overlap, no fused kernels"  # the loop as it was: one step at a time, torch ops
+
+
+def _host_ms(row: dict) -> float:
+    """The host's milliseconds in a decode step of the timed run."""
+    return 1e3 * row["decode_s"] / row["decode_steps"]

@@ -176,4 +176,13 @@ MUTANTS = [
         "            seq.num_computed += item.num_new\n",
         "            seq.num_computed += item.num_new\n            if not samples:\n                continue\n",
     ),
+    Mutant(
+        "token_ids_copied_once",
+        "24. token ids kept from an earlier step",
+        "        tokens = seq.tokens  # a new list on every read (prompt + output): read once per sequence\n",
+        "        if not hasattr(seq, 'ids_copy'):\n"
+        "            seq.ids_copy = []  # a copy, grown by what is new\n"
+        "        tokens = seq.ids_copy\n"
+        "        tokens += seq.tokens[len(tokens) :]\n",
+    ),
 ]

@@ -287,6 +287,15 @@ def _serve(module, manager, prompts, waves, stream, engine_args, params=None):
     seqs = []
     try:
         engine = holder["engine"] = Engine(model, parts, manager, cache, config, eos_id=eos_id)
+        if engine.overlap:
+            # An overlapped step takes its argmax on the device, not through sampler.sample: its logits
+            # are watched where the engine hands them over, keyed the same way.
+            engine.on_logits = lambda seqs, logits: [
+                drawn.setdefault(request_of.get(q.seq_id), {}).__setitem__(
+                    q.num_tokens - len(q.prompt), row.float().clone()
+                )
+                for q, row in zip(seqs, logits)
+            ]
         for wave in waves:
             added = []
             for i in wave:
@@ -299,6 +308,7 @@ def _serve(module, manager, prompts, waves, stream, engine_args, params=None):
                 if len(steps) >= MAX_STEPS:
                     raise RuntimeError(f"no request finished within {MAX_STEPS} steps (stuck)")
                 engine.step()
+            engine.flush()  # the overlapped loop's last tokens, still on their way to the host
             for i, seq in added:
                 out["tokens"][i] = list(seq.output)
             out["free_after_wave"].append(manager.num_free_blocks)
@@ -595,6 +605,14 @@ MISTAKES = [
         question="A step has just preempted C to give its blocks to B: who may take those blocks in the "
         "same step's admission, and who would be first in line to?",
         section="3.3",
+    ),
+    Mistake(
+        24,
+        fails=("test_the_overlapped_loop_matches_the_oracle",),
+        passes=ENGINE_BASICS + ("test_preemption_finishes_every_request_with_the_same_output",),
+        question="With the overlap, seq.output ends in a placeholder until the step after: which token "
+        "ids does your code read from seq.tokens this step, and which from a copy it kept?",
+        section="6.1",
     ),
 ]
 
@@ -1072,6 +1090,22 @@ def test_preemption_finishes_every_request_with_the_same_output(impl):
     assert watched.preemptions > 0, (
         "no request was preempted, yet the requests need 16 blocks of a pool of 8 (grader bug?)"
     )
+
+
+def test_the_overlapped_loop_matches_the_oracle(impl):
+    """On a GPU the engine leaves a greedy step's tokens on the device and books placeholders in their
+    place (section 6.1): the next step is scheduled and prepared before the real ids reach the host,
+    which then writes them into seq.output. Through preemptions and recomputation (the preemption
+    check's requests) every request's tokens and logits must still be the oracle's: code that keeps its
+    own copy of a sequence's tokens from an earlier step reads a placeholder that is long gone."""
+    prompts = preemption_prompts(14)
+    watched = Watched(8)
+    run = serve(impl, watched, prompts, params=PREEMPTION_PARAMS, overlap=True)
+    assert_matches_oracle(
+        run, prompts, "the overlapped loop (tokens reach the host one step late)", PREEMPTION_PARAMS
+    )
+    assert run["stats"]["overlap_steps"] > 0, "no step was overlapped (grader bug?)"
+    assert watched.preemptions > 0, "no request was preempted (grader bug?)"
 
 
 def test_no_block_leaks_after_every_request_ends(impl):
