@@ -58,7 +58,7 @@ def requests(
     return [system + torch.randint(100, vocab, (k,), generator=g).tolist() for k in lens]
 
 
-REPEATS = 3  # timed runs per engine row; the fastest counts
+REPEATS = 2  # timed runs per engine row; the fastest counts
 NANO_REQUESTS, NANO_LENS = 256, (100, 1024)  # nano-vllm's bench.py: input and output lengths uniform
 
 
@@ -112,6 +112,76 @@ def gpu_busy(run) -> tuple[float, int]:
             busy += b - max(a, end)
             end = b
     return busy / 1e6 / wall, kernels
+
+
+def step_split(llm, prompts, params) -> dict:
+    """One more run of the traffic with every step taken apart: host milliseconds in the scheduler's
+    schedule() and postprocess(), in prepare_inputs, in the whole step, and the GPU's milliseconds over
+    the forward (CUDA events around it), averaged over decode steps ("decode_...") and the others
+    ("other_..."). The events and timers cost a few microseconds a step."""
+    from drills.engine import engine as engine_module
+
+    eng, cur, rec = llm.engine, {}, []
+
+    def timed(name, fn):
+        def run(*args, **kwargs):
+            t = time.perf_counter()
+            out = fn(*args, **kwargs)
+            cur[name] = cur.get(name, 0.0) + time.perf_counter() - t
+            if name == "prepare":
+                cur["decode"] = out.is_decode
+            return out
+
+        return run
+
+    def on_gpu(fn):
+        def run(*args, **kwargs):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            out = fn(*args, **kwargs)
+            end.record()
+            cur["events"] = (start, end)
+            return out
+
+        return run
+
+    saved = (eng.scheduler.schedule, eng.scheduler.postprocess, eng.parts.prepare_inputs, eng.step)
+    forward, graphs_run = engine_module.forward, eng.graphs.run if eng.graphs else None
+    eng.scheduler.schedule = timed("schedule", saved[0])
+    eng.scheduler.postprocess = timed("postprocess", saved[1])
+    eng.parts.prepare_inputs = timed("prepare", saved[2])
+    engine_module.forward = on_gpu(forward)
+    if eng.graphs:
+        eng.graphs.run = on_gpu(graphs_run)
+
+    def step():
+        cur.clear()
+        t = time.perf_counter()
+        out = saved[3]()
+        cur["step"] = time.perf_counter() - t
+        rec.append(dict(cur))
+        return out
+
+    eng.step = step
+    try:
+        llm.generate(prompts, params)
+        torch.cuda.synchronize()
+    finally:
+        eng.scheduler.schedule, eng.scheduler.postprocess, eng.parts.prepare_inputs, eng.step = saved
+        engine_module.forward = forward
+        if eng.graphs:
+            eng.graphs.run = graphs_run
+    split = {}
+    for kind, name in ((True, "decode"), (False, "other")):
+        steps = [r for r in rec if r.get("decode") is kind and "events" in r]
+        if not steps:
+            continue
+        n = len(steps)
+        for key in ("schedule", "prepare", "postprocess", "step"):
+            split[f"{name}_{key}_ms"] = 1e3 * sum(r.get(key, 0.0) for r in steps) / n
+        split[f"{name}_gpu_ms"] = sum(r["events"][0].elapsed_time(r["events"][1]) for r in steps) / n
+        split[f"{name}_split_steps"] = n
+    return split
 
 
 def decode_launches(llm) -> int | None:
@@ -185,6 +255,7 @@ def engine_row(impl, weights, prompts, label, model_name, outputs=None, gbs=None
     _check_outputs(llm, prompts[:4], [o.token_ids for o in outs[:4]])
     s = stats
     busy, _ = gpu_busy(lambda: llm.generate(_shifted(prompts, vocab, 2), params))
+    split = step_split(llm, _shifted(prompts, vocab, 3), params)
     row = dict(
         row=label,
         model=model_name,
@@ -204,6 +275,7 @@ def engine_row(impl, weights, prompts, label, model_name, outputs=None, gbs=None
         decode_launches=decode_launches(llm),
         decode_steps=s.decode_steps,
         decode_s=s.decode_seconds,
+        **split,
     )
     if gbs:
         roof_s, roof_tok_s = decode_roofline(llm, s, gbs)
@@ -373,7 +445,8 @@ def run(impl) -> tuple[bench.Table, list[str]]:
         "time from the first request queued to the last token, after a warm-up run of the same traffic with other token ids.",
         "GPU busy: the union of the kernels' and copies' times over the wall, from a second run of the same "
         "traffic under torch.profiler (CUDA activity only). Kernels per decode step: the nodes of the "
-        "largest captured decode graph, counted over one replay.",
+        "largest captured decode graph, counted over one replay. A third run takes each step apart: the host's "
+        "time in schedule(), prepare_inputs and postprocess(), and the GPU's over the forward (CUDA events).",
         f"Decode roofline: each decode step reads every weight once and each sequence's K and V once, at "
         f"{gbs:,.0f} GB/s (a 1 GiB device copy, bytes read + written, measured in this run); the fraction is "
         "that time over the host's time in the decode steps.",
@@ -486,6 +559,38 @@ FIGURES = {
 }
 
 LOCKSTEP = "engine, no overlap, no fused kernels"  # the loop as it was: one step at a time, torch ops
+
+# Section 6.1's table: each loop's step taken apart (step_split), one figure per row and field.
+SPLIT_ROWS = {
+    "lockstep": LOCKSTEP,
+    "fused_only": "engine, no overlap",
+    "overlap_only": "engine, no fused kernels",
+    "default": "engine",
+}
+for _key, _label in SPLIT_ROWS.items():
+    for _field in ("decode_step_ms", "decode_gpu_ms", "decode_schedule_ms", "decode_prepare_ms"):
+        FIGURES[f"{_key}_{_field}"] = lambda d, label=_label, field=_field: bench.num(
+            _row(d, label)[field], 1
+        )
+    FIGURES[f"{_key}_busy"] = lambda d, label=_label: f"{100 * _row(d, label)['gpu_busy']:.0f}%"
+    FIGURES[f"{_key}_host_ms"] = lambda d, label=_label: bench.num(_host_ms(_row(d, label)), 1)
+    FIGURES[f"{_key}_tok_s"] = lambda d, label=_label: f"{_row(d, label)['c1_tok_s']:,.0f}"
+    FIGURES[f"{_key}_launches"] = lambda d, label=_label: f"{_row(d, label)['decode_launches']:,}"
+FIGURES["learner_share"] = lambda d: (
+    f"{100 * _learner_ms(_row(d, 'engine')) / _row(d, 'engine')['decode_step_ms']:.0f}%"
+)
+FIGURES["learner_ms"] = lambda d: bench.num(_learner_ms(_row(d, "engine")), 1)
+FIGURES["other_steps"] = lambda d: str(_row(d, "engine")["other_split_steps"])
+FIGURES["other_step_ms"] = lambda d: bench.num(_row(d, "engine")["other_step_ms"], 0)
+FIGURES["other_gpu_ms"] = lambda d: bench.num(_row(d, "engine")["other_gpu_ms"], 0)
+FIGURES["other_share"] = lambda d: (
+    f"{100 * _row(d, 'engine')['other_step_ms'] * _row(d, 'engine')['other_split_steps'] / (1e3 * _row(d, 'engine')['seconds']):.0f}%"
+)
+
+
+def _learner_ms(row: dict) -> float:
+    """The host's milliseconds in C1's code (schedule, prepare_inputs, postprocess) per decode step."""
+    return row["decode_schedule_ms"] + row["decode_prepare_ms"] + row["decode_postprocess_ms"]
 
 
 def _host_ms(row: dict) -> float:
