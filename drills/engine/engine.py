@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from drills.device_errors import describe as describe_error
-from drills.device_errors import error_word, raise_device_errors
+from drills.device_errors import error_word
 from drills.engine import sampler
 from drills.engine.attention import KernelAttention, PagedKVCache, TorchPagedAttention
 from drills.engine.config import EngineConfig
@@ -187,7 +187,7 @@ class Engine:
         if self.on_logits is not None:
             self.on_logits(seqs, logits)
         done = []
-        if self.overlap and seqs and all(self._token_may_wait(s) for s in seqs):
+        if self.overlap and seqs and self._tokens_may_wait(seqs):
             pending = _Pending.launch(logits, seqs, self._buffers, device)
             if self._pending is not None:
                 done = self._settle(self._pending)  # waits for the previous step only
@@ -197,28 +197,22 @@ class Engine:
         else:
             if self._pending is not None:
                 done = self._settle(self._pending)
+            # A reference kernel's guard records a bad device value (a slot, a length, a block id) in the
+            # device error word instead of reading past a tensor. Its copy is queued behind the forward,
+            # so the sampler's own wait for the tokens brings it too: one wait a step.
+            errors = self._buffers.copy_errors(device)
             # The step's host sync. Called through the module: a grader watches every draw by replacing
             # sampler.sample.
             tokens = sampler.sample(logits, seqs, self.generator)
-            # A reference kernel's guard records a bad device value (a slot, a length, a block id) in the
-            # device error word instead of reading past a tensor; read it here, where the GPU has just
-            # been waited for: a wrong value from the scheduler raises, naming the argument, in the step.
-            raise_device_errors(device)
+            # A wrong value from the scheduler raises here, naming the argument, in the step it broke.
+            self._raise_errors(errors.wait())
         sampled = [None] * len(scheduled)
         for i, token in zip(inputs.sample_index, tokens):
             sampled[i] = token
-        now = time.perf_counter()
-        for seq in seqs:
-            added = self._added.pop(seq.seq_id, None)
-            if added is not None:
-                self.stats.first_token_s.append(now - added)
-        for item in scheduled:
-            if item.seq.seq_id not in self._counted:  # first scheduled since added: its prefix hits
-                self._counted.add(item.seq.seq_id)
-                self.stats.cached_tokens += item.seq.num_cached
-            decode_row = item.num_new == 1 and item.seq.output and item.samples
-            if not decode_row:
-                self.stats.prefill_tokens += item.num_new
+        if self._added or not inputs.is_decode or len(seqs) < len(scheduled):
+            self._count_new(scheduled, seqs)
+        # else every row is a decode row of a sequence that had its first token (and its prefix hits
+        # counted) before: a step of 256 rows skips two loops over them
         finished = self.scheduler.postprocess(scheduled, sampled)
         if self._pending is not None and self._pending.seqs is seqs:
             self._pending.mark(seqs)  # where each placeholder sits, once postprocess appended it
@@ -235,6 +229,26 @@ class Engine:
             self.stats.decode_seconds += took
         return done + finished
 
+    def _count_new(self, scheduled, seqs) -> None:
+        """The stats of a step with prompt tokens: first tokens, prefix hits, prompt tokens computed."""
+        now = time.perf_counter()
+        for seq in seqs:
+            added = self._added.pop(seq.seq_id, None)
+            if added is not None:
+                self.stats.first_token_s.append(now - added)
+        for item in scheduled:
+            if item.seq.seq_id not in self._counted:  # first scheduled since added: its prefix hits
+                self._counted.add(item.seq.seq_id)
+                self.stats.cached_tokens += item.seq.num_cached
+            decode_row = item.num_new == 1 and item.seq.output and item.samples
+            if not decode_row:
+                self.stats.prefill_tokens += item.num_new
+
+    def _raise_errors(self, word: list[int]) -> None:
+        if word[0] != 0:
+            error_word(self.model.device).zero_()
+            raise ValueError(describe_error(word))
+
     def flush(self) -> list:
         """Read the tokens a step left on the device into their sequences; returns the sequences that
         finished in that step. Engine.run and LLM.generate call it once their sequences are done."""
@@ -247,24 +261,26 @@ class Engine:
         """The sequences whose last output token is still a placeholder (its real id on the device)."""
         return set() if self._pending is None else {s.seq_id for s in self._pending.seqs}
 
-    def _token_may_wait(self, seq) -> bool:
-        """A token may stay on the device for a step when nothing the scheduler decides depends on its
-        value: greedy (no host draw) and never an end-of-sequence stop (the length alone ends it)."""
-        p = seq.params
-        return p.temperature == 0 and (p.ignore_eos or self.eos_id is None)
+    def _tokens_may_wait(self, seqs) -> bool:
+        """The step's tokens may stay on the device for a step when nothing the scheduler decides depends
+        on their values: greedy (no host draw) and never an end-of-sequence stop (the length alone ends
+        it). Requests usually share one SamplingParams: each distinct one is looked at once."""
+        params = {id(s.params): s.params for s in seqs}.values()
+        eos = self.eos_id is not None
+        return all(p.temperature == 0 and (p.ignore_eos or not eos) for p in params)
 
     def _settle(self, pending) -> list:
         """Wait for `pending`'s copy, write its tokens where its placeholders are, and raise any bad device
         value its kernels recorded (the error word came back with the tokens)."""
         self._pending = None if self._pending is pending else self._pending
         tokens, errors = pending.wait()
-        if errors[0] != 0:
-            error_word(self.model.device).zero_()
-            raise ValueError(describe_error(errors))
-        for r, ((seq, index), token) in enumerate(zip(pending.slots, tokens)):
-            placeholder = self.placeholder_base + r
-            if 0 <= index < len(seq.output) and seq.output[index] == placeholder:
-                seq.output[index] = token
+        self._raise_errors(errors)
+        placeholder = self.placeholder_base - 1
+        for (seq, index), token in zip(pending.slots, tokens):
+            placeholder += 1  # row r's: placeholder_base + r
+            output = seq.output
+            if 0 <= index < len(output) and output[index] == placeholder:
+                output[index] = token
             elif placeholder in seq.prompt:  # a preemption folded the output into the prompt
                 seq.prompt[len(seq.prompt) - 1 - seq.prompt[::-1].index(placeholder)] = token
             else:
@@ -297,18 +313,44 @@ class Engine:
 
 
 class _Buffers:
-    """Two pinned host buffers for the sampled ids and two for the error word, used in turn: a step's
-    copy never lands where the previous step's tokens still wait to be read."""
+    """Where a step's sampled ids and the device error word meet to come back in one copy: two device
+    buffers of [rows + 4] int64 (the ids, then the word) and two pinned host ones, used in turn, so a
+    step's copy never lands where the previous step's tokens still wait to be read. And one pinned word
+    for the steps that sample on the host."""
+
+    WORD = 4  # int64s in the device error word
 
     def __init__(self, rows: int, device):
         pin = device.type == "cuda"
-        self.tokens = [torch.empty(rows, dtype=torch.int64, pin_memory=pin) for _ in range(2)]
-        self.errors = [torch.empty(4, dtype=torch.int64, pin_memory=pin) for _ in range(2)]
+        self.device = [torch.empty(rows + self.WORD, dtype=torch.int64, device=device) for _ in range(2)]
+        self.host = [torch.empty(rows + self.WORD, dtype=torch.int64, pin_memory=pin) for _ in range(2)]
+        self.word = torch.empty(self.WORD, dtype=torch.int64, pin_memory=pin)
         self.turn = 0
 
     def next(self):
         self.turn ^= 1
-        return self.tokens[self.turn], self.errors[self.turn]
+        return self.device[self.turn], self.host[self.turn]
+
+    def copy_errors(self, device) -> _Copy:
+        """The error word, on its way to the host behind the step's kernels."""
+        self.word.copy_(error_word(device), non_blocking=True)
+        return _Copy(self.word, device)
+
+
+class _Copy:
+    """A non-blocking device-to-host copy and the event that says it has landed."""
+
+    def __init__(self, host, device):
+        self.host = host
+        self.event = None
+        if device.type == "cuda":
+            self.event = torch.cuda.Event()
+            self.event.record()
+
+    def wait(self) -> list[int]:
+        if self.event is not None:
+            self.event.synchronize()
+        return self.host.tolist()
 
 
 class _Staging:
@@ -352,26 +394,25 @@ class _Staging:
 
 
 class _Pending:
-    """One step's greedy tokens on the device, on their way to the host (a non-blocking pinned copy)."""
+    """One step's greedy tokens on the device, on their way to the host (one non-blocking pinned copy
+    that brings the device error word with them)."""
 
-    def __init__(self, tokens, host, errors, event, seqs):
-        self.tokens, self.host, self.errors, self.event = tokens, host, errors, event
+    def __init__(self, tokens, copy, seqs):
+        self.tokens, self.copy = tokens, copy
         self.seqs = seqs
         self.slots = []  # (seq, index in seq.output) of each row's placeholder
         self.finished = []  # sequences that finished in the step, returned once their tokens are known
 
     @classmethod
     def launch(cls, logits, seqs, buffers, device):
-        tokens = logits.argmax(-1)  # (R,) int64, on the device: no round trip before the next step
-        host, errors = buffers.next()
-        host = host[: tokens.shape[0]]
-        host.copy_(tokens, non_blocking=True)
-        errors.copy_(error_word(device), non_blocking=True)  # the kernels' guards, read with the tokens
-        event = None
-        if device.type == "cuda":
-            event = torch.cuda.Event()
-            event.record()
-        return cls(tokens, host, errors, event, seqs)
+        rows = logits.shape[0]
+        packed, host = buffers.next()  # (rows_max + 4,) int64 each
+        tokens = packed[:rows]  # (R,): on the device, no round trip before the next step reads them
+        torch.argmax(logits, -1, out=tokens)
+        packed[rows : rows + _Buffers.WORD].copy_(error_word(device))  # the kernels' guards, with them
+        host = host[: rows + _Buffers.WORD]
+        host.copy_(packed[: rows + _Buffers.WORD], non_blocking=True)
+        return cls(tokens, _Copy(host, device), seqs)
 
     def mark(self, seqs):
         # postprocess appended each placeholder as the sequence's last output token.
@@ -382,10 +423,9 @@ class _Pending:
         rows = (input_ids - base).clamp(0, self.tokens.shape[0] - 1)  # clamped: never read past the tokens
         return torch.where(input_ids >= base, self.tokens[rows], input_ids)
 
-    def wait(self):
-        if self.event is not None:
-            self.event.synchronize()
-        return self.host.tolist(), self.errors.tolist()
+    def wait(self) -> tuple[list[int], list[int]]:
+        values = self.copy.wait()
+        return values[: -_Buffers.WORD], values[-_Buffers.WORD :]
 
 
 def shared_prefixes(tables: list[list[int]], lens: list[int], page: int) -> tuple[list[int], list[int]]:

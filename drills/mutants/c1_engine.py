@@ -69,9 +69,9 @@ MUTANTS = [
     Mutant(
         "computed_blocks_never_marked",
         "10. computed blocks never marked",
-        "            self.computed_blocks.update(\n"
-        "                table[before // self.block_size : seq.num_computed // self.block_size]\n"
-        "            )\n",
+        "                self.computed_blocks.update(\n"
+        "                    table[before // self.block_size : seq.num_computed // self.block_size]\n"
+        "                )\n",
         "",
     ),
     Mutant(
@@ -125,14 +125,14 @@ MUTANTS = [
     Mutant(
         "inputs_left_on_the_host",
         "18. step inputs left on the host",
-        "return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)",
-        "return torch.tensor(values, dtype=dtype)",
+        "return host.to(device, non_blocking=True)",
+        "return host",
     ),
     Mutant(
         "block_tables_int64",
         "19. step inputs in another dtype (int64 block tables)",
-        "block_tables=tensor(padded, torch.int32)",
-        "block_tables=tensor(padded, torch.int64)",
+        "block_tables=tensor(flat, torch.int32)",
+        "block_tables=tensor(flat, torch.int64)",
     ),
     Mutant(
         "cu_seqlens_int64",
@@ -179,10 +179,10 @@ MUTANTS = [
     Mutant(
         "token_ids_copied_once",
         "24. token ids kept from an earlier step",
-        "        tokens = seq.tokens  # a new list on every read (prompt + output): read once per sequence\n",
+        "        ids += _tokens_between(seq, start, start + n)  # read now: tokens grow and change every step\n",
         "        if not hasattr(seq, 'ids_copy'):\n"
         "            seq.ids_copy = []  # a copy, grown by what is new\n"
-        "        tokens = seq.ids_copy\n"
-        "        tokens += seq.tokens[len(tokens) :]\n",
+        "        seq.ids_copy += seq.tokens[len(seq.ids_copy) :]\n"
+        "        ids += seq.ids_copy[start : start + n]\n",
     ),
 ]

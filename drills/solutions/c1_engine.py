@@ -17,6 +17,7 @@ Scheduler.postprocess() once per step. Explainer: drills/content/c1_engine.md.
 
 from __future__ import annotations
 
+import array
 import math
 from collections import deque
 from dataclasses import dataclass
@@ -103,6 +104,23 @@ class Sequence:
             f"Sequence({self.seq_id!r}, {self.status}, tokens={self.num_tokens}, "
             f"computed={self.num_computed}, output={len(self.output)})"
         )
+
+
+def _token_at(seq: Sequence, p: int) -> int:
+    """seq.tokens[p], without building the list prompt + output that seq.tokens returns (about 500
+    ints for a decode row, which reads one)."""
+    k = len(seq.prompt)
+    return seq.prompt[p] if p < k else seq.output[p - k]
+
+
+def _tokens_between(seq: Sequence, start: int, end: int) -> list[int]:
+    """seq.tokens[start:end], read from prompt and output directly (a new list, as seq.tokens is)."""
+    k = len(seq.prompt)
+    if start >= k:
+        return seq.output[start - k : end - k]
+    if end <= k:
+        return seq.prompt[start:end]
+    return seq.prompt[start:] + seq.output[: end - k]
 
 
 @dataclass
@@ -239,7 +257,8 @@ class Scheduler:
     def _reserve_slots(self, seq: Sequence) -> bool:
         """Give every token of `seq` a slot in its block table, preempting the newest running sequences
         while a new block is needed and none is free. False when `seq` itself had to be preempted."""
-        while seq.num_slots < seq.num_tokens:
+        num_tokens = seq.num_tokens
+        while seq.num_slots < num_tokens:
             # Section 3.5 "Preemption": L3's append takes a new block when the last one is full.
             if seq.num_slots % self.block_size == 0 and self.block_manager.num_free_blocks == 0:
                 victim = self.running[-1]
@@ -247,7 +266,7 @@ class Scheduler:
                 if victim is seq:
                     return False
                 continue
-            self.block_manager.append(seq.seq_id, seq.tokens[seq.num_slots])
+            self.block_manager.append(seq.seq_id, _token_at(seq, seq.num_slots))
             if seq.num_slots % self.block_size == 0:
                 # A block just handed out: whatever K and V it held belong to a token no longer there.
                 self.computed_blocks.discard(self.block_manager.block_table(seq.seq_id)[-1])
@@ -276,11 +295,13 @@ class Scheduler:
             samples = item.samples
             before = seq.num_computed
             seq.num_computed += item.num_new
-            # Section 3.6 "After the step": every block the step filled now holds real K and V.
-            table = self.block_manager.block_table(seq.seq_id)
-            self.computed_blocks.update(
-                table[before // self.block_size : seq.num_computed // self.block_size]
-            )
+            # Section 3.6 "After the step": every block the step filled now holds real K and V. Most
+            # decode rows fill none, and skip the copy of their block table.
+            if seq.num_computed // self.block_size > before // self.block_size:
+                table = self.block_manager.block_table(seq.seq_id)
+                self.computed_blocks.update(
+                    table[before // self.block_size : seq.num_computed // self.block_size]
+                )
             if not samples:
                 continue  # a prompt chunk short of the prompt's end: no token yet
             seq.output.append(token)
@@ -323,6 +344,9 @@ class StepInputs:
     num_seqs: int
 
 
+_TYPECODES = {torch.int32: "i", torch.int64: "q"}  # array's type codes of the step's dtypes
+
+
 def prepare_inputs(scheduled: list[Scheduled], block_manager, device="cpu", pad_to=None) -> StepInputs:
     """The tensors the model and the kernels read for `scheduled` (built on the host, copied once).
 
@@ -337,11 +361,10 @@ def prepare_inputs(scheduled: list[Scheduled], block_manager, device="cpu", pad_
         seq, n = item.seq, item.num_new
         start = seq.num_computed
         table = block_manager.block_table(seq.seq_id)
-        tokens = seq.tokens  # a new list on every read (prompt + output): read once per sequence
+        ids += _tokens_between(seq, start, start + n)  # read now: tokens grow and change every step
+        positions += range(start, start + n)
         # Section 4.1 "Slots": position p lives in logical block p // PAGE at offset p % PAGE.
         for p in range(start, start + n):
-            ids.append(tokens[p])
-            positions.append(p)
             slot = table[p // page] * page + p % page
             # Two sequences may recompute one shared block in the same step (section 3.4): the same
             # tokens after the same prefix, so the same K and V. One writer per slot is enough.
@@ -366,10 +389,17 @@ def prepare_inputs(scheduled: list[Scheduled], block_manager, device="cpu", pad_
             ctx.append(0)
             tables.append([])
     width = max(1, max(len(t) for t in tables))
-    padded = [t + [0] * (width - len(t)) for t in tables]
+    flat = []  # the block tables row by row, each padded with 0 to the widest
+    for t in tables:
+        flat += t
+        flat += [0] * (width - len(t))
 
     def tensor(values, dtype):
-        return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+        # array's C loop turns Python ints into machine ints about 3x faster than torch.tensor does:
+        # a decode step of 256 sequences holds some 8,000 block ids, built again every step.
+        host = torch.frombuffer(array.array(_TYPECODES[dtype], values), dtype=dtype) if values else None
+        host = torch.empty(0, dtype=dtype) if host is None else host
+        return host.to(device, non_blocking=True)
 
     return StepInputs(
         input_ids=tensor(ids, torch.int64),
@@ -377,7 +407,7 @@ def prepare_inputs(scheduled: list[Scheduled], block_manager, device="cpu", pad_
         slot_mapping=tensor(slots, torch.int64),
         cu_seqlens_q=tensor(cu, torch.int32),
         context_lens=tensor(ctx, torch.int32),
-        block_tables=tensor(padded, torch.int32),
+        block_tables=tensor(flat, torch.int32).view(len(tables), width),
         logits_rows=tensor(rows, torch.int64),
         sample_index=index,
         is_decode=is_decode,
