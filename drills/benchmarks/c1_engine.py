@@ -587,6 +587,14 @@ FIGURES["other_share"] = lambda d: (
     f"{100 * _row(d, 'engine')['other_step_ms'] * _row(d, 'engine')['other_split_steps'] / (1e3 * _row(d, 'engine')['seconds']):.0f}%"
 )
 
+FIGURES["gpu_bound_tok_s"] = lambda d: f"{_gpu_bound_tok_s(_row(d, 'engine')):,.0f}"
+
+
+def _gpu_bound_tok_s(row: dict) -> float:
+    """The output tokens/s of a run whose steps took only their GPU time, end to end (CUDA events)."""
+    gpu_s = row["decode_split_steps"] * row["decode_gpu_ms"] + row["other_split_steps"] * row["other_gpu_ms"]
+    return row["c1_tok_s"] * row["seconds"] / (gpu_s / 1e3)
+
 
 def _learner_ms(row: dict) -> float:
     """The host's milliseconds in C1's code (schedule, prepare_inputs, postprocess) per decode step."""
