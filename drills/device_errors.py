@@ -113,6 +113,11 @@ CODES: dict[int, tuple[str, str, str]] = {
         "positions",
         "positions[{index}] = {value} is outside the RoPE table [0, max_position)",
     ),
+    62: (
+        "C1 prepare_inputs (the engine's fused RoPE and K/V store)",
+        "slot_mapping",
+        "slot_mapping[{index}] = {value} is outside [-1, num_blocks * PAGE): the token was not stored",
+    ),
 }
 
 _WORDS: dict[torch.device, torch.Tensor] = {}

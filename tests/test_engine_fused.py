@@ -97,6 +97,70 @@ def test_a_position_past_the_rope_table_is_named_not_read():
         raise_device_errors(_device())
 
 
+def _store_case(dtype, cache_dtype, T=7, Hq=6, Hkv=2, D=16, num_blocks=5, page=4):
+    """qkv rows, positions, ragged slots (a padding row, a page boundary, the last slot) and NaN caches."""
+    model = Llama(random_weights(tiny_config(), stream=5, device=_device()))
+    qkv = _rows(T, (Hq + 2 * Hkv) * D, dtype, 20)
+    positions = torch.tensor([0, 1, 3, 4, 900, 7, 2], device=_device())[:T]
+    slots = torch.tensor([2, -1, 3, 4, num_blocks * page - 1, 9, 12], device=_device())[:T]
+    shape = (num_blocks, page, Hkv, D)
+    kc = torch.full(shape, float("nan"), dtype=cache_dtype, device=_device())
+    vc = torch.full(shape, float("nan"), dtype=cache_dtype, device=_device())
+    return model, qkv, positions, slots, kc, vc
+
+
+@pytest.mark.parametrize(
+    "dtype,cache_dtype",
+    [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16), (torch.float32, torch.float16)],
+    ids=str,
+)
+def test_rope_store_rotates_as_rope_does_and_stores_k_and_v_in_their_slots_only(dtype, cache_dtype):
+    """The fused store must leave qkv exactly as rope_ leaves it, put row t's rotated K and its V in slot
+    slots[t] (bit for bit, in the cache's dtype), store nothing for a padding row, and write no other
+    slot: every other slot of the NaN-filled caches stays NaN."""
+    Hq, Hkv, D = 6, 2, 16
+    model, qkv, positions, slots, kc, vc = _store_case(dtype, cache_dtype)
+    want = fused.rope_(qkv.clone(), positions, model.rope_cos, model.rope_sin, Hq + Hkv, D)
+    fused.rope_store_(qkv, positions, model.rope_cos, model.rope_sin, Hq, kc, vc, slots)
+    raise_device_errors(_device())
+    assert torch.equal(qkv, want), "qkv is not what rope_ makes of it (q, k rotated; v untouched)"
+    flat_k, flat_v = kc.view(-1, Hkv, D), vc.view(-1, Hkv, D)  # slot s is row s
+    real = slots >= 0
+    k = want[:, Hq * D : (Hq + Hkv) * D].reshape(-1, Hkv, D).to(cache_dtype)
+    v = want[:, (Hq + Hkv) * D :].reshape(-1, Hkv, D).to(cache_dtype)
+    assert torch.equal(flat_k[slots[real]], k[real]), "a stored K is not the rotated K of its row"
+    assert torch.equal(flat_v[slots[real]], v[real]), "a stored V is not its row's V"
+    untouched = torch.ones(flat_k.shape[0], dtype=torch.bool, device=_device())
+    untouched[slots[real]] = False
+    assert flat_k[untouched].isnan().all() and flat_v[untouched].isnan().all(), "a slot no row maps to was written"
+
+
+def test_a_slot_outside_the_cache_is_named_and_not_stored():
+    model, qkv, positions, slots, kc, vc = _store_case(torch.float32, torch.float32, T=3)
+    slots = torch.tensor([0, kc.shape[0] * kc.shape[1], -1], device=_device())  # one past the last slot
+    fused.rope_store_(qkv, positions, model.rope_cos, model.rope_sin, 6, kc, vc, slots)
+    with pytest.raises(ValueError, match=r"slot_mapping\[1\] = 20"):
+        raise_device_errors(_device())
+    assert kc.isnan().sum() == kc.numel() - 2 * 16, "only row 0's K (2 heads x 16) may have been stored"
+
+
+def test_rope_store_refuses_bad_arguments_naming_them():
+    model, qkv, positions, slots, kc, vc = _store_case(torch.float32, torch.float32)
+    cos, sin = model.rope_cos, model.rope_sin
+    with pytest.raises(ValueError, match="v_cache must match"):
+        fused.rope_store_(qkv, positions, cos, sin, 6, kc, vc[:, :2], slots)
+    with pytest.raises(ValueError, match="same memory"):
+        fused.rope_store_(qkv, positions, cos, sin, 6, kc, kc, slots)
+    with pytest.raises(ValueError, match="qkv must have"):
+        fused.rope_store_(qkv, positions, cos, sin, 5, kc, vc, slots)
+    with pytest.raises(ValueError, match="slot_mapping"):
+        fused.rope_store_(qkv, positions, cos, sin, 6, kc, vc, slots[:3])
+    with pytest.raises(ValueError, match="k_cache must have contiguous"):
+        fused.rope_store_(qkv, positions, cos, sin, 6, kc.transpose(2, 3), vc.transpose(2, 3), slots)
+    with pytest.raises(TypeError, match="k_cache must be float16"):
+        fused.rope_store_(qkv, positions, cos, sin, 6, kc.int(), vc.int(), slots)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("inter", [160, 1500])  # 1500: more than one column block per row, masked
 def test_silu_applies_to_the_gate_half_and_multiplies_the_up_half(dtype, inter):
@@ -158,6 +222,39 @@ def test_engine_greedy_tokens_are_the_same_fused_or_not():
         res = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))
         outs[on] = [r.token_ids for r in res]
     assert outs[True] == outs[False]
+
+
+def test_the_fused_store_fills_the_cache_as_l1s_store_does():
+    """The engine on the kernels with the fused forward, once through L1's store_kvcache and once through
+    the fused RoPE kernel's store: the same greedy tokens and, bit for bit, the same KV cache."""
+    from drills.engine.llm import LLM
+    from drills.solutions.c1_engine import SamplingParams
+
+    g = torch.Generator().manual_seed(19)
+    prompts = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (3, 21, 9)]
+    params = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
+    runs = {}
+    for on in (False, True):
+        llm = LLM(
+            random_weights(tiny_config(), stream=18),
+            attention="kernels",
+            use="solutions",
+            device=_device(),
+            block_size=16,
+            num_blocks=8,
+            max_num_seqs=4,
+            fused_kernels=True,
+            fused_store=on,
+            prefix_caching=False,
+            quiet=True,
+        )
+        assert llm.engine.attention.fused_store == on
+        l1 = "not called (the fused RoPE kernel" in "\n".join(llm.describe())
+        assert l1 == on, "the start-up lines do not say whether L1's store_kvcache runs"
+        runs[on] = ([o.token_ids for o in llm.generate(prompts, params)], llm.cache.k.clone(), llm.cache.v.clone())
+    assert runs[True][0] == runs[False][0], "the fused store changed a greedy token"
+    assert torch.equal(runs[True][1].nan_to_num(), runs[False][1].nan_to_num()), "K in the cache differs"
+    assert torch.equal(runs[True][2].nan_to_num(), runs[False][2].nan_to_num()), "V in the cache differs"
 
 
 def _overlap_llm(on: bool, eos_id=None):

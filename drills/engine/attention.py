@@ -3,7 +3,8 @@
 forward() in model.py calls attention(layer, q, k, v, meta) once per layer, meta being the step's
 StepInputs (C1's prepare_inputs): slot_mapping, cu_seqlens_q, context_lens, block_tables.
 
-KernelAttention       the course's kernels: L1 store_kvcache, then L4 paged_prefill for a step with any
+KernelAttention       the course's kernels: L1 store_kvcache (or, with fused_store, the fused RoPE kernel's
+                      store, see rope_store), then L4 paged_prefill for a step with any
                       prompt tokens, F1 split_kv_decode (planned once per step) for a pure decode step,
                       or F2 cascade_decode for a decode step whose sequences share their first pages
 TorchPagedAttention   the same cache and the same inputs in plain torch (fp32 math): the fast path on a
@@ -49,10 +50,14 @@ class KernelAttention:
     lengths on the host there, once, rather than once per layer.
     """
 
-    def __init__(self, cache: PagedKVCache, kernels, num_q_heads: int | None = None):
+    def __init__(self, cache: PagedKVCache, kernels, num_q_heads: int | None = None, fused_store: bool = False):
         self.cache = cache
         self.kernels = kernels
         self.num_q_heads = num_q_heads  # Hq, which F2's plan needs (its prefix tiles hold query heads)
+        # The fused forward calls rope_store() before each layer's attention: RoPE and the K/V store in
+        # one kernel (fused.rope_store_), in place of L1's store_kvcache.
+        self.fused_store = fused_store
+        self._stored = None  # the layer whose K and V rope_store() has just written
         self.plan = None
         self.cascade = None  # (F2's plan, prefix_group [B] int32, prefix_lens [G] int32) for this step
 
@@ -94,13 +99,24 @@ class KernelAttention:
         else:
             self.plan = None
 
+    def rope_store(self, layer, qkv, positions, cos, sin, meta) -> None:
+        """RoPE on q's and k's heads of qkv (T, (Hq + 2 Hkv) D), in place, and the rotated K and V into
+        `layer`'s cache at meta.slot_mapping: one launch; the next call for this layer only attends."""
+        from drills.engine import fused
+
+        kc, vc = self.cache.k[layer], self.cache.v[layer]  # [num_blocks, PAGE, Hkv, D]
+        fused.rope_store_(qkv, positions, cos, sin, self.num_q_heads, kc, vc, meta.slot_mapping)
+        self._stored = layer
+
     def __call__(self, layer, q, k, v, meta):
         # q (T, Hq, D), k, v (T, Hkv, D) -> (T, Hq, D)
         kc, vc = self.cache.k[layer], self.cache.v[layer]  # [num_blocks, PAGE, Hkv, D]
         dtype = kc.dtype
-        # False: the engine built the slots itself (prepare_inputs); a check would read them back from
-        # the device once per layer and forbid CUDA-graph capture.
-        self.kernels.store_kvcache(k.to(dtype), v.to(dtype), kc, vc, meta.slot_mapping, check=False)
+        if self._stored != layer:
+            # False: the engine built the slots itself (prepare_inputs); a check would read them back
+            # from the device once per layer and forbid CUDA-graph capture.
+            self.kernels.store_kvcache(k.to(dtype), v.to(dtype), kc, vc, meta.slot_mapping, check=False)
+        self._stored = None
         if meta.is_decode and self.cascade is not None:
             cplan, groups, prefix_lens = self.cascade
             out = self.kernels.cascade_decode(

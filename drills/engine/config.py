@@ -119,6 +119,10 @@ class EngineConfig:
     fused_kernels           the forward's RMSNorm + residual add, RoPE and SiLU-and-mul as fused Triton
                             kernels (fused.py); None: on where attention="kernels" runs on a GPU (under
                             the interpreter they would cost more than the torch ops they replace)
+    fused_store             with fused kernels and attention="kernels": the RoPE kernel also writes each
+                            token's rotated K and its V into the cache (fused.rope_store_), one launch a
+                            layer fewer, in place of L1's store_kvcache, which then is not called; None: on
+                            wherever both are; False runs L1's store (yours, where it passes)
     """
 
     attention: str = "kernels"
@@ -133,6 +137,7 @@ class EngineConfig:
     cascade: bool = False
     fused_kernels: bool | None = None
     overlap: bool | None = None
+    fused_store: bool | None = None
 
     def __post_init__(self):
         if self.attention not in ATTENTION:
@@ -155,6 +160,15 @@ class EngineConfig:
         if self.fused_kernels is None:
             return self.attention == "kernels" and device.type == "cuda"
         return bool(self.fused_kernels)
+
+    def fused_store_on(self, device) -> bool:
+        """Whether the fused RoPE kernel stores K and V itself, so that L1's store_kvcache is not called."""
+        on = self.attention == "kernels" and self.fused_on(device)
+        if self.fused_store is None:
+            return on
+        if self.fused_store and not on:
+            raise ValueError("fused_store needs attention='kernels' and the fused kernels (fused_kernels)")
+        return bool(self.fused_store)
 
     def overlap_on(self, device) -> bool:
         """Whether the step loop overlaps the host's next step with the device's current one."""

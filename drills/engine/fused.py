@@ -110,7 +110,27 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
 
 
 # ---------------------------------------------------------------------------------------------------
-# RoPE, in place on the packed QKV rows
+# RoPE, in place on the packed QKV rows, and (optionally) L1's store of the rotated K and V
+
+
+@triton.jit
+def _rotate_heads(row_ptr, first, count, c, s, HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Rotate heads first .. first + count - 1 of one packed row in place; returns the rotated halves
+    ([BLOCK_H, BLOCK_D] each, in the row's dtype) and their mask, for a caller that stores them again."""
+    heads = tl.arange(0, BLOCK_H)[:, None]  # [BLOCK_H, 1]
+    i = tl.arange(0, BLOCK_D)[None, :]  # [1, BLOCK_D]
+    mask = (heads < count) & (i < HALF)
+    dtype = row_ptr.dtype.element_ty
+    p1 = row_ptr + (first + heads) * (2 * HALF) + i  # [BLOCK_H, BLOCK_D]
+    x1 = tl.load(p1, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(p1 + HALF, mask=mask, other=0.0).to(tl.float32)
+    # Every product rounded to the model's dtype before the sum, as four torch multiplies round them
+    # (and so no fused multiply-add changes the last bit).
+    a = ((x1 * c).to(dtype).to(tl.float32) - (x2 * s).to(dtype).to(tl.float32)).to(dtype)
+    b = ((x2 * c).to(dtype).to(tl.float32) + (x1 * s).to(dtype).to(tl.float32)).to(dtype)
+    tl.store(p1, a, mask=mask)
+    tl.store(p1 + HALF, b, mask=mask)
+    return a, b, mask
 
 
 @triton.jit
@@ -119,54 +139,64 @@ def _rope_kernel(
     pos_ptr,  # [T] int64
     cos_ptr,  # [max_position, HALF] fp32
     sin_ptr,  # [max_position, HALF] fp32
+    slot_ptr,  # [T] int64, -1 for a padding row (STORE only)
+    k_cache_ptr,  # [num_blocks, PAGE, num_kv, 2 * HALF] (STORE only)
+    v_cache_ptr,  # the same shape and strides as k_cache (STORE only)
     err_ptr,  # [4] int64, the device error word
     stride_t,
-    num_heads,  # heads rotated: q's then k's
+    stride_cb,
+    stride_ct,
+    stride_ch,
+    num_q,  # heads rotated and not stored: q's (all of them without STORE)
+    num_kv,  # heads rotated and stored after q's (k's), then as many stored unrotated (v's); 0 without STORE
     max_position,
+    num_slots,  # num_blocks * PAGE
     HALF: tl.constexpr,
-    BLOCK_H: tl.constexpr,
+    PAGE: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_KV: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    STORE: tl.constexpr,
 ):
     t = tl.program_id(0)
     pos = tl.load(pos_ptr + t).to(tl.int64)
     bad = (pos < 0) | (pos >= max_position)
     record_error(err_ptr, bad, 61, t, pos)
     pos = tl.where(bad, 0, pos)  # read inside the table whatever the device value; the step raises
-    heads = tl.arange(0, BLOCK_H)[:, None]  # [BLOCK_H, 1]
     i = tl.arange(0, BLOCK_D)[None, :]  # [1, BLOCK_D]
-    dmask = i < HALF
-    mask = (heads < num_heads) & dmask
     dtype = qkv_ptr.dtype.element_ty
     # forward() casts the fp32 table to the model's dtype before multiplying: so does this.
-    c = tl.load(cos_ptr + pos * HALF + i, mask=dmask, other=0.0).to(dtype).to(tl.float32)
-    s = tl.load(sin_ptr + pos * HALF + i, mask=dmask, other=0.0).to(dtype).to(tl.float32)
-    p1 = qkv_ptr + t.to(tl.int64) * stride_t + heads * (2 * HALF) + i  # [BLOCK_H, BLOCK_D]
-    x1 = tl.load(p1, mask=mask, other=0.0).to(tl.float32)
-    x2 = tl.load(p1 + HALF, mask=mask, other=0.0).to(tl.float32)
-    # Every product rounded to the model's dtype before the sum, as four torch multiplies round them
-    # (and so no fused multiply-add changes the last bit).
-    a = (x1 * c).to(dtype).to(tl.float32) - (x2 * s).to(dtype).to(tl.float32)
-    b = (x2 * c).to(dtype).to(tl.float32) + (x1 * s).to(dtype).to(tl.float32)
-    tl.store(p1, a.to(dtype), mask=mask)
-    tl.store(p1 + HALF, b.to(dtype), mask=mask)
+    c = tl.load(cos_ptr + pos * HALF + i, mask=i < HALF, other=0.0).to(dtype).to(tl.float32)
+    s = tl.load(sin_ptr + pos * HALF + i, mask=i < HALF, other=0.0).to(dtype).to(tl.float32)
+    row = qkv_ptr + t.to(tl.int64) * stride_t
+    _rotate_heads(row, 0, num_q, c, s, HALF, BLOCK_Q, BLOCK_D)
+    if STORE:
+        # L1's store (section 3.4 of its explainer), reading K from registers instead of from memory:
+        # K is written back to the row (the attention call still receives it) and into its slot.
+        ka, kb, mask = _rotate_heads(row, num_q, num_kv, c, s, HALF, BLOCK_KV, BLOCK_D)
+        slot = tl.load(slot_ptr + t).to(tl.int64)
+        record_error(err_ptr, (slot >= num_slots) | (slot < -1), 62, t, slot)
+        keep = (slot >= 0) & (slot < num_slots)  # padding, or a bad slot: nothing is stored
+        slot = tl.where(keep, slot, 0)
+        heads = tl.arange(0, BLOCK_KV)[:, None]  # [BLOCK_KV, 1]
+        dst = (slot // PAGE) * stride_cb + (slot % PAGE) * stride_ct + heads * stride_ch + i
+        mask = mask & keep
+        out_dtype = k_cache_ptr.dtype.element_ty
+        tl.store(k_cache_ptr + dst, ka.to(out_dtype), mask=mask)
+        tl.store(k_cache_ptr + dst + HALF, kb.to(out_dtype), mask=mask)
+        pv = row + (num_q + num_kv + heads) * (2 * HALF) + i  # v's heads follow k's
+        v1 = tl.load(pv, mask=mask, other=0.0)
+        v2 = tl.load(pv + HALF, mask=mask, other=0.0)
+        tl.store(v_cache_ptr + dst, v1.to(out_dtype), mask=mask)
+        tl.store(v_cache_ptr + dst + HALF, v2.to(out_dtype), mask=mask)
 
 
-def rope_(
-    qkv: torch.Tensor,
-    positions: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    num_rotated: int,
-    head_dim: int,
-) -> torch.Tensor:
-    """Rotate dims i and i + head_dim/2 of the first num_rotated heads of every row of qkv (T, width),
-    in place, by the angles of row t's position (cos, sin: (max_position, head_dim/2) fp32 tables).
-    A position outside the table rotates by angle 0 and is recorded in the device error word (code
-    61), which the engine reads once per step. Returns qkv."""
+def _check_rope_args(qkv, positions, cos, sin, heads: int, head_dim: int) -> int:
+    """The checks rope_ and rope_store_ share; returns head_dim / 2."""
     _check_rows("qkv", qkv)
-    if head_dim % 2 or num_rotated * head_dim > qkv.shape[1]:
+    if head_dim % 2 or heads * head_dim > qkv.shape[1]:
         raise ValueError(
-            f"num_rotated * head_dim = {num_rotated} * {head_dim} must be even and fit qkv's {qkv.shape[1]} columns"
+            f"head_dim = {head_dim} must be even and {heads} heads of it must fit qkv's {qkv.shape[1]} columns"
         )
     if positions.shape != (qkv.shape[0],) or positions.dtype not in (torch.int32, torch.int64):
         raise ValueError(
@@ -181,15 +211,99 @@ def rope_(
             or not table.is_contiguous()
         ):
             raise ValueError(f"{name} must be a contiguous (max_position, {half}) float32 table")
+    return half
+
+
+def rope_(
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    num_rotated: int,
+    head_dim: int,
+) -> torch.Tensor:
+    """Rotate dims i and i + head_dim/2 of the first num_rotated heads of every row of qkv (T, width),
+    in place, by the angles of row t's position (cos, sin: (max_position, head_dim/2) fp32 tables).
+    A position outside the table rotates by angle 0 and is recorded in the device error word (code
+    61), which the engine reads once per step. Returns qkv."""
+    half = _check_rope_args(qkv, positions, cos, sin, num_rotated, head_dim)
     if qkv.shape[0] == 0:
         return qkv
     launch(
         _rope_kernel,
         (qkv.shape[0],),
-        (qkv, positions, cos, sin, error_word(qkv.device), qkv.stride(0), num_rotated, cos.shape[0]),
+        (qkv, positions, cos, sin, positions, qkv, qkv, error_word(qkv.device), qkv.stride(0), 0, 0, 0)
+        + (num_rotated, 0, cos.shape[0], 0),
         HALF=half,
-        BLOCK_H=next_pow2(num_rotated),
+        PAGE=1,
+        BLOCK_Q=next_pow2(num_rotated),
+        BLOCK_KV=1,
         BLOCK_D=next_pow2(half),
+        STORE=False,
+        num_warps=4,
+    )
+    return qkv
+
+
+def rope_store_(
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    num_q_heads: int,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> torch.Tensor:
+    """rope_ over q's and k's heads, and L1's store_kvcache of the rotated K and of V, in one launch.
+
+    qkv (T, (Hq + 2 Hkv) D): q's heads, then k's, then v's; rotated in place as rope_ rotates them.
+    k_cache, v_cache [num_blocks, PAGE, Hkv, D] with the same strides, D contiguous: row t's K and V go
+    to slot slot_mapping[t] (T,) int32/int64, as L1 stores them; -1 stores nothing (a padding row). A
+    slot outside [-1, num_blocks * PAGE) stores nothing and is recorded in the device error word (code
+    62), a position outside the table as rope_ records it (61). Returns qkv.
+    """
+    for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if not isinstance(cache, torch.Tensor) or cache.dim() != 4:
+            raise ValueError(f"{name} must be a [num_blocks, PAGE, Hkv, D] tensor, got {getattr(cache, 'shape', cache)}")
+        if cache.dtype not in DTYPES or cache.device != qkv.device:
+            raise TypeError(f"{name} must be float16, bfloat16 or float32 on {qkv.device}, got {cache.dtype} on {cache.device}")
+        if cache.stride(3) != 1:
+            raise ValueError(f"{name} must have contiguous head dims (stride(3) == 1), got strides {cache.stride()}")
+    if v_cache.shape != k_cache.shape or v_cache.stride() != k_cache.stride() or v_cache.dtype != k_cache.dtype:
+        raise ValueError(
+            f"v_cache must match k_cache's shape, strides and dtype: {tuple(v_cache.shape)} {v_cache.stride()} "
+            f"vs {tuple(k_cache.shape)} {k_cache.stride()}"
+        )
+    if v_cache.data_ptr() == k_cache.data_ptr():
+        raise ValueError("k_cache and v_cache are the same memory: V would overwrite K")
+    num_blocks, page, num_kv, head_dim = k_cache.shape
+    if page & (page - 1):
+        raise ValueError(f"k_cache's PAGE must be a power of two, got {page}")
+    half = _check_rope_args(qkv, positions, cos, sin, num_q_heads + 2 * num_kv, head_dim)
+    if qkv.shape[1] != (num_q_heads + 2 * num_kv) * head_dim:
+        raise ValueError(
+            f"qkv must have (num_q_heads + 2 Hkv) D = {(num_q_heads + 2 * num_kv) * head_dim} columns, "
+            f"got {qkv.shape[1]}"
+        )
+    if slot_mapping.shape != (qkv.shape[0],) or slot_mapping.dtype not in (torch.int32, torch.int64):
+        raise ValueError(
+            f"slot_mapping must be ({qkv.shape[0]},) int32 or int64, got "
+            f"{tuple(slot_mapping.shape)} {slot_mapping.dtype}"
+        )
+    if qkv.shape[0] == 0:
+        return qkv
+    launch(
+        _rope_kernel,
+        (qkv.shape[0],),
+        (qkv, positions, cos, sin, slot_mapping, k_cache, v_cache, error_word(qkv.device), qkv.stride(0))
+        + (*k_cache.stride()[:3], num_q_heads, num_kv, cos.shape[0], num_blocks * page),
+        HALF=half,
+        PAGE=page,
+        BLOCK_Q=next_pow2(num_q_heads),
+        BLOCK_KV=next_pow2(num_kv),
+        BLOCK_D=next_pow2(half),
+        STORE=True,
         num_warps=4,
     )
     return qkv

@@ -105,7 +105,8 @@ class LLM:
         torch_path = f"attention in torch on {self.model.device}"
         where = rt.banner if self.config.attention == "kernels" else torch_path
         c = self.cache
-        return sources.describe(self.choices, self.config.attention) + [
+        store = getattr(self.engine.attention, "fused_store", False)
+        return sources.describe(self.choices, self.config.attention, store) + [
             f"  {where}; model {self.model.dtype}, KV cache {c.num_blocks} blocks x {c.block_size} tokens "
             f"({c.dtype}), CUDA graphs {'on' if self.engine.graphs else 'off'}"
         ]

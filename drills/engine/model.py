@@ -188,18 +188,23 @@ def forward(
 
 def _forward_fused(model, input_ids, positions, attention, meta, logits_rows):
     """forward() through fused.py: the residual add inside the next RMSNorm, RoPE in place on the QKV
-    rows, SiLU and the multiply in one kernel. The residual stream `h` is updated in place."""
+    rows (and, where the attention was built with fused_store, the K/V store in the same kernel), SiLU
+    and the multiply in one kernel. The residual stream `h` is updated in place."""
     from drills.engine import fused
 
     c, w = model.config, model.weights
     T = input_ids.shape[0]
     Hq, Hkv, D = c.num_heads, c.num_kv_heads, c.head_dim
     eps = c.rms_norm_eps
+    store = getattr(attention, "fused_store", False)  # KernelAttention built with fused_store=True
     h = F.embedding(input_ids, w.embed)  # (T, H), the residual stream
     x = fused.rms_norm(h, w.layers[0].attn_norm, eps) if w.layers else h
     for i, layer in enumerate(w.layers):
         qkv = x @ layer.wqkv.T  # (T, (Hq + 2 Hkv) D)
-        fused.rope_(qkv, positions, model.rope_cos, model.rope_sin, Hq + Hkv, D)  # q's and k's heads
+        if store:  # RoPE and the K/V store in one launch; attention() below then only attends
+            attention.rope_store(i, qkv, positions, model.rope_cos, model.rope_sin, meta)
+        else:
+            fused.rope_(qkv, positions, model.rope_cos, model.rope_sin, Hq + Hkv, D)  # q's and k's heads
         q = qkv[:, : Hq * D].view(T, Hq, D)  # views: rows (Hq + 2 Hkv) D apart
         k = qkv[:, Hq * D : (Hq + Hkv) * D].view(T, Hkv, D)
         v = qkv[:, (Hq + Hkv) * D :].view(T, Hkv, D)

@@ -88,13 +88,19 @@ def load(choices: dict[str, Choice]) -> SimpleNamespace:
 KERNEL_PATH = ("l1_paged_kv_cache", "l4_paged_prefill", "f1_split_kv_decode", "f2_cascade_decode")
 
 
-def describe(choices: dict[str, Choice], attention: str = "kernels") -> list[str]:
-    """The start-up lines: whose code each part is, and, with attention in torch, which parts are not
-    called at all (the torch path stores and attends K and V itself)."""
+def describe(choices: dict[str, Choice], attention: str = "kernels", fused_store: bool = False) -> list[str]:
+    """The start-up lines: whose code each part is, and which parts are not called at all: with
+    attention in torch the kernel path's (the torch path stores and attends K and V itself), with
+    fused_store L1's (the fused RoPE kernel stores K and V)."""
     lines = ["the engine runs:"]
     for stem, choice in choices.items():
         if attention != "kernels" and stem in KERNEL_PATH:
             lines.append(f"  {choice.lesson.id} {_listed(stem)}: not called (attention in torch)")
+        elif fused_store and stem == "l1_paged_kv_cache":
+            lines.append(
+                f"  {choice.lesson.id} {_listed(stem)}: not called (the fused RoPE kernel stores K and V; "
+                "fused_store=False calls it)"
+            )
         else:
             lines.append(choice.line)
     return lines
