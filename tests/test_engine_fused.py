@@ -132,7 +132,9 @@ def test_rope_store_rotates_as_rope_does_and_stores_k_and_v_in_their_slots_only(
     assert torch.equal(flat_v[slots[real]], v[real]), "a stored V is not its row's V"
     untouched = torch.ones(flat_k.shape[0], dtype=torch.bool, device=_device())
     untouched[slots[real]] = False
-    assert flat_k[untouched].isnan().all() and flat_v[untouched].isnan().all(), "a slot no row maps to was written"
+    assert flat_k[untouched].isnan().all() and flat_v[untouched].isnan().all(), (
+        "a slot no row maps to was written"
+    )
 
 
 def test_a_slot_outside_the_cache_is_named_and_not_stored():
@@ -251,7 +253,11 @@ def test_the_fused_store_fills_the_cache_as_l1s_store_does():
         assert llm.engine.attention.fused_store == on
         l1 = "not called (the fused RoPE kernel" in "\n".join(llm.describe())
         assert l1 == on, "the start-up lines do not say whether L1's store_kvcache runs"
-        runs[on] = ([o.token_ids for o in llm.generate(prompts, params)], llm.cache.k.clone(), llm.cache.v.clone())
+        runs[on] = (
+            [o.token_ids for o in llm.generate(prompts, params)],
+            llm.cache.k.clone(),
+            llm.cache.v.clone(),
+        )
     assert runs[True][0] == runs[False][0], "the fused store changed a greedy token"
     assert torch.equal(runs[True][1].nan_to_num(), runs[False][1].nan_to_num()), "K in the cache differs"
     assert torch.equal(runs[True][2].nan_to_num(), runs[False][2].nan_to_num()), "V in the cache differs"

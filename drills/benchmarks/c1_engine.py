@@ -20,9 +20,11 @@ specialisation compiled, the graphs captured).
 from __future__ import annotations
 
 import copy
+import sys
 import time
 
 import torch
+import triton
 
 from drills import bench
 
@@ -43,6 +45,7 @@ COLUMNS = [
     ("cascade_steps", "steps F2 served"),
     ("gpu_busy", "GPU busy, fraction of the wall"),
     ("decode_launches", "kernels per decode step"),
+    ("decode_attention_share", "F1's attention, share of a decode graph's GPU time"),
     ("roofline_fraction", "fraction of the decode roofline"),
     ("vs_hf", "x transformers (best batch)"),
 ]
@@ -84,10 +87,9 @@ def _shifted(prompts, vocab, by):
     return [[100 + (t - 100 + by) % (vocab - 100) for t in p] for p in prompts]
 
 
-def gpu_busy(run) -> tuple[float, int]:
-    """(the fraction of the wall time some kernel or copy runs on the GPU, kernels launched) while
-    run() runs, from the profiler's CUDA activity (no CPU tracing: its overhead would lengthen the
-    wall). Overlapping activities count once."""
+def _cuda_activity(run) -> tuple[list, float]:
+    """(the profiler's CUDA events, wall seconds) while run() runs: CUDA activity only (CPU tracing's
+    overhead would lengthen the wall)."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
@@ -96,22 +98,24 @@ def gpu_busy(run) -> tuple[float, int]:
         run()
         torch.cuda.synchronize()
         wall = time.perf_counter() - start
-    spans = sorted(
-        (e.time_range.start, e.time_range.end)
-        for e in prof.events()
-        if e.device_type == torch.autograd.DeviceType.CUDA
-    )
-    kernels = sum(
-        1
-        for e in prof.events()
-        if e.device_type == torch.autograd.DeviceType.CUDA and "emcpy" not in e.name and "emset" not in e.name
-    )
+    return [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA], wall
+
+
+def _is_kernel(event) -> bool:
+    return "emcpy" not in event.name and "emset" not in event.name
+
+
+def gpu_busy(run) -> tuple[float, int]:
+    """(the fraction of the wall time some kernel or copy runs on the GPU, kernels launched) while
+    run() runs, from the profiler's CUDA activity. Overlapping activities count once."""
+    events, wall = _cuda_activity(run)
+    spans = sorted((e.time_range.start, e.time_range.end) for e in events)
     busy, end = 0.0, float("-inf")
     for a, b in spans:  # microseconds
         if b > end:
             busy += b - max(a, end)
             end = b
-    return busy / 1e6 / wall, kernels
+    return busy / 1e6 / wall, sum(1 for e in events if _is_kernel(e))
 
 
 def step_split(llm, prompts, params) -> dict:
@@ -184,14 +188,25 @@ def step_split(llm, prompts, params) -> dict:
     return split
 
 
-def decode_launches(llm) -> int | None:
-    """Kernels in one decode step: the nodes of the largest captured decode graph, counted by the
-    profiler over one replay (None without graphs)."""
+def decode_replay(llm, replays: int = 5) -> dict:
+    """The largest captured decode graph, replayed under the profiler: its kernels (the nodes of one
+    replay), its GPU milliseconds, and the share of them in the decode attention kernels (the Triton
+    kernels of the module split_kv_decode comes from: F1's). Launches None without graphs."""
     graphs = llm.engine.graphs
     if graphs is None:
-        return None
-    top = graphs.batches[-1]
-    return gpu_busy(graphs.graphs[top].replay)[1]
+        return {"decode_launches": None}
+    graph = graphs.graphs[graphs.batches[-1]]
+    module = sys.modules[llm.parts.split_kv_decode.__module__]
+    attention = {name for name, v in vars(module).items() if isinstance(v, triton.runtime.JITFunction)}
+    events, _ = _cuda_activity(lambda: [graph.replay() for _ in range(replays)])
+    kernels = [e for e in events if _is_kernel(e)]
+    total = sum(e.time_range.end - e.time_range.start for e in kernels)  # microseconds
+    attend = sum(e.time_range.end - e.time_range.start for e in kernels if e.name in attention)
+    return dict(
+        decode_launches=len(kernels) // replays,
+        decode_replay_ms=total / 1e3 / replays,
+        decode_attention_share=attend / total,
+    )
 
 
 def decode_roofline(llm, stats, gbs: float) -> tuple[float, float]:
@@ -272,7 +287,7 @@ def engine_row(impl, weights, prompts, label, model_name, outputs=None, gbs=None
         steps=s.steps,
         preemptions=llm.engine.scheduler.num_preemptions,
         gpu_busy=busy,
-        decode_launches=decode_launches(llm),
+        **decode_replay(llm),
         decode_steps=s.decode_steps,
         decode_s=s.decode_seconds,
         **split,
@@ -587,6 +602,8 @@ FIGURES["other_share"] = lambda d: (
     f"{100 * _row(d, 'engine')['other_step_ms'] * _row(d, 'engine')['other_split_steps'] / (1e3 * _row(d, 'engine')['seconds']):.0f}%"
 )
 
+FIGURES["attention_share"] = lambda d: f"{100 * _row(d, 'engine')['decode_attention_share']:.0f}%"
+FIGURES["replay_ms"] = lambda d: bench.num(_row(d, "engine")["decode_replay_ms"], 2)
 FIGURES["gpu_bound_tok_s"] = lambda d: f"{_gpu_bound_tok_s(_row(d, 'engine')):,.0f}"
 
 

@@ -50,7 +50,9 @@ class KernelAttention:
     lengths on the host there, once, rather than once per layer.
     """
 
-    def __init__(self, cache: PagedKVCache, kernels, num_q_heads: int | None = None, fused_store: bool = False):
+    def __init__(
+        self, cache: PagedKVCache, kernels, num_q_heads: int | None = None, fused_store: bool = False
+    ):
         self.cache = cache
         self.kernels = kernels
         self.num_q_heads = num_q_heads  # Hq, which F2's plan needs (its prefix tiles hold query heads)

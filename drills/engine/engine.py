@@ -85,7 +85,9 @@ class Engine:
             chunked_prefill=config.chunked_prefill,
         )
         self.attention = (
-            KernelAttention(cache, parts, model.config.num_heads, fused_store=config.fused_store_on(model.device))
+            KernelAttention(
+                cache, parts, model.config.num_heads, fused_store=config.fused_store_on(model.device)
+            )
             if config.attention == "kernels"
             else TorchPagedAttention(cache)
         )

@@ -114,7 +114,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
 
 
 @triton.jit
-def _rotate_heads(row_ptr, first, count, c, s, HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+def _rotate_heads(
+    row_ptr, first, count, c, s, HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr
+):
     """Rotate heads first .. first + count - 1 of one packed row in place; returns the rotated halves
     ([BLOCK_H, BLOCK_D] each, in the row's dtype) and their mask, for a caller that stores them again."""
     heads = tl.arange(0, BLOCK_H)[:, None]  # [BLOCK_H, 1]
@@ -265,12 +267,22 @@ def rope_store_(
     """
     for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
         if not isinstance(cache, torch.Tensor) or cache.dim() != 4:
-            raise ValueError(f"{name} must be a [num_blocks, PAGE, Hkv, D] tensor, got {getattr(cache, 'shape', cache)}")
+            raise ValueError(
+                f"{name} must be a [num_blocks, PAGE, Hkv, D] tensor, got {getattr(cache, 'shape', cache)}"
+            )
         if cache.dtype not in DTYPES or cache.device != qkv.device:
-            raise TypeError(f"{name} must be float16, bfloat16 or float32 on {qkv.device}, got {cache.dtype} on {cache.device}")
+            raise TypeError(
+                f"{name} must be float16, bfloat16 or float32 on {qkv.device}, got {cache.dtype} on {cache.device}"
+            )
         if cache.stride(3) != 1:
-            raise ValueError(f"{name} must have contiguous head dims (stride(3) == 1), got strides {cache.stride()}")
-    if v_cache.shape != k_cache.shape or v_cache.stride() != k_cache.stride() or v_cache.dtype != k_cache.dtype:
+            raise ValueError(
+                f"{name} must have contiguous head dims (stride(3) == 1), got strides {cache.stride()}"
+            )
+    if (
+        v_cache.shape != k_cache.shape
+        or v_cache.stride() != k_cache.stride()
+        or v_cache.dtype != k_cache.dtype
+    ):
         raise ValueError(
             f"v_cache must match k_cache's shape, strides and dtype: {tuple(v_cache.shape)} {v_cache.stride()} "
             f"vs {tuple(k_cache.shape)} {k_cache.stride()}"
