@@ -395,7 +395,6 @@ def transformers_row(weights, prompts, batch, model_name, outputs=None) -> dict 
         model=model_name,
         config=f"transformers {transformers.__version__}, sdpa, bf16",
         c1_tok_s=produced / seconds,
-        median_tok_s=produced / sorted(runs)[len(runs) // 2],
         req_s=len(prompts) / seconds,
         seconds=seconds,
     )

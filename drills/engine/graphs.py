@@ -8,10 +8,12 @@ by prepare_inputs(pad_to=...) with rows the kernels skip. Steps with prompt toke
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass
 
 import torch
 
+from drills.engine import collector
 from drills.engine.model import forward
 
 # Decode batch sizes captured as graphs: a step pads up to the next one (at most 1.5x the rows past 32).
@@ -46,6 +48,12 @@ class DecodeGraphs:
         self.context_lens = torch.zeros(top, dtype=torch.int32, device=device)
         self.block_tables = torch.zeros(top, pages, dtype=torch.int32, device=device)
         self.graphs, self.outputs = {}, {}
+        gc.collect()  # no dead cycle left to free CUDA memory, pinned memory or events mid-capture
+        with collector.paused():
+            self._capture(model, attention, max_model_len, fused)
+        torch.cuda.synchronize()
+
+    def _capture(self, model, attention, max_model_len: int, fused: bool) -> None:
         pool = None
         for b in reversed(self.batches):  # largest first, so the smaller ones reuse its memory pool
             meta = _StaticInputs(
@@ -70,7 +78,6 @@ class DecodeGraphs:
                 self.outputs[b] = run()  # (b, V)
             pool = graph.pool()
             self.graphs[b] = graph
-        torch.cuda.synchronize()
 
     def batch_for(self, scheduled) -> int | None:
         """The captured batch this step replays: None for a step with prompt tokens (it runs eagerly)."""

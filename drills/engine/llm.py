@@ -11,15 +11,13 @@ every one has finished.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import gc
 import itertools
 from dataclasses import dataclass
 
 import torch
 
-from drills.engine import sources
+from drills.engine import collector, sources
 from drills.engine.attention import PagedKVCache
 from drills.engine.config import EngineConfig, LlamaConfig
 from drills.engine.engine import Engine
@@ -147,7 +145,7 @@ class LLM:
                     on_token(index[s.seq_id], t)
                 seen[s.seq_id] = known
 
-        with _collector_paused():
+        with collector.paused():
             while not all(s.finished for s in seqs):
                 self.engine.step()
                 if on_token:
@@ -197,19 +195,3 @@ def default_num_blocks(config: EngineConfig, model: LlamaConfig, cache_dtype, de
     free, _ = torch.cuda.mem_get_info(device)
     fit = int(0.4 * free) // PagedKVCache.bytes_per_block(model, config.block_size, cache_dtype)
     return max(1, min(config.max_num_seqs * pages, fit))
-
-
-@contextlib.contextmanager
-def _collector_paused():
-    """Python's cyclic garbage collector off while the step loop runs, as serving engines keep it out of
-    their loops (vLLM freezes the heap after warm-up: vllm/utils/gc_utils.py, freeze_gc_heap). The loop
-    makes objects, not cycles, so reference counting frees them; but the collector scans every object
-    alive, the engine's included, and one full collection took 118 ms on the H200's host (measured on the
-    C1 traffic, 2026-12-03), a third of the run it fell into. Back on after the call, as it was."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
