@@ -4,13 +4,17 @@ A decode step of SmolLM2 (30 layers) in plain torch launches about 1,050 kernels
 of them are elementwise: RMSNorm alone is seven (float, pow, mean, add, rsqrt, multiply, cast, times
 the weight), RoPE five per tensor, the residual add one, SiLU and the multiply two. At batch 256 each of
 them moves a few hundred kilobytes, so each costs its launch and a round trip through HBM, not its math.
-Fused, a layer is 11 launches: norm, QKV GEMM, RoPE, L1's store, F1's two kernels, O GEMM, residual add
-+ norm, gate-up GEMM, SiLU-and-mul, down GEMM, and the next residual add + norm.
+Fused, a layer is 10 launches: norm, QKV GEMM, RoPE with the K/V store, F1's two kernels, O GEMM,
+residual add + norm, gate-up GEMM, SiLU-and-mul, down GEMM, and the next residual add + norm (11 where
+L1's store_kvcache runs on its own: the engine's fused_store=False).
 
     rms_norm(x, weight, eps, residual=None)   (T, H) -> (T, H); with residual: residual += x first
                                               (in place), and the norm is of the sum
     rope_(qkv, positions, cos, sin, num_rotated, head_dim)   rotates the first num_rotated heads of
                                               each packed row in place (q's heads then k's)
+    rope_store_(qkv, positions, cos, sin, num_q_heads, k_cache, v_cache, slot_mapping)
+                                              rope_ over q's and k's heads, and the rotated K and
+                                              the V of each row written to its slot, as L1 writes them
     silu_mul(gate_up)                         (T, 2I) -> (T, I): silu(gate) * up
 
 Each rounds where the torch path rounds (an fp32 sum cast to the model's dtype before the norm reads
