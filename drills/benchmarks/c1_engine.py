@@ -36,7 +36,6 @@ COLUMNS = [
     ("model", "model"),
     ("config", "configuration"),
     ("c1_tok_s", "output tok/s"),
-    ("median_tok_s", "median of the runs, tok/s"),
     ("req_s", "requests/s"),
     ("seconds", "s"),
     ("prefill_tokens", "prefill tokens computed"),
@@ -62,7 +61,7 @@ def requests(
     return [system + torch.randint(100, vocab, (k,), generator=g).tolist() for k in lens]
 
 
-REPEATS = 5  # timed runs per engine row; the fastest counts, and the median is kept beside it
+REPEATS = 2  # timed runs per engine row; the fastest counts
 NANO_REQUESTS, NANO_LENS = 256, (100, 1024)  # nano-vllm's bench.py: input and output lengths uniform
 
 
@@ -251,7 +250,7 @@ def engine_row(impl, weights, prompts, label, model_name, outputs=None, gbs=None
     llm.generate(_shifted(prompts, vocab, 1), params)
     # The best of REPEATS timed runs, each on other token ids after the first (no prefix hits on an earlier
     # run's blocks): a host's scheduler or another process on it moves one run by 10% or more.
-    best, runs = None, []
+    best = None
     for k in range(REPEATS):
         llm.engine.stats = type(llm.engine.stats)()
         traffic = prompts if k == 0 else _shifted(prompts, vocab, 10 + k)
@@ -260,7 +259,6 @@ def engine_row(impl, weights, prompts, label, model_name, outputs=None, gbs=None
         got = llm.generate(traffic, params)
         torch.cuda.synchronize()
         took = time.perf_counter() - start
-        runs.append(took)
         if k == 0:
             outs = got
         if best is None or took < best[0]:
@@ -278,7 +276,6 @@ def engine_row(impl, weights, prompts, label, model_name, outputs=None, gbs=None
         model=model_name,
         config=", ".join(f"{k}={v}" for k, v in options.items() if k != "max_model_len") or "defaults",
         c1_tok_s=produced / seconds,
-        median_tok_s=produced / sorted(runs)[len(runs) // 2],
         req_s=len(prompts) / seconds,
         seconds=seconds,
         prefill_tokens=s.prefill_tokens,
@@ -460,12 +457,10 @@ def run(impl) -> tuple[bench.Table, list[str]]:
         f"tokens each, {OUTPUT_TOKENS} output tokens each (ignore_eos), greedy; random weights in bf16.",
         f"Engine: block size {c.block_size}, max_num_batched_tokens {c.max_num_batched_tokens}, max_num_seqs "
         f"{c.max_num_seqs}, the references of L1, L3, L4, F1; "
-        "time from the first request queued to the last token, after a warm-up run of the same traffic with other token ids; "
-        f"output tok/s is the fastest of {REPEATS} timed runs, the median beside it (this host's other work moves a run "
-        "by up to 2x, measured).",
+        "time from the first request queued to the last token, after a warm-up run of the same traffic with other token ids.",
         "GPU busy: the union of the kernels' and copies' times over the wall, from a second run of the same "
         "traffic under torch.profiler (CUDA activity only). Kernels per decode step: the nodes of the "
-        "largest captured decode graph, counted over one replay, and F1's kernels' share of its GPU time. A third run takes each step apart: the host's "
+        "largest captured decode graph, counted over one replay. A third run takes each step apart: the host's "
         "time in schedule(), prepare_inputs and postprocess(), and the GPU's over the forward (CUDA events).",
         f"Decode roofline: each decode step reads every weight once and each sequence's K and V once, at "
         f"{gbs:,.0f} GB/s (a 1 GiB device copy, bytes read + written, measured in this run); the fraction is "
@@ -607,8 +602,10 @@ FIGURES["other_share"] = lambda d: (
     f"{100 * _row(d, 'engine')['other_step_ms'] * _row(d, 'engine')['other_split_steps'] / (1e3 * _row(d, 'engine')['seconds']):.0f}%"
 )
 
-FIGURES["median_tok_s"] = lambda d: f"{_row(d, 'engine')['median_tok_s']:,.0f}"
-FIGURES["repeats"] = lambda d: str(REPEATS)
+FIGURES["decode_events_busy"] = lambda d: (
+    f"{100 * _row(d, 'engine')['decode_gpu_ms'] / _row(d, 'engine')['decode_step_ms']:.0f}%"
+)
+FIGURES["events_busy"] = lambda d: f"{100 * _events_busy(_row(d, 'engine')):.0f}%"
 FIGURES["attention_share"] = lambda d: f"{100 * _row(d, 'engine')['decode_attention_share']:.0f}%"
 FIGURES["replay_ms"] = lambda d: bench.num(_row(d, "engine")["decode_replay_ms"], 2)
 FIGURES["gpu_bound_tok_s"] = lambda d: f"{_gpu_bound_tok_s(_row(d, 'engine')):,.0f}"
@@ -618,6 +615,13 @@ def _gpu_bound_tok_s(row: dict) -> float:
     """The output tokens/s of a run whose steps took only their GPU time, end to end (CUDA events)."""
     gpu_s = row["decode_split_steps"] * row["decode_gpu_ms"] + row["other_split_steps"] * row["other_gpu_ms"]
     return row["c1_tok_s"] * row["seconds"] / (gpu_s / 1e3)
+
+
+def _events_busy(row: dict) -> float:
+    """The GPU's share of the split run's steps, by the CUDA events around each forward."""
+    n_d, n_o = row["decode_split_steps"], row["other_split_steps"]
+    gpu = n_d * row["decode_gpu_ms"] + n_o * row["other_gpu_ms"]
+    return gpu / (n_d * row["decode_step_ms"] + n_o * row["other_step_ms"])
 
 
 def _learner_ms(row: dict) -> float:
