@@ -186,3 +186,19 @@ def test_real_model_answers_the_capital_of_france(capsys):
     # Attention in torch never calls L1's, L4's or F1's code: the start-up list says so, not "reference".
     for part in ("l1 store_kvcache", "l4 paged_prefill", "f1 plan, split_kv_decode"):
         assert f"{part}: not called (attention in torch)" in out, out
+
+
+def test_the_start_up_lines_say_whether_l1s_store_is_called():
+    """With the fused RoPE kernel storing K and V, L1's store_kvcache never runs: the start-up list must
+    say so and name the way back, and say nothing of the kind when L1's store runs (or torch attends)."""
+    from drills.engine import sources
+
+    chosen = sources.choose("solutions")
+    fused = "\n".join(sources.describe(chosen, "kernels", fused_store=True))
+    plain = "\n".join(sources.describe(chosen, "kernels", fused_store=False))
+    assert "l1 store_kvcache: not called (the fused RoPE kernel stores K and V" in fused, fused
+    assert "--l1-store" in fused, fused
+    assert "l1 store_kvcache: reference" in plain and "fused RoPE" not in plain, plain
+    assert "l4 paged_prefill: reference" in fused, fused  # only L1 is replaced
+    args = chat.parser().parse_args(["--l1-store"])
+    assert args.l1_store

