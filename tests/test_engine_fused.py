@@ -161,6 +161,25 @@ def test_rope_store_refuses_bad_arguments_naming_them():
         fused.rope_store_(qkv, positions, cos, sin, 6, kc.transpose(2, 3), vc.transpose(2, 3), slots)
     with pytest.raises(TypeError, match="k_cache must be float16"):
         fused.rope_store_(qkv, positions, cos, sin, 6, kc.int(), vc.int(), slots)
+    every_other = torch.zeros(2 * slots.shape[0], dtype=slots.dtype, device=slots.device)[::2]
+    with pytest.raises(ValueError, match="slot_mapping must be contiguous"):  # read at t, not at 2t
+        fused.rope_store_(qkv, positions, cos, sin, 6, kc, vc, every_other)
+    with pytest.raises(ValueError, match="positions must be contiguous"):
+        fused.rope_store_(qkv, every_other, cos, sin, 6, kc, vc, slots)
+    with pytest.raises(ValueError, match="cos must be"):  # an empty table has no row 0 to fall back on
+        fused.rope_store_(qkv, positions, cos[:0], sin, 6, kc, vc, slots)
+
+
+def test_fused_store_asked_for_without_the_kernel_path_is_refused():
+    from drills.engine.config import EngineConfig
+
+    for config in (
+        EngineConfig(attention="torch", fused_store=True),
+        EngineConfig(fused_kernels=False, fused_store=True),
+    ):
+        with pytest.raises(ValueError, match="fused_store needs"):
+            config.fused_store_on(torch.device("cpu"))
+    assert not EngineConfig(attention="torch").fused_store_on(torch.device("cpu"))  # None: off, silently
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

@@ -58,6 +58,8 @@ class KernelAttention:
         self.num_q_heads = num_q_heads  # Hq, which F2's plan needs (its prefix tiles hold query heads)
         # The fused forward calls rope_store() before each layer's attention: RoPE and the K/V store in
         # one kernel (fused.rope_store_), in place of L1's store_kvcache.
+        if fused_store and num_q_heads is None:
+            raise ValueError("fused_store needs num_q_heads: the kernel finds k's heads after q's")
         self.fused_store = fused_store
         self._stored = None  # the layer whose K and V rope_store() has just written
         self.plan = None

@@ -84,10 +84,9 @@ class Engine:
             max_num_batched_tokens=config.max_num_batched_tokens,
             chunked_prefill=config.chunked_prefill,
         )
+        fused_store = config.fused_store_on(model.device)  # raises where asked for without its path
         self.attention = (
-            KernelAttention(
-                cache, parts, model.config.num_heads, fused_store=config.fused_store_on(model.device)
-            )
+            KernelAttention(cache, parts, model.config.num_heads, fused_store=fused_store)
             if config.attention == "kernels"
             else TorchPagedAttention(cache)
         )

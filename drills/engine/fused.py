@@ -4,9 +4,10 @@ A decode step of SmolLM2 (30 layers) in plain torch launches about 1,050 kernels
 of them are elementwise: RMSNorm alone is seven (float, pow, mean, add, rsqrt, multiply, cast, times
 the weight), RoPE five per tensor, the residual add one, SiLU and the multiply two. At batch 256 each of
 them moves a few hundred kilobytes, so each costs its launch and a round trip through HBM, not its math.
-Fused, a layer is 10 launches: norm, QKV GEMM, RoPE with the K/V store, F1's two kernels, O GEMM,
-residual add + norm, gate-up GEMM, SiLU-and-mul, down GEMM, and the next residual add + norm (11 where
-L1's store_kvcache runs on its own: the engine's fused_store=False).
+Fused, a decode layer is 9 launches: QKV GEMM, RoPE with the K/V store, F1's split kernel, O GEMM,
+residual add + norm, gate-up GEMM, SiLU-and-mul, down GEMM, and the next residual add + norm; one more
+where F1 splits the KV (its merge kernel), one more where L1's store_kvcache runs on its own (the
+engine's fused_store=False).
 
     rms_norm(x, weight, eps, residual=None)   (T, H) -> (T, H); with residual: residual += x first
                                               (in place), and the norm is of the sum
@@ -202,22 +203,38 @@ def _check_rope_args(qkv, positions, cos, sin, heads: int, head_dim: int) -> int
     _check_rows("qkv", qkv)
     if head_dim % 2 or heads * head_dim > qkv.shape[1]:
         raise ValueError(
-            f"head_dim = {head_dim} must be even and {heads} heads of it must fit qkv's {qkv.shape[1]} columns"
+            f"the head dim D = {head_dim} must be even and {heads} heads of it must fit qkv's "
+            f"{qkv.shape[1]} columns"
         )
-    if positions.shape != (qkv.shape[0],) or positions.dtype not in (torch.int32, torch.int64):
-        raise ValueError(
-            f"positions must be ({qkv.shape[0]},) int32 or int64, got {tuple(positions.shape)} {positions.dtype}"
-        )
+    _check_index("positions", positions, qkv)
     half = head_dim // 2
     for name, table in (("cos", cos), ("sin", sin)):
         if (
-            table.dtype != torch.float32
+            not isinstance(table, torch.Tensor)
+            or table.dtype != torch.float32
             or table.dim() != 2
+            or table.shape[0] < 1
             or table.shape[1] != half
             or not table.is_contiguous()
+            or table.device != qkv.device
         ):
-            raise ValueError(f"{name} must be a contiguous (max_position, {half}) float32 table")
+            raise ValueError(
+                f"{name} must be a contiguous (max_position >= 1, {half}) float32 table on {qkv.device}"
+            )
     return half
+
+
+def _check_index(name: str, t, qkv) -> None:
+    """A (T,) int32/int64 tensor beside qkv's rows: the kernel reads element t at t (stride 1)."""
+    T = qkv.shape[0]
+    if not isinstance(t, torch.Tensor) or t.shape != (T,) or t.dtype not in (torch.int32, torch.int64):
+        raise ValueError(
+            f"{name} must be a ({T},) int32 or int64 tensor, got {getattr(t, 'shape', t)} {getattr(t, 'dtype', '')}"
+        )
+    if T > 1 and t.stride(0) != 1:
+        raise ValueError(f"{name} must be contiguous (stride 1), got stride {t.stride(0)}")
+    if t.device != qkv.device:
+        raise ValueError(f"{name} must be on qkv's device {qkv.device}, got {t.device}")
 
 
 def rope_(
@@ -302,11 +319,7 @@ def rope_store_(
             f"qkv must have (num_q_heads + 2 Hkv) D = {(num_q_heads + 2 * num_kv) * head_dim} columns, "
             f"got {qkv.shape[1]}"
         )
-    if slot_mapping.shape != (qkv.shape[0],) or slot_mapping.dtype not in (torch.int32, torch.int64):
-        raise ValueError(
-            f"slot_mapping must be ({qkv.shape[0]},) int32 or int64, got "
-            f"{tuple(slot_mapping.shape)} {slot_mapping.dtype}"
-        )
+    _check_index("slot_mapping", slot_mapping, qkv)
     if qkv.shape[0] == 0:
         return qkv
     launch(

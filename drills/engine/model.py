@@ -153,7 +153,7 @@ def forward(
     input_ids (T,) int64, positions (T,) int64; attention(layer, q, k, v, meta) -> (T, Hq, D), with q
     (T, Hq, D) and k, v (T, Hkv, D) already rotated: it must store k and v before it attends, since a
     prefill's queries read the keys of their own step. fused: the same computation through fused.py's
-    Triton kernels (10 or 11 launches a layer instead of about 35), which q and k then reach as strided
+    Triton kernels (9 to 11 launches a layer instead of about 35), which q and k then reach as strided
     views of the QKV GEMM's output.
     """
     if fused:
