@@ -245,10 +245,20 @@ def test_engine_greedy_tokens_are_the_same_fused_or_not():
     assert outs[True] == outs[False]
 
 
+def _kernel_llm(**options):
+    """The tiny model on the kernel path, on the kernels' device (compiled on a GPU: CUDA graphs, the
+    fused forward), with `options` for the engine."""
+    from drills.engine.llm import LLM
+
+    weights = random_weights(tiny_config(), stream=18)
+    return LLM(
+        weights, attention="kernels", use="solutions", device=_device(), block_size=16, quiet=True, **options
+    )
+
+
 def test_the_fused_store_fills_the_cache_as_l1s_store_does():
     """The engine on the kernels with the fused forward, once through L1's store_kvcache and once through
     the fused RoPE kernel's store: the same greedy tokens and, bit for bit, the same KV cache."""
-    from drills.engine.llm import LLM
     from drills.solutions.c1_engine import SamplingParams
 
     g = torch.Generator().manual_seed(19)
@@ -256,18 +266,8 @@ def test_the_fused_store_fills_the_cache_as_l1s_store_does():
     params = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
     runs = {}
     for on in (False, True):
-        llm = LLM(
-            random_weights(tiny_config(), stream=18),
-            attention="kernels",
-            use="solutions",
-            device=_device(),
-            block_size=16,
-            num_blocks=8,
-            max_num_seqs=4,
-            fused_kernels=True,
-            fused_store=on,
-            prefix_caching=False,
-            quiet=True,
+        llm = _kernel_llm(
+            num_blocks=8, max_num_seqs=4, fused_kernels=True, fused_store=on, prefix_caching=False
         )
         assert llm.engine.attention.fused_store == on
         l1 = "not called (the fused RoPE kernel" in "\n".join(llm.describe())
@@ -350,7 +350,6 @@ def test_a_request_that_may_stop_on_eos_is_never_left_waiting():
 def test_the_overlapped_loop_on_the_kernels_gives_the_same_tokens():
     """The kernel path on the kernels' device: on a GPU the overlap runs with CUDA graphs, the pinned
     input copy and the fused forward, the configuration the benchmark times."""
-    from drills.engine.llm import LLM
     from drills.solutions.c1_engine import SamplingParams
 
     g = torch.Generator().manual_seed(17)
@@ -358,17 +357,7 @@ def test_the_overlapped_loop_on_the_kernels_gives_the_same_tokens():
     params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in (9, 4, 12, 1)]
     runs = {}
     for on in (False, True):
-        llm = LLM(
-            random_weights(tiny_config(), stream=18),
-            attention="kernels",
-            use="solutions",
-            device=_device(),
-            block_size=16,
-            num_blocks=32,
-            max_num_seqs=8,
-            overlap=on,
-            quiet=True,
-        )
+        llm = _kernel_llm(num_blocks=32, max_num_seqs=8, overlap=on)
         runs[on] = [o.token_ids for o in llm.generate(prompts, params)]
         assert (llm.engine.stats.overlap_steps > 0) == on
     assert runs[True] == runs[False]
