@@ -100,8 +100,11 @@ class BlockManager:
             raise TypeError(f"token_ids must be a list or tuple of ints, got {type(token_ids).__name__}")
         if len(token_ids) == 0:
             raise ValueError(f"token_ids of seq_id {seq_id!r} is empty: a sequence needs at least one token")
-        for i, token_id in enumerate(token_ids):
-            _check_token_id(f"token_ids[{i}]", token_id)
+        # One pass over the common case, plain ints (an engine's prompt step allocates thousands); the
+        # loop runs only to name the culprit, with the same rule as the appended token id's check.
+        if not all(type(token_id) is int for token_id in token_ids):
+            for i, token_id in enumerate(token_ids):
+                _check_token_id(f"token_ids[{i}]", token_id)
         bs = self.block_size
         chunks = [tuple(token_ids[i : i + bs]) for i in range(0, len(token_ids), bs)]
         # Section 3.2: only full blocks get a key; a partial block's KV is still growing.
