@@ -90,8 +90,8 @@ MUTANTS = [
     Mutant(
         "prompt_tokens_not_checked",
         "13. arguments checked late: token ids of a prompt",
-        '        if not all(type(token_id) is int for token_id in token_ids):\n'
-        '            for i, token_id in enumerate(token_ids):\n'
+        "        if not all(type(token_id) is int for token_id in token_ids):\n"
+        "            for i, token_id in enumerate(token_ids):\n"
         '                _check_token_id(f"token_ids[{i}]", token_id)\n',
         "",
     ),
