@@ -249,3 +249,92 @@ def test_engine_decode_graphs_replay_what_eager_steps_compute():
     for a, b in zip(eager_logits, graphed_logits):
         assert (a - b).abs().max().item() < 0.1, "graph replays gave other logits than eager steps"
     assert graphed == eager, f"tokens with graphs {graphed}, eager {eager}"
+
+
+# --- Steps with prompt tokens as graphs (drills/engine/graphs.py PromptGraphs) ----------------------
+
+BUDGET = 48  # max_num_batched_tokens of these runs: the token count the prompt graphs are captured for
+
+
+def _prompt_graph_run(weights, prompts, prompt_graphs: bool, **options):
+    """Greedy tokens, every sampled logits row and the KV cache of one run with decode graphs on and the
+    prompt graphs on or off; and, per prompt-graph replay, (sequences, padded batch, decode rows)."""
+    from drills.engine.llm import LLM
+    from drills.solutions.c1_engine import SamplingParams
+
+    llm = LLM(
+        weights,
+        use="solutions",
+        quiet=True,
+        max_num_seqs=8,
+        num_blocks=96,
+        max_model_len=256,
+        max_num_batched_tokens=BUDGET,
+        cuda_graphs=True,
+        prompt_graphs=prompt_graphs,
+        **options,
+    )
+    rows, replays = {}, []
+
+    def on_logits(seqs, logits):
+        for seq, row in zip(seqs, logits):
+            rows.setdefault(seq.seq_id, []).append(row.float().clone())
+
+    llm.engine.on_logits = on_logits
+    graphs = llm.engine.prompt_graphs
+    if graphs is not None:
+        replay = graphs.run
+
+        def watched(inputs, batch):
+            lens = inputs.cu_seqlens_q.diff().tolist()
+            replays.append((len(lens), batch, sum(n == 1 for n in lens)))
+            return replay(inputs, batch)
+
+        graphs.run = watched
+    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))
+    assert llm.engine.stats.prompt_graph_steps == len(replays)
+    logits = [torch.stack(rows[i]) for i in sorted(rows)]
+    return [o.token_ids for o in outs], logits, (llm.cache.k.clone(), llm.cache.v.clone()), replays
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(fused_kernels=True, fused_store=True),
+        dict(fused_kernels=True, fused_store=False),
+        dict(fused_kernels=False),
+    ],
+    ids=["fused_store", "l1_store", "torch_ops"],
+)
+def test_prompt_graphs_replay_what_eager_prompt_steps_compute(options):
+    """Ragged prompts in chunks of a 48-token budget, one of them twice (prefix hits): every step that
+    fills the budget replays a prompt graph, padded to the next batch size with sequences of no tokens,
+    some with decode rows beside the chunks. Against the same run with those steps eager: the same
+    tokens, logits within bf16 noise, and the same K and V in the cache (a stale slot, length, table
+    row or logits row in the static buffers shows in one of them)."""
+    from drills.engine.config import tiny_config
+    from drills.engine.model import random_weights
+
+    config = tiny_config()
+    weights = random_weights(config, stream=6, dtype=torch.bfloat16, device="cuda")
+    for layer in weights.layers:  # sharper attention and MLP: greedy tokens then depend on the context
+        layer.wqkv.mul_(5)
+        layer.w_gate_up.mul_(5)
+    g = torch.Generator().manual_seed(8)
+    lens = (1, 5, 13, 30, 47, 2, 64, 9, 100, 17, 33)
+    prompts = [torch.randint(0, config.vocab_size, (n,), generator=g).tolist() for n in lens]
+    prompts.append(list(prompts[6]))  # 64 tokens again: four cached blocks, its context past its chunk
+    eager, eager_logits, eager_cache, none = _prompt_graph_run(weights, prompts, False, **options)
+    graphed, graphed_logits, graphed_cache, replays = _prompt_graph_run(weights, prompts, True, **options)
+    assert not none, "prompt_graphs=False replayed a prompt graph"
+    assert replays, "no step with prompt tokens replayed a graph"
+    assert any(b < batch for b, batch, _ in replays), f"no replay was padded: {replays}"
+    assert any(decode for _, _, decode in replays), f"no replay had decode rows beside a chunk: {replays}"
+    assert len(eager_logits) == len(graphed_logits) == len(prompts)
+    for i, (a, b) in enumerate(zip(eager_logits, graphed_logits)):
+        assert a.shape == b.shape, f"request {i}: {b.shape[0]} sampled rows with graphs, {a.shape[0]} eager"
+        diff = (a - b).abs().max().item()
+        assert diff < 0.1, f"request {i}: graph replays gave logits {diff:.3f} from eager steps'"
+    assert graphed == eager, f"tokens with prompt graphs {graphed}, eager {eager}"
+    for name, a, b in zip("KV", eager_cache, graphed_cache):
+        torch.testing.assert_close(b.float(), a.float(), atol=0.05, rtol=0.02, msg=f"{name} in the cache")

@@ -4,7 +4,8 @@ Requests: 256 chat prompts sharing a 300-token system prompt, each followed by 2
 tokens of its own, 128 output tokens each with ignore_eos (every request generates exactly 128, so the
 work is the same for every configuration and peer). Throughput does not depend on the weights' values,
 so random weights of SmolLM2-135M-Instruct's shapes stand in for the 98 MB model file (bf16, as the
-peer). Rows: this engine with CUDA-graph decode steps on and off, prefix caching on and off, F2's
+peer). Rows: this engine with CUDA graphs on and off (for decode steps, and for steps with prompt
+tokens that fill the token budget), prefix caching on and off, F2's
 cascade on and off (also on the same traffic with a 4,096-token shared prompt); transformers
 5.24's batched `generate` (SDPA attention, left-padded batches of 64 and of 256, greedy, KV cache on) on
 the same token ids and GPU; then a Llama-3-8B-shaped model cut to 4 layers: 5.3x the KV bytes per
@@ -41,6 +42,7 @@ COLUMNS = [
     ("cached_tokens", "prompt tokens from the cache"),
     ("ttft_s", "mean time to first token, s"),
     ("steps", "steps"),
+    ("prompt_graph_steps", "steps with prompt tokens as graphs"),
     ("cascade_steps", "steps F2 served"),
     ("gpu_busy", "GPU busy, fraction of the wall"),
     ("decode_launches", "kernels per decode step"),
@@ -149,13 +151,15 @@ def step_split(llm, prompts, params) -> dict:
         return run
 
     saved = (eng.scheduler.schedule, eng.scheduler.postprocess, eng.parts.prepare_inputs, eng.step)
-    forward, graphs_run = engine_module.forward, eng.graphs.run if eng.graphs else None
+    forward = engine_module.forward
+    runners = [g for g in (eng.graphs, eng.prompt_graphs) if g is not None]  # decode and prompt graphs
+    replays = [g.run for g in runners]
     eng.scheduler.schedule = timed("schedule", saved[0])
     eng.scheduler.postprocess = timed("postprocess", saved[1])
     eng.parts.prepare_inputs = timed("prepare", saved[2])
     engine_module.forward = on_gpu(forward)
-    if eng.graphs:
-        eng.graphs.run = on_gpu(graphs_run)
+    for g, replay in zip(runners, replays):
+        g.run = on_gpu(replay)
 
     def step():
         cur.clear()
@@ -172,8 +176,8 @@ def step_split(llm, prompts, params) -> dict:
     finally:
         eng.scheduler.schedule, eng.scheduler.postprocess, eng.parts.prepare_inputs, eng.step = saved
         engine_module.forward = forward
-        if eng.graphs:
-            eng.graphs.run = graphs_run
+        for g, replay in zip(runners, replays):
+            g.run = replay
     split = {}
     for kind, name in ((True, "decode"), (False, "other")):
         steps = [r for r in rec if r.get("decode") is kind and "events" in r]
@@ -285,6 +289,7 @@ def engine_row(impl, weights, prompts, label, model_name, outputs=None, gbs=None
         cached_tokens=s.cached_tokens,
         ttft_s=sum(s.first_token_s) / max(1, len(s.first_token_s)),
         graph_steps=s.graph_steps,
+        prompt_graph_steps=s.prompt_graph_steps,
         cascade_steps=s.cascade_steps,
         overlap_steps=s.overlap_steps,
         steps=s.steps,
@@ -419,6 +424,7 @@ def run(impl) -> tuple[bench.Table, list[str]]:
         row("engine, no overlap", overlap=False),
         row("engine, no fused kernels", fused_kernels=False),
         row("engine, no overlap, no fused kernels", overlap=False, fused_kernels=False),
+        row("engine, no prompt graphs", prompt_graphs=False),
         row("engine, no CUDA graphs", cuda_graphs=False),
         row("engine, no prefix caching", prefix_caching=False),
         row("engine, cascade", cascade=True),
@@ -460,7 +466,9 @@ def run(impl) -> tuple[bench.Table, list[str]]:
         f"tokens each, {OUTPUT_TOKENS} output tokens each (ignore_eos), greedy; random weights in bf16.",
         f"Engine: block size {c.block_size}, max_num_batched_tokens {c.max_num_batched_tokens}, max_num_seqs "
         f"{c.max_num_seqs}, the references of L1, L3, L4, F1; "
-        "time from the first request queued to the last token, after a warm-up run of the same traffic with other token ids.",
+        "time from the first request queued to the last token, after a warm-up run of the same traffic with other token ids. "
+        f"Steps with prompt tokens that fill the {c.max_num_batched_tokens}-token budget replay a CUDA graph "
+        "(one per batch size, attention included); the others with prompt tokens run eagerly.",
         "GPU busy: the union of the kernels' and copies' times over the wall, from a second run of the same "
         "traffic under torch.profiler (CUDA activity only). Kernels per decode step: the nodes of the "
         "largest captured decode graph, counted over one replay. A third run takes each step apart: the host's "
@@ -534,6 +542,13 @@ FIGURES = {
         _row(d, "engine")["c1_tok_s"] / _row(d, "engine, no CUDA graphs")["c1_tok_s"], 1
     ),
     "no_graphs_tok_s": lambda d: f"{_row(d, 'engine, no CUDA graphs')['c1_tok_s']:,.0f}",
+    "no_prompt_graphs_tok_s": lambda d: f"{_row(d, NO_PROMPT_GRAPHS)['c1_tok_s']:,.0f}",
+    "prompt_graphs_gain": lambda d: bench.num(
+        _row(d, "engine")["c1_tok_s"] / _row(d, NO_PROMPT_GRAPHS)["c1_tok_s"], 2
+    ),
+    "prompt_graph_steps": lambda d: str(_row(d, "engine")["prompt_graph_steps"]),
+    "eager_other_step_ms": lambda d: bench.num(_row(d, NO_PROMPT_GRAPHS)["other_step_ms"], 0),
+    "eager_other_gpu_ms": lambda d: bench.num(_row(d, NO_PROMPT_GRAPHS)["other_gpu_ms"], 0),
     "prefill_without": lambda d: f"{_row(d, 'engine, no prefix caching')['prefill_tokens']:,}",
     "prefill_with": lambda d: f"{_row(d, 'engine')['prefill_tokens']:,}",
     "ttft_without": lambda d: bench.num(_row(d, "engine, no prefix caching")["ttft_s"]),
@@ -578,6 +593,7 @@ FIGURES = {
 }
 
 LOCKSTEP = "engine, no overlap, no fused kernels"  # the loop as it was: one step at a time, torch ops
+NO_PROMPT_GRAPHS = "engine, no prompt graphs"  # steps with prompt tokens eager, as before PromptGraphs
 
 # Section 6.1's table: each loop's step taken apart (step_split), one figure per row and field.
 SPLIT_ROWS = {

@@ -7,7 +7,7 @@ object alive, the engine's included, and one full collection took 118 ms on the 
 the C1 traffic, 2026-12-03), a third of the run it fell into. Serving engines keep it out of their loops
 too: vLLM freezes the heap after warm-up (vllm/utils/gc_utils.py, freeze_gc_heap). During a capture a
 collection is worse than slow: a dead cycle that holds CUDA memory, pinned memory or events frees them
-mid-capture, and the capture fails (DecodeGraphs collects once, then captures with the collector paused).
+mid-capture, and the capture fails (graphs.py collects once, then captures with the collector paused).
 """
 
 from __future__ import annotations

@@ -103,6 +103,9 @@ class EngineConfig:
     max_model_len           prompt + output tokens of a request at most; None: the model's context
     cuda_graphs             replay decode steps as CUDA graphs; None: on where attention="kernels" runs
                             on a GPU (they need both)
+    prompt_graphs           replay steps with prompt tokens that fill max_num_batched_tokens exactly as
+                            CUDA graphs too, attention included, one per batch size (graphs.PromptGraphs);
+                            None: on wherever cuda_graphs is
     block_size              tokens per KV block (PAGE)
     num_blocks              blocks in the KV pool; None: LLM sizes it (40% of the free GPU memory,
                             capped at what max_num_seqs full-length sequences need; on a CPU one
@@ -138,6 +141,7 @@ class EngineConfig:
     fused_kernels: bool | None = None
     overlap: bool | None = None
     fused_store: bool | None = None
+    prompt_graphs: bool | None = None
 
     def __post_init__(self):
         if self.attention not in ATTENTION:
@@ -154,6 +158,14 @@ class EngineConfig:
         if self.cuda_graphs and (self.attention != "kernels" or device.type != "cuda"):
             raise ValueError("cuda_graphs needs attention='kernels' on a CUDA device")
         return self.cuda_graphs
+
+    def prompt_graphs_on(self, device) -> bool:
+        """Whether steps with prompt tokens that fill the token budget replay as CUDA graphs on `device`."""
+        if self.prompt_graphs is None:
+            return self.graphs_on(device)
+        if self.prompt_graphs and not self.graphs_on(device):
+            raise ValueError("prompt_graphs needs cuda_graphs: attention='kernels' on a CUDA device")
+        return bool(self.prompt_graphs)
 
     def fused_on(self, device) -> bool:
         """Whether the forward runs fused.py's kernels on `device` (a torch.device)."""

@@ -3,7 +3,8 @@
 Engine.step() is one iteration: the scheduler picks the step's tokens (C1), prepare_inputs builds the
 tensors (C1), the model runs with attention through the paged cache (L1 store, L4 prefill, F1 decode),
 the sampler draws a token for each sequence that reached its last token, and the scheduler books it.
-A decode step on a GPU replays a CUDA graph captured for the next batch size up (graphs.py). `parts`
+A decode step on a GPU replays a CUDA graph captured for the next batch size up, and so does a step with
+prompt tokens that fills the token budget exactly (graphs.py). `parts`
 names the code each job uses (sources.py): yours or the reference.
 """
 
@@ -20,7 +21,7 @@ from drills.device_errors import error_word
 from drills.engine import sampler
 from drills.engine.attention import KernelAttention, PagedKVCache, TorchPagedAttention
 from drills.engine.config import EngineConfig
-from drills.engine.graphs import DecodeGraphs
+from drills.engine.graphs import DecodeGraphs, PromptGraphs
 from drills.engine.model import Llama, forward
 
 
@@ -33,7 +34,8 @@ class Stats:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     output_tokens: int = 0
-    graph_steps: int = 0
+    graph_steps: int = 0  # decode steps replayed as a CUDA graph
+    prompt_graph_steps: int = 0  # steps with prompt tokens replayed as a CUDA graph
     cascade_steps: int = 0  # decode steps served by F2's cascade_decode
     overlap_steps: int = 0  # steps whose tokens stayed on the device while the next step was prepared
     peak_blocks: int = (
@@ -115,6 +117,17 @@ class Engine:
                 config.max_num_seqs,
                 fused=self.fused,
             )
+        self.prompt_graphs = None
+        if config.prompt_graphs_on(model.device):
+            self.prompt_graphs = PromptGraphs(
+                model,
+                self.attention,
+                cache.block_size,
+                self.max_model_len,
+                config.max_num_seqs,
+                config.max_num_batched_tokens,
+                fused=self.fused,
+            )
 
     def add_request(self, prompt_ids: list[int], params) -> object:
         """Queue one prompt (token ids); returns its Sequence. Refused (ValueError) when it could never
@@ -158,6 +171,9 @@ class Engine:
         self.stats.peak_blocks = max(self.stats.peak_blocks, in_use)
         cascade = self._cascade(scheduled)
         graph = self.graphs.batch_for(scheduled) if self.graphs and cascade is None else None
+        prompt_graph = None
+        if graph is None and cascade is None and self.prompt_graphs is not None:
+            prompt_graph = self.prompt_graphs.batch_for(scheduled)  # a batch size, or None
         device = self.model.device
         if self._staging is not None:
             # Built on the host, then sent in one non-blocking copy from pinned memory: a pageable copy
@@ -172,6 +188,9 @@ class Engine:
         if graph:
             logits = self.graphs.run(inputs)
             self.stats.graph_steps += 1
+        elif prompt_graph:
+            logits = self.prompt_graphs.run(inputs, prompt_graph)
+            self.stats.prompt_graph_steps += 1
         else:
             self.attention.begin_step(inputs, cascade=cascade)
             self.stats.cascade_steps += cascade is not None

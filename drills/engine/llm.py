@@ -108,8 +108,16 @@ class LLM:
         store = getattr(self.engine.attention, "fused_store", False)
         return sources.describe(self.choices, self.config.attention, store) + [
             f"  {where}; model {self.model.dtype}, KV cache {c.num_blocks} blocks x {c.block_size} tokens "
-            f"({c.dtype}), CUDA graphs {'on' if self.engine.graphs else 'off'}"
+            f"({c.dtype}), CUDA graphs {self._graphs()}"
         ]
+
+    def _graphs(self) -> str:
+        if not self.engine.graphs:
+            return "off"
+        prompt = self.engine.prompt_graphs
+        if prompt is None or not prompt.batches:
+            return "on for decode steps"
+        return f"on for decode steps and for steps of {prompt.tokens} prompt and decode tokens"
 
     def encode(self, prompt) -> list[int]:
         """A prompt as token ids: ids as they are, a str encoded as text, a list of {"role", "content"}
