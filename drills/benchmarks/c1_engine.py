@@ -402,7 +402,6 @@ def transformers_row(weights, prompts, batch, model_name, outputs=None) -> dict 
         model=model_name,
         config=f"transformers {transformers.__version__}, sdpa, bf16",
         c1_tok_s=produced / seconds,
-        c1_tok_s_median=produced / sorted(times)[len(times) // 2],
         req_s=len(prompts) / seconds,
         seconds=seconds,
     )
