@@ -204,19 +204,29 @@ def test_launch_keeps_misaligned_views_apart():
 # --- The engine's decode steps as graphs (drills/engine/graphs.py DecodeGraphs) ----------------------
 
 
-def _engine_tokens(weights, prompts, cuda_graphs, max_tokens=12):
-    from drills.engine.llm import LLM
-    from drills.solutions.c1_engine import SamplingParams
+def _sharp_tiny_weights(stream: int):
+    """tiny_config() and its random bf16 weights on the GPU, the QKV and gate/up projections scaled by 5:
+    sharper attention and MLP, so that greedy tokens depend on the context."""
+    from drills.engine.config import tiny_config
+    from drills.engine.model import random_weights
 
-    llm = LLM(
-        weights,
-        use="solutions",
-        quiet=True,
-        max_num_seqs=8,
-        num_blocks=64,
-        max_model_len=256,
-        cuda_graphs=cuda_graphs,
-    )
+    config = tiny_config()
+    weights = random_weights(config, stream=stream, dtype=torch.bfloat16, device="cuda")
+    for layer in weights.layers:
+        layer.wqkv.mul_(5)
+        layer.w_gate_up.mul_(5)
+    return config, weights
+
+
+def _graph_llm(weights, **options):
+    """The engine of these tests on the GPU: the references, 8 sequences of 256 tokens at most."""
+    from drills.engine.llm import LLM
+
+    return LLM(weights, use="solutions", quiet=True, max_num_seqs=8, max_model_len=256, **options)
+
+
+def _watch_logits(llm) -> dict:
+    """{seq_id: [each sampled logits row, an fp32 copy]}, filled as llm's engine steps."""
     rows = {}
 
     def on_logits(seqs, logits):
@@ -224,6 +234,14 @@ def _engine_tokens(weights, prompts, cuda_graphs, max_tokens=12):
             rows.setdefault(seq.seq_id, []).append(row.float().clone())
 
     llm.engine.on_logits = on_logits
+    return rows
+
+
+def _engine_tokens(weights, prompts, cuda_graphs, max_tokens=12):
+    from drills.solutions.c1_engine import SamplingParams
+
+    llm = _graph_llm(weights, num_blocks=64, cuda_graphs=cuda_graphs)
+    rows = _watch_logits(llm)
     outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True))
     steps = llm.engine.stats.graph_steps
     return [o.token_ids for o in outs], [torch.stack(rows[i]) for i in sorted(rows)], steps
@@ -233,14 +251,7 @@ def test_engine_decode_graphs_replay_what_eager_steps_compute():
     """Five ragged requests (a batch of 5 padded to the graph of 8, then fewer as none finish early):
     with decode steps replayed as CUDA graphs, the same tokens as eager steps, and logits within bf16
     noise of them (a graph's decode plan is made for the longest context, so its splits differ)."""
-    from drills.engine.config import tiny_config
-    from drills.engine.model import random_weights
-
-    config = tiny_config()
-    weights = random_weights(config, stream=5, dtype=torch.bfloat16, device="cuda")
-    for layer in weights.layers:  # sharper attention and MLP: greedy tokens then depend on the context
-        layer.wqkv.mul_(5)
-        layer.w_gate_up.mul_(5)
+    config, weights = _sharp_tiny_weights(stream=5)
     g = torch.Generator().manual_seed(7)
     prompts = [torch.randint(0, config.vocab_size, (n,), generator=g).tolist() for n in (1, 7, 16, 23, 40)]
     eager, eager_logits, none = _engine_tokens(weights, prompts, cuda_graphs=False)
@@ -259,28 +270,17 @@ BUDGET = 48  # max_num_batched_tokens of these runs: the token count the prompt 
 def _prompt_graph_run(weights, prompts, prompt_graphs: bool, **options):
     """Greedy tokens, every sampled logits row and the KV cache of one run with decode graphs on and the
     prompt graphs on or off; and, per prompt-graph replay, (sequences, padded batch, decode rows)."""
-    from drills.engine.llm import LLM
     from drills.solutions.c1_engine import SamplingParams
 
-    llm = LLM(
+    llm = _graph_llm(
         weights,
-        use="solutions",
-        quiet=True,
-        max_num_seqs=8,
         num_blocks=96,
-        max_model_len=256,
         max_num_batched_tokens=BUDGET,
         cuda_graphs=True,
         prompt_graphs=prompt_graphs,
         **options,
     )
-    rows, replays = {}, []
-
-    def on_logits(seqs, logits):
-        for seq, row in zip(seqs, logits):
-            rows.setdefault(seq.seq_id, []).append(row.float().clone())
-
-    llm.engine.on_logits = on_logits
+    rows, replays = _watch_logits(llm), []
     graphs = llm.engine.prompt_graphs
     if graphs is not None:
         replay = graphs.run
@@ -312,14 +312,7 @@ def test_prompt_graphs_replay_what_eager_prompt_steps_compute(options):
     some with decode rows beside the chunks. Against the same run with those steps eager: the same
     tokens, logits within bf16 noise, and the same K and V in the cache (a stale slot, length, table
     row or logits row in the static buffers shows in one of them)."""
-    from drills.engine.config import tiny_config
-    from drills.engine.model import random_weights
-
-    config = tiny_config()
-    weights = random_weights(config, stream=6, dtype=torch.bfloat16, device="cuda")
-    for layer in weights.layers:  # sharper attention and MLP: greedy tokens then depend on the context
-        layer.wqkv.mul_(5)
-        layer.w_gate_up.mul_(5)
+    config, weights = _sharp_tiny_weights(stream=6)
     g = torch.Generator().manual_seed(8)
     lens = (1, 5, 13, 30, 47, 2, 64, 9, 100, 17, 33)
     prompts = [torch.randint(0, config.vocab_size, (n,), generator=g).tolist() for n in lens]

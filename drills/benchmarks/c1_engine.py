@@ -550,6 +550,8 @@ FIGURES = {
         _row(d, "engine")["c1_tok_s"] / _row(d, NO_PROMPT_GRAPHS)["c1_tok_s"], 2
     ),
     "prompt_graph_steps": lambda d: str(_row(d, "engine")["prompt_graph_steps"]),
+    "decode_steps": lambda d: str(_row(d, "engine")["decode_steps"]),
+    "no_prompt_graphs_host_ms": lambda d: bench.num(_host_ms(_row(d, NO_PROMPT_GRAPHS)), 1),
     "eager_other_step_ms": lambda d: bench.num(_row(d, NO_PROMPT_GRAPHS)["other_step_ms"], 0),
     "eager_other_gpu_ms": lambda d: bench.num(_row(d, NO_PROMPT_GRAPHS)["other_gpu_ms"], 0),
     "prefill_without": lambda d: f"{_row(d, 'engine, no prefix caching')['prefill_tokens']:,}",
