@@ -45,6 +45,11 @@ def _eager_capture(run, pool):
     return graph, graph.out
 
 
+def _device():
+    """The kernels' device: the interpreter's CPU, or the GPU where Triton compiles."""
+    return drills.runtime.current().device
+
+
 @pytest.fixture
 def eager_graphs(monkeypatch):
     monkeypatch.setattr(graphs, "_capture_one", _eager_capture)
@@ -64,7 +69,7 @@ def _run(with_graphs: bool):
         use="solutions",
         quiet=True,
         attention="kernels",
-        device=drills.runtime.current().device,
+        device=_device(),
         dtype=torch.float32,
         cuda_graphs=False,  # the decode graphs need a GPU; the prompt graphs are attached below
         max_num_seqs=SEQS,
@@ -125,7 +130,7 @@ def test_only_steps_of_the_captured_token_count_replay(eager_graphs):
     from types import SimpleNamespace
 
     llm = LLM(
-        random_weights(tiny_config(), 0), use="solutions", quiet=True, attention="kernels", device="cpu"
+        random_weights(tiny_config(), 0), use="solutions", quiet=True, attention="kernels", device=_device()
     )
     step = [SimpleNamespace(num_new=n) for n in (20, 1, 1, 10)]  # 32 tokens, 4 sequences
     pg = graphs.PromptGraphs(llm.model, llm.engine.attention, PAGE, MODEL_LEN, 8, BUDGET)
@@ -162,7 +167,7 @@ def test_replay_buffers_hold_the_step_and_its_padding(monkeypatch):
     monkeypatch.setattr(graphs, "_capture_one", capture)
     monkeypatch.setattr(graphs, "_capturing", contextlib.nullcontext)
     llm = LLM(
-        random_weights(tiny_config(), 0), use="solutions", quiet=True, attention="kernels", device="cpu"
+        random_weights(tiny_config(), 0), use="solutions", quiet=True, attention="kernels", device=_device()
     )
     pg = graphs.PromptGraphs(llm.model, llm.engine.attention, PAGE, MODEL_LEN, 8, BUDGET)
 
@@ -188,10 +193,10 @@ def test_replay_buffers_hold_the_step_and_its_padding(monkeypatch):
     assert pg.cu_seqlens[:9].tolist() == small.cu_seqlens_q.tolist() + [BUDGET] * 3
     for name in ("input_ids", "positions", "slot_mapping"):
         buffer = {"input_ids": pg.ids, "positions": pg.positions, "slot_mapping": pg.slots}[name]
-        assert torch.equal(buffer, getattr(small, name)), f"{name} is not the step's"
-    assert torch.equal(pg.context_lens[:5], small.context_lens)
-    assert torch.equal(pg.block_tables[:5, :2], small.block_tables)
-    assert torch.equal(pg.logits_rows[:4], small.logits_rows)
+        assert torch.equal(buffer.cpu(), getattr(small, name)), f"{name} is not the step's"
+    assert torch.equal(pg.context_lens[:5].cpu(), small.context_lens)
+    assert torch.equal(pg.block_tables[:5, :2].cpu(), small.block_tables)
+    assert torch.equal(pg.logits_rows[:4].cpu(), small.logits_rows)
     assert logits.shape == (4, 3), "the logits are cut to the step's sampled rows"
 
 
