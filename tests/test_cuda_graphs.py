@@ -28,9 +28,11 @@ if drills.runtime.current().interpreter:
         allow_module_level=True,
     )
 
+from drills.engine.config import tiny_config  # noqa: E402
 from drills.solutions import f1_split_kv_decode as f1  # noqa: E402 - after the GPU check
 from drills.solutions import l1_paged_kv_cache as l1  # noqa: E402
 from drills.solutions import l2_paged_decode as l2  # noqa: E402
+from tests.test_engine_prompt_graphs import sharp_tiny_weights, watch_logits, watch_replays  # noqa: E402
 
 HQ, HKV, D, PAGE, MAX_PAGES, NUM_BLOCKS = 8, 2, 64, 16, 8, 48
 DIMS = ("b", "head", "d")
@@ -204,20 +206,6 @@ def test_launch_keeps_misaligned_views_apart():
 # --- The engine's decode steps as graphs (drills/engine/graphs.py DecodeGraphs) ----------------------
 
 
-def _sharp_tiny_weights(stream: int):
-    """tiny_config() and its random bf16 weights on the GPU, the QKV and gate/up projections scaled by 5:
-    sharper attention and MLP, so that greedy tokens depend on the context."""
-    from drills.engine.config import tiny_config
-    from drills.engine.model import random_weights
-
-    config = tiny_config()
-    weights = random_weights(config, stream=stream, dtype=torch.bfloat16, device="cuda")
-    for layer in weights.layers:
-        layer.wqkv.mul_(5)
-        layer.w_gate_up.mul_(5)
-    return config, weights
-
-
 def _graph_llm(weights, **options):
     """The engine of these tests on the GPU: the references, 8 sequences of 256 tokens at most."""
     from drills.engine.llm import LLM
@@ -225,23 +213,11 @@ def _graph_llm(weights, **options):
     return LLM(weights, use="solutions", quiet=True, max_num_seqs=8, max_model_len=256, **options)
 
 
-def _watch_logits(llm) -> dict:
-    """{seq_id: [each sampled logits row, an fp32 copy]}, filled as llm's engine steps."""
-    rows = {}
-
-    def on_logits(seqs, logits):
-        for seq, row in zip(seqs, logits):
-            rows.setdefault(seq.seq_id, []).append(row.float().clone())
-
-    llm.engine.on_logits = on_logits
-    return rows
-
-
 def _engine_tokens(weights, prompts, cuda_graphs, max_tokens=12):
     from drills.solutions.c1_engine import SamplingParams
 
     llm = _graph_llm(weights, num_blocks=64, cuda_graphs=cuda_graphs)
-    rows = _watch_logits(llm)
+    rows = watch_logits(llm.engine)
     outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True))
     steps = llm.engine.stats.graph_steps
     return [o.token_ids for o in outs], [torch.stack(rows[i]) for i in sorted(rows)], steps
@@ -251,7 +227,8 @@ def test_engine_decode_graphs_replay_what_eager_steps_compute():
     """Five ragged requests (a batch of 5 padded to the graph of 8, then fewer as none finish early):
     with decode steps replayed as CUDA graphs, the same tokens as eager steps, and logits within bf16
     noise of them (a graph's decode plan is made for the longest context, so its splits differ)."""
-    config, weights = _sharp_tiny_weights(stream=5)
+    config = tiny_config()
+    weights = sharp_tiny_weights(stream=5, dtype=torch.bfloat16, device="cuda")
     g = torch.Generator().manual_seed(7)
     prompts = [torch.randint(0, config.vocab_size, (n,), generator=g).tolist() for n in (1, 7, 16, 23, 40)]
     eager, eager_logits, none = _engine_tokens(weights, prompts, cuda_graphs=False)
@@ -280,17 +257,7 @@ def _prompt_graph_run(weights, prompts, prompt_graphs: bool, **options):
         prompt_graphs=prompt_graphs,
         **options,
     )
-    rows, replays = _watch_logits(llm), []
-    graphs = llm.engine.prompt_graphs
-    if graphs is not None:
-        replay = graphs.run
-
-        def watched(inputs, batch):
-            lens = inputs.cu_seqlens_q.diff().tolist()
-            replays.append((len(lens), batch, sum(n == 1 for n in lens)))
-            return replay(inputs, batch)
-
-        graphs.run = watched
+    rows, replays = watch_logits(llm.engine), watch_replays(llm.engine)
     outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))
     assert llm.engine.stats.prompt_graph_steps == len(replays)
     logits = [torch.stack(rows[i]) for i in sorted(rows)]
@@ -312,7 +279,8 @@ def test_prompt_graphs_replay_what_eager_prompt_steps_compute(options):
     some with decode rows beside the chunks. Against the same run with those steps eager: the same
     tokens, logits within bf16 noise, and the same K and V in the cache (a stale slot, length, table
     row or logits row in the static buffers shows in one of them)."""
-    config, weights = _sharp_tiny_weights(stream=6)
+    config = tiny_config()
+    weights = sharp_tiny_weights(stream=6, dtype=torch.bfloat16, device="cuda")
     g = torch.Generator().manual_seed(8)
     lens = (1, 5, 13, 30, 47, 2, 64, 9, 100, 17, 33)
     prompts = [torch.randint(0, config.vocab_size, (n,), generator=g).tolist() for n in lens]

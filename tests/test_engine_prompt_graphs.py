@@ -56,16 +56,50 @@ def eager_graphs(monkeypatch):
     monkeypatch.setattr(graphs, "_capturing", contextlib.nullcontext)
 
 
+def sharp_tiny_weights(stream: int, dtype=torch.float32, device="cpu"):
+    """tiny_config()'s random weights, the QKV and gate/up projections scaled by 5: sharper attention and
+    MLP, so that greedy tokens depend on the context (tests/test_cuda_graphs.py uses them too)."""
+    weights = random_weights(tiny_config(), stream=stream, dtype=dtype, device=device)
+    for layer in weights.layers:
+        layer.wqkv.mul_(5)
+        layer.w_gate_up.mul_(5)
+    return weights
+
+
+def watch_logits(engine) -> dict:
+    """{seq_id: [each sampled logits row, an fp32 copy]}, filled as `engine` steps."""
+    rows = {}
+
+    def on_logits(seqs, logits):
+        for seq, row in zip(seqs, logits):
+            rows.setdefault(seq.seq_id, []).append(row.float().clone())
+
+    engine.on_logits = on_logits
+    return rows
+
+
+def watch_replays(engine) -> list:
+    """[(sequences, padded batch, decode rows)] of each step `engine` replays through its PromptGraphs,
+    filled as it steps (empty, and nothing watched, without prompt graphs)."""
+    replays, graphs_ = [], engine.prompt_graphs
+    if graphs_ is not None:
+        replay = graphs_.run
+
+        def watched(inputs, batch):
+            lens = inputs.cu_seqlens_q.diff().tolist()
+            replays.append((len(lens), batch, sum(n == 1 for n in lens)))
+            return replay(inputs, batch)
+
+        graphs_.run = watched
+    return replays
+
+
 def _run(with_graphs: bool):
     """Greedy tokens, each request's sampled logits rows and the cache, on the kernel path of the
     runtime's device; with_graphs attaches PromptGraphs for the 32-token budget; and, per replay,
     (sequences, padded batch, decode rows)."""
-    weights = random_weights(tiny_config(), stream=6)
-    for layer in weights.layers:  # sharper attention and MLP: greedy tokens then depend on the context
-        layer.wqkv.mul_(5)
-        layer.w_gate_up.mul_(5)
     llm = LLM(
-        weights,
+        sharp_tiny_weights(stream=6),
         use="solutions",
         quiet=True,
         attention="kernels",
@@ -78,23 +112,12 @@ def _run(with_graphs: bool):
         max_model_len=MODEL_LEN,
         max_num_batched_tokens=BUDGET,
     )
-    engine, replays = llm.engine, []
+    engine = llm.engine
     if with_graphs:
         engine.prompt_graphs = graphs.PromptGraphs(
             engine.model, engine.attention, PAGE, MODEL_LEN, SEQS, BUDGET, fused=engine.fused
         )
-        replay = engine.prompt_graphs.run
-
-        def watched(inputs, batch):
-            lens = inputs.cu_seqlens_q.diff().tolist()
-            replays.append((len(lens), batch, sum(n == 1 for n in lens)))
-            return replay(inputs, batch)
-
-        engine.prompt_graphs.run = watched
-    rows = {}
-    engine.on_logits = lambda seqs, logits: [
-        rows.setdefault(s.seq_id, []).append(r.float().clone()) for s, r in zip(seqs, logits)
-    ]
+    rows, replays = watch_logits(engine), watch_replays(engine)
     g = torch.Generator().manual_seed(8)
     prompts = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (1, 6, 19, 40, 3, 33)]
     prompts.append(list(prompts[3]))  # 40 tokens again: two cached blocks, its context past its chunk
