@@ -1,10 +1,14 @@
-"""A static check of the learner's file before it is graded: code that asks where it runs is refused.
+"""A static check of the learner's file before it is graded: only what a kernel launcher needs is allowed.
 
 A file that tests for the interpreter, TRITON_INTERPRET, the runtime, the environment, the grader's
 modules or the call stack can take a different path when graded than when used, so its grade would
 mean nothing. So is code that computes out of the grader's sight (numpy on the tensors' memory, torch
-with the grader's record of its ops switched off). Such code is refused before any check runs, with the
-line and the reason on one screen.
+with the grader's record of its ops switched off, floats decoded in Python). A blacklist of such
+constructs always misses one, so the check is an allowlist: a learner's file imports only the modules a
+launcher needs (ALLOWED, and the course's helper modules its lesson's reference imports), and none of
+the ways Python reaches past the names it reads (dunder attributes, getattr with a name built at run
+time, exec and its kin, bytes literals). Each refusal names the line and says what to write instead, on
+one screen, before any check runs.
 
 The course's own given code does choose tile sizes by runtime (t3's `_config`, t5's block picker), so a
 construct is allowed where the learner's file keeps a definition exactly as the reference has it
@@ -16,61 +20,31 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-# Modules whose import alone says the file looks at its grading or its runtime.
-MODULES = (
-    "drills.runtime",
-    "drills.grading",
-    "drills.tests",
-    "drills.solutions",
-    "drills.mutants",
-    "triton.runtime.interpreter",
-    "triton.knobs",
-    "pytest",
-    "_pytest",
-    "gc",
-    "inspect",
-    "faulthandler",
-    "traceback",
-    # Computing out of the grader's sight: numpy on the tensors' memory, or torch with the grader's op
-    # recorder switched off (its dispatch internals); a launcher allocates, views and copies in torch.
-    "numpy",
-    "torch.utils._python_dispatch",
-    "torch._C",
-    # Work out of the op recorder's sight: another thread or process computing the answer (the recorder
-    # watches the calling thread), or C code reached directly.
-    "threading",
-    "_thread",
-    "concurrent",
-    "multiprocessing",
-    "subprocess",
-    "asyncio",
-    "ctypes",
-    "signal",
-    # Files: a launcher reads and writes tensors, not files; a file that probes what it may open (the
-    # references, the repository) can tell that it is graded.
-    "pathlib",
-    "io",
-    "shutil",
-    "tempfile",
-    "glob",
-    "site",
-    "sysconfig",
-    "importlib",
-    "builtins",
-    # Other array libraries: they compute out of the recorder's sight
-    "cupy",
-    "jax",
-    "numba",
-    "scipy",
-    "pandas",
-    "tensorflow",
-    # The clock and the machine's state: how long a launch took, how many threads run, tell the grader apart
-    "time",
-    "timeit",
-    "resource",
-    "platform",
-    # The operating system: a launcher needs none of it, and a failed mkdir or open tells the sandbox apart
-    "os",
+# The modules a kernel launcher needs: torch and Triton, and the standard library's pure helpers.
+ALLOWED = (
+    "torch",
+    "triton",
+    "triton.language",
+    "math",
+    "array",
+    "dataclasses",
+    "typing",
+    "collections",
+    "functools",
+    "itertools",
+    "heapq",
+    "bisect",
+    "enum",
+    "__future__",
+)
+# The course's helpers every lesson may import; a lesson's reference may import more (its own folder's
+# modules, the engine's), which its learner's file may import too (course_modules).
+COURSE = ("drills.launch", "drills.validate", "drills.device_errors")
+# Never a learner's import, even where a reference imports it: it says how the file is run (the given
+# code that picks tiles by runtime is allowed only as the reference has it).
+NEVER = ("drills.runtime", "drills.grading", "drills.tests", "drills.solutions", "drills.mutants")
+ALLOWED_TEXT = (
+    "torch, triton, math, array, dataclasses, typing, collections, functools, itertools, heapq, bisect, enum"
 )
 # Attribute and function names that read where the code runs, or reach the grader's objects.
 NAMES = {
@@ -135,6 +109,14 @@ NAMES = {
     "listdir": "lists a folder",
     "scandir": "lists a folder",
     "exists": "asks whether a file exists",
+    # Ways past the op recorder inside torch itself
+    "library": "registers a torch op of its own (the grader names ops by their aten:: name)",
+    "utils": "reaches torch's utilities (its dispatch internals, its worker processes)",
+    "attrgetter": "reaches an attribute by a name the check cannot read",
+    "methodcaller": "reaches an attribute by a name the check cannot read",
+    "untyped_storage": "reads a tensor's raw memory (floats decoded on the host, out of the grader's sight)",
+    "storage": "reads a tensor's raw memory (floats decoded on the host, out of the grader's sight)",
+    "_typed_storage": "reads a tensor's raw memory (floats decoded on the host, out of the grader's sight)",
 }
 # Tensor tests a launcher never needs, and the way to look at fresh memory, which is poisoned while graded
 # (math.isfinite on a Python number, to check an argument, is fine).
@@ -149,6 +131,18 @@ CALLS = {
 # would otherwise be hidden in.
 DYNAMIC = {"getattr", "hasattr", "setattr", "delattr"}
 NAMESPACES = {"vars", "globals", "locals", "dir"}
+# Built-ins that run code the check cannot read, or reach the interpreter's namespaces: refused wherever
+# they are named (handed around as values too, `run = eval`).
+CODE = {"exec", "eval", "compile", "__import__", "globals", "locals", "vars", "dir", "memoryview"}
+# Dunder names a file may use: the module's own name (`if __name__ == "__main__"`, `type(x).__name__` in
+# a message) and the methods a plain class defines. Every other dunder reaches behind a name (a
+# function's closure or globals, a class's subclasses, the built-ins, a module's file).
+DUNDER_NAMES = {"__name__", "__slots__", "__all__"}
+DUNDER_ATTRS = {"__name__"}
+DUNDER_METHODS = set(
+    """__init__ __post_init__ __repr__ __str__ __eq__ __ne__ __lt__ __le__ __gt__ __ge__ __hash__ __len__
+    __iter__ __next__ __getitem__ __setitem__ __contains__ __bool__ __enter__ __exit__ __call__""".split()
+)
 WORDS = (
     "TRITON_INTERPRET",
     "drills.grading",
@@ -194,52 +188,136 @@ def _folded(node: ast.AST) -> str | None:
     return None
 
 
-def _why(node: ast.AST) -> str | None:
-    if isinstance(node, (ast.Import, ast.ImportFrom)):
-        names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
-        if isinstance(node, ast.ImportFrom) and node.module:
-            names += [f"{node.module}.{a.name}" for a in node.names]
+def course_modules(reference_source: str | None) -> set[str]:
+    """The course's modules the lesson's learner may import: COURSE, and the drills.* modules its
+    reference imports (the engine's for c1, another lesson's where a stub builds on it), NEVER aside."""
+    allowed = set(COURSE)
+    try:
+        tree = ast.parse(reference_source or "")
+    except SyntaxError:
+        return allowed
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names = [f"{node.module}.{a.name}" for a in node.names] + [node.module]
+        else:
+            continue
         for name in names:
-            if any(name == m or name.startswith(m + ".") for m in MODULES):
-                return f"imports {name}"
-        if isinstance(node, ast.ImportFrom):  # `from sys import modules as M`: the name under another
-            for a in node.names:
-                if a.name in NAMES:
-                    return NAMES[a.name]
-                if a.name in CALLS:
-                    return CALLS[a.name]
-    if isinstance(node, ast.Attribute) and node.attr in NAMES:
-        return NAMES[node.attr]
-    if (
-        isinstance(node, ast.Attribute)
-        and node.attr in FRESH
-        and not (isinstance(node.value, ast.Name) and node.value.id == "math")
-    ):
-        return f"tests tensor values with {node.attr} on the host (fresh memory is poisoned while graded)"
-    if isinstance(node, ast.Name) and node.id in NAMES and node.id != "modules":
-        return NAMES[node.id]
+            if name.startswith("drills.") and not any(name == n or name.startswith(n + ".") for n in NEVER):
+                allowed.add(name)
+    return allowed
+
+
+def _module_ok(name: str, course: set[str]) -> bool:
+    if name in ALLOWED or name in course:
+        return True
+    # triton.language's own submodules (libdevice, math) are kernel code
+    return name.startswith("triton.language.") and not name.split(".")[-1].startswith("_")
+
+
+INSTEAD_IMPORT = (
+    f"a launcher imports only {ALLOWED_TEXT} and the course's helpers its stub imports: remove it"
+)
+
+
+def _import_why(node: ast.AST, course: set[str]) -> str | None:
+    if isinstance(node, ast.Import):
+        for a in node.names:
+            if not _module_ok(a.name, course):
+                return f"imports {a.name}: {INSTEAD_IMPORT}"
+        return None
+    if not isinstance(node, ast.ImportFrom):
+        return None
+    if node.level:
+        return "imports relatively (from .): import the course's helpers by their full name"
+    module = node.module or ""
+    for a in node.names:
+        full = f"{module}.{a.name}"
+        if not (_module_ok(module, course) or _module_ok(full, course)):
+            return f"imports {full}: {INSTEAD_IMPORT}"
+        if a.name in NAMES:  # `from sys import modules as M`: the name under another
+            return NAMES[a.name]
+        if a.name in CALLS:
+            return CALLS[a.name]
+        if a.name.startswith("_") and module != "__future__":
+            return f"imports {full}, a private name: use the module's public functions"
+    return None
+
+
+def _roots(tree: ast.AST) -> set[str]:
+    """The names the file binds to the allowed modules (torch, tl, math...): their private attributes
+    are internals a launcher never needs (torch._C holds the grader's record of its ops)."""
+    roots = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            roots |= {a.asname or a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module != "__future__":
+            roots |= {a.asname or a.name for a in node.names}
+    return roots
+
+
+def _chain_root(node: ast.AST) -> str | None:
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def _dunder(name: str) -> bool:
+    return len(name) > 4 and name.startswith("__") and name.endswith("__")
+
+
+def _why(node: ast.AST, ctx: dict) -> str | None:
+    course, roots, called = ctx["course"], ctx["roots"], ctx["called"]
+    why = _import_why(node, course)
+    if why is not None:
+        return why
+    if isinstance(node, ast.Constant) and isinstance(node.value, bytes):
+        return "holds a bytes literal (data the check cannot read, such as a pickle): a launcher needs none"
+    if isinstance(node, ast.Attribute):
+        if _dunder(node.attr) and node.attr not in DUNDER_ATTRS:
+            return f"reads .{node.attr}, behind a name: a launcher uses the names it defines or imports"
+        if node.attr in NAMES:
+            return NAMES[node.attr]
+        if node.attr.startswith("_") and _chain_root(node.value) in roots:
+            return f"reads {ast.unparse(node)}, a module's internals: use its public functions"
+        if node.attr in FRESH and not (isinstance(node.value, ast.Name) and node.value.id == "math"):
+            return f"tests tensor values with {node.attr} on the host (fresh memory is poisoned while graded)"
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _dunder(node.name):
+        if node.name not in DUNDER_METHODS:
+            return f"defines {node.name}, a hook into Python or torch: a launcher's classes hold data"
+    if isinstance(node, ast.Name):
+        if _dunder(node.id) and node.id not in DUNDER_NAMES:
+            return f"names {node.id}, behind the module's names: use what the file defines or imports"
+        if node.id in CODE:
+            return f"names {node.id}() (code or namespaces the check cannot read): write the code itself"
+        if node.id in DYNAMIC and id(node) not in called:
+            return f"hands {node.id} around: read the attribute by its name (x.name)"
+        if node.id in NAMES and node.id != "modules":
+            return NAMES[node.id]
     text = _folded(node) if isinstance(node, (ast.Constant, ast.BinOp, ast.JoinedStr, ast.Call)) else None
     if text:
         for word in WORDS:
             if word in text:
                 return f"names {word!r}"
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in CALLS:
-        return CALLS[node.func.id]
-    if (
-        isinstance(node, ast.Call)
-        and isinstance(node.func, ast.Name)
-        and node.func.id in ("__import__", "exec", "eval", "compile")
-    ):
-        return f"calls {node.func.id}() (code the check cannot read)"
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
-        if node.func.id in DYNAMIC and (len(node.args) < 2 or not isinstance(node.args[1], ast.Constant)):
-            return f"calls {node.func.id}() with a name built at run time"
-        if node.func.id in DYNAMIC and node.args[1].value in NAMES:
-            return NAMES[node.args[1].value]
-        if node.func.id in DYNAMIC and isinstance(node.args[1].value, str) and node.args[1].value in CALLS:
-            return CALLS[node.args[1].value]
-        if node.func.id in NAMESPACES:
-            return f"reads a namespace with {node.func.id}()"
+        fn = node.func.id
+        if fn in CALLS:
+            return CALLS[fn]
+        if fn in DYNAMIC:
+            name = node.args[1] if len(node.args) >= 2 else None
+            if not (isinstance(name, ast.Constant) and isinstance(name.value, str)):
+                return f"calls {fn}() with a name built at run time: read the attribute by its name (x.name)"
+            if _dunder(name.value) or name.value in NAMES or name.value in CALLS:
+                return NAMES.get(name.value) or CALLS.get(name.value) or f"reaches {name.value} by {fn}()"
+        if (
+            fn in ("type", "isinstance", "callable", "id")
+            and node.args
+            and _chain_root(node.args[0]) in roots
+        ):
+            # torch.empty and Tensor.tolist are the grader's wrappers while graded: asking what they are
+            # tells a grading apart
+            return f"asks what {ast.unparse(node.args[0])} is (a library's function): call it instead"
     if (
         isinstance(node, ast.Call)
         and isinstance(node.func, ast.Attribute)
@@ -251,7 +329,8 @@ def _why(node: ast.AST) -> str | None:
 
 def refusals(source: str, reference_source: str | None, filename: str = "<file>") -> list[str]:
     """One line per construct refused, empty when the file may be graded. reference_source: the
-    lesson's reference, whose unchanged definitions and module-level statements are allowed."""
+    lesson's reference, whose unchanged definitions and module-level statements are allowed, and whose
+    course imports the file may import too."""
     try:
         tree = ast.parse(source, filename)
     except SyntaxError:
@@ -264,6 +343,11 @@ def refusals(source: str, reference_source: str | None, filename: str = "<file>"
             allowed_top = {ast.dump(n) for n in ref.body}
         except SyntaxError:
             pass
+    ctx = {
+        "course": course_modules(reference_source),
+        "roots": _roots(tree),
+        "called": {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)},
+    }
     lines = source.splitlines()
     found = []
     for top in tree.body:
@@ -273,7 +357,7 @@ def refusals(source: str, reference_source: str | None, filename: str = "<file>"
         if ast.dump(top) in allowed_top:
             continue
         for node in ast.walk(top):
-            why = _why(node)
+            why = _why(node, ctx)
             if why is not None:
                 line = getattr(node, "lineno", top.lineno)
                 code = lines[line - 1].strip() if 0 < line <= len(lines) else ""

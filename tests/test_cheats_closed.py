@@ -1,0 +1,115 @@
+"""The cheats a red team wrote, closed by construction: each test stands for a class of them.
+
+- the static check is an allowlist (drills/grading/source_check.py): every stub, reference and mutant
+  passes it, and each way out of the grader's sight below is refused with its line;
+- the learner's files are imported from their source, never from bytecode (drills/grading/sandbox.py);
+- torch's ops are named by their aten:: name and a launch is Triton's own frames
+  (drills/grading/instrument.py's recorder).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from drills.lessons import LESSONS, find
+
+T1 = find("t1")
+
+
+def t1_with(extra: str) -> str:
+    return T1.solution.read_text() + "\n" + extra
+
+
+def refused(source: str) -> list[str]:
+    from drills.grading.source_check import refusals
+
+    return refusals(source, T1.solution.read_text())
+
+
+def test_allowlist_passes_every_stub_reference_and_mutant():
+    """The allowlist refuses nothing the course writes: every stub, every reference, every mutated
+    reference (an honest mistake is graded, not refused)."""
+    from drills.grading.source_check import refusals
+    from drills.mutants import load_mutants
+
+    for lesson in LESSONS:
+        reference = lesson.solution.read_text()
+        assert refusals(lesson.stub.read_text(), reference) == [], f"{lesson.id}'s stub"
+        assert refusals(reference, reference) == [], f"{lesson.id}'s reference"
+        for mutant in load_mutants(lesson.stem):
+            try:
+                mutated = mutant.apply(reference)
+            except Exception:  # noqa: BLE001 - a stale mutant: test_contract_and_mutants says so
+                continue
+            assert refusals(mutated, reference) == [], f"{lesson.id} mutant {mutant.name}"
+
+
+# One tiny source per class of cheat the red team found; each must be refused by the allowlist.
+CHEATS = {
+    # floats decoded from integer views in Python and written back
+    "struct_decode": "import struct\n_F = struct.unpack('<f', struct.pack('<i', 1))\n",
+    "raw_storage": "def _peek(x):\n    return x.untyped_storage().tolist()\n",
+    # a pickle that switches the op watch off: bytes literals, pickle itself
+    "pickle_global": "import pickle\n_P = pickle.loads(b'\\x80\\x04cbuiltins\\nprint\\n.')\n",
+    "bytes_literal": "_P = b'cos\\nsystem\\n'\n",
+    # a custom op under a move's short name
+    "custom_op": "_LIB = torch.library.Library('mylib', 'DEF')\n",
+    "custom_op_import": "from torch import library\n",
+    # grading told apart by what torch's functions are
+    "function_type": "_G = isinstance(torch.empty, type(len))\n",
+    "function_type_of_tensor_method": "_G = type(torch.Tensor.tolist)\n",
+    # the watch reached through a function's hidden state
+    "attrgetter": "import operator\n_G = operator.attrgetter('__closure__')\n",
+    "attrgetter_from": "from operator import attrgetter\n",
+    "dunder_attribute": "_G = torch.empty.__closure__\n",
+    "dunder_by_getattr": "_G = getattr(torch.empty, '__clo' 'sure__')\n",
+    "getattr_built_name": "_N = 'clo'\n_G = getattr(torch.empty, _N)\n",
+    "getattr_handed_around": "_g = getattr\n",
+    "private_module_attribute": "_G = torch._C\n",
+    # source written and run at run time
+    "codecs_runpy": "import codecs\nimport runpy\n",
+    "base64": "import base64\n",
+    "exec": "exec('x = 1')\n",
+    "eval_as_value": "_run = eval\n",
+    "import_builtin": "_m = __import__('os')\n",
+    "importlib": "import importlib\n",
+    "globals": "_G = globals()\n",
+    "relative_import": "from . import t2_softmax\n",
+    # numpy merges the answer out of sight
+    "numpy": "import numpy as np\n",
+    "tensor_numpy": "def _host(x):\n    return x.numpy()\n",
+    # hooks into torch from a class
+    "torch_function_hook": "class _Hook:\n    def __torch_function__(cls, *a):\n        return None\n",
+    # another lesson's grading code, the runtime
+    "grader_module": "from drills.grading import instrument\n",
+    "runtime": "import drills.runtime\n_I = drills.runtime.current().interpreter\n",
+    "marshal": "import marshal\n",
+    "sys": "import sys\n",
+}
+
+
+@pytest.mark.parametrize("cheat", list(CHEATS))
+def test_each_cheat_class_is_refused_with_its_line(cheat):
+    found = refused(t1_with(CHEATS[cheat]))
+    assert found, cheat
+    assert all(line.startswith("line ") for line in found), found
+    # one screen: a short line per refusal
+    assert all(len(line) < 300 for line in found), found
+
+
+def test_a_refusal_says_what_to_do_instead():
+    (line,) = refused(t1_with("import struct\n"))
+    assert "import struct" in line and "a launcher imports only torch" in line and "remove it" in line, line
+
+
+def test_the_course_helpers_a_reference_imports_are_allowed():
+    """A lesson's reference imports the course's helpers (drills.launch, drills.validate, ...): its
+    learner may import them too, and no lesson may import the grader's."""
+    from drills.grading.source_check import course_modules
+
+    for lesson in LESSONS:
+        allowed = course_modules(lesson.solution.read_text())
+        assert {"drills.launch", "drills.validate"} <= allowed, lesson.id
+        assert not any(
+            m.startswith(("drills.grading", "drills.runtime", "drills.solutions")) for m in allowed
+        )
