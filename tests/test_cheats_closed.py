@@ -113,3 +113,80 @@ def test_the_course_helpers_a_reference_imports_are_allowed():
         assert not any(
             m.startswith(("drills.grading", "drills.runtime", "drills.solutions")) for m in allowed
         )
+
+
+def _plant_pyc(source_path, planted_source: str) -> None:
+    """An unchecked hash-based .pyc of `planted_source` where Python looks for `source_path`'s bytecode:
+    Python runs it without comparing it with the .py."""
+    import importlib.util
+    import os
+    import py_compile
+
+    fake = source_path.with_name("planted_src.py")
+    fake.write_text(planted_source)
+    cached = importlib.util.cache_from_source(str(source_path))
+    os.makedirs(os.path.dirname(cached), exist_ok=True)
+    py_compile.compile(
+        str(fake), cfile=cached, invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH, doraise=True
+    )
+    fake.unlink()
+
+
+def test_a_planted_pyc_is_not_run_and_what_a_grading_writes_is_removed(tmp_path):
+    """The learner's file is compiled from the source the static check read, not from the .pyc planted
+    beside it; a file the grading wrote in the learner's folder is gone after it, the learner's own
+    files (the planted .pyc among them, there before) are kept."""
+    from drills.grading.remote import LearnerProcess
+
+    path = tmp_path / f"{T1.stem}.py"
+    path.write_text(
+        t1_with(
+            "MARK = 'source'\n"
+            "with open(__file__ + '.left', 'w') as _f:  # a file the grading leaves behind\n"
+            "    _f.write('x')\n"
+        )
+    )
+    _plant_pyc(path, t1_with("MARK = 'planted'\n"))
+    notes = tmp_path / "notes.txt"  # the learner's own
+    notes.write_text("mine")
+    before = {p.name for p in tmp_path.rglob("*")}
+    process = LearnerProcess(path, f"drills._graded_{T1.stem}")
+    try:
+        process.start()
+        assert process.module.MARK == "source"
+        assert (tmp_path / f"{T1.stem}.py.left").exists()
+    finally:
+        process.close()
+    assert not (tmp_path / f"{T1.stem}.py.left").exists()
+    assert {p.name for p in tmp_path.rglob("*")} == before
+
+
+def test_learner_folders_import_from_source_only(tmp_path, monkeypatch):
+    """A module of the learner's folder imported by the learner's file (another lesson's, a helper) is
+    compiled from its .py too, and a lone .pyc there is refused."""
+    import importlib
+    import py_compile
+    import sys
+
+    from drills.grading import sandbox
+
+    helper = tmp_path / "cheat_helper.py"
+    helper.write_text("MARK = 'source'\n")
+    _plant_pyc(helper, "MARK = 'planted'\n")
+    lone = tmp_path / "lone_helper.py"
+    lone.write_text("MARK = 'lone'\n")
+    py_compile.compile(str(lone), cfile=str(tmp_path / "lone_helper.pyc"), doraise=True)
+    lone.unlink()
+    monkeypatch.syspath_prepend(str(tmp_path))
+    saved_meta, saved_flag = list(sys.meta_path), sys.dont_write_bytecode
+    try:
+        sandbox.import_from_source([str(tmp_path)])
+        importlib.invalidate_caches()
+        assert importlib.import_module("cheat_helper").MARK == "source"
+        with pytest.raises(ImportError, match="not Python source"):
+            importlib.import_module("lone_helper")
+    finally:
+        sys.meta_path[:] = saved_meta
+        sys.dont_write_bytecode = saved_flag
+        for name in ("cheat_helper", "lone_helper"):
+            sys.modules.pop(name, None)

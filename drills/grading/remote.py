@@ -23,7 +23,7 @@ import time
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from drills.grading import bigmem, process, provenance, warm, wire
+from drills.grading import bigmem, process, provenance, sandbox, warm, wire
 from drills.grading.env import (
     AFTER_TIMEOUT_S,
     MAX_TIMEOUTS,
@@ -101,6 +101,10 @@ class LearnerProcess:
         self.log = tempfile.NamedTemporaryFile(prefix="drills-learner-", suffix=".log", delete=False)
         self.timeouts: list[str] = []  # the messages of the calls that timed out, in order
         self.module = RemoteModule(self)
+        # The learner's folder as it was before its first grading: what a grading adds there is removed
+        # when its process stops (sandbox.remove_new_files), the learner's own files never.
+        self.folder = None if reference else os.path.dirname(self.path)
+        self.folder_before = sandbox.folder_files(self.folder) if self.folder else set()
 
     # --- the process ---------------------------------------------------------------------------
     def start(self) -> dict:
@@ -174,6 +178,8 @@ class LearnerProcess:
             except subprocess.TimeoutExpired:
                 pass
             self.proc = None
+        if self.folder:
+            sandbox.remove_new_files(self.folder, self.folder_before)
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None and self.conn is not None

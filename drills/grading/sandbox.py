@@ -420,3 +420,99 @@ def protect(graded_file: str) -> None:
             raise PermissionError(f"grading: your file may not start programs ({event})")
 
     sys.addaudithook(hook)
+
+
+# --- learner code comes from its source, never from bytecode ------------------------------------------
+# The source check reads a .py; Python would run a .pyc beside it instead where one is there (an
+# unchecked hash-based .pyc is never compared with its source), or a lone .pyc, or a compiled module.
+# So in the learner's process every module of the learner's folders is compiled from its .py, and
+# nothing else of those folders is loaded.
+
+
+def learner_folders(graded_file: str) -> list[str]:
+    """The folders whose modules are the learner's: drills/mine and the graded file's own folder."""
+    mine = os.path.realpath(os.path.join(ROOT, "drills", "mine"))
+    return sorted({mine, os.path.dirname(os.path.realpath(graded_file))})
+
+
+def _source_only_loader():
+    import importlib.machinery
+
+    class SourceOnlyLoader(importlib.machinery.SourceFileLoader):
+        """Compiles the module from its .py every time: a __pycache__ file is neither read nor written."""
+
+        def get_code(self, fullname):
+            return self.source_to_code(self.get_data(self.path), self.path)
+
+    return SourceOnlyLoader
+
+
+def import_from_source(folders: list[str]) -> None:
+    """From now on, in this process, a module found in `folders` is compiled from its .py (no bytecode
+    is read or written); one there that is not a .py (a .pyc alone, a compiled extension) is refused."""
+    import importlib.machinery
+
+    sys.dont_write_bytecode = True
+    loader = _source_only_loader()
+    real = [os.path.realpath(f) for f in folders]
+
+    class SourceOnlyFinder:
+        @staticmethod
+        def find_spec(name, path=None, target=None):
+            spec = importlib.machinery.PathFinder.find_spec(name, path, target)
+            origin = getattr(spec, "origin", None)
+            if not origin or not _inside(os.path.realpath(origin), real):
+                return None  # not the learner's: the usual finders
+            if not origin.endswith(".py"):
+                raise ImportError(
+                    f"grading: {os.path.relpath(origin, ROOT)} is not Python source; only .py files of your "
+                    "folder are imported while your file is graded"
+                )
+            spec.loader = loader(name, origin)
+            spec.cached = None
+            return spec
+
+        @staticmethod
+        def invalidate_caches():
+            pass
+
+    sys.meta_path[:] = [f for f in sys.meta_path if getattr(f, "__name__", "") != "SourceOnlyFinder"]
+    sys.meta_path.insert(0, SourceOnlyFinder)
+
+
+def load_from_source(path: str, name: str):
+    """The learner's file imported as module `name`, compiled from its source (contract.load_from_file
+    would take a .pyc of it from __pycache__)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, path, loader=_source_only_loader()(name, path))
+    spec.cached = None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # triton.jit looks the module up while decorating
+    spec.loader.exec_module(module)
+    return module
+
+
+def folder_files(folder: str) -> set[str]:
+    """Every file and folder under `folder` now (the grader's snapshot of the learner's folder)."""
+    found = set()
+    for dirpath, dirnames, filenames in os.walk(folder):
+        found.update(os.path.join(dirpath, n) for n in dirnames + filenames)
+    return found
+
+
+def remove_new_files(folder: str, before: set[str]) -> list[str]:
+    """Remove what a grading left in `folder` that `before` (a folder_files snapshot) did not hold: a
+    file one lesson's grading writes (a planted .pyc, a generated module) must not reach another's.
+    Never removes anything that was there before. Returns the paths removed."""
+    removed = []
+    for path in sorted(folder_files(folder) - before, key=len, reverse=True):  # files before their folders
+        try:
+            if os.path.isdir(path) and not os.path.islink(path):
+                os.rmdir(path)  # only an empty folder: what was made in it is gone already
+            else:
+                os.remove(path)
+            removed.append(path)
+        except OSError:
+            pass
+    return removed

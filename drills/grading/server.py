@@ -328,7 +328,13 @@ def run_file(fd: int, graded_file: str, module_name: str, reference: bool) -> in
 
     from drills import contract
     from drills.grading.instrument import TritonWatch, poison_empty
-    from drills.grading.sandbox import apply_landlock, protect
+    from drills.grading.sandbox import (
+        apply_landlock,
+        import_from_source,
+        learner_folders,
+        load_from_source,
+        protect,
+    )
 
     # On SIGUSR1 the Python stack goes to stderr (the grader's log): a call that runs past its limit is
     # asked for it before the process is stopped, so the report can name the line that loops.
@@ -343,8 +349,11 @@ def run_file(fd: int, graded_file: str, module_name: str, reference: bool) -> in
         # The kernel's sandbox where it has one (Landlock), and the audit hook everywhere.
         apply_landlock(graded_file=graded_file)
         protect(graded_file)
+        # The learner's modules run from the source the static check read, never from a .pyc.
+        import_from_source(learner_folders(graded_file))
     try:
-        module = contract.load_from_file(graded_file, module_name)
+        load = contract.load_from_file if reference else load_from_source
+        module = load(graded_file, module_name)
     except BaseException as exc:  # noqa: BLE001
         if isinstance(exc, SystemExit):
             exc = RuntimeError(f"your file called sys.exit({exc.code!r}) while being imported")
