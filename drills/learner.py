@@ -182,6 +182,8 @@ GENERIC_QUESTIONS = {
     "and every padding row, needs a mask.",
     "out_of_bounds": "The summary names the line and the argument: which lanes of that access point past the "
     "tensor, and which mask would switch them off?",
+    "grid_too_large": "Which dimension of the problem sets the grid axis the summary names, and how large can it "
+    "get? Axes 1 and 2 stop at 65535 programs: the large dimension belongs on axis 0.",
     "write_race": "Could two programs store to the same element? Which rows does each program own, and does "
     "its store mask keep it to them?",
     "not_from_kernel": "Where is the result computed? It must come out of your @triton.jit kernel, launched by "

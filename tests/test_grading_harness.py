@@ -1041,3 +1041,51 @@ def test_fast_launch_path_sees_a_wrapper_that_copies_tritons_names():
 
     assert not launch._observed(Plain()), "Triton's own run taken for a wrapper: the fast path is never used"
     assert launch._observed(Watched()), "a wrapper with Triton's names taken for Triton's run"
+
+
+# --- Launch grids are checked against CUDA's limits on every machine ------------------------------
+
+AXIS_1_LAUNCHES = """
+
+def rows_on_axis_1(x, y, out):  # one program per element, on grid axis 1
+    vector_add_kernel[(1, x.numel())](x, y, out, x.numel(), BLOCK=1)
+
+
+def rows_on_axis_1_by_meta(x, y, out):  # the same grid as an autotuner gives it: a function of META
+    vector_add_kernel[lambda META: (1, META["n"])](x, y, out, x.numel(), BLOCK=1)
+
+
+def rows_on_axis_0(x, y, out):
+    vector_add_kernel[(x.numel(),)](x, y, out, x.numel(), BLOCK=1)
+"""
+
+
+def test_a_grid_past_cudas_limits_is_refused_before_it_runs(remote):
+    """Triton's interpreter runs a grid of (1, 65536), which a GPU refuses (axis 1 stops at 65535): the
+    learner's process refuses it before any program runs, naming the axis, its size, the limit and the
+    learner's line, for a tuple grid and for a callable one. A dry run (launches recorded, none run)
+    is checked the same way, and 65536 programs on axis 0 pass."""
+    from drills.grading.errors import GridTooLarge
+    from drills.grading.launches import assert_grids_fit
+
+    impl, path = remote(T1, AXIS_1_LAUNCHES)
+    n = 65536
+    x = torch.ones(n, device=RUNTIME.device)  # [n]
+    out = torch.full((n,), CANARY, device=RUNTIME.device)  # [n]
+    for launcher in ("rows_on_axis_1", "rows_on_axis_1_by_meta"):
+        with pytest.raises(GridTooLarge) as info:
+            getattr(impl, launcher)(x, x, out)
+        message = str(info.value)
+        assert "grid axis 1: 65536 programs" in message and "at most 65535" in message, message
+        assert "axis 0" in message, f"the message must say where the large dimension goes: {message}"
+        if launcher == "rows_on_axis_1":
+            assert f"{path}:" in message and "vector_add_kernel[(1, x.numel())]" in message, message
+        assert (out == CANARY).all(), f"{launcher}: a program ran before the grid was refused"
+    with pytest.raises(GridTooLarge, match="grid axis 1: 65536 programs"):
+        assert_grids_fit(impl, lambda: impl.rows_on_axis_1(x, x, out), "rows_on_axis_1")
+    launches = assert_grids_fit(impl, lambda: impl.rows_on_axis_0(x, x, out), "rows_on_axis_0")
+    assert [c.grid for c in launches.calls] == [(n, 1, 1)]
+    assert (out == CANARY).all(), "a dry run ran a program"
+    failed = Case("test_grid_fits", "test_grid_fits", "failed", f"GridTooLarge: {message}")
+    finding = diagnose.diagnose([failed], [])[0]  # named as what it is where no pitfall of a lesson fits
+    assert finding.kind == "grid_too_large", finding

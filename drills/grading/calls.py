@@ -134,10 +134,12 @@ def run_call(watch: TritonWatch, fn, args, kwargs, options: dict):
     """(the call's result, the provenance evidence or None): see the module docstring."""
     tensors = tensors_in(list(args) + list(kwargs.values()))
     storages = _storages(tensors)
-    checks = watch.interpreter and options.get("orders", True)
-    provenance = options.get("provenance", False)
+    # launches=False: a dry run (launches.assert_grids_fit), every launch recorded and checked, none run.
+    dry = not options.get("launches", True)
+    checks = watch.interpreter and options.get("orders", True) and not dry
+    provenance = options.get("provenance", False) and not dry
     snap = _snapshot(storages) if (checks or provenance) else None
-    watch.launched, watch.reverse, watch.disabled = 0, False, False
+    watch.launched, watch.reverse, watch.disabled = 0, False, dry
     watch.access, watch.overlapped = (AccessLog() if checks else None), False
     watch.stored = {} if provenance else None
     watch.read = set() if provenance else None
@@ -149,6 +151,7 @@ def run_call(watch: TritonWatch, fn, args, kwargs, options: dict):
             result = fn(*args, **kwargs)
         _raise_device_errors()
     finally:
+        watch.disabled = False
         stored, watch.stored = watch.stored, None
         read, watch.read = watch.read, None
         overlapped, watch.access = watch.overlapped, None

@@ -108,6 +108,11 @@ GENERIC = (
     ),
     ("out_of_bounds", r"out of bounds (load|store|atomic)", "a load or store outside the tensors"),
     ("write_race", r"write race", "programs overwrite each other's output (a write race)"),
+    (
+        "grid_too_large",
+        r"past CUDA's limit on grid axis",
+        "a launch grid past CUDA's limits (a GPU refuses it at the largest sizes)",
+    ),
     ("exception", r"your code raised|raised in your code|^\w*Error: ", "your code raised an exception"),
 )
 

@@ -9,6 +9,7 @@ definition, no mapping by class names.
   OutOfBoundsAccess             a kernel load or store outside its tensors (interpreter)
   WriteRace                     programs visited in reverse gave another result (interpreter)
   NotFromKernel                 the result did not come from a launch of the learner's kernel
+  GridTooLarge                  a launch grid past CUDA's limits (launches.py), which a GPU refuses
   LearnerCrash                  the process died (a segfault, os._exit, a CUDA fault); restarted
   LearnerTimeout                a call ran past its time limit; the process is killed and restarted
   LearnerError                  any other exception (a Triton compile error, a class of the learner's)
@@ -39,6 +40,13 @@ class NotFromKernel(LearnerFailure):
     """The call's result is not what a launch of the learner's kernel stored."""
 
     kind = "not_from_kernel"
+
+
+class GridTooLarge(LearnerFailure):
+    """A launch grid with an axis past CUDA's limit: checked before every launch, on every machine, since
+    Triton's interpreter runs any grid and a GPU refuses it only at sizes the small cases never reach."""
+
+    kind = "grid_too_large"
 
 
 class LearnerCrash(LearnerFailure):
@@ -73,6 +81,12 @@ class Refused(Exception):
 
 # The kinds the learner's process reports by name and the grader raises again as the same class.
 BY_KIND: dict[str, type[LearnerFailure]] = {
-    cls.kind: cls for cls in (OutOfBoundsAccess, WriteRace, NotFromKernel, LearnerCrash, LearnerTimeout)
+    cls.kind: cls
+    for cls in (OutOfBoundsAccess, WriteRace, NotFromKernel, GridTooLarge, LearnerCrash, LearnerTimeout)
 }
-RAISED_IN_KERNELS = (OutOfBoundsAccess, WriteRace, NotFromKernel)  # what the instrumentation raises
+RAISED_IN_KERNELS = (
+    OutOfBoundsAccess,
+    WriteRace,
+    NotFromKernel,
+    GridTooLarge,
+)  # what the instrumentation raises

@@ -18,7 +18,7 @@ import os
 import sys
 
 from drills.grading.bf16 import exact_bf16_dot
-from drills.grading.errors import OutOfBoundsAccess
+from drills.grading.errors import GridTooLarge, OutOfBoundsAccess
 from drills.grading.overlap import program_number
 from drills.grading.wire import as_bytes_view, tensors_in
 
@@ -68,7 +68,7 @@ class TritonWatch:
             self._patch_interpreter()
 
     def _patch_launch(self):
-        from drills.grading.launches import _kernel_classes, describe
+        from drills.grading.launches import _kernel_classes, check_grid, describe
 
         watch = self
         for cls in _kernel_classes():
@@ -91,6 +91,16 @@ class TritonWatch:
                             f"(not your file) {launch.module}", launch.name, launch.grid, launch.constexprs
                         )
                     watch.recording.append(launch)
+                # Before anything runs, also with launches disabled (a dry run at the largest sizes): a
+                # grid a GPU refuses fails here on every machine.
+                try:
+                    check_grid(self, args, kwargs)
+                except GridTooLarge as err:  # named at the learner's launch line, as a bad access is
+                    where = _where_now(watch.graded_file)
+                    if where is not None:
+                        err.args = (f"{err}, at {_relative(where[0])}:{where[1]}: {where[2]}",)
+                        err.drills_where = where
+                    raise
                 if watch.disabled:
                     return None
                 if watch.interpreter:
@@ -121,6 +131,8 @@ class TritonWatch:
             for name in ("__name__", "__qualname__", "__doc__", "__module__"):
                 setattr(run, name, getattr(original, name, None))
             cls.run = run
+        if self.interpreter:
+            _check_interpreted_grids()
 
     def _patch_tolist(self):
         """Tensor.tolist copies values to Python with no op a dispatch mode sees: while a call runs, a
@@ -230,6 +242,31 @@ class TritonWatch:
                 return _original(self, *args)
 
             builder.create_atomic_cas = atomic_cas
+
+
+def _check_interpreted_grids() -> None:
+    """The interpreter's GridExecutor resolves a callable grid itself (an autotuner's `lambda META`), on
+    arguments the launch patch may fail to rebuild: every grid it is about to run passes CUDA's limits
+    here too, where it sets the grid's size."""
+    from triton.runtime import interpreter as interp
+
+    from drills.grading.launches import grid_problem
+
+    builder = type(interp.interpreter_builder)
+    original = builder.set_grid_dim
+    if getattr(original, "drills_checked", False):
+        return
+
+    def set_grid_dim(self, nx, ny, nz):
+        executor = sys._getframe(1).f_locals.get("self")  # GridExecutor.__call__'s self: the kernel's name
+        name = getattr(getattr(executor, "fn", None), "__name__", "the kernel")
+        problem = grid_problem((int(nx), int(ny), int(nz)), name)
+        if problem is not None:
+            raise GridTooLarge(problem)
+        return original(self, nx, ny, nz)
+
+    set_grid_dim.drills_checked = True
+    builder.set_grid_dim = set_grid_dim
 
 
 def _wrap_int32_as_a_gpu_does(interp) -> None:

@@ -8,6 +8,10 @@ method on both classes, only inside the `with` block, sees them all.
 
 When the grader talks to the learner's code in another process (drills/grading), `record_launches`
 asks that process to record; the `Launch` records come back the same way.
+
+Every grid is checked against CUDA's limits (GRID_LIMITS) before its launch runs, and
+`assert_grids_fit` runs a launcher at its largest sizes with launches turned into no-ops to check them
+where no small case reaches.
 """
 
 from __future__ import annotations
@@ -50,14 +54,71 @@ def _kernel_classes() -> list[type]:
     return classes + [InterpretedFunction]
 
 
-def _grid(grid, args, kwargs) -> tuple:
+# CUDA's limits on a launch grid, in programs (thread blocks) per axis: x up to 2**31 - 1, y and z up to
+# 65535 (CUDA C++ Programming Guide, "Technical Specifications per Compute Capability"). Triton launches
+# grid axis 0 as x, 1 as y, 2 as z, and its interpreter runs any grid.
+GRID_LIMITS = (2**31 - 1, 65535, 65535)
+
+
+def _bound_arguments(fn_self, args, kwargs) -> dict:
+    """The kernel's arguments by name, with the defaults of those not passed: what Triton hands a
+    callable grid (META)."""
+    import inspect
+
+    bound = {}
+    try:
+        for name, p in inspect.signature(fn_self.fn).parameters.items():
+            if p.default is not inspect.Parameter.empty:
+                bound[name] = p.default
+    except (AttributeError, TypeError, ValueError):
+        pass
+    bound.update(zip(list(getattr(fn_self, "arg_names", []) or []), args))
+    bound.update({k: v for k, v in kwargs.items() if k not in ("grid", "warmup")})
+    return bound
+
+
+def _grid(grid, args, kwargs, fn_self=None) -> tuple:
+    """The launch grid padded to 3 axes; a callable grid (an autotuner's, `lambda META: ...`) is resolved
+    on the kernel's arguments as Triton resolves it. () when it cannot be known."""
     try:
         if callable(grid):
-            return ()  # an autotuned grid depends on the chosen config; not recorded
+            if fn_self is None:
+                return ()
+            grid = grid(_bound_arguments(fn_self, args, kwargs))
         grid = tuple(int(g) for g in grid)
         return grid + (1,) * (3 - len(grid))
     except Exception:
         return ()
+
+
+def grid_problem(grid: tuple, name: str = "the kernel") -> str | None:
+    """What is wrong with a launch grid by CUDA's limits (a GPU refuses such a launch with "invalid
+    argument"), or None when it fits."""
+    for axis, (size, limit) in enumerate(zip(grid, GRID_LIMITS)):
+        if size <= limit:
+            continue
+        fix = (
+            "put the large dimension on grid axis 0 (up to 2**31 - 1 programs) and the small ones on axes 1 "
+            "and 2, or loop over it inside the program"
+            if axis
+            else "give each program more of the work (a loop inside the program over several blocks)"
+        )
+        return (
+            f"launch grid {tuple(grid)} of {name} is past CUDA's limit on grid axis {axis}: {size} programs, "
+            f"where CUDA allows at most {limit} on that axis; a GPU refuses this launch (invalid argument) "
+            f"at these sizes: {fix}"
+        )
+    return None
+
+
+def check_grid(fn_self, args, kwargs) -> None:
+    """Raise GridTooLarge when this launch's grid is past CUDA's limits (before it runs, on every machine)."""
+    grid = _grid(kwargs.get("grid"), args, kwargs, fn_self)
+    problem = grid_problem(grid, getattr(getattr(fn_self, "fn", None), "__name__", "the kernel"))
+    if problem is not None:
+        from drills.grading.errors import GridTooLarge
+
+        raise GridTooLarge(problem)
 
 
 def describe(fn_self, args, kwargs) -> Launch:
@@ -67,14 +128,15 @@ def describe(fn_self, args, kwargs) -> Launch:
     return Launch(
         getattr(fn, "__module__", "?"),
         getattr(fn, "__name__", "?"),
-        _grid(kwargs.get("grid"), args, kwargs),
+        _grid(kwargs.get("grid"), args, kwargs, fn_self),
         constexprs,
     )
 
 
 @contextlib.contextmanager
-def count_triton_launches():
-    """Record every Triton kernel launched in this process inside the block."""
+def count_triton_launches(run_kernels: bool = True):
+    """Record every Triton kernel launched in this process inside the block; with run_kernels=False each
+    launch is only recorded (a no-op: nothing runs, nothing is written)."""
     launches = Launches()
     patched = []
     for cls in _kernel_classes():
@@ -83,6 +145,8 @@ def count_triton_launches():
         def run(self, *args, _original=original, **kwargs):
             if not kwargs.get("warmup", False):
                 launches.calls.append(describe(self, args, kwargs))
+                if not run_kernels:
+                    return None
             return _original(self, *args, **kwargs)
 
         patched.append((cls, cls.__dict__.get("run")))
@@ -127,3 +191,30 @@ def assert_runs_a_triton_kernel(impl, call, what: str) -> None:
         f"file{elsewhere}; right numbers computed with torch (a fallback, or a copy of the grader's oracle) "
         "do not count: launch your @triton.jit kernel from the launcher"
     )
+
+
+def assert_grids_fit(impl, call, what: str) -> Launches:
+    """call() runs the lesson's launcher (impl's) at the largest sizes its domain admits, with every Triton
+    launch a no-op that is only recorded: no kernel runs, so the check costs what the launcher's Python
+    costs, and the tensors may be small along the dimensions no grid axis counts. Every grid must fit
+    CUDA's limits (GRID_LIMITS), which Triton's interpreter does not enforce and which the graders' small
+    cases never reach. In the learner's process the launch itself raises GridTooLarge (instrument.py);
+    the records are checked again here for a launcher run in this process."""
+    calling = getattr(impl, "_drills_calling", None)
+    if calling is not None:
+        with record_launches(impl) as launches, calling(launches=False):
+            call()
+    else:
+        with count_triton_launches(run_kernels=False) as launches:
+            call()
+    if not launches.calls:
+        raise AssertionError(
+            f"{what} launched no Triton kernel: launch your @triton.jit kernel from the launcher"
+        )
+    for c in launches.calls:
+        problem = grid_problem(c.grid, c.name)
+        if problem is not None:
+            from drills.grading.errors import GridTooLarge
+
+            raise GridTooLarge(f"{what}: {problem}")
+    return launches
