@@ -47,10 +47,16 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __post_init__(self):
+        # NaN and +-inf pass comparisons silently (inf >= 0 holds; temperature inf makes every token
+        # equally likely), so a non-finite number is refused first, whichever field it is given for.
+        for name in ("temperature", "top_p", "max_tokens", "random_state", "ignore_eos"):
+            value = getattr(self, name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"{name} must be finite, got {value}")
         if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)):
             raise TypeError(f"temperature must be a number, got {type(self.temperature).__name__}")
-        if not (math.isfinite(self.temperature) and self.temperature >= 0):
-            raise ValueError(f"temperature must be finite and >= 0, got {self.temperature}")
+        if not self.temperature >= 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float)):
             raise TypeError(f"top_p must be a number, got {type(self.top_p).__name__}")
         if not 0 < self.top_p <= 1:

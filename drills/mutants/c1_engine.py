@@ -185,4 +185,93 @@ MUTANTS = [
         "        seq.ids_copy += seq.tokens[len(seq.ids_copy) :]\n"
         "        ids += seq.ids_copy[start : start + n]\n",
     ),
+    Mutant(
+        "last_token_kept_by_postprocess",
+        "24. token ids kept from an earlier step (the last token, kept by postprocess for decode rows)",
+        "            seq.output.append(token)\n"
+        "            stop = token == seq.eos_id and not seq.params.ignore_eos\n"
+        "            if stop or len(seq.output) >= seq.params.max_tokens:\n"
+        "                seq.status = FINISHED\n"
+        "                self.running.remove(seq)\n"
+        "                self.block_manager.free(seq.seq_id)\n"
+        "                finished.append(seq)\n"
+        "        return finished\n"
+        "\n"
+        "\n"
+        "def _tokens_between(seq: Sequence, start: int, end: int) -> list[int]:\n"
+        '    """seq.tokens[start:end], read from prompt and output directly (a new list, as seq.tokens is)."""\n'
+        "    k = len(seq.prompt)\n",
+        "            seq.output.append(token)\n"
+        "            seq.last_token = token  # the next decode row's input, kept\n"
+        "            stop = token == seq.eos_id and not seq.params.ignore_eos\n"
+        "            if stop or len(seq.output) >= seq.params.max_tokens:\n"
+        "                seq.status = FINISHED\n"
+        "                self.running.remove(seq)\n"
+        "                self.block_manager.free(seq.seq_id)\n"
+        "                finished.append(seq)\n"
+        "        return finished\n"
+        "\n"
+        "\n"
+        "def _tokens_between(seq: Sequence, start: int, end: int) -> list[int]:\n"
+        '    """seq.tokens[start:end], read from prompt and output directly (a new list, as seq.tokens is)."""\n'
+        "    k = len(seq.prompt)\n"
+        "    if end - start == 1 and end == seq.num_tokens and seq.output:\n"
+        "        return [seq.last_token]  # a row of one token after the prompt: the token postprocess kept\n",
+    ),
+    Mutant(
+        "random_stream_restarted_on_preemption",
+        "25. a preempted request's random draws restarted",
+        "        seq.num_computed = 0\n        seq.num_slots = 0\n",
+        "        seq.num_computed = 0\n        seq.num_slots = 0\n"
+        "        seq.generator = None  # recomputed from scratch, its sampling too\n",
+    ),
+    Mutant(
+        "eos_checked_on_decode_rows_only",
+        "15. a request that never stops at the end-of-sequence token (checked on decode rows only)",
+        "stop = token == seq.eos_id and not seq.params.ignore_eos",
+        "stop = item.num_new == 1 and token == seq.eos_id and not seq.params.ignore_eos",
+    ),
+    Mutant(
+        "add_checks_the_prompt_alone",
+        "26. a request accepted that can never be recomputed whole",
+        "if not self.chunked_prefill and need - 1 > self.max_num_batched_tokens:",
+        "if not self.chunked_prefill and seq.num_tokens > self.max_num_batched_tokens:",
+    ),
+    Mutant(
+        "non_finite_sampling_values_accepted",
+        "27. non-finite sampling values accepted",
+        '        for name in ("temperature", "top_p", "max_tokens", "random_state", "ignore_eos"):\n'
+        "            value = getattr(self, name)\n"
+        "            if isinstance(value, float) and not math.isfinite(value):\n"
+        '                raise ValueError(f"{name} must be finite, got {value}")\n',
+        "",
+    ),
+    Mutant(
+        "admission_skips_a_blocked_head",
+        "28. admission that skips a blocked head of the queue",
+        "            seq = self.waiting[0]\n"
+        "            if not self.chunked_prefill and seq.num_tokens > budget:\n"
+        "                break\n"
+        "            try:\n"
+        "                table = self.block_manager.allocate(seq.seq_id, seq.tokens)\n"
+        "            except ValueError:\n"
+        "                break\n"
+        "            self.waiting.popleft()\n",
+        "            for seq in self.waiting:  # the first waiting request that fits\n"
+        "                if self.chunked_prefill or seq.num_tokens <= budget:\n"
+        "                    try:\n"
+        "                        table = self.block_manager.allocate(seq.seq_id, seq.tokens)\n"
+        "                        break\n"
+        "                    except ValueError:\n"
+        "                        pass\n"
+        "            else:\n"
+        "                break\n"
+        "            self.waiting.remove(seq)\n",
+    ),
+    Mutant(
+        "scheduled_request_preempts_itself",
+        "29. the request being scheduled preempted instead of the newest",
+        "victim = self.running[-1]",
+        "victim = seq",
+    ),
 ]

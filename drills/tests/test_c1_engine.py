@@ -579,7 +579,12 @@ MISTAKES = [
     Mistake(
         20,
         fails=("test_preempted_requests_wait_at_the_front_in_arrival_order",),
-        passes=ENGINE_BASICS + ("test_preemption_finishes_every_request_with_the_same_output",),
+        passes=ENGINE_BASICS
+        + (
+            "test_preemption_finishes_every_request_with_the_same_output",
+            "test_admission_never_skips_a_blocked_head_of_the_queue",
+            "test_the_newest_request_is_preempted_not_the_one_scheduled",
+        ),
         question="C is preempted while D and E have never run: who is first in line at the next step?",
         section="3.5",
     ),
@@ -613,6 +618,66 @@ MISTAKES = [
         question="With the overlap, seq.output ends in a placeholder until the step after: which token "
         "ids does your code read from seq.tokens this step, and which from a copy it kept?",
         section="6.1",
+    ),
+    # A last token kept by postprocess is the placeholder of its step: right for the step after (the
+    # engine resolves it), wrong for a request that skips steps, preempted and readmitted to compute it.
+    Mistake(
+        24,
+        fails=("test_the_overlapped_loop_readmits_a_one_token_recompute",),
+        passes=ENGINE_BASICS + ("test_preemption_finishes_every_request_with_the_same_output",),
+        question="A request preempted after its first token comes back three steps later and computes that "
+        "token alone: where does your code read its id, and what did that place hold when it was written?",
+        section="6.1",
+    ),
+    # The EOS check of pitfall 15 made on decode rows only: a prompt computed whole samples it too.
+    Mistake(
+        15,
+        fails=("test_eos_sampled_by_a_whole_prompt_stops_the_request",),
+        passes=ENGINE_BASICS,
+        question="A 9-token prompt computed in one step samples eos_id: is that step's row a decode row, "
+        "and does your postprocess check its token?",
+        section="3.6",
+    ),
+    Mistake(
+        25,
+        fails=("test_preempted_sampled_request_keeps_its_random_stream",),
+        passes=ENGINE_BASICS
+        + (
+            "test_preemption_finishes_every_request_with_the_same_output",
+            "test_sampled_request_is_reproducible_whatever_the_batch",
+        ),
+        question="A request with random_state drew its first token, then was preempted: which generator "
+        "draws its second token, and how many numbers has it drawn before?",
+        section="3.5",
+    ),
+    Mistake(
+        26,
+        fails=("test_add_refuses_what_cannot_be_recomputed_whole_without_chunks",),
+        question="chunked_prefill=False, a budget of 10: a 6-token prompt with max_tokens 6 is preempted "
+        "after its 5th token. How many tokens must the step that brings it back compute?",
+        section="3.1",
+    ),
+    Mistake(
+        27,
+        fails=("test_sampling_params_rejects_non_finite_values",),
+        question="Is float('inf') >= 0? What does logits / inf give the softmax?",
+        section="3.1",
+    ),
+    Mistake(
+        28,
+        fails=("test_admission_never_skips_a_blocked_head_of_the_queue",),
+        passes=ENGINE_BASICS,
+        question="B is first in line and needs 3 blocks, 2 are free, C behind it needs 1: who is admitted "
+        "this step?",
+        section="3.3",
+    ),
+    Mistake(
+        29,
+        fails=("test_the_newest_request_is_preempted_not_the_one_scheduled",),
+        passes=ENGINE_BASICS + ("test_preemption_finishes_every_request_with_the_same_output",),
+        question="A, B and C run, oldest first; B needs a block and none is free: which of them gives its "
+        "blocks up?",
+        section="3.5",
     ),
 ]
 
@@ -1108,6 +1173,47 @@ def test_the_overlapped_loop_matches_the_oracle(impl):
     assert watched.preemptions > 0, "no request was preempted (grader bug?)"
 
 
+def readmissions(run, prompts) -> list[tuple]:
+    """(request, num_computed, num_new, num_tokens) of each step that brought back a preempted request:
+    one waiting after the previous step's schedule() and holding output already."""
+    found = []
+    for k in range(1, len(run["steps"])):
+        waiting = run["queues"][k - 1]["waiting"]
+        for (i, n), c, t in zip(run["steps"][k], run["computed"][k], run["num_tokens"][k]):
+            if i in waiting and t > len(prompts[i]):
+                found.append((i, c, n, t))
+    return found
+
+
+def one_token_recompute_prompts(case: int):
+    """Two prompts of two full blocks each, for a pool of 5 blocks: both prefill (4 blocks), A's first
+    decode row takes the last free block, and B's preempts B, the newest. Once A ends, B comes back with
+    its prompt's two blocks still cached: the step that readmits it computes its last token only."""
+    return ragged_prompts(seeded(WEIGHTS_STREAM), case, [2 * BLOCK, 2 * BLOCK], max_tokens=4)
+
+
+def test_the_overlapped_loop_readmits_a_one_token_recompute(impl):
+    """The overlapped loop (section 6.1) bringing back a preempted request whose prompt is all cached:
+    the step that readmits it computes one token, its first output token, as a decode row does. That
+    token reached the host steps ago, so read from the sequence it is the real id; a last token kept
+    when postprocess booked it is the placeholder of a step long gone, which the engine replaces with
+    whatever row of the current step's tokens it now names: another request's token."""
+    prompts = one_token_recompute_prompts(31)
+    params = {0: dict(temperature=0.0, max_tokens=3, ignore_eos=True)}
+    params[1] = dict(temperature=0.0, max_tokens=4, ignore_eos=True)
+    watched = Watched(5)
+    run = serve(impl, watched, prompts, params=params, overlap=True)
+    what = "the overlapped loop, a preempted request readmitted to compute its last token only"
+    assert_matches_oracle(run, prompts, what, params)
+    back = readmissions(run, prompts)
+    assert any(c == t - 1 and n == 1 for _, c, n, t in back), (
+        f"{what}: the readmissions (request, num_computed, num_new, num_tokens) were {back}: request 1, "
+        "preempted after its first token, finds its two prompt blocks cached when it comes back (section "
+        "3.4), so the step that readmits it computes its last token only"
+    )
+    assert run["stats"]["overlap_steps"] > 0, "no step was overlapped (grader bug?)"
+
+
 def test_no_block_leaks_after_every_request_ends(impl):
     """After each wave of requests ends, the pool is whole: every block free, every ref count 0 (blocks
     shared by a prefix, preempted requests, finished ones)."""
@@ -1185,6 +1291,23 @@ def test_ignore_eos_keeps_going_past_eos(impl):
     )
     leak = watched.leaks()
     assert leak is None, leak
+
+
+def test_eos_sampled_by_a_whole_prompt_stops_the_request(impl):
+    """P1 of the end-of-sequence checks samples eos_id as its first token, its 9-token prompt computed
+    in one step (a budget of 64): the request ends there, its output [eos_id], its blocks freed. The
+    step that samples it computes 9 tokens: a stop checked on decode rows alone (one new token) misses
+    it (section 3.6: every sampled token is checked)."""
+    prompts, eos = eos_prompts()
+    prompts = prompts[1:2]
+    params = {0: dict(temperature=0.0, max_tokens=6, ignore_eos=False)}
+    watched = Watched(64)
+    run = serve(impl, watched, prompts, params=params, eos_id=eos)
+    what = f"eos_id={eos} sampled by a whole prompt's step"
+    assert_matches_oracle(run, prompts, what, params, eos_id=eos)
+    assert run["tokens"][0] == [eos], f"{what}: output {run['tokens'][0]}, expected [{eos}]"
+    leak = watched.leaks()
+    assert leak is None, f"{what}: {leak}"
 
 
 def test_preempted_requests_wait_at_the_front_in_arrival_order(impl):
@@ -1284,6 +1407,71 @@ def test_preemptions_are_counted_on_the_request_and_the_scheduler(impl):
     )
 
 
+def test_admission_never_skips_a_blocked_head_of_the_queue(impl):
+    """A (16 tokens, 4 blocks) runs in a pool of 6; B (12 tokens, 3 blocks), first in line, does not fit
+    the 2 blocks left; C (4 tokens) would. Admission goes in arrival order and stops at the first
+    request that does not fit (section 3.3): C waits behind B. A loop that skips B admits C and every
+    later small request into the blocks as they free up, while B, whose turn it is, waits on."""
+    rng = random.Random(seeded(33))
+    prompts = [tokens(rng, n) for n in (4 * BLOCK, 3 * BLOCK, BLOCK)]
+    params = {i: dict(temperature=0.0, max_tokens=2, ignore_eos=True) for i in range(3)}
+    run = serve(impl, Watched(6), prompts, params=params)
+    what = "A running in a pool of 6 blocks, B (3 blocks) and C (1 block) waiting"
+    assert_no_error(run, what)
+    first = {}
+    for k, step in enumerate(run["steps"], start=1):
+        for i, _ in step:
+            first.setdefault(i, k)
+    assert first.get(1) is not None and first.get(2, math.inf) >= first[1], (
+        f"{what}: C was admitted at step {first.get(2)}, B at step {first.get(1)}: B arrived first and "
+        "does not fit yet, so admission stops there and C waits behind it (section 3.3); admitting past "
+        "the head of the queue lets later requests take every block that frees up"
+    )
+
+
+def test_the_newest_request_is_preempted_not_the_one_scheduled(impl):
+    """A, B and C (one block each) decode in a pool of 4 blocks: A takes the last free block, then B
+    needs one. The newest running request, C, gives up its blocks (section 3.5), and B, older, goes on.
+    A request that preempts itself when it finds no block leaves the newer ones running: the pool then
+    favours whoever came last."""
+    rng = random.Random(seeded(34))
+    prompts = [tokens(rng, BLOCK) for _ in range(3)]
+    params = {i: dict(temperature=0.0, max_tokens=3, ignore_eos=True) for i in range(3)}
+    watched = Watched(4)
+    run = serve(impl, watched, prompts, params=params)
+    what = "A, B and C decoding in a pool of 4 blocks"
+    assert_no_error(run, what)
+    freed = [seq_id for kind, seq_id in watched.events if kind == "free"]
+    assert freed, f"{what}: no request was ever freed"
+    # Nothing finishes before step 3 (max_tokens 3), so the first free is step 2's preemption.
+    victim = "ABC"[freed[0]] if freed[0] in (0, 1, 2) else freed[0]
+    assert victim == "C", (
+        f"{what}: B needed a block at step 2 and {victim} was preempted: the victim is the newest "
+        "running request, C (running[-1]), not the request being scheduled when a newer one runs"
+    )
+
+
+def test_preempted_sampled_request_keeps_its_random_stream(impl):
+    """B samples (temperature 1, its own random_state) and is preempted after its first token (the
+    pool of the one-token recompute check). Its later tokens continue its generator's stream, so they
+    are the tokens it draws alone in a pool that never preempts (section 3.5: preemption frees the
+    blocks, nothing else). A generator started again at the readmission draws its first numbers twice."""
+    stream = seeded(WEIGHTS_STREAM)
+    prompts = one_token_recompute_prompts(31)
+    sampled = dict(temperature=1.0, top_p=1.0, max_tokens=4, random_state=seeded(6), ignore_eos=True)
+    params = {0: dict(temperature=0.0, max_tokens=3, ignore_eos=True), 1: sampled}
+    want = oracle_sampled(prompts[1], sampled, stream)
+    watched = Watched(5)
+    run = serve(impl, watched, prompts, params=params)
+    what = "a sampled request with its own random_state, preempted after its first token"
+    assert_no_error(run, what)
+    assert run["tokens"][1] == want, (
+        f"{what}: it drew {run['tokens'][1]}, alone and never preempted {want}: a preempted request keeps "
+        "its generator (seq.generator), so its draws go on where they stopped"
+    )
+    assert readmissions(run, prompts), f"{what}: request 1 was never preempted and readmitted"
+
+
 def test_request_longer_than_the_pool_is_refused(impl):
     """A request that could never fit the pool, even alone, is refused when added (ValueError), rather than
     waiting forever."""
@@ -1296,6 +1484,33 @@ def test_request_longer_than_the_pool_is_refused(impl):
     with raises_naming(ValueError, r"(?i)pool|blocks|kv"):
         scheduler.add(seq)
     assert watched.num_free_blocks == 4, "a refused request must take no block"
+
+
+def test_add_refuses_what_cannot_be_recomputed_whole_without_chunks(impl):
+    """chunked_prefill=False, a budget of 10 tokens: a request preempted after its next-to-last token is
+    recomputed whole, prompt + max_tokens - 1 tokens in one step (section 3.1). add() refuses a 6-token
+    prompt with max_tokens 6 (11 tokens): accepted, it would run until its first preemption and then
+    never fit a step again ('the scheduler scheduled nothing while requests wait'). max_tokens 5 (10
+    tokens) fits, and max_tokens 6 is fine with chunked prefill."""
+    from drills.grading import wire
+
+    prompt = tokens(random.Random(seeded(32)), 6)
+
+    def scheduler(chunked):
+        return impl.Scheduler(
+            wire.Lent(Watched(64)), max_num_seqs=4, max_num_batched_tokens=10, chunked_prefill=chunked
+        )
+
+    def request(seq_id, max_tokens):
+        return impl.Sequence(seq_id, prompt, impl.SamplingParams(temperature=0.0, max_tokens=max_tokens))
+
+    # Each object kept in a name: the learner's process holds it while the grader does.
+    without, with_chunks = scheduler(False), scheduler(True)
+    too_long, fits, chunked = request(0, 6), request(1, 5), request(2, 6)
+    with raises_naming(ValueError, r"max_num_batched_tokens|chunked_prefill|budget"):
+        without.add(too_long)
+    without.add(fits)
+    with_chunks.add(chunked)
 
 
 def test_request_that_fits_the_pool_exactly_runs(impl):
@@ -1557,6 +1772,15 @@ def test_sampling_params_accepts_the_edges(impl):
     """temperature 0 (greedy), top_p 1, max_tokens 1 and random_state 0 are valid."""
     p = impl.SamplingParams(temperature=0, top_p=1.0, max_tokens=1, random_state=0, ignore_eos=True)
     assert (p.temperature, p.top_p, p.max_tokens, p.random_state, p.ignore_eos) == (0, 1.0, 1, 0, True)
+
+
+@pytest.mark.parametrize("field", ["temperature", "top_p", "max_tokens", "random_state", "ignore_eos"])
+def test_sampling_params_rejects_non_finite_values(impl, field):
+    """NaN, inf and -inf, whichever field they are given for: a ValueError naming the field.
+    temperature=inf passes a check for >= 0 and makes every token of the vocabulary equally likely."""
+    for value in (math.nan, math.inf, -math.inf):
+        with raises_naming(ValueError, field):
+            impl.SamplingParams(**{field: value})
 
 
 # --- The real model: SmolLM2-135M-Instruct against Hugging Face transformers ---------------------------
