@@ -132,4 +132,10 @@ MUTANTS = [
         "p.to(out_ptr.dtype.element_ty)",
         "p.to(tl.float16)",
     ),
+    Mutant(
+        "merge_launched_as_one_program",
+        "17. the merge launched as one program: only the first tile of states is merged",
+        "merge_stats_kernel[(triton.cdiv(n, 1024),)]",
+        "merge_stats_kernel[(1,)]",
+    ),
 ]

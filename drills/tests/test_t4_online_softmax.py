@@ -16,7 +16,7 @@ import torch
 from drills.compare import assert_close, assert_untouched, mismatch
 from drills.grading.bigmem import WRAP, free_bytes, rows_past_int32
 from drills.grading.diagnose import Mistake
-from drills.grading.launches import assert_runs_a_triton_kernel
+from drills.grading.launches import assert_runs_a_triton_kernel, record_launches
 from drills.tests import bf16_everywhere, seeded, sizes
 
 # The explainer's hand trace of x = [2, 1, 4, 3], one element per block, to four decimals.
@@ -24,6 +24,15 @@ HAND_X = [2.0, 1.0, 4.0, 3.0]
 HAND_M = [2.0, 2.0, 4.0, 4.0]
 HAND_L = [1.0, 1.3679, 1.1851, 1.5530]
 FOUR_DECIMALS = dict(atol=5e-5, rtol=0.0, rel=1e-4)
+
+# The sizes the launchers admit, in one place: what the cases below draw their crossings from.
+DOMAIN = dict(
+    dtypes=(torch.float16, torch.bfloat16, torch.float32),
+    block_max=65536,  # block: a power of two up to this
+    splits_max=1024,  # splits: a power of two up to this
+    merge_tile=1024,  # the reference merge's tile of states (merge_stats takes any number of states)
+)
+LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
 
 CANARY = 1234.5  # exactly representable in fp16, bf16 and fp32; no probability is near it
 NEG_INF = float("-inf")
@@ -398,6 +407,33 @@ def test_merge_takes_any_shape(impl, runtime):
     b = random_states(runtime, (3, 5), stream=20)
     m, l = impl.merge_stats(*a, *b)
     assert_stats_close(m, l, *merge_reference(*a, *b), dims=("head", "row"))
+
+
+def _merge_tile(impl, runtime):
+    """The widest tile of states the learner's merge launch declares (its largest power-of-two int
+    constexpr other than the launch options), so the next case crosses it; the reference's is 1024."""
+    with record_launches(impl) as launches:
+        impl.merge_stats(*random_states(runtime, (4,), 43), *random_states(runtime, (4,), 44))
+    tiles = [
+        v
+        for call in launches.calls
+        for k, v in call.constexprs.items()
+        if k not in LAUNCH_OPTIONS and isinstance(v, int) and not isinstance(v, bool) and v > 0
+    ]
+    return max([DOMAIN["merge_tile"], *tiles])
+
+
+def test_merge_covers_states_past_one_program(impl, runtime):
+    """Three tiles of states less a few (3000 for the reference's 1024-wide tile): a merge launched as
+    one program, or with a grid rounded down, leaves the states past its tiles unwritten. The maxes rise
+    along the array, so a state from the first tile standing in for a later one is far off too."""
+    n = 3 * _merge_tile(impl, runtime) - 72  # [n]: one past every tile bound, and a ragged last tile
+    a = random_states(runtime, (n,), stream=45)
+    b = random_states(runtime, (n,), stream=46)
+    ramp = torch.linspace(0.0, 80.0, n, device=runtime.device)  # later states hold larger maxes
+    a, b = (a[0] + ramp, a[1]), (b[0] + ramp, b[1])
+    m, l = impl.merge_stats(*a, *b)
+    assert_stats_close(m, l, *merge_reference(*a, *b), dims=("state",))
 
 
 # --- Splits: several programs per row, merged --------------------------------------------------------
@@ -799,5 +835,19 @@ MISTAKES = [
         question="x is fp32: in which dtype does your kernel store p, and where in your code is that dtype "
         "written?",
         section="3.5",
+    ),
+    Mistake(
+        17,
+        fails=("test_merge_covers_states_past_one_program",),
+        # The states past the launched tiles keep the NaN the harness fills fresh tensors with.
+        messages=(r"NaN in [ml] at \(\d{4,}",),
+        passes=(
+            "test_merge_shifts_to_the_larger_max",
+            "test_merge_takes_any_shape",
+            "test_splits_match_one_pass",
+        ),
+        question="merge_stats gets 3000 states and your merge kernel holds BLOCK of them per program: how "
+        "many programs does your launch start, and who writes state 2999?",
+        section="3.4",
     ),
 ]
