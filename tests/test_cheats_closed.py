@@ -190,3 +190,103 @@ def test_learner_folders_import_from_source_only(tmp_path, monkeypatch):
         sys.dont_write_bytecode = saved_flag
         for name in ("cheat_helper", "lone_helper"):
             sys.modules.pop(name, None)
+
+
+# Run in a process of its own: TritonWatch patches Triton and torch for the whole process.
+RECORDER_CHEATS = """\
+import json, os, sys
+os.environ["TRITON_INTERPRET"] = "1"
+import drills.runtime
+drills.runtime.select()
+import torch
+import triton
+import triton.language as tl
+
+import drills.grading.instrument as I
+watch = I.TritonWatch(__file__)
+watch.module_name = "cheats"
+
+_STASH = {}
+
+
+def _merge():  # plain Python, called from the kernel's body: torch computes the answer
+    _STASH["out"].copy_(_STASH["x"] + _STASH["y"])
+
+
+@triton.jit
+def _calls_python(x_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.load(x_ptr + offs, mask=offs < n)
+    _merge()
+
+
+def helper_in_kernel(x, y):
+    out = torch.empty_like(x)
+    _STASH.update(x=x, y=y, out=out)
+    _calls_python[(1,)](x, x.numel(), BLOCK=16)
+    return out
+
+
+_LIB = torch.library.Library("drillscheat", "DEF")
+_LIB.define("clone(Tensor x, Tensor y) -> Tensor")
+_LIB.impl("clone", lambda x, y: x + y, "CPU")
+
+
+def custom_op(x, y):
+    return torch.ops.drillscheat.clone(x, y)
+
+
+def int_view_writes(x, y):
+    out = torch.empty_like(x)
+    bits = x.view(torch.int16).clone()
+    out.view(torch.int16).index_put_((torch.arange(x.numel()),), bits)
+    out.view(torch.int16).copy_(y.view(torch.int16))
+    return out
+
+
+def honest(x, y):
+    out = torch.empty_like(x)
+    _add[(1,)](x, y, out, x.numel(), BLOCK=16)
+    return out.contiguous()
+
+
+@triton.jit
+def _add(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) + tl.load(y_ptr + offs, mask=mask), mask=mask)
+
+
+seen = {}
+for fn in (helper_in_kernel, custom_op, int_view_writes, honest):
+    x, y = torch.randn(10, dtype=torch.float16), torch.randn(10, dtype=torch.float16)
+    recorder = I.torch_compute_recorder(watch)
+    with recorder:
+        fn(x, y)
+    seen[fn.__name__] = recorder.seen
+print(json.dumps(seen))
+"""
+
+
+def test_the_op_recorder_sees_torch_computing_however_it_is_reached(tmp_path):
+    """torch computing in a plain function the kernel's body calls (under the interpreter, inside a
+    launch), a custom op named `clone` (a move's short name), and integer writes into an int16 view of a
+    float tensor: each is recorded as torch computing; a kernel's own launch records nothing."""
+    import json
+    import subprocess
+    import sys
+
+    from drills.lessons import ROOT
+
+    script = tmp_path / "recorder_cheats.py"
+    script.write_text(RECORDER_CHEATS)
+    done = subprocess.run(
+        [sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["helper_in_kernel"] == ["add"], seen
+    assert seen["custom_op"] == ["drillscheat::clone"], seen
+    assert len(seen["int_view_writes"]) == 2, seen
+    assert all("integers written into a float tensor" in s for s in seen["int_view_writes"]), seen
+    assert seen["honest"] == [], seen

@@ -144,7 +144,7 @@ class TritonWatch:
 
         def tolist(tensor):
             r = watch.recorder
-            if r is not None and (tensor.is_floating_point() or tensor.is_complex()):
+            if r is not None and (tensor.is_floating_point() or tensor.is_complex() or r.float_bits(tensor)):
                 r.note("tolist (floats read to the host)")
             return original(tensor)
 
@@ -435,25 +435,81 @@ def _u8(storage):
 
 
 # torch ops that only allocate, move, view or convert data: a launcher may use them on float tensors.
-MOVES = set(
-    """empty empty_like empty_strided new_empty new_empty_strided zeros zeros_like new_zeros ones_like
-    full full_like new_full fill fill_ zero_ copy copy_ clone _to_copy to view _unsafe_view reshape
+# Named by their qualified aten:: name (the schema's), never by a short name: a custom op registered
+# as `mylib::clone` is not aten's clone, and computes out of sight like any other op of its own.
+MOVES = {
+    "aten::" + name
+    for name in """empty empty_like empty_strided new_empty new_empty_strided zeros zeros_like new_zeros
+    ones_like full full_like new_full fill fill_ zero_ copy copy_ clone _to_copy to view _unsafe_view reshape
     _reshape_alias expand expand_as as_strided as_strided_ permute transpose transpose_ t contiguous
     select slice unsqueeze unsqueeze_ squeeze squeeze_ flatten unflatten split split_with_sizes chunk
     narrow detach alias lift_fresh lift_fresh_copy set_ resize_ unbind movedim swapaxes
     _local_scalar_dense item""".split()
-)
+}
+
+# In-place ops that change a tensor's shape or storage, not the bytes in its memory.
+RESHAPES = {
+    "aten::" + name
+    for name in "set_ resize_ resize_as_ as_strided_ transpose_ unsqueeze_ squeeze_ t_ detach_".split()
+}
+
+_TORCH_DIR = _TRITON_DIR = None
+_GRADING_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_FRAME_KIND: dict = {}  # code object -> "torch" (torch or the grader: look further out), "triton", "other"
+
+
+def _frame_kind(code) -> str:
+    kind = _FRAME_KIND.get(code)
+    if kind is None:
+        name = os.path.abspath(code.co_filename or "")
+        if name.startswith((_TORCH_DIR, _GRADING_DIR)):
+            kind = "torch"
+        elif name.startswith(_TRITON_DIR):
+            kind = "triton"
+        else:
+            kind = "other"
+        _FRAME_KIND[code] = kind
+    return kind
+
+
+def tritons_own(watch: TritonWatch) -> bool:
+    """Whether the torch op running now is Triton's own: a launch runs, and the nearest caller outside
+    torch and the grader is Triton's code (the interpreter copying arguments). A plain Python function
+    the kernel's body calls, computing with torch, is the learner's computing, launch or not."""
+    global _TORCH_DIR, _TRITON_DIR
+    if not watch.in_launch:
+        return False
+    if _TORCH_DIR is None:
+        import torch
+        import triton
+
+        _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+        _TRITON_DIR = os.path.dirname(os.path.abspath(triton.__file__)) + os.sep
+    frame = sys._getframe(1)
+    while frame is not None:
+        kind = _frame_kind(frame.f_code)
+        if kind != "torch":
+            return kind == "triton"
+        frame = frame.f_back
+    return False
 
 
 def torch_compute_recorder(watch: TritonWatch):
-    """A torch dispatch mode that records every torch op outside a launch that computes floats from
-    floats (an add, a matmul, a softmax, an index_put of values): what a launcher never needs, and what
-    computing the answer beside a kernel takes. provenance.judge refuses a result made that way."""
+    """A torch dispatch mode that records every torch op outside Triton's own code that computes floats
+    from floats (an add, a matmul, a softmax, an index_put of values), or writes integers into a float
+    tensor's memory (an index_put_ or copy_ into an int16 view of it): what a launcher never needs, and
+    what computing the answer beside a kernel takes. provenance.judge refuses a result made that way."""
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
     def floats(value) -> bool:  # complex numbers are floats too (an add in complex64 is an add)
         return any(t.is_floating_point() or t.is_complex() for t in tensors_in(value))
+
+    def ptr(t) -> int:
+        try:
+            return t.untyped_storage().data_ptr()
+        except (RuntimeError, NotImplementedError):  # a tensor with no storage of its own
+            return -1
 
     class Recorder(TorchDispatchMode):
         def __init__(self):
@@ -462,10 +518,16 @@ def torch_compute_recorder(watch: TritonWatch):
             # storage of a copy -> storages it was copied from (a launcher's .contiguous() of an input,
             # say): a kernel that reads the copy reads the input (calls._unread_inputs)
             self.copied_from: dict[int, set[int]] = {}
+            # storages that hold floats (an int view of one is still float memory)
+            self.float_memory: set[int] = set()
 
         def note(self, name: str) -> None:
-            if not watch.in_launch and name not in self.seen:
+            if not tritons_own(watch) and name not in self.seen:
                 self.seen.append(name)
+
+        def float_bits(self, tensor) -> bool:
+            """An integer tensor over a float tensor's memory (its bits read or written as integers)."""
+            return not tensor.is_floating_point() and ptr(tensor) in self.float_memory
 
         def __enter__(self):
             watch.recorder = self  # Tensor.tolist, which no dispatch mode sees, reports here
@@ -478,29 +540,50 @@ def torch_compute_recorder(watch: TritonWatch):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             out = func(*args, **kwargs)
-            name = getattr(getattr(func, "overloadpacket", None), "__name__", str(func))
-            if not watch.in_launch and name in MOVES:
-                sources = {
-                    t.untyped_storage().data_ptr() for t in tensors_in(list(args) + list(kwargs.values()))
-                }
-                for t in tensors_in(out if isinstance(out, (list, tuple)) else [out]):
-                    dst = t.untyped_storage().data_ptr()
+            schema = getattr(func, "_schema", None)
+            name = schema.name if schema is not None else str(func)  # "aten::add", "mylib::clone"
+            # how the screen names it: "add" for aten's, the full name for an op of someone's own
+            short = name.split("::", 1)[-1] if name.startswith("aten::") else name
+            inputs = tensors_in(list(args) + list(kwargs.values()))
+            outputs = tensors_in(out if isinstance(out, (list, tuple)) else [out])
+            own = tritons_own(watch)
+            sources = {ptr(t) for t in inputs}
+            for t in inputs:
+                if t.is_floating_point() or t.is_complex():
+                    self.float_memory.add(ptr(t))
+            for t in outputs:
+                dst = ptr(t)
+                if dst not in sources:  # a new storage; one freed before may have had its address
+                    self.float_memory.discard(dst)
+                if t.is_floating_point() or t.is_complex():
+                    self.float_memory.add(dst)
+            if not own and name in MOVES:
+                for t in outputs:
+                    dst = ptr(t)
                     if dst in sources:  # written in place (copy_): it now holds its sources too
                         self.copied_from.setdefault(dst, set()).update(sources - {dst})
-                    else:  # a new storage; one freed before may have had its address, so start afresh
+                    else:  # a new storage; start afresh
                         self.copied_from[dst] = set(sources)
-            if name == "_local_scalar_dense" and floats(list(args)):
+            if name == "aten::_local_scalar_dense" and (
+                floats(list(args)) or any(map(self.float_bits, inputs))
+            ):
                 # A float read to the host (item(), float()): a launcher reads lengths, never values;
                 # an answer computed in Python from the values is out of every other check's sight.
                 self.note("item (a float read to the host)")
-            if (
-                not watch.in_launch
-                and name not in MOVES
-                and floats(list(args) + list(kwargs.values()))
-                and floats(out if isinstance(out, (list, tuple)) else [out])
-                and name not in self.seen
-            ):
-                self.seen.append(name)
+            if own:
+                return out
+            written = []
+            if schema is not None:  # the tensors the op writes: its mutable arguments (self of index_put_)
+                values = list(args) + [kwargs.get(a.name) for a in schema.arguments[len(args) :]]
+                for a, v in zip(schema.arguments, values):
+                    if a.alias_info is not None and a.alias_info.is_write:
+                        written += tensors_in([v])
+            if name not in RESHAPES and any(map(self.float_bits, written)):
+                label = f"{short} (integers written into a float tensor's memory)"
+                if label not in self.seen:
+                    self.seen.append(label)
+            elif name not in MOVES and floats(inputs) and floats(outputs) and short not in self.seen:
+                self.seen.append(short)
             return out
 
     del torch  # only the mode's module is needed
