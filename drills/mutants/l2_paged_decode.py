@@ -155,4 +155,11 @@ MUTANTS = [
         "out.to(out_ptr.dtype.element_ty),",
         "out.to(tl.float16),",
     ),
+    # Every other case has D <= 128: only the widest admitted head dim shows the lost half.
+    Mutant(
+        "head_dim_tile_capped_at_128",
+        "19. the feature tile capped at 128: D = 256 is read and written half",
+        "D=D,",
+        "D=min(D, 128),",
+    ),
 ]

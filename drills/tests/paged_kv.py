@@ -34,6 +34,11 @@ class PagedCase:
         return self.q, self.k_cache, self.v_cache, self.block_tables, self.context_lens
 
 
+# The head dims every paged launcher admits (drills/validate.py: a power of two from 16 to 256): a
+# kernel that tiles D at 128 passes every case up to 128, so each grader takes its widest from here.
+HEAD_DIMS = tuple(2**i for i in range(4, 9))
+
+
 def make_paged_case(
     context_lens,
     Hq,
@@ -231,6 +236,15 @@ def in_layer_pool(case: PagedCase, layers: int = 2, layer: int = 1) -> PagedCase
     k_cache.copy_(case.k_cache)
     v_cache.copy_(case.v_cache)
     return PagedCase(case.q, k_cache, v_cache, case.block_tables, case.context_lens)
+
+
+def v_strides_unlike_k(case: PagedCase) -> PagedCase:
+    """The case with v_cache a head-major [num_blocks, Hkv, PAGE, D] buffer seen as [num_blocks, PAGE,
+    Hkv, D]: K's block stride, its token and head strides swapped, so V read through K's strides (one
+    address line copied from the other) reads the wrong tokens and heads. Needs Hkv > 1 or PAGE > 1."""
+    v_cache = case.v_cache.transpose(1, 2).contiguous().transpose(1, 2)  # strides (PAGE Hkv D, D, PAGE D, 1)
+    assert v_cache.stride() != case.k_cache.stride() and v_cache.stride(0) == case.k_cache.stride(0)
+    return PagedCase(case.q, case.k_cache, v_cache, case.block_tables, case.context_lens)
 
 
 def gather_kv(cache: torch.Tensor, table_row: torch.Tensor, n: int) -> torch.Tensor:

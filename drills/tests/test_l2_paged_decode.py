@@ -18,6 +18,7 @@ from drills.grading.launches import assert_runs_a_triton_kernel
 from drills.tests import bf16_everywhere, fill_past_fp16_range, seeded, sizes
 from drills.tests.paged_kv import (
     CONTEXT_LENS_BAD_INPUTS,
+    HEAD_DIMS,
     LIVE_BLOCK_ID_BAD_INPUTS,
     PAGED_BAD_INPUTS,
     SHARED_KV_BAD_INPUTS,
@@ -37,9 +38,17 @@ from drills.tests.paged_kv import (
     spoiled_call,
     strided_q,
     tail_slots,
+    v_strides_unlike_k,
 )
 
 DIMS = ("b", "head", "d")  # how a mismatch names its position: sequence, query head, feature
+
+# What paged_decode admits, in one place (drills/validate.py): the cases that cross a bound draw here.
+DOMAIN = dict(
+    head_dims=HEAD_DIMS,  # powers of two from 16 to 256
+    min_page=16,  # PAGE: a power of two from 16 (tl.dot's smallest tile)
+    dtypes=(torch.float16, torch.bfloat16),
+)
 
 
 def run_into_canary(impl, case, scale=None):
@@ -233,9 +242,7 @@ def test_k_and_v_caches_with_different_strides(impl, runtime):
     Hkv, D]: the same block stride as K, its token and head strides swapped. A kernel that loads V
     through K's strides (one copy-pasted address line) reads the wrong tokens and heads of V."""
     case = make_paged_case([40, 9], 8, 2, 64, 16, device=runtime.device, stream=91)
-    v_cache = case.v_cache.transpose(1, 2).contiguous().transpose(1, 2)  # strides (PAGE Hkv D, D, PAGE D, 1)
-    assert v_cache.stride() != case.k_cache.stride() and v_cache.stride(0) == case.k_cache.stride(0)
-    check(impl, PagedCase(case.q, case.k_cache, v_cache, *case.args[3:]))
+    check(impl, v_strides_unlike_k(case))
 
 
 def test_scale_is_applied(impl, runtime):
@@ -294,6 +301,15 @@ def test_table_rows_are_read_through_their_stride(impl, runtime):
 def test_head_dims_and_page_sizes(impl, runtime, D, PAGE):
     lens = sizes(runtime, [2 * PAGE + 3, 5], [4000, 1, 333, 2 * PAGE])
     case = make_paged_case(lens, 8, 2, D, PAGE, device=runtime.device, stream=D + PAGE)
+    check(impl, case)
+
+
+def test_widest_head_dim_is_read_whole(impl, runtime):
+    """D = 256, the widest head dim the launcher admits, on one KV head of two query heads and two pages:
+    a kernel whose feature tile stops at 128 (tl.arange(0, 128), or D capped there) scores with half of
+    q and k and leaves half of out unwritten, yet passes every case up to D = 128."""
+    D, PAGE = max(DOMAIN["head_dims"]), DOMAIN["min_page"]
+    case = make_paged_case([PAGE + 3], 2, 1, D, PAGE, device=runtime.device, stream=43)
     check(impl, case)
 
 
@@ -707,5 +723,13 @@ MISTAKES = [
         question="v_cache's token and head strides differ from k_cache's here: through which strides does "
         "your kernel load V?",
         section="2",
+    ),
+    Mistake(
+        19,
+        fails=("test_widest_head_dim_is_read_whole",),
+        passes=(WORKED, "test_head_dims_and_page_sizes", "test_large_ragged_batch"),
+        question="D = 256 here: how many features does your kernel's tl.arange over the head dim cover, and "
+        "who computes q·k over features 128 to 255 and writes them to out?",
+        section="3.2",
     ),
 ]
