@@ -74,4 +74,12 @@ MUTANTS = [
         'm_lanes = tl.full([BLOCK], float("-inf"), dtype=tl.float32)',
         "m_lanes = tl.zeros([BLOCK], dtype=tl.float32)",
     ),
+    # One edit cannot also move the kernel's tl.program_id(0) to axis 1, so every program reads row 0
+    # here and the other checks fail too: the grid check must still name the mistake first.
+    Mutant(
+        "rows_on_grid_axis_1",
+        "8. rows on grid axis 1 (past 65535 rows a GPU refuses the launch)",
+        "softmax_kernel[(M,)](",
+        "softmax_kernel[(1, M)](",
+    ),
 ]

@@ -13,7 +13,7 @@ import torch
 from drills.compare import assert_close, assert_untouched, mismatch
 from drills.grading.bigmem import WRAP, free_bytes, rows_past_int32
 from drills.grading.diagnose import Mistake
-from drills.grading.launches import assert_runs_a_triton_kernel, record_launches
+from drills.grading.launches import assert_grids_fit, assert_runs_a_triton_kernel, record_launches
 from drills.tests import bf16_everywhere, seeded, sizes
 
 DIMS = ("row", "col")
@@ -379,6 +379,17 @@ def test_row_offsets_widened_to_int64(impl, runtime, where):
     assert_close(out, softmax_reference(x), DIMS)
 
 
+# --- The grid fits a GPU at every size the launcher admits ------------------------------------------
+
+
+def test_grid_fits_cuda_limits_at_largest_sizes(impl, runtime):
+    """70,000 rows, more than the 65535 programs CUDA allows on grid axes 1 and 2 (axis 0 allows
+    2**31 - 1): rows put on axis 1 launch on the CPU and fail on a GPU with "invalid argument". Run dry
+    (every launch recorded and checked, none run), so 4 columns a row cost nothing."""
+    x = torch.zeros(70_000, 4, device=runtime.device)  # [M, N]: M past 65535
+    assert_grids_fit(impl, lambda: impl.softmax(x), "softmax of 70,000 rows")
+
+
 # --- Diagnosis: which pitfall of drills/content/t2_softmax.md a pattern of results points to ---------
 
 MISTAKES = [
@@ -444,5 +455,13 @@ MISTAKES = [
         question="Every value of the row is below -200: what is your running max after the first pass, "
         "given the value it starts from?",
         section="3.4",
+    ),
+    Mistake(
+        8,
+        fails=("test_grid_fits_cuda_limits_at_largest_sizes",),
+        messages=(r"past CUDA's limit on grid axis",),
+        question="M can be 70,000: on which grid axis are your rows, and how many programs does CUDA "
+        "allow on that axis?",
+        section="3.1",
     ),
 ]
