@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from drills.compare import assert_close, assert_untouched, mismatch
+from drills.grading.bigmem import sparse_empty
 from drills.grading.diagnose import Mistake
-from drills.grading.launches import assert_runs_a_triton_kernel, record_launches
+from drills.grading.launches import assert_grids_fit, assert_runs_a_triton_kernel, record_launches
 from drills.tests import bf16_everywhere, seeded, sizes
 
 DIMS = ("i",)
@@ -291,6 +292,19 @@ def test_offsets_widened_to_int64(impl, runtime):
     assert_close(out[tail], x[tail].float() + y[tail].float(), DIMS)
     assert_close(out[:4096], x[:4096].float() + y[:4096].float(), DIMS)
     assert (out[n:] == CANARY).all(), "the canary past out was overwritten"
+
+
+# --- The grid fits a GPU at every size the launcher admits ------------------------------------------
+
+
+def test_grid_fits_cuda_limits_at_largest_sizes(impl, runtime):
+    """n = 65536 * 2048 + 1: 65537 blocks of 2048, more than the 65535 programs CUDA allows on grid axes
+    1 and 2 (axis 0 allows 2**31 - 1). Blocks put on axis 1 launch on the CPU and fail on a GPU with
+    "invalid argument". Run dry (every launch recorded and checked, none run), on sparse buffers on a
+    CPU: the 268 MB each vector would take are never touched."""
+    n = 65536 * 2048 + 1
+    x, y, out = (sparse_empty((n,), torch.float16, runtime.device) for _ in range(3))  # [n] each
+    assert_grids_fit(impl, lambda: impl.vector_add(x, y, out=out), f"vector_add of n = {n}")
 
 
 # --- Diagnosis: which pitfall of drills/content/t1_vector_add.md a pattern of results points to ----------

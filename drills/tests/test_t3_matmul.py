@@ -13,7 +13,7 @@ import torch
 from drills.compare import assert_close, assert_untouched, mismatch
 from drills.grading.bigmem import sparse_empty
 from drills.grading.diagnose import Mistake
-from drills.grading.launches import assert_runs_a_triton_kernel, record_launches
+from drills.grading.launches import assert_grids_fit, assert_runs_a_triton_kernel, record_launches
 from drills.tests import bf16_everywhere, seeded, sizes
 
 DIMS = ("m", "n")  # how a mismatch names its position in C
@@ -459,6 +459,24 @@ def test_out_is_allocated_when_not_given(impl, runtime):
     out = impl.matmul(a, b)
     assert out.shape == (64, 64) and out.dtype == a.dtype and out.device == a.device
     assert_close(out, reference(a, b), DIMS)
+
+
+# --- The grid fits a GPU at every size the launcher admits ------------------------------------------
+
+
+@pytest.mark.parametrize("large", ["M", "N"])
+def test_grid_fits_cuda_limits_at_largest_sizes(impl, runtime, large):
+    """65537 tiles along M (or N) at the largest tile of any config (BLOCK_M = 128, BLOCK_N = 256 on a
+    GPU, 32 under the interpreter): more than the 65535 programs CUDA allows on grid axes 1 and 2 (axis 0
+    allows 2**31 - 1). A grid of (tiles of M, tiles of N) puts one of them on axis 1: it launches on the
+    CPU and fails on a GPU with "invalid argument". Run dry (every launch recorded and checked, none
+    run): K = 16, a and b are one row (column) repeated by stride 0, and C is sparse on a CPU."""
+    long = 65536 * sizes(runtime, 32, 256) + 1
+    M, N, K = (long, 16, 16) if large == "M" else (16, long, 16)
+    a = torch.zeros(1, K, dtype=torch.float16, device=runtime.device).expand(M, K)  # [M, K], stride (0, 1)
+    b = torch.zeros(K, 1, dtype=torch.float16, device=runtime.device).expand(K, N)  # [K, N], stride (1, 0)
+    out = sparse_empty((M, N), torch.float16, runtime.device)  # [M, N]
+    assert_grids_fit(impl, lambda: impl.matmul(a, b, out=out), f"matmul of ({M}, {K}) by ({K}, {N})")
 
 
 # --- Diagnosis: which pitfall of drills/content/t3_matmul.md a pattern of results points to ----------
