@@ -136,6 +136,96 @@ def refused_valid(cases):
     return None
 
 
+# NaN or inf in a result: compare.mismatch's words, and the graders' own "NaN in l at ..." lines.
+NAN = r"NaN/inf values|\bNaN\b|\bnan\b"
+NAN_TITLE = (
+    "NaN or inf in the output: a masked tl.load without other= (its masked-off lanes read NaN here), an "
+    "exponential without its max shift (exp overflows to inf), or output never stored (new tensors hold NaN here)"
+)
+
+
+def nan_cases(cases) -> list:
+    return [c for c in cases if c.outcome == "failed" and re.search(NAN, c.message or "")]
+
+
+def claims_nan(mistake: Mistake, cases) -> bool:
+    """The mistake names NaN as its own symptom: one of its message patterns matches a NaN failure."""
+    return any(re.search(rx, c.message or "") for rx in mistake.messages for c in nan_cases(cases))
+
+
+# The stub's not-started raise, left in a function the learner has not written yet (drills/contract.py).
+# A check that expects some exception sees the raise's own words only ("f2 is not started: fill in ...").
+NOT_WRITTEN = r"\bNotImplementedError\b|\b[a-z]\d+ is not started: "
+_RAISED_AT = re.compile(r"raised NotImplementedError at (?P<path>[^\s:()`]+\.py):(?P<line>\d+)")
+
+
+def not_written(case) -> bool:
+    return case.outcome == "failed" and re.search(NOT_WRITTEN, case.message or "") is not None
+
+
+def unwritten_function(message: str) -> str | None:
+    """The name of the function holding the raise the message points at ("plan"), or None."""
+    import ast
+    from pathlib import Path
+
+    from drills.lessons import ROOT
+
+    found = _RAISED_AT.search(message or "")
+    if found is None:
+        return None
+    path, line = Path(found["path"]), int(found["line"])
+    try:
+        tree = ast.parse((path if path.is_absolute() else ROOT / path).read_text())
+    except (OSError, SyntaxError, ValueError):
+        return None
+    best = None
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.lineno <= line <= node.end_lineno
+        ):
+            if best is None or node.lineno > best.lineno:  # the innermost
+                best = node
+    return best.name if best is not None else None
+
+
+def _unwritten_finding(cases, stages) -> Finding:
+    """ "stage N not written yet: function X" for the earliest stage whose cases hit a not-started raise."""
+    from drills.grading.report import stage_of
+
+    hits = [c for c in cases if not_written(c)]
+    if stages:
+        first = min(hits, key=lambda c: stage_of(c.id, list(stages)))
+        stage = f"stage {stage_of(first.id, list(stages)) + 1} not written yet"
+    else:
+        first, stage = hits[0], "not written yet"
+    # The function is named by a case whose message says where it raised (one that expected an
+    # exception quotes the raise's words only).
+    same_stage = [
+        c for c in hits if not stages or stage_of(c.id, list(stages)) == stage_of(first.id, list(stages))
+    ]
+    located = [c for c in same_stage if _RAISED_AT.search(c.message or "")] or [
+        c for c in hits if _RAISED_AT.search(c.message or "")
+    ]
+    first = located[0] if located else first
+    name = unwritten_function(first.message)
+    what = f"function {name}" if name else "a function still raises the stub's NotImplementedError"
+    evidence = (f"{first.id} failed", *_evidence(first)[1:])
+    return Finding(0, f"{stage}: {what}", evidence, True, None, "not_written")
+
+
+NOT_REFUSED_TITLE = "your code accepted input it must refuse, and went on to compute with it"
+
+
+def _not_refused(case) -> bool:
+    """A bad-input check met the not-from-kernel verdict: torch computed on the bad input the learner's
+    launcher let through (a float context_lens summed, maxed...), where a ValueError/TypeError belonged."""
+    return (
+        re.search(BAD_INPUT_CHECK, case.id.split("[", 1)[0]) is not None
+        and (generic_kind(case.message) or ("",))[0] == "not_from_kernel"
+    )
+
+
 DTYPE_TITLE = (
     "a dtype written into the code: only some dtypes' cases fail (tl.float16 where the tensors' own dtype "
     "belongs?)"
@@ -171,22 +261,48 @@ def generic_kind(message: str) -> tuple[str, str] | None:
     return None
 
 
-def diagnose(cases, mistakes, titles: dict[int, str] | None = None, limit: int = 2) -> list[Finding]:
+def diagnose(
+    cases, mistakes, titles: dict[int, str] | None = None, limit: int = 2, stages=()
+) -> list[Finding]:
     """The most likely mistakes, best first (at most `limit`); [] when nothing failed.
 
-    titles: pitfall number -> its title in the explainer (for the Finding's title)."""
+    titles: pitfall number -> its title in the explainer (for the Finding's title); stages: the grader's
+    STAGES (drills/grading/report.py), to say which stage a function not written yet belongs to."""
     titles = titles or {}
     failing = [c for c in cases if c.outcome == "failed"]
     if not failing:
         return []
+    if any(not_written(c) for c in failing):
+        # A stub's raise says which function is missing, not which pitfall: those cases are set aside
+        # (as if skipped here) and the rest are diagnosed; when nothing else failed, that is the finding.
+        from dataclasses import replace
+
+        written = [replace(c, outcome="skipped") if not_written(c) else c for c in cases]
+        if not any(c.outcome == "failed" for c in written):
+            return [_unwritten_finding(cases, stages)]
+        return diagnose(written, mistakes, titles, limit, stages) or [_unwritten_finding(cases, stages)]
     scored = [score(m, cases) for m in mistakes]
     scored = [s for s in scored if s.total > 0]
     consistent = [s for s in scored if s.held == s.total]
     # The most specific consistent mistake first; ties go to the one explaining more failures, then
     # to the order of the lesson's list.
     consistent.sort(key=lambda s: (-s.total, -len(s.witnesses), mistakes.index(s.mistake)))
-    # torch (or Python, on values read to the host) computing beside the kernel: never a kernel's bug.
-    refused = [c for c in failing if re.search(r"torch computed floats", c.message or "")]
+    # A pitfall that leaves finite values does not explain NaN or inf: when every failure the best
+    # consistent one explains shows NaN or inf and it does not claim them, the NaN's reading comes first.
+    nan = nan_cases(cases)
+    if nan and not only_one_dtype_fails(cases) and not any(claims_nan(s.mistake, cases) for s in consistent):
+        top = consistent[:1] if consistent and all(c in nan for c in consistent[0].witnesses) else []
+        if top or not consistent:
+            found = [Finding(0, NAN_TITLE, _evidence(nan[0]), True, None, "nan")]
+            rest = top or [s for s in scored if s.held > 0 and s.witnesses]
+            rest.sort(key=lambda s: (-s.held / s.total, -s.held, mistakes.index(s.mistake)))
+            found += [_finding(s, s.held == s.total, titles) for s in rest[:1]]
+            return found[:limit]
+    # torch (or Python, on values read to the host) computing beside the kernel: never a kernel's bug,
+    # unless the grader itself passed that input as bad and the learner's code let it through.
+    refused = [
+        c for c in failing if re.search(r"torch computed floats", c.message or "") and not _not_refused(c)
+    ]
     if refused and not any(
         any(re.search(rx, refused[0].message or "") for rx in s.mistake.messages) for s in consistent
     ):
@@ -214,6 +330,21 @@ def diagnose(cases, mistakes, titles: dict[int, str] | None = None, limit: int =
         return [Finding(0, REFUSED_TITLE, _evidence(own), True, None, "refused_valid")]
     first = failing[0]
     generic = generic_kind(first.message)
+    unrefused = [c for c in failing if _not_refused(c)]
+    honest = [
+        c
+        for c in failing
+        if (generic_kind(c.message) or ("",))[0] == "not_from_kernel" and c not in unrefused
+    ]
+    if unrefused and not honest:
+        # The only not-from-kernel verdicts are on bad input the learner's code let through.
+        head, *why = _evidence(unrefused[0])
+        why = [
+            re.sub(r"^the output did not come from your kernel: ", "instead of refusing it, ", w) for w in why
+        ]
+        findings.append(Finding(0, NOT_REFUSED_TITLE, (head, *why), True, None, "not_refused"))
+        if first in unrefused:
+            generic = None
     partial = [s for s in scored if s.held > 0 and s.witnesses]
     partial.sort(key=lambda s: (-s.held / s.total, -s.held, mistakes.index(s.mistake)))
     if generic is not None:

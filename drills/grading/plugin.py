@@ -242,7 +242,8 @@ def findings_for(session, stem: str, cases: list) -> list[dict]:
     mistakes = list(_module_attr(session, stem, "MISTAKES"))
     lesson = find(stem)
     titles = {p.number: p.title for p in explainer.pitfalls(lesson)}
-    return [grading.finding_dict(f) for f in diagnose.diagnose(cases, mistakes, titles)]
+    stages = list(_module_attr(session, stem, "STAGES"))  # which stage a function not written yet is in
+    return [grading.finding_dict(f) for f in diagnose.diagnose(cases, mistakes, titles, stages=stages)]
 
 
 def _findings(session) -> dict:

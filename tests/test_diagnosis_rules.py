@@ -1,0 +1,207 @@
+"""The diagnosis's general rules, which hold in every lesson (drills/grading/diagnose.py, report.py):
+
+- NaN or inf in a result is read as its symptom (a masked load without other=, or an exponential without
+  its max shift), before a pitfall that leaves finite values;
+- a function still raising the stub's NotImplementedError is "stage N not written yet: function X";
+- "did not come from your kernel" is not said of a bad-input check the learner's code let through;
+- no line blames the grader ("grader bug") for what the learner's code decides;
+- no line is cut mid-word.
+
+The first half feeds diagnose() results by hand (no grading); the second plants each mistake in a
+reference as a mutant's token edit and grades a few checks of it, as `make test` would (a few seconds to
+half a minute each, under the interpreter).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from drills.grading import diagnose, report, run
+from drills.grading.diagnose import Mistake
+from drills.grading.report import Case, Stage
+from drills.lessons import find
+from drills.mutants import Mutant
+from tests.test_learner_tools import _solution_with_stub_raise
+
+
+def case(case_id, outcome="failed", message=""):
+    return Case(case_id, case_id.split("[", 1)[0], outcome, message)
+
+
+NAN_MESSAGE = "12 NaN/inf values where the reference is finite; first at [row=0, d=0] = nan"
+WRONG = "relative error ||out - ref|| / ||ref|| = 0.4 (allowed 0.01); ||out|| / ||ref|| = 1.1"
+
+
+# --- The rules, on results given by hand ------------------------------------------------------------
+
+
+def test_nan_is_read_before_a_pitfall_that_leaves_finite_values():
+    mistakes = [Mistake(5, fails=("test_merge",))]  # a merge without lse: wrong, finite values
+    found = diagnose.diagnose(
+        [case("test_merge", message=NAN_MESSAGE), case("test_other", "passed")], mistakes
+    )
+    assert [f.kind for f in found] == ["nan", ""] and found[1].pitfall == 5, found
+    assert "without other=" in found[0].title and "max shift" in found[0].title
+    # The same pitfall with finite wrong values is named first, as before.
+    found = diagnose.diagnose([case("test_merge", message=WRONG)], mistakes)
+    assert found[0].pitfall == 5 and found[0].consistent
+
+
+def test_a_pitfall_that_claims_nan_is_still_named_first():
+    mistakes = [Mistake(5, fails=("test_merge",)), Mistake(10, fails=("test_empty",), messages=("NaN",))]
+    cases = [case("test_merge", message=NAN_MESSAGE), case("test_empty", message=NAN_MESSAGE)]
+    assert diagnose.diagnose(cases, mistakes)[0].pitfall == 10
+
+
+def test_nan_with_no_pitfall_consistent_is_named_as_nan():
+    mistakes = [Mistake(3, fails=("test_big",), passes=("test_small",))]
+    cases = [case("test_big", message=NAN_MESSAGE), case("test_small", message=NAN_MESSAGE)]
+    found = diagnose.diagnose(cases, mistakes)
+    assert found[0].kind == "nan", found
+
+
+NOT_STARTED = (
+    "your code raised NotImplementedError at {path}:{line} (`raise NotImplementedError(`): f2 is not "
+    "started: fill in plan() and the kernels in drills/mine/f2_cascade_decode.py, then delete this line"
+)
+
+
+def test_a_stage_not_written_names_the_stage_and_the_function(tmp_path):
+    path = tmp_path / "f2_cascade_decode.py"
+    path.write_text(
+        "def merge():\n    return 1\n\n\ndef plan(x):\n    '''doc'''\n    raise NotImplementedError('no')\n"
+    )
+    raised = NOT_STARTED.format(path=path, line=7)
+    stages = [
+        Stage("merge", ("test_merge*",)),
+        Stage("cuts", ("test_plan*",)),
+        Stage("planner", ("test_auto",)),
+    ]
+    cases = [
+        case("test_merge_a", "passed"),
+        case("test_plan_a", message=raised),
+        case("test_auto", message=raised),
+    ]
+    mistakes = [Mistake(5, fails=("test_plan_a",))]  # it fits the pattern, and says nothing here
+    found = diagnose.diagnose(cases, mistakes, stages=stages)
+    assert [(f.kind, f.title) for f in found] == [("not_written", "stage 2 not written yet: function plan")]
+    # Unstaged: the same words without a stage; and a real failure beside it is diagnosed first.
+    assert diagnose.diagnose(cases, [])[0].title == "not written yet: function plan"
+    cases.append(case("test_merge_b", message=WRONG))
+    assert diagnose.diagnose(cases, [Mistake(1, fails=("test_merge_b",))])[0].pitfall == 1
+
+
+FLOATS = (
+    "the output did not come from your kernel: torch computed floats during the call (torch's max); the "
+    "launcher may allocate, view, copy and convert tensors, and the kernel computes"
+)
+
+
+def test_bad_input_let_through_is_a_missing_check_not_a_kernel_that_is_not_yours():
+    cases = [
+        case("test_plan_rejects_bad_arguments[lengths_float_tensor]", message=FLOATS),
+        case("test_x", "passed"),
+    ]
+    found = diagnose.diagnose(cases, [])
+    assert [f.kind for f in found] == ["not_refused"], found
+    assert not any("did not come from your kernel" in line for line in (found[0].title, *found[0].evidence))
+    # On a check that passes valid input, torch computing the answer is still said to be that.
+    found = diagnose.diagnose([case("test_worked_example", message=FLOATS)], [])
+    assert found[0].kind == "not_from_kernel"
+
+
+def test_no_line_blames_the_grader_for_the_learners_code():
+    lesson = find("c1")
+    failed = case("test_preemption", message="no request was preempted (grader bug?)")
+    found = [report.finding_dict(f) for f in diagnose.diagnose([failed], [])]
+    screen = report.render(lesson, [failed], "drills/mine/c1_engine.py", 0, True, found)
+    assert not any("grader bug" in line for line in screen), screen
+    assert any("no request was preempted" in line for line in screen), screen
+
+
+def test_lines_are_cut_at_a_word_boundary():
+    text = "  " + " ".join(["the kernel computed a length"] * 12)
+    cut = report.clip(text, 100)
+    assert len(cut) <= 100 and cut.endswith("...")
+    assert text.startswith(cut[:-3]) and text[len(cut) - 3] == " ", cut  # the next character is a space
+
+
+# --- The rules, on planted mistakes graded as `make test` grades a learner's file ------------------------
+
+
+def plant(lesson_id, tmp_path, *edits, source=None):
+    """The lesson's reference (or `source`) with each (old, new) token edit applied, as a learner's file."""
+    lesson = find(lesson_id)
+    text = source if source is not None else lesson.solution.read_text()
+    for i, (old, new) in enumerate(edits):
+        text = Mutant(f"planted{i}", "0. planted", old, new).apply(text)
+    path = tmp_path / f"{lesson.stem}.py"
+    path.write_text(text)
+    return lesson, path
+
+
+F2_LSE_LOAD = (
+    'lse = tl.load(lse_part_ptr + b * stride_lb + h * stride_lh + slot, mask=s_mask, other=float("-inf"))'
+)
+
+
+@pytest.mark.parametrize(
+    "lesson_id,edits,checks",
+    [
+        (  # the merge's lse loaded without other=: the masked-off slots read NaN
+            "f2",
+            [(F2_LSE_LOAD, F2_LSE_LOAD.replace(', other=float("-inf")', ""))],
+            "test_merge_states_equals_one_shot_softmax",
+        ),
+        (  # the merge weighs each part by e^lse itself: fp32 overflows past lse = 88
+            "f2",
+            [
+                (
+                    'm_ref = tl.where(m_new == float("-inf"), 0.0, m_new)',
+                    'm_ref = tl.where(m_new == float("-inf"), 0.0, 0.0)',
+                ),
+                (
+                    'lse_out = tl.where(seen, m + tl.log(w_safe), float("-inf"))',
+                    'lse_out = tl.where(seen, tl.log(w_safe), float("-inf"))',
+                ),
+            ],
+            "test_merge_states_lse_beyond_fp32_exp_range or test_merge_states_equals_one_shot_softmax",
+        ),
+    ],
+    ids=["f2_load_without_other", "f2_merge_without_max_shift"],
+)
+def test_planted_nan_is_named_as_nan(tmp_path, lesson_id, edits, checks):
+    lesson, path = plant(lesson_id, tmp_path, *edits)
+    result = run.grade(lesson, file=path, extra=["-k", checks])
+    assert result.state == "failing", (result.state, result.message)
+    assert result.findings[0]["kind"] == "nan", result.screen()
+    assert any("a masked tl.load without other=" in line for line in result.screen())
+
+
+def test_planted_stage_not_written_is_named_with_its_function(tmp_path):
+    lesson = find("f2")
+    path = tmp_path / f"{lesson.stem}.py"
+    path.write_text(_solution_with_stub_raise(lesson, "plan"))
+    result = run.grade(lesson, file=path, extra=["-k", "test_merge_states_equals or test_lse_is_natural_log"])
+    screen = result.screen()
+    assert "likely mistake: stage 2 not written yet: function plan" in screen, screen
+    assert not any("pitfall" in line for line in screen if line.startswith(("likely", "or else"))), screen
+
+
+def test_planted_float_lengths_let_through_are_a_missing_check(tmp_path):
+    lesson, path = plant(
+        "f1",
+        (
+            "    max_len = max(lens)\n",
+            "    max_len = int(context_lens.max()) if torch.is_tensor(context_lens) else max(lens)\n",
+        ),
+        (
+            "lens = validate.decode_plan_args(\n        context_lens, num_kv_heads, page_size, num_sms, num_splits\n    )",
+            "lens = validate.decode_plan_args(\n        context_lens.long() if torch.is_tensor(context_lens) else "
+            "context_lens, num_kv_heads, page_size, num_sms, num_splits\n    )",
+        ),
+    )
+    result = run.grade(lesson, file=path, extra=["-k", "test_plan_rejects_bad_arguments"])
+    screen = result.screen()
+    assert result.findings[0]["kind"] == "not_refused", screen
+    assert not any("did not come from your kernel" in line for line in screen), screen
