@@ -16,7 +16,7 @@ import torch
 from drills.compare import assert_close, assert_untouched, mismatch
 from drills.grading.bigmem import WRAP, free_bytes, rows_past_int32
 from drills.grading.diagnose import Mistake
-from drills.grading.launches import assert_runs_a_triton_kernel, record_launches
+from drills.grading.launches import assert_grids_fit, assert_runs_a_triton_kernel, record_launches
 from drills.tests import bf16_everywhere, seeded, sizes
 
 # The explainer's hand trace of x = [2, 1, 4, 3], one element per block, to four decimals.
@@ -655,6 +655,19 @@ def test_out_is_allocated_when_not_given(impl, runtime):
     out = impl.online_softmax(x)
     assert out.shape == x.shape and out.dtype == x.dtype and out.device == x.device
     assert_close(out, softmax_reference(x), ("row", "col"))
+
+
+# --- The grid fits a GPU at every size the launcher admits ------------------------------------------
+
+
+@pytest.mark.parametrize("fn", ["softmax_stats", "online_softmax"])
+def test_grid_fits_cuda_limits_at_largest_sizes(impl, runtime, fn):
+    """70,000 rows, more than the 65535 programs CUDA allows on grid axes 1 and 2 (axis 0 allows
+    2**31 - 1), in two splits: rows on axis 0, splits (at most 1024) on axis 1. A grid of (splits, M)
+    launches on the CPU and fails on a GPU with "invalid argument". Run dry (every launch recorded and
+    checked, none run), so 4 columns a row cost nothing."""
+    x = torch.zeros(70_000, 4, device=runtime.device)  # [M, N]: M past 65535
+    assert_grids_fit(impl, lambda: getattr(impl, fn)(x, splits=2), f"{fn} of 70,000 rows in 2 splits")
 
 
 # --- Diagnosis: which pitfall of drills/content/t4_online_softmax.md a pattern of results points to -------
