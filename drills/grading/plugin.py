@@ -8,6 +8,7 @@ for a stem in drills/lessons.py), such as the learner tools' own tests, are run 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -48,6 +49,17 @@ def pytest_addoption(parser):
         help="also write the grading results as JSON here (make mutants' forked gradings)",
     )
     parser.addoption(
+        "--drills-coverage",
+        default=None,
+        help="make mutants: trace the graded file and write which of its lines each check ran, as JSON here",
+    )
+    parser.addoption(
+        "--drills-assume",
+        default=None,
+        help="make mutants: a JSON list of the reference's cases that cannot see the mutant (not run; "
+        "recorded with the reference's outcome; drills/grading/selection.py)",
+    )
+    parser.addoption(
         "--drills-report-fd",
         type=int,
         default=None,
@@ -60,6 +72,9 @@ NOT_STARTED = pytest.StashKey[list]()
 IMPORT_ERRORS = pytest.StashKey[list]()
 RESULTS = pytest.StashKey[dict]()
 FINDINGS = pytest.StashKey[dict]()  # stem -> the diagnosis, as the report stores it
+ORDER = pytest.StashKey[list]()  # case ids in the grader's order (when some were left out: make mutants)
+GENERATION = pytest.StashKey[int]()  # the learner process's generation when its trace started
+COVERAGE = pytest.StashKey[dict]()  # case id -> lines of the graded file it ran (None: unknown)
 # RESULTS: stem -> {case id: grading.Case}, in the order the cases ran
 # NOT_STARTED and IMPORT_ERRORS hold (stem, the one line to print) pairs
 LESSON_STEMS = {lesson.stem for lesson in LESSONS}
@@ -179,6 +194,74 @@ def pytest_collection_modifyitems(session, config, items):
         config.stash[NOT_STARTED] = lines
         config.stash[IMPORT_ERRORS] = errors
         items.clear()
+        return
+    if config.getoption("drills_coverage"):
+        config.stash[COVERAGE] = {}
+        for learner in config.stash.get(LOADED, {}).values():
+            learner.request("coverage", "start")
+            config.stash[GENERATION] = learner.generation
+    if config.getoption("drills_assume"):
+        _leave_out_assumed(config, items)
+
+
+def _leave_out_assumed(config, items) -> None:
+    """Deselect the checks that cannot see the mutant graded (selection.py) and record each with the
+    reference's outcome, so that the diagnosis reads the same pattern as a full run."""
+    assumed = {case["id"]: case for case in json.loads(Path(config.getoption("drills_assume")).read_text())}
+    config.stash[ORDER] = [item.nodeid.split("::")[-1] for item in items]
+    keep, dropped = [], []
+    for item in items:
+        case = assumed.get(item.nodeid.split("::")[-1])
+        stem = _stem(item.path)
+        if case is None or stem is None:
+            keep.append(item)
+            continue
+        dropped.append(item)
+        config.stash.setdefault(RESULTS, {}).setdefault(stem, {})[case["id"]] = grading.Case(
+            case["id"], case["check"], case["outcome"], case.get("message", "")
+        )
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = keep
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """With --drills-coverage: after each check, which lines of the graded file it ran."""
+    yield
+    coverage = item.config.stash.get(COVERAGE, None)
+    if coverage is None or _stem(item.path) is None:
+        return
+    learner = item.config.stash.get(LOADED, {}).get(_stem(item.path))
+    case_id = item.nodeid.split("::")[-1]
+    try:
+        if learner is None or not learner.alive() or learner.generation != item.config.stash[GENERATION]:
+            raise RuntimeError("the learner's process was restarted: its trace is incomplete")
+        coverage[case_id] = learner.request("coverage", "take")
+    except Exception:  # noqa: BLE001 - unknown coverage: the check always runs
+        coverage[case_id] = None
+        if learner is not None and learner.alive():
+            learner.request("coverage", "start")
+            item.config.stash[GENERATION] = learner.generation
+
+
+def _write_coverage(config) -> None:
+    path = config.getoption("drills_coverage")
+    coverage = config.stash.get(COVERAGE, None)
+    if not path or coverage is None:
+        return
+    order, cases = [], {}
+    for stem_cases in config.stash.get(RESULTS, {}).values():
+        for case_id, case in stem_cases.items():
+            order.append(case_id)
+            cases[case_id] = {
+                "id": case.id,
+                "check": case.check,
+                "outcome": case.outcome,
+                "message": case.message,
+                "lines": coverage.get(case_id),
+            }
+    Path(path).write_text(json.dumps({"order": order, "cases": cases}))
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -268,6 +351,14 @@ def pytest_sessionfinish(session, exitstatus):
         session.exitstatus = 1  # the file under test does not import: it does not pass
     elif not_started:
         session.exitstatus = NOT_STARTED_EXIT  # non-zero, and unlike pytest's own codes
+    _write_coverage(config)
+    order = config.stash.get(ORDER, None)
+    if order is not None:  # checks left out were recorded first: put every case back in the grader's order
+        rank = {case_id: n for n, case_id in enumerate(order)}
+        for stem, cases in config.stash.get(RESULTS, {}).items():
+            config.stash[RESULTS][stem] = dict(
+                sorted(cases.items(), key=lambda kv: rank.get(kv[0], len(rank)))
+            )
     path, fd = config.getoption("--drills-report"), config.getoption("--drills-report-fd")
     if path or fd is not None:
         findings = _findings(session)

@@ -3,17 +3,23 @@ must fail its grader and be diagnosed as its own pitfall (`make mutants`, and `m
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 
-def grade_mutants(lesson_id: str | None = None, gpu_only: bool = False) -> int:
+def grade_mutants(lesson_id: str | None = None, gpu_only: bool = False, full: bool = False) -> int:
     """Grade every declared mutant of each lesson's solution: each must fail its grader AND be diagnosed
     as its own pitfall (the summary a learner with that mistake would read names it first). GPU-only
     mutants run only on a GPU; with gpu_only (make check on a GPU) only those run.
 
     Each mutant is graded as `make test` grades a learner's file. On the CPU the gradings are forked
     from one warm process (drills/grading/warm.py: no second of imports per grading), and those of all
-    lessons share the cores, printed lesson by lesson."""
+    lessons share the cores, printed lesson by lesson.
+
+    There, each mutant runs only the checks that can see it (drills/grading/selection.py: the others
+    execute exactly the reference's code and keep its verdict), and one mutant per lesson is also graded
+    in full, its verdict and named pitfall compared with the selected run's (every mutant with full,
+    `make mutants FULL=1`): a selection that changed a verdict is a failure of make mutants."""
     import contextlib
     import tempfile
     import time
@@ -26,6 +32,7 @@ def grade_mutants(lesson_id: str | None = None, gpu_only: bool = False) -> int:
 
     on_gpu = not drills.runtime.current().interpreter
     failures = graded = 0
+    checks_run = [0, 0]  # checks run, checks in all (the selected gradings)
     counts = []
     began = time.monotonic()
     with contextlib.ExitStack() as stack:
@@ -43,6 +50,7 @@ def grade_mutants(lesson_id: str | None = None, gpu_only: bool = False) -> int:
             ]
             failures += len(lines)
             todo = []
+            coverage = None if forks is None else jobs.submit(reference_coverage, lesson, forks, folder)
             for m, mutated, problem in mutate(lesson):
                 if m.gpu_only and not on_gpu:
                     lines.append(f"  {m.name:34} skipped on the CPU: only a GPU exposes it ({m.pitfall})")
@@ -56,7 +64,10 @@ def grade_mutants(lesson_id: str | None = None, gpu_only: bool = False) -> int:
                 path = folder / lesson.stem / m.name / f"{lesson.stem}.py"  # named as the learner's file
                 path.parent.mkdir(parents=True)
                 path.write_text(mutated)
-                todo.append((m, jobs.submit(run.grade, lesson, file=path, pool=forks)))
+                compare = full or not any(not t[0].gpu_only for t in todo)  # the first CPU mutant: a sample
+                todo.append(
+                    (m, jobs.submit(grade_selected, lesson, path, mutated, forks, coverage, folder, compare))
+                )
             plans.append((lesson, len(mutants), lines, todo))
         for lesson, total, lines, todo in plans:
             print(f"== {lesson.id}: {total} mutants ==", flush=True)
@@ -64,7 +75,13 @@ def grade_mutants(lesson_id: str | None = None, gpu_only: bool = False) -> int:
                 print(line, flush=True)
             diagnosed = 0
             for m, grading in todo:
-                verdict, ok = mutant_verdict(m, grading.result())
+                result, ran, unsound = grading.result()
+                verdict, ok = mutant_verdict(m, result)
+                if ran is not None:
+                    checks_run[0] += ran
+                    checks_run[1] += len(result.cases)
+                if unsound:
+                    verdict, ok = f"{verdict}; SELECTION UNSOUND: {unsound}", False
                 diagnosed += ok
                 failures += not ok
                 print(f"  {m.name:34} {verdict}", flush=True)
@@ -77,6 +94,8 @@ def grade_mutants(lesson_id: str | None = None, gpu_only: bool = False) -> int:
         + ("every mutant killed and diagnosed" if not failures else f"{failures} problems")
         + f" ({graded} graded in {took // 60:.0f} min {took % 60:.0f} s)"
     )
+    if checks_run[1]:
+        print(f"checks run: {checks_run[0]} of {checks_run[1]} (the rest cannot see their mutant)")
     return 1 if failures else 0
 
 
@@ -115,3 +134,70 @@ def mutant_verdict(m, result) -> tuple[str, bool]:
         return f"killed, diagnosed as pitfall {named}   [{m.pitfall}]", True
     said = f"pitfall {named}" if named else (top.get("title") or "nothing")
     return f"killed by {first_failed} but DIAGNOSED AS {said}   [{m.pitfall}]", False
+
+
+CRASHED = ("your code ended the process that runs it", "your code did not return within")
+
+
+def reference_coverage(lesson, pool, folder: Path) -> dict | None:
+    """The map "check -> lines of the reference it ran", from the cache or from one traced grading of
+    the reference; None when the reference does not pass (then every mutant runs every check)."""
+    from drills.grading import run, selection
+
+    cached = selection.load_coverage(lesson)
+    if cached is not None:
+        return cached
+    out = folder / f"{lesson.stem}.coverage.json"
+    result = run.grade(lesson, impl="solutions", pool=pool, extra=[f"--drills-coverage={out}"])
+    if not result.passed or not out.exists():
+        return None
+    data = json.loads(out.read_text())
+    selection.save_coverage(lesson, data)
+    return data
+
+
+def grade_selected(lesson, path: Path, mutated: str, pool, coverage, folder: Path, compare: bool):
+    """(the grade, how many checks ran or None for a full run, why the selection was unsound or None).
+    Graded with only the checks that can see the mutant; in full when none can be left out, when a
+    selected check crashed or timed out, or on a GPU (pool None). With compare, also in full, and the
+    two must agree on the verdict and the named pitfall."""
+    from drills.grading import run, selection
+
+    coverage = coverage.result() if coverage is not None else None
+    if coverage is None:
+        return run.grade(lesson, file=path, pool=pool), None, None
+    reference = lesson.solution.read_text()
+    assumed = selection.assumed(coverage, selection.changed_lines(reference, mutated))
+    if not assumed:
+        return run.grade(lesson, file=path, pool=pool), None, None
+    plan = path.with_name("assumed.json")
+    plan.write_text(json.dumps(assumed))
+    result = run.grade(lesson, file=path, pool=pool, extra=[f"--drills-assume={plan}"])
+    broken = result.state not in ("passing", "failing") or any(
+        c.outcome == "failed" and c.message.startswith(CRASHED) for c in result.cases
+    )
+    if broken:  # a selected check that crashed or hung could hide what the others would show
+        return run.grade(lesson, file=path, pool=pool), None, None
+    unsound = None
+    if compare:
+        whole = run.grade(lesson, file=path, pool=pool)
+        unsound = disagreement(result, whole)
+    return result, len(result.cases) - len(assumed), unsound
+
+
+def disagreement(selected, whole) -> str | None:
+    """Why a selected grading's verdict differs from the full one's, or None when they agree: the state,
+    each check's outcome, and the pitfall the diagnosis names first."""
+    if selected.state != whole.state:
+        return f"the selected run is {selected.state}, the full run {whole.state}"
+    outcomes = {c.id: c.outcome for c in whole.cases}
+    for c in selected.cases:
+        if outcomes.get(c.id) != c.outcome:
+            return f"{c.id} {c.outcome} in the selected run, {outcomes.get(c.id)} in the full run"
+    named = [
+        (g.findings[0].get("pitfall"), g.findings[0].get("title")) if g.findings else None
+        for g in (selected, whole)
+    ]
+    if named[0] != named[1]:
+        return f"the selected run names {named[0]}, the full run {named[1]}"
+    return None
