@@ -156,4 +156,17 @@ MUTANTS = [
         "GROUP=group,",
         "GROUP=next_pow2(group),",
     ),
+    # The caches share strides in every other case: only a V laid out unlike K shows the copied line.
+    Mutant(
+        "v_strides_taken_from_k",
+        "20. V read through K's strides: the launch passes k_cache.stride() for V",
+        "kv_args += v_cache.stride()[:3]",
+        "kv_args += k_cache.stride()[:3]",
+    ),
+    Mutant(
+        "head_dim_tile_capped_at_128",
+        "21. the feature tile capped at 128: D = 256 is read and written half",
+        "PAGE=PAGE,\n        D=D,\n        BLOCK_N=BLOCK_N,",
+        "PAGE=PAGE,\n        D=min(D, 128),\n        BLOCK_N=BLOCK_N,",
+    ),
 ]

@@ -13,10 +13,11 @@ import torch
 
 from drills.compare import assert_close, mismatch
 from drills.grading.diagnose import Mistake
-from drills.grading.launches import assert_runs_a_triton_kernel
+from drills.grading.launches import assert_grids_fit, assert_runs_a_triton_kernel
 from drills.grading.report import Stage
 from drills.tests import bf16_everywhere, fill_past_fp16_range, seeded, sizes
 from drills.tests.paged_kv import (
+    HEAD_DIMS,
     PagedCase,
     call_with_canary_out,
     grouping_cases,
@@ -31,11 +32,19 @@ from drills.tests.paged_kv import (
     shift_scores,
     spoiled_call,
     strided_q,
+    v_strides_unlike_k,
     with_entry,
 )
 
 DIMS = ("b", "head", "d")
 LOG2E, LN2 = 1 / math.log(2), math.log(2)  # a base-2 lse is the natural one times LOG2E
+
+# What split_kv_decode admits, in one place (drills/validate.py): the cases that cross a bound draw here.
+DOMAIN = dict(
+    head_dims=HEAD_DIMS,  # powers of two from 16 to 256
+    pages=tuple(2**i for i in range(8)),  # PAGE from 1 to 128; below 16 a tile gathers token by token
+    dtypes=(torch.float16, torch.bfloat16),
+)
 
 
 def check(impl, case, plan=None, scale=None):
@@ -221,6 +230,27 @@ def test_cache_strides_are_used(impl, runtime, PAGE):
     token and head strides all differ from a contiguous cache's. PAGE = 4 gathers token by token."""
     case = in_layer_pool(make_paged_case([40, 9], 8, 2, 64, PAGE, device=runtime.device, stream=22 + PAGE))
     check(impl, case, plan=impl.plan(case.context_lens, 2, PAGE, num_splits=2))
+
+
+def test_v_is_read_through_its_own_strides(impl, runtime):
+    """v_cache head-major (its token and head strides swapped against k_cache's, the block stride the
+    same): a launch that hands the kernel K's strides for V reads V's wrong tokens and heads. Unsplit
+    and split on the one-page tile (PAGE = 16), split on the token-by-token gather (PAGE = 4)."""
+    for PAGE, splits in ((16, (1, 2)), (4, (2,))):
+        case = make_paged_case([40, 9], 8, 2, 64, PAGE, device=runtime.device, stream=24 + PAGE)
+        case = v_strides_unlike_k(case)
+        for n in splits:
+            check(impl, case, plan=impl.plan(case.context_lens, 2, PAGE, num_splits=n))
+
+
+def test_widest_head_dim_is_read_whole(impl, runtime):
+    """D = 256, the widest head dim the launcher admits, on one KV head and two pages, unsplit and split:
+    a feature tile capped at 128 scores with half of q and k and leaves half of each output row (and of
+    each partial the merge reads) unwritten, yet passes every case up to D = 128."""
+    D = max(DOMAIN["head_dims"])
+    case = make_paged_case([19], 2, 1, D, 16, device=runtime.device, stream=26)
+    for n in (1, 2):
+        check(impl, case, plan=impl.plan(case.context_lens, 1, 16, num_splits=n))
 
 
 def test_lse_is_natural_log(impl, runtime):
@@ -651,6 +681,37 @@ def test_tolerance_rejects_zeros(runtime):
     assert mismatch(torch.zeros_like(ref).half(), ref) is not None
 
 
+# --- The grid fits a GPU at every size the launcher admits ------------------------------------------
+
+
+def _many_short_sequences(device, B=70_000, pages=2):
+    """B sequences (more than the 65535 programs CUDA allows on grid axes 1 and 2) of one head of
+    D = 16, every table row pointing at blocks 0 and 1 of a two-block cache: nothing else grows with B."""
+    PAGE, D = 16, 16
+    q = torch.zeros(B, 1, D, dtype=torch.float16, device=device)  # [B, Hq, D]
+    k_cache = torch.zeros(pages, PAGE, 1, D, dtype=torch.float16, device=device)  # [blocks, PAGE, Hkv, D]
+    block_tables = torch.arange(pages, dtype=torch.int32, device=device).repeat(B, 1)  # [B, pages]
+    context_lens = torch.full((B,), pages * PAGE, dtype=torch.int32, device=device)  # [B]
+    return q, k_cache, torch.zeros_like(k_cache), block_tables, context_lens
+
+
+@pytest.mark.parametrize("splits", [1, 2])
+def test_grid_fits_cuda_limits_at_largest_sizes(impl, runtime, splits):
+    """70,000 sequences in one decode step: more than the 65535 programs CUDA allows on grid axes 1 and
+    2 (axis 0 allows 2**31 - 1), so sequences belong on axis 0, in the split kernel and in the merge
+    (splits = 2). A grid with sequences on axis 1 or 2 launches on the CPU and fails on a GPU with
+    "invalid argument". Run dry (every launch recorded and checked, none run), without the value
+    checks, which the other tests cover."""
+    q, k_cache, v_cache, block_tables, context_lens = _many_short_sequences(runtime.device)
+    decode_plan = impl.plan(context_lens, 1, k_cache.shape[1], num_splits=splits)
+    assert_grids_fit(
+        impl,
+        lambda: impl.split_kv_decode(
+            q, k_cache, v_cache, block_tables, context_lens, plan=decode_plan, return_lse=True, check=False
+        ),
+        f"split_kv_decode of 70,000 sequences in {splits} split(s)",
+    )
+
 # --- Stages: merge, then fixed splits, then the planner (make test and make progress say which) ------
 # Stage 2's checks force their split count through plan(num_splits=k) (or a DecodePlan made here), so
 # plan()'s own choice (num_splits=None) is stage 3's alone; a case no pattern names is stage 3's.
@@ -677,6 +738,8 @@ STAGES = [
             "test_q_strides_are_used",
             "test_table_rows_are_read_through_their_stride",
             "test_cache_strides_are_used",
+            "test_v_is_read_through_its_own_strides",
+            "test_widest_head_dim_is_read_whole",
             "test_lse_is_natural_log",
             "test_last_page_is_masked",
             "test_kv_head_grouping_is_contiguous",
@@ -947,5 +1010,23 @@ MISTAKES = [
         question="One sequence passes and two overwrite the canary around out: out is a view into a wider "
         "buffer, so how far apart are its rows, and which distance does your launch pass for them?",
         section="3.1",
+    ),
+    Mistake(
+        20,
+        fails=("test_v_is_read_through_its_own_strides",),
+        # K's token stride steps past V's real slots into the NaN that poisons every stale one.
+        messages=(r"\bNaN\b",),
+        passes=(EVERY_SPLIT, "test_cache_strides_are_used", "test_q_strides_are_used"),
+        question="v_cache's token and head strides differ from k_cache's here: which strides does your "
+        "launch pass the kernel for V?",
+        section="3.2",
+    ),
+    Mistake(
+        21,
+        fails=("test_widest_head_dim_is_read_whole",),
+        passes=(EVERY_SPLIT, "test_page_index_widened_to_int64", "test_dtypes"),
+        question="D = 256 here: how many features does your kernel's tl.arange over the head dim cover, and "
+        "who writes features 128 to 255 of out?",
+        section="3.2",
     ),
 ]

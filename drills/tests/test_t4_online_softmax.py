@@ -753,6 +753,16 @@ MISTAKES = [
         section="3.3",
     ),
     Mistake(
+        7,
+        # The lanes past the row masked but loaded without other=: they read NaN here (undefined on a GPU).
+        fails=("test_last_block_is_masked",),
+        passes=("test_first_block_starts_from_minus_inf", "test_rows_are_read_through_their_strides"),
+        messages=(r"NaN|nan",),
+        question="N = 37 with BLOCK = 16: your load is masked, but what value do lanes 37 to 47 hold "
+        "after it, and what do they add to m and l?",
+        section="3.3",
+    ),
+    Mistake(
         8,
         fails=("test_worked_example_merge_of_two_halves", "test_merge_shifts_to_the_larger_max"),
         passes=("test_worked_example_final_state", "test_first_block_starts_from_minus_inf"),
