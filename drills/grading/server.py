@@ -92,6 +92,7 @@ class Server:
         self.graded_file = graded_file
         self.module_name = module_name
         self.watch = None
+        self.lines: set[int] | None = None  # lines of the graded file run since the last take, when traced
 
     # Encoding what goes back: plain values by value, the rest as handles kept here.
     def handle(self, obj):
@@ -150,6 +151,21 @@ class Server:
         updates = self.known.take_copies()
         self.send(("error", describe_error(exc, self.graded_file), updates))
 
+    def coverage(self, action: str):
+        """ "start": trace the lines of the graded file that run from now on (kernels included: the
+        interpreter runs them under the file's name and line numbers); "take": those lines since the
+        last take, sorted. Only for references (make mutants' coverage map): tracing is slow."""
+        if action == "start" and self.lines is None:
+            self.lines = set()
+            sys.settrace(_line_tracer(os.path.realpath(self.graded_file), self.lines))
+            return None
+        if action == "take":
+            lines, self.lines = sorted(self.lines or ()), (set() if self.lines is not None else None)
+            if self.lines is not None:
+                sys.settrace(_line_tracer(os.path.realpath(self.graded_file), self.lines))
+            return lines
+        raise ValueError(f"unknown coverage action {action!r}")
+
     def serve(self, module):
         self.objects[0] = module
         while True:
@@ -177,6 +193,9 @@ class Server:
                 elif op == "op":
                     _, target, name, args = request
                     self.reply(_operate(target, name, args))
+                elif op == "coverage":  # make mutants: which lines of the graded file the last check ran
+                    _, action = request
+                    self.reply(self.coverage(action))
                 elif op == "record":
                     _, on = request
                     if on:
@@ -201,6 +220,28 @@ class Server:
                         self.objects.pop(key, None)
                         self.counts.pop(key, None)
                 releases = ()
+
+
+def _line_tracer(graded: str, lines: set[int]):
+    """A sys.settrace function that adds to `lines` every line of the file `graded` that runs."""
+    mine: dict = {}  # code object -> whether it is the graded file's
+
+    def local(frame, event, arg):
+        if event == "line":
+            lines.add(frame.f_lineno)
+        return local
+
+    def tracer(frame, event, arg):
+        code = frame.f_code
+        ours = mine.get(code)
+        if ours is None:
+            ours = mine[code] = bool(code.co_filename) and os.path.realpath(code.co_filename) == graded
+        if not ours:
+            return None
+        lines.add(frame.f_lineno)
+        return local
+
+    return tracer
 
 
 class Callback:
@@ -310,6 +351,7 @@ def prepare() -> None:
         launches,  # noqa: F401
         wire,  # noqa: F401  (loaded before the learner's file can reach it)
     )
+
     _import_what_a_grading_would()
     from drills.grading.sandbox import trust_loaded_code
 

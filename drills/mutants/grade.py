@@ -26,7 +26,7 @@ def grade_mutants(lesson_id: str | None = None, gpu_only: bool = False, full: bo
     from concurrent.futures import ThreadPoolExecutor
 
     import drills.runtime
-    from drills.grading import run, warm
+    from drills.grading import warm
     from drills.lessons import LESSONS, find
     from drills.mutants import load_mutants, mutate, pitfall_mismatches
 
