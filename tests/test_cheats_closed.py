@@ -244,6 +244,11 @@ def int_view_writes(x, y):
     return out
 
 
+def int_view_read(x, y):
+    bits = x.view(torch.int16).tolist()  # floats decoded in Python from their bits
+    return torch.tensor(bits, dtype=torch.int16).view(torch.float16)
+
+
 def honest(x, y):
     out = torch.empty_like(x)
     _add[(1,)](x, y, out, x.numel(), BLOCK=16)
@@ -258,20 +263,24 @@ def _add(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
 
 
 seen = {}
-for fn in (helper_in_kernel, custom_op, int_view_writes, honest):
+for fn in (helper_in_kernel, custom_op, int_view_writes, int_view_read, honest):
     x, y = torch.randn(10, dtype=torch.float16), torch.randn(10, dtype=torch.float16)
     recorder = I.torch_compute_recorder(watch)
     with recorder:
         fn(x, y)
     seen[fn.__name__] = recorder.seen
+I.poison_empty()
+seen["tolist_is_torchs"] = isinstance(torch.ones(1).tolist, type(len))
+seen["empty_is_torchs"] = isinstance(torch.empty, type(len)) and bool(torch.empty(2).isnan().all())
 print(json.dumps(seen))
 """
 
 
 def test_the_op_recorder_sees_torch_computing_however_it_is_reached(tmp_path):
     """torch computing in a plain function the kernel's body calls (under the interpreter, inside a
-    launch), a custom op named `clone` (a move's short name), and integer writes into an int16 view of a
-    float tensor: each is recorded as torch computing; a kernel's own launch records nothing."""
+    launch), a custom op named `clone` (a move's short name), integer writes into an int16 view of a
+    float tensor and its bits read to Python: each is recorded as torch computing; a kernel's own launch
+    records nothing; torch.empty and Tensor.tolist stay torch's own while watched and poisoned."""
     import json
     import subprocess
     import sys
@@ -289,4 +298,26 @@ def test_the_op_recorder_sees_torch_computing_however_it_is_reached(tmp_path):
     assert seen["custom_op"] == ["drillscheat::clone"], seen
     assert len(seen["int_view_writes"]) == 2, seen
     assert all("integers written into a float tensor" in s for s in seen["int_view_writes"]), seen
+    assert seen["int_view_read"] == ["tolist (floats read to the host)"], seen
     assert seen["honest"] == [], seen
+    # torch's own methods are left as they are: a file cannot tell a grading by what they are
+    assert seen["tolist_is_torchs"] and seen["empty_is_torchs"], seen
+
+
+def test_a_file_that_tells_a_grading_by_its_fresh_memory_fails(tmp_path):
+    """`probe != probe` on fresh memory is True while graded (NaN) and False in a plain run: the
+    provenance check runs the call once more on a finite pattern, and the two must agree."""
+    from tests.test_grading_harness import failures, grade_t1, one_screen, t1_source
+
+    probe = """
+
+def _launch(x, y, out, BLOCK=2048, num_warps=4):
+    probe = torch.empty(1)
+    graded = bool(probe != probe)  # NaN only while graded
+    vector_add_kernel[(triton.cdiv(x.numel(), BLOCK),)](x, y if graded else x, out, x.numel(), BLOCK=BLOCK)
+    return out
+"""
+    result = grade_t1(tmp_path, t1_source(extra=probe), "test_runs_a_triton_kernel", checked=True)
+    screen = one_screen(result)
+    assert result.state == "failing", screen
+    assert "depends on what fresh memory holds" in failures(result)["test_runs_a_triton_kernel"], screen

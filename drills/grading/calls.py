@@ -13,6 +13,7 @@ from __future__ import annotations
 from drills.grading.errors import WriteRace
 from drills.grading.instrument import (
     DISABLED_POISON,
+    FINITE_POISON,
     POISON,
     TritonWatch,
     _storages,
@@ -191,6 +192,21 @@ def run_call(watch: TritonWatch, fn, args, kwargs, options: dict):
                 "GPU, where programs run in any order, gives wrong results"
             )
     if provenance:
+        # Once more with fresh memory holding a finite pattern instead of NaN: a file that tells a grading
+        # by its memory takes another path there, and the grader's process sees it (provenance.judge).
+        _restore(storages, snap)
+        POISON["value"], raised = FINITE_POISON, False
+        try:
+            finite_result = fn(*args, **kwargs)
+        except Exception:
+            finite_result, raised = None, True
+        finally:
+            POISON["value"] = float("nan")
+        evidence["finite"] = {
+            "states": [_typed(_u8(s), t).clone() for _, (s, t) in ordered],
+            "got": [t.clone() for t in tensors_in(finite_result)],
+            "raised": raised,
+        }
         _restore(storages, snap)
         watch.disabled, POISON["value"] = True, DISABLED_POISON
         raised = False

@@ -63,7 +63,6 @@ class TritonWatch:
         self.interpreter = os.environ.get("TRITON_INTERPRET", "0") == "1"
         self.recorder = None  # the torch op recorder of the call being run, if any
         self._patch_launch()
-        self._patch_tolist()
         if self.interpreter:
             self._patch_interpreter()
 
@@ -133,22 +132,6 @@ class TritonWatch:
             cls.run = run
         if self.interpreter:
             _check_interpreted_grids()
-
-    def _patch_tolist(self):
-        """Tensor.tolist copies values to Python with no op a dispatch mode sees: while a call runs, a
-        float tensor's tolist outside a launch is reported to the call's recorder (values read to the
-        host, where an answer can be computed in plain Python)."""
-        import torch
-
-        watch, original = self, torch.Tensor.tolist
-
-        def tolist(tensor):
-            r = watch.recorder
-            if r is not None and (tensor.is_floating_point() or tensor.is_complex() or r.float_bits(tensor)):
-                r.note("tolist (floats read to the host)")
-            return original(tensor)
-
-        torch.Tensor.tolist = tolist
 
     def _patch_interpreter(self):
         import numpy as np
@@ -392,34 +375,39 @@ def _nearest(ranges, ptr: int, size: int) -> tuple[str, str]:
 
 # What torch.empty returns in the learner's process: NaN, so that output a kernel never wrote shows; a
 # different value while launches are disabled, so that a kernel whose output is NaN is not taken for
-# no kernel at all.
+# no kernel at all; and a finite pattern in one more run of a provenance check, whose result must agree
+# with the NaN run's wherever that is not NaN: a file that tells a grading by its fresh memory
+# (`probe != probe`) takes the same path in both, or shows (provenance.poison_disagrees).
 POISON = {"value": float("nan")}
 DISABLED_POISON = 7777.0
+FINITE_POISON = 0.0  # what fresh pages hold in a plain run
+# The ops that return fresh memory, by their aten:: name.
+EMPTIES = {"aten::" + n for n in "empty empty_like empty_strided new_empty new_empty_strided".split()}
 
 
 def poison_empty() -> None:
-    """torch.empty and friends return poisoned memory (floats)."""
+    """From now on, in this process, fresh float memory (torch.empty and friends, on the CPU) holds
+    POISON["value"]. Done by a dispatch mode entered for the whole process rather than by wrapping
+    torch.empty: torch's functions stay torch's own, so asking what torch.empty is tells nothing."""
     import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
 
-    def poisoned(fn):
-        def wrapper(*args, **kwargs):
-            t = fn(*args, **kwargs)
-            if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel() and t.device.type == "cpu":
-                t.fill_(POISON["value"])
-            return t
+    class FreshMemory(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            schema = getattr(func, "_schema", None)
+            if (
+                schema is not None
+                and schema.name in EMPTIES
+                and isinstance(out, torch.Tensor)
+                and out.is_floating_point()
+                and out.numel()
+                and out.device.type == "cpu"
+            ):
+                out.fill_(POISON["value"])  # below every mode: no op a recorder sees
+            return out
 
-        # Named as the function it wraps, and no __wrapped__: nothing that says the process is graded.
-        for name in ("__name__", "__qualname__", "__doc__", "__module__"):
-            try:
-                setattr(wrapper, name, getattr(fn, name))
-            except (AttributeError, TypeError):
-                pass
-        return wrapper
-
-    torch.empty = poisoned(torch.empty)
-    torch.empty_like = poisoned(torch.empty_like)
-    torch.empty_strided = poisoned(torch.empty_strided)
-    torch.Tensor.new_empty = poisoned(torch.Tensor.new_empty)
+    FreshMemory().__enter__()  # never left: the learner's process ends with it
 
 
 def _storages(tensors) -> dict:
@@ -446,6 +434,9 @@ MOVES = {
     narrow detach alias lift_fresh lift_fresh_copy set_ resize_ unbind movedim swapaxes
     _local_scalar_dense item""".split()
 }
+
+# Tensor methods that copy values to Python or numpy without an op a dispatch mode sees.
+HOST_READS = {"tolist", "numpy", "__array__", "__dlpack__"}
 
 # In-place ops that change a tensor's shape or storage, not the bytes in its memory.
 RESHAPES = {
@@ -500,6 +491,7 @@ def torch_compute_recorder(watch: TritonWatch):
     tensor's memory (an index_put_ or copy_ into an int16 view of it): what a launcher never needs, and
     what computing the answer beside a kernel takes. provenance.judge refuses a result made that way."""
     import torch
+    from torch.overrides import TorchFunctionMode
     from torch.utils._python_dispatch import TorchDispatchMode
 
     def floats(value) -> bool:  # complex numbers are floats too (an add in complex64 is an add)
@@ -510,6 +502,23 @@ def torch_compute_recorder(watch: TritonWatch):
             return t.untyped_storage().data_ptr()
         except (RuntimeError, NotImplementedError):  # a tensor with no storage of its own
             return -1
+
+    class HostReads(TorchFunctionMode):
+        """Tensor.tolist (and numpy's ways in) copy values to Python with no op a dispatch mode sees: a
+        float tensor's, or an integer view of a float tensor's memory, is reported to the call's
+        recorder (values read to the host, where an answer can be computed in plain Python). A function
+        mode, not a patched Tensor.tolist: torch's methods stay torch's own."""
+
+        def __init__(self, recorder):
+            super().__init__()
+            self.recorder = recorder
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if getattr(func, "__name__", None) in HOST_READS and args and isinstance(args[0], torch.Tensor):
+                t = args[0]
+                if t.is_floating_point() or t.is_complex() or self.recorder.float_bits(t):
+                    self.recorder.note(f"{func.__name__} (floats read to the host)")
+            return func(*args, **(kwargs or {}))
 
     class Recorder(TorchDispatchMode):
         def __init__(self):
@@ -530,12 +539,17 @@ def torch_compute_recorder(watch: TritonWatch):
             return not tensor.is_floating_point() and ptr(tensor) in self.float_memory
 
         def __enter__(self):
-            watch.recorder = self  # Tensor.tolist, which no dispatch mode sees, reports here
+            watch.recorder = self
+            self.host_reads = HostReads(self)
+            self.host_reads.__enter__()
             return super().__enter__()
 
         def __exit__(self, *exc):
             watch.recorder = None
-            return super().__exit__(*exc)
+            try:
+                return super().__exit__(*exc)
+            finally:
+                self.host_reads.__exit__(*exc)
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}

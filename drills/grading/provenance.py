@@ -15,6 +15,9 @@ decided here, in the grader's process, from the evidence the learner's process s
             its loads): an answer made elsewhere and copied in reads none of them
   disabled  the call once more with every launch a no-op: the returned tensors and the arguments'
             states; if they equal those of the real call, the result was computed some other way
+  finite    the call once more with fresh memory holding a finite pattern instead of NaN: its results
+            must agree with the real call's wherever those are not NaN (a file that tells a grading by
+            its memory takes another path there)
 """
 
 from __future__ import annotations
@@ -52,6 +55,34 @@ def compare_states(before: list, after: list, names: list, results_a: list, resu
     for i, (x, y) in enumerate(zip(results_a, results_b)):
         if differs(x, y):
             return f"the returned tensor #{i}: {count_diff(x, y)} elements differ"
+    return None
+
+
+def poison_disagrees(before: list, after: list, names: list, results_a: list, results_b: list) -> str | None:
+    """Where the run on finite fresh memory (after, results_b) differs from the run on NaN (before,
+    results_a), ignoring elements the NaN run left NaN (output never written shows as NaN there, and is
+    the value checks' to report). None: they agree."""
+    import torch
+
+    def where(a, b) -> int:
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return max(1, a.numel())
+        if not a.is_floating_point():
+            return int((a != b).sum())
+        a, b = a.float(), b.float()
+        close = torch.isclose(a, b, rtol=1e-3, atol=1e-3, equal_nan=True)
+        return int((~close & ~torch.isnan(a)).sum())
+
+    for name, x, y in zip(names, before, after):
+        n = where(x, y)
+        if n:
+            return f"argument `{name}`: {n} elements differ"
+    if len(results_a) != len(results_b):
+        return f"the call returned {len(results_b)} tensors instead of {len(results_a)}"
+    for i, (x, y) in enumerate(zip(results_a, results_b)):
+        n = where(x, y)
+        if n:
+            return f"the returned tensor #{i}: {n} elements differ"
     return None
 
 
@@ -97,6 +128,19 @@ def judge(result_tensors: list, evidence: dict | None) -> None:
                     "@triton.jit kernel and return the tensor it stores into"
                 )
     disabled = evidence.get("disabled")
+    finite = evidence.get("finite")
+    if finite is not None and disabled is not None:
+        where = poison_disagrees(
+            disabled["after"], finite["states"], disabled["names"], disabled["results"], finite["got"]
+        )
+        if where is None and finite.get("raised"):
+            where = "the call raised with the finite pattern"
+        if where is not None:
+            raise NotFromKernel(
+                "the output depends on what fresh memory holds: the call gave other results with "
+                f"torch.empty's memory filled with a finite pattern than with NaN ({where}), where the NaN "
+                "run wrote numbers; read only what your kernel wrote, and compute the same way every run"
+            )
     if disabled is not None:
         same = compare_states(
             disabled["after"], disabled["states"], disabled["names"], disabled["results"], disabled["got"]
