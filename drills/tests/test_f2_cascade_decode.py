@@ -16,7 +16,7 @@ import torch
 from drills import guard_cases
 from drills.compare import assert_close, mismatch
 from drills.grading.diagnose import Mistake
-from drills.grading.launches import assert_runs_a_triton_kernel
+from drills.grading.launches import assert_grids_fit, assert_runs_a_triton_kernel
 from drills.grading.report import Stage
 from drills.tests import bf16_everywhere, seeded, sizes
 from drills.tests.paged_kv import (
@@ -641,6 +641,56 @@ def test_fallback_equals_split_kv(impl, runtime):
         check(impl, case, groups, plens, plan=plan)
     no_groups = int32_tensor(runtime.device, -1, -1, -1)
     check(impl, case, no_groups, torch.zeros(0, dtype=torch.int32, device=runtime.device))  # G = 0
+
+
+# --- The grid fits a GPU at every size the launcher admits ------------------------------------------
+
+
+def _many_short_sequences(device, B=70_000, pages=2):
+    """B sequences (more than the 65535 programs CUDA allows on grid axes 1 and 2) of one head of
+    D = 16, every table row pointing at blocks 0 and 1 of a two-block cache: nothing else grows with B."""
+    PAGE, D = 16, 16
+    q = torch.zeros(B, 1, D, dtype=torch.float16, device=device)  # [B, Hq, D]
+    k_cache = torch.zeros(pages, PAGE, 1, D, dtype=torch.float16, device=device)  # [blocks, PAGE, Hkv, D]
+    block_tables = torch.arange(pages, dtype=torch.int32, device=device).repeat(B, 1)  # [B, pages]
+    context_lens = torch.full((B,), pages * PAGE, dtype=torch.int32, device=device)  # [B]
+    return q, k_cache, torch.zeros_like(k_cache), block_tables, context_lens
+
+
+@pytest.mark.parametrize("grouped", ["no_groups", "one_group"])
+def test_grid_fits_cuda_limits_at_largest_sizes(impl, runtime, grouped):
+    """70,000 sequences in one decode step (and, in one group sharing their first page, 70,000 prefix
+    tiles of one member each): more than the 65535 programs CUDA allows on grid axes 1 and 2 (axis 0
+    allows 2**31 - 1), so sequences and tiles belong on axis 0. A grid with them on axis 1 or 2
+    launches on the CPU and fails on a GPU with "invalid argument". Run dry (every launch recorded and
+    checked, none run), without the value checks, which the other tests cover."""
+    q, k_cache, v_cache, block_tables, context_lens = _many_short_sequences(runtime.device)
+    B, PAGE = q.shape[0], k_cache.shape[1]
+    if grouped == "no_groups":
+        prefix_group = torch.full((B,), -1, dtype=torch.int32, device=runtime.device)  # [B]
+        prefix_lens = torch.zeros(0, dtype=torch.int32, device=runtime.device)  # [G = 0]
+        cut = {}
+    else:
+        prefix_group = torch.zeros(B, dtype=torch.int32, device=runtime.device)  # [B], all in group 0
+        prefix_lens = torch.tensor([PAGE], dtype=torch.int32, device=runtime.device)  # [G = 1]
+        cut = dict(cascade=True, members_per_tile=1, suffix_splits=2)
+    cascade_plan = impl.plan(context_lens, prefix_group, prefix_lens, 1, 1, PAGE, **cut)
+    assert_grids_fit(
+        impl,
+        lambda: impl.cascade_decode(
+            q,
+            k_cache,
+            v_cache,
+            block_tables,
+            context_lens,
+            prefix_group,
+            prefix_lens,
+            plan=cascade_plan,
+            return_lse=True,
+            check=False,
+        ),
+        f"cascade_decode of 70,000 sequences ({grouped})",
+    )
 
 
 # --- Stages: merge, then the stages with the cuts forced, then the planner ------------------------

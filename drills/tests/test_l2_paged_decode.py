@@ -14,7 +14,7 @@ import torch
 
 from drills.compare import assert_close, mismatch
 from drills.grading.diagnose import Mistake
-from drills.grading.launches import assert_runs_a_triton_kernel
+from drills.grading.launches import assert_grids_fit, assert_runs_a_triton_kernel
 from drills.tests import bf16_everywhere, fill_past_fp16_range, seeded, sizes
 from drills.tests.paged_kv import (
     CONTEXT_LENS_BAD_INPUTS,
@@ -487,6 +487,33 @@ def test_out_is_allocated_when_not_given(impl, runtime):
     assert out.shape == case.q.shape and out.dtype == case.q.dtype and out.device == case.q.device
     ref, _ = paged_attention_reference(*case.args)
     assert_close(out, ref, DIMS)
+
+
+# --- The grid fits a GPU at every size the launcher admits ------------------------------------------
+
+
+def _many_short_sequences(device, B=70_000, pages=2):
+    """B sequences (more than the 65535 programs CUDA allows on grid axes 1 and 2) of one head of
+    D = 16, every table row pointing at blocks 0 and 1 of a two-block cache: nothing else grows with B."""
+    PAGE, D = 16, 16
+    q = torch.zeros(B, 1, D, dtype=torch.float16, device=device)  # [B, Hq, D]
+    k_cache = torch.zeros(pages, PAGE, 1, D, dtype=torch.float16, device=device)  # [blocks, PAGE, Hkv, D]
+    block_tables = torch.arange(pages, dtype=torch.int32, device=device).repeat(B, 1)  # [B, pages]
+    context_lens = torch.full((B,), pages * PAGE, dtype=torch.int32, device=device)  # [B]
+    return q, k_cache, torch.zeros_like(k_cache), block_tables, context_lens
+
+
+def test_grid_fits_cuda_limits_at_largest_sizes(impl, runtime):
+    """70,000 sequences in one decode step: more than the 65535 programs CUDA allows on grid axes 1 and
+    2 (axis 0 allows 2**31 - 1), so sequences belong on axis 0 and KV heads on axis 1. A grid of
+    (Hkv, B) launches on the CPU and fails on a GPU with "invalid argument". Run dry (every launch
+    recorded and checked, none run), without the value checks, which the other tests cover."""
+    q, k_cache, v_cache, block_tables, context_lens = _many_short_sequences(runtime.device)
+    assert_grids_fit(
+        impl,
+        lambda: impl.paged_decode(q, k_cache, v_cache, block_tables, context_lens, check=False),
+        "paged_decode of 70,000 sequences",
+    )
 
 
 # --- Diagnosis: which pitfall of section 5 a pattern of results points at ------------------------

@@ -18,7 +18,7 @@ import torch
 from drills.compare import assert_close, mismatch
 from drills.grading import bigmem
 from drills.grading.diagnose import Mistake
-from drills.grading.launches import assert_runs_a_triton_kernel
+from drills.grading.launches import assert_grids_fit, assert_runs_a_triton_kernel
 from drills.tests import bf16_everywhere, fill_past_fp16_range, raises_naming, seeded, sizes
 from drills.tests.paged_kv import (
     CONTEXT_LENS_BAD_INPUTS,
@@ -790,6 +790,31 @@ def test_out_is_allocated_when_not_given(impl, runtime):
     assert out.shape == case.q.shape and out.dtype == case.q.dtype and out.device == case.q.device
     ref, _ = prefill_reference(*case.args)
     assert_close(out, ref, DIMS)
+
+
+# --- The grid fits a GPU at every size the launcher admits ------------------------------------------
+
+
+def test_grid_fits_cuda_limits_at_largest_sizes(impl, runtime):
+    """70,000 sequences of one new token each (decode rows in a prefill batch): more tiles than the
+    65535 programs CUDA allows on grid axes 1 and 2 (axis 0 allows 2**31 - 1), so tiles and head groups
+    share axis 0. A grid with sequences or tiles on axis 1 launches on the CPU and fails on a GPU with
+    "invalid argument". Run dry (every launch recorded and checked, none run), one head of D = 16 and
+    one page per sequence, without the value checks, which the other tests cover."""
+    B, PAGE, D = 70_000, 16, 16
+    q = torch.zeros(B, 1, D, dtype=torch.float16, device=runtime.device)  # [total_q, Hq, D]
+    k_cache = torch.zeros(1, PAGE, 1, D, dtype=torch.float16, device=runtime.device)  # [blocks, PAGE, Hkv, D]
+    v_cache = torch.zeros_like(k_cache)
+    block_tables = torch.zeros(B, 1, dtype=torch.int32, device=runtime.device)  # [B, 1]
+    cu_seqlens_q = torch.arange(B + 1, dtype=torch.int32, device=runtime.device)  # [B + 1]: one token each
+    context_lens = torch.ones(B, dtype=torch.int32, device=runtime.device)  # [B]
+    assert_grids_fit(
+        impl,
+        lambda: impl.paged_prefill(
+            q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, return_lse=True, check=False
+        ),
+        "paged_prefill of 70,000 sequences",
+    )
 
 
 # --- Diagnosis: which pitfall of the explainer's section 5 a pattern of results points at --------------
