@@ -712,6 +712,7 @@ def test_grid_fits_cuda_limits_at_largest_sizes(impl, runtime, splits):
         f"split_kv_decode of 70,000 sequences in {splits} split(s)",
     )
 
+
 # --- Stages: merge, then fixed splits, then the planner (make test and make progress say which) ------
 # Stage 2's checks force their split count through plan(num_splits=k) (or a DecodePlan made here), so
 # plan()'s own choice (num_splits=None) is stage 3's alone; a case no pattern names is stage 3's.
