@@ -191,6 +191,7 @@ def test_planted_stage_not_written_is_named_with_its_function(tmp_path):
 def test_planted_float_lengths_let_through_are_a_missing_check(tmp_path):
     lesson, path = plant(
         "f1",
+        tmp_path,
         (
             "    max_len = max(lens)\n",
             "    max_len = int(context_lens.max()) if torch.is_tensor(context_lens) else max(lens)\n",
@@ -205,3 +206,26 @@ def test_planted_float_lengths_let_through_are_a_missing_check(tmp_path):
     screen = result.screen()
     assert result.findings[0]["kind"] == "not_refused", screen
     assert not any("did not come from your kernel" in line for line in screen), screen
+
+
+# --- The same classes in T4, a lesson without stages, whose pitfall 7 is the masked load's -------------
+
+
+T4_ROW_LOAD = 'x = tl.load(x_row + cols, mask=cols < hi, other=float("-inf"))'
+
+
+def test_planted_t4_load_without_other_is_its_masking_pitfall(tmp_path):
+    lesson, path = plant("t4", tmp_path, (T4_ROW_LOAD, T4_ROW_LOAD.replace(', other=float("-inf")', "")))
+    checks = "test_last_block_is_masked or test_worked_example_final_state or test_first_block_starts"
+    result = run.grade(lesson, file=path, extra=["-k", checks])
+    assert result.findings[0]["pitfall"] == 7, result.screen()
+
+
+def test_planted_t4_function_not_written_is_named(tmp_path):
+    lesson = find("t4")
+    path = tmp_path / f"{lesson.stem}.py"
+    path.write_text(_solution_with_stub_raise(lesson, "merge_stats"))
+    result = run.grade(
+        lesson, file=path, extra=["-k", "test_merge_shifts or test_worked_example_final_state"]
+    )
+    assert "likely mistake: not written yet: function merge_stats" in result.screen(), result.screen()
