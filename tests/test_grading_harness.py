@@ -1089,3 +1089,20 @@ def test_a_grid_past_cudas_limits_is_refused_before_it_runs(remote):
     failed = Case("test_grid_fits", "test_grid_fits", "failed", f"GridTooLarge: {message}")
     finding = diagnose.diagnose([failed], [])[0]  # named as what it is where no pitfall of a lesson fits
     assert finding.kind == "grid_too_large", finding
+
+
+def test_a_grid_past_cudas_limits_is_named_before_more_specific_mistakes():
+    """Code that puts rows on grid axis 1 may fail other checks too (a kernel still reading axis 0):
+    the grid verdict is certain, so the lesson's mistake that names it comes first, ahead of a more
+    specific one that the other failures also fit."""
+    message = (
+        "GridTooLarge: launch grid (1, 70000, 1) of k is past CUDA's limit on grid axis 1: 70000 programs"
+    )
+    cases = [
+        Case("test_grid_fits", "test_grid_fits", "failed", message),
+        Case("test_values", "test_values", "failed", "expected 1, got 0"),
+        Case("test_empty", "test_empty", "passed"),
+    ]
+    wide = diagnose.Mistake(3, fails=("test_values", "test_grid_fits"), passes=("test_empty",))
+    grid = diagnose.Mistake(8, fails=("test_grid_fits",), messages=(r"past CUDA's limit on grid axis",))
+    assert [f.pitfall for f in diagnose.diagnose(cases, [wide, grid])] == [8, 3]

@@ -97,6 +97,9 @@ def score(mistake: Mistake, cases) -> _Score:
     return s
 
 
+# A launch grid past CUDA's limits (launches.grid_problem's words).
+GRID_PAST_LIMITS = r"past CUDA's limit on grid axis"
+
 # Failures that say what happened whatever the lesson: the harness's own messages (remote.py).
 GENERIC = (
     ("crash", r"ended the process that runs it", "your code crashed the process that runs it"),
@@ -110,7 +113,7 @@ GENERIC = (
     ("write_race", r"write race", "programs overwrite each other's output (a write race)"),
     (
         "grid_too_large",
-        r"past CUDA's limit on grid axis",
+        GRID_PAST_LIMITS,
         "a launch grid past CUDA's limits (a GPU refuses it at the largest sizes)",
     ),
     ("exception", r"your code raised|raised in your code|^\w*Error: ", "your code raised an exception"),
@@ -287,6 +290,13 @@ def diagnose(
     # The most specific consistent mistake first; ties go to the one explaining more failures, then
     # to the order of the lesson's list.
     consistent.sort(key=lambda s: (-s.total, -len(s.witnesses), mistakes.index(s.mistake)))
+    # A launch grid past CUDA's limits is certain (the harness checks every grid before its launch): the
+    # mistake whose messages name it comes first, however many other checks the same code fails.
+    grid = [c for c in failing if re.search(GRID_PAST_LIMITS, c.message or "")]
+    if grid:
+        consistent.sort(
+            key=lambda s: not any(re.search(rx, c.message) for rx in s.mistake.messages for c in grid)
+        )
     # A pitfall that leaves finite values does not explain NaN or inf: when every failure the best
     # consistent one explains shows NaN or inf and it does not claim them, the NaN's reading comes first.
     nan = nan_cases(cases)
