@@ -140,4 +140,12 @@ MUTANTS = [
         "if not 0 <= token_index < self.num_tokens:",
         "if not 0 <= token_index <= self.num_tokens:",
     ),
+    # One edit cannot also move the kernel's tl.program_id(0) to axis 1, so every program copies row 0
+    # here and the other checks fail too: the grid check must still name the mistake first.
+    Mutant(
+        "tokens_on_grid_axis_1",
+        "18. tokens on grid axis 1 (past 65535 tokens a GPU refuses the launch)",
+        "store_kvcache_kernel,\n        (N,),",
+        "store_kvcache_kernel,\n        (1, N),",
+    ),
 ]

@@ -16,7 +16,7 @@ import torch
 from drills.compare import assert_close, assert_untouched, mismatch
 from drills.grading.bigmem import free_bytes, sparse_empty
 from drills.grading.diagnose import Mistake
-from drills.grading.launches import assert_runs_a_triton_kernel
+from drills.grading.launches import assert_grids_fit, assert_runs_a_triton_kernel
 from drills.solutions.l2_paged_decode import paged_decode
 from drills.tests import raises_naming, seeded, sizes
 from drills.tests.paged_kv import GARBAGE_BLOCK_IDS, gather_kv, paged_attention_reference
@@ -207,6 +207,14 @@ MISTAKES = [
         fails=("test_strided_key_value_rows[value_own_strides]",),
         passes=("test_strided_key_value_rows[fused_qkv]",),
         question="Are value's rows always as far apart as key's?",
+        section="3.4",
+    ),
+    Mistake(
+        18,
+        fails=("test_grid_fits_cuda_limits_at_largest_sizes",),
+        messages=(r"past CUDA's limit on grid axis",),
+        question="A prefill step can write 70,000 tokens: on which grid axis are your tokens, and how "
+        "many programs does CUDA allow on that axis?",
         section="3.4",
     ),
 ]
@@ -1033,6 +1041,29 @@ def test_runs_a_triton_kernel(impl, runtime):
     slots = torch.tensor([3, 9, -1, 14, 0], device=runtime.device)
     assert_runs_a_triton_kernel(
         impl, lambda: impl.store_kvcache(key, value, k_cache, v_cache, slots), "store_kvcache"
+    )
+
+
+# --- The grid fits a GPU at every size the launcher admits ------------------------------------------
+
+
+def test_grid_fits_cuda_limits_at_largest_sizes(impl, runtime):
+    """70,000 tokens in one call (a long prefill, or a batch of them), more than the 65535 programs CUDA
+    allows on grid axes 1 and 2 (axis 0 allows 2**31 - 1): tokens put on axis 1 launch on the CPU and
+    fail on a GPU with "invalid argument". Run dry (every launch recorded and checked, none run), with
+    rows of one head of 16 features, all padding, so the tiny cache holds every slot."""
+    N, PAGE, Hkv, D = 70_000, 16, 1, 16
+    key = torch.zeros(N, Hkv, D, dtype=torch.float16, device=runtime.device)  # [N, Hkv, D]
+    value = torch.zeros_like(key)
+    k_cache = torch.zeros(
+        1, PAGE, Hkv, D, dtype=torch.float16, device=runtime.device
+    )  # [blocks, PAGE, Hkv, D]
+    v_cache = torch.zeros_like(k_cache)
+    slots = torch.full((N,), -1, dtype=torch.int64, device=runtime.device)  # [N], every row padding
+    assert_grids_fit(
+        impl,
+        lambda: impl.store_kvcache(key, value, k_cache, v_cache, slots),
+        "store_kvcache of 70,000 tokens",
     )
 
 
