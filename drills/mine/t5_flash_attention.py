@@ -87,9 +87,10 @@ def flash_attention_kernel(
     CAUSAL: tl.constexpr,
     STORE_LSE: tl.constexpr,
 ):
-    # TODO(section 3.1 "One program"): this program's query block pid_m and (batch b, head h) from
-    # pid_bh = b * H + h, widened to int64; its KV head (contiguous grouping); the offsets offs_m,
-    # offs_n, offs_d; load q [BLOCK_M, D] with the rows at or past Nq masked to 0.
+    # TODO(section 3.1 "One program"): this program's query block pid_m and pid_bh = b * H + h from
+    # its one program id (pid = pid_bh * cdiv(Nq, BLOCK_M) + pid_m), then batch b and head h, widened
+    # to int64; its KV head (contiguous grouping); the offsets offs_m, offs_n, offs_d; load q
+    # [BLOCK_M, D] with the rows at or past Nq masked to 0.
 
     # TODO(section 3.2 "K read transposed"): pointers kt_ptrs [D, BLOCK_N] to K^T (through K's strides,
     # no tl.trans) and v_ptrs [BLOCK_N, D], both for keys 0..BLOCK_N-1 of this KV head.
@@ -128,7 +129,8 @@ def _launch(q, k, v, causal, scale, out, lse=None, config=None):
     B, H, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     BLOCK_M, BLOCK_N, num_warps, num_stages = config or _config(D)
-    grid = (triton.cdiv(Nq, BLOCK_M), B * H)
+    # One axis: up to 2**31 - 1 programs, where axes 1 and 2 stop at 65535 (section 3.1).
+    grid = (triton.cdiv(Nq, BLOCK_M) * B * H,)
     flash_attention_kernel[grid](
         q,
         k,

@@ -154,4 +154,13 @@ MUTANTS = [
         "out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None]",
         "out.to(tl.float16), mask=row_ok[:, None]",
     ),
+    # The grid of Triton's tutorial (and of this course's reference before): one edit cannot also make
+    # the kernel read pid_bh from axis 1, so heads past the first stay unwritten and other checks fail
+    # too; the grid check must still name the mistake first.
+    Mutant(
+        "batch_heads_on_grid_axis_1",
+        "18. (batch, head) on grid axis 1 (past 65535 a GPU refuses the launch)",
+        "grid = (triton.cdiv(Nq, BLOCK_M) * B * H,)",
+        "grid = (triton.cdiv(Nq, BLOCK_M), B * H)",
+    ),
 ]

@@ -106,9 +106,13 @@ def flash_attention_kernel(
     CAUSAL: tl.constexpr,
     STORE_LSE: tl.constexpr,
 ):
-    # Section 3.1 "One program": BLOCK_M query rows of one (batch, head).
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+    # Section 3.1 "One program": BLOCK_M query rows of one (batch, head). One grid axis, the only one
+    # CUDA lets pass 65535 programs (B * H alone passes it at B = 1024, H = 64); the query blocks of a
+    # head are neighbours on it, so programs running together share that head's K and V in L2.
+    num_m = tl.cdiv(Nq, BLOCK_M)
+    pid = tl.program_id(0)
+    pid_m = pid % num_m
+    pid_bh = pid // num_m
     b = (pid_bh // H).to(tl.int64)  # widened: b * stride_qb passes 2**31 on large batches
     h = (pid_bh % H).to(tl.int64)
     kvh = h // GROUP  # contiguous grouping: heads 0..GROUP-1 share KV head 0
@@ -220,7 +224,8 @@ def _launch(q, k, v, causal, scale, out, lse=None, config=None):
     B, H, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     BLOCK_M, BLOCK_N, num_warps, num_stages = config or _config(D)
-    grid = (triton.cdiv(Nq, BLOCK_M), B * H)
+    # One axis: up to 2**31 - 1 programs, where axes 1 and 2 stop at 65535 (section 3.1).
+    grid = (triton.cdiv(Nq, BLOCK_M) * B * H,)
     flash_attention_kernel[grid](
         q,
         k,

@@ -15,7 +15,7 @@ import torch
 from drills.compare import assert_close, assert_untouched, mismatch
 from drills.grading.bigmem import SLICE_STRIDE, free_bytes, past_int32
 from drills.grading.diagnose import Mistake
-from drills.grading.launches import assert_runs_a_triton_kernel, record_launches
+from drills.grading.launches import assert_grids_fit, assert_runs_a_triton_kernel, record_launches
 from drills.grading.report import Stage
 from drills.tests import bf16_everywhere, fill_past_fp16_range, seeded, sizes
 
@@ -327,8 +327,9 @@ def test_keys_are_walked_block_by_block(impl, runtime):
             f"_launch was given config (16, 16, 4, 1) for Nk = 77 but launched "
             f"BLOCK_M, BLOCK_N = {blocks}: the launch must use the config it is given"
         )
-        assert c.grid in ((), (3, 2, 1)), (
-            f"grid {c.grid} for Nq = 45, BLOCK_M = 16, B * H = 2; expected (3, 2, 1)"
+        assert c.grid in ((), (6, 1, 1)), (
+            f"grid {c.grid} for Nq = 45, BLOCK_M = 16, B * H = 2; expected (6, 1, 1): 3 query blocks "
+            "times 2 heads, on one axis"
         )
     Nk = sizes(runtime, 100, 1000)
     q, k, v = make_qkv(1, 2, 2, 64, Nk, 64, device=runtime.device, stream=79)
@@ -567,6 +568,33 @@ def test_launcher_rejects_bad_input(impl, runtime, name):
         impl.flash_attention(**args)
 
 
+# --- The grid fits a GPU at every size the launcher admits ------------------------------------------
+
+
+@pytest.mark.parametrize("axis", ["batch_heads", "query_blocks"])
+def test_grid_fits_cuda_limits_at_largest_sizes(impl, runtime, axis):
+    """CUDA allows 2**31 - 1 programs on grid axis 0 and only 65535 on axes 1 and 2, and Triton's
+    interpreter checks neither. B * H = 1024 * 64 = 65536 (a batch of short prompts through a wide
+    model) and cdiv(Nq, BLOCK_M) = 65537 query blocks (a sequence of eight million tokens, BLOCK_M =
+    128) must both sit on axis 0. Run dry (every launch recorded and checked, none run), so one query,
+    one key and D = 16 cost nothing."""
+    if axis == "batch_heads":
+        B, H, Nq = 1024, 64, 1
+    elif runtime.interpreter:
+        pytest.skip("GPU only: the [1, 1, 2**21 + 1, 16] output alone takes 1.5 s to come back on a CPU")
+    else:
+        B, H, Nq = 1, 1, 65536 * 128 + 1  # 128: the largest BLOCK_M of _config
+    # [B, H, Nq, D]; the rows of a long sequence all one row (stride 0): nothing reads them
+    q = torch.zeros(B, H, 1, 16, dtype=torch.float16, device=runtime.device).expand(B, H, Nq, 16)
+    k = torch.zeros(B, H, 1, 16, dtype=torch.float16, device=runtime.device)  # [B, Hkv, Nk, D]
+    v = torch.zeros_like(k)
+    assert_grids_fit(
+        impl,
+        lambda: impl.flash_attention(q, k, v, return_lse=True),
+        f"flash_attention with B = {B}, H = {H}, Nq = {Nq}",
+    )
+
+
 # --- The grader's own tolerance is tight enough --------------------------------------------------
 
 
@@ -606,6 +634,7 @@ STAGES = [
             "test_launcher_rejects_bad_input",
             "test_tolerance_rejects_zeros_and_mean_of_v",
             "test_out_keeps_the_range_of_its_dtype",
+            "test_grid_fits_cuda_limits_at_largest_sizes",
             "*noncausal*",
         ),
         "attention over every key (causal=False, H = Hkv, no lse): the worked example, partial blocks, "
@@ -896,5 +925,13 @@ MISTAKES = [
         question="Your fp16 cases pass and your bf16 ones do not: which dtype does your kernel give p before "
         "P V and out before the store, and what does fp16 make of a bf16 output of 65536?",
         section="3.4",
+    ),
+    Mistake(
+        18,
+        fails=("test_grid_fits_cuda_limits_at_largest_sizes",),
+        messages=(r"past CUDA's limit on grid axis",),
+        question="B = 1024 and H = 64: how many (batch, head) pairs is that, on which grid axis are they, "
+        "and how many programs does CUDA allow there?",
+        section="3.1",
     ),
 ]
