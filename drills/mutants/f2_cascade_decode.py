@@ -94,4 +94,23 @@ MUTANTS = [
         "saved = sum((len(m) - 1) * plens[g] for g, m in members.items())",
         "saved = sum(len(m) * plens[g] for g, m in members.items())",
     ),
+    Mutant(
+        "merge_rescale_in_base_2",
+        "5. one exponential of the merge in base 2: the running sum rescaled by exp2",
+        "alpha = tl.exp(m - m_ref)",
+        "alpha = tl.exp2(m - m_ref)",
+    ),
+    # The caches share strides in every other case: only a V laid out unlike K shows the copied line.
+    Mutant(
+        "v_strides_taken_from_k",
+        "15. V read through K's strides: the launch passes k_cache.stride() for V",
+        "kv_strides = (*k_cache.stride()[:3], *v_cache.stride()[:3])",
+        "kv_strides = (*k_cache.stride()[:3], *k_cache.stride()[:3])",
+    ),
+    Mutant(
+        "head_dim_tile_capped_at_128",
+        "16. the feature tile capped at 128: D = 256 is read and written half",
+        "common = dict(PAGE=PAGE, D=D, BLOCK_N=BLOCK_N)",
+        "common = dict(PAGE=PAGE, D=min(D, 128), BLOCK_N=BLOCK_N)",
+    ),
 ]

@@ -20,6 +20,7 @@ from drills.grading.launches import assert_grids_fit, assert_runs_a_triton_kerne
 from drills.grading.report import Stage
 from drills.tests import bf16_everywhere, seeded, sizes
 from drills.tests.paged_kv import (
+    HEAD_DIMS,
     PAGED_BAD_INPUTS,
     SHARED_KV_BAD_INPUTS,
     call_with_canary_out,
@@ -32,11 +33,21 @@ from drills.tests.paged_kv import (
     pool_past_int32,
     spoiled_call,
     strided_q,
+    v_strides_unlike_k,
     with_entry,
 )
 
 DIMS = ("b", "head", "d")
 LOG2E, LN2 = 1 / math.log(2), math.log(2)
+
+# What cascade_decode admits, in one place (drills/validate.py and the planner): the cases that cross a
+# bound draw here.
+DOMAIN = dict(
+    head_dims=HEAD_DIMS,  # powers of two from 16 to 256
+    pages=tuple(2**i for i in range(8)),  # PAGE from 1 to 128; below 16 a tile gathers token by token
+    merge_tile=64,  # the reference merge reads at most 64 slots (prefix chunks + suffix splits) at a time
+    dtypes=(torch.float16, torch.bfloat16),
+)
 
 
 def cascade_case(
@@ -316,6 +327,45 @@ def test_merge_reads_every_tile_of_slots(impl, runtime):
     plan = forced(impl, case, groups, plens, prefix_chunks=33, suffix_splits=32)
     assert plan.prefix_chunks + plan.suffix_splits == 65, f"{plan}"
     check(impl, case, groups, plens, plan=plan)
+
+
+def test_merge_rescales_when_a_later_tile_of_slots_raises_the_max(impl, runtime):
+    """The 65 slots of test_merge_reads_every_tile_of_slots (one past the merge's widest tile), with
+    member 0's scores rising along its context: its last suffix split, alone in the merge's second tile,
+    holds the largest lse, so the running max rises there and the sum so far is rescaled by e^(m_old -
+    m_new). A merge that takes that one exponential in base 2 (exp2 where the lse is natural) passes
+    every case whose max is settled in the first tile."""
+    tile = DOMAIN["merge_tile"]
+    prefix, suffix = 16 * (tile // 2 + 1), 16 * (tile // 2)  # 33 prefix chunks + 32 splits of one tile
+    n = prefix + suffix
+    case, groups, plens = cascade_case([n, n], [0, 0], [prefix], 2, 1, 16, device=runtime.device, stream=30)
+    t = torch.arange(n, device=runtime.device)
+    blocks, slots = case.block_tables[0].long()[t // 16], t % 16  # member 0's tokens, the prefix's too
+    q0 = case.q[0, 0].float()  # [D]
+    ramp = torch.linspace(0.0, 12.0, n, device=runtime.device)[:, None]  # head 0's score for token t
+    k = 0.3 * case.k_cache[blocks, slots, 0].float() + ramp * math.sqrt(16) * q0 / q0.dot(q0)  # [n, D]
+    case.k_cache[blocks, slots, 0] = k.to(case.q.dtype)
+    plan = forced(impl, case, groups, plens, prefix_chunks=tile // 2 + 1, suffix_splits=tile // 2)
+    assert plan.prefix_chunks + plan.suffix_splits == tile + 1, f"{plan}"
+    check(impl, case, groups, plens, plan=plan)
+
+
+def test_v_is_read_through_its_own_strides(impl, runtime):
+    """v_cache head-major (its token and head strides swapped against k_cache's, the block stride the
+    same), out a view unlike q (the canary buffer around it): a launch that hands the kernels K's
+    strides for V reads V's wrong tokens and heads, in the prefix stage and the suffix stage."""
+    case, groups, plens = cascade_case([40, 33, 9], [0, 0, -1], [32], device=runtime.device, stream=31)
+    case = v_strides_unlike_k(case)
+    check(impl, case, groups, plens, plan=forced(impl, case, groups, plens, suffix_splits=2))
+
+
+def test_widest_head_dim_is_read_whole(impl, runtime):
+    """D = 256, the widest head dim the launcher admits, on one KV head of two query heads: a feature tile
+    capped at 128 scores with half of q and k and leaves half of every partial output unwritten, yet
+    passes every case up to D = 128. Two members share one page; the suffixes are split in two."""
+    D = max(DOMAIN["head_dims"])
+    case, groups, plens = cascade_case([19, 25], [0, 0], [16], 2, 1, D, device=runtime.device, stream=32)
+    check(impl, case, groups, plens, plan=forced(impl, case, groups, plens, suffix_splits=2))
 
 
 def test_page_index_widened_to_int64(impl, runtime):
@@ -715,6 +765,9 @@ STAGES = [
             "test_every_prefix_chunk_count_matches",
             "test_every_suffix_split_count_matches",
             "test_merge_reads_every_tile_of_slots",
+            "test_merge_rescales_when_a_later_tile_of_slots_raises_the_max",
+            "test_v_is_read_through_its_own_strides",
+            "test_widest_head_dim_is_read_whole",
             "test_page_index_widened_to_int64",
             "test_prefix_tile_rows_map_to_heads",
             "test_head_dims",
@@ -884,5 +937,34 @@ MISTAKES = [
         question="Two requests share 1024 tokens: how many times does a cascading step still read them, and "
         "so how many reads does it save?",
         section="3.5",
+    ),  # One exponential of the merge in base 2: only a running max that rises in a later tile of slots
+    # makes the rescale differ from 1 (or 0), so merge_states (one tile) and 65 random slots pass.
+    Mistake(
+        5,
+        fails=("test_merge_rescales_when_a_later_tile_of_slots_raises_the_max",),
+        passes=("test_merge_states_equals_one_shot_softmax", "test_merge_reads_every_tile_of_slots"),
+        question="Member 0's largest lse sits in the merge's second tile of slots: by what does your merge "
+        "multiply the sum of the first tile when the max rises there, and in which base is that exponential?",
+        section="3.4",
+    ),
+    Mistake(
+        15,
+        fails=("test_v_is_read_through_its_own_strides",),
+        passes=("test_worked_example_three_requests", "test_q_and_cache_strides_are_used"),
+        # K's token stride steps past V's real slots into the NaN that poisons every stale one.
+        messages=(r"\bNaN\b",),
+        question="v_cache's token and head strides differ from k_cache's here: which strides does your "
+        "launch pass the kernels for V?",
+        section="3.1",
+    ),
+    Mistake(
+        16,
+        fails=("test_widest_head_dim_is_read_whole",),
+        # The features past the tile keep the NaN the harness fills fresh partial buffers with.
+        messages=(r"\bNaN\b",),
+        passes=("test_worked_example_three_requests", "test_head_dims", "test_dtypes"),
+        question="D = 256 here: how many features does your kernels' tl.arange over the head dim cover, and "
+        "who writes features 128 to 255 of the partial outputs the merge reads?",
+        section="3.1",
     ),
 ]
