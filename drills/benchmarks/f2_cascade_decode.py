@@ -1,10 +1,18 @@
-"""F2 benchmark: cascade decode against F1 alone and FlashInfer's two-level cascade, one run.
+"""F2 benchmark: cascade decode against F1 alone and two FlashInfer cascades, one run.
 
 Shapes (B, shared prefix, own suffix), Hq = 32, Hkv = 8, D = 128 (Llama-3-8B's attention), PAGE = 16, fp16:
 C1's traffic (a system prompt of 19 shared pages, 128 tokens of each request's own) on a bigger model,
 long shared documents read by many requests (4k to 32k tokens: the setting the Hydragen paper,
 arXiv 2402.05099, targets), two groups of 128 sharing 2048 tokens each, and a batch with no prefix at
 all (the planner's fallback, which must cost nothing there). Every column is a CUDA-graph replay of the bare launches (GPU time).
+
+FlashInfer, two ways (when it imports; n/a with a note when it does not):
+- composed, what a serving engine writes and the column F2 is judged by: the shared level through
+  BatchPrefillWithPagedKVCacheWrapper (every member's query a row of one prefill over its group's pages),
+  each request's own pages through BatchDecodeWithPagedKVCacheWrapper(use_tensor_cores=True), and
+  flashinfer.merge_state of the two (FlashInfer's lse is base 2 on both sides), captured as one graph;
+  on the no-prefix row, the decode wrapper alone over each whole table;
+- multilevel: MultiLevelCascadeAttentionWrapper with two levels, every level through the prefill wrapper.
 
 The read-once bound: the time to read each shared prefix once and each suffix once at this run's measured
 copy bandwidth (a device-to-device copy, bytes read + written), or to do the attention's FLOPs at this
@@ -44,10 +52,12 @@ COLUMNS = [
     ("cascade", "plan cascades"),
     ("f1_us", "F1 us"),
     ("f2_us", "F2 us"),
-    ("flashinfer_us", "FlashInfer cascade us"),
+    ("composed_us", "FlashInfer composed us"),
+    ("flashinfer_us", "FlashInfer multilevel us"),
     ("bound_us", "read-once bound us"),
     ("f2_vs_f1", "F2 / F1 (speed)"),
-    ("f2_vs_flashinfer", "F2 / FlashInfer (speed)"),
+    ("f2_vs_composed", "F2 / FlashInfer composed (speed)"),
+    ("f2_vs_flashinfer", "F2 / multilevel (speed)"),
     ("f2_vs_bound", "F2 / bound"),
     ("forced_vs_f1", "cascade forced / F1 (speed)"),
 ]
@@ -119,17 +129,88 @@ def flashinfer_cascade(args, prefix_group, prefix, groups):
     return lambda: wrapper.run(q, cache)
 
 
-def flashinfer_note(error, ran):
-    if error:
-        return f"FlashInfer: failed to build or run here ({error}), so its column is n/a."
-    if not ran:
-        return "FlashInfer: not importable in this environment, so its column is n/a."
-    import flashinfer
-
-    return (
-        f"FlashInfer {flashinfer.__version__}: MultiLevelCascadeAttentionWrapper, two levels (each group's "
-        "shared pages, then each request's own), plan() outside the timed call; the no-prefix row is n/a."
+def flashinfer_composed(args, prefix, groups):
+    """The cascade a serving engine composes from FlashInfer's wrappers, as one callable (graph-captured
+    whole by the caller): the shared level through BatchPrefillWithPagedKVCacheWrapper, group g's
+    members' queries [g * per_group, (g + 1) * per_group) as the rows of one non-causal prefill over the
+    group's pages; each request's own pages through BatchDecodeWithPagedKVCacheWrapper with tensor cores
+    (a KV head's query heads in the rows of one tile); flashinfer.merge_state of the two states, whose
+    lse both wrappers return in base 2 and merge_state reads in base 2. prefix = 0: the decode wrapper
+    alone over each whole table. plan() here, outside the timing; None when FlashInfer does not import."""
+    try:
+        import flashinfer
+    except ImportError:
+        return None
+    q, k_cache, v_cache, block_tables, context_lens = args  # q [B, Hq, D]; caches [blocks, PAGE, Hkv, D]
+    B, dev = q.shape[0], q.device
+    i32 = dict(dtype=torch.int32, device=dev)
+    p_pages = prefix // PAGE
+    s_pages = block_tables.shape[1] - p_pages
+    cache = (k_cache, v_cache)
+    mib = 1024 * 1024
+    decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+        torch.empty(128 * mib, dtype=torch.uint8, device=dev), "NHD", use_tensor_cores=True
     )
+    decode.plan(
+        torch.arange(0, B * s_pages + 1, s_pages, **i32),  # [B + 1] each request's own pages
+        block_tables[:, p_pages:].reshape(-1),
+        (context_lens - prefix - 1) % PAGE + 1,  # [B] tokens in each request's last page
+        HQ,
+        HKV,
+        D,
+        PAGE,
+        q_data_type=q.dtype,
+        kv_data_type=k_cache.dtype,
+    )
+    if not prefix:
+        return lambda: decode.run(q, cache)
+    per_group = B // groups
+    shared = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+        torch.empty(128 * mib, dtype=torch.uint8, device=dev), "NHD"
+    )
+    shared.plan(
+        torch.arange(0, B + 1, per_group, **i32),  # [groups + 1] each group's members' query rows
+        torch.arange(0, groups * p_pages + 1, p_pages, **i32),  # [groups + 1]
+        block_tables[::per_group, :p_pages].reshape(-1),  # each group's pages, from its first member
+        torch.full((groups,), PAGE, **i32),  # prefixes are whole pages
+        HQ,
+        HKV,
+        D,
+        PAGE,
+        causal=False,  # every member's query sees the whole prefix
+        q_data_type=q.dtype,
+        kv_data_type=k_cache.dtype,
+    )
+
+    def step():
+        o_shared, lse_shared = shared.run(q, cache, return_lse=True)  # [B, Hq, D], [B, Hq] base 2
+        o_own, lse_own = decode.run(q, cache, return_lse=True)
+        return flashinfer.merge_state(o_shared, lse_shared, o_own, lse_own)[0]
+
+    return step
+
+
+def flashinfer_note(errors: dict, ran: set) -> str:
+    """What the two FlashInfer columns are, or why one is n/a."""
+    try:
+        import flashinfer
+    except ImportError:
+        return "FlashInfer: not importable in this environment, so its columns are n/a."
+    parts = [
+        f"FlashInfer {flashinfer.__version__}, plan() outside the timed calls. Composed: the shared level "
+        "through BatchPrefillWithPagedKVCacheWrapper (every member's query a row of one prefill over its "
+        "group's pages), each request's own pages through BatchDecodeWithPagedKVCacheWrapper("
+        "use_tensor_cores=True), flashinfer.merge_state of the two (base-2 lse on both sides), captured as "
+        "one graph; on the no-prefix row the decode wrapper alone. Multilevel: MultiLevelCascadeAttentionWrapper, "
+        "two levels (each group's shared pages, then each request's own), both through the prefill "
+        "wrapper; n/a on the no-prefix row."
+    ]
+    for name, error in errors.items():
+        parts.append(f"{name}: failed to build or run here ({error}), so its column is n/a.")
+    for name in ("composed", "multilevel"):
+        if name not in ran and name not in errors:
+            parts.append(f"{name}: ran on no row.")
+    return " ".join(parts)
 
 
 def matmul_tflops() -> float:
@@ -145,7 +226,7 @@ def run(impl) -> tuple[bench.Table, list[str]]:
 
     table = bench.Table(COLUMNS)
     rate = matmul_tflops()
-    flashinfer_error, ran_flashinfer = None, False
+    fi_errors, fi_ran = {}, set()
     for B, prefix, suffix, groups in SHAPES:
         args, prefix_group, prefix_lens = make_inputs(B, prefix, suffix, groups)
         q, k_cache, v_cache, block_tables, context_lens = args
@@ -190,16 +271,29 @@ def run(impl) -> tuple[bench.Table, list[str]]:
             copy_gbs=copy_gbs,
             matmul_tflops=rate,
         )
+        peers = [
+            ("composed", "composed_us", "f2_vs_composed", lambda: flashinfer_composed(args, prefix, groups))
+        ]
         if prefix:
-            try:
-                fi = flashinfer_cascade(args, prefix_group, prefix, groups)
-            except Exception as exc:  # FlashInfer compiles on first use; a failed build is a note
-                fi, flashinfer_error = None, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
-            if fi is not None:
-                ran_flashinfer = True
+            peers.append(
+                (
+                    "multilevel",
+                    "flashinfer_us",
+                    "f2_vs_flashinfer",
+                    lambda: flashinfer_cascade(args, prefix_group, prefix, groups),
+                )
+            )
+        for name, key, ratio, build in peers:
+            try:  # FlashInfer compiles on first use; a failed build or run is a note, not a crash
+                fi = build()
+                if fi is None:
+                    continue
                 assert_close(fi(), want)
-                row["flashinfer_us"] = bench.time_us(fi, graph=True)
-                row["f2_vs_flashinfer"] = row["flashinfer_us"] / f2_us
+                row[key] = bench.time_us(fi, graph=True)
+                row[ratio] = row[key] / f2_us
+                fi_ran.add(name)
+            except Exception as exc:
+                fi_errors.setdefault(name, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
         table.add(row)
         del args, q, k_cache, v_cache, out, want
         torch.cuda.empty_cache()
@@ -212,10 +306,11 @@ def run(impl) -> tuple[bench.Table, list[str]]:
         "Read-once bound = max(bytes of each shared prefix once and each suffix once / copy bandwidth, "
         "attention FLOPs / matmul rate), both measured in this run (copy: device-to-device, bytes read + "
         "written; matmul: one 8192-square fp16 torch.matmul). F2 / bound is the bound's time over F2's.",
-        "F2 / F1 and F2 / FlashInfer are speed ratios (the other's time over F2's): above 1, F2 is faster. "
+        "F2 / F1 and F2 / FlashInfer are speed ratios (the other's time over F2's): above 1, F2 is faster; "
+        "F2 is judged by the composed column. "
         "Cascade forced / F1 is the same with plan(cascade=True): the prefix stage even where the planner "
         "falls back to F1, which shows where cascading starts to pay.",
-        flashinfer_note(flashinfer_error, ran_flashinfer),
+        flashinfer_note(fi_errors, fi_ran),
     ]
     return table, notes
 
@@ -225,9 +320,15 @@ def plot(rows, meta, path):
         r["_f1"] = r["bound_us"] / r["f1_us"]
         r["_f2"] = r["f2_vs_bound"]
         r["_fi"] = r["bound_us"] / r["flashinfer_us"] if r.get("flashinfer_us") else None
+        r["_fc"] = r["bound_us"] / r["composed_us"] if r.get("composed_us") else None
     bench.plot_bars(
         rows,
-        [("_f2", "F2 cascade"), ("_f1", "F1 split-KV"), ("_fi", "FlashInfer cascade")],
+        [
+            ("_f2", "F2 cascade"),
+            ("_f1", "F1 split-KV"),
+            ("_fc", "FlashInfer composed"),
+            ("_fi", "FlashInfer multilevel"),
+        ],
         [
             f"B={r['B']}\n{r['prefix']}+{r['suffix']}" + ("\n2 groups" if r["label"].startswith("2") else "")
             for r in rows
@@ -237,7 +338,7 @@ def plot(rows, meta, path):
         ylabel="fraction of the read-once bound",
     )
     for r in rows:
-        for k in ("_f1", "_f2", "_fi"):
+        for k in ("_f1", "_f2", "_fi", "_fc"):
             r.pop(k, None)
 
 
@@ -267,7 +368,36 @@ def _at(data, B: int, prefix: int, suffix: int) -> dict:
     return next(r for r in data["rows"] if (r["B"], r["prefix"], r["suffix"]) == (B, prefix, suffix))
 
 
+def _logical_mb(row: dict) -> float:
+    """MB of K and V that F1 loads on a row: every request's whole context (section 1's formula)."""
+    return 2 * row["B"] * (row["prefix"] + row["suffix"]) * HKV * D * 2 / 1e6
+
+
+def _ratios(data, key: str) -> str:
+    """The span of a ratio column over the rows that have it; n/a until a run measured it."""
+    values = [r[key] for r in data["rows"] if r.get(key) is not None]
+    return bench.span_of(values) if values else "n/a"
+
+
+def _dram(part: str):
+    def figure(data):
+        from drills.benchmarks import f2_dram_bytes
+
+        return getattr(f2_dram_bytes, part)(data)
+
+    return figure
+
+
 FIGURES = {
+    "f1_c1_logical_mb": lambda d: bench.num(_logical_mb(_at(d, 256, 304, 128)), 0),
+    "f1_c1_us": lambda d: bench.num(_at(d, 256, 304, 128)["f1_us"], 0),
+    "f1_c1_logical_tbs": lambda d: bench.num(
+        _logical_mb(_at(d, 256, 304, 128)) / _at(d, 256, 304, 128)["f1_us"], 2
+    ),  # MB / us = TB/s
+    "dram_table": _dram("table"),
+    "dram_note": _dram("note"),
+    "vs_composed": lambda d: _ratios(d, "f2_vs_composed"),
+    "vs_multilevel": lambda d: _ratios(d, "f2_vs_flashinfer"),
     "vs_f1": lambda d: bench.span_of(r["f2_vs_f1"] for r in d["rows"] if r["prefix"]),
     "vs_bound": lambda d: bench.span_of(r["f2_vs_bound"] for r in d["rows"]),
     "c1_vs_f1": lambda d: bench.num(_at(d, 256, 304, 128)["f2_vs_f1"]),

@@ -4,7 +4,7 @@ Fill in the TODOs in three stages (make test L=f2 says which one you are in); th
 are complete. Read drills/content/f2_cascade_decode.md first: every TODO names its section.
   1. merge: merge_kernel (delete merge_states' `raise NotImplementedError` line)
   2. prefix and suffix with the cuts forced: _attend_tiles, prefix_kernel, suffix_kernel, and plan()'s
-     tiles and cuts (delete the raise lines in plan() and cascade_decode)
+     tiles (the cuts after them are written; delete the raise lines in plan() and cascade_decode)
   3. planner: plan() deciding on its own whether cascading pays
 
 When requests share a system prompt, their block tables start with the same physical pages. F1 reads
@@ -229,7 +229,9 @@ def _attend_tiles(
     # [ROWS, D]; loop over [start, end) in tiles of BLOCK_N tokens: each token's block id
     # bt_row[tok // PAGE] (one load per tile when PAGE >= BLOCK_N) widened to int64, slot tok % PAGE. Per
     # lane, count ids outside [0, num_blocks) in n_bad (the first in first_bad) and read block 0 instead.
-    # Scores with tl.dot in base 2 (qk_scale holds log2 e), -inf past `end`, the exp2 update.
+    # K and V loads masked past `end` with other=0.0: a masked lane's memory may hold NaN or inf, and
+    # 0 * NaN in p @ v is NaN even where p = 0. Scores with tl.dot in base 2 (qk_scale holds log2 e), -inf
+    # past `end`, the exp2 update.
     # TODO(section 3.2): o = acc / l_i and lse = (m_i + log2 l_i) * ln 2, natural log; o = 0 and lse = -inf
     # where l_i == 0 (an empty range).
     o = tl.zeros([ROWS, D], dtype=tl.float32)
