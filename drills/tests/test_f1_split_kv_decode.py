@@ -844,9 +844,27 @@ MISTAKES = [
         4,
         fails=("test_merge_states_lse_beyond_fp32_exp_range",),
         passes=("test_merge_states_equals_one_shot_softmax",),
+        messages=(r"NaN|nan",),  # e^lse overflows: this lesson's own exponential without its max shift
         question="Both parts have lse near +200 (or -200): what is e^200 in fp32, and what do you "
         "subtract from each lse before the exp so that nothing overflows?",
         section="2",
+    ),
+    Mistake(
+        4,
+        fails=("test_merge_states_lse_beyond_fp32_exp_range",),
+        passes=("test_merge_states_equals_one_shot_softmax",),
+        question="Both parts have lse near +200 (or -200): what is e^200 in fp32, and what do you "
+        "subtract from each lse before the exp so that nothing overflows?",
+        section="2",
+    ),
+    Mistake(
+        4,
+        fails=("test_split_merge_shifts_by_the_max",),
+        passes=(EVERY_SPLIT, "test_empty_splits_do_not_divide_zero_by_zero"),
+        messages=(r"NaN|nan",),  # e^lse overflows: this lesson's own exponential without its max shift
+        question="Every split's lse is above 128 here: what is e^lse in fp32, and what does the split "
+        "merge subtract from each lse before the exp?",
+        section="3.5",
     ),
     Mistake(
         4,
