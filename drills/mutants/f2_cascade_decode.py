@@ -113,4 +113,23 @@ MUTANTS = [
         "common = dict(PAGE=PAGE, D=D, BLOCK_N=BLOCK_N)",
         "common = dict(PAGE=PAGE, D=min(D, 128), BLOCK_N=BLOCK_N)",
     ),
+    Mutant(
+        "suffix_sequence_index_int32",
+        "17. the sequence index left int32 in the suffix stage (b * stride_qb overflows)",
+        "b = tl.program_id(0).to(tl.int64)\n    kvh = tl.program_id(1).to(tl.int64)",
+        "b = tl.program_id(0)\n    kvh = tl.program_id(1).to(tl.int64)",
+    ),
+    Mutant(
+        "prefix_member_index_int32",
+        "17. the tile's member index left int32 in the prefix stage (b * stride_qb overflows)",
+        "b = tl.where(r_mask, seq, 0).to(tl.int64)",
+        "b = tl.where(r_mask, seq, 0)",
+    ),
+    # Only the PAGE < 16 path gathers one block id per token: the PAGE = 16 case cannot see it.
+    Mutant(
+        "gathered_block_ids_int32",
+        "17. block ids gathered token by token left int32 (PAGE < 16)",
+        "phys = tl.load(bt_row + tok // PAGE, mask=t_mask, other=0).to(tl.int64)",
+        "phys = tl.load(bt_row + tok // PAGE, mask=t_mask, other=0)",
+    ),
 ]

@@ -23,6 +23,7 @@ from drills.tests.paged_kv import (
     HEAD_DIMS,
     PAGED_BAD_INPUTS,
     SHARED_KV_BAD_INPUTS,
+    PagedCase,
     call_with_canary_out,
     grouping_cases,
     in_layer_pool,
@@ -31,6 +32,7 @@ from drills.tests.paged_kv import (
     make_paged_case,
     paged_attention_reference,
     pool_past_int32,
+    q_rows_far_apart,
     spoiled_call,
     strided_q,
     v_strides_unlike_k,
@@ -45,6 +47,7 @@ LOG2E, LN2 = 1 / math.log(2), math.log(2)
 DOMAIN = dict(
     head_dims=HEAD_DIMS,  # powers of two from 16 to 256
     pages=tuple(2**i for i in range(8)),  # PAGE from 1 to 128; below 16 a tile gathers token by token
+    tile_tokens=16,  # BLOCK_N: the keys a stage scores at once; smaller pages are gathered per token
     merge_tile=64,  # the reference merge reads at most 64 slots (prefix chunks + suffix splits) at a time
     dtypes=(torch.float16, torch.bfloat16),
 )
@@ -368,13 +371,29 @@ def test_widest_head_dim_is_read_whole(impl, runtime):
     check(impl, case, groups, plens, plan=forced(impl, case, groups, plens, suffix_splits=2))
 
 
-def test_page_index_widened_to_int64(impl, runtime):
+# A tile reads one table entry when a page holds it (PAGE >= 16) and one per token below: each path
+# forms its own block offsets, so the int64 case runs one page size from each side of the tile.
+SPAN_PAGES = (DOMAIN["tile_tokens"], 4)
+
+
+@pytest.mark.parametrize("PAGE", SPAN_PAGES, ids=[f"page{p}" for p in SPAN_PAGES])
+def test_page_index_widened_to_int64(impl, runtime, PAGE):
     """Block ids above 2**32 / page stride, in the shared prefix and the suffixes: int32 offsets wrap to
-    the pool's first blocks (zeros in a sparse cache). The caches are sparse files on a CPU."""
-    far_blocks = pool_past_int32(runtime, 16, 1, 128, spare=32)
+    the pool's first blocks (zeros in a sparse cache). PAGE = 16 reads one table entry per tile, PAGE = 4
+    gathers block ids token by token. The caches are sparse files on a CPU."""
+    far_blocks = pool_past_int32(runtime, PAGE, 1, 128, spare=32)
     case, groups, plens = cascade_case(
-        [40, 37], [0, 0], [32], 4, 1, 128, device=runtime.device, stream=27, **far_blocks
+        [40, 37], [0, 0], [32], 4, 1, 128, PAGE, device=runtime.device, stream=27, **far_blocks
     )
+    check(impl, case, groups, plens, plan=forced(impl, case, groups, plens, suffix_splits=1))
+
+
+def test_sequence_index_widened_to_int64(impl, runtime):
+    """q's rows 1.5 * 2**30 elements apart (q_rows_far_apart): member 2's row starts 3 * 2**30 elements
+    in, so b * stride_qb must be int64 in the prefix tile (which loads its members' rows) and in the
+    suffix stage."""
+    case, groups, plens = cascade_case([40, 33, 25], [0, 0, 0], [16], 4, 2, device=runtime.device, stream=33)
+    case = PagedCase(q_rows_far_apart(case.q, runtime), *case.args[1:])
     check(impl, case, groups, plens, plan=forced(impl, case, groups, plens, suffix_splits=1))
 
 
@@ -769,6 +788,7 @@ STAGES = [
             "test_v_is_read_through_its_own_strides",
             "test_widest_head_dim_is_read_whole",
             "test_page_index_widened_to_int64",
+            "test_sequence_index_widened_to_int64",
             "test_prefix_tile_rows_map_to_heads",
             "test_head_dims",
             "test_page_sizes",
@@ -965,6 +985,23 @@ MISTAKES = [
         passes=("test_worked_example_three_requests", "test_head_dims", "test_dtypes"),
         question="D = 256 here: how many features does your kernels' tl.arange over the head dim cover, and "
         "who writes features 128 to 255 of the partial outputs the merge reads?",
+        section="3.1",
+    ),
+    Mistake(
+        17,
+        fails=("test_sequence_index_widened_to_int64",),
+        passes=("test_worked_example_three_requests", "test_q_and_cache_strides_are_used"),
+        question="Member 2's row of q starts 3 * 2**30 elements in: in which integer type does your kernel "
+        "compute b * stride_qb, in the prefix tile and in the suffix stage?",
+        section="3.1",
+    ),
+    Mistake(
+        17,
+        fails=("test_page_index_widened_to_int64",),
+        passes=("test_worked_example_three_requests", "test_page_sizes"),
+        question="Only block ids past 2**31 / stride_kb fail: in which integer type is each block id "
+        "multiplied by the page stride, on the path that reads one id per page and on the one that "
+        "gathers an id per token?",
         section="3.1",
     ),
 ]
