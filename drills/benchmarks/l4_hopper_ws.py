@@ -1,7 +1,7 @@
 """Does Triton's Hopper warp specialisation help T5 or L4? Measured, not quoted: L4's explainer
 (section 4) renders its sentences on it from drills/content/l4_paged_prefill.hopper_ws.json.
 
-Since 3.5, Triton's sm_90 pipeline runs a warp-specialisation pass on loops marked
+Since 3.4 (triton-lang/triton PR #7136), Triton's sm_90 pipeline runs a warp-specialisation pass on loops marked
 `tl.range(..., warp_specialize=True)`, meant for loops whose loads go through tensor descriptors
 (`tl.make_tensor_descriptor`). This script times each loop at fixed tiles with and without the flag,
 and records whether the compiled TTGIR holds a `ttg.warp_specialize` op (the pass applied), a loop
@@ -12,20 +12,36 @@ compiled as without the flag, or the error the compiler or the output check gave
   paged  L4's fully visible key tiles (every key visible to every row, the loop L4 runs before its
          masked tiles) over a paged cache: L4's per-key gather through the block table against one
          descriptor load per page, a [PAGE, D] box at the page's row (PAGE = BLOCK_N, so a tile is one
-         page), the block id read once per tile.
+         page), the block id read once per tile. PAGE 16 is also tried with 4 warps and 128 x 64 tiles,
+         the tile that was fastest at PAGE 64.
+  control  the positive control: the upstream attention tutorial's own warp-specialised forward
+         (python/tutorials/06-fused-attention.py of the installed Triton's tag, host tensor
+         descriptors, non-causal), imported from the file TRITON_ATTENTION_TUTORIAL names (default
+         .whl/06-fused-attention.py; rows say "absent" without it), with warp_specialize False and
+         True, on T5's shape with K and V repeated to every query head (the tutorial has no GQA); and
+         T5's loop in the tutorial's Hopper configuration (host descriptors, 128 x 64, 4 warps, 3
+         stages), with and without the flag. If the tutorial's kernel warp-specialises and is right
+         here, the failures of the other loops are theirs; if it fails too, the pass is.
 
 Every output is checked against SDPA in fp32 before it is timed. Run on a CUDA GPU (sm_90 for the
-question to mean anything): `python -m drills.benchmarks.l4_hopper_ws OUT.json`, about 5 minutes on an
-H200. It is not a lesson's benchmark (drills/benchmarks/<stem>.py): `make bench` does not run it.
+question to mean anything): `python -m drills.benchmarks.l4_hopper_ws OUT.json [PART ...]` (parts
+control, t5, paged; all three when none is named), a few minutes per part on an H200. Parts named run
+and replace their keys in OUT.json, and the other parts' keys already there are kept, so each part can
+run under its own time limit. It is not a lesson's benchmark (drills/benchmarks/<stem>.py): `make bench`
+does not run it.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
+import os
 import re
 import subprocess
 import sys
+import types
+from pathlib import Path
 
 import torch
 import triton
@@ -265,8 +281,13 @@ def paged_variants():
             return (out.float() - ref).abs().max().item()
 
         for bm, bn, warps, stages in CONFIGS:
-            if page == 16 and (bm, bn, warps, stages) != CONFIGS[0] or page > 16 and page != bn:
-                continue  # PAGE 16: L4's own tile only; otherwise a tile is one page
+            if (
+                page == 16
+                and (bm, bn, warps, stages) not in (CONFIGS[0], (128, 64, 4, 3))
+                or page > 16
+                and page != bn
+            ):
+                continue  # PAGE 16: L4's own tile, and the 4-warp tile best at PAGE 64; otherwise a tile is one page
             for desc in (False, True) if page == bn else (False,):
                 for ws in (False, True):
 
@@ -285,13 +306,101 @@ def paged_variants():
     return {"B": B, "new tokens": Nq, "keys (all visible)": ctx, "Hq": HQ, "Hkv": HKV, "D": D}, found
 
 
-EXPERIMENTS = {"t5": t5_variants, "paged": paged_variants}
+TUTORIAL = Path(os.environ.get("TRITON_ATTENTION_TUTORIAL", ".whl/06-fused-attention.py"))
+
+
+def _tutorial():
+    """The upstream tutorial's module, imported from its file (None when the file is absent). Its top
+    level imports pytest for its own tests; a stand-in serves where pytest is not installed."""
+    if not TUTORIAL.exists():
+        return None
+    try:
+        import pytest  # noqa: F401
+    except ImportError:
+        mark = types.SimpleNamespace(parametrize=lambda *a, **k: lambda f: f)
+        sys.modules["pytest"] = types.SimpleNamespace(mark=mark)
+    spec = importlib.util.spec_from_file_location("triton_attention_tutorial", TUTORIAL)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _compiled_of(jit) -> list:
+    """Every compiled kernel a (possibly autotuned) Triton function holds in its caches: the TTGIR of
+    the configs the autotuner tried. Walked loosely, as the cache's layout moves between versions."""
+    while hasattr(jit, "fn") and not hasattr(jit, "device_caches"):
+        jit = jit.fn  # Autotuner / Heuristics wrap the JITFunction
+    found = []
+    for entry in getattr(jit, "device_caches", {}).values():
+        for part in entry if isinstance(entry, tuple) else (entry,):
+            if isinstance(part, dict):
+                found += [k for k in part.values() if hasattr(k, "asm")]
+    return found
+
+
+def control_variants():
+    """The positive control: (shape, [(name, config, ws, launch, check, flops)])."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    B, N = 4, 4096
+    torch.manual_seed(0)
+    q = torch.randn(B, HQ, N, D, device="cuda", dtype=torch.float16)
+    k = torch.randn(B, HKV, N, D, device="cuda", dtype=torch.float16)
+    v = torch.randn_like(k)
+    scale = 1 / math.sqrt(D)
+    ref = _fp32_ref(q, k, v, scale)
+    flops = 4.0 * B * HQ * N * N * D
+    out = torch.empty_like(q)
+    got = {}
+
+    def check():
+        return (got.get("out", out).float() - ref).abs().max().item()
+
+    found = []
+    module = _tutorial()
+    if module is not None:  # the tutorial has one KV head per query head: [B, Hq, N, D], repeated once here
+        kr, vr = (x.repeat_interleave(HQ // HKV, dim=1) for x in (k, v))
+    for ws in (False, True):
+        name = f"upstream tutorial _attn_fwd ({TUTORIAL.name})"
+
+        def launch(ws=ws):
+            if module is None:
+                raise FileNotFoundError(f"absent: {TUTORIAL} (set TRITON_ATTENTION_TUTORIAL)")
+            got["out"] = module.attention(q, kr, vr, False, scale, ws)
+            if ("compiled", ws) not in got:  # the first call only: timed calls stay bare
+                torch.cuda.synchronize()
+                best = getattr(module._attn_fwd, "best_config", None)
+                got["best_config"] = str(best) if best is not None else None
+                ttgir = "\n".join(kern.asm.get("ttgir", "") for kern in _compiled_of(module._attn_fwd))
+                got["compiled", ws] = types.SimpleNamespace(asm={"ttgir": ttgir}, n_regs=None, n_spills=None)
+            return got["compiled", ws]
+
+        found.append((name, ["autotuned"], ws, launch, check, flops))
+    for ws in (False, True):  # T5's loop in the tutorial's Hopper tile: host descriptors, 128 x 64, 4 warps
+
+        def launch(ws=ws, bm=128, bn=64):
+            got.pop("out", None)
+            args = (TensorDescriptor.from_tensor(q.view(-1, D), [bm, D]),
+                    TensorDescriptor.from_tensor(k.view(-1, D), [bn, D]),
+                    TensorDescriptor.from_tensor(v.view(-1, D), [bn, D]))  # fmt: skip
+            return t5_kernel[(N // bm, B * HQ)](
+                *args, out, scale * 1.4426950408889634, N, B * HQ * N, B * HKV * N,
+                HQ=HQ, GROUP=HQ // HKV, D=D, BLOCK_M=bm, BLOCK_N=bn, DESC=2, WS=ws,
+                num_warps=4, num_stages=3,
+            )  # fmt: skip
+
+        found.append(("t5 loop, tensor descriptors (host)", [128, 64, 4, 3], ws, launch, check, flops))
+    return {"B": B, "Hq": HQ, "Hkv": HKV, "N": N, "D": D, "causal": False}, found
+
+
+EXPERIMENTS = {"control": control_variants, "t5": t5_variants, "paged": paged_variants}
 
 
 def _risky(variant) -> bool:
     """One warpgroup with the flag on: where the pass runs, and where it has crashed the process (an
-    illegal address poisons the CUDA context), so each of these runs in a process of its own."""
-    return variant[2] and variant[1][2] == 4
+    illegal address poisons the CUDA context), so each of these runs in a process of its own; and the
+    tutorial's kernel with the flag, whatever tile its autotuner picks."""
+    return variant[2] and (variant[1][2:3] == [4] or variant[1] == ["autotuned"])
 
 
 def run_part(path: str, part: str, only: int | None = None) -> dict:
@@ -304,6 +413,8 @@ def run_part(path: str, part: str, only: int | None = None) -> dict:
             continue
         row = _variant(*variant)
         row["index"] = i
+        if variant[1] == ["autotuned"]:
+            row["best_config"] = _last_best_config(variant)
         rows.append(row)
     if only is None:
         for i, variant in enumerate(variants):
@@ -328,12 +439,23 @@ def run_part(path: str, part: str, only: int | None = None) -> dict:
     return result
 
 
-def main(path: str) -> None:
-    """Both experiments into one JSON at path: meta, then t5_shape, t5, paged_shape, paged."""
+def _last_best_config(variant) -> str | None:
+    """The tile the tutorial's autotuner chose in the call just made (its launch closure keeps it)."""
+    cells = variant[4].__closure__ or ()
+    for cell in cells:
+        if isinstance(cell.cell_contents, dict) and "best_config" in cell.cell_contents:
+            return cell.cell_contents["best_config"]
+    return None
+
+
+def main(path: str, parts: list[str] | None = None) -> None:
+    """The named experiments (all when None) into one JSON at path: meta, then <part>_shape and <part>
+    for each; the keys of parts not named, already in the file, are kept."""
     # In-kernel tensor descriptors live in a global scratch buffer the launch asks for.
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
-    data = {"meta": stamp()}
-    for part in ("t5", "paged"):
+    data = json.load(open(path)) if os.path.exists(path) else {}
+    data["meta"] = stamp()
+    for part in parts or list(EXPERIMENTS):
         result = run_part(path, part)
         data[f"{part}_shape"], data[part] = result["shape"], result["rows"]
         with open(path, "w") as f:  # after each part: a run stopped later keeps the first
@@ -346,4 +468,4 @@ if __name__ == "__main__":
         triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
         run_part(sys.argv[1], sys.argv[2], int(sys.argv[3]))
     else:
-        main(sys.argv[1])
+        main(sys.argv[1], sys.argv[2:] or None)
