@@ -53,6 +53,13 @@ def test_a_pitfall_that_claims_nan_is_still_named_first():
     assert diagnose.diagnose(cases, mistakes)[0].pitfall == 10
 
 
+def test_a_pitfall_whose_look_alikes_pass_keeps_its_nan():
+    # Its look-alike passed: the NaN is this pitfall's own (an overflow only its check provokes).
+    mistakes = [Mistake(4, fails=("test_lse_beyond_exp_range",), passes=("test_merge",))]
+    cases = [case("test_lse_beyond_exp_range", message=NAN_MESSAGE), case("test_merge", "passed")]
+    assert diagnose.diagnose(cases, mistakes)[0].pitfall == 4
+
+
 def test_nan_with_no_pitfall_consistent_is_named_as_nan():
     mistakes = [Mistake(3, fails=("test_big",), passes=("test_small",))]
     cases = [case("test_big", message=NAN_MESSAGE), case("test_small", message=NAN_MESSAGE)]

@@ -298,10 +298,18 @@ def diagnose(
             key=lambda s: not any(re.search(rx, c.message) for rx in s.mistake.messages for c in grid)
         )
     # A pitfall that leaves finite values does not explain NaN or inf: when every failure the best
-    # consistent one explains shows NaN or inf and it does not claim them, the NaN's reading comes first.
+    # consistent one explains shows NaN or inf, it does not claim them, and no look-alike of it passed
+    # (its `passes`: a NaN they do not show is the pitfall's own), the NaN's reading comes first.
     nan = nan_cases(cases)
     if nan and not only_one_dtype_fails(cases) and not any(claims_nan(s.mistake, cases) for s in consistent):
-        top = consistent[:1] if consistent and all(c in nan for c in consistent[0].witnesses) else []
+        best = consistent[0] if consistent else None
+        top = (
+            [best]
+            if best is not None
+            and all(c in nan for c in best.witnesses)
+            and best.total == len(best.mistake.fails) + len(best.mistake.messages)  # no look-alike ran
+            else []
+        )
         if top or not consistent:
             found = [Finding(0, NAN_TITLE, _evidence(nan[0]), True, None, "nan")]
             rest = top or [s for s in scored if s.held > 0 and s.witnesses]
