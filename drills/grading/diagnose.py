@@ -13,6 +13,20 @@ condition, all optional:
 A mistake whose every condition holds is consistent with the results; the most specific consistent
 one (most conditions) is named first, and a second consistent one is named too. When none is fully
 consistent, the one with the largest share of conditions holding is named as "most likely".
+
+Rules that hold whatever the lesson, before the patterns are read:
+  - NaN or inf in a result is the mark of a masked load without `other=` (the harness makes its
+    masked-off lanes read NaN), of an exponential without its max shift, or of output never stored
+    (NAN_TITLE). A mistake whose symptom is NaN says so in `messages` (r"NaN|nan"); one that does not,
+    and none of whose look-alikes (`passes`) ran, is named after that reading when every failure it
+    explains shows NaN or inf.
+  - A case failing with the stub's NotImplementedError says which function is missing, not which
+    pitfall: it is set aside, and when nothing else failed the finding is "stage N not written yet:
+    function X" (N from the grader's STAGES).
+  - A check that passes bad input on purpose (its name says reject, raise, catch or bad) and met the
+    harness's not-from-kernel verdict failed because the learner's code let that input through and torch
+    ran on it: a missing argument check. "Did not come from your kernel" is said only when no such
+    honest failure explains the results.
 """
 
 from __future__ import annotations
