@@ -324,7 +324,9 @@ def diagnose(
             and best.total == len(best.mistake.fails) + len(best.mistake.messages)  # no look-alike ran
             else []
         )
-        if top or not consistent:
+        # With no pitfall consistent, a failure the harness names (out of bounds, a crash, a timeout)
+        # that comes first is more certain than the NaN it may leave behind: it is reported below.
+        if top or (not consistent and generic_kind(failing[0].message) is None):
             found = [Finding(0, NAN_TITLE, _evidence(nan[0]), True, None, "nan")]
             rest = top or [s for s in scored if s.held > 0 and s.witnesses]
             rest.sort(key=lambda s: (-s.held / s.total, -s.held, mistakes.index(s.mistake)))
