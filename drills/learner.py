@@ -63,7 +63,7 @@ def grade(lesson: Lesson, timeout: float | None = None) -> Grade:
             graded=rel(mine_file(lesson)),
             message=f"{rel(mine_file(lesson))} does not exist: make reset L={lesson.id} restores the stub",
         )
-    return run.grade(lesson, file=None if default else mine_file(lesson), timeout=timeout)
+    return run.grade_once(lesson, file=None if default else mine_file(lesson), timeout=timeout)
 
 
 def load_mine(lesson: Lesson):
@@ -437,16 +437,40 @@ def diff(lesson: Lesson) -> int:
     if mine == reference:
         print(f"{lesson.id} passes, and {rel(mine_file(lesson))} is identical to {rel(lesson.solution)}")
         return 0
+    stub = contract.pristine_stub_source(lesson, committed_only=True)  # never the learner's own file
+    mine_lines, hidden = without_stub_comments(mine, stub, reference)
     print(f"{lesson.id} passes. The reference beside yours: lines with - are the reference's, + yours.")
+    if hidden:
+        print(
+            f"({hidden} comment lines of the stub that you kept, its TODOs, are left out: they are not yours, "
+            "and the reference has its own comments there.)"
+        )
     sys.stdout.writelines(
         difflib.unified_diff(
             reference.splitlines(keepends=True),
-            mine.splitlines(keepends=True),
+            mine_lines,
             fromfile=f"{rel(lesson.solution)} (reference)",
             tofile=f"{rel(mine_file(lesson))} (yours)",
         )
     )
     return 0
+
+
+def without_stub_comments(mine: str, stub: str | None, reference: str) -> tuple[list[str], int]:
+    """The learner's lines without the comment lines that came with the stub and that the reference
+    does not have (the TODOs, kept or half-kept): those are not the learner's lines, and in a diff they
+    would stand as "+ yours" beside every hole the learner filled. A comment line the learner wrote, or
+    one the reference has too, stays. Returns (lines, how many were left out)."""
+    if stub is None:
+        return mine.splitlines(keepends=True), 0
+    comment = lambda line: line.lstrip().startswith("#")  # noqa: E731
+    stub_only = {line.strip() for line in stub.splitlines() if comment(line)} - {
+        line.strip() for line in reference.splitlines() if comment(line)
+    }
+    kept = [
+        line for line in mine.splitlines(keepends=True) if not (comment(line) and line.strip() in stub_only)
+    ]
+    return kept, len(mine.splitlines()) - len(kept)
 
 
 # --- make watch ----------------------------------------------------------------------------------
