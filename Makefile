@@ -98,9 +98,9 @@ lint: $(ENV) ## the formatter and the linter (ruff, as configured in pyproject.t
 contract: $(ENV) ## the stub contract alone: same names, signatures, docstrings; code without a TODO as the reference's
 	@$(PYTHON) -m drills contract
 
-new: $(ENV) ## a new lesson's files, LESSONS entry and README row, ready to fill in: make new STEM=l5_paged_append TITLE='...'
+new: $(ENV) ## a new lesson's files, LESSONS entry and README row, ready to fill in: make new STEM=l5_paged_append TITLE='...' (UNDO=1 takes back only what it wrote)
 	@test -n "$(STEM)" || { echo "say which stem: make new STEM=l5_paged_append (its id is l5; CONTRIBUTING.md)"; exit 2; }
-	@$(PYTHON) -m drills new $(STEM) $(if $(TITLE),--title "$(TITLE)")
+	@$(PYTHON) -m drills new $(STEM) $(if $(TITLE),--title "$(TITLE)") $(if $(UNDO),--undo) $(if $(FORCE),--force)
 
 notebooks: $(ENV) ## execute every notebook top to bottom (L= for one); WRITE=1 writes the outputs into the files, to commit
 	@$(PYTHON) -m drills notebooks $(L) $(if $(filter 1,$(WRITE)),--write)

@@ -10,6 +10,13 @@ A stem is `<id>_<words>`: the id is letters then digits (`l5`), its letters uppe
 (`L`), and the words a Python name (`paged_append`), which also names the placeholder's function and
 kernel. The entry goes after the last lesson of its track in LESSONS (a new track goes before the
 capstone), the README row after that lesson's row.
+
+`python -m drills new <stem> --undo` (`make new STEM=<stem> UNDO=1`) takes back what `new` wrote and
+nothing else: it reads the manifest `new` left in .drills/new/<stem>.json (each file it wrote with the
+hash of what it wrote, and the one line it added to drills/lessons.py and to README.md), deletes each
+new file that still holds what was written, and removes those two lines. A file edited since is kept
+and named (--force deletes it too, still only the lesson's own files); any other change in the working
+tree, a contributor's drills/mine work included, is never touched.
 """
 
 from __future__ import annotations
@@ -451,6 +458,7 @@ def create(stem: str, title: str | None = None, track: str | None = None, root: 
         )
     lessons_file = root / "drills" / "lessons.py"
     lessons_source, after_id = _with_entry(lessons_file.read_text(), stem, title, track)
+    added = {}  # file -> the text `new` added to it, which undo removes
     written = []
     for rel, write in zip(lesson_paths(stem), WRITERS):
         path = root / rel
@@ -465,20 +473,100 @@ def create(stem: str, title: str | None = None, track: str | None = None, root: 
         if updated is not None:
             readme.write_text(updated)
             written.append("README.md")
+            explainer_path = f"drills/content/{stem}.md"
+            added["README.md"] = f"| {n['id']} | {track} | {title} | [{explainer_path}]({explainer_path}) |\n"
     _formatted(
         [root / rel for rel in written if rel.endswith(".py") and not rel.startswith("drills/mine/")], root
     )
+    # The entry as it stands after formatting (a long title may have been wrapped over several lines).
+    source = lessons_file.read_text()
+    entry = next(e for e in listed_lessons(source) if e[0] == stem)
+    added["drills/lessons.py"] = "".join(source.splitlines(keepends=True)[entry[3] - 1 : entry[4]])
+    _write_manifest(root, stem, {rel: _sha(root / rel) for rel in lesson_paths(stem)}, added)
     return written
+
+
+# --- Undo: only what `new` wrote ---------------------------------------------------------------
+
+
+def manifest_path(root: Path, stem: str) -> Path:
+    """Where `new` records what it wrote: under .drills/, which git ignores."""
+    return root / ".drills" / "new" / f"{stem}.json"
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _write_manifest(root: Path, stem: str, files: dict[str, str], lines: dict[str, str]) -> None:
+    path = manifest_path(root, stem)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"stem": stem, "files": files, "lines": lines}, indent=1) + "\n")
+
+
+def undo(stem: str, root: Path = ROOT, force: bool = False) -> tuple[list[str], list[str]]:
+    """Take back what `create(stem)` wrote under root, from its manifest: (what was removed, what was
+    kept because it changed since, each with the reason). Raises ValueError, naming the stem, when no
+    manifest exists (nothing of it was written by `new`, or it was undone already)."""
+    path = manifest_path(root, stem)
+    if not path.exists():
+        raise ValueError(
+            f"stem {stem!r}: no record of `new` writing it ({path.relative_to(root)} is absent), so undo "
+            "removes nothing; it takes back only what `make new` wrote, and only once"
+        )
+    record = json.loads(path.read_text())
+    removed, kept, left = [], [], {}
+    for rel, sha in record["files"].items():
+        file = root / rel
+        if not file.exists():
+            continue
+        if force or _sha(file) == sha:
+            file.unlink()
+            removed.append(rel)
+        else:
+            kept.append(f"{rel} (edited since `new` wrote it; --force deletes it)")
+            left[rel] = sha
+    for rel, line in record["lines"].items():
+        file = root / rel
+        text = file.read_text() if file.exists() else ""
+        if text.count(line) == 1:
+            file.write_text(text.replace(line, "", 1))
+            removed.append(f"{rel}: {line.strip()}")
+        elif line not in text:
+            kept.append(f"{rel} (its line for {stem} is gone already)")
+        else:
+            kept.append(f"{rel} (its line for {stem} is there more than once; remove it by hand)")
+    if left:  # what --force may still delete; the lines are dealt with
+        _write_manifest(root, stem, left, {})
+    else:
+        path.unlink()  # done: a second undo finds no record
+    return removed, kept
 
 
 def parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("stem", help="<id>_<words>, e.g. l5_paged_append (id l5, track L)")
     p.add_argument("--title", default=None, help="the lesson's title in make list (default: from the stem)")
     p.add_argument("--track", default=None, help="one upper-case letter (default: the id's letter)")
+    p.add_argument(
+        "--undo", action="store_true", help="take back what `new` wrote for this stem, nothing else"
+    )
+    p.add_argument(
+        "--force", action="store_true", help="with --undo: delete the lesson's new files even if edited"
+    )
     return p
 
 
 def main(args) -> int:
+    if args.undo:
+        try:
+            removed, kept = undo(args.stem, force=args.force)
+        except ValueError as exc:
+            print(f"python -m drills new --undo: {exc}", file=sys.stderr)
+            return 2
+        print("undone: " + (", ".join(removed) if removed else "nothing left to remove"))
+        for k in kept:
+            print(f"kept: {k}")
+        return 1 if kept else 0
     try:
         written = create(args.stem, args.title, args.track)
     except ValueError as exc:

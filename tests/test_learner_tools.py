@@ -124,6 +124,21 @@ def test_diff_waits_for_a_pass_then_shows_the_reference(mine, capsys):
     assert "+import torch  # mine" in out and "-import torch\n" in out
 
 
+def test_diff_leaves_out_the_stub_comments_the_learner_kept(mine, capsys):
+    """A learner who fills each hole under its TODO keeps the TODO: that comment came with the stub, is
+    not the learner's, and must not stand as a "+ yours" line; a comment the learner wrote stays."""
+    stub = contract.pristine_stub_source(T1, committed_only=True)
+    todos = [line for line in stub.splitlines(keepends=True) if line.lstrip().startswith("# TODO")]
+    assert todos, "T1's stub has TODO comments"
+    solution = T1.solution.read_text()
+    mine_file = mine / f"{T1.stem}.py"
+    mine_file.write_text("".join(todos) + solution + "# my own note\n")
+    assert learner.diff(T1) == 0
+    out = capsys.readouterr().out
+    assert "# TODO" not in out and f"{len(todos)} comment lines of the stub" in out
+    assert "+# my own note" in out
+
+
 # --- make reset --------------------------------------------------------------------------------
 
 

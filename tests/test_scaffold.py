@@ -241,3 +241,35 @@ def test_todo_sections_reads_stages_and_two_sections():
         (2, "3.3", "exp2"),
         (2, "3.4", "One key block"),
     ]
+
+
+def test_undo_takes_back_only_what_new_wrote(tmp_path):
+    """make new STEM=... UNDO=1: the new lesson's files and its two added lines go; the contributor's
+    own work (a drills/mine file, an edit elsewhere in README.md) stays; a file edited since `new` is
+    kept unless forced; a second undo finds nothing to take back."""
+    root = tmp_path / "course"
+    (root / "drills" / "mine").mkdir(parents=True)
+    for rel in ("drills/lessons.py", "README.md", "pyproject.toml"):  # pyproject: ruff's settings
+        shutil.copy2(ROOT / rel, root / rel)
+    lessons_before, readme_before = (root / "drills/lessons.py").read_text(), (root / "README.md").read_text()
+    own = root / "drills" / "mine" / "t1_vector_add.py"
+    own.write_text("# the contributor's own work in progress\n")
+    stem = "x8_undo_demo"
+    scaffold.create(stem, root=root)
+    (root / "README.md").write_text((root / "README.md").read_text() + "A line the contributor added.\n")
+    removed, kept = scaffold.undo(stem, root)
+    assert kept == [] and all(not (root / rel).exists() for rel in scaffold.lesson_paths(stem)), removed
+    assert (root / "drills/lessons.py").read_text() == lessons_before
+    assert (root / "README.md").read_text() == readme_before + "A line the contributor added.\n"
+    assert own.read_text() == "# the contributor's own work in progress\n"
+    with pytest.raises(ValueError, match="x8_undo_demo"):
+        scaffold.undo(stem, root)
+
+    scaffold.create(stem, root=root)
+    edited = root / f"drills/content/{stem}.md"
+    edited.write_text(edited.read_text() + "\nThe contributor's first paragraph.\n")
+    removed, kept = scaffold.undo(stem, root)
+    assert edited.exists() and len(kept) == 1 and kept[0].startswith(f"drills/content/{stem}.md")
+    assert not (root / f"drills/solutions/{stem}.py").exists()
+    removed, kept = scaffold.undo(stem, root, force=True)
+    assert not edited.exists() and kept == [] and own.exists()
