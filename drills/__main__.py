@@ -241,6 +241,13 @@ def cmd_check(args) -> int:
     return 0 if all(rc == 0 for rc in results.values()) else 1
 
 
+def cmd_times(args) -> int:
+    """make test's time per lesson on this machine (drills/grading_times.py); --write refills the README."""
+    from drills import grading_times
+
+    return grading_times.main(write=args.write)
+
+
 def cmd_mutants(args) -> int:
     """Grade every mutant (drills/mutants/grade.py): each must fail its grader and be named as its pitfall."""
     from drills.mutants.grade import grade_mutants
@@ -347,6 +354,9 @@ def main(argv=None) -> int:
         "--write", action="store_true", help="write the outputs back into the files (to commit them)"
     )
     p.set_defaults(fn=cmd_notebooks)
+    p = sub.add_parser("times", help="make test's time per lesson on this machine, kept as data")
+    p.add_argument("--write", action="store_true", help="also refill the README's table from the data")
+    p.set_defaults(fn=cmd_times)
     p = sub.add_parser("mutants", help="every lesson's mutants must fail its grader")
     p.add_argument("lesson", nargs="?")
     p.add_argument(
