@@ -132,4 +132,22 @@ MUTANTS = [
         "phys = tl.load(bt_row + tok // PAGE, mask=t_mask, other=0).to(tl.int64)",
         "phys = tl.load(bt_row + tok // PAGE, mask=t_mask, other=0)",
     ),
+    Mutant(
+        "empty_prefix_gets_no_tile",
+        "18. a group whose prefix is 0 tokens gets no tile: the merge reads its members' unwritten slots",
+        "    for g, m in sorted(members.items()):\n",
+        "    for g, m in sorted((g, m) for g, m in members.items() if plens[g] > 0):\n",
+    ),
+    Mutant(
+        "prefix_table_row_of_the_group",
+        "19. the prefix tile reads the shared pages from row g, not from its first member's row",
+        "block_tables_ptr + first * stride_bt,",
+        "block_tables_ptr + g * stride_bt,",
+    ),
+    Mutant(
+        "no_group_reads_the_last_prefix",
+        "20. a sequence in no group given the last group's prefix length (prefix_lens[-1])",
+        "plen = tl.load(prefix_lens_ptr + g, mask=g_ok & (g >= 0), other=0)",
+        "plen = tl.load(prefix_lens_ptr + (g + G) % G, mask=g_ok, other=0)",
+    ),
 ]

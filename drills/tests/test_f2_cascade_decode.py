@@ -285,6 +285,34 @@ def test_tiles_hold_one_group(impl, runtime):
     check(impl, case, pg, pl, plan=forced(impl, case, pg, pl, members_per_tile=2, suffix_splits=2))
 
 
+def test_group_with_an_empty_prefix(impl, runtime):
+    """prefix_lens = [16, 0]: group 1 shares nothing, which the launcher admits. Its tile still runs
+    (an empty range: o = 0, lse = -inf, weighed 0 by the merge); a planner that gives it no tile leaves
+    its members' prefix slots unwritten, and the merge reads them. Sequence 2 is in no group."""
+    case, groups, plens = cascade_case(
+        [40, 33, 25, 30, 21], [0, 0, -1, 1, 1], [16, 0], device=runtime.device, stream=34
+    )
+    check(impl, case, groups, plens, plan=forced(impl, case, groups, plens, suffix_splits=2))
+
+
+def test_shared_pages_read_from_the_tiles_first_member(impl, runtime):
+    """One group, 0, whose members are sequences 2 and 3: the prefix tile finds the shared pages in its
+    first member's table row (row 2), not in row g = 0, which holds sequence 0's own pages. In every
+    other one-group case the first member is sequence 0, so the two rows coincide."""
+    case, groups, plens = cascade_case(
+        [45, 20, 40, 33], [-1, -1, 0, 0], [32], device=runtime.device, stream=35
+    )
+    check(impl, case, groups, plens, plan=forced(impl, case, groups, plens, suffix_splits=1))
+
+
+def test_sequences_in_no_group_start_at_token_0(impl, runtime):
+    """Sequence 2 is in no group (prefix_group = -1) and longer than group 0's 32-token prefix: its
+    suffix is its whole context. Read as an index, -1 names the last group (Python's prefix_lens[-1]),
+    whose prefix length would drop its first 32 tokens."""
+    case, groups, plens = cascade_case([50, 40, 45], [0, 0, -1], [32], device=runtime.device, stream=36)
+    check(impl, case, groups, plens, plan=forced(impl, case, groups, plens, suffix_splits=1))
+
+
 @pytest.mark.parametrize("members", [1, 2, 3])
 def test_members_one_past_the_tile(impl, runtime, members):
     """A group one member past members_per_tile: its last tile holds one member and padded rows, which
@@ -780,6 +808,9 @@ STAGES = [
             "test_groups_of_one_member",
             "test_tiles_hold_one_group",
             "test_members_one_past_the_tile",
+            "test_group_with_an_empty_prefix",
+            "test_shared_pages_read_from_the_tiles_first_member",
+            "test_sequences_in_no_group_start_at_token_0",
             "test_group_of_64_members",
             "test_every_prefix_chunk_count_matches",
             "test_every_suffix_split_count_matches",
@@ -923,7 +954,8 @@ MISTAKES = [
     ),
     Mistake(
         11,
-        fails=("test_tiles_hold_one_group", "test_head_dims"),
+        # The empty-prefix case separates it from pitfall 20: there the last group's prefix is 0.
+        fails=("test_tiles_hold_one_group", "test_head_dims", "test_group_with_an_empty_prefix"),
         passes=(
             "test_prefix_counted_once",
             "test_groups_of_one_member",
@@ -986,6 +1018,48 @@ MISTAKES = [
         question="D = 256 here: how many features does your kernels' tl.arange over the head dim cover, and "
         "who writes features 128 to 255 of the partial outputs the merge reads?",
         section="3.1",
+    ),
+    Mistake(
+        18,
+        fails=("test_group_with_an_empty_prefix",),
+        passes=(
+            "test_worked_example_three_requests",
+            "test_groups_of_one_member",
+            "test_tiles_hold_one_group",
+        ),
+        # No message: the unwritten slots read as NaN, or a launcher's own plan check refuses the plan.
+        question="Group 1's prefix is 0 tokens: does your planner give it a tile, and if not, which of its "
+        "members' partial slots does the merge read all the same?",
+        section="3.5",
+    ),
+    # Reading row g coincides with the first member's row whenever group g starts at sequence g: the
+    # dedicated case, and the two-group cases, tell it from pitfalls 6 and 12.
+    Mistake(
+        19,
+        fails=("test_shared_pages_read_from_the_tiles_first_member", "test_tiles_hold_one_group"),
+        passes=(
+            "test_worked_example_three_requests",
+            "test_members_one_past_the_tile",
+            "test_every_prefix_chunk_count_matches",
+            "test_prefix_counted_once",
+            "test_sequences_in_no_group_start_at_token_0",
+        ),
+        question="Group 0's members are sequences 2 and 3: which row of block_tables holds the shared "
+        "pages, and which row does your prefix tile read?",
+        section="3.1",
+    ),
+    Mistake(
+        20,
+        fails=("test_sequences_in_no_group_start_at_token_0", "test_every_suffix_split_count_matches"),
+        passes=(
+            "test_worked_example_three_requests",
+            "test_prefix_counted_once",
+            "test_groups_of_one_member",
+            "test_group_with_an_empty_prefix",
+        ),
+        question="Sequence 2 has prefix_group = -1: which prefix length does your suffix stage give it, and "
+        "what does prefix_lens[-1] name?",
+        section="3.3",
     ),
     Mistake(
         17,
