@@ -219,4 +219,11 @@ MUTANTS = [
         "q_rows = (q_start + tok).to(tl.int64)",
         "q_rows = q_start + tok",
     ),
+    # Every other case has D <= 128: only the widest admitted head dim shows the lost half.
+    Mutant(
+        "head_dim_tile_capped_at_128",
+        "28. the feature tile capped at 128: D = 256 is read and written half",
+        "D=D,\n        PAGE=PAGE,",
+        "D=min(D, 128),\n        PAGE=PAGE,",
+    ),
 ]

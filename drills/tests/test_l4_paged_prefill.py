@@ -23,6 +23,7 @@ from drills.tests import bf16_everywhere, fill_past_fp16_range, raises_naming, s
 from drills.tests.paged_kv import (
     CONTEXT_LENS_BAD_INPUTS,
     GARBAGE_BLOCK_IDS,
+    HEAD_DIMS,
     LIVE_BLOCK_ID_BAD_INPUTS,
     PAGED_BAD_INPUTS,
     SHARED_KV_BAD_INPUTS,
@@ -43,6 +44,12 @@ from drills.tests.paged_kv import (
 )
 
 DIMS = ("token", "head", "d")  # how a mismatch names its position: row of the packed q, query head, feature
+
+# What paged_prefill admits, in one place (drills/validate.py): the cases that cross a bound draw here.
+DOMAIN = dict(
+    head_dims=HEAD_DIMS,  # powers of two from 16 to 256; D = 256 takes its own tile config
+    dtypes=(torch.float16, torch.bfloat16),
+)
 LSE_DIMS = ("token", "head")
 # lse is fp32 computed from exact fp16 products: only the summation order and exp2/log2 differ.
 LSE_TOL = dict(atol=1e-3, rtol=1e-4, rel=1e-4)
@@ -334,6 +341,15 @@ def test_head_dims(impl, runtime, D):
     q_lens = sizes(runtime, [7, 13], [1000, 333])
     ctx = sizes(runtime, [20, 13], [3000, 333])
     case = make_prefill_case(ctx, q_lens, 4, 2, D, 8, stream=149 + D, device=runtime.device)
+    check(impl, case)
+
+
+def test_widest_head_dim_is_read_whole(impl, runtime):
+    """D = 256, the widest head dim the launcher admits (and its own tile config), on one KV head of two
+    query heads, a few new tokens after a cached page: a feature tile capped at 128 scores with half of
+    q and k and stores half of each output row, yet passes every case up to D = 128."""
+    D = max(DOMAIN["head_dims"])
+    case = make_prefill_case([21], [5], 2, 1, D, 16, stream=150, device=runtime.device)
     check(impl, case)
 
 
@@ -1173,5 +1189,13 @@ MISTAKES = [
         question="Row 16 of q starts 16 * 3 * 2**26 elements in: in which integer type does your kernel "
         "compute the packed row index times stride_qt?",
         section="3.5",
+    ),
+    Mistake(
+        28,
+        fails=("test_widest_head_dim_is_read_whole",),
+        passes=(WORKED, "test_head_dims", "test_dtypes"),
+        question="D = 256 here: how many features does your kernel's tl.arange over the head dim cover, and "
+        "who writes features 128 to 255 of out?",
+        section="3.1",
     ),
 ]
