@@ -20,7 +20,7 @@ import traceback
 from drills.grading.calls import run_call
 from drills.grading.env import STACK_SIGNAL
 from drills.grading.errors import RAISED_IN_KERNELS
-from drills.grading.instrument import _relative
+from drills.grading.instrument import _relative, fresh_memory
 from drills.grading.launches import _kernel_classes
 
 KERNEL_CLASSES = tuple(_kernel_classes())
@@ -182,11 +182,15 @@ class Server:
                     self.reply(getattr(target, name))
                 elif op == "call":
                     _, target, args, kwargs, options = request
-                    self.reply(*run_call(self.watch, target, args, kwargs, options))
+                    with fresh_memory():  # poisoned through every run of the call (calls.py)
+                        answer = run_call(self.watch, target, args, kwargs, options)
+                    self.reply(*answer)
                 elif op == "method":
                     _, key, name, args, kwargs, options = request
                     method = getattr(self.objects[key], name)
-                    self.reply(*run_call(self.watch, method, args, kwargs, options))
+                    with fresh_memory():
+                        answer = run_call(self.watch, method, args, kwargs, options)
+                    self.reply(*answer)
                 elif op == "probe":
                     _, module_name, qualname, args, kwargs = request
                     self.reply(_probe(module_name, qualname)(*args, **kwargs))
