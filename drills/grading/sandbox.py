@@ -15,6 +15,10 @@ Two layers, both set up in the learner's process before its file is imported (se
   unless Triton's own compiler code is the caller.
 
 `make doctor` prints `status()`: which of the two is in force on this machine.
+
+The learner's modules (drills/mine, the graded file's folder) are compiled from their .py in its
+process, never loaded from bytecode (`import_from_source`), and what a grading leaves in the learner's
+folder is removed when its process stops (`remove_new_files`, called by the grader's side).
 """
 
 from __future__ import annotations
