@@ -172,6 +172,11 @@ class TritonWatch:
                 for _, start, end in watch.ranges:
                     if start not in watch.read and ((p >= np.uint64(start)) & (p < np.uint64(end))).any():
                         watch.read.add(start)
+            # Nearly every access stays inside one tensor: its lowest and highest lanes decide that in one
+            # pass, and the per-lane test below only runs when they do not.
+            low, high = int(p.min()), int(p.max()) + size
+            if any(start <= low and high <= end for _, start, end in watch.ranges):
+                return
             inside = np.zeros(p.shape, dtype=bool)
             for _, start, end in watch.ranges:
                 inside |= (p >= np.uint64(start)) & (p + np.uint64(size) <= np.uint64(end))
