@@ -235,9 +235,6 @@ class Table:
         self.rows.append(row)
         print(" | ".join(_fmt(row.get(k)) for k, _ in self.columns), flush=True)
 
-    def markdown(self) -> str:
-        return markdown_table(self.columns, self.rows)
-
 
 def markdown_table(columns: list[tuple[str, str]], rows: list[dict]) -> str:
     lines = [

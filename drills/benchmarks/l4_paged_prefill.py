@@ -383,12 +383,6 @@ def _ws_rows(part: str, warps: int | None = None, **match) -> list[dict]:
     ]
 
 
-def _ws_pair_gain(part: str, variant: str, config: list[int]) -> float:
-    """TFLOP/s with the flag over without, for one loop and tile."""
-    on, off = (_ws_rows(part, variant=variant, config=config, warp_specialize=ws)[0] for ws in (True, False))
-    return on["tflops"] / off["tflops"]
-
-
 def _ws_flag_effect(data) -> str:
     """The largest change the flag made where the pass did not apply (8 warps), in percent."""
     pairs = {}

@@ -376,14 +376,6 @@ def report_text(lessons: dict[str, dict], shift: int, exitstatus: int) -> str:
     return json.dumps(data, indent=1) + "\n"
 
 
-def write_report(path: str | Path, lessons: dict[str, dict], shift: int, exitstatus: int) -> None:
-    Path(path).write_text(report_text(lessons, shift, exitstatus))
-
-
-def read_report(path: str | Path) -> dict:
-    return parse_report(Path(path).read_text())
-
-
 def parse_report(text: str) -> dict:
     """The report from its JSON; ValueError when it is not one whole report (see channel.py)."""
     data = json.loads(text)
