@@ -71,7 +71,7 @@ def load_mine(lesson: Lesson):
     return contract.load_from_file(mine_file(lesson), f"drills._learner_{lesson.stem}")
 
 
-def _untouched(lesson: Lesson) -> bool:
+def is_untouched_stub(lesson: Lesson) -> bool:
     """The learner's file is the committed stub, byte for byte: not started, nothing to grade. (Checked
     without importing it here: the learner's code only ever runs in the grader's child process.)"""
     path = mine_file(lesson)
@@ -90,7 +90,7 @@ def _workers(on_gpu: bool) -> int:
 
 
 def progress_grades(on_gpu: bool = False) -> list[Grade]:
-    started = [lesson for lesson in LESSONS if not _untouched(lesson)]
+    started = [lesson for lesson in LESSONS if not is_untouched_stub(lesson)]
     with ThreadPoolExecutor(_workers(on_gpu)) as pool:
         graded = dict(zip(started, pool.map(grade, started)))
     return [
@@ -324,7 +324,7 @@ def last_grade(lesson: Lesson) -> dict:
 def hint(lesson: Lesson, restart: bool = False) -> int:
     """make hint: the next hint for the mistake the grader diagnoses in the learner's file as it is now;
     restart starts again from the first hint."""
-    if _untouched(lesson):
+    if is_untouched_stub(lesson):
         print(
             f"{lesson.id} is not started: read {rel(lesson.explainer)} and fill in the TODOs of "
             f"{rel(mine_file(lesson))} in order (each names the section that teaches it); once a check "

@@ -66,7 +66,7 @@ def choose(use: str = "auto") -> dict[str, Choice]:
         grade = learner.known_grade(lesson)
         if grade and grade.get("state") == "passing":
             chosen[stem] = Choice(lesson, "mine", "passes make test")
-        elif learner._untouched(lesson):
+        elif learner.is_untouched_stub(lesson):
             chosen[stem] = Choice(lesson, "solutions", "yours: not started")
         else:
             state = grade.get("state") if grade else "not graded as it is now"
