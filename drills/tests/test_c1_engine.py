@@ -624,7 +624,13 @@ MISTAKES = [
     Mistake(
         24,
         fails=("test_the_overlapped_loop_readmits_a_one_token_recompute",),
-        passes=ENGINE_BASICS + ("test_preemption_finishes_every_request_with_the_same_output",),
+        # Its readmission computes one token only where the prefix cache serves it (pitfalls 10, 5).
+        passes=ENGINE_BASICS
+        + (
+            "test_preemption_finishes_every_request_with_the_same_output",
+            "test_finished_prompt_is_found_in_the_prefix_cache",
+            "test_whole_prompt_cached_still_computes_its_last_token",
+        ),
         question="A request preempted after its first token comes back three steps later and computes that "
         "token alone: where does your code read its id, and what did that place hold when it was written?",
         section="6.1",
@@ -666,7 +672,7 @@ MISTAKES = [
     Mistake(
         28,
         fails=("test_admission_never_skips_a_blocked_head_of_the_queue",),
-        passes=ENGINE_BASICS,
+        passes=ENGINE_BASICS + ("test_no_block_leaks_after_every_request_ends",),
         question="B is first in line and needs 3 blocks, 2 are free, C behind it needs 1: who is admitted "
         "this step?",
         section="3.3",
@@ -674,7 +680,11 @@ MISTAKES = [
     Mistake(
         29,
         fails=("test_the_newest_request_is_preempted_not_the_one_scheduled",),
-        passes=ENGINE_BASICS + ("test_preemption_finishes_every_request_with_the_same_output",),
+        passes=ENGINE_BASICS
+        + (
+            "test_preemption_finishes_every_request_with_the_same_output",
+            "test_no_block_leaks_after_every_request_ends",
+        ),
         question="A, B and C run, oldest first; B needs a block and none is free: which of them gives its "
         "blocks up?",
         section="3.5",
