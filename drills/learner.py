@@ -24,7 +24,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from drills import bench, contract, explainer, grading
+from drills import contract, explainer, grading
 from drills.grading import run
 from drills.lessons import LESSONS, ROOT, Lesson
 
@@ -119,6 +119,8 @@ def progress() -> int:
             "TFLOP/s beside the reference's for every passing lesson"
         )
     elif passing:
+        from drills import bench  # torch: only on a GPU, where there is something to time
+
         print(f"performance on {runtime.gpu_name}, yours beside the reference's, timed now:")
         for g in passing:
             print(bench.performance_line(g.lesson, lambda lesson=g.lesson: load_mine(lesson)), flush=True)
