@@ -689,6 +689,18 @@ FIGURES["events_busy"] = lambda d: f"{100 * _events_busy(_row(d, 'engine')):.0f}
 FIGURES["attention_share"] = lambda d: f"{100 * _row(d, 'engine')['decode_attention_share']:.0f}%"
 FIGURES["replay_ms"] = lambda d: bench.num(_row(d, "engine")["decode_replay_ms"], 2)
 FIGURES["gpu_bound_tok_s"] = lambda d: f"{_gpu_bound_tok_s(_row(d, 'engine')):,.0f}"
+# The overlap alone: overlapped against lockstep, with the fused kernels and with torch ops.
+FIGURES["overlap_gain"] = lambda d: bench.num(
+    _row(d, "engine")["c1_tok_s"] / _row(d, "engine, no overlap")["c1_tok_s"], 2
+)
+FIGURES["overlap_gain_torch"] = lambda d: bench.num(
+    _row(d, "engine, no fused kernels")["c1_tok_s"] / _row(d, LOCKSTEP)["c1_tok_s"], 2
+)
+# The 4,096-token shared prompt: its roofline counts logical KV bytes, which L2 partly serves.
+_LONG = f"engine, {LONG_SYSTEM_TOKENS:,}-token shared prompt"
+FIGURES["long_roofline_fraction"] = lambda d: _roof_pct(_row(d, _LONG))
+FIGURES["long_cascade_roofline_fraction"] = lambda d: _roof_pct(_row(d, f"{_LONG}, cascade"))
+FIGURES["long_attention_share"] = lambda d: f"{100 * _row(d, _LONG)['decode_attention_share']:.0f}%"
 
 
 def _gpu_bound_tok_s(row: dict) -> float:

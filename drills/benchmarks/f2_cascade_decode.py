@@ -404,4 +404,73 @@ FIGURES = {
     "c1_vs_f1": lambda d: bench.num(_at(d, 256, 304, 128)["f2_vs_f1"]),
     "long_vs_f1": lambda d: bench.num(_at(d, 32, 32768, 1024)["f2_vs_f1"]),
     "no_prefix_vs_f1": lambda d: bench.num(_at(d, 64, 0, 1024)["f2_vs_f1"]),
+    "target_vs_f1": lambda d: bench.num(_at(d, 64, 8192, 256)["f2_vs_f1"]),
+    "read_ceiling_max_tbs": lambda d: bench.num(max(r["read_gbs"] for r in d["rows"]) / 1e3, 2),
+    "composed_losses": lambda d: _composed(d, lambda r: r < 1.0, "f2_vs_composed"),
+    "composed_wins": lambda d: _composed(d, lambda r: r >= 1.0, "f2_vs_composed"),
+    "losses_suffix_share": lambda d: _over_losses(d, _suffix_share),
+    "losses_f2_vs_bound": lambda d: _over_losses(d, lambda r: r["f2_vs_bound"]),
+    "losses_composed_vs_bound": lambda d: _over_losses(d, lambda r: r["bound_us"] / r["composed_us"]),
+    "dram_f1_long": lambda d: _dram_ratio(32, 32768, 1024, "F1"),
+    "dram_f2_vs_f1": lambda d: _dram_f2_vs_f1(),
 }
+
+_DRAM_ROWS = [(256, 304, 128), (32, 32768, 1024)]  # the rows of section 1.1's table, in its order
+
+
+def _groups(row: dict) -> int:
+    """The number of groups sharing a prefix: the label's "2 of 128" is 2, "1 of 256" is 1."""
+    return 0 if not row["prefix"] else int(row["label"].split(" of ")[0])
+
+
+def _suffix_share(row: dict) -> float:
+    """The requests' own tokens over the read-once tokens: each group's prefix once, each suffix once."""
+    own = row["B"] * row["suffix"]
+    return own / (own + _groups(row) * row["prefix"])
+
+
+def _losing(data) -> list[dict]:
+    """The rows where F2 is slower than FlashInfer composed (speed ratio below 1)."""
+    return [r for r in data["rows"] if r.get("f2_vs_composed") is not None and r["f2_vs_composed"] < 1.0]
+
+
+def _over_losses(data, value) -> str:
+    rows = _losing(data)
+    return bench.span_of(value(r) for r in rows) if rows else "n/a"
+
+
+def _composed(data, keep, key: str) -> str:
+    """ "(256, 304 + 128): 0.86, ..." for the rows whose F2 / composed passes keep; "none" if none does."""
+    rows = [r for r in data["rows"] if r.get(key) is not None and keep(r[key])]
+    if not rows:
+        return "none"
+    return ", ".join(f"({r['B']}, {r['prefix']} + {r['suffix']}): {bench.num(r[key])}" for r in rows)
+
+
+def _dram_row(B: int, prefix: int, suffix: int, kernel: str) -> dict:
+    from drills.benchmarks import f2_dram_bytes
+
+    record = f2_dram_bytes._record()
+    return next(
+        r
+        for r in record["rows"]
+        if (r["B"], r["prefix"], r["suffix"], r["kernel"]) == (B, prefix, suffix, kernel)
+    )
+
+
+def _dram_f2_vs_f1() -> str:
+    """F2's DRAM bytes over F1's on each row of section 1.1's table; n/a until the ncu record exists."""
+    from drills.benchmarks import f2_dram_bytes
+
+    if f2_dram_bytes._record() is None:
+        return "n/a"
+    ratios = (_dram_row(*row, "F2")["dram_mb"] / _dram_row(*row, "F1")["dram_mb"] for row in _DRAM_ROWS)
+    return bench.joined(ratios, sep=" and ")
+
+
+def _dram_ratio(B: int, prefix: int, suffix: int, kernel: str) -> str:
+    from drills.benchmarks import f2_dram_bytes
+
+    if f2_dram_bytes._record() is None:
+        return "n/a"
+    return bench.num(_dram_row(B, prefix, suffix, kernel)["dram_vs_logical"], 2)

@@ -493,6 +493,17 @@ FIGURES = {
         0,
     ),
     "ws_control": lambda d: _ws_control(),
+    "ws_control_t5": lambda d: _ws_control_t5(d),
+    "ws_page16_4w_gain": lambda d: _ws_page16_4w_gain(d),
+    "ws_page16_4w_spills": lambda d: str(
+        next(
+            r.get("spills", "n/a")
+            for r in _ws_rows("paged", variant="PAGE 16, gather per key (L4)", warp_specialize=False)
+            if r["config"] == [128, 64, 4, 3]
+        )
+    ),
+    "lookup_larger_rows": lambda d: _lookup_vs_tiles(d, True),
+    "tiles_larger_rows": lambda d: _lookup_vs_tiles(d, False),
     "ws_t5_err_128": lambda d: bench.num(
         _ws_rows(
             "t5",
@@ -511,6 +522,42 @@ FIGURES = {
         sum(len(_ws_rows(p, warps=8, warp_specialize=True)) for p in ("t5", "paged"))
     ),
 }
+
+
+def _lookup_vs_tiles(data, lookup_larger: bool) -> str:
+    """The prefill rows where the page lookup (L4 / T5) costs more of the gap to fa3 than Triton's tiles
+    without pages (T5 / fa3), or the rows where it costs less."""
+    return _rows_named(
+        [
+            i
+            for i, r in enumerate(_prefill(data), 1)
+            if (r["l4_tflops"] / r["t5_tflops"] < r["t5_tflops"] / r["fa3_tflops"]) == lookup_larger
+        ]
+    )
+
+
+def _ws_page16_4w_gain(data) -> str:
+    """How much faster the 4-warp 128 x 64 tile ran the PAGE 16 gather than L4's 8-warp 128 x 128, in %."""
+    rows = _ws_rows("paged", variant="PAGE 16, gather per key (L4)", warp_specialize=False)
+    four = next((r.get("tflops") for r in rows if r["config"] == [128, 64, 4, 3]), None)
+    eight = next((r.get("tflops") for r in rows if r["config"] == [128, 128, 8, 3]), None)
+    return "n/a" if four is None or eight is None else bench.num(100 * (four / eight - 1), 0)
+
+
+def _ws_control_t5(data) -> str:
+    """T5's loop in the tutorial's Hopper tile (host descriptors, 128 x 64, 4 warps) as the record holds it."""
+    rows = {
+        r["warp_specialize"]: r
+        for r in _ws_rows("t5", variant="t5 loop, tensor descriptors (host)")
+        if r["config"] == [128, 64, 4, 3]
+    }
+
+    def said(r) -> str:
+        return (
+            f"{bench.num(r['tflops'])} TFLOP/s" if r and "tflops" in r else (r or {}).get("error", "no row")
+        )
+
+    return f"without the flag {said(rows.get(False))}, with it {said(rows.get(True))}"
 
 
 def _ws_smem() -> str:
