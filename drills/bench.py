@@ -336,7 +336,7 @@ MEASURED = re.compile(
     r"|of\s+(?:the|its|T5|fa3|FlashInfer)\s+(?:\w+\s+)?(?:ceiling|best|fixed|read|copy|peak)\b)"
 )
 TARGET = re.compile(r"at least|≥|>=")  # a goal, not a measurement
-ELSEWHERE = re.compile(r"RTX|A100|H100|B200|L40S|MI\d{3}|another GPU|their GPU|a laptop|on a CPU")
+ELSEWHERE = re.compile(r"RTX|A100|B200|L40S|MI\d{3}|another GPU|their GPU|a laptop|on a CPU")
 
 
 def unquoted_figures(text: str) -> list[str]:
