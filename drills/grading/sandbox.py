@@ -506,16 +506,26 @@ def folder_files(folder: str) -> set[str]:
 
 
 def remove_new_files(folder: str, before: set[str]) -> list[str]:
-    """Remove what a grading left in `folder` that `before` (a folder_files snapshot) did not hold: a
-    file one lesson's grading writes (a planted .pyc, a generated module) must not reach another's.
-    Never removes anything that was there before. Returns the paths removed."""
+    """Take out of `folder` what a grading left there that `before` (a folder_files snapshot) did not
+    hold: a file one lesson's grading writes (a planted .pyc, a generated module) must not reach
+    another's. Never touches anything that was there before. A file is moved, not deleted, to
+    .drills/left-by-grading/<time>/ (a file the learner's editor saved while the grading ran is kept
+    there, never lost). Returns the paths taken out."""
+    import shutil
+    import time
+
+    from drills.lessons import ROOT
+
     removed = []
+    keep = ROOT / ".drills" / "left-by-grading" / time.strftime("%Y%m%d-%H%M%S")
     for path in sorted(folder_files(folder) - before, key=len, reverse=True):  # files before their folders
         try:
             if os.path.isdir(path) and not os.path.islink(path):
                 os.rmdir(path)  # only an empty folder: what was made in it is gone already
             else:
-                os.remove(path)
+                target = keep / os.path.relpath(path, folder)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.move(path, target)
             removed.append(path)
         except OSError:
             pass
