@@ -171,8 +171,9 @@ def pytest_collection_modifyitems(session, config, items):
                     stem,
                     f"{find(stem).id}: {graded} refused before grading: "
                     + (
-                        "it asks where it runs, so it could behave differently when graded than when used; "
-                        "remove this (a graded file must do the same everywhere):"
+                        "it uses something a kernel launcher never needs, or that could tell a grading from "
+                        "a plain run (a graded file must do the same everywhere); each line says what, and "
+                        "what to do instead:"
                         if not exc.lines[0].startswith("`")
                         else "its kernels must be Triton's:"
                     )
