@@ -159,6 +159,9 @@ _HALF = (torch.float16, torch.bfloat16)
 _DISJOINT_LAYOUTS: set[tuple] = set()  # (pointers, shapes, strides) of K, V (and out) found disjoint
 
 
+MAX_GRID_YZ = 65535  # CUDA's limit on grid axes 1 and 2, in programs
+
+
 def paged_decode_inputs(
     q,
     k_cache,
@@ -229,6 +232,9 @@ def paged_decode_inputs(
         raise ValueError(f"page size PAGE = {PAGE} (k_cache.shape[1]) must be a power of two {allowed}")
     if Hkv < 1 or Hq % Hkv != 0:
         raise ValueError(f"Hq = {Hq} (q.shape[1]) must be a multiple of Hkv = {Hkv} (k_cache.shape[2])")
+    if Hkv > MAX_GRID_YZ:
+        # The decode kernels put KV heads on grid axis 1, which CUDA caps: the domain stops there.
+        raise ValueError(f"Hkv = {Hkv} KV heads (k_cache.shape[2]): at most {MAX_GRID_YZ} (grid axis 1)")
     if out is not None and out.shape != q.shape:
         raise ValueError(f"out must have q's shape {tuple(q.shape)}, got {tuple(out.shape)}")
     if (

@@ -660,6 +660,9 @@ def _check_plan(cplan, B, Hkv, capacity, device):
         value = validate.positive_int(f"plan.{name}", getattr(cplan, name))
         if name.endswith("chunk") and value % BLOCK_N:
             raise ValueError(f"plan.{name} = {value} must be a multiple of BLOCK_N = {BLOCK_N}")
+    for name in ("suffix_splits", "prefix_chunks"):  # grid axis 2 of the suffix and prefix stages
+        if getattr(cplan, name) > validate.MAX_GRID_YZ:
+            raise ValueError(f"plan.{name} = {getattr(cplan, name)} must be at most {validate.MAX_GRID_YZ}")
     if cplan.suffix_splits * cplan.suffix_chunk < cplan.max_suffix:
         raise ValueError(
             f"plan.suffix_splits * plan.suffix_chunk must cover plan.max_suffix = {cplan.max_suffix}"
