@@ -163,4 +163,10 @@ MUTANTS = [
         "grid = (triton.cdiv(Nq, BLOCK_M) * B * H,)",
         "grid = (triton.cdiv(Nq, BLOCK_M), B * H)",
     ),
+    Mutant(
+        "v_walked_with_k_strides",
+        "19. V walked with K's strides",
+        "v_ptrs = v_ptr + b * stride_vb + kvh * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :]",
+        "v_ptrs = v_ptr + b * stride_kb + kvh * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :]",
+    ),
 ]

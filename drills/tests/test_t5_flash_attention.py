@@ -229,6 +229,16 @@ def test_q_k_v_are_read_through_their_strides(impl, runtime, causal):
     check(impl, q, k, v, causal=causal)
 
 
+def test_v_is_read_through_its_own_strides(impl, runtime):
+    """k contiguous [B, Hkv, N, D] and v a heads-last view of a [B, N, Hkv, D] buffer (the layout a
+    cache that stores V apart from K may have): every case above gives v k's layout, so a kernel that
+    walks V with K's strides passed them. Here v's rows are Hkv * D apart and k's D apart."""
+    q, k, _ = make_qkv(2, 4, 2, 17, 40, 64, device=runtime.device, stream=73)
+    _, _, v = make_qkv(2, 4, 2, 17, 40, 64, device=runtime.device, stream=74, heads_last=True)
+    assert k.stride()[1:] != v.stride()[1:]
+    check(impl, q, k, v, causal=True)
+
+
 @pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
 def test_running_max_starts_at_minus_inf(impl, runtime, causal):
     """Every score is near -128 (q and k point in opposite directions). The running max must start at
@@ -933,5 +943,16 @@ MISTAKES = [
         question="B = 1024 and H = 64: how many (batch, head) pairs is that, on which grid axis are they, "
         "and how many programs does CUDA allow there?",
         section="3.1",
+    ),
+    Mistake(
+        19,
+        fails=("test_v_is_read_through_its_own_strides",),
+        passes=(
+            "test_k_is_read_through_its_strides[causal]",
+            "test_q_k_v_are_read_through_their_strides[causal]",
+        ),
+        question="k and v are both [B, Hkv, N, D], but are their rows the same number of elements apart? "
+        "Which strides does your V pointer use?",
+        section="3.2",
     ),
 ]
