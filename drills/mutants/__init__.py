@@ -12,7 +12,9 @@ kind of quotes) keeps every mutant applying. The rules an author relies on:
 - `new` is written for the solution as it was when the mutant was written; when the solution's
   indentation has moved since, every line of `new` after the first (and the first too when `old`
   starts with its indentation) moves by the same amount. The engine learns the old indentation from
-  `old`: its leading whitespace, or the indentation of its later lines.
+  `old`: its leading whitespace, or the indentation of its later lines. When `old` spans several
+  levels (the end of one function and the start of the next) and the solution moved them by different
+  amounts, each line of `new` goes to where the solution has its level.
 - A trailing comment of `old` that `new` repeats is kept from the solution; one `new` drops or
   changes replaces the solution's.
 
@@ -234,6 +236,22 @@ def _shift(text: str, delta: int, first_line_too: bool) -> str:
     return "\n".join(lines)
 
 
+def _remap(text: str, levels: dict[int, int], delta: int, first_line_too: bool) -> str:
+    """text with each non-blank line's indentation (after the first, and the first when asked) moved to
+    where the solution has that level (levels: width in `old` -> width in the solution); a width `old`
+    does not show moves with the nearest level below it (by delta when there is none)."""
+    lines = text.split("\n")
+    known = sorted(levels)
+    for n, line in enumerate(lines):
+        if (n == 0 and not first_line_too) or not line.strip():
+            continue
+        width = len(line) - len(line.lstrip(" "))
+        below = [w for w in known if w <= width]
+        moved = levels[below[-1]] + (width - below[-1]) if below else max(0, width + delta)
+        lines[n] = " " * moved + line[width:]
+    return "\n".join(lines)
+
+
 def _trailing_comment(text: str) -> str | None:
     comments = [m.group() for m in _LEXER.finditer(text) if m.lastgroup == "comment"]
     return comments[-1].strip() if comments else None
@@ -287,7 +305,16 @@ def _apply(mutant: Mutant, source: str) -> str:
             if want[j].first_on_line and j > 0 and have[k].first_on_line:
                 delta = _column(source, have[k].start) - _column(mutant.old, want[j].start)
                 break
-    new = _shift(new, delta, first_line_too=whole_lines)
+    # Every indentation level `old` spans, as it reads in `old` and in the solution: a mutant that
+    # crosses levels (a function's end into the next def) follows a solution re-indented level by level.
+    levels = {len(old_head.rsplit("\n", 1)[-1].expandtabs()): indent} if whole_lines else {}
+    for j, k in pairs:
+        if want[j].first_on_line and j > 0 and have[k].first_on_line:
+            levels.setdefault(_column(mutant.old, want[j].start), _column(source, have[k].start))
+    if all(width + delta == moved for width, moved in levels.items()):
+        new = _shift(new, delta, first_line_too=whole_lines)
+    else:
+        new = _remap(new, levels, delta, first_line_too=whole_lines)
 
     # The end: through the newline when `old` ends its line; over the solution's trailing comment when
     # `old` has one that `new` does not repeat.
