@@ -38,7 +38,7 @@ def cmd_test(args) -> int:
         )
     lesson = lessons[0]
     print(drills.runtime.current().banner, flush=True)
-    result = run.grade_once(lesson, impl=args.impl)
+    result = run.grade(lesson, impl=args.impl)
     if args.impl == "mine":
         learner.remember(result)  # make hint reads it when the file has not changed since
     if result.state == "not started":

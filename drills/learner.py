@@ -63,7 +63,7 @@ def grade(lesson: Lesson, timeout: float | None = None) -> Grade:
             graded=rel(mine_file(lesson)),
             message=f"{rel(mine_file(lesson))} does not exist: make reset L={lesson.id} restores the stub",
         )
-    return run.grade_once(lesson, file=None if default else mine_file(lesson), timeout=timeout)
+    return run.grade(lesson, file=None if default else mine_file(lesson), timeout=timeout)
 
 
 def load_mine(lesson: Lesson):

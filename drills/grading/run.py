@@ -175,21 +175,6 @@ def grade(
     )
 
 
-def grade_once(lesson: Lesson, **kwargs) -> Grade:
-    """grade() for one grading (make test, make progress, make hint, make watch), on the CPU through a
-    warm pool of its own: one process imports torch and Triton and forks both the grader's pytest and the
-    learner's process, where grade() alone starts two fresh Pythons that each import them in turn (about
-    a second and a half each on a 2-core machine, a fifth of a small lesson's make test). The learner's
-    process is the same sandboxed process either way (drills/grading/warm.py); on a GPU, where a process
-    that touched CUDA cannot be forked, it is grade() itself."""
-    from drills.grading import warm
-
-    if warm.unavailable() is not None:
-        return grade(lesson, **kwargs)
-    with warm.GradingPool() as pool:
-        return grade(lesson, pool=pool, **kwargs)
-
-
 def _timed_out(lesson: Lesson, graded: str, timeout: float) -> Grade:
     return Grade(
         lesson,
