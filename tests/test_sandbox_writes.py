@@ -9,6 +9,7 @@ import os
 import shutil
 import sysconfig
 import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -76,7 +77,9 @@ def test_a_file_cannot_write_into_the_repository(tmp_path, kept_file, how):
 
 
 def test_a_file_may_write_in_its_own_folder():
-    """A learner's notes or debug output beside the file, inside the repository, are still allowed."""
+    """A learner's notes or debug output beside the file, inside the repository, are still allowed: the
+    write succeeds, and what the grading left is moved out of the folder afterwards (so one grading's
+    files never reach the next), kept under .drills/left-by-grading/, not lost."""
     folder = tempfile.mkdtemp(prefix="own-folder-", dir=os.path.join(ROOT, "drills"))
     try:
         T1 = find("t1")
@@ -88,6 +91,8 @@ def test_a_file_may_write_in_its_own_folder():
             T1, file=path, extra=["-k", "test_by_hand_lane_11_is_masked", "--drills-skip-source-check"]
         )
         assert outcome(result, "test_by_hand_lane_11_is_masked") == {"passed"}, one_screen(result)
-        assert os.path.exists(notes)
+        assert not os.path.exists(notes), "a file the grading wrote stayed in the learner's folder"
+        kept = list((Path(ROOT) / ".drills" / "left-by-grading").glob("*/notes.txt"))
+        assert any(k.read_text() == "debug output" for k in kept), "the grading's file was lost, not moved"
     finally:
         shutil.rmtree(folder, ignore_errors=True)
