@@ -79,8 +79,9 @@ def render(data: dict) -> str:
     lines = [
         f"Measured {data['date']} on {data['machine']} (load {data['load_before']} before, "
         f"{data['load_after']} after; Python {data['versions']['python']}, torch {data['versions']['torch']}, "
-        f"Triton {data['versions']['triton']}), the fastest of {data['repeats']} runs of "
-        "`make test L=<id> IMPL=solutions`:",
+        f"Triton {data['versions']['triton']}), "
+        + ("one run" if data["repeats"] == 1 else f"the fastest of {data['repeats']} runs")
+        + " of `make test L=<id> IMPL=solutions` each:",
         "",
         "| lesson | wall (s) | CPU (s, every process) |",
         "| --- | --- | --- |",

@@ -71,3 +71,17 @@ def test_a_stale_figure_is_caught():
     retyped = str(int(cell) + 1)
     edited = text.replace(f"| {cell} |", f"| {retyped} |", 1)
     assert edited != text and retyped in bench.stale_table_in(edited, l4, columns, data)
+
+
+def test_readme_times_are_the_measured_ones():
+    """README's table of make test times is what drills/content/make_test_times.json renders: a time
+    typed by hand, or a JSON measured again without `make times WRITE=1`, fails here."""
+    from drills import grading_times
+
+    data = grading_times.load()
+    assert data is not None, "drills/content/make_test_times.json is missing: make times WRITE=1"
+    assert {row["id"] for row in data["lessons"]} == {lesson.id for lesson in LESSONS}
+    block = grading_times.readme_block(grading_times.README.read_text())
+    assert block == grading_times.render(data), (
+        "README's make test times differ from the JSON: make times WRITE=1"
+    )
