@@ -523,7 +523,9 @@ def split_kv_decode(
                 f"plan.num_splits = {plan.num_splits} chunks must cover plan.max_len = {plan.max_len}"
             )
         if splits > validate.MAX_GRID_YZ:  # splits are grid axis 2, which CUDA caps
-            raise ValueError(f"plan.num_splits = {splits} must be at most {validate.MAX_GRID_YZ} (grid axis 2)")
+            raise ValueError(
+                f"plan.num_splits = {splits} must be at most {validate.MAX_GRID_YZ} (grid axis 2)"
+            )
         if splits * chunk >= 2**31:  # a split's first token, split * chunk, is an int32 in the kernel
             raise ValueError(
                 f"plan.num_splits * plan.chunk = {splits * chunk} must be below 2**31: token positions are int32"
