@@ -17,6 +17,15 @@ differs from it and is still a stub, holding every not-started raise the committ
 learner's file stops being a stub when its raise is deleted, so a learner's work never fails
 `make contract`; a file not committed yet is read as it is. DRILLS_CONTRACT_STUB=head or =worktree
 overrides the rule.
+
+The contract ties each grader's cases to its reference's tiles (bounds_problems): every `tl.constexpr`
+parameter of every Triton kernel of drills/solutions/<stem>.py (a tile size, a loop bound, a flag) is a
+key of the grader's module-level `BOUNDS`, mapped to the names of the grader's test functions that cross
+it (a size one past a tile or a loop bound, the widest admitted value; a flag run both ways), and `BOUNDS`
+has "grid" for the test of the grid at the largest sizes. A constexpr that is no bound at all (a switch
+the launcher fixes) goes in `BOUNDS_GAPS` with a reason that starts with "no bound:"; any other gap listed
+there is reported until a case crosses it. So a new tile size or constexpr in a reference fails
+`make contract` until the grader names a case that crosses it.
 """
 
 from __future__ import annotations
@@ -454,12 +463,108 @@ def drifted_definitions(stub_source: str, solution_source: str, stub_file: str) 
     )
 
 
+# --- Bounds: every constexpr of the reference's kernels is crossed by a named case of the grader ---
+
+_KERNEL_DECORATORS = {"jit", "autotune", "heuristics"}  # triton.jit and the wrappers stacked on it
+NO_BOUND = "no bound:"  # the start of a BOUNDS_GAPS reason for a constexpr that bounds nothing
+
+
+def _is_kernel_decorator(node: ast.expr) -> bool:
+    target = node.func if isinstance(node, ast.Call) else node  # @triton.autotune(...) is a call
+    name = target.attr if isinstance(target, ast.Attribute) else getattr(target, "id", None)
+    return name in _KERNEL_DECORATORS
+
+
+def reference_constexprs(source: str) -> dict[str, list[str]]:
+    """{constexpr parameter name: the kernels that declare it} over the source's Triton kernels: functions
+    decorated with triton.jit (or triton.autotune / triton.heuristics), parameters whose annotation
+    holds `constexpr`."""
+    found: dict[str, list[str]] = {}
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.FunctionDef) or not any(
+            _is_kernel_decorator(d) for d in node.decorator_list
+        ):
+            continue
+        args = node.args
+        for arg in args.posonlyargs + args.args + args.kwonlyargs:
+            if arg.annotation is not None and "constexpr" in ast.unparse(arg.annotation):
+                found.setdefault(arg.arg, []).append(node.name)
+    return found
+
+
+def _has_kernel(source: str) -> bool:
+    return any(
+        isinstance(n, ast.FunctionDef) and any(_is_kernel_decorator(d) for d in n.decorator_list)
+        for n in ast.walk(ast.parse(source))
+    )
+
+
+def bounds_problems(lesson: Lesson, solution_source: str | None = None, grader=None) -> list[str]:
+    """Where the grader's BOUNDS and BOUNDS_GAPS leave a constexpr of the reference's kernels uncrossed,
+    or name a test the grader does not have; [] when they agree. solution_source: the reference to read
+    (default: its file); grader: the grader module, or any object with its attributes (default:
+    drills.tests.test_<stem>), so that a test can plant a constexpr or a name without writing a file."""
+    source = lesson.solution.read_text() if solution_source is None else solution_source
+    if grader is None:
+        try:
+            grader = importlib.import_module(f"drills.tests.{lesson.tests.stem}")
+        except Exception as exc:  # the grader is checked by make test; here only its tables are read
+            return [
+                f"{lesson.id}: {lesson.tests.name} does not import, so its BOUNDS cannot be read: {exc!r}"
+            ]
+    constexprs = reference_constexprs(source)
+    if not constexprs and not _has_kernel(source):
+        return []  # no Triton kernel (L3, C1): nothing to cross
+    name = lesson.tests.name
+    bounds = dict(getattr(grader, "BOUNDS", {}))
+    gaps = dict(getattr(grader, "BOUNDS_GAPS", {}))
+    tests = {n for n, obj in vars(grader).items() if n.startswith("test") and callable(obj)}
+    problems = []
+    for const, kernels in sorted(constexprs.items()):
+        where = f"{lesson.id}: constexpr {const} (of {', '.join(kernels)})"
+        if const in bounds:
+            continue
+        if const not in gaps:
+            problems.append(
+                f"{where} is in neither BOUNDS nor BOUNDS_GAPS of {name}: add the tests that cross it "
+                f"(one past its tile or loop bound, its widest admitted value; a flag both ways) to BOUNDS"
+            )
+        elif not str(gaps[const]).startswith(NO_BOUND):
+            problems.append(
+                f"{where}: no case of {name} crosses it ({gaps[const]}): add one and name it in BOUNDS"
+            )
+    for key, names in sorted(bounds.items()):
+        if key != "grid" and key not in constexprs:
+            problems.append(
+                f"{lesson.id}: BOUNDS of {name} has {key}, which no kernel of "
+                f"{lesson.solution.relative_to(ROOT).as_posix()} declares: rename or remove it"
+            )
+        if isinstance(names, str) or not names:
+            problems.append(f"{lesson.id}: BOUNDS[{key!r}] of {name} must be a non-empty tuple of test names")
+            continue
+        for test in names:
+            if test not in tests:
+                problems.append(
+                    f"{lesson.id}: BOUNDS[{key!r}] of {name} names {test}, which is no test function of it: "
+                    f"fix the name"
+                )
+    for const in sorted(set(gaps) & set(bounds)):
+        problems.append(f"{lesson.id}: {const} is in both BOUNDS and BOUNDS_GAPS of {name}: keep one")
+    if "grid" not in bounds:
+        problems.append(
+            f'{lesson.id}: BOUNDS of {name} has no "grid": name the test that checks the grid at the '
+            f"largest sizes"
+        )
+    return problems
+
+
 def check(lesson: Lesson, stub_file: Path | None = None, solution_file: Path | None = None) -> list[str]:
     """Problems with the lesson's stub against its solution; an empty list means the contract holds.
 
     The stub is the one contract_stub chooses, or stub_file; the solution is drills/solutions/<stem>.py,
     or solution_file (tests check copies without touching either). The lesson's numbering
-    (numbering_problems) is checked with that stub. When the contract fails on a stub that contract_stub
+    (numbering_problems) is checked with that stub, and the grader's BOUNDS against the solution
+    (bounds_problems). When the contract fails on a stub that contract_stub
     chose, the last problem says which file that was."""
     problems = []
     if solution_file is None:
@@ -502,6 +607,7 @@ def check(lesson: Lesson, stub_file: Path | None = None, solution_file: Path | N
         if problem not in problems:  # a public docstring is reported once, by the check above
             problems.append(problem)
     problems += numbering_problems(lesson, stub_source)
+    problems += bounds_problems(lesson, solution_source)
     if problems and origin is not None:
         problems.append(f"(the stub checked: {origin})")
     return problems

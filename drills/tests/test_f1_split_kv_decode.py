@@ -36,6 +36,27 @@ from drills.tests.paged_kv import (
     with_entry,
 )
 
+# Each constexpr of the reference's kernels -> the tests that cross it: a size one past its tile or loop
+# bound (or at its widest admitted value), a flag both ways; "grid" -> the grid check at the largest sizes.
+# make contract fails on a constexpr named neither here nor in BOUNDS_GAPS ("no bound:" ones only).
+BOUNDS: dict[str, tuple[str, ...]] = {
+    "BLOCK_N": ("test_last_page_is_masked", "test_every_split_count_matches_unsplit"),
+    "BLOCK_R": (
+        "test_merge_states_equals_one_shot_softmax",
+    ),  # R = 37 rows: three tiles of 16, the last partial
+    "BLOCK_S": ("test_merge_reads_every_tile_of_splits", "test_many_splits_merge_with_rescale"),
+    "D": ("test_widest_head_dim_is_read_whole",),
+    "GROUP": ("test_kv_head_grouping_is_contiguous",),
+    "GROUP_PAD": ("test_kv_head_grouping_is_contiguous",),  # GROUP = 32 pads past 16
+    "PAGE": ("test_last_page_is_masked", "test_page_sizes_gathered_token_by_token"),
+    "WRITE_LSE": (
+        "test_padding_sequences_give_zero_and_lse_minus_inf",
+        "test_split_ranges_cover_each_key_once",
+    ),
+    "grid": ("test_grid_fits_cuda_limits_at_largest_sizes",),
+}
+BOUNDS_GAPS = {"GUARD": "no bound: the device guard's switch, on in every call but the benchmark's timing"}
+
 DIMS = ("b", "head", "d")
 LOG2E, LN2 = 1 / math.log(2), math.log(2)  # a base-2 lse is the natural one times LOG2E
 

@@ -39,6 +39,34 @@ from drills.tests.paged_kv import (
     with_entry,
 )
 
+# Each constexpr of the reference's kernels -> the tests that cross it: a size one past its tile or loop
+# bound (or at its widest admitted value), a flag both ways; "grid" -> the grid check at the largest sizes.
+# make contract fails on a constexpr named neither here nor in BOUNDS_GAPS ("no bound:" ones only).
+BOUNDS: dict[str, tuple[str, ...]] = {
+    "BLOCK_N": (
+        "test_every_prefix_chunk_count_matches",
+        "test_every_suffix_split_count_matches",
+        "test_page_sizes",
+    ),
+    "BLOCK_S": (
+        "test_merge_reads_every_tile_of_slots",
+        "test_merge_rescales_when_a_later_tile_of_slots_raises_the_max",
+    ),
+    "CASCADE": ("test_worked_example_three_requests", "test_fallback_equals_split_kv"),
+    "D": ("test_widest_head_dim_is_read_whole",),
+    "GROUP": ("test_prefix_tile_rows_map_to_heads",),
+    "GROUP_PAD": ("test_prefix_tile_rows_map_to_heads", "test_gqa_group_wider_than_a_tile"),
+    "MEMBERS": ("test_members_one_past_the_tile", "test_group_of_64_members"),
+    "PAGE": ("test_suffix_starts_after_the_prefix", "test_page_sizes"),
+    "ROWS": (
+        "test_prefix_tile_rows_map_to_heads",
+        "test_group_of_64_members",
+        "test_gqa_group_wider_than_a_tile",
+    ),
+    "WRITE_LSE": ("test_lse_is_natural_log", "test_equals_paged_decode"),  # with and without
+    "grid": ("test_grid_fits_cuda_limits_at_largest_sizes",),
+}
+
 DIMS = ("b", "head", "d")
 LOG2E, LN2 = 1 / math.log(2), math.log(2)
 

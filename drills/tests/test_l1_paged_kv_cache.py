@@ -21,6 +21,19 @@ from drills.solutions.l2_paged_decode import paged_decode
 from drills.tests import raises_naming, seeded, sizes
 from drills.tests.paged_kv import GARBAGE_BLOCK_IDS, gather_kv, paged_attention_reference
 
+# Each constexpr of the reference's kernels -> the tests that cross it: a size one past its tile or loop
+# bound (or at its widest admitted value), a flag both ways; "grid" -> the grid check at the largest sizes.
+# make contract fails on a constexpr named neither here nor in BOUNDS_GAPS ("no bound:" ones only).
+BOUNDS: dict[str, tuple[str, ...]] = {
+    "PAGE": ("test_heads_and_dims_not_powers_of_two", "test_first_and_last_slot_of_the_cache"),
+    "Hkv": ("test_heads_and_dims_not_powers_of_two",),
+    "HKV_PAD": ("test_heads_and_dims_not_powers_of_two",),
+    "D": ("test_heads_and_dims_not_powers_of_two",),
+    "D_PAD": ("test_heads_and_dims_not_powers_of_two",),
+    "grid": ("test_grid_fits_cuda_limits_at_largest_sizes",),
+}
+BOUNDS_GAPS = {"GUARD": "no bound: the device guard's switch, on in every call but the benchmark's timing"}
+
 CANARY = 1234.5  # exactly representable in fp16, bf16 and fp32; randn never produces it
 EXACT = dict(atol=0.0, rtol=0.0, rel=0.0)  # a store is a copy: every bit must arrive
 CACHE_DIMS = ("block+margin", "offset", "head", "d")  # positions inside the canary buffer

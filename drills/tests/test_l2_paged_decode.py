@@ -41,6 +41,22 @@ from drills.tests.paged_kv import (
     v_strides_unlike_k,
 )
 
+# Each constexpr of the reference's kernels -> the tests that cross it: a size one past its tile or loop
+# bound (or at its widest admitted value), a flag both ways; "grid" -> the grid check at the largest sizes.
+# make contract fails on a constexpr named neither here nor in BOUNDS_GAPS ("no bound:" ones only).
+BOUNDS: dict[str, tuple[str, ...]] = {
+    "GROUP": ("test_kv_head_grouping_is_contiguous",),
+    "GROUP_PAD": ("test_kv_head_grouping_is_contiguous", "test_padding_rows_not_written"),  # GROUP > 16 too
+    "PAGE": (
+        "test_worked_example_ctx37_reads_three_pages",
+        "test_last_page_is_masked",
+        "test_head_dims_and_page_sizes",
+    ),
+    "D": ("test_widest_head_dim_is_read_whole",),
+    "grid": ("test_grid_fits_cuda_limits_at_largest_sizes",),
+}
+BOUNDS_GAPS = {"GUARD": "no bound: the device guard's switch, on in every call but the benchmark's timing"}
+
 DIMS = ("b", "head", "d")  # how a mismatch names its position: sequence, query head, feature
 
 # What paged_decode admits, in one place (drills/validate.py): the cases that cross a bound draw here.

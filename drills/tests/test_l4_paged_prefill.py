@@ -43,6 +43,38 @@ from drills.tests.paged_kv import (
     spoiled_call,
 )
 
+# Each constexpr of the reference's kernels -> the tests that cross it: a size one past its tile or loop
+# bound (or at its widest admitted value), a flag both ways; "grid" -> the grid check at the largest sizes.
+# make contract fails on a constexpr named neither here nor in BOUNDS_GAPS ("no bound:" ones only).
+BOUNDS: dict[str, tuple[str, ...]] = {
+    "BLOCK_M": ("test_rows_past_a_sequence_end_not_written", "test_any_tile_shape"),
+    "BLOCK_N": (
+        "test_keys_past_the_context_are_not_read",
+        "test_key_ranges_at_every_alignment",
+        "test_any_tile_shape",
+    ),
+    "BLOCK_Q": ("test_rows_past_a_sequence_end_not_written", "test_padding_rows_of_a_packed_tile_not_stored"),
+    "D": ("test_widest_head_dim_is_read_whole",),
+    "GROUP": ("test_kv_head_grouping_is_contiguous", "test_padding_rows_of_a_packed_tile_not_stored"),
+    "HEADS": ("test_key_ranges_at_every_alignment", "test_any_tile_shape"),  # packed and one head per tile
+    "MASKED": ("test_diagonal_tiles_are_masked", "test_keys_past_the_context_are_not_read"),
+    "PAGE": (
+        "test_prefix_ends_inside_a_page",
+        "test_pages_smaller_than_a_key_tile",
+        "test_pages_larger_than_a_key_tile",
+        "test_one_page_holds_every_key",
+    ),
+    "SAME_KV": ("test_k_and_v_caches_with_different_strides", "test_q_and_cache_strides_are_used"),
+    "STORE_LSE": ("test_lse_is_natural_log", "test_pure_prefill_without_a_prefix"),  # with and without
+    "WIDE": (
+        "test_page_index_widened_to_int64",
+        "test_v_page_offsets_widened_to_int64",
+        "test_pure_prefill_without_a_prefix",
+    ),
+    "grid": ("test_grid_fits_cuda_limits_at_largest_sizes",),
+}
+BOUNDS_GAPS = {"GUARD": "no bound: the device guard's switch, on in every call but the benchmark's timing"}
+
 DIMS = ("token", "head", "d")  # how a mismatch names its position: row of the packed q, query head, feature
 
 # What paged_prefill admits, in one place (drills/validate.py): the cases that cross a bound draw here.

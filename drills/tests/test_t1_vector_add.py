@@ -16,6 +16,14 @@ from drills.grading.diagnose import Mistake
 from drills.grading.launches import assert_grids_fit, assert_runs_a_triton_kernel, record_launches
 from drills.tests import bf16_everywhere, seeded, sizes
 
+# Each constexpr of the reference's kernels -> the tests that cross it: a size one past its tile or loop
+# bound (or at its widest admitted value), a flag both ways; "grid" -> the grid check at the largest sizes.
+# make contract fails on a constexpr named neither here nor in BOUNDS_GAPS ("no bound:" ones only).
+BOUNDS: dict[str, tuple[str, ...]] = {
+    "BLOCK": ("test_last_block_is_masked", "test_each_program_adds_its_own_block"),
+    "grid": ("test_grid_fits_cuda_limits_at_largest_sizes",),
+}
+
 DIMS = ("i",)
 CANARY = 1234.5  # exactly representable in fp16, bf16 and fp32
 PAD = 1 << 16  # spare elements on each side of every vector: more than any sensible BLOCK

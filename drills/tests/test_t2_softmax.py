@@ -16,6 +16,19 @@ from drills.grading.diagnose import Mistake
 from drills.grading.launches import assert_grids_fit, assert_runs_a_triton_kernel, record_launches
 from drills.tests import bf16_everywhere, seeded, sizes
 
+# Each constexpr of the reference's kernels -> the tests that cross it: a size one past its tile or loop
+# bound (or at its widest admitted value), a flag both ways; "grid" -> the grid check at the largest sizes.
+# make contract fails on a constexpr named neither here nor in BOUNDS_GAPS ("no bound:" ones only).
+BOUNDS: dict[str, tuple[str, ...]] = {
+    "BLOCK": (
+        "test_non_power_of_two_1823x781",
+        "test_padded_columns_load_as_minus_inf",
+        "test_rows_longer_than_one_block",
+    ),
+    "ONE_BLOCK": ("test_rows_longer_than_one_block", "test_row_of_exactly_one_block", "test_rows_sum_to_one"),
+    "grid": ("test_grid_fits_cuda_limits_at_largest_sizes",),
+}
+
 DIMS = ("row", "col")
 CANARY = 1234.5  # exactly representable in fp16, bf16 and fp32
 X_PAD, OUT_PAD = 96, 64  # spare columns on each side of every row of x and of out: the row strides differ

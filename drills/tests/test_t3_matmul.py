@@ -16,6 +16,20 @@ from drills.grading.diagnose import Mistake
 from drills.grading.launches import assert_grids_fit, assert_runs_a_triton_kernel, record_launches
 from drills.tests import bf16_everywhere, seeded, sizes
 
+# Each constexpr of the reference's kernels -> the tests that cross it: a size one past its tile or loop
+# bound (or at its widest admitted value), a flag both ways; "grid" -> the grid check at the largest sizes.
+# make contract fails on a constexpr named neither here nor in BOUNDS_GAPS ("no bound:" ones only).
+BOUNDS: dict[str, tuple[str, ...]] = {
+    "BLOCK_M": ("test_by_hand_37x100x61_every_edge_partial", "test_store_masked_at_m_and_n_edges"),
+    "BLOCK_N": ("test_by_hand_37x100x61_every_edge_partial", "test_store_masked_at_m_and_n_edges"),
+    "BLOCK_K": ("test_k_edge_is_masked", "test_k_longer_than_one_block"),
+    "GROUP_M": (
+        "test_programs_visit_tiles_in_grouped_order",
+        "test_every_tile_computed_when_last_group_is_short",
+    ),
+    "grid": ("test_grid_fits_cuda_limits_at_largest_sizes",),
+}
+
 DIMS = ("m", "n")  # how a mismatch names its position in C
 PAD = 256  # NaN rows and columns after every input: more than any block reaches past an edge
 CANARY = 1234.5  # exactly representable in fp16 and bf16

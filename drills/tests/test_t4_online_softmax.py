@@ -19,6 +19,19 @@ from drills.grading.diagnose import Mistake
 from drills.grading.launches import assert_grids_fit, assert_runs_a_triton_kernel, record_launches
 from drills.tests import bf16_everywhere, seeded, sizes
 
+# Each constexpr of the reference's kernels -> the tests that cross it: a size one past its tile or loop
+# bound (or at its widest admitted value), a flag both ways; "grid" -> the grid check at the largest sizes.
+# make contract fails on a constexpr named neither here nor in BOUNDS_GAPS ("no bound:" ones only).
+BOUNDS: dict[str, tuple[str, ...]] = {
+    "BLOCK": (
+        "test_last_block_is_masked",
+        "test_non_power_of_two_shapes",
+        "test_merge_covers_states_past_one_program",
+    ),
+    "TRACE": ("test_worked_example_trace_one_element_at_a_time", "test_worked_example_final_state"),
+    "grid": ("test_grid_fits_cuda_limits_at_largest_sizes",),
+}
+
 # The explainer's hand trace of x = [2, 1, 4, 3], one element per block, to four decimals.
 HAND_X = [2.0, 1.0, 4.0, 3.0]
 HAND_M = [2.0, 2.0, 4.0, 4.0]

@@ -19,6 +19,29 @@ from drills.grading.launches import assert_grids_fit, assert_runs_a_triton_kerne
 from drills.grading.report import Stage
 from drills.tests import bf16_everywhere, fill_past_fp16_range, seeded, sizes
 
+# Each constexpr of the reference's kernels -> the tests that cross it: a size one past its tile or loop
+# bound (or at its widest admitted value), a flag both ways; "grid" -> the grid check at the largest sizes.
+# make contract fails on a constexpr named neither here nor in BOUNDS_GAPS ("no bound:" ones only).
+BOUNDS: dict[str, tuple[str, ...]] = {
+    "BLOCK_M": (
+        "test_keys_not_a_multiple_of_the_block",
+        "test_rows_past_nq_not_written",
+        "test_any_block_shape",
+    ),
+    "BLOCK_N": (
+        "test_keys_not_a_multiple_of_the_block",
+        "test_last_key_block_is_masked",
+        "test_any_block_shape",
+        "test_keys_are_walked_block_by_block",
+    ),
+    "CAUSAL": ("test_last_key_block_is_masked", "test_causal_is_aligned_bottom_right"),
+    "D": ("test_head_dims",),  # 16 to 256, the widest the launcher admits
+    "GROUP": ("test_kv_head_grouping_is_contiguous",),
+    "MASKED": ("test_last_key_block_is_masked", "test_any_block_shape"),
+    "STORE_LSE": ("test_lse_is_natural_log", "test_keys_not_a_multiple_of_the_block"),  # with and without
+    "grid": ("test_grid_fits_cuda_limits_at_largest_sizes",),
+}
+
 DIMS = ("b", "head", "query", "d")  # how a mismatch names its position
 LSE_DIMS = ("b", "head", "query")
 PAD = 128  # NaN rows after the last query and the last key: more than any BLOCK_M or BLOCK_N
