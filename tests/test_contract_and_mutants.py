@@ -1,5 +1,6 @@
-"""Tests of two maintainer tools: the stub contract's rule that a stub's definitions without
-a TODO are the solution's code (drills/contract.py), and the mutation engine, which finds a mutant's
+"""Tests of two maintainer tools: the stub contract (drills/contract.py), with its rule that a stub's
+definitions without a TODO are the solution's code and its check that each grader's BOUNDS name a case
+crossing every constexpr of its reference's kernels; and the mutation engine, which finds a mutant's
 `old` in the solution as code, so that reformatting a solution keeps every mutant applying
 (drills/mutants/__init__.py). Not a lesson's grader: it runs in `make check`, on copies in temporary
 folders; the real stubs and solutions are only read."""
@@ -7,10 +8,12 @@ folders; the real stubs and solutions are only read."""
 from __future__ import annotations
 
 import ast
+import importlib
 import io
 import re
 import subprocess
 import tokenize
+import types
 
 import pytest
 
@@ -111,6 +114,43 @@ def test_class_holding_a_todo_is_compared_method_by_method():
         "class C:\n    def a(self):\n        pass  # TODO: return 1\n\n    def b(self):\n        return 3\n"
     )
     assert [p.split(" ")[0] for p in contract.drifted_definitions(stub, solution, STUB_FILE)] == ["C.b"]
+
+
+# --- Bounds: every constexpr of a reference's kernels is crossed by a case its grader names ------------
+
+
+def _grader_of(lesson, **overrides):
+    """The lesson's grader as a namespace (its BOUNDS, BOUNDS_GAPS and test functions), with overrides."""
+    grader = importlib.import_module(f"drills.tests.{lesson.tests.stem}")
+    return types.SimpleNamespace(**{**vars(grader), **overrides})
+
+
+def test_new_constexpr_without_a_bounds_entry_is_reported():
+    source = committed(L2.solution)
+    assert "    GUARD: tl.constexpr," in source, (
+        "L2's kernel no longer has GUARD: plant the new one elsewhere"
+    )
+    assert contract.bounds_problems(L2, source) == []
+    planted = source.replace(
+        "    GUARD: tl.constexpr,", "    GUARD: tl.constexpr,\n    SPLIT: tl.constexpr,", 1
+    )
+    problems = contract.bounds_problems(L2, planted)
+    assert len(problems) == 1 and "SPLIT" in problems[0] and "paged_decode_kernel" in problems[0], problems
+    # Listed as a gap, it is still reported unless the reason says it bounds nothing.
+    gaps = {**_grader_of(L2).BOUNDS_GAPS, "SPLIT": "a case with several splits is still to write"}
+    assert len(contract.bounds_problems(L2, planted, _grader_of(L2, BOUNDS_GAPS=gaps))) == 1
+    gaps["SPLIT"] = "no bound: a switch the launcher fixes"
+    assert contract.bounds_problems(L2, planted, _grader_of(L2, BOUNDS_GAPS=gaps)) == []
+
+
+def test_bounds_naming_a_missing_test_is_reported():
+    bounds = dict(_grader_of(L2).BOUNDS)
+    bounds["PAGE"] = (*bounds["PAGE"], "test_pages_that_no_one_wrote")
+    problems = contract.bounds_problems(L2, committed(L2.solution), _grader_of(L2, BOUNDS=bounds))
+    assert len(problems) == 1 and "test_pages_that_no_one_wrote" in problems[0], problems
+    del bounds["grid"]
+    problems = contract.bounds_problems(L2, committed(L2.solution), _grader_of(L2, BOUNDS=bounds))
+    assert any('"grid"' in p for p in problems), problems
 
 
 # --- The mutation engine: old is found as code ------------------------------------------------------
