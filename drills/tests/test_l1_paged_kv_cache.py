@@ -671,8 +671,8 @@ def test_first_and_last_slot_of_the_cache(impl, runtime):
 
 @pytest.mark.parametrize(
     "Hkv,D,PAGE",
-    [(3, 24, 5), (1, 128, 16), (6, 40, 3), (8, 128, 16)],
-    ids=["Hkv3-D24-PAGE5", "Hkv1-D128", "Hkv6-D40-PAGE3", "Hkv8-D128"],
+    [(3, 24, 5), (1, 128, 16), (6, 40, 3), (8, 128, 16), (2, 256, 16)],
+    ids=["Hkv3-D24-PAGE5", "Hkv1-D128", "Hkv6-D40-PAGE3", "Hkv8-D128", "Hkv2-D256"],
 )
 def test_heads_and_dims_not_powers_of_two(impl, runtime, Hkv, D, PAGE):
     """Hkv and D padded up to powers of two for tl.arange: the padded heads and features must be masked
