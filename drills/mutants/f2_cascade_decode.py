@@ -73,7 +73,7 @@ MUTANTS = [
     Mutant(
         "merge_reads_prefix_slots_of_ungrouped",
         "11. the merge reads prefix slots for a sequence in no group, which no stage wrote",
-        "s_mask = (slot < num_slots) & ((slot >= num_prefix) | grouped)",
+        "s_mask = (slot < num_slots) & (slot >= first_slot)",
         "s_mask = slot < num_slots",
     ),
     Mutant(

@@ -496,13 +496,16 @@ def merge_kernel(
     h = tl.program_id(1).to(tl.int64)
     offs_d = tl.arange(0, D)
     offs_s = tl.arange(0, BLOCK_S)
-    grouped = tl.load(prefix_group_ptr + b) >= 0
+    # A sequence in a group reads every slot; one in no group starts at the suffix's first slot. (An int
+    # first slot rather than a bool or-ed into the mask: Triton 3.9's interpreter refuses a mask that
+    # mixes a tile of bools with a loaded scalar bool.)
+    first_slot = tl.where(tl.load(prefix_group_ptr + b) >= 0, 0, num_prefix)
     m = tl.full([1], float("-inf"), dtype=tl.float32)
     w_sum = tl.zeros([1], dtype=tl.float32)
     acc = tl.zeros([D], dtype=tl.float32)
     for s0 in range(0, num_slots, BLOCK_S):
         slot = s0 + offs_s
-        s_mask = (slot < num_slots) & ((slot >= num_prefix) | grouped)
+        s_mask = (slot < num_slots) & (slot >= first_slot)
         lse = tl.load(lse_part_ptr + b * stride_lb + h * stride_lh + slot, mask=s_mask, other=float("-inf"))
         o = tl.load(
             o_part_ptr + b * stride_pb + h * stride_ph + slot[:, None] * D + offs_d[None, :],
