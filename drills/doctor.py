@@ -99,6 +99,13 @@ def doctor_lines() -> list[str]:
             'pip install "numpy<2.4" into this Python (the Makefile\'s .venv pins it)',
         ),
         (
+            "Triton 3.9's interpreter refuses a mask that combines a tile of bools with a scalar bool "
+            "computed from a load (`(offs < n) & (tl.load(p) >= 0)`: 'mask has unsupported dtype')",
+            runtime.interpreter and not _older(triton_version, (3, 9)),
+            "turn the scalar into a bound first and compare the tile with it (`first = tl.where(tl.load(p) >= 0, "
+            "0, n0)`, then `offs >= first`), as F2's merge does",
+        ),
+        (
             "tl.dot needs every dimension >= 16 on a GPU, which the interpreter does not check",
             runtime.interpreter,
             "pad small dimensions to 16 (as GROUP_PAD does in L2) before you trust an interpreter pass",
