@@ -235,7 +235,7 @@ import torch
 
 from drills.compare import assert_close
 from drills.grading.diagnose import Mistake
-from drills.grading.launches import assert_runs_a_triton_kernel
+from drills.grading.launches import assert_grids_fit, assert_runs_a_triton_kernel
 from drills.tests import seeded, sizes
 
 DIMS = ("i",)
@@ -259,6 +259,22 @@ def test_runs_a_triton_kernel(impl, runtime):
     """The right numbers are not enough: {n["fn"]} must compute them with your Triton kernel, not with torch."""
     x = make_x(100, torch.float32, runtime.device, stream=2)
     assert_runs_a_triton_kernel(impl, lambda: impl.{n["fn"]}(x), "{n["fn"]}")
+
+
+def test_grid_fits_cuda_limits_at_largest_sizes(impl, runtime):
+    """65537 blocks of 16: past the 65535 programs CUDA allows on grid axes 1 and 2. Run dry (every launch
+    recorded and checked, none run): a grid only a real size would break fails on the CPU too."""
+    x = torch.zeros(65536 * 16 + 1, dtype=torch.float16, device=runtime.device)  # [n]
+    out = torch.empty_like(x)
+    assert_grids_fit(impl, lambda: impl._launch(x, out, BLOCK=16), "_launch with 65537 blocks")
+
+
+# --- Bounds: each constexpr of the reference's kernels and the tests that cross it (make contract) -----
+
+BOUNDS = {{
+    "BLOCK": ("test_last_block_is_masked",),
+    "grid": ("test_grid_fits_cuda_limits_at_largest_sizes",),
+}}
 
 
 # --- Stages (optional): a steep lesson's checks in the order its stub's TODOs are filled in ----------
