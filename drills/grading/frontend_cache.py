@@ -59,6 +59,22 @@ def _looks_as_expected(core) -> bool:
     )
 
 
+def _lazy_name(format_name):
+    """A `name` property formatted by format_name(self) when first read, and kept; a set name is kept
+    as given (Triton's constructors assign it)."""
+
+    def get(self):
+        cached = self.__dict__.get("_name")
+        if cached is None:
+            cached = self.__dict__["_name"] = format_name(self)
+        return cached
+
+    def put(self, value):
+        self.__dict__["_name"] = value
+
+    return property(get, put)
+
+
 def _lazy_tuple_type_name(core) -> None:
     tuple_type = core.tuple_type
 
@@ -66,18 +82,10 @@ def _lazy_tuple_type_name(core) -> None:
         self.types = types
         self.fields = fields or [""] * len(types)
 
-    def name(self):
-        cached = self.__dict__.get("_name")
-        if cached is None:
-            cached = "[" + ",".join([f"{k}:{v}" for k, v in zip(self.fields, self.types)]) + "]"
-            self.__dict__["_name"] = cached
-        return cached
-
-    def set_name(self, value):
-        self.__dict__["_name"] = value
-
     tuple_type.__init__ = __init__
-    tuple_type.name = property(name, set_name)
+    tuple_type.name = _lazy_name(
+        lambda self: "[" + ",".join([f"{k}:{v}" for k, v in zip(self.fields, self.types)]) + "]"
+    )
 
 
 def _fast_block_type(core) -> None:
@@ -96,27 +104,16 @@ def _fast_block_type(core) -> None:
         try:
             self.shape = dim_tuples[dims]
         except KeyError:
-            self.shape = dim_tuples[dims] = tl_tuple(
-                list(dims)
-            )  # Triton's block shapes are tl.tuples of ints
+            # Triton's block shapes are tl.tuples of ints
+            self.shape = dim_tuples[dims] = tl_tuple(list(dims))
         except TypeError:
             self.shape = tl_tuple(list(dims))
         if not self.shape:
             raise TypeError("0d block_type is forbidden")
         self.numel = validate(self.shape)
 
-    def name(self):
-        cached = self.__dict__.get("_name")
-        if cached is None:
-            cached = f"<{self.shape}, {self.element_ty}>"
-            self.__dict__["_name"] = cached
-        return cached
-
-    def set_name(self, value):
-        self.__dict__["_name"] = value
-
     block_type.__init__ = __init__
-    block_type.name = property(name, set_name)
+    block_type.name = _lazy_name(lambda self: f"<{self.shape}, {self.element_ty}>")
 
 
 def _shared_tensor_shapes(core) -> None:
