@@ -1,34 +1,195 @@
-"""The sampler: one token per sequence from its logits row, under the sequence's SamplingParams.
+"""The sampler: one token per row of a step's logits, every row at once, on the logits' device.
 
-temperature 0 is greedy (one argmax over every greedy row at once); otherwise softmax(logits /
-temperature), cut to the likeliest tokens whose probabilities reach top_p, and drawn with the
-sequence's own generator when its SamplingParams give a random_state, else with the engine's.
+A row whose SamplingParams give temperature 0 is greedy (its argmax). Every other row draws from
+softmax(logits / temperature), cut to the likeliest tokens in this order, as vLLM and FlashInfer do:
+
+    top_k  keep the k likeliest tokens (-1 or 0: all)
+    top_p  of those, renormalized, keep the smallest set of the likeliest whose probabilities sum to at
+           least top_p (1.0: all)
+    min_p  keep the tokens whose probability is at least min_p times the likeliest's (0.0: all); the
+           ratio does not change under renormalization, so its place in the order changes nothing
+
+Each cut is a threshold on the probability: a token tied with the last one a cut keeps is kept too, so
+the result never depends on how a sort orders equal values (FlashInfer's sort-free kernels cut at a
+pivot value the same way). The draw among the kept tokens is the exponential race (the Gumbel-max
+trick): token = argmax_i p_i / E_i with E_i = -log(u_i) exponential, which picks token i with
+probability p_i / sum(kept p), with no normalization and no cumulative sum to search.
+
+The uniform noise u is counter-based: u[r, i] is a hash of the row's 32-bit key and the vocabulary index
+i, computed on the device. A request with a random_state keys its draws with (random_state, how many
+tokens it has drawn): its `Stream`, kept in seq.generator (a preempted request keeps it, so its draws go
+on where they stopped). Its tokens are therefore the same whatever else shares its batch, at whatever
+row, and whether the engine overlaps its steps or not. A request without one takes a fresh key per draw
+from the engine's generator (torch's default CPU generator when it is None).
+
+No Python loop over rows touches the device and nothing waits for it: the rows' parameters go over in
+one non-blocking copy (pinned memory on a GPU), and sample_on_device returns the tokens as a device
+tensor. A step whose rows are all greedy is one argmax. The cost is one sort of the sampled rows where a
+row asks for top_k or top_p; min_p and temperature alone need none.
 """
 
 from __future__ import annotations
 
 import torch
 
+MASK32 = 0xFFFFFFFF
+MASK64 = (1 << 64) - 1
+GOLDEN32 = 0x9E3779B1  # odd: i -> i * GOLDEN32 mod 2**32 is one-to-one, and spreads the bits of i
+# murmur3's fmix32 multipliers, written as C - 2**32: a product of a 32-bit value by a constant under
+# 2**31 in magnitude fits int64 (torch has no uint32 arithmetic), and its low 32 bits are those of C * x.
+FMIX1 = 0x85EBCA6B - (1 << 32)
+FMIX2 = 0xC2B2AE35 - (1 << 32)
+UNIFORM_BITS = 23  # (k + 0.5) / 2**23 for k < 2**23 is exact in float32 and lies strictly in (0, 1)
+
+
+class Stream:
+    """A request's random stream: its random_state and how many tokens it has drawn from it."""
+
+    __slots__ = ("draws", "random_state")
+
+    def __init__(self, random_state: int):
+        self.random_state = random_state
+        self.draws = 0
+
+    def next_key(self) -> int:
+        """The key of the next draw: a hash of (random_state, draws), then one draw more."""
+        key = stream_key(self.random_state, self.draws)
+        self.draws += 1
+        return key
+
+    def __repr__(self):
+        return f"Stream(random_state={self.random_state}, draws={self.draws})"
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
+    return x ^ (x >> 31)
+
+
+def stream_key(random_state: int, position: int) -> int:
+    """The 32-bit key of draw number `position` of the stream started from `random_state` (any int)."""
+    return _splitmix64(_splitmix64(random_state & MASK64) ^ position) >> 32
+
+
+def _fmix32(x: torch.Tensor) -> torch.Tensor:
+    """murmur3's finalizer on int64 tensors holding 32-bit values: every input bit flips about half of
+    the output bits, so neighbouring inputs give unrelated outputs."""
+    x = x ^ (x >> 16)
+    x = (x * FMIX1) & MASK32
+    x = x ^ (x >> 13)
+    x = (x * FMIX2) & MASK32
+    return x ^ (x >> 16)
+
+
+def uniform(keys: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Uniform noise in (0, 1), (R, vocab) float32 on keys' device: u[r, i] = hash(keys[r], i).
+
+    keys (R,) int64 holding 32-bit values. The same key gives the same row on every device."""
+    index = (torch.arange(vocab, device=keys.device, dtype=torch.int64) * GOLDEN32) & MASK32  # (V,)
+    x = _fmix32(_fmix32(index)[None, :] ^ keys[:, None])  # (R, V)
+    return ((x >> (32 - UNIFORM_BITS)).float() + 0.5) * (1.0 / (1 << UNIFORM_BITS))
+
+
+def cutoff(probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Each row's top_k and top_p threshold on the probability, (R, 1): the tokens with probs >= it are
+    kept. probs (R, V) float32; top_k (R,) int64 (<= 0: off); top_p (R,) float32 (1.0: off)."""
+    V = probs.shape[-1]
+    s = probs.sort(-1, descending=True).values  # (R, V)
+    k = torch.where(top_k > 0, top_k.clamp(max=V), V) - 1  # (R,): the k-th likeliest, 0-based
+    k_thr = s.gather(-1, k[:, None])  # (R, 1); ties with it kept
+    kept = torch.where(s >= k_thr, s, 0.0)  # (R, V): top_k's tokens, in order
+    total = kept.cumsum(-1)  # (R, V)
+    before = total - kept  # the mass of the likelier tokens kept
+    # A token is in the nucleus while the mass before it falls short of top_p of what top_k kept: a prefix
+    # of the order, at least its first token.
+    nucleus = (before < top_p[:, None] * total[:, -1:]) & (s >= k_thr)  # (R, V)
+    last = nucleus.sum(-1, keepdim=True).clamp(min=1) - 1  # (R, 1)
+    p_thr = s.gather(-1, last)  # (R, 1)
+    return torch.where(top_p[:, None] < 1, p_thr, k_thr)
+
+
+def draw(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor,
+    u: torch.Tensor,
+    cut: bool = True,
+) -> torch.Tensor:
+    """The tokens (R,) int64 of every row at once, given the rows' uniform noise.
+
+    logits (R, V) any float dtype; temperature, top_p, min_p (R,) float32 and top_k (R,) int64 on
+    logits' device; u (R, V) in (0, 1). cut=False skips the sort where no row asks for top_k or top_p."""
+    greedy = temperature == 0  # (R,)
+    z = logits.float() / torch.where(greedy, 1.0, temperature)[:, None]  # (R, V)
+    probs = torch.softmax(z, -1)  # (R, V)
+    thr = min_p[:, None] * probs.amax(-1, keepdim=True)  # (R, 1)
+    if cut:
+        thr = torch.maximum(thr, cutoff(probs, top_k, top_p))
+    # The exponential race among the kept tokens; a cut token scores -1, below every kept one (>= 0).
+    score = torch.where(probs >= thr, probs / -torch.log(u), -1.0)  # (R, V)
+    return torch.where(greedy, logits.argmax(-1), score.argmax(-1))
+
+
+def _rows(seqs, generator: torch.Generator | None):
+    """The rows' parameters and keys as host lists; advances each seeded request's stream by one draw."""
+    temperature, top_k, top_p, min_p, keys, unseeded = [], [], [], [], [], []
+    for r, seq in enumerate(seqs):
+        p = seq.params
+        temperature.append(p.temperature)
+        top_k.append(getattr(p, "top_k", 0))
+        top_p.append(p.top_p)
+        min_p.append(getattr(p, "min_p", 0.0))
+        if p.temperature == 0:
+            keys.append(0)  # greedy: draws nothing
+        elif p.random_state is None:
+            keys.append(0)
+            unseeded.append(r)
+        else:
+            stream = seq.generator
+            if not isinstance(stream, Stream):
+                stream = seq.generator = Stream(p.random_state)
+            keys.append(stream.next_key())
+    return temperature, top_k, top_p, min_p, keys, unseeded
+
+
+def _to(device, values: list, dtype) -> torch.Tensor:
+    """A host list on `device` without waiting for it: a pageable copy would block until the device
+    has run everything queued before it, so a GPU's goes from pinned memory, non-blocking."""
+    host = torch.tensor(values, dtype=dtype)
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
+
+
+def sample_on_device(logits: torch.Tensor, seqs, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One token per row of logits (R, V), under each sequence's SamplingParams: (R,) int64 on
+    logits.device, nothing waited for. Advances the stream of every seeded sampled row by one draw."""
+    if logits.dim() != 2 or logits.shape[0] != len(seqs):
+        raise ValueError(f"logits must be (len(seqs), V) = ({len(seqs)}, V), got {tuple(logits.shape)}")
+    if all(seq.params.temperature == 0 for seq in seqs):
+        return logits.argmax(-1)
+    temperature, top_k, top_p, min_p, keys, unseeded = _rows(seqs, generator)
+    device = logits.device
+    key = torch.tensor(keys, dtype=torch.int64)  # (R,)
+    if unseeded:
+        gen_device = generator.device if generator is not None else torch.device("cpu")
+        fresh = torch.randint(0, 1 << 32, (len(unseeded),), generator=generator, device=gen_device)
+        if gen_device.type == "cpu":
+            key[unseeded] = fresh
+            unseeded = []
+    floats = _to(device, [temperature, top_p, min_p], torch.float32)  # (3, R)
+    key = key.to(device) if device.type != "cuda" else key.pin_memory().to(device, non_blocking=True)
+    if unseeded:  # keys drawn on the device by a device generator: placed there
+        key[_to(device, unseeded, torch.int64)] = fresh.to(device)
+    cut = any(t != 0 and (k > 0 or p < 1) for t, k, p in zip(temperature, top_k, top_p))
+    u = uniform(key, logits.shape[-1])  # (R, V)
+    return draw(logits, floats[0], _to(device, top_k, torch.int64), floats[1], floats[2], u, cut=cut)
+
 
 def sample(logits: torch.Tensor, seqs, generator: torch.Generator | None) -> list[int]:
-    """One token per row of logits (R, V), under each sequence's SamplingParams."""
-    tokens = [0] * len(seqs)
-    greedy = [i for i, s in enumerate(seqs) if s.params.temperature == 0]
-    if greedy:
-        picked = logits[greedy].argmax(-1).tolist()
-        for i, t in zip(greedy, picked):
-            tokens[i] = t
-    for i, seq in enumerate(seqs):
-        p = seq.params
-        if p.temperature == 0:
-            continue
-        probs = torch.softmax(logits[i].float() / p.temperature, -1)  # (V,)
-        if p.top_p < 1.0:
-            sorted_probs, order = probs.sort(descending=True)
-            # Keep the tokens before the running sum passes top_p, and the one that passes it.
-            keep = sorted_probs.cumsum(0) - sorted_probs < p.top_p
-            probs = torch.zeros_like(probs).scatter_(0, order[keep], sorted_probs[keep])
-        if p.random_state is not None and seq.generator is None:
-            seq.generator = torch.Generator(device=probs.device).manual_seed(p.random_state)
-        tokens[i] = int(torch.multinomial(probs, 1, generator=seq.generator or generator))
-    return tokens
+    """One token per row of logits (R, V), as host ints: sample_on_device, then its one copy back."""
+    return sample_on_device(logits, seqs, generator).tolist()
