@@ -118,6 +118,23 @@ CODES: dict[int, tuple[str, str, str]] = {
         "slot_mapping",
         "slot_mapping[{index}] = {value} is outside [-1, num_blocks * PAGE): the token was not stored",
     ),
+    71: (
+        "L5 unified_attention",
+        "cu_seqlens_q",
+        "sequence {index} has {value} query tokens: cu_seqlens_q must not decrease, start at 0 and end at "
+        "q's token count",
+    ),
+    72: (
+        "L5 unified_attention",
+        "context_lens",
+        "context_lens[{index}] = {value} is shorter than the sequence's query tokens or longer than "
+        "block_tables' row holds",
+    ),
+    73: (
+        "L5 unified_attention",
+        "block_tables",
+        "sequence {index} reads block id {value}, outside [0, num_blocks)",
+    ),
 }
 
 _WORDS: dict[torch.device, torch.Tensor] = {}

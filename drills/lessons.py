@@ -63,6 +63,7 @@ LESSONS: tuple[Lesson, ...] = (
     Lesson("f1_split_kv_decode", "Split-KV decode with a planner", "F"),
     Lesson("f2_cascade_decode", "Cascade attention: a shared prefix read once", "F"),
     Lesson("l4_paged_prefill", "Paged prefill over a cached prefix (chunked prefill, mixed batches)", "L"),
+    Lesson("l5_unified_attention", "One kernel for every step: sliding windows and attention sinks", "L"),
     Lesson("c1_engine", "Capstone: an inference engine serving a real model on your kernels", "C"),
 )
 

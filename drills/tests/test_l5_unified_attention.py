@@ -1,0 +1,549 @@
+"""Grader for L5, one kernel for every step: sliding windows and attention sinks. Each test is named for
+the mistake it catches.
+
+Run: make test L=l5 (your drills/mine) or make test L=l5 IMPL=solutions. The cases are L4's (a poisoned,
+shuffled page pool: NaN in every stale slot and unused block, garbage ids past each sequence's last page,
+`out` a view into a canary-filled buffer), run with windows and sinks. The oracle gathers each sequence's
+pages and runs a plain fp32 softmax over the keys p - window < j <= p, with one more logit per head, the
+sink, in the denominator only.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import pytest
+import torch
+
+from drills.compare import assert_close, mismatch
+from drills.grading.diagnose import Mistake
+from drills.grading.launches import assert_grids_fit, assert_runs_a_triton_kernel
+from drills.grading.report import Stage
+from drills.tests import bf16_everywhere, raises_naming, seeded, sizes
+from drills.tests.paged_kv import (
+    blocks_past,
+    check_launch,
+    gather_kv,
+    grouping_cases,
+    int32_tensor,
+    pool_past_int32,
+    skip_without_memory_for_sparse_pages,
+    spoiled_call,
+)
+from drills.tests.test_l4_paged_prefill import BAD_INPUTS as L4_BAD_INPUTS
+from drills.tests.test_l4_paged_prefill import PrefillCase, make_prefill_case, pooled_caches
+
+# Each constexpr of the reference's kernels -> the tests that cross it: a size one past its tile or loop
+# bound (or at its widest admitted value), a flag both ways; "grid" -> the grid check at the largest sizes.
+BOUNDS: dict[str, tuple[str, ...]] = {
+    "BLOCK_M": ("test_band_covers_every_row_of_a_tile", "test_rows_past_a_sequence_end_not_written"),
+    "BLOCK_N": ("test_window_sizes", "test_keys_past_the_context_are_not_read"),
+    "BLOCK_Q": ("test_band_covers_every_row_of_a_tile", "test_rows_past_a_sequence_end_not_written"),
+    "BLOCK_S": ("test_split_band_merges_every_split",),
+    "D": ("test_widest_head_dim_is_read_whole",),
+    "GROUP": ("test_kv_head_grouping_is_contiguous",),
+    "HEADS": ("test_band_covers_every_row_of_a_tile",),  # packed and one head per tile
+    "MASKED": ("test_window_sizes", "test_keys_past_the_context_are_not_read"),
+    "PAGE": ("test_page_sizes",),
+    "SAME_KV": ("test_k_and_v_caches_with_different_strides",),
+    "STORE_LSE": ("test_lse_includes_the_sink", "test_window_sizes"),  # with and without
+    "WIDE": ("test_page_index_widened_to_int64", "test_v_page_offsets_widened_to_int64", "test_window_sizes"),
+    "WINDOW": ("test_window_sizes", "test_equals_l4_without_window_or_sinks"),
+    "SINKS": ("test_sinks_join_the_denominator_only", "test_window_sizes"),
+    "grid": ("test_grid_fits_cuda_limits_at_largest_sizes",),
+}
+BOUNDS_GAPS = {"GUARD": "no bound: the device guard's switch, on in every call but the benchmark's timing"}
+
+DIMS = ("token", "head", "d")  # how a mismatch names its position: row of the packed q, query head, feature
+LSE_DIMS = ("token", "head")
+LSE_TOL = dict(atol=1e-3, rtol=1e-4, rel=1e-4)
+
+
+def unified_reference(
+    q,
+    k_cache,
+    v_cache,
+    block_tables,
+    cu_seqlens_q,
+    context_lens,
+    window=None,
+    sinks=None,
+    scale=None,
+    window_from_chunk=False,
+    sink_in_numerator=False,
+):
+    """fp32 oracle: for each sequence, gather its pages, score its new tokens against every key, keep
+    key j for the token at position p when p - window < j <= p, append head h's sink logit as one more
+    column of the softmax whose value is zero. Returns (out [total_q, Hq, D], lse [total_q, Hq]).
+    Two wrong answers the diagnosis names: window_from_chunk=True counts the window from the token's index
+    in its chunk instead of its position; sink_in_numerator=True gives the sink a value of one."""
+    total_q, Hq, D = q.shape
+    group = Hq // k_cache.shape[2]
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    out = torch.zeros(total_q, Hq, D, device=q.device)
+    lse = torch.zeros(total_q, Hq, device=q.device)
+    cu = cu_seqlens_q.tolist()
+    for b, ctx in enumerate(context_lens.tolist()):
+        first, last = cu[b], cu[b + 1]
+        if first == last:
+            continue
+        # Keys outside every window may be poisoned on purpose: zeros here, and hidden below.
+        k = gather_kv(k_cache, block_tables[b], ctx).float().nan_to_num(0.0).repeat_interleave(group, dim=1)
+        v = gather_kv(v_cache, block_tables[b], ctx).float().nan_to_num(0.0).repeat_interleave(group, dim=1)
+        s = torch.einsum("ihd,jhd->hij", q[first:last].float(), k) * scale  # [Hq, q_len, ctx]
+        i = torch.arange(last - first, device=q.device)[:, None] + ctx - (last - first)  # positions
+        j = torch.arange(ctx, device=q.device)[None, :]  # key positions
+        hidden = j > i
+        if window is not None:
+            start = (i - (ctx - (last - first))) if window_from_chunk else i
+            hidden = hidden | (j <= start - window)
+        s = s.masked_fill(hidden, float("-inf"))
+        if sinks is not None:
+            sink = sinks.float().to(q.device)[:, None, None].expand(Hq, last - first, 1)
+            s = torch.cat([s, sink], dim=-1)  # [Hq, q_len, ctx + 1]
+            extra = torch.ones if sink_in_numerator else torch.zeros
+            v = torch.cat([v, extra(1, Hq, D, device=q.device)], dim=0)  # [ctx + 1, Hq, D]
+        out[first:last] = torch.einsum("hij,jhd->ihd", torch.softmax(s, dim=-1), v)
+        lse[first:last] = torch.logsumexp(s, dim=-1).T
+    return out, lse
+
+
+def make_sinks(Hq, stream, device, shift=0.0):
+    """[Hq] fp32 sink logits around `shift` (a few units apart: each head's own sink matters)."""
+    gen = torch.Generator().manual_seed(seeded(stream))
+    return (torch.randn(Hq, generator=gen) * 2 + shift).to(device)
+
+
+def check(impl, case, window=None, sinks=None, scale=None, plan=None, **tol):
+    """unified_attention on `case` with a canary-padded out, against the oracle: out [total_q, Hq, D]."""
+    launch = functools.partial(impl.unified_attention, window=window, sinks=sinks, plan=plan)
+    reference = functools.partial(unified_reference, window=window, sinks=sinks)
+    return check_launch(launch, reference, case, DIMS, scale, **tol)
+
+
+def check_lse(impl, case, window=None, sinks=None, plan=None):
+    out, lse = impl.unified_attention(*case.args, window=window, sinks=sinks, return_lse=True, plan=plan)
+    ref, ref_lse = unified_reference(*case.args, window=window, sinks=sinks)
+    assert lse.dtype == torch.float32 and lse.shape == case.q.shape[:2], (
+        f"lse: {lse.dtype} {tuple(lse.shape)}"
+    )
+    assert_close(lse, ref_lse, LSE_DIMS, **LSE_TOL)
+    assert_close(out, ref, DIMS)
+
+
+def mixed_case(runtime, stream, Hq=8, Hkv=2, D=64, PAGE=8, **paged):
+    """A decode row over a long prefix, a chunk over a prefix, a padding row, a pure prefill and a decode row
+    with ctx 1: every kind of row in one batch."""
+    q_lens = sizes(runtime, [1, 21, 0, 13, 1], [1, 700, 0, 300, 1])
+    ctx = sizes(runtime, [61, 50, 9, 13, 1], [4000, 2000, 9, 300, 1])
+    return make_prefill_case(ctx, q_lens, Hq, Hkv, D, PAGE, stream=stream, device=runtime.device, **paged)
+
+
+# --- Section 2 "By hand": one decode row at position 9, window 4, PAGE 4, then a sink of 1.5 ----------
+
+HAND_SCORES = {
+    6: 1.0,
+    7: 0.0,
+    8: 2.0,
+    9: 1.0,
+}  # q . k of the keys in the window; V[:, 0] = the key's position
+
+
+def worked_example(device):
+    """One sequence, context 10, one new token (position 9), Hq = Hkv = 1, D = 16, PAGE = 4, scale 1.
+    Keys 0-5 score 100 (any of them read unmasked would take the whole softmax); keys 6-9 score as
+    HAND_SCORES. Blocks are shuffled: pages 0, 1, 2 live in blocks 3, 0, 2; block 1 and the stale slots
+    10, 11 are NaN."""
+    D, PAGE = 16, 4
+    k_cache = torch.full((4, PAGE, 1, D), float("nan"), dtype=torch.float16, device=device)
+    v_cache = k_cache.clone()
+    table = [3, 0, 2]
+    for j in range(10):
+        blk, slot = table[j // PAGE], j % PAGE
+        k_cache[blk, slot, 0] = 0.0
+        v_cache[blk, slot, 0] = 0.0
+        k_cache[blk, slot, 0, 0] = HAND_SCORES.get(j, 100.0)
+        v_cache[blk, slot, 0, 0] = float(j)
+    q = torch.zeros(1, 1, D, dtype=torch.float16, device=device)
+    q[0, 0, 0] = 1.0
+    return PrefillCase(
+        q,
+        k_cache,
+        v_cache,
+        int32_tensor(device, *table).reshape(1, 3),
+        int32_tensor(device, 0, 1),
+        int32_tensor(device, 10),
+    )
+
+
+def test_worked_example_window_of_4(impl, runtime):
+    """Section 2: position 9 with window 4 sees keys 6 to 9 only: out = 14.4655 / 1.8711 = 7.731 in
+    feature 0, lse = 2 + ln 1.8711 = 2.627."""
+    case = worked_example(runtime.device)
+    out, lse = impl.unified_attention(*case.args, window=4, scale=1.0, return_lse=True)
+    assert abs(out[0, 0, 0].item() - 7.731) < 0.01, (
+        f"out[0, 0, 0] = {out[0, 0, 0].item():.4f}, expected 7.731"
+    )
+    assert abs(lse[0, 0].item() - 2.6265) < 1e-3, f"lse = {lse[0, 0].item():.4f}, expected 2.6265"
+
+
+def test_worked_example_with_a_sink_of_1_5(impl, runtime):
+    """Section 2: the same row with sinks = [1.5]: the running max starts at 1.5 and the sum at 1; the
+    sum ends at 2.4777 and the numerator stays 14.4655: out = 5.838, lse = 2 + ln 2.4777 = 2.907."""
+    case = worked_example(runtime.device)
+    sinks = torch.tensor([1.5], device=runtime.device)
+    out, lse = impl.unified_attention(*case.args, window=4, sinks=sinks, scale=1.0, return_lse=True)
+    assert abs(out[0, 0, 0].item() - 5.838) < 0.01, (
+        f"out[0, 0, 0] = {out[0, 0, 0].item():.4f}, expected 5.838"
+    )
+    assert abs(lse[0, 0].item() - 2.9073) < 1e-3, f"lse = {lse[0, 0].item():.4f}, expected 2.9073"
+
+
+# --- Stage 1: the band ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "window",
+    [1, 5, 12, 40, 100_000],
+    ids=["w1", "w5-under-a-page", "w12-under-a-key-tile", "w40", "w-past-ctx"],
+)
+def test_window_sizes(impl, runtime, window):
+    """Every kind of row in one batch (decode rows, a chunk over a prefix, padding, a pure prefill) with a
+    window of 1 (each token sees itself only), under a page (8), under a key tile (16 here), over a tile,
+    and longer than every context (the same as no window). lse too."""
+    case = mixed_case(runtime, stream=301 + window % 97)
+    check(impl, case, window=window)
+    check_lse(impl, case, window=window)
+
+
+def test_window_counts_from_the_absolute_position(impl, runtime):
+    """Decode rows and chunks after long prefixes: the row at position p sees p - window < j <= p, with p
+    the cached prefix plus its index in the chunk. A window counted from the index alone lets a decode
+    row (index 0) see every key of its band."""
+    q_lens = sizes(runtime, [1, 1, 6], [1, 1, 100])
+    ctx = sizes(runtime, [77, 45, 70], [3000, 1000, 2000])
+    case = make_prefill_case(ctx, q_lens, 4, 2, 64, 8, stream=307, device=runtime.device)
+    check(impl, case, window=21)
+
+
+@pytest.mark.parametrize("packed", [True, False], ids=["packed-group", "one-head"])
+def test_band_covers_every_row_of_a_tile(impl, runtime, packed):
+    """Through _launch with 16-row tiles and 16-key tiles: a chunk of 40 tokens after a prefix of 25 with
+    window 6, so the rows of one tile have bands that start up to 15 keys apart. A band computed for a
+    tile's first row misses keys of its later rows; one for its last row reads keys its first rows must
+    not see unmasked."""
+    case = make_prefill_case([65, 20], [40, 20], 4, 2, 64, 8, stream=311, device=runtime.device)
+    out = torch.full_like(case.q, float("nan"))  # rows never written stay NaN
+    impl._launch(*case.args, 0.125, out, window=6, config=(16, 16, 4, 1, packed))
+    ref, _ = unified_reference(*case.args, window=6, scale=0.125)
+    assert_close(out, ref, DIMS)
+
+
+def poison_outside_bands(case, window):
+    """NaN in K and V of every page whose keys no new token of its sequence may see (all before the first
+    new token's window). Such pages hold live keys: only a kernel that loads tiles before the band reads
+    them. Returns how many pages were poisoned."""
+    PAGE = case.k_cache.shape[1]
+    poisoned = 0
+    for b, (n, ctx) in enumerate(zip(case.q_lens, case.context_lens.tolist())):
+        if n == 0:
+            continue
+        first_key = max(ctx - n - window + 1, 0)  # the first new token's first key
+        for p in range(first_key // PAGE):
+            blk = int(case.block_tables[b, p])
+            case.k_cache[blk] = float("nan")
+            case.v_cache[blk] = float("nan")
+            poisoned += 1
+    return poisoned
+
+
+def test_tiles_outside_the_band_are_never_loaded(impl, runtime):
+    """Decode rows and a chunk over long prefixes with window 24 and PAGE 64: every page wholly before a
+    sequence's band holds NaN. A kernel that loads every tile from key 0 and masks the ones outside the
+    window computes the right numbers and reads the whole prefix: NaN here (with a key tile of at most 64)."""
+    q_lens = sizes(runtime, [1, 1, 10], [1, 1, 100])
+    ctx = sizes(runtime, [200, 140, 150], [8000, 4000, 2000])
+    case = make_prefill_case(ctx, q_lens, 4, 2, 64, 64, stream=313, device=runtime.device)
+    assert poison_outside_bands(case, 24) >= 4
+    check(impl, case, window=24)
+
+
+def test_equals_l4_without_window_or_sinks(impl, runtime):
+    """window=None and sinks=None is L4's paged_prefill: the same numbers, up to rounding, on a mixed
+    batch, with lse."""
+    from drills.solutions.l4_paged_prefill import paged_prefill
+
+    case = mixed_case(runtime, stream=317)
+    out, lse = impl.unified_attention(*case.args, return_lse=True)
+    ref, ref_lse = paged_prefill(*case.args, return_lse=True)
+    assert_close(out, ref.float(), DIMS)
+    assert_close(lse, ref_lse, LSE_DIMS, **LSE_TOL)
+
+
+# --- Stage 2: sinks ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shift", [0.0, 20.0, -40.0], ids=["moderate", "large-out-to-zero", "very-negative"])
+def test_sinks_join_the_denominator_only(impl, runtime, shift):
+    """Sinks around 0 (they matter), around 20 (the sink takes nearly all the weight: out goes to zero),
+    around -40 (no effect): the sink adds e^sink to the denominator and nothing to the numerator, once per
+    row. With and without a window."""
+    case = mixed_case(runtime, stream=331)
+    sinks = make_sinks(8, 333, runtime.device, shift)
+    # Outputs near zero (the large sink): fp16 rounding of tiny values makes the norm ratio meaningless,
+    # so every element is held to 1e-3 instead; a sink left out gives outputs of order 1.
+    tol = dict(atol=1e-3, rtol=0.0, rel=1.0) if shift > 10 else {}
+    check(impl, case, sinks=sinks, **tol)
+    check(impl, case, window=17, sinks=sinks, **tol)
+
+
+def test_lse_includes_the_sink(impl, runtime):
+    """lse = log of the whole denominator, e^sink included (a later merge needs it)."""
+    case = mixed_case(runtime, stream=337)
+    sinks = make_sinks(8, 339, runtime.device)
+    check_lse(impl, case, sinks=sinks)
+    check_lse(impl, case, window=9, sinks=sinks)
+
+
+# --- Stage 3: the planner and the split band -------------------------------------------------------------
+
+
+def decode_case(runtime, stream, B=5):
+    ctx = sizes(runtime, [90, 1, 37, 150, 64][:B], [3000, 1, 777, 4000, 2048][:B])
+    return make_prefill_case(ctx, [1] * B, 8, 2, 64, 8, stream=stream, device=runtime.device)
+
+
+@pytest.mark.parametrize("splits", [2, 3, 17], ids=["2-splits", "3-splits", "17-splits"])
+def test_split_band_merges_every_split(impl, runtime, splits):
+    """Decode rows whose band is cut into 2, 3 or 17 shares (17: more splits than a merge tile of 16 and
+    than some bands have tiles), with a window and sinks: the sink belongs to one split only, empty splits
+    weigh nothing, and the merge rescales by each split's lse."""
+    case = decode_case(runtime, 341)
+    plan = impl.plan(case.cu_seqlens_q, case.context_lens, 2, 8, num_splits=splits)
+    sinks = make_sinks(8, 343, runtime.device)
+    check(impl, case, sinks=sinks, plan=plan)
+    check(impl, case, window=40, sinks=sinks, plan=plan)
+    check_lse(impl, case, window=40, sinks=sinks, plan=plan)
+
+
+def test_split_band_on_a_mixed_batch(impl, runtime):
+    """A forced split on prefill chunks too: each tile's band is shared out, whatever its rows."""
+    case = mixed_case(runtime, stream=347)
+    plan = impl.plan(case.cu_seqlens_q, case.context_lens, 2, 8, num_splits=3)
+    sinks = make_sinks(8, 349, runtime.device)
+    check(impl, case, window=13, sinks=sinks, plan=plan)
+
+
+def test_planner_splits_small_decode_batches_only(impl, runtime):
+    """plan(): a batch with a prefill chunk is not split; a small decode-only batch is, in shares of at
+    least 64 keys of its longest band (the window's, when there is one); a wide one is not."""
+    p = impl.plan([0, 1, 5], [100, 40], 2, 16, num_sms=132)
+    assert p.num_splits == 1, f"a batch with a 4-token chunk: {p.num_splits} splits, expected 1"
+    p = impl.plan([0, 1, 2], [4096, 100], 8, 16, num_sms=132)
+    assert p.num_splits == 33, f"2 decode rows x 8 KV heads at 4096: {p.num_splits} splits, expected 33"
+    p = impl.plan([0, 1, 2], [4096, 100], 8, 16, window=128, num_sms=132)
+    assert p.num_splits == 2, f"the same with window 128: {p.num_splits} splits, expected 2"
+    p = impl.plan(list(range(101)), [4096] * 100, 8, 16, num_sms=132)
+    assert p.num_splits == 1, f"100 decode rows x 8 KV heads: {p.num_splits} splits, expected 1"
+
+
+# --- L4's cases, with a window and sinks ------------------------------------------------------------
+
+
+@grouping_cases("group1-MHA", "group3", "group8-MQA")
+def test_kv_head_grouping_is_contiguous(impl, runtime, Hq, Hkv):
+    """Query head h reads KV head h // GROUP and its own sink sinks[h]."""
+    q_lens = sizes(runtime, [11, 1], [600, 1])
+    ctx = sizes(runtime, [20, 30], [1000, 2000])
+    case = make_prefill_case(ctx, q_lens, Hq, Hkv, 64, 8, stream=353 + Hq, device=runtime.device)
+    check(impl, case, window=7, sinks=make_sinks(Hq, 355, runtime.device))
+
+
+@pytest.mark.parametrize("PAGE", [1, 4, 32, 64])
+def test_page_sizes(impl, runtime, PAGE):
+    """PAGE from 1 to 64: a key tile over several pages or a part of one, a band starting inside a page."""
+    case = make_prefill_case([45, 70], [13, 1], 4, 2, 64, PAGE, stream=359 + PAGE, device=runtime.device)
+    check(impl, case, window=19, sinks=make_sinks(4, 361, runtime.device))
+
+
+def test_rows_past_a_sequence_end_not_written(impl, runtime):
+    """Sequences of 5, 3 and 11 new tokens: a tile's rows past its sequence's end belong to the next."""
+    case = make_prefill_case([9, 3, 30], [5, 3, 11], 4, 2, 64, 8, stream=367, device=runtime.device)
+    check(impl, case, window=4, sinks=make_sinks(4, 369, runtime.device))
+
+
+def test_keys_past_the_context_are_not_read(impl, runtime):
+    """Contexts of 33 and 19 with PAGE = 8: the last key tile runs into the stale tail and past it."""
+    case = make_prefill_case([33, 19], [4, 19], 4, 2, 64, 8, stream=371, device=runtime.device, extra_pages=4)
+    check(impl, case, window=10)
+
+
+def test_pages_shuffled_and_shared(impl, runtime):
+    """Three sequences share a cached prefix of two full pages; physical block 0 is in use."""
+    q_lens = sizes(runtime, [6, 12, 1], [400, 1000, 1])
+    ctx = sizes(runtime, [22, 40, 17], [1000, 1500, 700])
+    case = make_prefill_case(
+        ctx, q_lens, 8, 2, 64, 8, stream=373, device=runtime.device, shared_prefix_pages=2
+    )
+    check(impl, case, window=11, sinks=make_sinks(8, 375, runtime.device))
+
+
+def test_widest_head_dim_is_read_whole(impl, runtime):
+    """D = 256, the widest head dim admitted."""
+    case = make_prefill_case([21, 9], [5, 1], 2, 1, 256, 16, stream=379, device=runtime.device)
+    check(impl, case, window=8, sinks=make_sinks(2, 381, runtime.device))
+
+
+def test_k_and_v_caches_with_different_strides(impl, runtime):
+    """k_cache contiguous, v_cache one layer of a NaN-filled pool: V's rows through V's strides."""
+    case = make_prefill_case([30, 9], [12, 1], 8, 2, 64, 8, stream=383, device=runtime.device)
+    _, v_cache = pooled_caches(case)
+    check(impl, PrefillCase(case.q, case.k_cache, v_cache, *case.args[3:]), window=5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, bf16_everywhere()], ids=["fp16", "bf16"])
+def test_dtypes(impl, runtime, dtype):
+    case = make_prefill_case([20, 33], [9, 1], 4, 2, 64, 16, stream=389, dtype=dtype, device=runtime.device)
+    out = check(impl, case, window=10, sinks=make_sinks(4, 391, runtime.device))
+    assert out.dtype == dtype
+
+
+def test_page_index_widened_to_int64(impl, runtime):
+    """Every page past 2**32 elements of the cache: block id * stride_kb in int64, in every key loop."""
+    PAGE, Hkv, D = 16, 1, 128
+    far_blocks = pool_past_int32(runtime, PAGE, Hkv, D, spare=96)
+    case = make_prefill_case(
+        [40, 7], [9, 1], 4, Hkv, D, PAGE, stream=397, device=runtime.device, **far_blocks
+    )
+    check(impl, case, window=20)
+
+
+def test_v_page_offsets_widened_to_int64(impl, runtime):
+    """k_cache under 2**31 elements, v_cache layer 3 of a 4-layer pool past 2**32: V's offsets in int64."""
+    from drills.grading import bigmem
+
+    skip_without_memory_for_sparse_pages(runtime)
+    PAGE, Hkv, D, layers = 16, 1, 128, 4
+    far_blocks = blocks_past(2**30, PAGE, Hkv, D, spare=96)
+    ctx = [40, 7]
+    case = make_prefill_case(ctx, [9, 1], 4, Hkv, D, PAGE, stream=401, device=runtime.device, **far_blocks)
+    pool = bigmem.sparse_empty((case.k_cache.shape[0], layers, PAGE, Hkv, D), case.q.dtype, runtime.device)
+    v_cache = pool[:, layers - 1]
+    if not runtime.interpreter:
+        pool[:128].zero_()
+    in_use = torch.cat([case.block_tables[b, : math.ceil(n / PAGE)] for b, n in enumerate(ctx)]).long()
+    v_cache[in_use] = case.v_cache[in_use]
+    check(impl, PrefillCase(case.q, case.k_cache, v_cache, *case.args[3:]), window=20)
+    del pool, v_cache
+
+
+# --- The launcher rejects bad input before launching -----------------------------------------------
+
+
+def _sinks(value):
+    return lambda a, dev: dict(sinks=value(a["q"].shape[1], dev))
+
+
+BAD_INPUTS = {
+    **L4_BAD_INPUTS,
+    "window_zero": (lambda a, dev: dict(window=0), ValueError, "window"),
+    "window_negative": (lambda a, dev: dict(window=-3), ValueError, "window"),
+    "window_float": (lambda a, dev: dict(window=4.0), TypeError, "window"),
+    "window_bool": (lambda a, dev: dict(window=True), TypeError, "window"),
+    "window_past_int32": (lambda a, dev: dict(window=2**31), ValueError, "window"),
+    "sinks_wrong_length": (_sinks(lambda h, dev: torch.zeros(h + 1, device=dev)), ValueError, "sinks"),
+    "sinks_nan": (_sinks(lambda h, dev: torch.full((h,), float("nan"), device=dev)), ValueError, "sinks"),
+    "sinks_inf": (_sinks(lambda h, dev: torch.full((h,), float("inf"), device=dev)), ValueError, "sinks"),
+    "sinks_fp16": (
+        _sinks(lambda h, dev: torch.zeros(h, dtype=torch.float16, device=dev)),
+        TypeError,
+        "sinks",
+    ),
+    "sinks_2d": (_sinks(lambda h, dev: torch.zeros(1, h, device=dev)), ValueError, "sinks"),
+    "sinks_list": (_sinks(lambda h, dev: [0.0] * h), TypeError, "sinks"),
+    "plan_not_a_plan": (lambda a, dev: dict(plan=3), TypeError, "plan"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_INPUTS))
+def test_launcher_rejects_bad_input(impl, runtime, name):
+    """Each bad argument raises ValueError/TypeError naming it, before any kernel runs."""
+    spoil, error, names = BAD_INPUTS[name]
+    case = make_prefill_case([20, 3], [5, 3], 4, 2, 64, 16, stream=409, device=runtime.device, max_pages=4)
+    args = spoiled_call(case, spoil, runtime.device)
+    with raises_naming(error, names):
+        impl.unified_attention(**args)
+
+
+def test_runs_a_triton_kernel(impl, runtime):
+    """The right numbers are not enough: unified_attention must compute them with your Triton kernel."""
+    case = make_prefill_case([37, 5], [12, 1], 8, 2, 64, 16, stream=419, device=runtime.device)
+    sinks = make_sinks(8, 421, runtime.device)
+    assert_runs_a_triton_kernel(
+        impl, lambda: impl.unified_attention(*case.args, window=9, sinks=sinks), "unified_attention"
+    )
+
+
+def test_tolerance_rejects_zeros_no_window_and_a_counted_sink(runtime):
+    """Not a test of your kernel: the comparison fails an all-zeros output, the answer without the window,
+    with the window counted from the chunk, and with the sink in the numerator."""
+    case = mixed_case(runtime, stream=431)
+    sinks = make_sinks(8, 433, runtime.device)
+    ref, lse = unified_reference(*case.args, window=9, sinks=sinks)
+    assert mismatch(torch.zeros_like(ref).half(), ref) is not None
+    assert mismatch(unified_reference(*case.args, sinks=sinks)[0].half(), ref) is not None
+    assert mismatch(
+        unified_reference(*case.args, window=9, sinks=sinks, window_from_chunk=True)[0].half(), ref
+    )
+    assert mismatch(
+        unified_reference(*case.args, window=9, sinks=sinks, sink_in_numerator=True)[0].half(), ref
+    )
+    assert mismatch(ref.half(), ref) is None
+
+
+def test_grid_fits_cuda_limits_at_largest_sizes(impl, runtime):
+    """70,000 decode rows, split 3 ways with a window and sinks: tiles and head groups share grid axis 0,
+    splits take axis 1, and the merge's rows axis 0. Run dry (every launch recorded and checked)."""
+    B, PAGE, D = 70_000, 16, 16
+    dev = runtime.device
+    q = torch.zeros(B, 1, D, dtype=torch.float16, device=dev)  # [total_q, Hq, D]
+    k_cache = torch.zeros(1, PAGE, 1, D, dtype=torch.float16, device=dev)  # [blocks, PAGE, Hkv, D]
+    v_cache = torch.zeros_like(k_cache)
+    block_tables = torch.zeros(B, 1, dtype=torch.int32, device=dev)  # [B, 1]
+    cu_seqlens_q = torch.arange(B + 1, dtype=torch.int32, device=dev)  # [B + 1]
+    context_lens = torch.ones(B, dtype=torch.int32, device=dev)  # [B]
+    sinks = torch.zeros(1, device=dev)
+    for splits in (1, 3):
+        plan = impl.plan([0, 1], [1], 1, PAGE, num_splits=splits)
+        assert_grids_fit(
+            impl,
+            lambda plan=plan: impl.unified_attention(
+                q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, window=4, sinks=sinks,
+                return_lse=True, check=False, plan=plan,
+            ),
+            f"unified_attention of 70,000 decode rows, {splits} splits",
+        )  # fmt: skip
+
+
+# --- Stages and diagnosis --------------------------------------------------------------------------
+
+STAGES = [
+    Stage(
+        "the band",
+        ("test_worked_example_window_of_4", "test_window_*", "test_band_*", "test_tiles_*", "test_equals_*"),
+        "the 2D kernel with a window: which keys each row sees, and which tiles it loads",
+    ),
+    Stage(
+        "sinks",
+        ("test_worked_example_with_a_sink_of_1_5", "test_sinks_*", "test_lse_includes_the_sink"),
+        "one more logit per head in each row's denominator, and in its lse",
+    ),
+    Stage(
+        "the split band",
+        ("test_split_*", "test_planner_*"),
+        "the planner, and decode rows whose band is shared by several programs and merged",
+    ),
+]
+
+MISTAKES: list[Mistake] = []
