@@ -115,10 +115,10 @@ class EngineConfig:
                             cascade_decode), where F2's planner finds it pays; such a step runs eagerly,
                             without its CUDA graph, which costs more than it saves on the C1 benchmark
                             (c1_engine.md, section 6), so it is off unless asked for
-    overlap                 the host schedules and prepares step n+1 while the GPU runs step n: a greedy
-                            step whose requests cannot stop on the end-of-sequence token leaves its
-                            tokens on the device for the next step to read (engine.py, Engine.step);
-                            None: on wherever CUDA graphs are
+    overlap                 the host schedules and prepares step n+1 while the GPU runs step n: every
+                            step samples on the device and leaves its tokens there for the next step to
+                            read; a request its real token stops ran one step too many, whose token is
+                            dropped (engine.py, Engine.step); None: on wherever CUDA graphs are
     fused_kernels           the forward's RMSNorm + residual add, RoPE and SiLU-and-mul as fused Triton
                             kernels (fused.py); None: on where attention="kernels" runs on a GPU (under
                             the interpreter they would cost more than the torch ops they replace)

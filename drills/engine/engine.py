@@ -11,6 +11,7 @@ names the code each job uses (sources.py): yours or the reference.
 from __future__ import annotations
 
 import itertools
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -105,6 +106,8 @@ class Engine:
         # Placeholders for tokens still on the device: ids past the vocabulary, so never a real token.
         self.placeholder_base = model.config.vocab_size
         self._pending = None  # the step whose tokens are on their way to the host
+        # The status a finished Sequence holds, from the module that defines it (C1's FINISHED).
+        self._finished_status = getattr(sys.modules.get(parts.Sequence.__module__), "FINISHED", "finished")
         self._buffers = _Buffers(config.max_num_seqs, model.device)
         self._staging = _Staging(model.device) if self.overlap and model.device.type == "cuda" else None
         self.graphs = None
@@ -152,12 +155,16 @@ class Engine:
     def step(self) -> list:
         """One step; returns the sequences that finished (their tokens all known on the host).
 
-        With the overlap on (EngineConfig.overlap), a greedy step whose sequences cannot stop on the
-        end-of-sequence token leaves its sampled tokens on the device: the scheduler books placeholders
-        (vocab_size + row, never a real id) and the next step reads the real ids from the device where
-        its inputs hold a placeholder. The host meanwhile schedules and prepares that next step while the
-        GPU still runs this one, and reads this step's tokens (one pinned copy) only once the next is
-        queued. A sequence that finished in such a step is returned by the step after, or by flush().
+        With the overlap on (EngineConfig.overlap), every step leaves its sampled tokens on the device,
+        whatever its requests' sampling and stop rules: the sampler draws on the device
+        (sampler.sample_on_device), the scheduler books placeholders (vocab_size + row, never a real
+        id), and the next step reads the real ids from the device where its inputs hold a placeholder.
+        The host meanwhile schedules and prepares that next step while the GPU still runs this one, and
+        reads this step's tokens (one pinned copy, the device error word with them) only once the next
+        is queued. A request whose real token then turns out to stop it (end-of-sequence, a stop token)
+        has run one step too many: that step's token is dropped, and the request finishes there, its
+        blocks freed. A sequence that finished in such a step is returned by the step after, or by
+        flush().
         """
         t0 = time.perf_counter()
         scheduled = self.scheduler.schedule()
@@ -206,17 +213,17 @@ class Engine:
         seqs = [scheduled[i].seq for i in inputs.sample_index]
         if self.on_logits is not None:
             self.on_logits(seqs, logits)
-        done = []
-        if self.overlap and seqs and self._tokens_may_wait(seqs):
-            pending = _Pending.launch(logits, seqs, self._buffers, device)
+        done, stops = [], []
+        if self.overlap:
+            pending = _Pending.launch(logits, seqs, self._buffers, device, self._draw)
             if self._pending is not None:
-                done = self._settle(self._pending)  # waits for the previous step only
+                done, stops = self._settle(self._pending)  # waits for the previous step only
             self._pending = pending
             self.stats.overlap_steps += 1
             tokens = [self.placeholder_base + r for r in range(len(seqs))]
         else:
             if self._pending is not None:
-                done = self._settle(self._pending)
+                done, stops = self._settle(self._pending)
             # A reference kernel's guard records a bad device value (a slot, a length, a block id) in the
             # device error word instead of reading past a tensor. Its copy is queued behind the forward,
             # so the sampler's own wait for the tokens brings it too: one wait a step.
@@ -238,6 +245,16 @@ class Engine:
             self._pending.mark(seqs)  # where each placeholder sits, once postprocess appended it
             self._pending.finished = finished
             finished = []
+        # The requests the previous step's real tokens stopped: booked just now for one step more (their
+        # row of this step computed a token past their end), they end here instead.
+        done += self._stop(stops)
+        if not self.overlap and self._has_stop_ids(seqs):
+            # In lockstep the tokens are real: a stop token ends its request in the step that drew it
+            # (postprocess knows only the end-of-sequence token).
+            stops = [
+                (s, len(s.output) - 1) for s, t in zip(seqs, tokens) if not s.finished and self._stops(s, t)
+            ]
+            finished += self._stop(stops)
         took = time.perf_counter() - t0
         self.stats.steps += 1
         self.stats.output_tokens += len(tokens)
@@ -271,44 +288,116 @@ class Engine:
 
     def flush(self) -> list:
         """Read the tokens a step left on the device into their sequences; returns the sequences that
-        finished in that step. Engine.run and LLM.generate call it once their sequences are done."""
+        finished in that step, or that its tokens stopped. Engine.run and LLM.generate call it once their
+        sequences are done."""
         if self._pending is None:
             return []
-        return self._settle(self._pending)
+        done, stops = self._settle(self._pending)
+        return done + self._stop(stops)
+
+    def abort(self, seq) -> None:
+        """End a request now, wherever it is (waiting, running, or with its last token still on the
+        device): its blocks are freed and its output keeps the tokens already known; a token still on
+        its way to the host is dropped. A finished request is left as it is."""
+        if seq.finished:
+            return
+        if self._pending is not None and any(s is seq for s, _ in self._pending.slots):
+            _, index = next(slot for slot in self._pending.slots if slot[0] is seq)
+            self._stop([(seq, index - 1)])
+        else:
+            self._finish(seq)
 
     @property
     def pending_seq_ids(self) -> set:
         """The sequences whose last output token is still a placeholder (its real id on the device)."""
-        return set() if self._pending is None else {s.seq_id for s in self._pending.seqs}
+        return set() if self._pending is None else {s.seq_id for s, _ in self._pending.slots}
 
-    def _tokens_may_wait(self, seqs) -> bool:
-        """The step's tokens may stay on the device for a step when nothing the scheduler decides depends
-        on their values: greedy (no host draw) and never an end-of-sequence stop (the length alone ends
-        it). Requests usually share one SamplingParams: each distinct one is looked at once."""
+    def _draw(self, logits, seqs) -> torch.Tensor:
+        """The step's tokens (R,) int64, left on the device: no host sync. An all-greedy step (every
+        distinct SamplingParams looked at once: requests usually share one) is one argmax."""
         params = {id(s.params): s.params for s in seqs}.values()
-        eos = self.eos_id is not None
-        return all(p.temperature == 0 and (p.ignore_eos or not eos) for p in params)
+        if all(p.temperature == 0 for p in params):
+            return logits.argmax(-1)
+        on_device = getattr(sampler, "sample_on_device", None)
+        if on_device is not None:
+            return on_device(logits, seqs)
+        # A sampler without a device path: its host draw, sent back (one sync, the same tokens).
+        drawn = sampler.sample(logits, seqs, self.generator)
+        return torch.tensor(drawn, dtype=torch.int64).to(logits.device, non_blocking=True)
 
-    def _settle(self, pending) -> list:
+    def _settle(self, pending) -> tuple[list, list]:
         """Wait for `pending`'s copy, write its tokens where its placeholders are, and raise any bad device
-        value its kernels recorded (the error word came back with the tokens)."""
+        value its kernels recorded (the error word came back with the tokens). Returns (the sequences
+        that finished in that step, (seq, index) of each running one whose real token at output[index]
+        stops it)."""
         self._pending = None if self._pending is pending else self._pending
         tokens, errors = pending.wait()
         self._raise_errors(errors)
         placeholder = self.placeholder_base - 1
-        for (seq, index), token in zip(pending.slots, tokens):
+        slots = {id(seq): index for seq, index in pending.slots}  # rows a stop or an abort dropped: gone
+        stops = []
+        for seq, token in zip(pending.seqs, tokens):
             placeholder += 1  # row r's: placeholder_base + r
+            index = slots.get(id(seq))
+            if index is None:
+                continue
             output = seq.output
             if 0 <= index < len(output) and output[index] == placeholder:
                 output[index] = token
             elif placeholder in seq.prompt:  # a preemption folded the output into the prompt
                 seq.prompt[len(seq.prompt) - 1 - seq.prompt[::-1].index(placeholder)] = token
+                index = None
             else:
                 raise RuntimeError(
                     f"sequence {seq.seq_id!r} no longer holds the placeholder {placeholder} its step "
                     "sampled into: Sequence.output (or prompt) must keep each token where postprocess put it"
                 )
-        return pending.finished
+            if not seq.finished and self._stops(seq, token):
+                stops.append((seq, index))
+        return pending.finished, stops
+
+    def _stops(self, seq, token: int) -> bool:
+        """Whether `token`, just known, ends `seq`: the scheduler's own rule (end-of-sequence unless
+        ignore_eos), which it could not apply to a placeholder, and any stop token its params name."""
+        if token == seq.eos_id and not seq.params.ignore_eos:
+            return True
+        return token in (getattr(seq.params, "stop_token_ids", None) or ())
+
+    @staticmethod
+    def _has_stop_ids(seqs) -> bool:
+        """Whether any of `seqs` names stop tokens (each distinct SamplingParams looked at once)."""
+        params = {id(s.params): s.params for s in seqs}.values()
+        return any(getattr(p, "stop_token_ids", None) for p in params)
+
+    def _stop(self, stops) -> list:
+        """End each (seq, index) of `stops` at output[index], its stop token: every later token (the
+        placeholder of the one step it ran past its end) is dropped, and the sequence finishes, its blocks
+        freed, unless postprocess finished it already (max_tokens reached in that step). Returns them."""
+        ended = []
+        pending = self._pending
+        for seq, index in stops:
+            if index is not None:
+                dropped = len(seq.output) - index - 1
+                del seq.output[index + 1 :]
+                self.stats.output_tokens -= dropped
+            if pending is not None:
+                pending.slots = [slot for slot in pending.slots if slot[0] is not seq]
+                pending.finished = [s for s in pending.finished if s is not seq]
+            if not seq.finished:
+                self._finish(seq)
+            ended.append(seq)
+        return ended
+
+    def _finish(self, seq) -> None:
+        """Finish a sequence the scheduler still holds, as its postprocess finishes one: out of the running
+        list (its blocks freed) or of the waiting queue, status finished."""
+        scheduler = self.scheduler
+        if any(s is seq for s in scheduler.running):
+            scheduler.running.remove(seq)
+            self.block_manager.free(seq.seq_id)
+        elif any(s is seq for s in scheduler.waiting):
+            scheduler.waiting.remove(seq)
+        seq.status = self._finished_status
 
     def _cascade(self, scheduled):
         """(F2's plan, prefix_group, prefix_lens) for a decode step whose sequences share their first
@@ -414,8 +503,8 @@ class _Staging:
 
 
 class _Pending:
-    """One step's greedy tokens on the device, on their way to the host (one non-blocking pinned copy
-    that brings the device error word with them)."""
+    """One step's tokens on the device, on their way to the host (one non-blocking pinned copy that
+    brings the device error word with them)."""
 
     def __init__(self, tokens, copy, seqs):
         self.tokens, self.copy = tokens, copy
@@ -424,11 +513,12 @@ class _Pending:
         self.finished = []  # sequences that finished in the step, returned once their tokens are known
 
     @classmethod
-    def launch(cls, logits, seqs, buffers, device):
+    def launch(cls, logits, seqs, buffers, device, draw):
         rows = logits.shape[0]
         packed, host = buffers.next()  # (rows_max + 4,) int64 each
         tokens = packed[:rows]  # (R,): on the device, no round trip before the next step reads them
-        torch.argmax(logits, -1, out=tokens)
+        if rows:
+            tokens.copy_(draw(logits, seqs))
         packed[rows : rows + _Buffers.WORD].copy_(error_word(device))  # the kernels' guards, with them
         host = host[: rows + _Buffers.WORD]
         host.copy_(packed[: rows + _Buffers.WORD], non_blocking=True)

@@ -32,7 +32,7 @@ class Completion:
     token_ids: list[int]
     prompt_tokens: int
     cached_tokens: int  # prompt tokens found in the prefix cache (at the last admission)
-    finish_reason: str  # "stop" (end-of-sequence token) or "length" (max_tokens)
+    finish_reason: str  # "stop" (end-of-sequence or a stop token) or "length" (max_tokens, or aborted)
     preemptions: int
 
 
@@ -164,14 +164,16 @@ class LLM:
         return [self._completion(s) for s in seqs]
 
     def _completion(self, seq) -> Completion:
-        stop = self.engine.eos_id is not None and seq.output and seq.output[-1] == self.engine.eos_id
+        last = seq.output[-1] if seq.output else None
+        stop = last is not None and last == self.engine.eos_id and not seq.params.ignore_eos
+        stop = stop or last in (getattr(seq.params, "stop_token_ids", None) or ())
         text = self.tokenizer.decode(seq.output) if self.tokenizer is not None else None
         return Completion(
             text=text,
             token_ids=list(seq.output),
             prompt_tokens=len(seq.prompt),
             cached_tokens=seq.num_cached,
-            finish_reason="stop" if stop and not seq.params.ignore_eos else "length",
+            finish_reason="stop" if stop else "length",
             preemptions=seq.preemptions,
         )
 
