@@ -573,6 +573,8 @@ def _config(D: int, tokens_per_seq: float = 1e9) -> tuple[int, int, int, int, bo
 
     if drills.runtime.current().interpreter:
         return 32, 16, 4, 1, tokens_per_seq < 8
+    if tokens_per_seq <= 1:  # decode rows only: one token's GROUP heads in a 16-row tile (F1's GROUP_PAD)
+        return 16, 64, 4, 3, True
     if D == 128:
         if tokens_per_seq < 64:  # mostly decode rows: a 128-token tile would be mostly empty rows
             return 64, 64, 4, 3, True
