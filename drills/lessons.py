@@ -62,6 +62,7 @@ LESSONS: tuple[Lesson, ...] = (
     Lesson("l2_paged_decode", "Paged decode attention with GQA", "L"),
     Lesson("f1_split_kv_decode", "Split-KV decode with a planner", "F"),
     Lesson("f2_cascade_decode", "Cascade attention: a shared prefix read once", "F"),
+    Lesson("f3_fp8_kv_cache", "An FP8 KV cache: half the bytes per decode step", "F"),
     Lesson("l4_paged_prefill", "Paged prefill over a cached prefix (chunked prefill, mixed batches)", "L"),
     Lesson("l5_unified_attention", "One kernel for every step: sliding windows and attention sinks", "L"),
     Lesson("c1_engine", "Capstone: an inference engine serving a real model on your kernels", "C"),

@@ -173,8 +173,9 @@ def paged_decode_inputs(
     min_page=16,
     max_page=None,
     check=None,
+    cache_dtype=None,
 ):
-    """Checks for a decode step over a paged KV cache (L2, F1). Returns (B, Hq, Hkv, D, PAGE).
+    """Checks for a decode step over a paged KV cache (L2, F1, F3). Returns (B, Hq, Hkv, D, PAGE).
 
     min_page, max_page: the page sizes the kernel handles (L2 loads one page per tile, so at least 16
     for tl.dot; F1 gathers token by token and takes any power of two from 1 to 128).
@@ -182,7 +183,8 @@ def paged_decode_inputs(
     q [B, Hq, D] fp16/bf16; k_cache, v_cache [num_blocks, PAGE, Hkv, D]; block_tables [B, max_pages]
     int32; context_lens [B] int32 in [0, max_pages * PAGE] (0 is a padding sequence); out None or
     [B, Hq, D] of q's dtype. Shapes, dtypes, strides and devices are checked on every call (the host has
-    them); the lengths and block ids only when device_values_checked(check, ...) says so.
+    them); the lengths and block ids only when device_values_checked(check, ...) says so. cache_dtype:
+    the caches' dtype when it is not q's (F3's float8_e4m3fn cache).
 
     This runs before every decode step, so it is written for speed (about 10 us of Python on an H200's
     host, L2 section 3.6): each test reads attributes once, and the helpers that build the messages run
@@ -192,10 +194,11 @@ def paged_decode_inputs(
     if not (isinstance(q, T) and q.dim() == 3 and q.dtype in _HALF):
         tensor("q", q, 3, _HALF)
     dtype = q.dtype
+    kv_dtype = cache_dtype or dtype
     named = (("k_cache", k_cache, 4), ("v_cache", v_cache, 4))
     for name, t, rank in named:
-        if not (isinstance(t, T) and t.dim() == rank and t.dtype == dtype):
-            tensor(name, t, rank, (dtype,))
+        if not (isinstance(t, T) and t.dim() == rank and t.dtype == kv_dtype):
+            tensor(name, t, rank, (kv_dtype,))
     if not (isinstance(block_tables, T) and block_tables.dim() == 2 and block_tables.dtype == torch.int32):
         tensor("block_tables", block_tables, 2, (torch.int32,))
     if not (isinstance(context_lens, T) and context_lens.dim() == 1 and context_lens.dtype == torch.int32):

@@ -115,6 +115,63 @@ def make_paged_case(
     )
 
 
+# --- An e4m3 cache (F3) ----------------------------------------------------------------------------
+
+E4M3 = torch.float8_e4m3fn
+
+
+def quantize_e4m3(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """F3's store rule in torch: the e4m3 nearest (ties to even) to clamp(x / scale, -448, 448), x
+    [..., Hkv, D], scale [1] or [Hkv] float32 (one per KV head). NaN stays NaN (the code 0x7F)."""
+    s = scale.float().to(x.device).reshape(-1, 1)  # [Hkv or 1, 1]
+    return (x.float() / s).clamp(-448.0, 448.0).to(E4M3)
+
+
+@dataclass
+class Fp8Case(PagedCase):
+    k_scale: torch.Tensor | None = None  # [1] or [Hkv] float32: K = code * k_scale[head]
+    v_scale: torch.Tensor | None = None
+
+    @property
+    def args(self):
+        return (*super().args, self.k_scale, self.v_scale)
+
+
+def fp8_case(case: PagedCase, k_scale, v_scale) -> Fp8Case:
+    """The case with its caches stored as e4m3 by quantize_e4m3, in the same layout (shape, strides and
+    storage offset): every element outside the views, and every poisoned slot, is the NaN code. A sparse
+    pool (more than 2**28 elements) stays sparse: only the blocks a sequence reads are written."""
+    dev = case.q.device
+    k_scale = torch.as_tensor(k_scale, dtype=torch.float32).reshape(-1).to(dev)
+    v_scale = torch.as_tensor(v_scale, dtype=torch.float32).reshape(-1).to(dev)
+    PAGE = case.k_cache.shape[1]
+    pages = [-(-int(n) // PAGE) for n in case.context_lens.tolist()]
+    used = torch.cat([case.block_tables[b, :p].long() for b, p in enumerate(pages)] + [torch.zeros(0).long()])
+    used = used.unique().to(dev)
+
+    def convert(cache, scale):
+        n = cache.untyped_storage().nbytes() // cache.element_size()
+        if n > 2**28:
+            flat = bigmem.sparse_empty((n,), E4M3, dev)
+            out = flat.as_strided(cache.shape, cache.stride(), cache.storage_offset())
+            out[used] = quantize_e4m3(cache[used], scale)
+        else:
+            flat = torch.full((n,), float("nan"), device=dev).to(E4M3)
+            out = flat.as_strided(cache.shape, cache.stride(), cache.storage_offset())
+            out.copy_(quantize_e4m3(cache, scale))
+        return out
+
+    return Fp8Case(
+        case.q,
+        convert(case.k_cache, k_scale),
+        convert(case.v_cache, v_scale),
+        case.block_tables,
+        case.context_lens,
+        k_scale,
+        v_scale,
+    )
+
+
 def blocks_past(elements: int, PAGE: int, Hkv: int, D: int, spare: int) -> dict:
     """make_paged_case's pool arguments (num_blocks, first_block, sparse) for a case whose used blocks all
     start past `elements` elements of the cache, so that block id * PAGE * Hkv * D needs int64: the first
@@ -254,20 +311,29 @@ def gather_kv(cache: torch.Tensor, table_row: torch.Tensor, n: int) -> torch.Ten
     return cache[pages].reshape(-1, *cache.shape[2:])[:n]
 
 
-def paged_attention_reference(q, k_cache, v_cache, block_tables, context_lens, scale=None):
+def paged_attention_reference(
+    q, k_cache, v_cache, block_tables, context_lens, scale=None, k_scale=None, v_scale=None
+):
     """fp32 oracle: gather each sequence's pages, then plain softmax attention.
 
+    k_scale, v_scale: an e4m3 cache's scales (F3), [1] or [Hkv] float32: the gathered codes are
+    dequantized (code * its KV head's scale) before the attention, page by page, so that a sparse pool
+    is never dequantized whole.
     Returns (out [B, Hq, D] fp32, lse [B, Hq] fp32, natural log). Query head h uses KV head h // GROUP.
     """
     B, Hq, D = q.shape
     Hkv = k_cache.shape[2]
     group = Hq // Hkv
     scale = 1.0 / math.sqrt(D) if scale is None else scale
+    k_mul = (
+        1.0 if k_scale is None else k_scale.float().cpu().reshape(1, -1, 1).to(q.device)
+    )  # [1, Hkv or 1, 1]
+    v_mul = 1.0 if v_scale is None else v_scale.float().cpu().reshape(1, -1, 1).to(q.device)
     outs, lses = [], []
     for b in range(B):
         n = int(context_lens[b])
-        k = gather_kv(k_cache, block_tables[b], n).float()  # [n, Hkv, D]
-        v = gather_kv(v_cache, block_tables[b], n).float()
+        k = gather_kv(k_cache, block_tables[b], n).float() * k_mul  # [n, Hkv, D]
+        v = gather_kv(v_cache, block_tables[b], n).float() * v_mul
         k = k.repeat_interleave(group, dim=1)  # [n, Hq, D]: contiguous grouping
         v = v.repeat_interleave(group, dim=1)
         s = torch.einsum("hd,nhd->hn", q[b].float(), k) * scale  # [Hq, n]

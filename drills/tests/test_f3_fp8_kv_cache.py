@@ -1,0 +1,962 @@
+"""Grader for F3, an FP8 (e4m3) KV cache. Each test is named for the mistake it catches.
+
+Run: make test L=f3 (your drills/mine) or make test L=f3 IMPL=solutions. The store is compared bit for
+bit with torch's e4m3 cast of clamp(x / scale); the decode with an fp32 oracle on the dequantized cache
+(code * its KV head's scale), on every case of F1's grader: caches poisoned with the NaN code past every
+sequence's end and in unused blocks, garbage block ids past every last page.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from drills.compare import assert_close, mismatch
+from drills.grading.diagnose import Mistake
+from drills.grading.launches import assert_grids_fit, assert_runs_a_triton_kernel
+from drills.grading.report import Stage
+from drills.tests import bf16_everywhere, fill_past_fp16_range, seeded, sizes
+from drills.tests.paged_kv import (
+    E4M3,
+    HEAD_DIMS,
+    Fp8Case,
+    call_with_canary_out,
+    fp8_case,
+    grouping_cases,
+    in_layer_pool,
+    in_wider_table,
+    int32_tensor,
+    make_paged_case,
+    overlapping_caches,
+    paged_attention_reference,
+    pool_past_int32,
+    q_rows_far_apart,
+    shift_scores,
+    spoiled_call,
+    strided_q,
+    v_strides_unlike_k,
+    with_entry,
+)
+
+# Each constexpr of the reference's kernels -> the tests that cross it (make contract).
+BOUNDS: dict[str, tuple[str, ...]] = {
+    "BLOCK_N": ("test_last_page_is_masked", "test_every_split_count_matches_unsplit"),
+    "BLOCK_S": ("test_merge_reads_every_tile_of_splits", "test_many_splits_merge_with_rescale"),
+    "D": ("test_widest_head_dim_is_read_whole", "test_store_pads_heads_and_features"),
+    "D_PAD": ("test_store_pads_heads_and_features", "test_compute_scales_amax_rule"),  # D = 40, 24
+    "BLOCK_M": ("test_compute_scales_amax_rule",),  # 70 rows: one past a 64-row tile
+    "PER_HEAD": ("test_compute_scales_amax_rule",),  # both ways
+    "GROUP": ("test_kv_head_grouping_is_contiguous",),
+    "GROUP_PAD": ("test_kv_head_grouping_is_contiguous",),  # GROUP = 32 pads past 16
+    "Hkv": ("test_store_pads_heads_and_features",),
+    "HKV_PAD": ("test_store_pads_heads_and_features",),  # Hkv = 3 pads to 4
+    "PAGE": (
+        "test_last_page_is_masked",
+        "test_page_sizes_gathered_token_by_token",
+        "test_store_writes_only_its_slots",
+    ),
+    "WRITE_LSE": (
+        "test_padding_sequences_give_zero_and_lse_minus_inf",
+        "test_split_ranges_cover_each_key_once",
+    ),
+    "grid": ("test_grid_fits_cuda_limits_at_largest_sizes", "test_store_grid_fits_cuda_limits"),
+}
+BOUNDS_GAPS = {"GUARD": "no bound: the device guard's switch, on in every call but the benchmark's timing"}
+
+DIMS = ("b", "head", "d")
+STORE_DIMS = ("token", "head", "d")
+DOMAIN = dict(
+    head_dims=HEAD_DIMS,  # powers of two from 16 to 256
+    pages=tuple(2**i for i in range(8)),  # PAGE from 1 to 128
+    dtypes=(torch.float16, torch.bfloat16),
+)
+# Every finite e4m3 value, sorted, and the midpoints between neighbours (ties of the rounding).
+_CODES = torch.arange(256, dtype=torch.uint8).view(E4M3).float()
+E4M3_VALUES = _CODES[_CODES.isfinite()].unique()  # [253]: -448 .. 448, one zero
+MIDPOINTS = (E4M3_VALUES[1:] + E4M3_VALUES[:-1]) / 2
+
+
+# --- Building F3 cases: F1's paged cases, quantized ---------------------------------------------------
+
+
+def amax_scales(cache, case, per_head=True, room=1.0):
+    """Scales that map each KV head's largest live value to 448 / room (the amax rule): computed over
+    the blocks a sequence reads, poison (NaN) ignored. Per head they differ, as real heads' do."""
+    PAGE = cache.shape[1]
+    pages = [-(-int(n) // PAGE) for n in case.context_lens.tolist()]
+    used = torch.cat([case.block_tables[b, :p].long() for b, p in enumerate(pages)] + [torch.zeros(0).long()])
+    x = cache[used.unique().to(cache.device)].float().nan_to_num(0.0).abs()  # [blocks, PAGE, Hkv, D]
+    amax = x.amax(dim=(0, 1, 3)) if per_head else x.amax().reshape(1)
+    return (torch.where(amax > 0, amax, torch.ones_like(amax)) * room / 448.0).cpu()
+
+
+def fp8(case, per_head=True, room=1.0) -> Fp8Case:
+    """The F1 case with its caches stored as e4m3 under amax scales (fp8_case)."""
+    return fp8_case(
+        case, amax_scales(case.k_cache, case, per_head, room), amax_scales(case.v_cache, case, per_head, room)
+    )
+
+
+def make(lens, Hq, Hkv, D, PAGE, per_head=True, **kw) -> Fp8Case:
+    return fp8(make_paged_case(lens, Hq, Hkv, D, PAGE, **kw), per_head)
+
+
+def oracle(case, scale=None):
+    return paged_attention_reference(
+        *case.args[:5], scale=scale, k_scale=case.k_scale, v_scale=case.v_scale
+    )  # (out [B, Hq, D], lse [B, Hq]) fp32 on the dequantized cache
+
+
+def check(impl, case, plan=None, scale=None):
+    """Run through a canary-wrapped `out` with return_lse, compare out and lse with the fp32 oracle."""
+    lse_box = []
+
+    def call(out):
+        o, lse = impl.fp8_decode(*case.args, scale=scale, plan=plan, out=out, return_lse=True)
+        lse_box.append(lse)
+        return o
+
+    out = call_with_canary_out(call, case.q)
+    ref, ref_lse = oracle(case, scale)
+    assert_close(out, ref, DIMS)
+    lse = lse_box[0]
+    assert lse.dtype == torch.float32 and lse.shape == ref_lse.shape, "lse must be [B, Hq] float32"
+    empty = ref_lse == float("-inf")
+    assert (lse[empty] == float("-inf")).all(), "a padding sequence's lse (context_lens = 0) must be -inf"
+    problem = mismatch(
+        lse.masked_fill(empty, 0.0),
+        ref_lse.masked_fill(empty, 0.0),
+        ("b", "head"),
+        atol=2e-3,
+        rtol=1e-3,
+        rel=1e-3,
+    )
+    if problem is not None:
+        raise AssertionError(f"out matches, but the returned lse does not:\n{problem}")
+    return out, lse
+
+
+def fixed_plan(impl, chunk, max_len):
+    """A plan with an exact chunk size, bypassing the planner: how the tests force empty splits."""
+    return impl.DecodePlan(num_splits=math.ceil(max_len / chunk), chunk=chunk, max_len=max_len)
+
+
+def forced(impl, case, splits):
+    return impl.plan(case.context_lens, case.k_cache.shape[2], case.k_cache.shape[1], num_splits=splits)
+
+
+# --- Stage 1: the quantizing store ---------------------------------------------------------------------
+
+CANARY_CODE = 0x35  # an e4m3 code (0.8125) no test stores where it is not written
+
+
+def _store(impl, key, value, slots, PAGE, num_blocks, k_scale, v_scale, caches=None):
+    """Store into canary-filled caches (or the `caches` given, filled here) and compare every byte with
+    torch's quantize of the rows stored; every other byte must still hold the canary."""
+    N, Hkv, D = key.shape
+    if caches is None:
+        caches = [torch.empty(num_blocks, PAGE, Hkv, D, dtype=E4M3, device=key.device) for _ in range(2)]
+    for c in caches:
+        c.view(torch.uint8).fill_(CANARY_CODE)
+    impl.store_kvcache_fp8(key, value, caches[0], caches[1], slots, k_scale, v_scale)
+    live = slots >= 0
+    for name, x, scale, cache in (
+        ("k_cache", key, k_scale, caches[0]),
+        ("v_cache", value, v_scale, caches[1]),
+    ):
+        want = torch.full(cache.shape, CANARY_CODE, dtype=torch.uint8, device=key.device)
+        flat = want.view(-1, Hkv, D)
+        s = scale.float().reshape(-1, 1)  # [Hkv or 1, 1]
+        flat[slots[live]] = (x[live].float() / s).clamp(-448.0, 448.0).to(E4M3).view(torch.uint8)
+        got = cache.view(torch.uint8).reshape(-1, Hkv, D)
+        bad = got != flat
+        if bad.any():
+            slot, h, d = bad.nonzero()[0].tolist()
+            rows = (slots == slot).nonzero().flatten().tolist()
+            if not rows:
+                raise AssertionError(
+                    f"{int(bad.sum())} bytes of {name} differ; first at slot {slot}, head {h}, d {d}, which no "
+                    f"row stores to (it held the canary 0x{CANARY_CODE:02x}, now 0x{int(got[slot, h, d]):02x})"
+                )
+            i = rows[0]
+            xv, sv = float(x[i, h, d]), float(s[h if s.shape[0] > 1 else 0])
+            g, w = int(got[slot, h, d]), int(flat[slot, h, d])
+            gv = torch.tensor([g], dtype=torch.uint8).view(E4M3).float().item()
+            wv = torch.tensor([w], dtype=torch.uint8).view(E4M3).float().item()
+            raise AssertionError(
+                f"{int(bad.sum())} bytes of {name} differ from torch's e4m3; first: row {i} (slot {slot}), head "
+                f"{h}, d {d}: x = {xv!r}, scale = {sv!r}, x / scale = {xv / sv!r}; stored code 0x{g:02x} "
+                f"(= {gv!r}), want 0x{w:02x} (= {wv!r})"
+            )
+
+
+def _rows(values, Hkv, D, dtype, device, stream):
+    """values (a 1-D tensor) spread over [N, Hkv, D] rows in a shuffled order, N = cdiv(len, Hkv * D)."""
+    gen = torch.Generator().manual_seed(seeded(stream))
+    n = -(-len(values) // (Hkv * D)) * Hkv * D
+    padded = torch.cat([values, values[torch.randint(len(values), (n - len(values),), generator=gen)]])
+    return padded[torch.randperm(n, generator=gen)].reshape(-1, Hkv, D).to(dtype).to(device)
+
+
+def _slots(N, PAGE, num_blocks, device, stream, padding=()):
+    gen = torch.Generator().manual_seed(seeded(stream))
+    slots = torch.randperm(num_blocks * PAGE, generator=gen)[:N]
+    slots[list(padding)] = -1
+    return slots.to(device)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_store_rounds_to_nearest_even(impl, runtime, dtype):
+    """x / scale exactly halfway between two e4m3 values (every midpoint up to 240, scale 1/8 so that
+    the division is exact) must go to the even code, as torch's cast does; random values to the nearest.
+    Subnormal codes (below 2**-6) included. A cast that truncates (drops the low bits) stores the code
+    below for about half the values."""
+    mids = MIDPOINTS[MIDPOINTS.abs() < 240]
+    gen = torch.Generator().manual_seed(seeded(41))
+    rand = (torch.randn(3000, generator=gen) * 40).clamp(-239, 239)
+    tiny = torch.randn(500, generator=gen) * 0.02  # near and below e4m3's smallest normal, 2**-6
+    values = torch.cat([mids, -0.0 * torch.ones(4), rand, tiny]) / 8  # x = code value * scale
+    Hkv, D = 2, 32
+    key = _rows(values, Hkv, D, dtype, runtime.device, 42)
+    value = _rows(values.flip(0), Hkv, D, dtype, runtime.device, 43)
+    scale = torch.tensor([0.125], device=runtime.device)
+    N, PAGE = key.shape[0], 16
+    _store(
+        impl,
+        key,
+        value,
+        _slots(N, PAGE, N // PAGE + 3, runtime.device, 44),
+        PAGE,
+        N // PAGE + 3,
+        scale,
+        scale,
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_store_clamps_values_past_448(impl, runtime, dtype):
+    """x / scale past +-448 (e4m3fn's largest finite value; it has no infinity) must store +-448: 449,
+    464 (halfway to 480, where an unclamped round goes up), 1000, and fp16's largest 65504, among exact
+    e4m3 values below 240 that need no rounding. Without the clamp, the cast makes NaN or garbage codes."""
+    big = torch.tensor([449.0, 464.0, 470.0, 500.0, 1000.0, 4096.0, 60000.0, 65504.0])
+    exact = E4M3_VALUES[E4M3_VALUES.abs() < 240]
+    values = torch.cat([big, -big, exact.repeat(4)])  # x / scale with scale 1: x itself
+    Hkv, D = 2, 16
+    key = _rows(values, Hkv, D, dtype, runtime.device, 45)
+    value = _rows(-values, Hkv, D, dtype, runtime.device, 46)
+    one = torch.tensor([1.0], device=runtime.device)
+    N, PAGE = key.shape[0], 16
+    _store(
+        impl, key, value, _slots(N, PAGE, N // PAGE + 2, runtime.device, 47), PAGE, N // PAGE + 2, one, one
+    )
+
+
+def test_store_keeps_codes_up_to_448(impl, runtime):
+    """Every e4m3 value from 240 to 448 (and their negatives) stored with scale 1 must come back
+    unchanged: e4m3fn (NVIDIA's, OCP's) reaches 448. AMD's e4m3fnuz stops at 240, so a store that
+    clamps there, or that reads the exponent with fnuz's bias of 8, changes them."""
+    top = E4M3_VALUES[E4M3_VALUES.abs() >= 240]
+    values = torch.cat([top.repeat(8), E4M3_VALUES[E4M3_VALUES.abs() < 2]])
+    key = _rows(values, 1, 16, torch.float16, runtime.device, 48)
+    one = torch.tensor([1.0], device=runtime.device)
+    N, PAGE = key.shape[0], 8
+    _store(
+        impl,
+        key,
+        key.flip(0),
+        _slots(N, PAGE, N // PAGE + 2, runtime.device, 49),
+        PAGE,
+        N // PAGE + 2,
+        one,
+        one,
+    )
+
+
+def test_store_scale_per_kv_head(impl, runtime):
+    """k_scale and v_scale with one entry per KV head (4 heads, scales 1/64 .. 1/8, K's and V's
+    different): head h of every row divides by its own scale. One scale for all heads, or V's scale
+    for K, stores the wrong codes."""
+    Hkv, D, N, PAGE = 4, 32, 40, 16
+    gen = torch.Generator().manual_seed(seeded(50))
+    key = (torch.randn(N, Hkv, D, generator=gen) * 3).half().to(runtime.device)
+    value = (torch.randn(N, Hkv, D, generator=gen) * 2).half().to(runtime.device)
+    k_scale = torch.tensor([1 / 64, 1 / 32, 1 / 16, 1 / 8], device=runtime.device)
+    v_scale = torch.tensor([0.05, 0.013, 0.021, 0.008], device=runtime.device)
+    _store(impl, key, value, _slots(N, PAGE, 5, runtime.device, 51), PAGE, 5, k_scale, v_scale)
+
+
+@pytest.mark.parametrize("PAGE", [1, 16, 128])
+def test_store_writes_only_its_slots(impl, runtime, PAGE):
+    """slot_mapping = -1 marks a padding row (a batch padded to a captured graph's size): nothing is
+    written for it. Every byte no row owns must keep its canary; PAGE 1, 16 and 128."""
+    Hkv, D, N = 2, 16, 21
+    gen = torch.Generator().manual_seed(seeded(52 + PAGE))
+    key = torch.randn(N, Hkv, D, generator=gen).half().to(runtime.device)
+    value = torch.randn(N, Hkv, D, generator=gen).half().to(runtime.device)
+    blocks = -(-N // PAGE) + 2
+    slots = _slots(N, PAGE, blocks, runtime.device, 53 + PAGE, padding=(0, 7, 20))
+    scale = torch.tensor([0.02], device=runtime.device)
+    _store(impl, key, value, slots, PAGE, blocks, scale, scale * 2)
+
+
+def test_store_pads_heads_and_features(impl, runtime):
+    """Hkv = 3 and D = 40, neither a power of two (tl.arange needs one): the padded lanes must be
+    masked, and per-head scales read only Hkv entries."""
+    Hkv, D, N, PAGE = 3, 40, 9, 4
+    gen = torch.Generator().manual_seed(seeded(54))
+    key = torch.randn(N, Hkv, D, generator=gen).bfloat16().to(runtime.device)
+    value = torch.randn(N, Hkv, D, generator=gen).bfloat16().to(runtime.device)
+    k_scale = torch.tensor([0.01, 0.02, 0.03], device=runtime.device)
+    _store(impl, key, value, _slots(N, PAGE, 4, runtime.device, 55), PAGE, 4, k_scale, k_scale.flip(0))
+
+
+def test_store_reads_strided_rows_and_writes_a_layer_of_a_pool(impl, runtime):
+    """key and value are views of a fused qkv projection [N, 3, Hkv, D] (row stride 3 * Hkv * D), the
+    caches one layer of a pool [num_blocks, 2 layers, PAGE, Hkv, D]: every stride must come from the
+    tensors, and the other layer keeps its canary."""
+    Hkv, D, N, PAGE, blocks = 2, 16, 12, 8, 3
+    gen = torch.Generator().manual_seed(seeded(56))
+    qkv = torch.randn(N, 3, Hkv, D, generator=gen).half().to(runtime.device)
+    pool = torch.empty(blocks, 2, PAGE, Hkv, D, dtype=E4M3, device=runtime.device)
+    pool2 = torch.empty_like(pool)
+    pool.view(torch.uint8).fill_(CANARY_CODE)
+    pool2.view(torch.uint8).fill_(CANARY_CODE)
+    scale = torch.tensor([0.03, 0.05], device=runtime.device)
+    slots = _slots(N, PAGE, blocks, runtime.device, 57)
+    _store(impl, qkv[:, 1], qkv[:, 2], slots, PAGE, blocks, scale, scale, caches=[pool[:, 1], pool2[:, 1]])
+    assert (pool[:, 0].view(torch.uint8) == CANARY_CODE).all(), "the store wrote into layer 0 of the pool"
+
+
+def test_compute_scales_amax_rule(impl, runtime):
+    """compute_scales gives amax / 448 per tensor ([1]) or per KV head ([Hkv]); an all-zero head gets a
+    positive scale (1), never 0 (a division by zero at the store). 70 rows (past a 64-row tile) of
+    D = 24 (not a power of two), the largest values in the last rows and the last features."""
+    gen = torch.Generator().manual_seed(seeded(58))
+    k = torch.randn(70, 3, 24, generator=gen).half()
+    v = torch.randn(70, 3, 24, generator=gen).half()
+    k[:, 1] *= 10
+    k[69, 0, 23] = 50.0
+    v[:, 2] = 0
+    k, v = k.to(runtime.device), v.to(runtime.device)
+    ks, vs = impl.compute_scales(k, v)
+    assert ks.shape == (1,) and ks.dtype == torch.float32, f"per tensor: [1] float32, got {tuple(ks.shape)}"
+    torch.testing.assert_close(ks.cpu(), k.float().abs().amax().reshape(1).cpu() / 448)
+    ks, vs = impl.compute_scales(k, v, per_head=True)
+    assert ks.shape == (3,) and vs.shape == (3,), "per head: one scale per KV head"
+    torch.testing.assert_close(ks.cpu(), k.float().abs().amax(dim=(0, 2)).cpu() / 448)
+    assert float(vs[2]) > 0, "an all-zero head needs a positive scale"
+    k[3, 2, 5] = float("nan")
+    with pytest.raises(ValueError, match="k"):
+        impl.compute_scales(k, v, per_head=True)
+
+
+# name -> (how to spoil the arguments of a valid store, the error, what the message names)
+STORE_BAD_INPUTS = {
+    "k_cache_fp16": (lambda a: dict(k_cache=a["k_cache"].half()), TypeError, "k_cache"),
+    "v_cache_fnuz": (lambda a: dict(v_cache=a["v_cache"].view(torch.float8_e4m3fnuz)), TypeError, "v_cache"),
+    "k_cache_e5m2": (lambda a: dict(k_cache=a["k_cache"].view(torch.float8_e5m2)), TypeError, "k_cache"),
+    "key_fp32": (lambda a: dict(key=a["key"].float()), TypeError, "key"),
+    "slot_mapping_int32": (lambda a: dict(slot_mapping=a["slot_mapping"].int()), TypeError, "slot_mapping"),
+    "slot_past_cache": (lambda a: dict(slot_mapping=a["slot_mapping"] + 10**6), ValueError, "slot_mapping"),
+    "k_scale_zero": (lambda a: dict(k_scale=torch.zeros(1)), ValueError, "k_scale"),
+    "v_scale_negative": (lambda a: dict(v_scale=torch.tensor([-0.1])), ValueError, "v_scale"),
+    "k_scale_nan": (lambda a: dict(k_scale=torch.tensor([float("nan")])), ValueError, "k_scale"),
+    "v_scale_inf": (lambda a: dict(v_scale=torch.tensor([float("inf")])), ValueError, "v_scale"),
+    "k_scale_fp16": (lambda a: dict(k_scale=torch.ones(1).half()), TypeError, "k_scale"),
+    "k_scale_wrong_length": (lambda a: dict(k_scale=torch.ones(3)), ValueError, "k_scale"),
+    "v_scale_one_head_zero": (lambda a: dict(v_scale=torch.tensor([0.1, 0.0])), ValueError, r"v_scale\[1\]"),
+    "v_cache_is_k_cache": (lambda a: dict(v_cache=a["k_cache"]), ValueError, "v_cache"),
+    "k_scale_not_a_tensor": (lambda a: dict(k_scale=0.5), TypeError, "k_scale"),
+}
+
+
+@pytest.mark.parametrize("name", list(STORE_BAD_INPUTS))
+def test_store_rejects_bad_input(impl, runtime, name):
+    """Each bad argument raises ValueError/TypeError naming it, before any kernel runs."""
+    spoil, error, names = STORE_BAD_INPUTS[name]
+    dev = runtime.device
+    args = dict(
+        key=torch.ones(4, 2, 16, dtype=torch.float16, device=dev),
+        value=torch.ones(4, 2, 16, dtype=torch.float16, device=dev),
+        k_cache=torch.zeros(2, 4, 2, 16, device=dev).to(E4M3),
+        v_cache=torch.zeros(2, 4, 2, 16, device=dev).to(E4M3),
+        slot_mapping=torch.tensor([0, 3, -1, 5], device=dev),
+        k_scale=torch.ones(1, device=dev),
+        v_scale=torch.ones(2, device=dev),
+    )
+    spoiled = {k: (v.to(dev) if isinstance(v, torch.Tensor) else v) for k, v in spoil(args).items()}
+    args.update(spoiled)
+    with pytest.raises(error, match=names):
+        impl.store_kvcache_fp8(**args, check=True)
+
+
+def test_store_runs_a_triton_kernel(impl, runtime):
+    """The right bytes are not enough: store_kvcache_fp8 must write them with your Triton kernel."""
+    dev = runtime.device
+    key = torch.randn(5, 2, 16).half().to(dev)
+    caches = [torch.zeros(2, 4, 2, 16, device=dev).to(E4M3) for _ in range(2)]
+    slots = torch.tensor([0, 3, -1, 5, 6], device=dev)
+    s = torch.tensor([0.01], device=dev)
+    assert_runs_a_triton_kernel(
+        impl,
+        lambda: (impl.store_kvcache_fp8(key, key, *caches, slots, s, s), caches[0])[1],
+        "store_kvcache_fp8",
+    )
+
+
+def test_store_grid_fits_cuda_limits(impl, runtime):
+    """70,000 tokens stored in one call (a long prefill chunk): tokens belong on grid axis 0, the only
+    one past 65535 programs. Run dry."""
+    dev = runtime.device
+    N = 70_000
+    key = torch.zeros(N, 1, 16, dtype=torch.float16, device=dev)
+    caches = [torch.zeros(N // 16 + 1, 16, 1, 16, device=dev).to(E4M3) for _ in range(2)]
+    slots = torch.arange(N, device=dev)
+    s = torch.ones(1, device=dev)
+    assert_grids_fit(
+        impl,
+        lambda: impl.store_kvcache_fp8(key, key, *caches, slots, s, s, check=False),
+        "store_kvcache_fp8 of 70,000 tokens",
+    )
+
+
+# --- Stage 2: decode over the e4m3 cache, the split count forced -------------------------------------
+
+
+def _scaled(case, k_scale, v_scale):
+    """The same e4m3 codes read with other scales: the dequantized cache (and the oracle) change with them."""
+    dev = case.q.device
+    return Fp8Case(
+        *case.args[:5],
+        torch.as_tensor(k_scale, dtype=torch.float32).to(dev),
+        torch.as_tensor(v_scale, dtype=torch.float32).to(dev),
+    )
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_k_scale_multiplies_the_logits(impl, runtime, splits):
+    """v_scale = 1 and one k_scale per KV head (0.004 and 0.011 on codes up to 448): the logits are
+    q . (code * k_scale) * scale. Divided by k_scale, they are tens of thousands of times too large, and
+    the softmax is one-hot."""
+    case = make([37, 50], 8, 2, 64, 16, device=runtime.device, stream=60)
+    case = _scaled(case, [0.004, 0.011], [1.0])
+    check(impl, case, plan=forced(impl, case, splits))
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_v_scale_multiplies_the_output(impl, runtime, splits):
+    """k_scale = 1/448 per tensor and v_scale per KV head (0.01 and 0.003): the output is the softmax
+    average of code * v_scale. Folded into the softmax scale instead, v_scale sharpens the logits and
+    never reaches the output."""
+    case = make([37, 50], 8, 2, 64, 16, device=runtime.device, stream=61)
+    case = _scaled(case, [1 / 448], [0.01, 0.003])
+    check(impl, case, plan=forced(impl, case, splits))
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_uniform_scores_read_only_v_scale(impl, runtime, splits):
+    """q = 0: every logit is 0 whatever k_scale is, so the output is the plain mean of V, v_scale times
+    the mean code. Only V's scale may reach the output here: k_scale multiplied into it (applied after
+    the softmax instead of to the logits) scales it by 0.02."""
+    case = make([37, 50], 8, 2, 64, 16, device=runtime.device, stream=62)
+    case.q.zero_()
+    case = _scaled(case, [0.02], [0.015, 0.004])
+    check(impl, case, plan=forced(impl, case, splits))
+
+
+def test_per_head_scales_follow_the_kv_head(impl, runtime):
+    """GQA with 4 query heads per KV head and 4 KV heads, each with its own k_scale and v_scale: query
+    head h reads the scales of KV head h // 4. Indexed by the query head, heads 1 to 3's scales are read
+    by the wrong heads (and query heads past 3 read past the scales)."""
+    case = make([45, 20], 16, 4, 64, 16, device=runtime.device, stream=63)
+    case = _scaled(case, [0.003, 0.009, 0.005, 0.012], [0.02, 0.004, 0.011, 0.007])
+    for splits in (1, 2):
+        check(impl, case, plan=forced(impl, case, splits))
+
+
+def test_q_keeps_its_precision(impl, runtime):
+    """Scales of 1 and codes of small integers, so the cache is exact: the only rounding left is q's. q
+    holds fp16 values that e4m3 cannot (3 mantissa bits against 10): a dot taken in fp8, q cast down to
+    e4m3, moves every logit by up to 6%."""
+    base = make_paged_case([40, 23], 8, 2, 64, 16, device=runtime.device, stream=64)
+    gen = torch.Generator().manual_seed(seeded(65))
+    for cache in (base.k_cache, base.v_cache):
+        live = ~cache.isnan()
+        cache[live] = torch.randint(-6, 7, (int(live.sum()),), generator=gen).to(cache.dtype).to(cache.device)
+    case = fp8_case(base, [1.0], [1.0])
+    check(impl, case, plan=forced(impl, case, 1), scale=0.05)
+
+
+def test_accuracy_against_the_fp16_cache(impl, runtime):
+    """The lesson's reported bound: random K and V (standard normal, per-head amax scales), the decode
+    over the e4m3 cache against the fp32 oracle over the unquantized fp16 cache. Its largest error over
+    the output is below 0.03 (outputs are about 0.1 to 1); what e4m3 costs, stated in section 4."""
+    base = make_paged_case([200, 77], 8, 2, 64, 16, device=runtime.device, stream=66)
+    case = fp8(base)
+    out = impl.fp8_decode(*case.args, plan=forced(impl, case, 2))
+    ref, _ = paged_attention_reference(*base.args)
+    err = (out.float() - ref).abs().max().item()
+    assert err < 0.03, f"max |e4m3 decode - fp16 oracle| = {err:.4f}, past the bound of 0.03"
+    assert_close(out, oracle(case)[0], DIMS)
+
+
+def test_every_split_count_matches_unsplit(impl, runtime):
+    """Split counts 1 .. pages + 3: the result must not depend on how the keys are cut."""
+    n = sizes(runtime, 70, 1000)
+    case = make([n], 8, 2, 64, 16, device=runtime.device, stream=1)
+    pages = math.ceil(n / 16)
+    unsplit, _ = check(impl, case, plan=forced(impl, case, 1))
+    counts = range(2, pages + 4) if runtime.interpreter else [2, 3, 5, 8, 16, 31, 63, pages, pages + 3]
+    for splits in counts:
+        out, _ = check(impl, case, plan=forced(impl, case, splits))
+        assert_close(out, unsplit.float(), DIMS)
+
+
+def test_empty_splits_do_not_divide_zero_by_zero(impl, runtime):
+    """A ragged batch with a 16-token chunk: short sequences get splits with no tokens, which must weigh
+    0 (lse = -inf), not 0/0 = NaN."""
+    lens = sizes(runtime, [70, 1, 17, 33], [1000, 1, 17, 250, 999])
+    case = make(lens, 8, 2, 64, 16, device=runtime.device, stream=2, extra_pages=4)
+    check(impl, case, plan=fixed_plan(impl, 16, max(lens)))
+    check(impl, case, plan=fixed_plan(impl, 16, max(lens) + 48))
+
+
+@pytest.mark.parametrize("splits", [1, 4], ids=["one-split", "merged"])
+def test_padding_sequences_give_zero_and_lse_minus_inf(impl, runtime, splits):
+    """context_lens[b] = 0 is a padding sequence: output 0, lse -inf, the rows around it unaffected."""
+    case = make([37, 0, 50, 0], 8, 2, 64, 16, device=runtime.device, stream=22)
+    out, lse = check(impl, case, plan=forced(impl, case, splits))
+    assert (out[[1, 3]] == 0).all(), "a padding sequence (context_lens = 0) must output 0"
+    assert (lse[[1, 3]] == float("-inf")).all(), "a padding sequence's lse must be -inf (it saw no key)"
+
+
+def _with_scores(case, scores):
+    """Sequence 0's keys set (before quantizing) so that query head 0 scores about `scores` [n]."""
+    n, D = len(scores), case.q.shape[-1]
+    t = torch.arange(n, device=case.q.device)
+    blocks, slots = case.block_tables[0].long()[t // case.k_cache.shape[1]], t % case.k_cache.shape[1]
+    q0 = case.q[0, 0].float()
+    k = scores.to(q0.device)[:, None] * math.sqrt(D) * q0 / q0.dot(q0)  # [n, D]
+    case.k_cache[blocks, slots, 0] = k.to(case.q.dtype)
+    return case
+
+
+def test_many_splits_merge_with_rescale(impl, runtime):
+    """Scores rise along the sequence over 80 splits, more than the merge reads at once (64): the merge's
+    running sum must be rescaled when a later group of splits raises the max."""
+    n, D = 16 * 80, 64
+    base = make_paged_case([n, 100], 4, 1, D, 16, device=runtime.device, stream=16, poison=False)
+    t = torch.arange(n, device=runtime.device)
+    blocks, slots = base.block_tables[0].long()[t // 16], t % 16
+    q0 = base.q[0, 0].float()
+    ramp = torch.linspace(0.0, 15.0, n, device=runtime.device)[:, None]
+    k = 0.3 * base.k_cache[blocks, slots, 0].float() + ramp * math.sqrt(D) * q0 / q0.dot(q0)
+    base.k_cache[blocks, slots, 0] = k.to(base.q.dtype)
+    check(impl, fp8(base), plan=fixed_plan(impl, 16, n))
+
+
+MERGE_TILE_EDGES = (17, 65)
+
+
+@pytest.mark.parametrize("splits", MERGE_TILE_EDGES, ids=[f"splits{s}" for s in MERGE_TILE_EDGES])
+def test_merge_reads_every_tile_of_splits(impl, runtime, splits):
+    """One split more than a merge tile of 16 or 64 holds: the first and last splits hold the same high
+    score, so a merge that reads one tile of splits only drops the last and half the weight."""
+    n = 16 * splits
+    base = make_paged_case([n], 1, 1, 64, 16, device=runtime.device, stream=27)
+    scores = torch.zeros(n)
+    scores[0] = scores[n - 16] = 8.0
+    check(impl, fp8(_with_scores(base, scores)), plan=fixed_plan(impl, 16, n))
+
+
+def test_split_ranges_cover_each_key_once(impl, runtime):
+    """Every score 0 and equal splits: the output is the plain mean of V, so only split ranges that
+    overlap or leave a gap change it. Outputs only (no lse asked)."""
+    for chunk, n in ((16, 64), (32, 96)):
+        case = fp8(
+            _with_scores(make_paged_case([n], 4, 1, 64, 16, device=runtime.device, stream=28), torch.zeros(n))
+        )
+        plan = fixed_plan(impl, chunk, n)
+        out = call_with_canary_out(
+            lambda out, case=case, plan=plan: impl.fp8_decode(*case.args, plan=plan, out=out), case.q
+        )
+        assert_close(out, oracle(case)[0], DIMS)
+
+
+def test_split_merge_shifts_by_the_max(impl, runtime):
+    """Every score about +128: each split's lse is past fp32's exp range, so the merge must shift by the max."""
+    base = shift_scores(make_paged_case([70, 33], 8, 2, 64, 16, device=runtime.device, stream=19), 128.0)
+    case = fp8(base)
+    _, lse = check(impl, case, plan=forced(impl, case, 3))
+    assert lse.min().item() > 88.7, "every head's lse should be past fp32's exp range here"
+
+
+def test_max_starts_at_minus_inf(impl, runtime):
+    """Every score about -128: a running max that starts at 0 underflows every exp2."""
+    base = shift_scores(make_paged_case([70, 33], 8, 2, 64, 16, device=runtime.device, stream=20), -128.0)
+    case = fp8(base)
+    for splits in (1, 3):
+        _, lse = check(impl, case, plan=forced(impl, case, splits))
+    assert lse.max().item() < -104, "every head's lse should be below fp32's exp range here"
+
+
+def test_q_strides_are_used(impl, runtime):
+    """q is every other head of a NaN-filled [B, 2 * Hq, D] buffer."""
+    case = fp8(strided_q(make_paged_case([40, 9], 8, 2, 64, 16, device=runtime.device, stream=21)))
+    for splits in (1, 3):
+        check(impl, case, plan=forced(impl, case, splits))
+
+
+def test_table_rows_are_read_through_their_stride(impl, runtime):
+    """block_tables is a view of a wider table of -1: rows start at b * stride(0)."""
+    case = make([35, 48, 70], 8, 2, 64, 16, device=runtime.device, stream=23)
+    case.block_tables = in_wider_table(case.block_tables)
+    for splits in (1, 3):
+        check(impl, case, plan=forced(impl, case, splits))
+
+
+@pytest.mark.parametrize("PAGE", [4, 16])
+def test_cache_strides_are_used(impl, runtime, PAGE):
+    """k_cache and v_cache are layer 1 of a NaN-coded e4m3 pool [num_blocks, layers, PAGE, Hkv, 2, D]."""
+    case = fp8(
+        in_layer_pool(make_paged_case([40, 9], 8, 2, 64, PAGE, device=runtime.device, stream=22 + PAGE))
+    )
+    check(impl, case, plan=forced(impl, case, 2))
+
+
+def test_v_is_read_through_its_own_strides(impl, runtime):
+    """v_cache head-major: V read through K's strides reads the wrong tokens and heads."""
+    for PAGE, splits in ((16, (1, 2)), (4, (2,))):
+        base = make_paged_case([40, 9], 8, 2, 64, PAGE, device=runtime.device, stream=24 + PAGE)
+        case = fp8(v_strides_unlike_k(base))
+        for n in splits:
+            check(impl, case, plan=forced(impl, case, n))
+
+
+def test_widest_head_dim_is_read_whole(impl, runtime):
+    """D = 256, the widest head dim the launcher admits, unsplit and split."""
+    case = make([19], 2, 1, max(DOMAIN["head_dims"]), 16, device=runtime.device, stream=26)
+    for n in (1, 2):
+        check(impl, case, plan=forced(impl, case, n))
+
+
+def test_lse_is_natural_log(impl, runtime):
+    """lse must be torch.logsumexp of the scaled scores of the dequantized K (base e), k_scale included."""
+    case = make([45, 3], 8, 2, 64, 16, device=runtime.device, stream=3)
+    check(impl, case, plan=forced(impl, case, 1))
+    check(impl, case, plan=forced(impl, case, 1), scale=0.37)
+
+
+@pytest.mark.parametrize("splits", [1, 4])
+def test_last_page_is_masked(impl, runtime, splits):
+    lens = [1, 15, 16, 17, 31] + sizes(runtime, [], [777, 1000])
+    case = make(lens, 8, 2, 64, 16, device=runtime.device, stream=4)
+    check(impl, case, plan=forced(impl, case, splits))
+
+
+@grouping_cases("group1-MHA", "group2", "group3", "group4", "group8", "group32-MQA")
+def test_kv_head_grouping_is_contiguous(impl, runtime, Hq, Hkv):
+    """Query head h reads KV head h // GROUP (and its scales). GROUP = 3 is not a power of two."""
+    case = make(sizes(runtime, [40, 9], [300, 129]), Hq, Hkv, 64, 16, device=runtime.device, stream=Hq + Hkv)
+    check(impl, case, plan=forced(impl, case, 2))
+
+
+@pytest.mark.parametrize("PAGE", [1, 2, 8, 16, 64, 128])
+def test_page_sizes_gathered_token_by_token(impl, runtime, PAGE):
+    """Pages from 1 token (gathered token by token) to 128 (eight tiles per page)."""
+    lens = sizes(runtime, [37, 5, 20], [1000, 5, 333])
+    if PAGE == 128:
+        lens = sizes(runtime, [150, 5], [1000, 333])
+    case = make(lens, 8, 2, 64, PAGE, device=runtime.device, stream=PAGE)
+    for splits in (1, 3):
+        check(impl, case, plan=forced(impl, case, splits))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, bf16_everywhere()], ids=["fp16", "bf16"])
+def test_dtypes(impl, runtime, dtype):
+    """q in fp16 or bf16; the e4m3 codes widen exactly to either."""
+    case = make(
+        sizes(runtime, [33, 4], [1500, 17]), 8, 2, 128, 16, dtype=dtype, device=runtime.device, stream=8
+    )
+    check(impl, case, plan=forced(impl, case, 3))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, bf16_everywhere()], ids=["fp16", "bf16"])
+def test_out_keeps_the_range_of_its_dtype(impl, runtime, dtype):
+    """V about 2^16 (bf16) or 2^13 (fp16), its scale with it: bf16 outputs past fp16's 65504 must be stored
+    in out's own dtype."""
+    base = make_paged_case([40, 17], 8, 2, 64, 16, dtype=dtype, device=runtime.device, stream=21)
+    fill_past_fp16_range(base.v_cache)
+    case = fp8(base)
+    for splits in (1, 3):
+        check(impl, case, plan=forced(impl, case, splits))
+
+
+def test_sequence_index_widened_to_int64(impl, runtime):
+    """q's rows 1.5 * 2**30 elements apart: b * stride_qb needs int64."""
+    case = make([20, 9, 33], 4, 2, 64, 16, device=runtime.device, stream=22)
+    wide = Fp8Case(q_rows_far_apart(case.q, runtime), *case.args[1:])
+    for splits in (1, 3):
+        check(impl, wide, plan=forced(impl, wide, splits))
+
+
+def test_page_index_widened_to_int64(impl, runtime):
+    """Block ids past 2**32 / page stride (a sparse e4m3 pool of about 4.3 GB): int32 offsets wrap onto
+    the pool's first blocks, on the one-page tile (PAGE = 16) and the token-by-token gather (PAGE = 8)."""
+    Hkv, D = 1, 128
+    for PAGE, lens, splits in (
+        (16, sizes(runtime, [40, 7], [300, 45]), (1, 3)),
+        (8, [sizes(runtime, 40, 100)], (2,)),
+    ):
+        far = pool_past_int32(runtime, PAGE, Hkv, D, spare=64)
+        case = make(lens, 4, Hkv, D, PAGE, device=runtime.device, stream=9 + PAGE, **far)
+        for n in splits:
+            check(impl, case, plan=forced(impl, case, n))
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_runs_a_triton_kernel(impl, runtime, splits):
+    """The right numbers are not enough: fp8_decode must compute them with your Triton kernels."""
+    case = make([45, 3], 8, 2, 64, 16, device=runtime.device, stream=17)
+    plan = forced(impl, case, splits)
+    assert_runs_a_triton_kernel(impl, lambda: impl.fp8_decode(*case.args, plan=plan), "fp8_decode")
+
+
+# name -> (how to spoil the arguments of a valid fp8_decode call, the error, what the message names)
+BAD_INPUTS = {
+    "k_cache_fp16": (lambda a, impl, dev: dict(k_cache=a["k_cache"].float().half()), TypeError, "k_cache"),
+    "v_cache_fnuz": (
+        lambda a, impl, dev: dict(v_cache=a["v_cache"].view(torch.float8_e4m3fnuz)),
+        TypeError,
+        "v_cache",
+    ),
+    "q_fp32": (lambda a, impl, dev: dict(q=a["q"].float()), TypeError, "q"),
+    "k_scale_zero": (lambda a, impl, dev: dict(k_scale=torch.zeros(1, device=dev)), ValueError, "k_scale"),
+    "v_scale_negative": (
+        lambda a, impl, dev: dict(v_scale=-torch.ones(1, device=dev)),
+        ValueError,
+        "v_scale",
+    ),
+    "k_scale_nan": (
+        lambda a, impl, dev: dict(k_scale=torch.full((2,), float("nan"), device=dev)),
+        ValueError,
+        "k_scale",
+    ),
+    "v_scale_inf": (
+        lambda a, impl, dev: dict(v_scale=torch.full((1,), float("inf"), device=dev)),
+        ValueError,
+        "v_scale",
+    ),
+    "k_scale_wrong_length": (
+        lambda a, impl, dev: dict(k_scale=torch.ones(4, device=dev)),
+        ValueError,
+        "k_scale",
+    ),
+    "v_scale_float64": (
+        lambda a, impl, dev: dict(v_scale=torch.ones(1, dtype=torch.float64, device=dev)),
+        TypeError,
+        "v_scale",
+    ),
+    "k_scale_rank2": (lambda a, impl, dev: dict(k_scale=torch.ones(1, 2, device=dev)), ValueError, "k_scale"),
+    "block_tables_int64": (
+        lambda a, impl, dev: dict(block_tables=a["block_tables"].long()),
+        TypeError,
+        "block_tables",
+    ),
+    "context_len_negative": (
+        lambda a, impl, dev: dict(context_lens=int32_tensor(dev, 20, -1)),
+        ValueError,
+        r"context_lens\[1\]",
+    ),
+    "live_block_id_past_pool": (
+        lambda a, impl, dev: dict(block_tables=with_entry(a["block_tables"], 0, 1, a["k_cache"].shape[0])),
+        ValueError,
+        r"block_tables\[0, 1\]",
+    ),
+    "scale_zero": (lambda a, impl, dev: dict(scale=0.0), ValueError, "scale"),
+    "v_cache_is_k_cache": (lambda a, impl, dev: dict(v_cache=a["k_cache"]), ValueError, "v_cache"),
+    "v_cache_overlaps_k_cache": (
+        lambda a, impl, dev: overlapping_caches(a["k_cache"]),
+        ValueError,
+        "v_cache",
+    ),
+    "plan_not_a_plan": (lambda a, impl, dev: dict(plan=4), TypeError, "plan"),
+    "plan_zero_splits": (
+        lambda a, impl, dev: dict(plan=impl.DecodePlan(num_splits=0, chunk=32, max_len=20)),
+        ValueError,
+        "plan.num_splits",
+    ),
+    "plan_chunk_not_tiles": (
+        lambda a, impl, dev: dict(plan=impl.DecodePlan(num_splits=2, chunk=10, max_len=20)),
+        ValueError,
+        "plan.chunk",
+    ),
+    "plan_past_the_table": (
+        lambda a, impl, dev: dict(plan=impl.plan([10**6, 5], 2, 16)),
+        ValueError,
+        "plan.max_len",
+    ),
+    "plan_too_short": (lambda a, impl, dev: dict(plan=impl.plan([8], 2, 16)), ValueError, "plan"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_INPUTS))
+def test_launcher_rejects_bad_input(impl, runtime, name):
+    """Each bad argument raises ValueError/TypeError naming it, before any kernel runs."""
+    spoil, error, names = BAD_INPUTS[name]
+    case = make([20, 5], 4, 2, 64, 16, device=runtime.device, stream=14)
+    args = spoiled_call(case, spoil, impl, runtime.device)
+    with pytest.raises(error, match=names):
+        impl.fp8_decode(**args)
+
+
+def test_tolerance_rejects_zeros(runtime):
+    """Not a test of your kernel: the comparison fails an all-zeros output."""
+    case = make([37, 20], 8, 2, 64, 16, device=runtime.device, stream=15)
+    assert mismatch(torch.zeros_like(case.q), oracle(case)[0]) is not None
+
+
+@pytest.mark.parametrize("splits", [1, 2])
+def test_grid_fits_cuda_limits_at_largest_sizes(impl, runtime, splits):
+    """70,000 sequences in one decode step: sequences belong on grid axis 0, in the split kernel and in
+    the merge. Run dry (every launch recorded and checked, none run)."""
+    B, PAGE, D, dev = 70_000, 16, 16, runtime.device
+    q = torch.zeros(B, 1, D, dtype=torch.float16, device=dev)
+    k_cache = torch.zeros(2, PAGE, 1, D, device=dev).to(E4M3)
+    tables = torch.arange(2, dtype=torch.int32, device=dev).repeat(B, 1)
+    lens = torch.full((B,), 2 * PAGE, dtype=torch.int32, device=dev)
+    one = torch.ones(1, device=dev)
+    p = impl.plan(lens, 1, PAGE, num_splits=splits)
+    assert_grids_fit(
+        impl,
+        lambda: impl.fp8_decode(
+            q, k_cache, k_cache.clone(), tables, lens, one, one, plan=p, return_lse=True, check=False
+        ),
+        f"fp8_decode of 70,000 sequences in {splits} split(s)",
+    )
+
+
+# --- Stage 3: the planner's own choice -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "lens,Hkv", [([1], 8), ([32768], 8), ([512] * 256, 8), ([5, 3000, 17], 2), ([16], 1)]
+)
+def test_plan_never_returns_empty_or_zero_splits(impl, lens, Hkv):
+    """Whatever it chooses, every split of the longest sequence has tokens and chunks are tile-sized."""
+    for want in (None, 1, 7, 10_000):
+        p = impl.plan(lens, Hkv, 16, num_sms=132, num_splits=want)
+        assert p.num_splits >= 1 and p.max_len == max(lens)
+        assert (p.num_splits - 1) * p.chunk < max(lens) <= p.num_splits * p.chunk, f"{p}: an empty last split"
+        assert p.chunk % 16 == 0, f"{p}: a chunk of {p.chunk} tokens is not a whole number of 16-token tiles"
+
+
+def test_plan_splits_only_when_the_grid_is_starved(impl):
+    assert impl.plan([2048] * 128, 8, 16, num_sms=132).num_splits == 1
+    assert impl.plan([32768], 8, 16, num_sms=132).num_splits >= 132 // 8
+
+
+def test_default_plan_shared_and_shuffled_pages(impl, runtime):
+    """plan=None: fp8_decode plans from context_lens itself, over shared and shuffled pages, B = 1 too."""
+    case = make(
+        sizes(runtime, [64, 40], [2048, 700]),
+        8,
+        2,
+        128,
+        16,
+        device=runtime.device,
+        stream=6,
+        shared_prefix_pages=2,
+    )
+    check(impl, case)
+    one = make([sizes(runtime, 150, 32768)], 32, 8, 128, 16, device=runtime.device, stream=7)
+    check(impl, one)
+
+
+def test_default_plan_per_tensor_scales(impl, runtime):
+    """One scale per tensor ([1]) with the planner's own choice: every head reads entry 0."""
+    case = make([90, 33, 0], 8, 2, 64, 8, per_head=False, device=runtime.device, stream=67)
+    check(impl, case)
+
+
+BAD_PLANS = {
+    "page_size_not_pow2": (([10], 2, 12), {}, ValueError, "page_size"),
+    "num_splits_zero": (([10], 2, 16), dict(num_splits=0), ValueError, "num_splits"),
+    "num_kv_heads_zero": (([10], 0, 16), {}, ValueError, "num_kv_heads"),
+    "lengths_empty": (([], 2, 16), {}, ValueError, "context_lens"),
+    "length_negative": (([10, -1], 2, 16), {}, ValueError, r"context_lens\[1\]"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_PLANS))
+def test_plan_rejects_bad_arguments(impl, name):
+    args, kwargs, error, names = BAD_PLANS[name]
+    with pytest.raises(error, match=names):
+        impl.plan(*args, **kwargs)
+
+
+# --- Stages: the store, then decode with the split count forced, then the planner --------------------
+
+STAGES = [
+    Stage(
+        "store",
+        ("test_store_*", "test_compute_scales_amax_rule"),
+        "store_kvcache_fp8: codes bit for bit torch's e4m3 of clamp(x / scale): ties to even, the clamp at "
+        "448, per-head scales, padding rows and strided views; compute_scales' amax rule",
+    ),
+    Stage(
+        "decode, fixed splits",
+        (
+            "test_k_scale_multiplies_the_logits",
+            "test_v_scale_multiplies_the_output",
+            "test_uniform_scores_read_only_v_scale",
+            "test_per_head_scales_follow_the_kv_head",
+            "test_q_keeps_its_precision",
+            "test_accuracy_against_the_fp16_cache",
+            "test_every_split_count_matches_unsplit",
+            "test_empty_splits_do_not_divide_zero_by_zero",
+            "test_padding_sequences_give_zero_and_lse_minus_inf",
+            "test_many_splits_merge_with_rescale",
+            "test_merge_reads_every_tile_of_splits",
+            "test_split_ranges_cover_each_key_once",
+            "test_split_merge_shifts_by_the_max",
+            "test_max_starts_at_minus_inf",
+            "test_q_strides_are_used",
+            "test_table_rows_are_read_through_their_stride",
+            "test_cache_strides_are_used",
+            "test_v_is_read_through_its_own_strides",
+            "test_widest_head_dim_is_read_whole",
+            "test_lse_is_natural_log",
+            "test_last_page_is_masked",
+            "test_kv_head_grouping_is_contiguous",
+            "test_page_sizes_gathered_token_by_token",
+            "test_dtypes",
+            "test_out_keeps_the_range_of_its_dtype",
+            "test_sequence_index_widened_to_int64",
+            "test_page_index_widened_to_int64",
+            "test_runs_a_triton_kernel",
+            "test_launcher_rejects_bad_input",
+            "test_tolerance_rejects_zeros",
+            "test_grid_fits_cuda_limits_at_largest_sizes",
+        ),
+        "fp8_split_kernel with the split count forced through plan(num_splits=k): k_scale folded into the "
+        "logits, v_scale on the output, per-head scales by KV head, and every case of F1's grader",
+    ),
+    Stage(
+        "planner",
+        (
+            "test_plan_*",
+            "test_default_plan_*",
+            "test_launcher_rejects_bad_input[plan_too_short]",
+            "test_launcher_rejects_bad_input[plan_past_the_table]",
+        ),
+        "fp8_decode with plan=None: plan() choosing the split count from the lengths (F1's rule)",
+    ),
+]
+
+
+# --- Diagnosis: which pitfall of section 6 a pattern of results points at ----------------------------
+
+MISTAKES: list[Mistake] = []
