@@ -36,11 +36,16 @@ COLUMNS = [
     ("model", "model"),
     ("config", "configuration"),
     ("c1_tok_s", "output tok/s"),
+    ("c1_tok_s_median", "median of the runs"),
+    ("spread", "spread of the runs"),
     ("req_s", "requests/s"),
     ("seconds", "s"),
     ("prefill_tokens", "prefill tokens computed"),
     ("cached_tokens", "prompt tokens from the cache"),
-    ("ttft_s", "mean time to first token, s"),
+    ("ttft_p50_s", "TTFT p50, s"),
+    ("ttft_p99_s", "TTFT p99, s"),
+    ("itl_p50_ms", "inter-token p50, ms"),
+    ("itl_p99_ms", "inter-token p99, ms"),
     ("steps", "steps"),
     ("prompt_graph_steps", "steps with prompt tokens as graphs"),
     ("cascade_steps", "steps F2 served"),
@@ -48,7 +53,9 @@ COLUMNS = [
     ("decode_launches", "kernels per decode step"),
     ("decode_attention_share", "F1's attention, share of a decode graph's GPU time"),
     ("read_roofline_fraction", "fraction of the decode roofline (read ceiling)"),
+    ("copy_roofline_fraction", "fraction of the decode roofline (copy ceiling, same bytes)"),
     ("vs_hf", "x transformers (best batch)"),
+    ("vs_greedy", "x the same requests greedy"),
 ]
 
 
@@ -74,6 +81,73 @@ def nano_requests(vocab: int, stream: int = 1) -> tuple[list[list[int]], list[in
     ins = torch.randint(lo, hi + 1, (NANO_REQUESTS,), generator=g).tolist()
     outs = torch.randint(lo, hi + 1, (NANO_REQUESTS,), generator=g).tolist()
     return [torch.randint(100, vocab, (n,), generator=g).tolist() for n in ins], outs
+
+
+# Chat traffic: ragged prompts and replies, sampled, each request ending on its own. Lengths are
+# log-normal, as chat datasets' are (many short turns, a long tail), drawn with a fixed seed and clipped.
+CHAT_SEED = 0
+CHAT_PROMPT = (256, 0.8, 16, 2048)  # median tokens, sigma of the log, shortest, longest
+CHAT_OUTPUT = (128, 0.8, 4, 1024)
+CHAT_TEMPERATURE, CHAT_TOP_P = 0.7, 0.9
+# Random weights almost never draw one given id of 49,152, so a request's reply length is drawn too and
+# given as its max_tokens; the end-of-sequence check stays on (ignore_eos False, this id), so every step
+# runs the stop rules a chat runs, and an end-of-sequence id drawn by chance ends its request early.
+CHAT_EOS = 2
+CHAT_MODEL_LEN = CHAT_PROMPT[3] + CHAT_OUTPUT[3]
+
+
+def _lognormal(g, n, median, sigma, lo, hi) -> list[int]:
+    x = torch.exp(torch.randn(n, generator=g, dtype=torch.float64) * sigma) * median
+    return x.round().clamp(lo, hi).long().tolist()
+
+
+def chat_requests(vocab: int, seed: int = CHAT_SEED) -> tuple[list[list[int]], list[int]]:
+    """NUM_REQUESTS prompts of random tokens with log-normal prompt and reply lengths (CHAT_PROMPT,
+    CHAT_OUTPUT): (prompts, each request's max_tokens)."""
+    g = torch.Generator().manual_seed(seed)
+    ins = _lognormal(g, NUM_REQUESTS, *CHAT_PROMPT)
+    outs = _lognormal(g, NUM_REQUESTS, *CHAT_OUTPUT)
+    return [torch.randint(100, vocab, (n,), generator=g).tolist() for n in ins], outs
+
+
+def chat_params(impl, outputs: list[int]) -> list:
+    """The chat row's requests: sampled at CHAT_TEMPERATURE and CHAT_TOP_P, stopping on CHAT_EOS or at
+    their drawn length."""
+    return [
+        impl.SamplingParams(temperature=CHAT_TEMPERATURE, top_p=CHAT_TOP_P, max_tokens=m, ignore_eos=False)
+        for m in outputs
+    ]
+
+
+def _quantile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def latency_run(llm, prompts, params) -> dict:
+    """One more run of the traffic, as a user of it sees it: every token's arrival on the host (streamed
+    by generate's on_token, after each step). TTFT: from generate()'s call (every request arrives at once)
+    to the request's first token; inter-token latency: the gaps between a request's consecutive tokens.
+    p50 and p99 over requests (TTFT) and over every gap (ITL). The streaming costs the host a little."""
+    arrived: dict[int, list[float]] = {}
+
+    def on_token(i, _token):
+        arrived.setdefault(i, []).append(time.perf_counter())
+
+    if llm.model.device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    llm.generate(prompts, params, on_token=on_token)
+    ttft = [times[0] - start for times in arrived.values()]
+    gaps = [b - a for times in arrived.values() for a, b in zip(times, times[1:])]
+    return dict(
+        ttft_p50_s=_quantile(ttft, 0.5),
+        ttft_p99_s=_quantile(ttft, 0.99),
+        itl_p50_ms=1e3 * _quantile(gaps, 0.5) if gaps else None,
+        itl_p99_ms=1e3 * _quantile(gaps, 0.99) if gaps else None,
+    )
 
 
 def _params(impl, max_tokens=None):
@@ -220,6 +294,13 @@ def decode_roofline(llm, stats, gbs: float) -> tuple[float, float]:
     """(seconds, output tok/s) the run's decode steps need at `gbs` GB/s if each step only read every
     weight once and each sequence's K and V once: the bytes per step over the bandwidth. A decode step
     reads and writes next to nothing, so gbs is a read's rate (bench.read_ceiling_gbs), not a copy's."""
+    seconds = decode_bytes(llm, stats) / (gbs * 1e9)
+    return seconds, stats.decode_tokens / seconds if seconds else 0.0
+
+
+def decode_bytes(llm, stats) -> int:
+    """The bytes the run's decode steps read at least: every weight once a step, each sequence's K and V
+    once a step."""
     c = llm.model.config
     elt = llm.model.weights.embed.element_size()
     w = llm.model.weights
@@ -229,16 +310,18 @@ def decode_roofline(llm, stats, gbs: float) -> tuple[float, float]:
         + w.lm_head.numel()
     )
     kv_per_token = 2 * c.num_layers * c.num_kv_heads * c.head_dim * llm.cache.k.element_size()
-    nbytes = stats.decode_steps * weight_bytes + stats.decode_context_tokens * kv_per_token
-    seconds = nbytes / (gbs * 1e9)
-    return seconds, stats.decode_tokens / seconds if seconds else 0.0
+    return stats.decode_steps * weight_bytes + stats.decode_context_tokens * kv_per_token
 
 
-def engine_row(impl, weights, prompts, label, model_name, outputs=None, gbs=None, **options) -> dict:
+def engine_row(
+    impl, weights, prompts, label, model_name, outputs=None, gbs=None, params=None, eos_id=None, **options
+) -> dict:
     """Build an LLM with `options`, warm it up on other prompts, then time all of `prompts` (outputs: the
-    tokens each generates, OUTPUT_TOKENS when None). A second run of the same traffic under the profiler
-    gives the GPU-busy fraction; gbs (the read ceiling's GB/s measured in this run) gives the decode
-    roofline."""
+    tokens each generates, OUTPUT_TOKENS when None; params: the requests' own SamplingParams instead,
+    which may stop before their max_tokens on eos_id, the engine's end-of-sequence id). A second run of
+    the same traffic under the profiler gives the GPU-busy fraction, another the latencies a user sees;
+    gbs (the read ceiling's GB/s measured in this run) gives the decode roofline, and the copy ceiling
+    measured over the bytes of the row's mean decode step a second one."""
     from types import SimpleNamespace
 
     from drills.engine.llm import LLM
@@ -251,15 +334,17 @@ def engine_row(impl, weights, prompts, label, model_name, outputs=None, gbs=None
     )
     options.setdefault("max_model_len", 2048)
     llm = LLM(weights, use="solutions", parts=parts, quiet=True, **options)
+    llm.engine.eos_id = eos_id
     # The same traffic with every token id shifted (no prefix hits later, the same lengths, so the same
     # steps): Triton compiles a kernel per class of its integer arguments (batch size, table width), and
     # every class the timed run meets is compiled here, not inside the timing.
     vocab = weights.config.vocab_size
-    params = _params(impl, outputs)
+    sampled = params is not None and any(p.temperature > 0 for p in params)
+    params = params if params is not None else _params(impl, outputs)
     llm.generate(_shifted(prompts, vocab, 1), params)
     # The best of REPEATS timed runs, each on other token ids after the first (no prefix hits on an earlier
     # run's blocks): a host's scheduler or another process on it moves one run by 10% or more.
-    best, times = None, []
+    best, rates = None, []
     for k in range(REPEATS):
         llm.engine.stats = type(llm.engine.stats)()
         traffic = prompts if k == 0 else _shifted(prompts, vocab, 10 + k)
@@ -268,30 +353,41 @@ def engine_row(impl, weights, prompts, label, model_name, outputs=None, gbs=None
         got = llm.generate(traffic, params)
         torch.cuda.synchronize()
         took = time.perf_counter() - start
+        made = sum(len(o.token_ids) for o in got)  # a sampled run may stop early: each run its own count
         if k == 0:
             outs = got
-        times.append(took)
-        if best is None or took < best[0]:
-            best = (took, copy.deepcopy(llm.engine.stats))
-    seconds, stats = best
-    produced = sum(len(o.token_ids) for o in outs)
-    expected = sum(outputs) if outputs else len(prompts) * OUTPUT_TOKENS
-    assert produced == expected, f"{produced} tokens, expected {expected}"
-    _check_outputs(llm, prompts[:4], [o.token_ids for o in outs[:4]])
+        rates.append(made / took)
+        if best is None or made / took > best[0]:
+            best = (made / took, took, made, copy.deepcopy(llm.engine.stats))
+    rate, seconds, produced, stats = best
+    expected = sum(p.max_tokens for p in params)
+    if eos_id is None:
+        assert produced == expected, f"{produced} tokens, expected {expected}"
+    assert all(len(o.token_ids) <= p.max_tokens for o, p in zip(outs, params)), (
+        "a request ran past max_tokens"
+    )
+    if not sampled:  # a sampled token need not be among the likeliest: only greedy rows are checked so
+        _check_outputs(llm, prompts[:4], [o.token_ids for o in outs[:4]])
     s = stats
     busy, _ = gpu_busy(lambda: llm.generate(_shifted(prompts, vocab, 2), params))
     split = step_split(llm, _shifted(prompts, vocab, 3), params)
+    latency = latency_run(llm, _shifted(prompts, vocab, 4), params)
+    median = sorted(rates)[len(rates) // 2]
     row = dict(
         row=label,
         model=model_name,
         config=", ".join(f"{k}={v}" for k, v in options.items() if k != "max_model_len") or "defaults",
-        c1_tok_s=produced / seconds,
-        c1_tok_s_median=produced / sorted(times)[len(times) // 2],
+        c1_tok_s=rate,
+        c1_tok_s_median=median,
+        spread=(max(rates) - min(rates)) / median,  # the runs' range over their median
+        runs_tok_s=rates,
+        output_tokens=produced,
         req_s=len(prompts) / seconds,
         seconds=seconds,
         prefill_tokens=s.prefill_tokens,
         cached_tokens=s.cached_tokens,
         ttft_s=sum(s.first_token_s) / max(1, len(s.first_token_s)),
+        **latency,
         graph_steps=s.graph_steps,
         prompt_graph_steps=s.prompt_graph_steps,
         cascade_steps=s.cascade_steps,
@@ -304,13 +400,26 @@ def engine_row(impl, weights, prompts, label, model_name, outputs=None, gbs=None
         decode_s=s.decode_seconds,
         **split,
     )
-    if gbs:
+    if sampled:
+        row["lengths"] = [len(o.token_ids) for o in outs]  # the first timed run's, per request
+    if gbs and s.decode_steps:
         roof_s, roof_tok_s = decode_roofline(llm, s, gbs)
         row.update(
             read_gbs=gbs,
             read_roofline_s=roof_s,
             read_roofline_tok_s=roof_tok_s,
             read_roofline_fraction=roof_s / s.decode_seconds,
+        )
+        # The same bytes at the rate of a device copy that moves as many bytes as the row's mean decode
+        # step reads (half read, half written): a ceiling measured over the step's own size, not 1 GiB.
+        step_bytes = decode_bytes(llm, s) / s.decode_steps
+        copy_gbs = bench.copy_ceiling_gbs(max(1 << 20, int(step_bytes) // 2))
+        copy_s = decode_bytes(llm, s) / (copy_gbs * 1e9)
+        row.update(
+            decode_step_bytes=step_bytes,
+            copy_gbs=copy_gbs,
+            copy_roofline_s=copy_s,
+            copy_roofline_fraction=copy_s / s.decode_seconds,
         )
     del llm
     torch.cuda.empty_cache()
@@ -456,6 +565,29 @@ def run(impl) -> tuple[bench.Table, list[str]]:
     best = max((p["c1_tok_s"] for p in peers), default=None)
     for r in rows:
         r["vs_hf"] = r["c1_tok_s"] / best if best else None
+    # Chat traffic: sampled, each request stopping on its own, and the same requests greedy to the
+    # lengths the sampled run gave them (ignore_eos): what sampling and stopping cost.
+    chat_prompts, chat_outputs = chat_requests(small.config.vocab_size)
+    chat = f"chat traffic, {smol}"
+    sampled_row = row(
+        "engine, sampled, stops",
+        chat_prompts,
+        chat,
+        params=chat_params(impl, chat_outputs),
+        eos_id=CHAT_EOS,
+        max_model_len=CHAT_MODEL_LEN,
+    )
+    chat_rows = [
+        sampled_row,
+        row(
+            "engine, greedy, the same lengths",
+            chat_prompts,
+            chat,
+            outputs=sampled_row.pop("lengths"),
+            max_model_len=CHAT_MODEL_LEN,
+        ),
+    ]
+    chat_rows[0]["vs_greedy"] = chat_rows[0]["c1_tok_s"] / chat_rows[1]["c1_tok_s"]
     # nano-vllm's traffic: no shared prompt, ragged inputs and outputs up to 1,024 tokens each.
     nano_prompts, nano_outputs = nano_requests(small.config.vocab_size)
     nano = f"nano-vllm traffic, {smol}"
@@ -473,7 +605,7 @@ def run(impl) -> tuple[bench.Table, list[str]]:
     if big_peer:
         big_rows[0]["vs_hf"] = big_rows[0]["c1_tok_s"] / big_peer["c1_tok_s"]
     extra = [p for p in (nano_peer, big_peer) if p]
-    for r in rows + long_rows + peers + nano_rows + big_rows + extra:
+    for r in rows + long_rows + peers + chat_rows + nano_rows + big_rows + extra:
         table.add(r)
     c = EngineConfig()  # the rows' settings, except where a row's configuration says otherwise
     notes += [
@@ -499,6 +631,21 @@ def run(impl) -> tuple[bench.Table, list[str]]:
         f"Cascade (F2): a decode step whose sequences share their first pages reads them once, where F2's planner "
         f"finds it pays; such steps run eagerly (off by default). The {LONG_SYSTEM_TOKENS:,}-token rows are the same traffic with a "
         "longer shared prompt (no transformers row: it recomputes the prompt per request).",
+        f"Chat traffic: {NUM_REQUESTS} requests of random tokens, no shared prompt; prompt lengths log-normal "
+        f"(median {CHAT_PROMPT[0]}, sigma of the log {CHAT_PROMPT[1]}, clipped to {CHAT_PROMPT[2]}-{CHAT_PROMPT[3]}), "
+        f"reply lengths log-normal (median {CHAT_OUTPUT[0]}, sigma {CHAT_OUTPUT[1]}, clipped to "
+        f"{CHAT_OUTPUT[2]}-{CHAT_OUTPUT[3]}), seed {CHAT_SEED}. Sampled at temperature {CHAT_TEMPERATURE}, top_p "
+        f"{CHAT_TOP_P}, no per-request seed. Random weights almost never draw a given id, so each request's reply "
+        "length is drawn and given as its max_tokens, with the end-of-sequence check on (ignore_eos False, "
+        f"id {CHAT_EOS}): every step runs a chat's stop rules, and an end-of-sequence drawn by chance ends its "
+        "request early. The greedy row runs the same prompts to the lengths the sampled row's first timed run "
+        "gave them (ignore_eos): the ratio is what sampling and stopping cost.",
+        "Every row: the fastest of the runs (output tok/s), their median and their spread (the range over the "
+        "median); TTFT (from generate()'s call, every request arriving at once, to the request's first token on "
+        "the host) and inter-token latency (the gaps between a request's tokens on the host), p50 and p99, from "
+        "one more run that streams every token as it reaches the host. The copy-ceiling roofline: the same "
+        "decode bytes at the rate of a device copy moving as many bytes as the row's mean decode step reads, "
+        "measured in the run.",
         f"nano-vllm traffic: {NANO_REQUESTS} requests of random tokens, input and output lengths each uniform in "
         f"{NANO_LENS[0]}-{NANO_LENS[1]} (nano-vllm's bench.py); transformers batches them by output length and "
         "runs each batch to its longest, counting only the tokens asked for.",
