@@ -96,3 +96,19 @@ def test_a_file_may_write_in_its_own_folder():
         assert any(k.read_text() == "debug output" for k in kept), "the grading's file was lost, not moved"
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_shared_folder_is_never_swept():
+    """A file graded straight from /tmp (or the repository's root) must not have the grading move every
+    file that other programs made there meanwhile: only a folder of the learner's own is swept."""
+    from drills.grading import sandbox
+    from drills.grading.remote import LearnerProcess
+
+    for shared in ("/tmp", tempfile.gettempdir(), str(ROOT), os.path.join(ROOT, "drills")):
+        assert not sandbox.sweepable(shared), shared
+    assert sandbox.sweepable(os.path.join(ROOT, "drills", "mine"))
+    process = LearnerProcess(os.path.join(tempfile.gettempdir(), "t1_vector_add.py"), "drills._graded_t1")
+    try:
+        assert process.folder is None, "a grading from the shared temp folder would sweep it"
+    finally:
+        process.close()

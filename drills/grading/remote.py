@@ -103,7 +103,9 @@ class LearnerProcess:
         self.module = RemoteModule(self)
         # The learner's folder as it was before its first grading: what a grading adds there is removed
         # when its process stops (sandbox.remove_new_files), the learner's own files never.
-        self.folder = None if reference else os.path.dirname(self.path)
+        # A folder other programs share (/tmp itself) is never swept: see sandbox.sweepable.
+        folder = os.path.dirname(self.path)
+        self.folder = None if reference or not sandbox.sweepable(folder) else folder
         self.folder_before = sandbox.folder_files(self.folder) if self.folder else set()
 
     # --- the process ---------------------------------------------------------------------------

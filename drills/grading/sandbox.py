@@ -505,6 +505,27 @@ def folder_files(folder: str) -> set[str]:
     return found
 
 
+def sweepable(folder: str) -> bool:
+    """Whether a grading may move what it left in `folder`: a learner's own folder, never one that other
+    programs share. A file graded straight from /tmp would otherwise have the sweep move every file that
+    any process made in /tmp while the grading ran (another grading's pool output, an editor's swap)."""
+    import tempfile
+
+    from drills.lessons import ROOT
+
+    real = os.path.realpath(folder)
+    shared = {
+        "/",
+        "/tmp",
+        "/var/tmp",
+        tempfile.gettempdir(),
+        os.path.expanduser("~"),
+        str(ROOT),
+        str(ROOT / "drills"),
+    }
+    return real not in {os.path.realpath(f) for f in shared}
+
+
 def remove_new_files(folder: str, before: set[str]) -> list[str]:
     """Take out of `folder` what a grading left there that `before` (a folder_files snapshot) did not
     hold: a file one lesson's grading writes (a planted .pyc, a generated module) must not reach
