@@ -32,10 +32,13 @@ class SamplingParams:
     """How one request samples, as vLLM's and nano-vllm's SamplingParams.
 
     temperature  0 is greedy (argmax); otherwise logits / temperature before the softmax
-    top_p        keep the smallest set of tokens whose probabilities sum to at least top_p (1.0: all)
+    top_k        keep the top_k likeliest tokens (-1 or 0: all)
+    top_p        then keep the smallest set of the likeliest tokens whose probabilities sum to at least
+                 top_p of what top_k kept (1.0: all)
+    min_p        then keep the tokens at least min_p times as likely as the likeliest (0.0: all)
     max_tokens   new tokens at most (the stop token counts)
-    random_state an int: this request samples from its own generator, started from that number, so its
-                 tokens are reproducible whatever the batch;
+    random_state an int: this request draws from its own random stream (sampler.Stream: that number and
+                 how many tokens it has drawn), so its tokens are reproducible whatever the batch;
                  None: from the engine's generator
     ignore_eos   keep going past the end-of-sequence token (benchmarks: every request gives max_tokens)
     """
@@ -45,11 +48,13 @@ class SamplingParams:
     max_tokens: int = 64
     random_state: int | None = None
     ignore_eos: bool = False
+    top_k: int = -1
+    min_p: float = 0.0
 
     def __post_init__(self):
         # NaN and +-inf pass comparisons silently (inf >= 0 holds; temperature inf makes every token
         # equally likely), so a non-finite number is refused first, whichever field it is given for.
-        for name in ("temperature", "top_p", "max_tokens", "random_state", "ignore_eos"):
+        for name in ("temperature", "top_p", "max_tokens", "random_state", "ignore_eos", "top_k", "min_p"):
             value = getattr(self, name)
             if isinstance(value, float) and not math.isfinite(value):
                 raise ValueError(f"{name} must be finite, got {value}")
@@ -70,6 +75,14 @@ class SamplingParams:
             raise TypeError(f"random_state must be an int or None, got {type(rs).__name__}")
         if not isinstance(self.ignore_eos, bool):
             raise TypeError(f"ignore_eos must be a bool, got {type(self.ignore_eos).__name__}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int):
+            raise TypeError(f"top_k must be an int, got {type(self.top_k).__name__}")
+        if self.top_k < -1:
+            raise ValueError(f"top_k must be -1 or 0 (off) or at least 1, got {self.top_k}")
+        if isinstance(self.min_p, bool) or not isinstance(self.min_p, (int, float)):
+            raise TypeError(f"min_p must be a number, got {type(self.min_p).__name__}")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
 
 
 class Sequence:
@@ -91,7 +104,7 @@ class Sequence:
         self.num_slots = 0  # tokens the block table holds a slot for
         self.num_cached = 0  # prompt tokens found in the prefix cache at the last admission
         self.preemptions = 0
-        self.generator = None  # the sampler's own torch.Generator when params.random_state is set
+        self.generator = None  # the sampler's Stream (draws so far) when params.random_state is set
 
     @property
     def tokens(self) -> list[int]:

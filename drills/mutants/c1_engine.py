@@ -240,7 +240,7 @@ MUTANTS = [
     Mutant(
         "non_finite_sampling_values_accepted",
         "27. non-finite sampling values accepted",
-        '        for name in ("temperature", "top_p", "max_tokens", "random_state", "ignore_eos"):\n'
+        '        for name in ("temperature", "top_p", "max_tokens", "random_state", "ignore_eos", "top_k", "min_p"):\n'
         "            value = getattr(self, name)\n"
         "            if isinstance(value, float) and not math.isfinite(value):\n"
         '                raise ValueError(f"{name} must be finite, got {value}")\n',
