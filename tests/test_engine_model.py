@@ -350,3 +350,38 @@ def test_fused_kernels_and_the_overlap_keep_smollm2s_greedy_answers(ours, tokeni
         assert llm.engine.stats.overlap_steps == (llm.engine.stats.steps if overlap else 0)
     assert answers[True, False] == answers[False, False], "the fused forward changed a greedy token"
     assert answers[True, True] == answers[False, False], "the overlapped loop changed a greedy token"
+
+
+def test_the_overlap_stops_smollm2s_replies_at_eos_as_lockstep_does(ours, tokenizer):
+    """SmolLM2's replies with the end-of-sequence token on: the overlapped loop runs every step one
+    ahead and drops the token computed past each reply's end. Both chats greedy, and again sampled as
+    the model card samples (temperature 0.2, top_p 0.9) with a seed per request, in one batch: the same
+    tokens and finish reasons as lockstep, every step overlapped, the pool whole afterwards."""
+    from drills.engine.llm import LLM
+    from drills.solutions.c1_engine import SamplingParams
+
+    chats = [tokenizer.encode_chat(chat) for chat in CHATS]
+    greedy = SamplingParams(temperature=0.0, max_tokens=16)
+    sampled = [
+        SamplingParams(temperature=0.2, top_p=0.9, max_tokens=16, random_state=7 + i) for i in range(2)
+    ]
+    params = [greedy, greedy, *sampled]
+    runs = {}
+    for overlap in (False, True):
+        llm = LLM(
+            ours.weights,
+            tokenizer,
+            attention="torch",
+            use="solutions",
+            num_blocks=32,
+            overlap=overlap,
+            quiet=True,
+        )
+        runs[overlap] = [(o.token_ids, o.finish_reason) for o in llm.generate(chats + chats, params)]
+        s = llm.engine.stats
+        assert s.overlap_steps == (s.steps if overlap else 0), "a step ran outside the loop asked for"
+        assert llm.block_manager.num_free_blocks == 32, "a reply's blocks were not freed"
+    assert runs[True] == runs[False], "the overlapped loop's replies differ from lockstep's"
+    assert all(r == "stop" for _, r in runs[True]), (
+        f"a reply did not reach the end-of-sequence token: {runs[True]}"
+    )

@@ -360,12 +360,11 @@ def engine_row(
         if best is None or made / took > best[0]:
             best = (made / took, took, made, copy.deepcopy(llm.engine.stats))
     rate, seconds, produced, stats = best
-    expected = sum(p.max_tokens for p in params)
+    each = params if isinstance(params, list) else [params] * len(prompts)
+    expected = sum(p.max_tokens for p in each)
     if eos_id is None:
         assert produced == expected, f"{produced} tokens, expected {expected}"
-    assert all(len(o.token_ids) <= p.max_tokens for o, p in zip(outs, params)), (
-        "a request ran past max_tokens"
-    )
+    assert all(len(o.token_ids) <= p.max_tokens for o, p in zip(outs, each)), "a request ran past max_tokens"
     if not sampled:  # a sampled token need not be among the likeliest: only greedy rows are checked so
         _check_outputs(llm, prompts[:4], [o.token_ids for o in outs[:4]])
     s = stats
