@@ -778,6 +778,32 @@ FIGURES = {
 }
 
 
+CHAT = "chat traffic"  # the chat rows' model column starts so
+
+
+def _chat(d, name: str, field: str, fmt) -> str:
+    """A chat row's figure, or n/a in a record measured before the chat rows existed."""
+    try:
+        return fmt(_row(d, name, CHAT)[field])
+    except (StopIteration, KeyError, TypeError):
+        return "n/a"
+
+
+FIGURES["chat_tok_s"] = lambda d: _chat(d, "engine, sampled, stops", "c1_tok_s", lambda v: f"{v:,.0f}")
+FIGURES["chat_greedy_tok_s"] = lambda d: _chat(
+    d, "engine, greedy, the same lengths", "c1_tok_s", lambda v: f"{v:,.0f}"
+)
+FIGURES["chat_vs_greedy"] = lambda d: _chat(
+    d, "engine, sampled, stops", "vs_greedy", lambda v: f"{100 * v:.0f}%"
+)
+FIGURES["chat_itl_p99"] = lambda d: _chat(
+    d, "engine, sampled, stops", "itl_p99_ms", lambda v: bench.num(v, 1)
+)
+FIGURES["chat_greedy_itl_p99"] = lambda d: _chat(
+    d, "engine, greedy, the same lengths", "itl_p99_ms", lambda v: bench.num(v, 1)
+)
+
+
 def _roof_pct(row: dict) -> str:
     """A row's fraction of the decode roofline at the read ceiling; n/a for a record measured before the
     roofline was taken at the read ceiling (it used a copy's rate, which is no ceiling for a read)."""
