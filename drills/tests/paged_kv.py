@@ -17,6 +17,7 @@ import torch
 from drills.compare import assert_close, assert_untouched
 from drills.grading import bigmem
 from drills.tests import seeded
+from drills.tests.domain import Rule
 
 GARBAGE_BLOCK_IDS = (2**31 - 1, -(2**31), -1, 1 << 24)
 
@@ -302,6 +303,55 @@ def v_strides_unlike_k(case: PagedCase) -> PagedCase:
     v_cache = case.v_cache.transpose(1, 2).contiguous().transpose(1, 2)  # strides (PAGE Hkv D, D, PAGE D, 1)
     assert v_cache.stride() != case.k_cache.stride() and v_cache.stride(0) == case.k_cache.stride(0)
     return PagedCase(case.q, case.k_cache, v_cache, case.block_tables, case.context_lens)
+
+
+# Context-length patterns a domain's "lens" axis names (drills/tests/domain.py), in tokens for a page
+# size: each crosses a page bound of its own kind.
+CONTEXT_PATTERNS = {
+    "last_page_partial": lambda PAGE: [PAGE + 3, 5, PAGE],  # 3 rows: q_rows_far_apart needs them
+    "full_pages": lambda PAGE: [PAGE, 2 * PAGE],
+    "padding_and_one_token": lambda PAGE: [0, 1, PAGE + 1],  # a padding row, one key, one past a page
+}
+# The stride patterns a domain's layout axes name: q, the KV caches and the block table, each alone.
+Q_LAYOUTS = ("contiguous", "strided", "far_apart")
+KV_LAYOUTS = ("contiguous", "layer_pool", "v_unlike_k")
+TABLE_LAYOUTS = ("tight", "padded")
+# V's token and head strides swapped differ from K's only where both dims have more than one entry.
+V_UNLIKE_K_NEEDS_TWO_STRIDES = Rule(
+    ("kv", "heads", "PAGE"),
+    lambda kv, heads, PAGE: kv != "v_unlike_k" or (heads[1] > 1 and PAGE > 1),
+    "V's strides unlike K's need Hkv > 1 and PAGE > 1",
+)
+FAR_APART_NEEDS_THREE_ROWS = Rule(
+    ("q", "lens"),
+    lambda q, lens: q != "far_apart" or len(CONTEXT_PATTERNS[lens](16)) >= 3,
+    "q_rows_far_apart wraps an int32 row offset from row 2 on",
+)
+
+
+def fits_this_machine(domain, runtime):
+    """The domain without far-apart q rows where the interpreter's machine cannot hold their pages."""
+    if runtime.interpreter and bigmem.free_bytes() < 2**30 and "far_apart" in domain.axes.get("q", ()):
+        return domain.without(q=("far_apart",))
+    return domain
+
+
+def laid_out(case: PagedCase, runtime, q="contiguous", kv="contiguous", table="tight") -> PagedCase:
+    """The case with the named layouts: q strided (strided_q) or its rows far apart (q_rows_far_apart,
+    three sequences or more),
+    K and V one layer of a pool (in_layer_pool) or V's strides unlike K's (v_strides_unlike_k), the
+    table's rows in a wider table (in_wider_table). Every view holds the same values as `case`."""
+    if kv == "layer_pool":
+        case = in_layer_pool(case)
+    elif kv == "v_unlike_k":
+        case = v_strides_unlike_k(case)
+    if q == "strided":
+        case = strided_q(case)
+    elif q == "far_apart":
+        case = dataclasses.replace(case, q=q_rows_far_apart(case.q, runtime))
+    if table == "padded":
+        case = dataclasses.replace(case, block_tables=in_wider_table(case.block_tables))
+    return case
 
 
 def gather_kv(cache: torch.Tensor, table_row: torch.Tensor, n: int) -> torch.Tensor:

@@ -12,16 +12,22 @@ import math
 import pytest
 import torch
 
+from drills import validate
 from drills.compare import assert_close, mismatch
 from drills.grading.diagnose import Mistake
 from drills.grading.launches import assert_grids_fit, assert_runs_a_triton_kernel
 from drills.tests import bf16_everywhere, fill_past_fp16_range, seeded, sizes
+from drills.tests.domain import Domain, checks_besides
 from drills.tests.paged_kv import (
     CONTEXT_LENS_BAD_INPUTS,
+    CONTEXT_PATTERNS,
     HEAD_DIMS,
+    KV_LAYOUTS,
     LIVE_BLOCK_ID_BAD_INPUTS,
     PAGED_BAD_INPUTS,
     SHARED_KV_BAD_INPUTS,
+    TABLE_LAYOUTS,
+    V_UNLIKE_K_NEEDS_TWO_STRIDES,
     PagedCase,
     check_launch,
     gather_kv,
@@ -29,6 +35,7 @@ from drills.tests.paged_kv import (
     in_layer_pool,
     in_wider_table,
     int32_tensor,
+    laid_out,
     launch_into_canary,
     make_paged_case,
     paged_attention_reference,
@@ -59,11 +66,23 @@ BOUNDS_GAPS = {"GUARD": "no bound: the device guard's switch, on in every call b
 
 DIMS = ("b", "head", "d")  # how a mismatch names its position: sequence, query head, feature
 
-# What paged_decode admits, in one place (drills/validate.py): the cases that cross a bound draw here.
-DOMAIN = dict(
-    head_dims=HEAD_DIMS,  # powers of two from 16 to 256
-    min_page=16,  # PAGE: a power of two from 16 (tl.dot's smallest tile)
-    dtypes=(torch.float16, torch.bfloat16),
+# What paged_decode admits, at its boundaries (drills/validate.py's limits, so the domain cannot drift
+# from the launcher): test_pairwise_domain_cases_match_the_oracle crosses every pair of these values.
+_D_LO, _D_HI = validate.HEAD_DIM_RANGE
+DOMAIN = Domain(
+    axes=dict(
+        D=(_D_LO, _D_HI),  # the narrowest and the widest head dim: one D tile of 256
+        PAGE=(validate.DECODE_MIN_PAGE, 4 * validate.DECODE_MIN_PAGE),  # any power of two from 16
+        heads=((2, 2), (9, 3), (17, 1)),  # (Hq, Hkv): MHA, GROUP 3, MQA with GROUP 17 > GROUP_PAD 16
+        lens=tuple(CONTEXT_PATTERNS),  # a partial last page, full pages, a padding row beside one key
+        dtype=(torch.float16, torch.bfloat16),
+        q=("contiguous", "strided"),  # far-apart rows: test_sequence_index_widened_to_int64
+        kv=KV_LAYOUTS,
+        table=TABLE_LAYOUTS,
+        scale=(None, 0.3),
+    ),
+    rules=(V_UNLIKE_K_NEEDS_TWO_STRIDES,),
+    limits=dict(head_dims=HEAD_DIMS, min_page=validate.DECODE_MIN_PAGE),
 )
 
 
@@ -386,6 +405,27 @@ def test_sequence_index_widened_to_int64(impl, runtime):
     """q's rows 1.5 * 2**30 elements apart (q_rows_far_apart): b * stride_qb must be computed in int64."""
     case = make_paged_case([20, 9, 33], 4, 2, 64, 16, device=runtime.device, stream=97)
     check(impl, PagedCase(q_rows_far_apart(case.q, runtime), *case.args[1:]))
+
+
+# --- Every pair of the domain's boundary values in one case ----------------------------------------
+
+PAIRWISE = "test_pairwise_domain_cases_match_the_oracle"
+
+
+def test_pairwise_domain_cases_match_the_oracle(impl, runtime):
+    """Cases drawn from DOMAIN so that every pair of its boundary values meets in one case (D = 256 with
+    a GROUP of 17, V's strides unlike K's with a padding row, bf16 with a wider table...): a kernel
+    right on each bound alone can still be wrong where two meet. A failure names the case's values."""
+
+    def run(c):
+        Hq, Hkv = c["heads"]
+        lens = CONTEXT_PATTERNS[c["lens"]](c["PAGE"])
+        case = make_paged_case(
+            lens, Hq, Hkv, c["D"], c["PAGE"], dtype=c["dtype"], device=runtime.device, stream=401
+        )
+        check(impl, laid_out(case, runtime, c["q"], c["kv"], c["table"]), scale=c["scale"])
+
+    DOMAIN.check_each(DOMAIN.cases(stream=401), run)
 
 
 # --- The launcher rejects bad input before launching -----------------------------------------------
@@ -774,5 +814,15 @@ MISTAKES = [
         question="D = 256 here: how many features does your kernel's tl.arange over the head dim cover, and "
         "who computes q·k over features 128 to 255 and writes them to out?",
         section="3.2",
+    ),
+    Mistake(
+        9,
+        # Every bound holds alone and a combination of them does not: the message names the case.
+        fails=(PAIRWISE,),
+        passes=checks_besides(globals(), PAIRWISE),
+        question="Every single-bound check passes and one generated case does not: its message names its "
+        "D, PAGE, heads, lengths, dtype and layouts; which of these does your kernel handle only one at a "
+        "time (a stride taken from another tensor, a tile sized for another D or GROUP)?",
+        section="2",
     ),
 ]
