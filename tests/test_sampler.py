@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+import drills.runtime
 from drills.engine import sampler
 from drills.solutions.c1_engine import SamplingParams
 
@@ -116,6 +117,28 @@ def test_draw_without_the_sort_matches_where_no_row_cuts():
     for _ in range(20):
         u = sampler.uniform(torch.randint(0, 1 << 32, (3,), generator=g), 50)
         assert sampler.draw(logits, *args, u, cut=False).tolist() == sampler.draw(logits, *args, u).tolist()
+
+
+@pytest.mark.parametrize("V", [37, 1024, 2500])
+def test_race_kernel_matches_the_torch_race(V):
+    """race_kernel (the GPU's path; Triton's interpreter here) picks the token race() picks from
+    uniform()'s noise: the same hash, made in registers, across one tile, exactly one and several
+    (RACE_BLOCK = 1024), with thresholds that keep one token, all, or a tie at the top."""
+    g = torch.Generator().manual_seed(2)
+    R = 6
+    logits = torch.randn(R, V, generator=g) * 2
+    logits[5, [3, V - 1]] = 50.0  # two tokens tie for the likeliest, one in the last tile
+    probs = torch.softmax(logits, -1)  # (R, V), computed on the CPU: the same values on every device
+    top = probs.amax(-1, keepdim=True)  # (R, 1)
+    thr = torch.cat([top[:1], torch.zeros(1, 1), top[2:5] * torch.rand(3, 1, generator=g), top[5:]])
+    for _ in range(3):
+        keys = torch.randint(0, 1 << 32, (R,), generator=g)
+        want = sampler.race(probs, thr, sampler.uniform(keys, V))
+        device = drills.runtime.current().device  # compiled on a GPU, Triton's interpreter on a CPU
+        got = sampler.race_keyed(probs.to(device), thr.to(device), keys.to(device), kernel=True).cpu()
+        assert got.tolist() == want.tolist(), f"V={V}: the kernel drew {got.tolist()}, race() {want.tolist()}"
+    assert got[0] == probs[0].argmax(), "a threshold at the maximum keeps the likeliest token alone"
+    assert got[5] in (3, V - 1)
 
 
 # --- What each cut keeps: ties and the order of the cuts ----------------------------------------------
@@ -430,3 +453,37 @@ def test_the_explainers_worked_example():
     u = torch.tensor([[0.9, 0.2, 0.5, 0.5], [0.1, 0.7, 0.5, 0.5]])  # the cut tokens' noise is never read
     args = _params_tensors([SamplingParams(**cuts)] * 2)
     assert sampler.draw(logits, *args, u).tolist() == [0, 1]
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="a CUDA device: the sync check and the compiled kernel"
+)
+def test_sampler_never_syncs_on_a_gpu():
+    """On a GPU, torch raises on any call that waits for the device (sync debug mode "error"): the
+    sampler's rows of every kind, a batch of 256 over SmolLM2's vocabulary, go through without one, and
+    race_kernel picks race()'s tokens from the same noise."""
+    R, V = 256, 49152
+    g = torch.Generator(device="cuda").manual_seed(0)
+    logits = (torch.randn(R, V, device="cuda", generator=g) * 4).to(torch.bfloat16)  # (R, V)
+    kinds = [
+        dict(temperature=0.0),
+        dict(temperature=0.7, random_state=1),
+        dict(temperature=0.7, top_p=0.9),
+        dict(temperature=0.7, top_p=0.9, top_k=50, min_p=0.05, random_state=2),
+    ]
+    for params in kinds:
+        seqs = [_seq(**params) for _ in range(R)]
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            tokens = sampler.sample_on_device(logits, seqs, torch.Generator(device="cuda").manual_seed(1))
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        assert tokens.shape == (R,) and tokens.device.type == "cuda"
+    probs = torch.softmax(logits.float() / 0.7, -1)
+    thr = probs.amax(-1, keepdim=True) * 0.01
+    keys = torch.randint(0, 1 << 32, (R,), device="cuda", generator=g)
+    same = sampler.race_keyed(probs, thr, keys, kernel=True) == sampler.race_keyed(
+        probs, thr, keys, kernel=False
+    )
+    # The compiled kernel's log and division may round apart from torch's by an ulp: a near-tie only.
+    assert int(same.sum()) >= R - 2

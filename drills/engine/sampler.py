@@ -23,14 +23,21 @@ row, and whether the engine overlaps its steps or not. A request without one tak
 from the engine's generator (torch's default CPU generator when it is None).
 
 No Python loop over rows touches the device and nothing waits for it: the rows' parameters go over in
-one non-blocking copy (pinned memory on a GPU), and sample_on_device returns the tokens as a device
-tensor. A step whose rows are all greedy is one argmax. The cost is one sort of the sampled rows where a
-row asks for top_k or top_p; min_p and temperature alone need none.
+non-blocking copies (pinned memory on a GPU), and sample_on_device returns the tokens as a device
+tensor. A step whose rows are all greedy is one argmax. On a GPU the race is one Triton kernel
+(race_kernel) that makes the noise in registers; elsewhere torch ops over an (R, V) tensor of it, the
+same tokens. What is left is the softmax, and one sort where a sampled row asks for top_k or top_p
+(min_p and temperature alone need none); FlashInfer's top_k_top_p_sampling_from_probs shows how a
+kernel does without the sort.
 """
 
 from __future__ import annotations
 
 import torch
+import triton
+import triton.language as tl
+
+from drills.launch import launch
 
 MASK32 = 0xFFFFFFFF
 MASK64 = (1 << 64) - 1
@@ -110,6 +117,25 @@ def cutoff(probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> tor
     return torch.where(top_p[:, None] < 1, p_thr, k_thr)
 
 
+def _probs_and_threshold(logits, temperature, top_k, top_p, min_p, cut: bool):
+    """softmax(logits / temperature) (R, V) float32 (a greedy row's at temperature 1, never used) and each
+    row's threshold (R, 1): the tokens with probs >= it are kept."""
+    greedy = temperature == 0  # (R,)
+    z = logits.float() / torch.where(greedy, 1.0, temperature)[:, None]  # (R, V)
+    probs = torch.softmax(z, -1)  # (R, V)
+    thr = min_p[:, None] * probs.amax(-1, keepdim=True)  # (R, 1)
+    if cut:
+        thr = torch.maximum(thr, cutoff(probs, top_k, top_p))
+    return probs, thr
+
+
+def race(probs: torch.Tensor, thr: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """The exponential race among the kept tokens, (R,) int64: a cut token scores -1, below every kept
+    one (>= 0); argmax takes the first of equal scores."""
+    score = torch.where(probs >= thr, probs / -torch.log(u), -1.0)  # (R, V)
+    return score.argmax(-1)
+
+
 def draw(
     logits: torch.Tensor,
     temperature: torch.Tensor,
@@ -123,15 +149,61 @@ def draw(
 
     logits (R, V) any float dtype; temperature, top_p, min_p (R,) float32 and top_k (R,) int64 on
     logits' device; u (R, V) in (0, 1). cut=False skips the sort where no row asks for top_k or top_p."""
-    greedy = temperature == 0  # (R,)
-    z = logits.float() / torch.where(greedy, 1.0, temperature)[:, None]  # (R, V)
-    probs = torch.softmax(z, -1)  # (R, V)
-    thr = min_p[:, None] * probs.amax(-1, keepdim=True)  # (R, 1)
-    if cut:
-        thr = torch.maximum(thr, cutoff(probs, top_k, top_p))
-    # The exponential race among the kept tokens; a cut token scores -1, below every kept one (>= 0).
-    score = torch.where(probs >= thr, probs / -torch.log(u), -1.0)  # (R, V)
-    return torch.where(greedy, logits.argmax(-1), score.argmax(-1))
+    probs, thr = _probs_and_threshold(logits, temperature, top_k, top_p, min_p, cut)
+    return torch.where(temperature == 0, logits.argmax(-1), race(probs, thr, u))
+
+
+@triton.jit
+def _fmix32_tl(x):
+    """_fmix32 on uint32, whose products wrap modulo 2**32 by themselves."""
+    x ^= x >> 16
+    x *= 0x85EBCA6B
+    x ^= x >> 13
+    x *= 0xC2B2AE35
+    return x ^ (x >> 16)
+
+
+@triton.jit
+def race_kernel(probs_ptr, thr_ptr, key_ptr, out_ptr, V, stride_r, BLOCK: tl.constexpr):
+    """race() with uniform()'s noise made in registers: one program per row walks its V probabilities in
+    tiles of BLOCK, keeping the best score and its index. probs (R, V) float32 (row stride stride_r),
+    thr (R,) float32, keys (R,) int64 holding 32-bit values, out (R,) int64."""
+    r = tl.program_id(0)
+    row = probs_ptr + r.to(tl.int64) * stride_r
+    thr = tl.load(thr_ptr + r)
+    key = tl.load(key_ptr + r).to(tl.uint32)
+    best = tl.full([], -2.0, tl.float32)  # below a cut token's -1: the first tile always takes over
+    best_i = tl.full([], 0, tl.int32)
+    for start in range(0, V, BLOCK):
+        i = start + tl.arange(0, BLOCK)  # (BLOCK,)
+        inside = i < V
+        p = tl.load(row + i, mask=inside, other=0.0)
+        x = _fmix32_tl(_fmix32_tl(i.to(tl.uint32) * 0x9E3779B1) ^ key)  # uniform()'s hash, in uint32
+        u = ((x >> 9).to(tl.float32) + 0.5) * (1.0 / 8388608)  # (k + 0.5) / 2**23
+        score = tl.where(inside & (p >= thr), p / -tl.log(u), -1.0)
+        tile = tl.max(score, 0)
+        take = tile > best  # strictly: an earlier tile keeps a tie, as argmax keeps the first
+        best_i = tl.where(take, start + tl.argmax(score, 0), best_i)
+        best = tl.where(take, tile, best)
+    tl.store(out_ptr + r, best_i.to(tl.int64))
+
+
+RACE_BLOCK = 1024  # a tile of probabilities per loop step (4 KB of fp32)
+
+
+def race_keyed(probs: torch.Tensor, thr: torch.Tensor, keys: torch.Tensor, kernel: bool | None = None):
+    """race(probs, thr, uniform(keys, V)), (R,) int64. kernel: race_kernel (None: on a GPU), which makes
+    the noise in registers instead of an (R, V) tensor of it; otherwise torch ops."""
+    R, V = probs.shape
+    if kernel is None:
+        kernel = probs.device.type == "cuda"
+    if not kernel:
+        return race(probs, thr, uniform(keys, V))
+    out = torch.empty(R, dtype=torch.int64, device=probs.device)
+    if R:
+        args = (probs, thr.reshape(R).contiguous(), keys.contiguous(), out, V, probs.stride(0))
+        launch(race_kernel, (R,), args, BLOCK=min(RACE_BLOCK, triton.next_power_of_2(V)))
+    return out
 
 
 def _rows(seqs, generator: torch.Generator | None):
@@ -186,8 +258,9 @@ def sample_on_device(logits: torch.Tensor, seqs, generator: torch.Generator | No
     if unseeded:  # keys drawn on the device by a device generator: placed there
         key[_to(device, unseeded, torch.int64)] = fresh.to(device)
     cut = any(t != 0 and (k > 0 or p < 1) for t, k, p in zip(temperature, top_k, top_p))
-    u = uniform(key, logits.shape[-1])  # (R, V)
-    return draw(logits, floats[0], _to(device, top_k, torch.int64), floats[1], floats[2], u, cut=cut)
+    temperature = floats[0]
+    probs, thr = _probs_and_threshold(logits, temperature, _to(device, top_k, torch.int64), *floats[1:], cut)
+    return torch.where(temperature == 0, logits.argmax(-1), race_keyed(probs, thr, key))
 
 
 def sample(logits: torch.Tensor, seqs, generator: torch.Generator | None) -> list[int]:
