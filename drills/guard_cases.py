@@ -292,11 +292,12 @@ def f2_cases(device, impl=None) -> list[GuardCase]:
 
 
 # -------------------------------------------------------------------------------------------- L4
-def l4_cases(device) -> list[GuardCase]:
+def l4_cases(device, stem="l4_paged_prefill", **features) -> list[GuardCase]:
     """paged_prefill with bad cu_seqlens_q, context_lens or block ids: every row of the sequence the bad
     value belongs to is zeros with an lse of -inf (the last sequence: every row up to q's end), the
     other sequences' rows are unchanged, and nothing outside q, out, lse, the caches or the table is
-    touched."""
+    touched. L5's unified_attention takes the same cases (stem, and its window, sinks or plan in
+    `features`: sinks as a function of Hq)."""
     cases = []
     shape = dict(Hq=4, Hkv=2, D=16, PAGE=16, pages=3, q_lens=[5, 7, 4], ctx_lens=[20, 7, 40])
 
@@ -314,12 +315,18 @@ def l4_cases(device) -> list[GuardCase]:
             lens = torch.tensor(ctx_lens, dtype=torch.int32).to(device)  # [B]
             if bad:
                 corrupt(tables, cu, lens)
-            fn = _reference("l4_paged_prefill").paged_prefill
-            return fn(q, k, v, tables, cu, lens, return_lse=True, check=check)
+            if stem == "l4_paged_prefill":
+                fn = _reference(stem).paged_prefill
+            else:
+                fn = _reference(stem).unified_attention
+            extra = {k: f(Hq) if callable(f) else f for k, f in features.items()}  # sinks: [Hq] fp32
+            if "sinks" in extra:
+                extra["sinks"] = extra["sinks"].to(device)
+            return fn(q, k, v, tables, cu, lens, return_lse=True, check=check, **extra)
 
         cases.append(
             GuardCase(
-                "l4_paged_prefill",
+                stem,
                 name,
                 argument,
                 run,
@@ -357,6 +364,16 @@ def l4_cases(device) -> list[GuardCase]:
     return cases
 
 
+# -------------------------------------------------------------------------------------------- L5
+def l5_cases(device) -> list[GuardCase]:
+    """L4's cases through unified_attention with a window, sinks and a band split in two (the merge
+    must keep an invalid row's zeros and -inf)."""
+    from drills.solutions.l5_unified_attention import UnifiedPlan
+
+    sinks = lambda Hq: torch.linspace(-1.0, 2.0, Hq)  # noqa: E731
+    return l4_cases(device, "l5_unified_attention", window=6, sinks=sinks, plan=UnifiedPlan(num_splits=2))
+
+
 # Each lesson's cases, by stem; the test and the memcheck run iterate this.
 LESSONS: dict[str, Callable[[object], list[GuardCase]]] = {
     "l1_paged_kv_cache": l1_cases,
@@ -364,6 +381,7 @@ LESSONS: dict[str, Callable[[object], list[GuardCase]]] = {
     "f1_split_kv_decode": f1_cases,
     "f2_cascade_decode": f2_cases,
     "l4_paged_prefill": l4_cases,
+    "l5_unified_attention": l5_cases,
 }
 
 

@@ -1,8 +1,50 @@
-"""L5 mutants: the classic mistakes of drills/content/l5_unified_attention.md's pitfalls, as edits of the
-reference (the rules: drills/mutants/__init__.py). At least one per titled pitfall, its `pitfall`
-starting with that pitfall's number, e.g.
-Mutant("mask_dropped", "1. no mask on the last block", "mask = offs < n  # [BLOCK]", "mask = offs >= 0")."""
+"""L5 mutants: one per pitfall of explainer section 5 (the window's bounds, the band of a tile, the sink in
+the numerator, once per split, in lse, a window counted in the chunk, and tiles before the band read)."""
 
 from drills.mutants import Mutant
 
-MUTANTS: list[Mutant] = []
+MUTANTS = [
+    Mutant(
+        "window_off_by_one",
+        "1. a window off by one (j >= p - window: window + 1 keys)",
+        "seen = seen & (cols[None, :] > win_start[:, None])",
+        "seen = seen & (cols[None, :] >= win_start[:, None])",
+    ),
+    Mutant(
+        "band_of_the_first_row",
+        "2. the band's unmasked stretch computed for the tile's first row only",
+        "full_lo = tl.cdiv(tl.maximum(band_hi - window, 0), BLOCK_N) * BLOCK_N",
+        "full_lo = tl.cdiv(tl.maximum(prefix + tok0 + 1 - window, 0), BLOCK_N) * BLOCK_N",
+    ),
+    Mutant(
+        "sink_in_the_numerator",
+        "3. the sink added to the numerator (a key of value one)",
+        "acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)",
+        "acc = tl.zeros([BLOCK_M, D], dtype=tl.float32) + l_i[:, None]",
+    ),
+    Mutant(
+        "sink_in_every_split",
+        "4. the sink counted once per split of the band instead of once per row",
+        "m_sink = tl.where(split == 0, sink, m_sink)",
+        "m_sink = tl.where(split >= 0, sink, m_sink)",
+    ),
+    Mutant(
+        "lse_without_the_sink",
+        "5. lse without the sink",
+        'lse = tl.where(seen, (m_i + tl.math.log2(l_div)) * 0.6931471805599453, float("-inf"))',
+        "lse = tl.where(seen, (m_i + tl.math.log2(l_div - tl.math.exp2(m_sink - m_i))) * 0.6931471805599453, "
+        'float("-inf"))',
+    ),
+    Mutant(
+        "window_from_the_chunk",
+        "6. the window counted from the token's index in its chunk, not its position",
+        "win_start = pos - window",
+        "win_start = tok - window",
+    ),
+    Mutant(
+        "tiles_before_the_band_read",
+        "7. tiles before the band loaded and masked (the loop starts at key 0)",
+        "band_lo = tl.maximum(prefix + tok0 - window + 1, 0) // BLOCK_N * BLOCK_N",
+        "band_lo = tl.maximum(prefix + tok0 - window + 1, 0) * 0",
+    ),
+]

@@ -23,10 +23,10 @@ from drills.grading.report import Stage
 from drills.tests import bf16_everywhere, raises_naming, seeded, sizes
 from drills.tests.paged_kv import (
     blocks_past,
-    check_launch,
     gather_kv,
     grouping_cases,
     int32_tensor,
+    launch_into_canary,
     pool_past_int32,
     skip_without_memory_for_sparse_pages,
     spoiled_call,
@@ -115,11 +115,43 @@ def make_sinks(Hq, stream, device, shift=0.0):
     return (torch.randn(Hq, generator=gen) * 2 + shift).to(device)
 
 
+def wrong_answers(out, case, window, sinks, scale=None) -> str:
+    """Which wrong answer `out` is, as a sentence ("" when none): the window one key too wide, counted
+    from each token's index in its chunk, the sink given a value of one, or no window at all. They fail
+    the same checks; only the rows themselves tell them apart."""
+    variants = []
+    if window is not None:
+        variants += [
+            (
+                "window + 1 keys: the window's lower bound is off by one (j >= p - window)",
+                dict(window=window + 1),
+            ),
+            (
+                "the window counted from each token's index in its chunk, not its position",
+                dict(window_from_chunk=True),
+            ),
+            ("no window at all", dict(window=None)),
+        ]
+    if sinks is not None:
+        variants.append(("the sink in the numerator too (a key of value one)", dict(sink_in_numerator=True)))
+    for text, change in variants:
+        ref, _ = unified_reference(*case.args, **{**dict(window=window, sinks=sinks, scale=scale), **change})
+        if mismatch(out.float(), ref) is None:
+            return f"the output is {text}"
+    return ""
+
+
 def check(impl, case, window=None, sinks=None, scale=None, plan=None, **tol):
-    """unified_attention on `case` with a canary-padded out, against the oracle: out [total_q, Hq, D]."""
+    """unified_attention on `case` with a canary-padded out, against the oracle: out [total_q, Hq, D].
+    A mismatch says which wrong answer the output is, when it is one (wrong_answers)."""
     launch = functools.partial(impl.unified_attention, window=window, sinks=sinks, plan=plan)
-    reference = functools.partial(unified_reference, window=window, sinks=sinks)
-    return check_launch(launch, reference, case, DIMS, scale, **tol)
+    out = launch_into_canary(launch, case, scale)
+    ref, _ = unified_reference(*case.args, window=window, sinks=sinks, scale=scale)
+    problem = mismatch(out, ref, DIMS, **tol)
+    if problem is not None:
+        which = wrong_answers(out, case, window, sinks, scale)
+        raise AssertionError(problem + (f"\n{which}" if which else ""))
+    return out
 
 
 def check_lse(impl, case, window=None, sinks=None, plan=None):
@@ -182,8 +214,9 @@ def test_worked_example_window_of_4(impl, runtime):
     feature 0, lse = 2 + ln 1.8711 = 2.627."""
     case = worked_example(runtime.device)
     out, lse = impl.unified_attention(*case.args, window=4, scale=1.0, return_lse=True)
+    which = wrong_answers(out, case, 4, None, scale=1.0)
     assert abs(out[0, 0, 0].item() - 7.731) < 0.01, (
-        f"out[0, 0, 0] = {out[0, 0, 0].item():.4f}, expected 7.731"
+        f"out[0, 0, 0] = {out[0, 0, 0].item():.4f}, expected 7.731" + (f"\n{which}" if which else "")
     )
     assert abs(lse[0, 0].item() - 2.6265) < 1e-3, f"lse = {lse[0, 0].item():.4f}, expected 2.6265"
 
@@ -194,8 +227,9 @@ def test_worked_example_with_a_sink_of_1_5(impl, runtime):
     case = worked_example(runtime.device)
     sinks = torch.tensor([1.5], device=runtime.device)
     out, lse = impl.unified_attention(*case.args, window=4, sinks=sinks, scale=1.0, return_lse=True)
+    which = wrong_answers(out, case, 4, sinks, scale=1.0)
     assert abs(out[0, 0, 0].item() - 5.838) < 0.01, (
-        f"out[0, 0, 0] = {out[0, 0, 0].item():.4f}, expected 5.838"
+        f"out[0, 0, 0] = {out[0, 0, 0].item():.4f}, expected 5.838" + (f"\n{which}" if which else "")
     )
     assert abs(lse[0, 0].item() - 2.9073) < 1e-3, f"lse = {lse[0, 0].item():.4f}, expected 2.9073"
 
@@ -227,16 +261,24 @@ def test_window_counts_from_the_absolute_position(impl, runtime):
     check(impl, case, window=21)
 
 
+def test_window_on_prompts_without_a_prefix(impl, runtime):
+    """Pure prefill (context = new tokens): a token's position is its index in the chunk, so counting the
+    window either way gives the same answer here, and its bounds alone decide."""
+    q_lens = sizes(runtime, [37, 20, 5], [2048, 777, 64])
+    case = make_prefill_case(q_lens, q_lens, 8, 2, 64, 8, stream=309, device=runtime.device)
+    check(impl, case, window=11)
+
+
 @pytest.mark.parametrize("packed", [True, False], ids=["packed-group", "one-head"])
 def test_band_covers_every_row_of_a_tile(impl, runtime, packed):
     """Through _launch with 16-row tiles and 16-key tiles: a chunk of 40 tokens after a prefix of 25 with
-    window 6, so the rows of one tile have bands that start up to 15 keys apart. A band computed for a
+    window 37, so the rows of one tile have bands that start up to 15 keys apart. A band computed for a
     tile's first row misses keys of its later rows; one for its last row reads keys its first rows must
     not see unmasked."""
     case = make_prefill_case([65, 20], [40, 20], 4, 2, 64, 8, stream=311, device=runtime.device)
     out = torch.full_like(case.q, float("nan"))  # rows never written stay NaN
-    impl._launch(*case.args, 0.125, out, window=6, config=(16, 16, 4, 1, packed))
-    ref, _ = unified_reference(*case.args, window=6, scale=0.125)
+    impl._launch(*case.args, 0.125, out, window=37, config=(16, 16, 4, 1, packed))
+    ref, _ = unified_reference(*case.args, window=37, scale=0.125)
     assert_close(out, ref, DIMS)
 
 
@@ -546,4 +588,69 @@ STAGES = [
     ),
 ]
 
-MISTAKES: list[Mistake] = []
+# The look-alikes and what tells them apart: prompts without a prefix pass a window counted in the chunk;
+# decode rows (one token a tile) pass a band computed for a tile's first row; cases without sinks pass every
+# sink mistake; the unsplit sink cases pass a sink counted in every split; only the poisoned pages catch
+# tiles read before the band. wrong_answers() names the window's and the numerator's wrong answers.
+WORKED = "test_worked_example_window_of_4"
+WORKED_SINK = "test_worked_example_with_a_sink_of_1_5"
+MISTAKES = [
+    Mistake(
+        1,
+        fails=(WORKED, "test_window_sizes[w1]", "test_window_on_prompts_without_a_prefix"),
+        messages=(r"window \+ 1 keys",),
+        question="Window 4 at position 9: is key 5 in the window? Count the keys your mask lets the row see.",
+        section="2",
+    ),
+    Mistake(
+        2,
+        fails=("test_band_covers_every_row_of_a_tile",),
+        passes=(WORKED, "test_window_sizes[w1]", "test_split_band_merges_every_split"),
+        question="A tile of 16 new tokens at positions 100-115 with window 40: which keys does its LAST row see, "
+        "and which stretch of keys does your kernel treat as seen by every row without a mask?",
+        section="3.2",
+    ),
+    Mistake(
+        3,
+        fails=("test_sinks_join_the_denominator_only", WORKED_SINK),
+        passes=("test_window_sizes", WORKED),
+        messages=(r"sink in the numerator",),
+        question="The sink is a key whose value is zero: what does it add to the sum l, and what to the "
+        "accumulator acc?",
+        section="3.3",
+    ),
+    Mistake(
+        4,
+        fails=("test_split_band_merges_every_split",),
+        passes=("test_sinks_join_the_denominator_only", "test_lse_includes_the_sink", WORKED_SINK),
+        question="With the band cut into 3 splits, how many times does the merged denominator hold e^sink, "
+        "and how many of your splits start their sum at 1?",
+        section="3.4",
+    ),
+    Mistake(
+        5,
+        fails=("test_lse_includes_the_sink", WORKED_SINK),
+        passes=("test_sinks_join_the_denominator_only",),
+        question="In the worked example the sum ends at 2.4777 with the sink: what is lse, and what does your "
+        "kernel store?",
+        section="2",
+    ),
+    Mistake(
+        6,
+        fails=("test_window_counts_from_the_absolute_position", WORKED),
+        passes=("test_window_on_prompts_without_a_prefix",),
+        messages=(r"counted from each token's index in its chunk",),
+        question="A decode row after 76 cached tokens: what is its position, and from what number does your "
+        "kernel count its window back?",
+        section="3.2",
+    ),
+    Mistake(
+        7,
+        fails=("test_tiles_outside_the_band_are_never_loaded",),
+        passes=("test_window_sizes", WORKED, "test_window_counts_from_the_absolute_position"),
+        messages=(r"NaN|out of bounds",),
+        question="A decode row at position 199 with window 24: which is the first key tile it needs, and where "
+        "does your key loop start?",
+        section="3.2",
+    ),
+]
