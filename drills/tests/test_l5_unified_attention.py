@@ -223,7 +223,7 @@ def test_worked_example_window_of_4(impl, runtime):
 
 def test_worked_example_with_a_sink_of_1_5(impl, runtime):
     """Section 2: the same row with sinks = [1.5]: the running max starts at 1.5 and the sum at 1; the
-    sum ends at 2.4777 and the numerator stays 14.4655: out = 5.838, lse = 2 + ln 2.4777 = 2.907."""
+    sum ends at 2.4776 and the numerator stays 14.4655: out = 5.838, lse = 2 + ln 2.4776 = 2.907."""
     case = worked_example(runtime.device)
     sinks = torch.tensor([1.5], device=runtime.device)
     out, lse = impl.unified_attention(*case.args, window=4, sinks=sinks, scale=1.0, return_lse=True)
@@ -631,7 +631,7 @@ MISTAKES = [
         5,
         fails=("test_lse_includes_the_sink", WORKED_SINK),
         passes=("test_sinks_join_the_denominator_only",),
-        question="In the worked example the sum ends at 2.4777 with the sink: what is lse, and what does your "
+        question="In the worked example the sum ends at 2.4776 with the sink: what is lse, and what does your "
         "kernel store?",
         section="2",
     ),
