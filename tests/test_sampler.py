@@ -33,7 +33,9 @@ def reference_row(logits: torch.Tensor, params, u: torch.Tensor) -> int:
     logits (V,); u (V,) the row's uniform noise."""
     if params.temperature == 0:
         return int(logits.argmax())
-    probs = torch.softmax(logits.float() / params.temperature, -1)  # (V,) float32
+    z = logits.float() / params.temperature  # (V,) float32
+    e = torch.exp(z - z.max())
+    probs = e / e.sum()  # the softmax, as the sampler writes it out
     p = probs.tolist()  # exact float32 values, as Python floats
     V = len(p)
     order = sorted(range(V), key=lambda i: -p[i])
@@ -147,9 +149,7 @@ def test_race_kernel_matches_the_torch_race(V):
 def _kept(logits_row, **params) -> set[int]:
     """The tokens the sampler may draw for one row: probs >= its threshold (cutoff and min_p)."""
     p = SamplingParams(**params)
-    probs = torch.softmax(torch.tensor([logits_row]) / p.temperature, -1)  # (1, V)
-    temperature, top_k, top_p, min_p = _params_tensors([p])
-    thr = torch.maximum(min_p[:, None] * probs.amax(-1, keepdim=True), sampler.cutoff(probs, top_k, top_p))
+    probs, thr = sampler._probs_and_threshold(torch.tensor([logits_row]), *_params_tensors([p]), cut=True)
     return {i for i, keep in enumerate((probs >= thr)[0].tolist()) if keep}
 
 

@@ -52,15 +52,16 @@ UNIFORM_BITS = 23  # (k + 0.5) / 2**23 for k < 2**23 is exact in float32 and lie
 class Stream:
     """A request's random stream: its random_state and how many tokens it has drawn from it."""
 
-    __slots__ = ("draws", "random_state")
+    __slots__ = ("draws", "random_state", "_seed")
 
     def __init__(self, random_state: int):
         self.random_state = random_state
         self.draws = 0
+        self._seed = _splitmix64(random_state & MASK64)  # once per request: the step pays one mix a row
 
     def next_key(self) -> int:
-        """The key of the next draw: a hash of (random_state, draws), then one draw more."""
-        key = stream_key(self.random_state, self.draws)
+        """The key of the next draw, stream_key(random_state, draws); then one draw more."""
+        key = _splitmix64(self._seed ^ self.draws) >> 32
         self.draws += 1
         return key
 
@@ -99,11 +100,11 @@ def uniform(keys: torch.Tensor, vocab: int) -> torch.Tensor:
     return ((x >> (32 - UNIFORM_BITS)).float() + 0.5) * (1.0 / (1 << UNIFORM_BITS))
 
 
-def cutoff(probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+def cutoff(s: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     """Each row's top_k and top_p threshold on the probability, (R, 1): the tokens with probs >= it are
-    kept. probs (R, V) float32; top_k (R,) int64 (<= 0: off); top_p (R,) float32 (1.0: off)."""
-    V = probs.shape[-1]
-    s = probs.sort(-1, descending=True).values  # (R, V)
+    kept. s (R, V) float32: each row's probabilities in descending order; top_k (R,) int64 (<= 0: off);
+    top_p (R,) float32 (1.0: off)."""
+    V = s.shape[-1]
     k = torch.where(top_k > 0, top_k.clamp(max=V), V) - 1  # (R,): the k-th likeliest, 0-based
     k_thr = s.gather(-1, k[:, None])  # (R, 1); ties with it kept
     kept = torch.where(s >= k_thr, s, 0.0)  # (R, V): top_k's tokens, in order
@@ -117,15 +118,31 @@ def cutoff(probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> tor
     return torch.where(top_p[:, None] < 1, p_thr, k_thr)
 
 
+def probabilities(logits: torch.Tensor, temperature: torch.Tensor):
+    """softmax(logits / temperature), (R, V) float32, written out as exp(z - max) / sum so that the same
+    elementwise function of the sorted logits gives the sorted probabilities, bit for bit; and that
+    function, for cutoff(). A row of temperature 0 (greedy) is taken at temperature 1, and never used."""
+    t = torch.where(temperature == 0, 1.0, temperature)[:, None]  # (R, 1)
+    z = logits.float() / t  # (R, V)
+    top = z.amax(-1, keepdim=True)  # (R, 1)
+    e = torch.exp(z - top)  # (R, V)
+    total = e.sum(-1, keepdim=True)  # (R, 1)
+
+    def of(x: torch.Tensor) -> torch.Tensor:  # any (R, n) of the rows' logits -> their probabilities
+        return torch.exp(x.float() / t - top) / total
+
+    return e / total, of
+
+
 def _probs_and_threshold(logits, temperature, top_k, top_p, min_p, cut: bool):
-    """softmax(logits / temperature) (R, V) float32 (a greedy row's at temperature 1, never used) and each
-    row's threshold (R, 1): the tokens with probs >= it are kept."""
-    greedy = temperature == 0  # (R,)
-    z = logits.float() / torch.where(greedy, 1.0, temperature)[:, None]  # (R, V)
-    probs = torch.softmax(z, -1)  # (R, V)
+    """probabilities() (R, V) and each row's threshold (R, 1): the tokens with probs >= it are kept."""
+    probs, of = probabilities(logits, temperature)
     thr = min_p[:, None] * probs.amax(-1, keepdim=True)  # (R, 1)
     if cut:
-        thr = torch.maximum(thr, cutoff(probs, top_k, top_p))
+        # The logits sort in their own dtype (bf16: 16-bit keys, half the radix passes of the fp32
+        # probabilities), and a temperature > 0 keeps their order.
+        s = of(logits.sort(-1, descending=True).values)  # (R, V): each row's probabilities, descending
+        thr = torch.maximum(thr, cutoff(s, top_k, top_p))
     return probs, thr
 
 
@@ -206,35 +223,39 @@ def race_keyed(probs: torch.Tensor, thr: torch.Tensor, keys: torch.Tensor, kerne
     return out
 
 
-def _rows(seqs, generator: torch.Generator | None):
-    """The rows' parameters and keys as host lists; advances each seeded request's stream by one draw."""
-    temperature, top_k, top_p, min_p, keys, unseeded = [], [], [], [], [], []
+COLUMNS = 5  # a row's temperature, top_p, min_p, top_k and key, as float64 (exact for each)
+
+
+def _rows(seqs, vocab: int, generator: torch.Generator | None):
+    """Each row's parameters and key, (R, COLUMNS) float64 on the host, and whether a sampled row asks for
+    top_k or top_p. Advances each seeded sampled row's stream by one draw; an unseeded row's key comes
+    from `generator` (a CPU one here; a device generator's keys are drawn there, by the caller: the
+    rows are returned third)."""
+    params, rows, unseeded = {}, [], []
     for r, seq in enumerate(seqs):
         p = seq.params
-        temperature.append(p.temperature)
-        top_k.append(getattr(p, "top_k", 0))
-        top_p.append(p.top_p)
-        min_p.append(getattr(p, "min_p", 0.0))
-        if p.temperature == 0:
-            keys.append(0)  # greedy: draws nothing
+        row = params.get(id(p))  # requests usually share one SamplingParams: each is read once
+        if row is None:
+            top_k = getattr(p, "top_k", -1)  # a SamplingParams of an older C1 file has no top_k, min_p
+            top_k = min(top_k, vocab) if top_k > 0 else -1
+            row = params[id(p)] = (p.temperature, p.top_p, getattr(p, "min_p", 0.0), top_k)
+        if row[0] == 0:
+            key = 0  # greedy: draws nothing
         elif p.random_state is None:
-            keys.append(0)
+            key = 0
             unseeded.append(r)
         else:
             stream = seq.generator
             if not isinstance(stream, Stream):
                 stream = seq.generator = Stream(p.random_state)
-            keys.append(stream.next_key())
-    return temperature, top_k, top_p, min_p, keys, unseeded
-
-
-def _to(device, values: list, dtype) -> torch.Tensor:
-    """A host list on `device` without waiting for it: a pageable copy would block until the device
-    has run everything queued before it, so a GPU's goes from pinned memory, non-blocking."""
-    host = torch.tensor(values, dtype=dtype)
-    if device.type != "cuda":
-        return host.to(device)
-    return host.pin_memory().to(device, non_blocking=True)
+            key = stream.next_key()
+        rows.append((*row, key))
+    host = torch.tensor(rows, dtype=torch.float64)  # (R, COLUMNS)
+    if unseeded and (generator is None or generator.device.type == "cpu"):
+        host[unseeded, 4] = torch.randint(0, 1 << 32, (len(unseeded),), generator=generator).double()
+        unseeded = []
+    cut = any(t != 0 and (k > 0 or top_p < 1) for t, top_p, _, k in params.values())
+    return host, cut, unseeded
 
 
 def sample_on_device(logits: torch.Tensor, seqs, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -244,22 +265,17 @@ def sample_on_device(logits: torch.Tensor, seqs, generator: torch.Generator | No
         raise ValueError(f"logits must be (len(seqs), V) = ({len(seqs)}, V), got {tuple(logits.shape)}")
     if all(seq.params.temperature == 0 for seq in seqs):
         return logits.argmax(-1)
-    temperature, top_k, top_p, min_p, keys, unseeded = _rows(seqs, generator)
     device = logits.device
-    key = torch.tensor(keys, dtype=torch.int64)  # (R,)
-    if unseeded:
-        gen_device = generator.device if generator is not None else torch.device("cpu")
-        fresh = torch.randint(0, 1 << 32, (len(unseeded),), generator=generator, device=gen_device)
-        if gen_device.type == "cpu":
-            key[unseeded] = fresh
-            unseeded = []
-    floats = _to(device, [temperature, top_p, min_p], torch.float32)  # (3, R)
-    key = key.to(device) if device.type != "cuda" else key.pin_memory().to(device, non_blocking=True)
-    if unseeded:  # keys drawn on the device by a device generator: placed there
-        key[_to(device, unseeded, torch.int64)] = fresh.to(device)
-    cut = any(t != 0 and (k > 0 or p < 1) for t, k, p in zip(temperature, top_k, top_p))
-    temperature = floats[0]
-    probs, thr = _probs_and_threshold(logits, temperature, _to(device, top_k, torch.int64), *floats[1:], cut)
+    host, cut, unseeded = _rows(seqs, logits.shape[-1], generator)
+    # One copy for every row's parameters: a pageable copy would block until the device has run
+    # everything queued before it, so a GPU's goes from pinned memory, non-blocking.
+    rows = host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host.to(device)
+    temperature, top_p, min_p = rows[:, :3].float().unbind(-1)  # (R,) each
+    top_k, key = rows[:, 3:].long().unbind(-1)  # (R,) each
+    if unseeded:  # an engine generator on the device draws those rows' keys there
+        fresh = torch.randint(0, 1 << 32, (len(unseeded),), generator=generator, device=generator.device)
+        key = key.index_put((torch.tensor(unseeded).to(device, non_blocking=True),), fresh.to(device))
+    probs, thr = _probs_and_threshold(logits, temperature, top_k, top_p, min_p, cut)
     return torch.where(temperature == 0, logits.argmax(-1), race_keyed(probs, thr, key))
 
 
