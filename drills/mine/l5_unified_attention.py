@@ -77,7 +77,7 @@ def plan(
     four per SM), into shares of at least MIN_CHUNK keys of the longest band: min(context, window).
     """
     raise NotImplementedError(
-        "l5 is not started (stage 3, the split band): fill in plan() and merge_splits_kernel in drills/mine/l5_unified_attention.py, then delete this line (read drills/content/l5_unified_attention.md)"
+        "l5 is not started: fill in drills/mine/l5_unified_attention.py stage by stage, deleting unified_attention's raise first and this one for stage 3, plan() and merge_splits_kernel (read drills/content/l5_unified_attention.md)"
     )
     # TODO(stage 3, section 3.4 "Splitting the band"): read the lengths (_int_list, validate.decode_plan_args),
     # check the window (check_window); a forced num_splits (at most validate.MAX_GRID_YZ) is the plan. Else

@@ -25,6 +25,7 @@ from drills.tests.paged_kv import (
     blocks_past,
     gather_kv,
     grouping_cases,
+    in_wider_table,
     int32_tensor,
     launch_into_canary,
     pool_past_int32,
@@ -367,6 +368,7 @@ def test_split_band_merges_every_split(impl, runtime, splits):
     check(impl, case, sinks=sinks, plan=plan)
     check(impl, case, window=40, sinks=sinks, plan=plan)
     check_lse(impl, case, window=40, sinks=sinks, plan=plan)
+    check_lse(impl, case, window=40, plan=plan)  # no sink: an empty share holds nothing at all
 
 
 def test_split_band_on_a_mixed_batch(impl, runtime):
@@ -388,6 +390,21 @@ def test_planner_splits_small_decode_batches_only(impl, runtime):
     assert p.num_splits == 2, f"the same with window 128: {p.num_splits} splits, expected 2"
     p = impl.plan(list(range(101)), [4096] * 100, 8, 16, num_sms=132)
     assert p.num_splits == 1, f"100 decode rows x 8 KV heads: {p.num_splits} splits, expected 1"
+
+
+def test_planner_rejects_bad_input(impl, runtime):
+    """plan() names what is wrong: a split count of 0 or past grid axis 1, cu_seqlens_q of the wrong
+    length, a negative context, a window of 0."""
+    with raises_naming(ValueError, "num_splits"):
+        impl.plan([0, 1], [5], 1, 16, num_splits=0)
+    with raises_naming(ValueError, "num_splits"):
+        impl.plan([0, 1], [5], 1, 16, num_splits=65536)
+    with raises_naming(ValueError, "cu_seqlens_q"):
+        impl.plan([0, 1, 2], [5], 1, 16)
+    with raises_naming(ValueError, "context_lens"):
+        impl.plan([0, 1], [-5], 1, 16)
+    with raises_naming(ValueError, "window"):
+        impl.plan([0, 1], [5], 1, 16, window=0)
 
 
 # --- L4's cases, with a window and sinks ------------------------------------------------------------
@@ -449,6 +466,66 @@ def test_dtypes(impl, runtime, dtype):
     case = make_prefill_case([20, 33], [9, 1], 4, 2, 64, 16, stream=389, dtype=dtype, device=runtime.device)
     out = check(impl, case, window=10, sinks=make_sinks(4, 391, runtime.device))
     assert out.dtype == dtype
+
+
+def test_q_and_cache_strides_are_used(impl, runtime):
+    """q is every other head of a NaN-filled buffer, k_cache and v_cache layer 1 of a NaN-filled pool:
+    only the last dimension is contiguous."""
+    case = make_prefill_case([30, 9], [12, 1], 8, 2, 64, 8, stream=385, device=runtime.device)
+    total_q, Hq, D = case.q.shape
+    buffer = torch.full((total_q, 2 * Hq, D), float("nan"), dtype=case.q.dtype, device=runtime.device)
+    q = buffer[:, 1::2]  # [total_q, Hq, D], strides (2 Hq D, 2 D, 1)
+    q.copy_(case.q)
+    k_cache, v_cache = pooled_caches(case)
+    check(
+        impl,
+        PrefillCase(q, k_cache, v_cache, *case.args[3:]),
+        window=6,
+        sinks=make_sinks(8, 387, runtime.device),
+    )
+
+
+def test_table_rows_are_read_through_their_stride(impl, runtime):
+    """block_tables is a slice of a wider table: row b starts b * stride_bt entries in."""
+    case = make_prefill_case([22, 40, 17], [6, 12, 1], 8, 2, 64, 8, stream=393, device=runtime.device)
+    case.block_tables = in_wider_table(case.block_tables)
+    check(impl, case, window=9)
+
+
+def test_large_ragged_batch(impl, runtime):
+    """Many sequences of random prefixes and chunk sizes, decode rows and empty rows among them, window
+    and sinks."""
+    gen = torch.Generator().manual_seed(seeded(395))
+    B, top = sizes(runtime, (6, 24), (48, 1500))
+    q_lens = torch.randint(0, top, (B,), generator=gen)
+    q_lens[:2] = torch.tensor([1, 0])
+    ctx = q_lens + torch.randint(0, 2 * top, (B,), generator=gen)
+    case = make_prefill_case(ctx.tolist(), q_lens.tolist(), 32, 8, 128, 16, stream=395, device=runtime.device)
+    check(impl, case, window=sizes(runtime, 19, 700), sinks=make_sinks(32, 396, runtime.device))
+
+
+def test_sequence_search_covers_every_sequence(impl, runtime):
+    """130 sequences of 1-3 new tokens: the search over cu_seqlens_q narrows [0, B) to one sequence."""
+    gen = torch.Generator().manual_seed(seeded(398))
+    q_lens = torch.randint(1, 4, (130,), generator=gen)
+    ctx = q_lens + torch.randint(0, 10, (130,), generator=gen)
+    case = make_prefill_case(ctx.tolist(), q_lens.tolist(), 2, 1, 16, 4, stream=398, device=runtime.device)
+    check(impl, case, window=3, sinks=make_sinks(2, 399, runtime.device))
+
+
+def test_q_rows_widened_to_int64(impl, runtime):
+    """q's rows 3 * 2**26 elements apart: rows past 2**31 elements need the row index in int64."""
+    from drills.grading import bigmem
+
+    skip_without_memory_for_sparse_pages(runtime)
+    case = make_prefill_case([9, 14], [5, 12], 4, 2, 64, 8, stream=400, device=runtime.device)
+    total_q, Hq, D = case.q.shape
+    stride, before = 3 * 2**26, 2**31
+    flat = bigmem.sparse_empty((before + (total_q - 1) * stride + Hq * D,), case.q.dtype, runtime.device)
+    q = flat.as_strided((total_q, Hq, D), (stride, D, 1), before)  # [total_q, Hq, D]
+    q.copy_(case.q)
+    check(impl, PrefillCase(q, *case.args[1:]), window=5)
+    del q, flat
 
 
 def test_page_index_widened_to_int64(impl, runtime):
@@ -525,6 +602,15 @@ def test_runs_a_triton_kernel(impl, runtime):
     assert_runs_a_triton_kernel(
         impl, lambda: impl.unified_attention(*case.args, window=9, sinks=sinks), "unified_attention"
     )
+
+
+def test_out_is_allocated_when_not_given(impl, runtime):
+    """Without `out`, unified_attention allocates [total_q, Hq, D] in q's dtype."""
+    case = make_prefill_case([25, 3], [10, 3], 8, 2, 64, 16, stream=423, device=runtime.device)
+    out = impl.unified_attention(*case.args, window=7)
+    assert out.shape == case.q.shape and out.dtype == case.q.dtype and out.device == case.q.device
+    ref, _ = unified_reference(*case.args, window=7)
+    assert_close(out, ref, DIMS)
 
 
 def test_tolerance_rejects_zeros_no_window_and_a_counted_sink(runtime):
