@@ -143,6 +143,24 @@ def test_race_kernel_matches_the_torch_race(V):
     assert got[5] in (3, V - 1)
 
 
+@pytest.mark.parametrize("V", [37, 2048, 2049])
+def test_cutoff_kernel_matches_cutoff(V):
+    """cutoff_kernel (the GPU's path; Triton's interpreter here) gives cutoff()'s thresholds: top_k off,
+    at 1, at and past V, ties at the top, top_p off, small and near 1, across one tile, exactly one and
+    two (CUTOFF_BLOCK = 2048)."""
+    g = torch.Generator().manual_seed(3)
+    R = 12
+    logits = torch.randn(R, V, generator=g) * 3
+    logits[0, :3] = 10.0  # three tie for the likeliest
+    s = torch.softmax(logits, -1).sort(-1, descending=True).values  # (R, V)
+    top_k = torch.tensor([2, 0, 1, 2, 3, 5, V, V + 7, 50, -1, 4, 1])
+    top_p = torch.tensor([0.9, 1.0, 0.5, 0.3, 1.0, 0.95, 0.8, 0.1, 0.99, 0.999, 0.6, 1.0])
+    want = sampler.cutoff(s, top_k, top_p)
+    device = drills.runtime.current().device
+    got = sampler.cutoff_rows(s.to(device), top_k.to(device), top_p.to(device), kernel=True).cpu()
+    assert torch.equal(got, want), f"V={V}: rows {(got != want).nonzero()[:, 0].tolist()} differ"
+
+
 # --- What each cut keeps: ties and the order of the cuts ----------------------------------------------
 
 

@@ -118,6 +118,54 @@ def cutoff(s: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.T
     return torch.where(top_p[:, None] < 1, p_thr, k_thr)
 
 
+@triton.jit
+def cutoff_kernel(s_ptr, top_k_ptr, top_p_ptr, out_ptr, V, stride_r, BLOCK: tl.constexpr):
+    """cutoff() in one program per row and two passes over its sorted probabilities: the mass top_k
+    keeps, then the nucleus counted with a running sum carried across tiles. s (R, V) float32, each row
+    descending (row stride stride_r); top_k (R,) int64; top_p (R,) float32; out (R,) float32."""
+    r = tl.program_id(0)
+    row = s_ptr + r.to(tl.int64) * stride_r
+    k = tl.load(top_k_ptr + r)
+    top_p = tl.load(top_p_ptr + r)
+    k_thr = tl.load(row + tl.where(k > 0, tl.minimum(k, V), V) - 1)  # ties with the k-th kept
+    mass = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, V, BLOCK):
+        i = start + tl.arange(0, BLOCK)
+        p = tl.load(row + i, mask=i < V, other=0.0)
+        mass += tl.where(p >= k_thr, p, 0.0)
+    limit = top_p * tl.sum(mass, 0)
+    before = tl.zeros([], tl.float32)  # the mass of the likelier kept tokens, before this tile
+    count = tl.zeros([], tl.int32)
+    for start in range(0, V, BLOCK):
+        i = start + tl.arange(0, BLOCK)
+        p = tl.load(row + i, mask=i < V, other=0.0)
+        kept = tl.where((i < V) & (p >= k_thr), p, 0.0)
+        running = before + tl.cumsum(kept, 0) - kept  # (BLOCK,): the mass before each token
+        count += tl.sum(((running < limit) & (i < V) & (p >= k_thr)).to(tl.int32), 0)
+        before += tl.sum(kept, 0)
+    p_thr = tl.load(row + tl.maximum(count, 1) - 1)
+    tl.store(out_ptr + r, tl.where(top_p < 1, p_thr, k_thr))
+
+
+CUTOFF_BLOCK = 2048  # a tile of sorted probabilities per loop step (8 KB of fp32)
+
+
+def cutoff_rows(s: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, kernel: bool | None = None):
+    """cutoff(s, top_k, top_p), (R, 1). kernel: cutoff_kernel (None: on a GPU), one launch in place of
+    some ten torch ops over (R, V); its sums run in another order, so a row whose running mass lands
+    within rounding of top_p may keep one token more or less than cutoff()'s."""
+    R, V = s.shape
+    if kernel is None:
+        kernel = s.device.type == "cuda"
+    if not kernel:
+        return cutoff(s, top_k, top_p)
+    out = torch.empty(R, dtype=torch.float32, device=s.device)
+    if R:
+        args = (s, top_k.contiguous(), top_p.contiguous(), out, V, s.stride(0))
+        launch(cutoff_kernel, (R,), args, BLOCK=min(CUTOFF_BLOCK, triton.next_power_of_2(V)))
+    return out[:, None]
+
+
 def probabilities(logits: torch.Tensor, temperature: torch.Tensor):
     """softmax(logits / temperature), (R, V) float32, written out as exp(z - max) / sum so that the same
     elementwise function of the sorted logits gives the sorted probabilities, bit for bit; and that
@@ -142,7 +190,7 @@ def _probs_and_threshold(logits, temperature, top_k, top_p, min_p, cut: bool):
         # The logits sort in their own dtype (bf16: 16-bit keys, half the radix passes of the fp32
         # probabilities), and a temperature > 0 keeps their order.
         s = of(logits.sort(-1, descending=True).values)  # (R, V): each row's probabilities, descending
-        thr = torch.maximum(thr, cutoff(s, top_k, top_p))
+        thr = torch.maximum(thr, cutoff_rows(s, top_k, top_p))
     return probs, thr
 
 
