@@ -505,3 +505,13 @@ def test_sampler_never_syncs_on_a_gpu():
     )
     # The compiled kernel's log and division may round apart from torch's by an ulp: a near-tie only.
     assert int(same.sum()) >= R - 2
+
+
+def test_a_streams_keys_are_stream_key_of_its_positions():
+    """Stream.next_key (the hash of random_state done once per request) gives stream_key(random_state, k)
+    for draw k, negative and large random_states included."""
+    for random_state in (0, 7, -3, 2**70 + 5):
+        stream = sampler.Stream(random_state)
+        assert [stream.next_key() for _ in range(4)] == [
+            sampler.stream_key(random_state, k) for k in range(4)
+        ]

@@ -23,12 +23,12 @@ row, and whether the engine overlaps its steps or not. A request without one tak
 from the engine's generator (torch's default CPU generator when it is None).
 
 No Python loop over rows touches the device and nothing waits for it: the rows' parameters go over in
-non-blocking copies (pinned memory on a GPU), and sample_on_device returns the tokens as a device
-tensor. A step whose rows are all greedy is one argmax. On a GPU the race is one Triton kernel
-(race_kernel) that makes the noise in registers; elsewhere torch ops over an (R, V) tensor of it, the
-same tokens. What is left is the softmax, and one sort where a sampled row asks for top_k or top_p
-(min_p and temperature alone need none); FlashInfer's top_k_top_p_sampling_from_probs shows how a
-kernel does without the sort.
+one non-blocking copy (pinned memory on a GPU), and sample_on_device returns the tokens as a device
+tensor. A step whose rows are all greedy is one argmax. On a GPU two Triton kernels do the per-row
+work: cutoff_kernel the top_k / top_p thresholds, race_kernel the race with its noise made in
+registers; elsewhere torch ops (cutoff, race over an (R, V) tensor of noise) give the same tokens. What
+is left is the softmax and, where a sampled row asks for top_k or top_p, one sort of the logits in their
+own dtype; FlashInfer's top_k_top_p_sampling_from_probs shows how a kernel does without the sort.
 """
 
 from __future__ import annotations
