@@ -7,7 +7,8 @@ model.py      the Llama forward over a packed batch, attention left to a callbac
 oracle.py     the graders' reference: attention over contiguous caches in torch, greedy decoding
 attention.py  the paged KV cache and the callbacks that attend over it (the kernels, or torch)
 sources.py    whose code answers: a lesson's file of yours where it passes its grader, else the reference
-sampler.py    one token per sequence: greedy, temperature, top_p
+sampler.py    one token per sequence, every row at once on the device: greedy, temperature, top_k,
+              top_p, min_p
 graphs.py     decode steps captured as CUDA graphs and replayed
 engine.py     the loop: schedule, prepare_inputs, forward, sample, postprocess, one step at a time
 llm.py        the front door: LLM(...).generate(prompts, params) builds the engine and drives it
