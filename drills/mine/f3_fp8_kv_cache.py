@@ -189,8 +189,10 @@ def fp8_split_kernel(
         other=0.0,
     )  # [GROUP_PAD, D]
     # TODO(stage 2, section 3.3 "Folding the scales"): this KV head's k_scale and v_scale (at kvh * stride_ks,
-    # kvh * stride_vs), and qk, the factor that turns q . code into a base-2 logit.
-    qk = qk_scale
+    # kvh * stride_vs); qk, the factor that turns q . code into a base-2 logit, and o_scale, the one that
+    # turns the normalised sum of p * code into the output.
+    qk = qk_scale  # base-2 logit = (q . code) * qk
+    o_scale = 1.0  # out = (sum of p * code) / l * o_scale
 
     m_i = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)  # running max, base-2 units
     l_i = tl.zeros([GROUP_PAD], dtype=tl.float32)
@@ -224,8 +226,7 @@ def fp8_split_kernel(
         m_i = m_new
 
     seen = l_i > 0  # an empty split: o = 0, lse = -inf, weight 0 in the merge
-    # TODO(stage 2, section 3.3): V's scale, once per output row.
-    o = tl.where(seen[:, None], acc / tl.where(seen, l_i, 1.0)[:, None], 0.0)
+    o = tl.where(seen[:, None], acc * (o_scale / tl.where(seen, l_i, 1.0))[:, None], 0.0)
     lse = tl.where(seen, (m_i + tl.log2(tl.where(seen, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
     if GUARD:
         bad_lane = tl.min(tl.where(n_bad > 0, offs_n, BLOCK_N), axis=0)

@@ -1,8 +1,55 @@
-"""F3 mutants: the classic mistakes of drills/content/f3_fp8_kv_cache.md's pitfalls, as edits of the
-reference (the rules: drills/mutants/__init__.py). At least one per titled pitfall, its `pitfall`
-starting with that pitfall's number, e.g.
-Mutant("mask_dropped", "1. no mask on the last block", "mask = offs < n  # [BLOCK]", "mask = offs >= 0")."""
+"""F3 mutants: one per pitfall of the explainer's section 6, each a classic mistake of an e4m3 cache."""
 
 from drills.mutants import Mutant
 
-MUTANTS: list[Mutant] = []
+MUTANTS = [
+    Mutant(
+        "k_scale_divides",
+        "1. dividing where the rule multiplies",
+        "qk = qk_scale * k_scale",
+        "qk = qk_scale / k_scale",
+    ),
+    Mutant(
+        "no_clamp_before_the_cast",
+        "2. no clamp before the cast",
+        "v = tl.minimum(tl.maximum(v, -448.0), 448.0)",
+        "v = v",
+    ),
+    Mutant(
+        "v_scale_in_the_softmax_scale",
+        "3. v_scale folded into the softmax scale",
+        "qk = qk_scale * k_scale\n    o_scale = v_scale",
+        "qk = qk_scale * k_scale * v_scale\n    o_scale = 1.0",
+    ),
+    Mutant(
+        "k_scale_after_the_softmax",
+        "4. the scale applied after the softmax to K",
+        "qk = qk_scale * k_scale\n    o_scale = v_scale",
+        "qk = qk_scale\n    o_scale = v_scale * k_scale",
+    ),
+    Mutant(
+        "scale_indexed_by_query_head",
+        "5. a per-head scale indexed by the query head",
+        "k_scale = tl.load(k_scale_ptr + kvh * stride_ks)\n    v_scale = tl.load(v_scale_ptr + kvh * stride_vs)",
+        "k_scale = tl.load(k_scale_ptr + kvh * GROUP * stride_ks)\n"
+        "    v_scale = tl.load(v_scale_ptr + kvh * GROUP * stride_vs)",
+    ),
+    Mutant(
+        "cast_truncates",
+        "6. a cast that truncates instead of rounding",
+        "normal = (mag + 0x7FFFF + ((mag >> 20) & 1)) & 0xFFF00000",
+        "normal = mag & 0xFFF00000",
+    ),
+    Mutant(
+        "e4m3fnuz_range",
+        "7. e4m3fnuz assumed",
+        "v = tl.minimum(tl.maximum(v, -448.0), 448.0)",
+        "v = tl.minimum(tl.maximum(v, -240.0), 240.0)",
+    ),
+    Mutant(
+        "dot_in_fp8",
+        "8. the dot computed in fp8 against fp16 q",
+        "s = tl.dot(q, tl.trans(k)) * qk",
+        "s = tl.dot(q.to(tl.float8e4nv), tl.trans(k.to(tl.float8e4nv))).to(tl.float32) * qk",
+    ),
+]

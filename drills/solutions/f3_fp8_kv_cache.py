@@ -221,7 +221,8 @@ def fp8_split_kernel(
     # One scale per KV head, so the program's KV head picks it (stride 0: one for the tensor).
     k_scale = tl.load(k_scale_ptr + kvh * stride_ks)
     v_scale = tl.load(v_scale_ptr + kvh * stride_vs)
-    qk = qk_scale * k_scale
+    qk = qk_scale * k_scale  # base-2 logit = (q . code) * qk
+    o_scale = v_scale  # out = (sum of p * code) / l * o_scale
 
     m_i = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)  # running max, base-2 units
     l_i = tl.zeros([GROUP_PAD], dtype=tl.float32)
@@ -259,7 +260,7 @@ def fp8_split_kernel(
         m_i = m_new
 
     seen = l_i > 0  # an empty split: o = 0, lse = -inf, weight 0 in the merge
-    o = tl.where(seen[:, None], acc * (v_scale / tl.where(seen, l_i, 1.0))[:, None], 0.0)
+    o = tl.where(seen[:, None], acc * (o_scale / tl.where(seen, l_i, 1.0))[:, None], 0.0)
     lse = tl.where(seen, (m_i + tl.log2(tl.where(seen, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
     if GUARD:
         bad_lane = tl.min(tl.where(n_bad > 0, offs_n, BLOCK_N), axis=0)
