@@ -11,19 +11,29 @@ import math
 import pytest
 import torch
 
+from drills import validate
 from drills.compare import assert_close, mismatch
 from drills.grading.diagnose import Mistake
 from drills.grading.launches import assert_grids_fit, assert_runs_a_triton_kernel
 from drills.grading.report import Stage
 from drills.tests import bf16_everywhere, fill_past_fp16_range, seeded, sizes
+from drills.tests.domain import Domain, checks_besides
 from drills.tests.paged_kv import (
+    CONTEXT_PATTERNS,
+    FAR_APART_NEEDS_THREE_ROWS,
     HEAD_DIMS,
+    KV_LAYOUTS,
+    Q_LAYOUTS,
+    TABLE_LAYOUTS,
+    V_UNLIKE_K_NEEDS_TWO_STRIDES,
     PagedCase,
     call_with_canary_out,
+    fits_this_machine,
     grouping_cases,
     in_layer_pool,
     in_wider_table,
     int32_tensor,
+    laid_out,
     make_paged_case,
     overlapping_caches,
     paged_attention_reference,
@@ -60,11 +70,27 @@ BOUNDS_GAPS = {"GUARD": "no bound: the device guard's switch, on in every call b
 DIMS = ("b", "head", "d")
 LOG2E, LN2 = 1 / math.log(2), math.log(2)  # a base-2 lse is the natural one times LOG2E
 
-# What split_kv_decode admits, in one place (drills/validate.py): the cases that cross a bound draw here.
-DOMAIN = dict(
-    head_dims=HEAD_DIMS,  # powers of two from 16 to 256
-    pages=tuple(2**i for i in range(8)),  # PAGE from 1 to 128; below 16 a tile gathers token by token
-    dtypes=(torch.float16, torch.bfloat16),
+# What split_kv_decode admits, at its boundaries (drills/validate.py's limits, so the domain cannot
+# drift from the launcher): test_pairwise_domain_cases_match_the_oracle crosses every pair of them.
+_D_LO, _D_HI = validate.HEAD_DIM_RANGE
+DOMAIN = Domain(
+    axes=dict(
+        D=(_D_LO, _D_HI),  # the narrowest and the widest head dim: one D tile of 256
+        PAGE=(1, 16, validate.GATHER_MAX_PAGE),  # gathered token by token below 16, a page per tile from 16
+        heads=((2, 2), (9, 3), (17, 1)),  # (Hq, Hkv): MHA, GROUP 3, MQA with GROUP 17 > GROUP_PAD 16
+        lens=tuple(CONTEXT_PATTERNS),  # a partial last page, full pages, a padding row beside one key
+        dtype=(torch.float16, torch.bfloat16),
+        q=Q_LAYOUTS,  # contiguous, strided, rows 1.5 * 2**30 elements apart
+        kv=KV_LAYOUTS,
+        table=TABLE_LAYOUTS,
+        scale=(None, 0.3),
+        plan=("planner", "unsplit", "chunk16"),  # chunk16 at PAGE 128: 17 splits, past a merge tile of 16
+    ),
+    rules=(V_UNLIKE_K_NEEDS_TWO_STRIDES, FAR_APART_NEEDS_THREE_ROWS),
+    limits=dict(
+        head_dims=HEAD_DIMS,
+        pages=tuple(2**i for i in range(8)),  # PAGE from 1 to 128; below 16 a tile gathers token by token
+    ),
 )
 
 
@@ -375,6 +401,34 @@ def test_page_index_widened_to_int64(impl, runtime):
 
 
 # --- merge_states -----------------------------------------------------------------------------
+
+
+# --- Every pair of the domain's boundary values in one case ----------------------------------------
+
+PAIRWISE = "test_pairwise_domain_cases_match_the_oracle"
+
+
+def test_pairwise_domain_cases_match_the_oracle(impl, runtime):
+    """Cases drawn from DOMAIN so that every pair of its boundary values meets in one case (D = 256 at
+    PAGE = 1, V's strides unlike K's with GQA, far-apart q rows under 17 splits...): a kernel right on
+    each bound alone can still be wrong where two meet. A failure names the case's values."""
+    domain = fits_this_machine(DOMAIN, runtime)
+
+    def run(c):
+        Hq, Hkv = c["heads"]
+        lens = CONTEXT_PATTERNS[c["lens"]](c["PAGE"])
+        case = make_paged_case(
+            lens, Hq, Hkv, c["D"], c["PAGE"], dtype=c["dtype"], device=runtime.device, stream=402
+        )
+        case = laid_out(case, runtime, c["q"], c["kv"], c["table"])
+        plan = {
+            "planner": None,
+            "unsplit": impl.plan(lens, Hkv, c["PAGE"], num_splits=1),
+            "chunk16": fixed_plan(impl, 16, max(lens)),
+        }[c["plan"]]
+        check(impl, case, plan=plan, scale=c["scale"])
+
+    domain.check_each(domain.cases(stream=402), run)
 
 
 def _state(scores, values):
@@ -1067,6 +1121,16 @@ MISTAKES = [
         passes=(EVERY_SPLIT, "test_page_index_widened_to_int64", "test_dtypes"),
         question="D = 256 here: how many features does your kernel's tl.arange over the head dim cover, and "
         "who writes features 128 to 255 of out?",
+        section="3.2",
+    ),
+    Mistake(
+        20,
+        # Every bound holds alone and a combination of them does not: the message names the case.
+        fails=(PAIRWISE,),
+        passes=checks_besides(globals(), PAIRWISE),
+        question="Every single-bound check passes and one generated case does not: its message names its "
+        "D, PAGE, heads, lengths, dtype, layouts and plan; which of these does your kernel handle only one "
+        "at a time (a stride taken from another tensor, a tile sized for another D or PAGE)?",
         section="3.2",
     ),
 ]
