@@ -558,6 +558,51 @@ def bounds_problems(lesson: Lesson, solution_source: str | None = None, grader=N
     return problems
 
 
+PAIRWISE_TEST = "test_pairwise_domain_cases_match_the_oracle"
+# Lessons with kernels whose graders do not draw cases from a Domain yet, each with why. The Triton
+# basics cross their one size axis with hand-picked cases; the others are to add DOMAIN = Domain(...)
+# from the launcher's limits and PAIRWISE_TEST (drills/tests/domain.py; L2's grader is the model).
+DOMAIN_PENDING = {
+    "t1": "Triton basics: one size axis, crossed by hand-picked cases",
+    "t2": "Triton basics: one size axis, crossed by hand-picked cases",
+    "t3": "Triton basics: one size axis per dimension, crossed by hand-picked cases",
+    # Not drawn from a Domain yet: each is to add DOMAIN and the pairwise check, then leave this set.
+    "t4": "pending: states per merge, block, splits and dtype as a Domain",
+    "t5": "pending: B, H, Hkv, Nq, Nk, D, causal and strides as a Domain",
+    "l1": "pending: tokens, PAGE, Hkv, D, dtype and slot patterns as a Domain",
+    "l4": "pending: q lengths, cached prefixes, PAGE, D, grouping and strides as a Domain",
+    "l5": "pending: being written (windows, sinks, chunks and decode rows as a Domain)",
+    "f3": "pending: being written (F1's domain with the scales per tensor or per head)",
+}
+
+
+def domain_problems(lesson: Lesson, solution_source: str | None = None, grader=None) -> list[str]:
+    """Where a grader of a lesson with Triton kernels does not declare its DOMAIN as a Domain
+    (drills/tests/domain.py) or lacks the check that runs its pairwise cases; [] when it has both."""
+    source = lesson.solution.read_text() if solution_source is None else solution_source
+    if lesson.id in DOMAIN_PENDING or not _has_kernel(source):
+        return []
+    if grader is None:
+        try:
+            grader = importlib.import_module(f"drills.tests.{lesson.tests.stem}")
+        except Exception:  # bounds_problems reports a grader that does not import
+            return []
+    from drills.tests.domain import Domain
+
+    problems = []
+    if not isinstance(getattr(grader, "DOMAIN", None), Domain):
+        problems.append(
+            f"{lesson.id}: {lesson.tests.name} declares no DOMAIN = Domain(...) (drills/tests/domain.py): "
+            f"name what the launcher admits, from drills/validate.py's limits"
+        )
+    if not callable(getattr(grader, PAIRWISE_TEST, None)):
+        problems.append(
+            f"{lesson.id}: {lesson.tests.name} has no {PAIRWISE_TEST}: run DOMAIN.cases(...) against the "
+            f"oracle with DOMAIN.check_each"
+        )
+    return problems
+
+
 def check(lesson: Lesson, stub_file: Path | None = None, solution_file: Path | None = None) -> list[str]:
     """Problems with the lesson's stub against its solution; an empty list means the contract holds.
 
@@ -608,6 +653,7 @@ def check(lesson: Lesson, stub_file: Path | None = None, solution_file: Path | N
             problems.append(problem)
     problems += numbering_problems(lesson, stub_source)
     problems += bounds_problems(lesson, solution_source)
+    problems += domain_problems(lesson, solution_source)
     if problems and origin is not None:
         problems.append(f"(the stub checked: {origin})")
     return problems

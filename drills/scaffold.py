@@ -237,8 +237,13 @@ from drills.compare import assert_close
 from drills.grading.diagnose import Mistake
 from drills.grading.launches import assert_grids_fit, assert_runs_a_triton_kernel
 from drills.tests import seeded, sizes
+from drills.tests.domain import Domain
 
 DIMS = ("i",)
+
+# What the launcher admits, at its boundaries (the smallest and largest size, one past each tile, each
+# dtype, each stride pattern): test_pairwise_domain_cases_match_the_oracle crosses every pair of them.
+DOMAIN = Domain(axes=dict(n=(1, 1025), dtype=(torch.float16, torch.float32)))
 
 
 def make_x(n, dtype, device, stream):
@@ -253,6 +258,16 @@ def test_last_block_is_masked(impl, runtime, dtype):
     n = sizes(runtime, 1025, (1 << 20) + 1)
     x = make_x(n, dtype, runtime.device, stream=1)
     assert_close(impl.{n["fn"]}(x), 2 * x.float(), DIMS)
+
+
+def test_pairwise_domain_cases_match_the_oracle(impl, runtime):
+    """Every pair of DOMAIN's boundary values in one generated case; a failure names the case's values."""
+
+    def run(c):
+        x = make_x(c["n"], c["dtype"], runtime.device, stream=3)
+        assert_close(impl.{n["fn"]}(x), 2 * x.float(), DIMS)
+
+    DOMAIN.check_each(DOMAIN.cases(stream=3), run)
 
 
 def test_runs_a_triton_kernel(impl, runtime):

@@ -135,3 +135,17 @@ def test_another_error_keeps_its_type_and_gets_the_case_as_a_note():
     with pytest.raises(IndexError) as info:
         FREE.check_each(cases, check)
     assert FREE.describe(cases[0]) in info.value.__notes__[0]
+
+
+def test_contract_names_a_kernel_grader_without_a_domain_or_pairwise_check():
+    from types import SimpleNamespace
+
+    from drills.contract import PAIRWISE_TEST, domain_problems
+    from drills.lessons import LESSONS
+
+    l2 = next(lesson for lesson in LESSONS if lesson.id == "l2")
+    bare = SimpleNamespace(DOMAIN=dict(head_dims=(16, 256)))
+    problems = domain_problems(l2, grader=bare)
+    assert any("DOMAIN = Domain" in p for p in problems) and any(PAIRWISE_TEST in p for p in problems)
+    whole = SimpleNamespace(DOMAIN=FREE, **{PAIRWISE_TEST: lambda impl, runtime: None})
+    assert domain_problems(l2, grader=whole) == []
