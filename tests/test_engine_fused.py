@@ -361,3 +361,22 @@ def test_the_overlapped_loop_on_the_kernels_gives_the_same_tokens():
         runs[on] = [o.token_ids for o in llm.generate(prompts, params)]
         assert (llm.engine.stats.overlap_steps > 0) == on
     assert runs[True] == runs[False]
+
+
+def test_decode_inputs_built_on_the_device_on_the_kernels_path():
+    """Decode steps' inputs built on the device (DeviceBatch: block-table rows kept there, new ids only),
+    on the kernel path and its device (on a GPU: CUDA graphs padding the batch, the pinned copy, the
+    overlap), each step compared with C1's prepare_inputs: the same tokens as without them."""
+    from drills.solutions.c1_engine import SamplingParams, prepare_inputs
+
+    g = torch.Generator().manual_seed(20)
+    prompts = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (3, 21, 40, 8, 15)]
+    params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in (19, 4, 12, 1, 17)]
+    runs = {}
+    for on in (False, True):
+        llm = _kernel_llm(num_blocks=32, max_num_seqs=8, overlap=True, device_inputs=on)
+        if on:
+            llm.engine.batch.check = prepare_inputs
+        runs[on] = [o.token_ids for o in llm.generate(prompts, params)]
+        assert (llm.engine.batch is not None and llm.engine.batch.built > 0) == on
+    assert runs[True] == runs[False]

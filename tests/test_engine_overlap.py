@@ -23,7 +23,7 @@ VOCAB = CONFIG.vocab_size
 NUM_BLOCKS = 14  # too few for all prompts at once: preemptions happen
 
 
-def _llm(overlap: bool, eos_id=None):
+def _llm(overlap: bool, eos_id=None, **settings):
     from drills.engine.llm import LLM
 
     llm = LLM(
@@ -37,6 +37,7 @@ def _llm(overlap: bool, eos_id=None):
         max_num_batched_tokens=24,  # prompts in chunks
         overlap=overlap,
         quiet=True,
+        **settings,
     )
     llm.engine.eos_id = eos_id
     return llm
@@ -177,3 +178,31 @@ def test_abort_drops_the_token_on_its_way_and_frees_the_blocks():
         if s is not seqs[0] and s is not waiting:
             assert got[i] == lock[i], f"request {i}: another request's abort changed its tokens"
     assert llm.block_manager.num_free_blocks == NUM_BLOCKS, "an aborted request's blocks were never freed"
+
+
+def test_decode_inputs_built_on_the_device_are_prepare_inputs():
+    """Decode steps' inputs built from block-table rows kept on the device (DeviceBatch), with only new
+    block ids sent, checked field by field against C1's prepare_inputs at every step they build, through
+    chunked prompts, preemptions, requests that stop on eos, and the overlap: the same tokens as the
+    lockstep loop that builds every step with prepare_inputs."""
+    from drills.solutions.c1_engine import prepare_inputs
+
+    prompts = _prompts(15)  # the eos test's requests: a preemption among them
+    free = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in (40, 20, 40, 40, 1, 40)]
+    eos = _common_token([o.token_ids for o in _llm(False).generate(prompts, free)])
+    params = [dataclasses.replace(p, ignore_eos=False) for p in free]
+    lock = [(o.token_ids, o.finish_reason) for o in _llm(False, eos).generate(prompts, params)]
+    for overlap, pad in ((False, None), (True, None), (True, 8)):
+        llm = _llm(overlap, eos, device_inputs=True)
+        batch = llm.engine.batch
+        batch.check = prepare_inputs  # every step built on the device, compared with prepare_inputs'
+        if pad:  # padded to a batch of 8, as a CUDA graph's replay pads it (padding rows read nothing)
+            build = batch.build
+            batch.build = lambda scheduled, bm, pad_to=None, build=build: build(scheduled, bm, pad_to=pad)
+        got = [(o.token_ids, o.finish_reason) for o in llm.generate(prompts, params)]
+        assert got == lock, f"overlap={overlap}: the tokens differ with decode inputs built on the device"
+        assert batch.built > len(got), f"overlap={overlap}: only {batch.built} steps were built on the device"
+        assert llm.engine.scheduler.num_preemptions > 0, (
+            "the pool was meant to be small enough for a preemption"
+        )
+        assert llm.block_manager.num_free_blocks == NUM_BLOCKS

@@ -119,6 +119,10 @@ class EngineConfig:
                             step samples on the device and leaves its tokens there for the next step to
                             read; a request its real token stops ran one step too many, whose token is
                             dropped (engine.py, Engine.step); None: on wherever CUDA graphs are
+    device_inputs           a decode step's inputs built on the device from block-table rows kept there
+                            between steps, only new block ids sent (batch.DeviceBatch); the other steps
+                            are built by C1's prepare_inputs, which also brings the rows up to date.
+                            Off unless asked for (None: off) until a benchmark run shows it pays
     fused_kernels           the forward's RMSNorm + residual add, RoPE and SiLU-and-mul as fused Triton
                             kernels (fused.py); None: on where attention="kernels" runs on a GPU (under
                             the interpreter they would cost more than the torch ops they replace)
@@ -142,6 +146,7 @@ class EngineConfig:
     overlap: bool | None = None
     fused_store: bool | None = None
     prompt_graphs: bool | None = None
+    device_inputs: bool | None = None
 
     def __post_init__(self):
         if self.attention not in ATTENTION:
@@ -181,6 +186,10 @@ class EngineConfig:
         if self.fused_store and not on:
             raise ValueError("fused_store needs attention='kernels' and the fused kernels (fused_kernels)")
         return bool(self.fused_store)
+
+    def device_inputs_on(self, device) -> bool:
+        """Whether steady decode steps build their inputs on the device (batch.DeviceBatch)."""
+        return bool(self.device_inputs)
 
     def overlap_on(self, device) -> bool:
         """Whether the step loop overlaps the host's next step with the device's current one."""

@@ -21,6 +21,7 @@ from drills.device_errors import describe as describe_error
 from drills.device_errors import error_word
 from drills.engine import sampler
 from drills.engine.attention import KernelAttention, PagedKVCache, TorchPagedAttention
+from drills.engine.batch import DeviceBatch
 from drills.engine.config import EngineConfig
 from drills.engine.graphs import DecodeGraphs, PromptGraphs
 from drills.engine.model import Llama, forward
@@ -110,6 +111,11 @@ class Engine:
         self._finished_status = getattr(sys.modules.get(parts.Sequence.__module__), "FINISHED", "finished")
         self._buffers = _Buffers(config.max_num_seqs, model.device)
         self._staging = _Staging(model.device) if self.overlap and model.device.type == "cuda" else None
+        self.batch = None  # steady decode steps' inputs, built on the device (config.device_inputs)
+        if config.device_inputs_on(model.device):
+            self.batch = DeviceBatch(
+                config.max_num_seqs, self.max_model_len, cache.block_size, model.device, staging=self._staging
+            )
         self.graphs = None
         if config.graphs_on(model.device):
             self.graphs = DecodeGraphs(
@@ -182,13 +188,23 @@ class Engine:
         if graph is None and cascade is None and self.prompt_graphs is not None:
             prompt_graph = self.prompt_graphs.batch_for(scheduled)  # a batch size, or None
         device = self.model.device
-        if self._staging is not None:
-            # Built on the host, then sent in one non-blocking copy from pinned memory: a pageable copy
-            # per tensor would block the host until the GPU, still running the previous step, got to it.
-            inputs = self.parts.prepare_inputs(scheduled, self.block_manager, "cpu", pad_to=graph)
-            inputs = self._staging.send(inputs)
-        else:
-            inputs = self.parts.prepare_inputs(scheduled, self.block_manager, device, pad_to=graph)
+        inputs = None
+        if self.batch is not None and cascade is None and prompt_graph is None:
+            # A steady decode step: its tables are on the device already, only new block ids are sent.
+            inputs = self.batch.build(scheduled, self.block_manager, pad_to=graph)
+        if inputs is None:
+            staged = self._staging is not None
+            # Staged: built on the host, then sent in one non-blocking copy from pinned memory; a pageable
+            # copy per tensor would block the host until the GPU, still running the previous step, got to it.
+            inputs = self.parts.prepare_inputs(
+                scheduled, self.block_manager, "cpu" if staged else device, pad_to=graph
+            )
+            if self.batch is not None:
+                self.batch.rows_for(scheduled, inputs)  # the rows its tables go to, sent with them
+            if staged:
+                inputs = self._staging.send(inputs)
+            if self.batch is not None:
+                self.batch.register(inputs)  # the rows on the device follow prepare_inputs
         if self._pending is not None:
             # The previous step's tokens, still on the device, replace their placeholders in the inputs.
             inputs.input_ids = self._pending.resolve(inputs.input_ids, self.placeholder_base)
