@@ -10,6 +10,10 @@ cascade on and off (also on the same traffic with a 4,096-token shared prompt); 
 5.24's batched `generate` (SDPA attention, left-padded batches of 64 and of 256, greedy, KV cache on) on
 the same token ids and GPU; then a Llama-3-8B-shaped model cut to 4 layers: 5.3x the KV bytes per
 token and layer, about 10x the weight bytes per step, where the kernels' bandwidth shows end to end.
+Chat traffic beside it: log-normal prompt and reply lengths, sampled at temperature 0.7 and top_p 0.9,
+each request stopping on its own, and the same requests greedy to the same lengths. Every engine row
+also gives what a user measures: TTFT and inter-token latency (p50, p99) from a run that streams every
+token as it reaches the host, and the median and spread of its timed runs beside the fastest.
 
 Every engine row is checked before it counts: the first 16 tokens of 4 requests, teacher-forced
 through the reference forward (drills/engine/oracle.py, contiguous caches), are each among the

@@ -331,8 +331,7 @@ class Engine:
     def _draw(self, logits, seqs) -> torch.Tensor:
         """The step's tokens (R,) int64, left on the device: no host sync. An all-greedy step (every
         distinct SamplingParams looked at once: requests usually share one) is one argmax."""
-        params = {id(s.params): s.params for s in seqs}.values()
-        if all(p.temperature == 0 for p in params):
+        if all(p.temperature == 0 for p in _distinct_params(seqs)):
             return logits.argmax(-1)
         # Called through the module, as sampler.sample is: a test may watch every draw by replacing it.
         return sampler.sample_on_device(logits, seqs, self.generator)
@@ -378,8 +377,7 @@ class Engine:
     @staticmethod
     def _has_stop_ids(seqs) -> bool:
         """Whether any of `seqs` names stop tokens (each distinct SamplingParams looked at once)."""
-        params = {id(s.params): s.params for s in seqs}.values()
-        return any(getattr(p, "stop_token_ids", None) for p in params)
+        return any(getattr(p, "stop_token_ids", None) for p in _distinct_params(seqs))
 
     def _stop(self, stops) -> list:
         """End each (seq, index) of `stops` at output[index], its stop token: every later token (the
@@ -548,6 +546,12 @@ class _Pending:
     def wait(self) -> tuple[list[int], list[int]]:
         values = self.copy.wait()
         return values[: -_Buffers.WORD], values[-_Buffers.WORD :]
+
+
+def _distinct_params(seqs):
+    """The SamplingParams of `seqs`, each object once: requests usually share one, so a question about
+    the step's sampling costs a look at each distinct one, not one per row."""
+    return {id(s.params): s.params for s in seqs}.values()
 
 
 def shared_prefixes(tables: list[list[int]], lens: list[int], page: int) -> tuple[list[int], list[int]]:
