@@ -25,6 +25,7 @@ specialisation compiled, the graphs captured).
 from __future__ import annotations
 
 import copy
+import gc
 import sys
 import time
 
@@ -568,6 +569,8 @@ def run(impl) -> tuple[bench.Table, list[str]]:
         rows.append(row("engine, decode inputs on the device", device_inputs=True))
     except Exception as exc:  # noqa: BLE001 - one opt-in row must not lose the whole run
         notes.append(f"engine, decode inputs on the device (device_inputs=True): failed, {exc!r}")
+        gc.collect()  # the failed row's engine, its cache and graphs, before the next row sizes its pool
+        torch.cuda.empty_cache()
     # A long shared prompt, where reading it once per step (F2) instead of once per request matters most.
     long_prompts = requests(small.config.vocab_size, system_tokens=LONG_SYSTEM_TOKENS)
     long_label = f"engine, {LONG_SYSTEM_TOKENS:,}-token shared prompt"
