@@ -60,43 +60,57 @@ def _rows_zero_else_equal(rows, lse_dim=None):
 
 
 # -------------------------------------------------------------------------------------------- L1
-def l1_cases(device) -> list[GuardCase]:
-    """store_kvcache with one slot past the cache (or below -1): that token is not stored, every other
-    token is, and nothing outside the caches is written."""
+def _store_cases(stem: str, store, dtype=torch.float32) -> Callable[[object], list[GuardCase]]:
+    """Cases for a store into a paged cache with one slot past the cache (or below -1): that token is not
+    stored, every other token is, and nothing outside the caches is written. store(key, value, k_cache,
+    v_cache, slots, check) stores with the lesson's reference, into caches of the dtype it needs, and
+    returns them as [num_slots, Hkv, D] tensors that compare exactly (bytes, for an e4m3 cache)."""
     N, Hkv, D, PAGE, num_blocks = 6, 2, 16, 16, 4
     num_slots = num_blocks * PAGE
-    cases = []
 
-    def case(name, bad_slot):
-        def run(check, bad=True):
-            gen = torch.Generator().manual_seed(1)
-            key = torch.randn(N, Hkv, D, generator=gen).to(device)  # [N, Hkv, D]
-            value = torch.randn(N, Hkv, D, generator=gen).to(device)
-            slots = torch.randperm(num_slots, generator=gen)[:N].to(device)  # [N] int64, distinct
-            if bad:
-                slots[3] = bad_slot
-            k_cache = torch.zeros(num_blocks, PAGE, Hkv, D, device=device)
-            v_cache = torch.zeros_like(k_cache)
-            _reference("l1_paged_kv_cache").store_kvcache(key, value, k_cache, v_cache, slots, check=check)
-            return k_cache.view(num_slots, Hkv, D), v_cache.view(num_slots, Hkv, D), slots
+    def make(device) -> list[GuardCase]:
+        cases = []
 
-        def compare(valid, bad):
-            (vk, vv, vslots), (bk, bv, _) = valid, bad
-            dropped = int(vslots[3])  # the slot token 3 would have had: left as it was, zero
-            for v, b in ((vk, bk), (vv, bv)):
-                assert torch.all(b[dropped] == 0), "the token with the bad slot was stored somewhere"
-                keep = torch.ones(num_slots, dtype=torch.bool)
-                keep[dropped] = False
-                assert torch.equal(v[keep.to(v.device)], b[keep.to(b.device)]), "another token's slot changed"
+        def case(name, bad_slot):
+            def run(check, bad=True):
+                gen = torch.Generator().manual_seed(1)
+                key = torch.randn(N, Hkv, D, generator=gen).to(dtype).to(device)  # [N, Hkv, D]
+                value = torch.randn(N, Hkv, D, generator=gen).to(dtype).to(device)
+                slots = torch.randperm(num_slots, generator=gen)[:N].to(device)  # [N] int64, distinct
+                if bad:
+                    slots[3] = bad_slot
+                k, v = store(key, value, (num_blocks, PAGE, Hkv, D), slots, check)
+                return k.view(num_slots, Hkv, D), v.view(num_slots, Hkv, D), slots
 
-        cases.append(
-            GuardCase("l1_paged_kv_cache", name, "slot_mapping", run, lambda: run(False, False), compare)
-        )
+            def compare(valid, bad):
+                (vk, vv, vslots), (bk, bv, _) = valid, bad
+                dropped = int(vslots[3])  # the slot token 3 would have had: left as it was, zero
+                for v, b in ((vk, bk), (vv, bv)):
+                    assert torch.all(b[dropped] == 0), "the token with the bad slot was stored somewhere"
+                    keep = torch.ones(num_slots, dtype=torch.bool)
+                    keep[dropped] = False
+                    assert torch.equal(v[keep.to(v.device)], b[keep.to(b.device)]), (
+                        "another token's slot changed"
+                    )
 
-    case("slot_one_past_the_cache", num_slots)
-    case("slot_far_past_the_cache", 2**40)
-    case("slot_below_padding", -7)
-    return cases
+            cases.append(GuardCase(stem, name, "slot_mapping", run, lambda: run(False, False), compare))
+
+        case("slot_one_past_the_cache", num_slots)
+        case("slot_far_past_the_cache", 2**40)
+        case("slot_below_padding", -7)
+        return cases
+
+    return make
+
+
+def _l1_store(key, value, shape, slots, check):
+    k_cache = torch.zeros(shape, device=key.device)
+    v_cache = torch.zeros_like(k_cache)
+    _reference("l1_paged_kv_cache").store_kvcache(key, value, k_cache, v_cache, slots, check=check)
+    return k_cache, v_cache
+
+
+l1_cases = _store_cases("l1_paged_kv_cache", _l1_store)
 
 
 # ---------------------------------------------------------------------------------------------- paged
@@ -112,16 +126,19 @@ def _paged_inputs(device, dtype=torch.float16, B=3, Hq=4, Hkv=2, D=16, PAGE=16, 
     return [t.to(device) for t in (q, k, v, tables, lens)]
 
 
-def _decode_cases(stem: str, fn_name: str, device, extra=None, lse_dim=None) -> list[GuardCase]:
-    """context_lens and block_tables corrupted one value at a time, for L2 and F1 (the same API).
+def _decode_cases(
+    stem: str, fn_name: str, device, extra=None, lse_dim=None, inputs=_paged_inputs
+) -> list[GuardCase]:
+    """context_lens and block_tables corrupted one value at a time, for L2, F1 and F3 (the same API).
     extra(q, k, v, tables, lens): more keyword arguments, made from the valid inputs (F1's plan, as an
-    engine plans from the lengths it knows); lse_dim: which output is the lse, if one is returned."""
+    engine plans from the lengths it knows); lse_dim: which output is the lse, if one is returned;
+    inputs(device): the valid inputs (F3's caches are e4m3)."""
     cases = []
 
     def case(name, argument, corrupt, rows):
         def run(check, bad=True):
             fn = getattr(_reference(stem), fn_name)
-            q, k, v, tables, lens = _paged_inputs(device)
+            q, k, v, tables, lens = inputs(device)
             kwargs = extra(q, k, v, tables, lens) if extra else {}
             if bad:
                 corrupt(tables, lens)
@@ -234,6 +251,38 @@ def f1_cases(device) -> list[GuardCase]:
     merge_case("merge_states_lse_a_plus_inf", "lse_a", 4, float("inf"))
     merge_case("merge_states_lse_b_plus_inf", "lse_b", 1, float("inf"))
     merge_case("merge_states_lse_b_nan_beside_an_empty_part", "lse_b", 5, float("nan"))
+    return cases
+
+
+def _f3_store(key, value, shape, slots, check):
+    k_cache = torch.zeros(shape, device=key.device).to(torch.float8_e4m3fn)
+    v_cache = torch.zeros_like(k_cache)
+    scales = torch.tensor([0.02, 0.05], device=key.device)  # one per KV head
+    _reference("f3_fp8_kv_cache").store_kvcache_fp8(
+        key, value, k_cache, v_cache, slots, scales, scales, check=check
+    )
+    return k_cache.view(torch.uint8), v_cache.view(torch.uint8)  # bytes: torch compares no float8
+
+
+def _e4m3_inputs(device):
+    q, k, v, tables, lens = _paged_inputs(device)
+    return q, k.to(torch.float8_e4m3fn), v.to(torch.float8_e4m3fn), tables, lens
+
+
+def f3_cases(device) -> list[GuardCase]:
+    """F1's decode cases through fp8_decode over an e4m3 cache with per-head scales (one split and two),
+    and L1's bad slots through the quantizing store."""
+    f3 = "f3_fp8_kv_cache"
+    cases = [replace(c, name=f"store_{c.name}") for c in _store_cases(f3, _f3_store, torch.float16)(device)]
+    for splits in (1, 2):
+
+        def planned(q, k, v, tables, lens, splits=splits):
+            scales = torch.tensor([0.5, 0.25], device=q.device)  # Hkv = 2
+            plan = _reference(f3).plan(lens, k.shape[2], k.shape[1], num_splits=splits)
+            return dict(k_scale=scales, v_scale=scales.flip(0), plan=plan, return_lse=True)
+
+        for c in _decode_cases(f3, "fp8_decode", device, extra=planned, lse_dim=1, inputs=_e4m3_inputs):
+            cases.append(replace(c, name=f"{c.name}_{splits}_split{'s' if splits > 1 else ''}"))
     return cases
 
 
@@ -380,6 +429,7 @@ LESSONS: dict[str, Callable[[object], list[GuardCase]]] = {
     "l2_paged_decode": l2_cases,
     "f1_split_kv_decode": f1_cases,
     "f2_cascade_decode": f2_cases,
+    "f3_fp8_kv_cache": f3_cases,
     "l4_paged_prefill": l4_cases,
     "l5_unified_attention": l5_cases,
 }
