@@ -328,8 +328,8 @@ def unified_attention_kernel(
     )  # [BLOCK_M, D]
     # Section 3.2 "The band": positions are absolute (cached prefix + index in the chunk), and so is the
     # window: a decode row at position 40 000 sees keys 39 873 to 40 000 with window 128.
-    pos = prefix + tok  # [BLOCK_M]
-    win_start = pos - window  # [BLOCK_M] keys at or before it are outside the window (unused without one)
+    # TODO(stage 1, section 3.2 "The band"): pos [BLOCK_M], each row's absolute position, and win_start
+    # [BLOCK_M], the last key before its window (computed even without a WINDOW: then unused).
 
     table_ptr = block_tables_ptr + b * stride_bt
     # TODO(stage 1, section 3.2 "The band"): band_hi (one past the tile's last row's own key, at most ctx),
@@ -346,87 +346,21 @@ def unified_attention_kernel(
     qk_scale = scale * 1.4426950408889634  # e^x = 2^(x log2 e)
     k_head_ptr = k_cache_ptr + kvh * stride_kh
     v_head_ptr = v_cache_ptr + kvh * stride_vh
+    # The three stretches, each cut to this split's share [s0, s1): masked, unmasked, masked.
+    # fmt: off
     acc, l_i, m_i = _attend_range(
-        acc,
-        l_i,
-        m_i,
-        q,
-        k_head_ptr,
-        v_head_ptr,
-        table_ptr,
-        tl.maximum(band_lo, s0),
-        tl.minimum(a, s1),
-        offs_n,
-        offs_d,
-        pos,
-        win_start,
-        ctx,
-        qk_scale,
-        stride_kb,
-        stride_kt,
-        stride_vb,
-        stride_vt,
-        PAGE=PAGE,
-        WIDE=WIDE,
-        SAME_KV=SAME_KV,
-        MASKED=True,
-        WINDOW=WINDOW,
-        BLOCK_N=BLOCK_N,
-    )
+        acc, l_i, m_i, q, k_head_ptr, v_head_ptr, table_ptr, tl.maximum(band_lo, s0), tl.minimum(a, s1),
+        offs_n, offs_d, pos, win_start, ctx, qk_scale, stride_kb, stride_kt, stride_vb, stride_vt,
+        PAGE=PAGE, WIDE=WIDE, SAME_KV=SAME_KV, MASKED=True, WINDOW=WINDOW, BLOCK_N=BLOCK_N)
     acc, l_i, m_i = _attend_range(
-        acc,
-        l_i,
-        m_i,
-        q,
-        k_head_ptr,
-        v_head_ptr,
-        table_ptr,
-        tl.maximum(a, s0),
-        tl.minimum(c, s1),
-        offs_n,
-        offs_d,
-        pos,
-        win_start,
-        ctx,
-        qk_scale,
-        stride_kb,
-        stride_kt,
-        stride_vb,
-        stride_vt,
-        PAGE=PAGE,
-        WIDE=WIDE,
-        SAME_KV=SAME_KV,
-        MASKED=False,
-        WINDOW=WINDOW,
-        BLOCK_N=BLOCK_N,
-    )
+        acc, l_i, m_i, q, k_head_ptr, v_head_ptr, table_ptr, tl.maximum(a, s0), tl.minimum(c, s1),
+        offs_n, offs_d, pos, win_start, ctx, qk_scale, stride_kb, stride_kt, stride_vb, stride_vt,
+        PAGE=PAGE, WIDE=WIDE, SAME_KV=SAME_KV, MASKED=False, WINDOW=WINDOW, BLOCK_N=BLOCK_N)
     acc, l_i, m_i = _attend_range(
-        acc,
-        l_i,
-        m_i,
-        q,
-        k_head_ptr,
-        v_head_ptr,
-        table_ptr,
-        tl.maximum(c, s0),
-        tl.minimum(band_hi, s1),
-        offs_n,
-        offs_d,
-        pos,
-        win_start,
-        ctx,
-        qk_scale,
-        stride_kb,
-        stride_kt,
-        stride_vb,
-        stride_vt,
-        PAGE=PAGE,
-        WIDE=WIDE,
-        SAME_KV=SAME_KV,
-        MASKED=True,
-        WINDOW=WINDOW,
-        BLOCK_N=BLOCK_N,
-    )
+        acc, l_i, m_i, q, k_head_ptr, v_head_ptr, table_ptr, tl.maximum(c, s0), tl.minimum(band_hi, s1),
+        offs_n, offs_d, pos, win_start, ctx, qk_scale, stride_kb, stride_kt, stride_vb, stride_vt,
+        PAGE=PAGE, WIDE=WIDE, SAME_KV=SAME_KV, MASKED=True, WINDOW=WINDOW, BLOCK_N=BLOCK_N)
+    # fmt: on
 
     # TODO(stage 1, section 3.5 "Storing the rows"): out = acc / l and lse = (m + log2 l) * ln 2, both for
     # the real rows only (row_ok), at split `split` (stride_os, stride_ls); a row with l = 0 stores o = 0 and
