@@ -22,7 +22,6 @@ from drills.device_errors import error_word, record_error
 from drills.launch import launch, next_pow2, prepare
 
 E4M3 = torch.float8_e4m3fn  # OCP e4m3: bias 7, no infinities, one NaN code, largest finite 448
-E4M3_MAX = 448.0
 LOG2E = 1.4426950408889634  # exp(x) = exp2(x * log2(e)): exp2 is the hardware instruction
 BLOCK_N = 16  # tokens per tile: the smallest tl.dot tile, as in F1 (a chunk is a multiple of it)
 MIN_CHUNK = 64  # tokens: the smallest chunk the planner makes
