@@ -202,6 +202,7 @@ def test_decode_inputs_built_on_the_device_are_prepare_inputs():
         got = [(o.token_ids, o.finish_reason) for o in llm.generate(prompts, params)]
         assert got == lock, f"overlap={overlap}: the tokens differ with decode inputs built on the device"
         assert batch.built > len(got), f"overlap={overlap}: only {batch.built} steps were built on the device"
+        assert llm.engine.stats.device_input_steps == batch.built
         assert llm.engine.scheduler.num_preemptions > 0, (
             "the pool was meant to be small enough for a preemption"
         )

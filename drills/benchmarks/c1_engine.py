@@ -402,6 +402,7 @@ def engine_row(
         prompt_graph_steps=s.prompt_graph_steps,
         cascade_steps=s.cascade_steps,
         overlap_steps=s.overlap_steps,
+        device_input_steps=s.device_input_steps,
         steps=s.steps,
         preemptions=llm.engine.scheduler.num_preemptions,
         gpu_busy=busy,

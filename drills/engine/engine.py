@@ -40,6 +40,7 @@ class Stats:
     prompt_graph_steps: int = 0  # steps with prompt tokens replayed as a CUDA graph
     cascade_steps: int = 0  # decode steps served by F2's cascade_decode
     overlap_steps: int = 0  # steps whose tokens stayed on the device while the next step was prepared
+    device_input_steps: int = 0  # decode steps whose inputs DeviceBatch built on the device
     peak_blocks: int = (
         0  # the most KV blocks in use at once, after a step's scheduling (LLM.generate resets it)
     )
@@ -192,6 +193,7 @@ class Engine:
         if self.batch is not None and cascade is None and prompt_graph is None:
             # A steady decode step: its tables are on the device already, only new block ids are sent.
             inputs = self.batch.build(scheduled, self.block_manager, pad_to=graph)
+            self.stats.device_input_steps += inputs is not None
         if inputs is None:
             staged = self._staging is not None
             # Staged: built on the host, then sent in one non-blocking copy from pinned memory; a pageable
