@@ -569,7 +569,6 @@ DOMAIN_PENDING = {
     # Not drawn from a Domain yet: each is to add DOMAIN and the pairwise check, then leave this set.
     "t4": "pending: states per merge, block, splits and dtype as a Domain",
     "t5": "pending: B, H, Hkv, Nq, Nk, D, causal and strides as a Domain",
-    "l1": "pending: tokens, PAGE, Hkv, D, dtype and slot patterns as a Domain",
     "l4": "pending: q lengths, cached prefixes, PAGE, D, grouping and strides as a Domain",
     "l5": "pending: being written (windows, sinks, chunks and decode rows as a Domain)",
     "f3": "pending: being written (F1's domain with the scales per tensor or per head)",

@@ -13,12 +13,14 @@ import random
 import pytest
 import torch
 
+from drills import validate
 from drills.compare import assert_close, assert_untouched, mismatch
 from drills.grading.bigmem import free_bytes, sparse_empty
 from drills.grading.diagnose import Mistake
 from drills.grading.launches import assert_grids_fit, assert_runs_a_triton_kernel
 from drills.solutions.l2_paged_decode import paged_decode
 from drills.tests import raises_naming, seeded, sizes
+from drills.tests.domain import Domain, checks_besides
 from drills.tests.paged_kv import GARBAGE_BLOCK_IDS, gather_kv, paged_attention_reference
 
 # Each constexpr of the reference's kernels -> the tests that cross it: a size one past its tile or loop
@@ -35,6 +37,21 @@ BOUNDS: dict[str, tuple[str, ...]] = {
 BOUNDS_GAPS = {"GUARD": "no bound: the device guard's switch, on in every call but the benchmark's timing"}
 
 CANARY = 1234.5  # exactly representable in fp16, bf16 and fp32; randn never produces it
+
+# What store_kvcache admits, at its boundaries (any Hkv, D and PAGE; D up to the widest head dim the
+# attention launchers of drills/validate.py admit): test_pairwise_domain_cases_match_the_oracle crosses
+# every pair of them. Each size is one past a power of two where it can be, so HKV_PAD and D_PAD pad.
+DOMAIN = Domain(
+    axes=dict(
+        D=(5, 40, validate.HEAD_DIM_RANGE[1]),
+        Hkv=(1, 3, 8),
+        PAGE=(1, 5, 16),
+        dtype=(torch.float16, torch.bfloat16, torch.float32),
+        rows=("contiguous", "fused_qkv", "value_own_strides", "padded_head_dim"),  # key and value
+        cache=("contiguous", "layer_of_interleaved_pool", "heads_before_tokens"),
+        slots=("with_padding", "cache_edges", "empty_batch"),
+    ),
+)
 EXACT = dict(atol=0.0, rtol=0.0, rel=0.0)  # a store is a copy: every bit must arrive
 CACHE_DIMS = ("block+margin", "offset", "head", "d")  # positions inside the canary buffer
 ROW_DIMS = ("row", "head", "d")
@@ -729,23 +746,17 @@ CACHE_LAYOUTS = {
 }
 
 
-@pytest.mark.parametrize("layout", list(CACHE_LAYOUTS))
-def test_cache_strides_are_used(impl, runtime, layout):
-    """A cache need not be contiguous: address slot s as block * stride(0) + offset * stride(1) + h *
-    stride(2), with the cache's own strides. The whole pool is canary, so a row stored where a contiguous
-    cache would have it shows up as an overwritten canary (and a missing row)."""
-    N, PAGE, Hkv, D, num_blocks = sizes(runtime, 10, 2000), 4, 2, 32, sizes(runtime, 6, 1024)
+def store_into_pool(impl, key, value, slots, num_blocks, PAGE, layout):
+    """store_kvcache into k_cache and v_cache cut from a canary pool by CACHE_LAYOUTS[layout]; check every
+    real row arrived bit for bit in its slot and nothing else in the pool changed."""
+    N, Hkv, D = key.shape
     shape, cut = CACHE_LAYOUTS[layout]
-    pool = torch.full(shape(num_blocks, PAGE, Hkv, D), CANARY, dtype=torch.float16, device=runtime.device)
+    pool = torch.full(shape(num_blocks, PAGE, Hkv, D), CANARY, dtype=key.dtype, device=key.device)
     k_cache, v_cache = cut(pool)  # [num_blocks, PAGE, Hkv, D] views, not contiguous
-    assert not k_cache.is_contiguous()
-    key, value = random_rows(N, Hkv, D, torch.float16, runtime.device, stream=18)
-    slots = distinct_slots(N, num_blocks * PAGE, runtime.device, stream=18)
-    slots[::4] = -1
     impl.store_kvcache(key, value, k_cache, v_cache, slots)
     real = slots >= 0
     block, offset = slots[real] // PAGE, slots[real] % PAGE
-    keep = torch.zeros(pool.shape, dtype=torch.bool, device=runtime.device)
+    keep = torch.zeros(pool.shape, dtype=torch.bool, device=key.device)
     for cache, keep_view, src in zip((k_cache, v_cache), cut(keep), (key, value)):
         keep_view[block, offset] = True  # writes through the view into keep
         assert_close(cache[block, offset], src[real], ROW_DIMS, **EXACT)
@@ -756,6 +767,62 @@ def test_cache_strides_are_used(impl, runtime, layout):
         f"the pool holding k_cache and v_cache ({layout}): rows stored as if "
         "the cache were contiguous, or a padding row written?",
     )
+
+
+@pytest.mark.parametrize("layout", list(CACHE_LAYOUTS))
+def test_cache_strides_are_used(impl, runtime, layout):
+    """A cache need not be contiguous: address slot s as block * stride(0) + offset * stride(1) + h *
+    stride(2), with the cache's own strides. The whole pool is canary, so a row stored where a contiguous
+    cache would have it shows up as an overwritten canary (and a missing row)."""
+    N, PAGE, Hkv, D, num_blocks = sizes(runtime, 10, 2000), 4, 2, 32, sizes(runtime, 6, 1024)
+    key, value = random_rows(N, Hkv, D, torch.float16, runtime.device, stream=18)
+    slots = distinct_slots(N, num_blocks * PAGE, runtime.device, stream=18)
+    slots[::4] = -1
+    store_into_pool(impl, key, value, slots, num_blocks, PAGE, layout)
+
+
+def laid_out_rows(key, value, layout):
+    """key and value [N, Hkv, D] as the views `layout` names (see _strided_rows), same values and dtype."""
+    N, Hkv, D = key.shape
+    nan = dict(fill_value=float("nan"), dtype=key.dtype, device=key.device)
+    if layout == "fused_qkv":  # views of one [N, 8 + 2 Hkv, D] projection: rows (8 + 2 Hkv) D apart
+        qkv = torch.full((N, 8 + 2 * Hkv, D), **nan)
+        key, value = qkv[:, 8 : 8 + Hkv].copy_(key), qkv[:, 8 + Hkv :].copy_(value)
+    elif layout == "value_own_strides":  # key a view of a projection, value contiguous
+        qkv = torch.full((N, 8 + Hkv, D), **nan)
+        key = qkv[:, 8:].copy_(key)
+    elif layout == "padded_head_dim":  # heads D + 8 apart
+        padded = torch.full((2, N, Hkv, D + 8), **nan)
+        key, value = padded[0, ..., :D].copy_(key), padded[1, ..., :D].copy_(value)
+    return key, value
+
+
+PAIRWISE = "test_pairwise_domain_cases_match_the_oracle"
+
+
+def test_pairwise_domain_cases_match_the_oracle(impl, runtime):
+    """Cases drawn from DOMAIN so that every pair of its boundary values meets in one case (D = 256 at
+    PAGE = 1, three KV heads in a heads-before-tokens pool, fused-qkv rows in fp32...): a store right on
+    each bound alone can still be wrong where two meet. A failure names the case's values."""
+
+    def run(c):
+        D, Hkv, PAGE = c["D"], c["Hkv"], c["PAGE"]
+        num_blocks = 3
+        last = num_blocks * PAGE - 1
+        slots = {
+            "with_padding": [-1, last, 0, -1] + list(range(1, min(last, 3))),
+            "cache_edges": [0, last],
+            "empty_batch": [],
+        }[c["slots"]]
+        slot_mapping = torch.tensor(slots, dtype=torch.int64, device=runtime.device)
+        key, value = random_rows(len(slots), Hkv, D, c["dtype"], runtime.device, stream=407)
+        key, value = laid_out_rows(key, value, c["rows"])
+        if c["cache"] == "contiguous":
+            store_and_check(impl, key, value, slot_mapping, num_blocks, PAGE)
+        else:
+            store_into_pool(impl, key, value, slot_mapping, num_blocks, PAGE, c["cache"])
+
+    DOMAIN.check_each(DOMAIN.cases(stream=407), run)
 
 
 @pytest.mark.parametrize(
@@ -1094,3 +1161,18 @@ def test_checks_reject_zeros_a_shifted_slot_and_one_stray_write(runtime):
     buf[0, 3, 1, 15] = 0.0
     with pytest.raises(AssertionError, match="canary"):
         assert_untouched(buf, CANARY, torch.zeros(buf.shape, dtype=torch.bool, device=buf.device), "buf")
+
+
+# The check of generated combinations is defined after MISTAKES above: its look-alikes are every other check.
+MISTAKES += [
+    Mistake(
+        12,
+        # Every bound holds alone and a combination of them does not: the message names the case.
+        fails=(PAIRWISE,),
+        passes=checks_besides(globals(), PAIRWISE),
+        question="Every single-bound check passes and one generated case does not: its message names its "
+        "D, Hkv, PAGE, dtype, row and cache layouts and slots; which of these does your kernel handle only "
+        "one at a time (a stride taken from another tensor, a padded size where the real one belongs)?",
+        section="3.4",
+    ),
+]
