@@ -152,6 +152,25 @@ def test_missing_extra_names_a_package_that_is_absent(monkeypatch):
     assert "gguf" in chat.missing_extra()
 
 
+def test_sampling_defaults_follow_the_model_card():
+    """SmolLM2's model card samples at temperature 0.2 with top_p 0.9 (at 0.7 the 135M model answered an
+    English question in French); --temperature 0 is greedy; top_k and min_p are off unless asked for."""
+    params = chat.sampling_params(chat.parser().parse_args([]))
+    assert (params.temperature, params.top_p, params.top_k, params.min_p) == (0.2, 0.9, -1, 0.0)
+    assert "SmolLM2's model card" in chat.describe_sampling(params)
+    greedy = chat.sampling_params(chat.parser().parse_args(["--temperature", "0"]))
+    assert greedy.temperature == 0 and chat.describe_sampling(greedy).startswith("greedy")
+    cut = chat.sampling_params(chat.parser().parse_args(["--top-k", "40", "--min-p", "0.05"]))
+    assert (cut.top_k, cut.min_p) == (40, 0.05)
+    assert "top_k 40" in chat.describe_sampling(cut) and "min_p 0.05" in chat.describe_sampling(cut)
+
+
+@pytest.mark.parametrize("flag, value", [("--top-k", "-5"), ("--min-p", "1.5"), ("--top-p", "nan")])
+def test_a_bad_sampling_flag_is_refused_naming_it(flag, value):
+    with pytest.raises(ValueError, match=flag[2:].replace("-", "_")):
+        chat.sampling_params(chat.parser().parse_args([flag, value]))
+
+
 def test_real_model_answers_the_capital_of_france(capsys):
     missing = chat.missing_extra()
     if missing:
@@ -180,6 +199,9 @@ def test_real_model_answers_the_capital_of_france(capsys):
     assert "Paris" in reply.splitlines()[0], out
     assert "tok/s" in reply and "KV blocks" in reply and "prefix-cache hits" in reply, out
     assert "the engine runs:" in out and "on the CPU this is slow" in out, out
+    # The start-up lines quote no speed measured elsewhere: the status line after a reply measures it here.
+    [banner] = [line for line in out.splitlines() if line.startswith("on the CPU this is slow")]
+    assert not re.search(r"\d", banner), banner
     # The reply's blocks are given back when it ends: the status line shows the most it held, not 0.
     peak = re.search(r"KV blocks at most (\d+)/16", reply)
     assert peak and int(peak.group(1)) > 0, reply
