@@ -109,6 +109,34 @@ NAMES = {
     "listdir": "lists a folder",
     "scandir": "lists a folder",
     "exists": "asks whether a file exists",
+    # Files reached through the allowed modules: a file that writes what it saw in one run and reads it
+    # in another (an answer computed in a plain run, loaded while graded) computes out of the grader's sight
+    "save": "writes a file (torch.save): a launcher reads and writes only tensors",
+    "from_file": "reads a file into a tensor: a launcher reads and writes only tensors",
+    "tofile": "writes a file: a launcher reads and writes only tensors",
+    "fromfile": "reads a file: a launcher reads and writes only tensors",
+    "serialization": "reads and writes files (torch's serialization): a launcher needs none",
+    "hub": "downloads and loads files (torch.hub): a launcher needs none",
+    "package": "reads and writes files (torch.package): a launcher needs none",
+    "load_library": "loads compiled code the check cannot read",
+    "profiler": "writes trace files (a profiler): a launcher needs none",
+    "onnx": "writes files (torch.onnx): a launcher needs none",
+    "distributed": "talks to other processes (torch.distributed), out of the grader's sight",
+    # Hooks: Triton calls them during a launch, so what they compute would pass for Triton's own work
+    "add_pre_run_hook": "runs code in a kernel's hook: compute in the kernel's body and launch it plainly",
+    "pre_run_hooks": "runs code in a kernel's hook: compute in the kernel's body and launch it plainly",
+    "pre_hook": "runs code in a hook around a launch: compute in the kernel's body and launch it plainly",
+    "post_hook": "runs code in a hook around a launch: compute in the kernel's body and launch it plainly",
+    "launch_enter_hook": "runs code in a launch hook: compute in the kernel's body and launch it plainly",
+    "launch_exit_hook": "runs code in a launch hook: compute in the kernel's body and launch it plainly",
+    "jit_cache_hook": "runs code in a compiler hook: compute in the kernel's body and launch it plainly",
+    "jit_post_compile_hook": "runs code in a compiler hook: compute in the kernel's body and launch it plainly",
+    "CompiledKernel": "reaches Triton's compiled kernels (their launch hooks): launch the kernel plainly",
+    "autotune": "autotunes (its hooks and benchmarks run code around each launch): pick the tile on the host",
+    "Autotuner": "autotunes (its hooks and benchmarks run code around each launch): pick the tile on the host",
+    "heuristics": "runs code before each launch (triton.heuristics): compute the value in the launcher",
+    "Heuristics": "runs code before each launch (triton.heuristics): compute the value in the launcher",
+    "register_hook": "runs code in a hook: a launcher calls its kernels plainly",
     # Ways past the op recorder inside torch itself
     "library": "registers a torch op of its own (the grader names ops by their aten:: name)",
     "utils": "reaches torch's utilities (its dispatch internals, its worker processes)",
@@ -238,6 +266,8 @@ def _import_why(node: ast.AST, course: set[str]) -> str | None:
             return f"imports {full}: {INSTEAD_IMPORT}"
         if a.name in NAMES:  # `from sys import modules as M`: the name under another
             return NAMES[a.name]
+        if a.name in FILE_ATTRS and module.split(".")[0] != "triton":  # `from torch import load`
+            return FILE_ATTRS[a.name]
         if a.name in CALLS:
             return CALLS[a.name]
         if a.name.startswith("_") and module != "__future__":
@@ -255,6 +285,24 @@ def _roots(tree: ast.AST) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module and node.module != "__future__":
             roots |= {a.asname or a.name for a in node.names}
     return roots
+
+
+def _triton_roots(tree: ast.AST) -> set[str]:
+    """The names the file binds to Triton (triton, tl, triton.language's members): `tl.load` is a
+    kernel's load; `.load` on anything else reads a file (torch.load, torch.jit.load)."""
+    roots = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            roots |= {
+                a.asname or a.name.split(".")[0] for a in node.names if a.name.split(".")[0] == "triton"
+            }
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "triton":
+            roots |= {a.asname or a.name for a in node.names}
+    return roots
+
+
+# Attributes that read or write a file everywhere but on Triton's names (tl.load is a kernel's load).
+FILE_ATTRS = {"load": "reads a file (torch.load): a launcher reads and writes only tensors"}
 
 
 def _chain_root(node: ast.AST) -> str | None:
@@ -279,10 +327,14 @@ def _why(node: ast.AST, ctx: dict) -> str | None:
             return f"reads .{node.attr}, behind a name: a launcher uses the names it defines or imports"
         if node.attr in NAMES:
             return NAMES[node.attr]
+        if node.attr in FILE_ATTRS and _chain_root(node.value) not in ctx["triton"]:
+            return FILE_ATTRS[node.attr]
         if node.attr.startswith("_") and _chain_root(node.value) in roots:
             return f"reads {ast.unparse(node)}, a module's internals: use its public functions"
         if node.attr in FRESH and not (isinstance(node.value, ast.Name) and node.value.id == "math"):
             return f"tests tensor values with {node.attr} on the host (fresh memory is poisoned while graded)"
+    if isinstance(node, ast.keyword) and node.arg in NAMES:  # triton.Config(..., pre_hook=...)
+        return f"passes {node.arg}=: {NAMES[node.arg]}"
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _dunder(node.name):
         if node.name not in DUNDER_METHODS:
             return f"defines {node.name}, a hook into Python or torch: a launcher's classes hold data"
@@ -348,6 +400,7 @@ def refusals(source: str, reference_source: str | None, filename: str = "<file>"
     ctx = {
         "course": course_modules(reference_source),
         "roots": _roots(tree),
+        "triton": _triton_roots(tree),
         "called": {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)},
     }
     lines = source.splitlines()
