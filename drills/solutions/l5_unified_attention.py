@@ -580,7 +580,7 @@ def _launch(
             cu_seqlens_q,
             context_lens,
             scale,
-            0 if window is None else window,
+            0 if window is None else int(window),  # a numpy integer too
             B,
             head_groups,
             q.stride(0),
