@@ -5,7 +5,8 @@
   write race (raised here: it is the learner's own bug);
 - with `provenance`, the evidence the grader's process judges (provenance.judge) goes back with the
   result: what the last launch left in each returned tensor, and the call's result and argument states
-  once more with every Triton launch turned into a no-op.
+  once more with every Triton launch turned into a no-op (with the arguments' states before the call:
+  that run must leave them byte for byte as they were).
 """
 
 from __future__ import annotations
@@ -217,6 +218,7 @@ def run_call(watch: TritonWatch, fn, args, kwargs, options: dict):
         finally:
             watch.disabled, POISON["value"] = False, float("nan")
         evidence["disabled"] = {
+            "before": [_typed(snap[ptr], t) for ptr, (_, t) in ordered],  # each argument before the call
             "after": typed_after,
             "states": [_typed(_u8(s), t).clone() for _, (s, t) in ordered],
             "names": arg_names,

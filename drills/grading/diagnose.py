@@ -233,6 +233,15 @@ def _unwritten_finding(cases, stages) -> Finding:
 
 NOT_REFUSED_TITLE = "your code accepted input it must refuse, and went on to compute with it"
 
+# A file that tells a grading from a plain run by what fresh memory or a masked-off lane holds (NaN only
+# while graded): its result changes with that memory (provenance.poison_disagrees). When that is every
+# failure, the file passes the value checks one way and is used another: that is the finding.
+FRESH_MEMORY = r"depends on what fresh memory holds"
+FRESH_TITLE = (
+    "your code takes another path while graded than in a plain run: its result changes with what fresh "
+    "memory and the masked-off lanes of loads without other= hold"
+)
+
 
 def _not_refused(case) -> bool:
     """A bad-input check met the not-from-kernel verdict: torch computed on the bad input the learner's
@@ -304,6 +313,9 @@ def diagnose(
     # The most specific consistent mistake first; ties go to the one explaining more failures, then
     # to the order of the lesson's list.
     consistent.sort(key=lambda s: (-s.total, -len(s.witnesses), mistakes.index(s.mistake)))
+    # Only the fresh-memory verdict failed: the file told the grading apart (FRESH_MEMORY).
+    if all(re.search(FRESH_MEMORY, c.message or "") for c in failing):
+        return [Finding(0, FRESH_TITLE, _evidence(failing[0]), True, None, "nan")]
     # A launch grid past CUDA's limits is certain (the harness checks every grid before its launch): the
     # mistake whose messages name it comes first, however many other checks the same code fails.
     grid = [c for c in failing if re.search(GRID_PAST_LIMITS, c.message or "")]

@@ -5,7 +5,8 @@
   given are kept (what the grader compares the call's result with);
 - under the interpreter, every load and store lane is checked against the memory of the kernel's tensor
   arguments (an out-of-bounds access becomes an error naming the learner's line instead of a segfault),
-  masked-off lanes of a load without `other=` read NaN (undefined on a GPU), programs can be visited in
+  masked-off lanes of a load without `other=` read what fresh memory holds (NaN while graded, the finite
+  pattern in the provenance check's finite run: undefined on a GPU), programs can be visited in
   reverse, and bf16 is computed as a GPU computes it (drills/grading/bf16.py), where Triton's own
   interpreter returns garbage;
 - torch.empty and friends return NaN-filled memory, so output never written shows.
@@ -199,9 +200,12 @@ class TritonWatch:
             if other is None:
                 dtype_tt = ptrs.get_element_ty()
                 if dtype_tt.is_floating():
+                    # What fresh memory holds in this run: NaN, or the finite pattern of the provenance
+                    # check's second run, so that a file telling a grading by these lanes takes another
+                    # path in one of the two runs that must agree (provenance.poison_disagrees).
                     dtype_np = interp._get_np_dtype(dtype_tt)
                     other = interp.TensorHandle(
-                        np.full(np.shape(ptrs.data), np.nan, dtype=dtype_np), dtype_tt
+                        np.full(np.shape(ptrs.data), POISON["value"], dtype=dtype_np), dtype_tt
                     )
             return load(self, ptrs, mask, other, *rest)
 
@@ -454,25 +458,64 @@ MOVES = {
 # Tensor methods that copy values to Python or numpy without an op a dispatch mode sees.
 HOST_READS = {"tolist", "numpy", "__array__", "__dlpack__"}
 
+# Ops whose output holds none of their inputs' values (a fresh tensor shaped like one): it is not float
+# memory for having been made from a float tensor.
+DATA_FREE = EMPTIES | {
+    "aten::" + n for n in "zeros zeros_like new_zeros ones ones_like new_ones full full_like new_full".split()
+}
+# How many flags computed from float memory a call may read to the host: a launcher's argument checks
+# (`if bad.any(): raise`) read a few, one bit each; the values themselves never. More is the answer
+# read out bit by bit.
+FLAG_READS = 16
+
 # In-place ops that change a tensor's shape or storage, not the bytes in its memory.
 RESHAPES = {
     "aten::" + name
     for name in "set_ resize_ resize_as_ as_strided_ transpose_ unsqueeze_ squeeze_ t_ detach_".split()
 }
 
-_TORCH_DIR = _TRITON_DIR = None
+_TORCH_DIR = None
 _GRADING_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-_FRAME_KIND: dict = {}  # code object -> "torch" (torch or the grader: look further out), "triton", "other"
+_FRAME_KIND: dict = {}  # code object -> "torch" (torch or the grader: look further out), "own", "other"
+_OWN_CODE: set = set()  # the code of Triton's functions that move a launch's arguments, and nothing else
+
+
+def _triton_copy_code() -> set:
+    """The code objects of the interpreter's functions that copy a launch's arguments to the host and
+    back (and of the functions nested in them): the only torch ops Triton itself runs during a launch.
+    Named by identity, not by file: Triton's frames also call hooks (a kernel's pre-run hooks, an
+    autotuner's pre_hook), whose torch ops are the learner's computing. Empty where there is no
+    interpreter: a compiled launch runs no torch op of its own."""
+    import types
+
+    try:
+        from triton.runtime.interpreter import GridExecutor
+    except ImportError:
+        return set()
+    codes: set = set()
+
+    def add(code):
+        if code not in codes:
+            codes.add(code)
+            for const in code.co_consts:
+                if isinstance(const, types.CodeType):
+                    add(const)
+
+    for name in ("_init_args_hst", "_restore_args_dev"):
+        code = getattr(getattr(GridExecutor, name, None), "__code__", None)
+        if code is not None:
+            add(code)
+    return codes
 
 
 def _frame_kind(code) -> str:
     kind = _FRAME_KIND.get(code)
     if kind is None:
         name = os.path.abspath(code.co_filename or "")
-        if name.startswith((_TORCH_DIR, _GRADING_DIR)):
+        if code in _OWN_CODE:
+            kind = "own"
+        elif name.startswith((_TORCH_DIR, _GRADING_DIR)):
             kind = "torch"
-        elif name.startswith(_TRITON_DIR):
-            kind = "triton"
         else:
             kind = "other"
         _FRAME_KIND[code] = kind
@@ -481,22 +524,23 @@ def _frame_kind(code) -> str:
 
 def tritons_own(watch: TritonWatch) -> bool:
     """Whether the torch op running now is Triton's own: a launch runs, and the nearest caller outside
-    torch and the grader is Triton's code (the interpreter copying arguments). A plain Python function
-    the kernel's body calls, computing with torch, is the learner's computing, launch or not."""
-    global _TORCH_DIR, _TRITON_DIR
+    torch and the grader is the interpreter copying the launch's arguments (_triton_copy_code). A plain
+    Python function the kernel's body calls, and a hook Triton calls around the body (a pre-run hook,
+    an autotuner's pre_hook or post_hook, a launch hook), computing with torch, is the learner's
+    computing, launch or not."""
+    global _TORCH_DIR
     if not watch.in_launch:
         return False
     if _TORCH_DIR is None:
         import torch
-        import triton
 
+        _OWN_CODE.update(_triton_copy_code())
         _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
-        _TRITON_DIR = os.path.dirname(os.path.abspath(triton.__file__)) + os.sep
     frame = sys._getframe(1)
     while frame is not None:
         kind = _frame_kind(frame.f_code)
         if kind != "torch":
-            return kind == "triton"
+            return kind == "own"
         frame = frame.f_back
     return False
 
@@ -532,8 +576,10 @@ def torch_compute_recorder(watch: TritonWatch):
         def __torch_function__(self, func, types, args=(), kwargs=None):
             if getattr(func, "__name__", None) in HOST_READS and args and isinstance(args[0], torch.Tensor):
                 t = args[0]
-                if t.is_floating_point() or t.is_complex() or self.recorder.float_bits(t):
+                if t.is_floating_point() or t.is_complex():
                     self.recorder.note(f"{func.__name__} (floats read to the host)")
+                elif self.recorder.float_bits(t):
+                    self.recorder.derived_read(func.__name__, t)
             return func(*args, **(kwargs or {}))
 
     class Recorder(TorchDispatchMode):
@@ -543,16 +589,30 @@ def torch_compute_recorder(watch: TritonWatch):
             # storage of a copy -> storages it was copied from (a launcher's .contiguous() of an input,
             # say): a kernel that reads the copy reads the input (calls._unread_inputs)
             self.copied_from: dict[int, set[int]] = {}
-            # storages that hold floats (an int view of one is still float memory)
+            # storages that hold floats, or values computed from them: an int view of one, and what
+            # any op made from one (an int tensor `bits + 0`, a comparison's flags) are float memory too
             self.float_memory: set[int] = set()
+            self.flags_read = 0  # flags computed from float memory read to the host (FLAG_READS)
 
         def note(self, name: str) -> None:
             if not tritons_own(watch) and name not in self.seen:
                 self.seen.append(name)
 
         def float_bits(self, tensor) -> bool:
-            """An integer tensor over a float tensor's memory (its bits read or written as integers)."""
-            return not tensor.is_floating_point() and ptr(tensor) in self.float_memory
+            """A non-float tensor over float memory: an integer view of a float tensor (its bits read or
+            written as integers), or any tensor an op computed from float memory."""
+            return (
+                not (tensor.is_floating_point() or tensor.is_complex()) and ptr(tensor) in self.float_memory
+            )
+
+        def derived_read(self, how: str, tensor) -> None:
+            """Values computed from float memory read to the host: a few flags (bool) are a launcher's
+            argument check; anything else, or more flags than FLAG_READS, is the answer taken to Python."""
+            if tensor.dtype == torch.bool and self.flags_read + tensor.numel() <= FLAG_READS:
+                self.flags_read += tensor.numel()
+                return
+            what = "flags" if tensor.dtype == torch.bool else "values"
+            self.note(f"{how} ({what} computed from floats read to the host)")
 
         def __enter__(self):
             watch.recorder = self
@@ -581,11 +641,14 @@ def torch_compute_recorder(watch: TritonWatch):
             for t in inputs:
                 if t.is_floating_point() or t.is_complex():
                     self.float_memory.add(ptr(t))
+            # Computed from float memory (views and results alike): the output is float memory too, so
+            # `(x.view(torch.int32) + 0).tolist()` reads floats to the host as x.tolist() does.
+            derived = name not in DATA_FREE and any(ptr(t) in self.float_memory for t in inputs)
             for t in outputs:
                 dst = ptr(t)
                 if dst not in sources:  # a new storage; one freed before may have had its address
                     self.float_memory.discard(dst)
-                if t.is_floating_point() or t.is_complex():
+                if t.is_floating_point() or t.is_complex() or derived:
                     self.float_memory.add(dst)
             if not own and name in MOVES:
                 for t in outputs:
@@ -594,12 +657,15 @@ def torch_compute_recorder(watch: TritonWatch):
                         self.copied_from.setdefault(dst, set()).update(sources - {dst})
                     else:  # a new storage; start afresh
                         self.copied_from[dst] = set(sources)
-            if name == "aten::_local_scalar_dense" and (
-                floats(list(args)) or any(map(self.float_bits, inputs))
-            ):
+            if name == "aten::_local_scalar_dense":
                 # A float read to the host (item(), float()): a launcher reads lengths, never values;
                 # an answer computed in Python from the values is out of every other check's sight.
-                self.note("item (a float read to the host)")
+                if floats(list(args)):
+                    self.note("item (a float read to the host)")
+                else:
+                    for t in inputs:
+                        if self.float_bits(t):
+                            self.derived_read("item", t)
             if own:
                 return out
             written = []

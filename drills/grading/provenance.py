@@ -14,8 +14,11 @@ decided here, in the grader's process, from the evidence the learner's process s
             read from under the interpreter, or that no launch was given in compiled Triton (which hides
             its loads): an answer made elsewhere and copied in reads none of them
   disabled  the call once more with every launch a no-op: the returned tensors and the arguments'
-            states; if they equal those of the real call, the result was computed some other way
-  finite    the call once more with fresh memory holding a finite pattern instead of NaN: its results
+            states; if they equal those of the real call, the result was computed some other way; and
+            every argument must come out of it byte for byte as it was before the call (a row copied
+            into a cache by torch is computing outside the kernel, however it is written)
+  finite    the call once more with fresh memory (and a masked-off lane of a load without other=)
+            holding a finite pattern instead of NaN: its results
             must agree with the real call's wherever those are not NaN (a file that tells a grading by
             its memory takes another path there)
 """
@@ -86,6 +89,21 @@ def poison_disagrees(before: list, after: list, names: list, results_a: list, re
     return None
 
 
+def changed_without_launches(before: list, after: list, names: list) -> str | None:
+    """The first argument whose bytes the launch-disabled run changed (before: the arguments' states
+    before the call; after: after that run), as "`name` (N bytes)"; None when each is byte-identical."""
+    import torch
+
+    for name, x, y in zip(names, before, after):
+        a, b = x.reshape(-1).view(torch.uint8), y.reshape(-1).view(torch.uint8)
+        if a.shape != b.shape:
+            return f"`{name}` (its size)"
+        n = int((a != b).sum())
+        if n:
+            return f"`{name}` ({n} bytes)"
+    return None
+
+
 def judge(result_tensors: list, evidence: dict | None) -> None:
     """Raise NotFromKernel unless the evidence shows the result came from a launch of the learner's
     kernel. result_tensors: the tensors of the call's result as the grader received them."""
@@ -138,8 +156,17 @@ def judge(result_tensors: list, evidence: dict | None) -> None:
         if where is not None:
             raise NotFromKernel(
                 "the output depends on what fresh memory holds: the call gave other results with "
-                f"torch.empty's memory filled with a finite pattern than with NaN ({where}), where the NaN "
-                "run wrote numbers; read only what your kernel wrote, and compute the same way every run"
+                "torch.empty's memory and the masked-off lanes of loads without other= filled with a finite "
+                f"pattern than with NaN ({where}), where the NaN run wrote numbers; read only what your "
+                "kernel wrote, and compute the same way every run"
+            )
+    if disabled is not None and disabled.get("before") is not None:
+        where = changed_without_launches(disabled["before"], disabled["states"], disabled["names"])
+        if where is not None:
+            raise NotFromKernel(
+                "the output did not come from your kernel: with every Triton launch turned into a no-op the "
+                f"call still wrote into argument {where}, so torch wrote it (a copy_, an index_put_, an "
+                "assignment); every value the call leaves in its arguments must be stored by your kernel"
             )
     if disabled is not None:
         same = compare_states(
