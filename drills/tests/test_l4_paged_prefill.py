@@ -17,7 +17,7 @@ import torch
 
 from drills.compare import assert_close, mismatch
 from drills.grading import bigmem
-from drills.grading.diagnose import Mistake
+from drills.grading.diagnose import Mistake, returned_problem
 from drills.grading.launches import assert_grids_fit, assert_runs_a_triton_kernel
 from drills.tests import bf16_everywhere, fill_past_fp16_range, raises_naming, seeded, sizes
 from drills.tests.paged_kv import (
@@ -172,7 +172,11 @@ def check(impl, case, scale=None, **tol):
 
 
 def check_lse(impl, case):
-    out, lse = impl.paged_prefill(*case.args, return_lse=True)
+    result = impl.paged_prefill(*case.args, return_lse=True)
+    spec = (("out", case.q.shape, case.q.dtype), ("lse", case.q.shape[:2], torch.float32))
+    wrong = returned_problem("paged_prefill", result, spec)
+    assert wrong is None, wrong
+    out, lse = result
     ref, ref_lse = prefill_reference(*case.args)
     assert lse.dtype == torch.float32 and lse.shape == case.q.shape[:2], (
         f"lse: {lse.dtype} {tuple(lse.shape)}"
@@ -234,7 +238,11 @@ def test_worked_example_lse_is_ln_of_the_keys_seen(impl, runtime):
     """Every score is 0, so lse = ln(number of keys seen): ln 5 = 1.609 for E and G, ln 6 = 1.792 for F and
     H (natural log: 2.322 and 2.585 would be base 2)."""
     case = worked_example(runtime.device)
-    _, lse = impl.paged_prefill(*case.args, return_lse=True)
+    result = impl.paged_prefill(*case.args, return_lse=True)
+    spec = (("out", case.q.shape, case.q.dtype), ("lse", case.q.shape[:2], torch.float32))
+    wrong = returned_problem("paged_prefill", result, spec)
+    assert wrong is None, wrong
+    _, lse = result
     hand = torch.tensor([math.log(len(SEES[n])) for n in "EFGH"])[:, None].expand(4, 4)
     assert torch.allclose(lse.cpu(), hand, atol=1e-3), f"lse = {lse.tolist()}, section 2 gives ln 5 and ln 6"
 
@@ -606,15 +614,26 @@ def test_q_and_cache_strides_are_used(impl, runtime):
     check(impl, PrefillCase(q, k_cache, v_cache, *case.args[3:]))
 
 
-@pytest.mark.parametrize("layout", ["v-in-a-pool", "v-head-major"])
+@pytest.mark.parametrize("layout", ["v-in-a-pool", "v-head-major", "v-block-stride-only"])
 def test_k_and_v_caches_with_different_strides(impl, runtime, layout):
-    """k_cache contiguous; v_cache one layer of a NaN-filled pool (every stride differs from K's), or a
+    """k_cache contiguous; v_cache one layer of a NaN-filled pool (every stride differs from K's), a
     head-major [num_blocks, Hkv, PAGE, D] buffer seen as [num_blocks, PAGE, Hkv, D] (the same block stride
-    as K, the others swapped). A kernel that finds V's rows with K's offsets, or decides that it may from
-    the block stride alone, reads the wrong elements of V."""
+    as K, the others swapped), or every other block of a NaN-filled buffer (the block stride alone
+    differs). A kernel that finds V's rows with K's offsets, or decides that it may from some of the
+    strides alone, reads the wrong elements of V."""
     case = make_prefill_case([30, 9], [12, 9], 8, 2, 64, 8, stream=225, device=runtime.device)
     if layout == "v-in-a-pool":
         _, v_cache = pooled_caches(case)
+    elif layout == "v-block-stride-only":  # strides (2 PAGE Hkv D, Hkv D, D, 1)
+        pairs = torch.full(
+            (case.v_cache.shape[0], 2, *case.v_cache.shape[1:]),
+            float("nan"),
+            dtype=case.v_cache.dtype,
+            device=case.v_cache.device,
+        )  # [num_blocks, 2, PAGE, Hkv, D]
+        pairs[:, 1] = case.v_cache
+        v_cache = pairs[:, 1]
+        assert v_cache.stride()[1:] == case.k_cache.stride()[1:]
     else:  # strides (PAGE Hkv D, D, PAGE D, 1)
         v_cache = case.v_cache.transpose(1, 2).contiguous().transpose(1, 2)
         assert v_cache.stride(0) == case.k_cache.stride(0)
@@ -1229,5 +1248,15 @@ MISTAKES = [
         question="D = 256 here: how many features does your kernel's tl.arange over the head dim cover, and "
         "who writes features 128 to 255 of out?",
         section="3.1",
+    ),
+    Mistake(
+        29,
+        fails=("test_table_rows_exactly_full",),
+        passes=(WORKED, "test_pure_prefill_without_a_prefix", "test_keys_past_the_context_are_not_read"),
+        # The guard's own words: it fired on a context the spec admits, which no load past the table does.
+        messages=(r"device guard fired on arguments the launcher accepted .*context_lens",),
+        question="A context of 48 with PAGE = 8 fills a table row of 6 columns: does your guard's bound on "
+        "context_lens admit it?",
+        section="3.8",
     ),
 ]

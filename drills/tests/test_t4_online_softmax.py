@@ -18,6 +18,7 @@ from drills.grading.bigmem import WRAP, free_bytes, rows_past_int32
 from drills.grading.diagnose import Mistake
 from drills.grading.launches import assert_grids_fit, assert_runs_a_triton_kernel, record_launches
 from drills.tests import bf16_everywhere, seeded, sizes
+from drills.tests.domain import Domain, checks_besides
 
 # Each constexpr of the reference's kernels -> the tests that cross it: a size one past its tile or loop
 # bound (or at its widest admitted value), a flag both ways; "grid" -> the grid check at the largest sizes.
@@ -38,12 +39,25 @@ HAND_M = [2.0, 2.0, 4.0, 4.0]
 HAND_L = [1.0, 1.3679, 1.1851, 1.5530]
 FOUR_DECIMALS = dict(atol=5e-5, rtol=0.0, rel=1e-4)
 
-# The sizes the launchers admit, in one place: what the cases below draw their crossings from.
-DOMAIN = dict(
-    dtypes=(torch.float16, torch.bfloat16, torch.float32),
-    block_max=65536,  # block: a power of two up to this
-    splits_max=1024,  # splits: a power of two up to this
-    merge_tile=1024,  # the reference merge's tile of states (merge_stats takes any number of states)
+# What softmax_stats and online_softmax admit, at their boundaries (the launchers' own limits below):
+# test_pairwise_domain_cases_match_the_oracle crosses every pair of these values.
+_BLOCK_MAX, _SPLITS_MAX = 65536, 1024
+DOMAIN = Domain(
+    axes=dict(
+        shape=((1, 1), (3, 17), (2, 100)),  # (M, N): one element, one past a 16-wide block, a ragged row
+        block=(None, 1, 16, _BLOCK_MAX),  # the default, one column a step, a tile, the widest admitted
+        splits=(1, 4, 16),  # 16 splits of 100 columns in blocks of 16: the last splits are empty
+        dtype=(torch.float16, torch.bfloat16, torch.float32),
+        x=("contiguous", "nan_past_each_row"),  # rows a view of a wider NaN-filled buffer
+        scores=("randn_x3", "rising", "minus_inf"),  # rising: the max grows in every later block
+        fn=("softmax_stats", "online_softmax"),
+    ),
+    limits=dict(
+        dtypes=(torch.float16, torch.bfloat16, torch.float32),
+        block_max=_BLOCK_MAX,  # block: a power of two up to this
+        splits_max=_SPLITS_MAX,  # splits: a power of two up to this
+        merge_tile=1024,  # the reference merge's tile of states (merge_stats takes any number of states)
+    ),
 )
 LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
 
@@ -447,6 +461,36 @@ def test_merge_covers_states_past_one_program(impl, runtime):
     a, b = (a[0] + ramp, a[1]), (b[0] + ramp, b[1])
     m, l = impl.merge_stats(*a, *b)
     assert_stats_close(m, l, *merge_reference(*a, *b), dims=("state",))
+
+
+# --- Every pair of the domain's boundary values in one case ----------------------------------------
+
+PAIRWISE = "test_pairwise_domain_cases_match_the_oracle"
+
+
+def test_pairwise_domain_cases_match_the_oracle(impl, runtime):
+    """Cases drawn from DOMAIN so that every pair of its boundary values meets in one case (16 splits with
+    one-column blocks, scores rising in every later block in bf16, -inf entries in a strided row...): a
+    kernel right on each bound alone can still be wrong where two meet. A failure names the case."""
+
+    def run(c):
+        (M, N), kwargs = c["shape"], dict(block=c["block"], splits=c["splits"])
+        x = randn((M, N), runtime, stream=408, scale=3.0)  # fp32 first: the score patterns are exact there
+        if c["scores"] == "rising":
+            x += torch.linspace(0.0, 40.0, N, device=x.device)
+        elif c["scores"] == "minus_inf":
+            x[:, ::3] = float("-inf")
+            if M > 1:
+                x[-1] = float("-inf")  # a row of only -inf: the empty state
+        x = x.to(c["dtype"])
+        if c["x"] == "nan_past_each_row":
+            x = poisoned_view(x)
+        if c["fn"] == "softmax_stats":
+            check_stats(impl, x, **kwargs)
+        else:
+            check_softmax(impl, x, **kwargs)
+
+    DOMAIN.check_each(DOMAIN.cases(stream=408), run)
 
 
 # --- Splits: several programs per row, merged --------------------------------------------------------
@@ -888,5 +932,15 @@ MISTAKES = [
         question="merge_stats gets 3000 states and your merge kernel holds BLOCK of them per program: how "
         "many programs does your launch start, and who writes state 2999?",
         section="3.4",
+    ),
+    Mistake(
+        7,
+        # Every bound holds alone and a combination of them does not: the message names the case.
+        fails=(PAIRWISE,),
+        passes=checks_besides(globals(), PAIRWISE),
+        question="Every single-bound check passes and one generated case does not: its message names its "
+        "shape, block, splits, dtype, row layout, scores and function; which of these does your kernel "
+        "handle only one at a time (a mask sized for another block, a state merged without its max)?",
+        section="3.3",
     ),
 ]

@@ -14,7 +14,7 @@ import torch
 
 from drills.compare import assert_close, assert_untouched, mismatch
 from drills.grading.bigmem import SLICE_STRIDE, free_bytes, past_int32
-from drills.grading.diagnose import Mistake
+from drills.grading.diagnose import Mistake, returned_problem
 from drills.grading.launches import assert_grids_fit, assert_runs_a_triton_kernel, record_launches
 from drills.grading.report import Stage
 from drills.tests import bf16_everywhere, fill_past_fp16_range, seeded, sizes
@@ -133,8 +133,10 @@ def attend(impl, q, k, v, causal=False, scale=None, return_lse=False):
         impl, q, k, v, causal, 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     )
     result = impl.flash_attention(q, k, v, causal=causal, scale=scale, return_lse=return_lse)
+    spec = (("out", q.shape, q.dtype),) + ((("lse", q.shape[:3], torch.float32),) if return_lse else ())
+    wrong = returned_problem("flash_attention", result, spec)
+    assert wrong is None, wrong
     out = result[0] if return_lse else result
-    assert isinstance(out, torch.Tensor), f"flash_attention returned {type(result).__name__}"
     assert_close(out, first.float(), DIMS)  # the public function runs the same kernel
     return result
 
@@ -937,6 +939,24 @@ MISTAKES = [
         ),
         question="Nq = 70 and Nk = 45: what is Nk - Nq, and which keys may query 30 see? Does your kernel "
         "let the shift go below 0?",
+        section="3.5",
+    ),
+    Mistake(
+        15,
+        # full_end not clipped at 0: the first query blocks of an Nq > Nk shape start their masked loop
+        # at a negative key, and load before K (the harness names the tensor nearest the address, which
+        # may be q). Nq <= Nk and the first causal row are right; so are q's padding rows (not 13).
+        fails=("test_negative_causal_shift_is_not_clamped", "test_fully_masked_rows_are_zero_not_nan"),
+        passes=(
+            "test_causal_is_aligned_bottom_right[37-100]",
+            "test_causal_is_aligned_bottom_right[1-50]",
+            "test_causal_is_aligned_bottom_right[37-37]",
+            "test_first_causal_row_sees_only_key_0",
+            "test_rows_past_nq_not_written[*noncausal*]",
+        ),
+        messages=(r"out of bounds load",),
+        question="Nq = 100 and Nk = 37: what is full_end for query block 0, and at which key does your "
+        "masked loop start?",
         section="3.5",
     ),
     Mistake(
