@@ -162,4 +162,18 @@ MUTANTS = [
         "D=D,",
         "D=min(D, 128),",
     ),
+    # Every group up to 16 fits the 16-row tile: only GROUP = 24 and 32 lose their last heads.
+    Mutant(
+        "group_pad_fixed_at_16",
+        "20. GROUP_PAD fixed at 16: a group of 24 or 32 loses its heads past 16",
+        "GROUP_PAD=max(16, next_pow2(group)),",
+        "GROUP_PAD=16,",
+    ),
+    # Only a context that fills every column of its row is at the bound.
+    Mutant(
+        "guard_excludes_a_full_row",
+        "21. a full table row taken for an overflow: the guard's bound ctx < max_pages * PAGE",
+        "ctx_ok = (ctx >= 0) & (ctx <= max_pages * PAGE)",
+        "ctx_ok = (ctx >= 0) & (ctx < max_pages * PAGE)",
+    ),
 ]

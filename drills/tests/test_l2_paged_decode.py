@@ -53,7 +53,11 @@ from drills.tests.paged_kv import (
 # make contract fails on a constexpr named neither here nor in BOUNDS_GAPS ("no bound:" ones only).
 BOUNDS: dict[str, tuple[str, ...]] = {
     "GROUP": ("test_kv_head_grouping_is_contiguous",),
-    "GROUP_PAD": ("test_kv_head_grouping_is_contiguous", "test_padding_rows_not_written"),  # GROUP > 16 too
+    "GROUP_PAD": (
+        "test_kv_head_grouping_is_contiguous",
+        "test_padding_rows_not_written",
+        "test_groups_wider_than_sixteen_heads",
+    ),
     "PAGE": (
         "test_worked_example_ctx37_reads_three_pages",
         "test_last_page_is_masked",
@@ -328,6 +332,27 @@ def test_table_rows_are_read_through_their_stride(impl, runtime):
     lens = sizes(runtime, [35, 48, 70], [1000, 513, 2048, 640])
     case = make_paged_case(lens, 8, 2, 64, 16, device=runtime.device, stream=19, shared_prefix_pages=2)
     case.block_tables = in_wider_table(case.block_tables)
+    check(impl, case)
+
+
+def test_table_rows_exactly_full(impl, runtime):
+    """Contexts of 20 and 32 with PAGE = 16 in a table of exactly 2 columns: the second sequence's pages
+    fill its row, the last of the table, so context_lens[1] = max_pages * PAGE, the largest valid length.
+    A bound that takes it for one past the row (ctx < max_pages * PAGE) zeroes that sequence, and a read
+    of the entry after its last page reads past the end of block_tables. The pool has exactly the 4 blocks
+    the pages need, so block id num_blocks - 1, the largest valid one, is in use too."""
+    case = make_paged_case(
+        [20, 32], 4, 2, 64, 16, device=runtime.device, stream=41, max_pages=2, num_blocks=4
+    )
+    assert case.block_tables.shape[1] * 16 == 32  # no spare column
+    assert 3 in case.block_tables.flatten().tolist()  # block num_blocks - 1, the largest valid id, in use
+    check(impl, case)
+
+
+def test_groups_wider_than_sixteen_heads(impl, runtime):
+    """GROUP = 24 (Hq = 24, Hkv = 1): a tile of GROUP_PAD = 16 rows holds only heads 0-15 of the group,
+    so heads 16-23 are never computed. GROUP_PAD is the next power of two of GROUP, 16 at least."""
+    case = make_paged_case([20, 9], 24, 1, 32, 16, device=runtime.device, stream=43)
     check(impl, case)
 
 
@@ -814,6 +839,23 @@ MISTAKES = [
         question="D = 256 here: how many features does your kernel's tl.arange over the head dim cover, and "
         "who computes q·k over features 128 to 255 and writes them to out?",
         section="3.2",
+    ),
+    Mistake(
+        20,
+        fails=("test_groups_wider_than_sixteen_heads",),
+        passes=(WORKED, "test_kv_head_grouping_is_contiguous[group8]", "test_padding_rows_not_written"),
+        question="GROUP = 24 here: how many rows does your tile of q have, and which of the 24 query heads "
+        "of the group does it hold?",
+        section="3.2",
+    ),
+    Mistake(
+        21,
+        fails=("test_table_rows_exactly_full",),
+        passes=(WORKED, "test_last_page_is_masked"),
+        messages=(r"device guard fired|out of bounds load of block_tables",),
+        question="A context of 32 with PAGE = 16 in a table of 2 columns: is it a valid length, and which "
+        "lengths do your guard and your table loads admit?",
+        section="3.7",
     ),
     Mistake(
         9,
