@@ -85,6 +85,25 @@ CHEATS = {
     "runtime": "import drills.runtime\n_I = drills.runtime.current().interpreter\n",
     "marshal": "import marshal\n",
     "sys": "import sys\n",
+    # code run in a hook Triton calls during a launch passes for Triton's own
+    "pre_run_hook": "def _hook(k, f):\n    k.add_pre_run_hook(f)\n",
+    "pre_run_hooks_list": "_H = vector_add_kernel.pre_run_hooks\n",
+    "autotune_pre_hook": "_C = triton.Config({'BLOCK': 16}, pre_hook=print)\n",
+    "autotune_post_hook": "def _tune(f):\n    return triton.autotune([], key=[], post_hook=f)\n",
+    "autotune": "@triton.autotune(configs=[], key=[])\n@triton.jit\ndef _k(x):\n    pass\n",
+    "heuristics": "@triton.heuristics({'B': lambda a: 16})\n@triton.jit\ndef _k(x):\n    pass\n",
+    "launch_enter_hook": "def _hook(k, f):\n    k.launch_enter_hook = f\n",
+    "compiled_kernel_hook": "from triton.compiler import CompiledKernel\n",
+    # files carry what one run saw into another (an answer computed in a plain run, loaded while graded)
+    "torch_save": "def _keep(x):\n    torch.save(x, 'seen.pt')\n",
+    "torch_load": "def _seen():\n    return torch.load('seen.pt')\n",
+    "torch_load_imported": "from torch import load as _load\n",
+    "jit_load": "def _m():\n    return torch.jit.load('m.pt')\n",
+    "from_file": "def _f():\n    return torch.from_file('seen.bin', size=4)\n",
+    "storage_from_file": "_F = torch.UntypedStorage.from_file\n",
+    "array_tofile": "import array\n_A = array.array('f').tofile\n",
+    "array_fromfile": "import array\n_A = array.array('f').fromfile\n",
+    "serialization": "_S = torch.serialization\n",
 }
 
 
@@ -100,6 +119,19 @@ def test_each_cheat_class_is_refused_with_its_line(cheat):
 def test_a_refusal_says_what_to_do_instead():
     (line,) = refused(t1_with("import struct\n"))
     assert "import struct" in line and "a launcher imports only torch" in line and "remove it" in line, line
+    (line,) = refused(t1_with("def _hook(k, f):\n    k.add_pre_run_hook(f)\n"))
+    assert "add_pre_run_hook" in line and "compute in the kernel's body" in line, line
+    (line,) = refused(t1_with("def _keep(x):\n    torch.save(x, '/tmp/seen.pt')\n"))
+    assert "torch.save" in line and "reads and writes only tensors" in line, line
+
+
+def test_a_kernels_load_is_not_a_files():
+    """tl.load (and triton.language.load) is a kernel's load; .load on anything else reads a file."""
+    kernel = (
+        "import triton.language as lang\n\n\n@triton.jit\ndef _k(p):\n"
+        "    lang.store(p, triton.language.load(p) + tl.load(p))\n"
+    )
+    assert refused(t1_with(kernel)) == []
 
 
 def test_the_course_helpers_a_reference_imports_are_allowed():
@@ -262,8 +294,50 @@ def _add(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
     tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) + tl.load(y_ptr + offs, mask=mask), mask=mask)
 
 
+def int_result_read(x, y):
+    bits = (x.float().view(torch.int32) + 0).tolist()  # a fresh int tensor, computed from float memory
+    return torch.tensor(bits, dtype=torch.int32).view(torch.float32).to(x.dtype)
+
+
+def int_result_item(x, y):
+    low = x.view(torch.int16) & 0xFF  # an op's result over float memory, read one element at a time
+    return torch.tensor([int(low[i]) for i in range(low.numel())], dtype=torch.int16).view(x.dtype)
+
+
+def flags_bit_by_bit(x, y):  # more flags than a launcher's checks read: the bits themselves
+    bits = x.view(torch.int16)
+    flags = [bool(((bits >> k) & 1).bool()[i]) for i in range(x.numel()) for k in range(16)]
+    return torch.tensor(flags[: x.numel()], dtype=x.dtype)
+
+
+def flag_check(x, y):  # a launcher's argument check: one flag from the values, then the kernel
+    if bool((x != x).any()):
+        raise ValueError("x holds NaN")
+    return honest(x, y)
+
+
+@triton.jit
+def _idle():  # no parameters: Triton calls the hook with the kernel's arguments
+    pass
+
+
+def in_a_hook(x, y):  # torch computing in a hook Triton calls during the launch, then no kernel of note
+    import functools
+
+    out = torch.empty_like(x)
+    _idle.add_pre_run_hook(functools.partial(torch.add, x, y, out=out))
+    try:
+        _idle[(1,)]()
+    finally:
+        _idle.pre_run_hooks.clear()
+    return out
+
+
 seen = {}
-for fn in (helper_in_kernel, custom_op, int_view_writes, int_view_read, honest):
+for fn in (
+    helper_in_kernel, custom_op, int_view_writes, int_view_read, honest, int_result_read, int_result_item,
+    flags_bit_by_bit, flag_check, in_a_hook,
+):
     x, y = torch.randn(10, dtype=torch.float16), torch.randn(10, dtype=torch.float16)
     recorder = I.torch_compute_recorder(watch)
     with recorder:
@@ -279,9 +353,11 @@ print(json.dumps(seen))
 
 def test_the_op_recorder_sees_torch_computing_however_it_is_reached(tmp_path):
     """torch computing in a plain function the kernel's body calls (under the interpreter, inside a
-    launch), a custom op named `clone` (a move's short name), integer writes into an int16 view of a
-    float tensor and its bits read to Python: each is recorded as torch computing; a kernel's own launch
-    records nothing; torch.empty and Tensor.tolist stay torch's own while watched and poisoned."""
+    launch) or in a kernel's pre-run hook (called from Triton's own frame), a custom op named `clone` (a
+    move's short name), integer writes into an int16 view of a float tensor, its bits read to Python
+    directly or through any op's result (`bits + 0`, `bits & 0xFF`, flag by flag): each is recorded as
+    torch computing; a kernel's own launch and a launcher's one-flag argument check record nothing;
+    torch.empty and Tensor.tolist stay torch's own while watched and poisoned."""
     import json
     import subprocess
     import sys
@@ -299,8 +375,15 @@ def test_the_op_recorder_sees_torch_computing_however_it_is_reached(tmp_path):
     assert seen["custom_op"] == ["drillscheat::clone"], seen
     assert len(seen["int_view_writes"]) == 2, seen
     assert all("integers written into a float tensor" in s for s in seen["int_view_writes"]), seen
-    assert seen["int_view_read"] == ["tolist (floats read to the host)"], seen
+    assert seen["int_view_read"] == ["tolist (values computed from floats read to the host)"], seen
     assert seen["honest"] == [], seen
+    # what any op computed from float memory is float memory too, read by tolist, item or flag by flag
+    assert seen["int_result_read"] == ["tolist (values computed from floats read to the host)"], seen
+    assert seen["int_result_item"] == ["item (values computed from floats read to the host)"], seen
+    assert seen["flags_bit_by_bit"] == ["item (flags computed from floats read to the host)"], seen
+    assert seen["flag_check"] == [], seen  # a launcher's check of its argument reads one flag
+    # a hook Triton calls during a launch is the learner's code: its torch ops are recorded
+    assert seen["in_a_hook"] == ["add"], seen
     # torch's own methods are left as they are: a file cannot tell a grading by what they are
     assert seen["tolist_is_torchs"] and seen["empty_is_torchs"], seen
 
