@@ -56,7 +56,11 @@ BOUNDS: dict[str, tuple[str, ...]] = {
     "BLOCK_Q": ("test_rows_past_a_sequence_end_not_written", "test_padding_rows_of_a_packed_tile_not_stored"),
     "D": ("test_widest_head_dim_is_read_whole",),
     "GROUP": ("test_kv_head_grouping_is_contiguous", "test_padding_rows_of_a_packed_tile_not_stored"),
-    "HEADS": ("test_key_ranges_at_every_alignment", "test_any_tile_shape"),  # packed and one head per tile
+    "HEADS": (  # packed and one head per tile
+        "test_key_ranges_at_every_alignment",
+        "test_any_tile_shape",
+        "test_group_wider_than_a_tile_of_rows",  # GROUP = 64 past a 16-row tile
+    ),
     "MASKED": ("test_diagonal_tiles_are_masked", "test_keys_past_the_context_are_not_read"),
     "PAGE": (
         "test_prefix_ends_inside_a_page",
@@ -499,6 +503,21 @@ def test_any_tile_shape(impl, runtime, config, packed):
     impl._launch(*case.args, 0.125, out, config=(*config, 4, 1, packed))
     ref, _ = prefill_reference(*case.args, scale=0.125)
     assert_close(out, ref, DIMS)
+
+
+@pytest.mark.parametrize("packed", [True, False], ids=["packed-group", "one-head"])
+def test_group_wider_than_a_tile_of_rows(impl, runtime, packed):
+    """GROUP = 64 (Hq = 64, Hkv = 1, D = 16) with 16-row tiles, decode rows beside a 3-token chunk: packed,
+    one token's 64 heads do not fit 16 rows, so the launcher widens the tile to next_pow2(GROUP) = 64 rows,
+    one token each (16 // 64 would give tiles of 0 tokens); one head per tile, 16 tokens of one head over
+    64 head groups. Both through _launch; the packed case through paged_prefill's own config too."""
+    case = make_prefill_case([20, 7, 33, 12], [1, 1, 1, 3], 64, 1, 16, 16, stream=229, device=runtime.device)
+    out = torch.full_like(case.q, float("nan"))  # rows never written stay NaN
+    impl._launch(*case.args, 0.25, out, config=(16, 16, 4, 1, packed))
+    ref, _ = prefill_reference(*case.args, scale=0.25)
+    assert_close(out, ref, DIMS)
+    if packed:
+        check(impl, case)
 
 
 def test_padding_rows_of_a_packed_tile_not_stored(impl, runtime):
