@@ -169,4 +169,11 @@ MUTANTS = [
         "PAGE=PAGE,\n        D=D,\n        BLOCK_N=BLOCK_N,",
         "PAGE=PAGE,\n        D=min(D, 128),\n        BLOCK_N=BLOCK_N,",
     ),
+    # Only a context that fills every column of its row is at the bound.
+    Mutant(
+        "guard_excludes_a_full_row",
+        "22. a full table row taken for an overflow: the guard's bound ctx < max_pages * PAGE",
+        "ctx_ok = (ctx >= 0) & (ctx <= max_pages * PAGE)",
+        "ctx_ok = (ctx >= 0) & (ctx < max_pages * PAGE)",
+    ),
 ]

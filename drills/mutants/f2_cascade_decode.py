@@ -150,4 +150,11 @@ MUTANTS = [
         "plen = tl.load(prefix_lens_ptr + g, mask=g_ok & (g >= 0), other=0)",
         "plen = tl.load(prefix_lens_ptr + (g + G) % G, mask=g_ok, other=0)",
     ),
+    # Only a context that fills every column of its row is at the bound.
+    Mutant(
+        "guard_excludes_a_full_row",
+        "21. a full table row taken for an overflow: the suffix guard's bound ctx < max_pages * PAGE",
+        "row_ok = (ctx >= 0) & (ctx <= max_pages * PAGE)",
+        "row_ok = (ctx >= 0) & (ctx < max_pages * PAGE)",
+    ),
 ]

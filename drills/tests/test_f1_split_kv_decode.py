@@ -320,6 +320,21 @@ def test_last_page_is_masked(impl, runtime, splits):
     check(impl, case, plan=impl.plan(case.context_lens, 2, 16, num_splits=splits))
 
 
+@pytest.mark.parametrize("splits", [1, 2], ids=["one-split", "merged"])
+def test_table_rows_exactly_full(impl, runtime, splits):
+    """Contexts of 20 and 32 with PAGE = 16 in a table of exactly 2 columns: the second sequence's pages
+    fill its row, the last of the table, so context_lens[1] = max_pages * PAGE, the largest valid length.
+    A bound that takes it for one past the row (ctx < max_pages * PAGE) zeroes that sequence, and a read
+    of the entry after its last page reads past the end of block_tables. The pool has exactly the 4 blocks
+    the pages need, so block id num_blocks - 1, the largest valid one, is in use too; unsplit and in two splits."""
+    case = make_paged_case(
+        [20, 32], 4, 2, 64, 16, device=runtime.device, stream=47, max_pages=2, num_blocks=4
+    )
+    assert case.block_tables.shape[1] * 16 == 32  # no spare column
+    assert 3 in case.block_tables.flatten().tolist()  # block num_blocks - 1, the largest valid id, in use
+    check(impl, case, plan=impl.plan(case.context_lens, 2, 16, num_splits=splits))
+
+
 @grouping_cases("group1-MHA", "group2", "group3", "group4", "group8", "group32-MQA")
 def test_kv_head_grouping_is_contiguous(impl, runtime, Hq, Hkv):
     """Query head h reads KV head h // GROUP, not h % Hkv (interleaved). GROUP = 3 (Hq = 9, Hkv = 3) is
@@ -852,6 +867,15 @@ STAGES = [
 
 EVERY_SPLIT = "test_every_split_count_matches_unsplit"
 MISTAKES = [
+    Mistake(
+        22,
+        fails=("test_table_rows_exactly_full",),
+        passes=("test_last_page_is_masked", "test_every_split_count_matches_unsplit"),
+        messages=(r"device guard fired|out of bounds load of block_tables",),
+        question="A context of 32 with PAGE = 16 in a table of 2 columns: is it a valid length, and which "
+        "lengths do your guard and your table loads admit?",
+        section="3.7",
+    ),
     Mistake(
         1,
         fails=("test_empty_splits_do_not_divide_zero_by_zero",),

@@ -341,6 +341,23 @@ def test_sequences_in_no_group_start_at_token_0(impl, runtime):
     check(impl, case, groups, plens, plan=forced(impl, case, groups, plens, suffix_splits=1))
 
 
+@pytest.mark.parametrize("cascade", [True, False], ids=["cascade", "fallback"])
+def test_table_rows_exactly_full(impl, runtime, cascade):
+    """PAGE = 16 in a table of exactly 2 columns: sequences 0 and 1 share a 32-token prefix that fills
+    their rows, and sequence 1's context is that prefix alone; sequence 2, in no group, fills the last row
+    of the table. context_lens[b] = prefix_lens[g] = max_pages * PAGE is the largest valid length: a guard
+    that takes it for one past the row (ctx < max_pages * PAGE) zeroes the sequence, and a read of the
+    entry after its last page reads past the end of block_tables."""
+    case, groups, plens = cascade_case(
+        [32, 32, 32], [0, 0, -1], [32], device=runtime.device, stream=49, max_pages=2
+    )
+    assert case.block_tables.shape[1] * 16 == 32  # no spare column
+    plan = forced(impl, case, groups, plens, suffix_splits=1) if cascade else None
+    if not cascade:
+        plan = impl.plan(case.context_lens, groups, plens, 8, 2, 16, cascade=False)
+    check(impl, case, groups, plens, plan=plan)
+
+
 @pytest.mark.parametrize("members", [1, 2, 3])
 def test_members_one_past_the_tile(impl, runtime, members):
     """A group one member past members_per_tile: its last tile holds one member and padded rows, which
@@ -883,6 +900,15 @@ STAGES = [
 
 MHA = "test_prefix_tile_rows_map_to_heads[group1-MHA]"
 MISTAKES = [
+    Mistake(
+        21,
+        fails=("test_table_rows_exactly_full",),
+        passes=("test_suffix_starts_after_the_prefix", "test_worked_example_three_requests"),
+        messages=(r"device guard fired|out of bounds load of block_tables",),
+        question="Contexts and a shared prefix of 32 with PAGE = 16 in a table of 2 columns: are they valid "
+        "lengths, and which lengths do your guards and your table loads admit?",
+        section="3.6",
+    ),
     Mistake(
         1,
         fails=("test_prefix_counted_once", "test_page_sizes[1]", MHA),
