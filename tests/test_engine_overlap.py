@@ -198,7 +198,9 @@ def test_decode_inputs_built_on_the_device_are_prepare_inputs():
         batch.check = prepare_inputs  # every step built on the device, compared with prepare_inputs'
         if pad:  # padded to a batch of 8, as a CUDA graph's replay pads it (padding rows read nothing)
             build = batch.build
-            batch.build = lambda scheduled, bm, pad_to=None, build=build: build(scheduled, bm, pad_to=pad)
+            batch.build = lambda scheduled, bm, pad_to=None, build=build, pad=pad: build(
+                scheduled, bm, pad_to=pad
+            )
         got = [(o.token_ids, o.finish_reason) for o in llm.generate(prompts, params)]
         assert got == lock, f"overlap={overlap}: the tokens differ with decode inputs built on the device"
         assert batch.built > len(got), f"overlap={overlap}: only {batch.built} steps were built on the device"
