@@ -148,4 +148,18 @@ MUTANTS = [
         "store_kvcache_kernel,\n        (N,),",
         "store_kvcache_kernel,\n        (1, N),",
     ),
+    # Right for every request that holds a token: only a length of 0 shows it.
+    Mutant(
+        "zero_tokens_take_a_block",
+        "19. a request of 0 tokens given a block (max(1, ceil(n / block_size)))",
+        "sum(math.ceil(n / block_size) for n in lengths)",
+        "sum(max(1, math.ceil(n / block_size)) for n in lengths)",
+    ),
+    # Every block still comes back: only the order the allocator hands them out again shows it.
+    Mutant(
+        "release_frees_first_block_first",
+        "20. release() frees the first block first",
+        "for block in reversed(self._blocks):",
+        "for block in self._blocks:",
+    ),
 ]

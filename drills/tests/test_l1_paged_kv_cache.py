@@ -125,6 +125,25 @@ MISTAKES = [
         section="3.2",
     ),
     Mistake(
+        19,
+        fails=("test_a_request_of_zero_tokens_holds_no_block",),
+        passes=(
+            "test_worked_example_paged_waste_is_37_5_percent",
+            "test_waste_of_an_empty_batch_and_exact_fits",
+        ),
+        question="A request of 0 tokens: how many blocks has its table taken, and how many does your "
+        "waste_paged count for it?",
+        section="3.3",
+    ),
+    Mistake(
+        20,
+        fails=("test_release_frees_the_last_block_first",),
+        passes=("test_release_returns_every_block", "test_fresh_pool_hands_out_block_0_first"),
+        question="A table holds blocks [0, 1, 2]: in which order does your release() give them back, and "
+        "which of them does the allocator hand out first afterwards?",
+        section="3.2",
+    ),
+    Mistake(
         17,
         fails=("test_lookup_outside_the_sequence_raises[10]",),
         passes=(
@@ -377,6 +396,17 @@ def test_waste_of_an_empty_batch_and_exact_fits(impl):
     assert impl.waste_paged([1], 4) == (4, 3, 0.75)
 
 
+def test_a_request_of_zero_tokens_holds_no_block(impl):
+    """A request of 0 tokens (admitted, not yet prefilled) has taken no block: its table is empty until
+    append_tokens gives it a token, so waste_paged counts ceil(0 / 4) = 0 blocks for it, not one. A
+    contiguous cache reserves its slots up front, so there it still holds all of them."""
+    assert impl.waste_paged([0, 4], 4) == (4, 0, 0.0)
+    assert impl.waste_paged([0], 4) == (0, 0, 0.0)
+    assert impl.waste_contiguous([0, 8], 8) == (16, 8, 0.5)
+    table = impl.BlockTable(impl.BlockAllocator(2), 4)
+    assert table.append_tokens(0) == [] and table.blocks == []
+
+
 def test_worked_example_growth_5_to_7_keeps_its_blocks(impl):
     """Request B grows from 5 to 7 tokens: its second block has room, so no block is taken."""
     alloc = impl.BlockAllocator(8)
@@ -599,6 +629,23 @@ def test_release_returns_every_block(impl):
     assert b.blocks == b_blocks
     a.append_tokens(16)  # 4 blocks: everything left
     assert not set(a.blocks) & set(b_blocks) and alloc.num_free == 0
+
+
+def test_release_frees_the_last_block_first(impl):
+    """release() gives the blocks back last block first (section 3.2, as nano-vllm's deallocate): the free
+    list is FIFO, so a sequence's first block, the one a prefix cache most likely shares, is handed out
+    again last. A pool of 4, a table of 12 tokens in blocks 0, 1, 2, released: the four allocations that
+    follow return 3 (never used), then 2, 1 and 0."""
+    alloc = impl.BlockAllocator(4)
+    table = impl.BlockTable(alloc, 4)
+    table.append_tokens(12)
+    assert table.blocks == [0, 1, 2]
+    table.release()
+    got = [alloc.allocate() for _ in range(4)]
+    assert got == [3, 2, 1, 0], (
+        f"after release() of blocks [0, 1, 2], allocate() hands out {got}, not [3, 2, 1, 0]: release() "
+        "must free the last block first (section 3.2)"
+    )
 
 
 @pytest.mark.parametrize("t", [10, 11, -1])
