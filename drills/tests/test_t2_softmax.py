@@ -277,6 +277,14 @@ def _shifted_by_one_row(t):
     return dict(x=buffer[:-1], out=buffer[1:])
 
 
+def _same_start_other_strides(t):
+    """x and out start at the same address with other row strides: x is the first 64 elements of a
+    buffer seen as [8, 8], out the whole buffer seen as [8, 16] with its first 8 columns. Not x itself
+    (same address, same strides): row 1 of out is row 2 of x, so comparing addresses alone lets it by."""
+    buffer = torch.zeros(128, dtype=t.dtype, device=t.device)
+    return dict(x=buffer[:64].view(8, 8), out=buffer.view(8, 16)[:, :8])
+
+
 # name -> (a bad call's arguments from a valid x, the error, what the message must name)
 BAD_INPUTS = {
     "x_not_a_tensor": (lambda x: dict(x=x.tolist()), TypeError, "x"),
@@ -298,6 +306,7 @@ BAD_INPUTS = {
         "out's rows overlap",
     ),
     "out_partly_overlaps_x": (lambda x: _shifted_by_one_row(x), ValueError, "out overlaps x"),
+    "out_at_x_with_other_strides": (lambda x: _same_start_other_strides(x), ValueError, "out overlaps x"),
 }
 
 
