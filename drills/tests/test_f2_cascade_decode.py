@@ -13,22 +13,29 @@ import math
 import pytest
 import torch
 
-from drills import guard_cases
+from drills import guard_cases, validate
 from drills.compare import assert_close, mismatch
 from drills.grading.diagnose import Mistake
 from drills.grading.launches import assert_grids_fit, assert_runs_a_triton_kernel
 from drills.grading.report import Stage
 from drills.tests import bf16_everywhere, seeded, sizes
+from drills.tests.domain import Domain, checks_besides
 from drills.tests.paged_kv import (
     HEAD_DIMS,
+    KV_LAYOUTS,
     PAGED_BAD_INPUTS,
+    Q_LAYOUTS,
     SHARED_KV_BAD_INPUTS,
+    TABLE_LAYOUTS,
+    V_UNLIKE_K_NEEDS_TWO_STRIDES,
     PagedCase,
     call_with_canary_out,
+    fits_this_machine,
     grouping_cases,
     in_layer_pool,
     in_wider_table,
     int32_tensor,
+    laid_out,
     make_paged_case,
     paged_attention_reference,
     pool_past_int32,
@@ -70,14 +77,50 @@ BOUNDS: dict[str, tuple[str, ...]] = {
 DIMS = ("b", "head", "d")
 LOG2E, LN2 = 1 / math.log(2), math.log(2)
 
-# What cascade_decode admits, in one place (drills/validate.py and the planner): the cases that cross a
-# bound draw here.
-DOMAIN = dict(
-    head_dims=HEAD_DIMS,  # powers of two from 16 to 256
-    pages=tuple(2**i for i in range(8)),  # PAGE from 1 to 128; below 16 a tile gathers token by token
-    tile_tokens=16,  # BLOCK_N: the keys a stage scores at once; smaller pages are gathered per token
-    merge_tile=64,  # the reference merge reads at most 64 slots (prefix chunks + suffix splits) at a time
-    dtypes=(torch.float16, torch.bfloat16),
+# What cascade_decode admits, at its boundaries (drills/validate.py's limits and the planner's, so the
+# domain cannot drift from the launcher): test_pairwise_domain_cases_match_the_oracle crosses every pair.
+_D_LO, _D_HI = validate.HEAD_DIM_RANGE
+
+
+def _prefix(PAGE):  # a shared prefix of at least one 16-token tile, a multiple of PAGE
+    return max(PAGE, 16)
+
+
+# Group patterns, each (lens, prefix_group, prefix_lens) for a page size: every length the docstring
+# admits, 0 included (a zero-length prefix, a padding sequence outside every group).
+GROUPINGS_BY_PAGE = {
+    # a group beside a sequence in no group and a padding sequence (in no group either)
+    "shared_ungrouped_padding": lambda P: (
+        [_prefix(P) + 3, _prefix(P) + 9, 9, 0],
+        [0, 0, -1, -1],
+        [_prefix(P)],
+    ),
+    "zero_length_prefix": lambda P: ([P + 3, 5, 7], [0, 0, 0], [0]),
+    "two_groups": lambda P: (
+        [_prefix(P) + 1, _prefix(P) + 5, _prefix(P), _prefix(P) + 7],
+        [0, 0, 1, 1],
+        [_prefix(P)] * 2,
+    ),
+}
+DOMAIN = Domain(
+    axes=dict(
+        D=(_D_LO, _D_HI),  # the narrowest and the widest head dim: one D tile of 256
+        PAGE=(1, 16, 32),  # token by token below 16, one page per tile at 16, two tiles a page past it
+        heads=((2, 2), (9, 3), (17, 1)),  # (Hq, Hkv): MHA, GROUP 3, MQA with GROUP 17 > a tile of 16 rows
+        groups=tuple(GROUPINGS_BY_PAGE),
+        dtype=(torch.float16, torch.bfloat16),
+        q=Q_LAYOUTS,  # contiguous, strided, rows 1.5 * 2**30 elements apart
+        kv=KV_LAYOUTS,
+        table=TABLE_LAYOUTS,
+        plan=("planner", "no_cascade", "cascade_cut"),  # cascade_cut: 2 prefix chunks, 2 suffix splits
+    ),
+    rules=(V_UNLIKE_K_NEEDS_TWO_STRIDES,),
+    limits=dict(
+        head_dims=HEAD_DIMS,
+        pages=tuple(2**i for i in range(8)),  # PAGE from 1 to 128; below 16 a tile gathers token by token
+        tile_tokens=16,  # BLOCK_N: the keys a stage scores at once; smaller pages are gathered per token
+        merge_tile=64,  # the reference merge reads at most 64 slots (prefix chunks + suffix splits) at a time
+    ),
 )
 
 
@@ -157,6 +200,34 @@ PLAN_FIELDS = (
 def with_cuts(impl, plan, **fields):
     """A copy of a plan with some fields replaced, bypassing the planner: how the tests force exact cuts."""
     return impl.CascadePlan(**{name: fields.get(name, getattr(plan, name)) for name in PLAN_FIELDS})
+
+
+# --- Every pair of the domain's boundary values in one case ----------------------------------------
+
+PAIRWISE = "test_pairwise_domain_cases_match_the_oracle"
+
+
+def test_pairwise_domain_cases_match_the_oracle(impl, runtime):
+    """Cases drawn from DOMAIN so that every pair of its boundary values meets in one case (a zero-length
+    prefix with GQA, far-apart q rows at PAGE = 1, V's strides unlike K's under a forced cascade...): a
+    kernel right on each bound alone can still be wrong where two meet. A failure names the case."""
+    domain = fits_this_machine(DOMAIN, runtime)
+
+    def run(c):
+        Hq, Hkv = c["heads"]
+        lens, groups, plens = GROUPINGS_BY_PAGE[c["groups"]](c["PAGE"])
+        case, pg, pl = cascade_case(
+            lens, groups, plens, Hq, Hkv, c["D"], c["PAGE"], c["dtype"], device=runtime.device, stream=403
+        )
+        case = laid_out(case, runtime, c["q"], c["kv"], c["table"])
+        plan = {
+            "planner": None,
+            "no_cascade": impl.plan(lens, groups, plens, Hq, Hkv, c["PAGE"], cascade=False),
+            "cascade_cut": forced(impl, case, pg, pl, prefix_chunks=2, suffix_splits=2),
+        }[c["plan"]]
+        check(impl, case, pg, pl, plan=plan)
+
+    domain.check_each(domain.cases(stream=403), run)
 
 
 # --- merge_states -----------------------------------------------------------------------------
@@ -1116,6 +1187,22 @@ MISTAKES = [
         section="3.3",
     ),
     Mistake(
+        20,
+        # The same mistake in plan(): the suffix splits are sized for a start past the prefix, so the
+        # kernels' guard sees a context longer than the plan covers (the suffix counts themselves pass).
+        fails=("test_sequences_in_no_group_start_at_token_0",),
+        passes=(
+            "test_worked_example_three_requests",
+            "test_prefix_counted_once",
+            "test_groups_of_one_member",
+            "test_group_with_an_empty_prefix",
+        ),
+        messages=(r"leaves more tokens after the prefix than the plan's suffix splits cover",),
+        question="Sequence 2 has prefix_group = -1: at which token does your plan() start its suffix, and "
+        "what does prefix_lens[-1] name?",
+        section="3.3",
+    ),
+    Mistake(
         17,
         fails=("test_sequence_index_widened_to_int64",),
         passes=("test_worked_example_three_requests", "test_q_and_cache_strides_are_used"),
@@ -1131,5 +1218,15 @@ MISTAKES = [
         "multiplied by the page stride, on the path that reads one id per page and on the one that "
         "gathers an id per token?",
         section="3.1",
+    ),
+    Mistake(
+        15,
+        # Every bound holds alone and a combination of them does not: the message names the case.
+        fails=(PAIRWISE,),
+        passes=checks_besides(globals(), PAIRWISE),
+        question="Every single-bound check passes and one generated case does not: its message names its "
+        "D, PAGE, heads, groups, dtype, layouts and plan; which of these does your kernel handle only one "
+        "at a time (a stride taken from another tensor, a tile sized for another D or PAGE)?",
+        section="3",
     ),
 ]
