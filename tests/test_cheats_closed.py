@@ -405,3 +405,181 @@ def _launch(x, y, out, BLOCK=2048, num_warps=4):
     screen = one_screen(result)
     assert result.state == "failing", screen
     assert "depends on what fresh memory holds" in failures(result)["test_runs_a_triton_kernel"], screen
+
+
+# --- Whole gradings: each class of cheat the red team got past the harness, refused on one screen ---
+
+FLOATS_IN_PYTHON = """
+import array
+
+
+def _launch(x, y, out, BLOCK=2048, num_warps=4):
+    # the sum in Python from the floats' bits, taken through an op's result (not a view of x)
+    bits = [(t.float().view(torch.int32) | 0).tolist() for t in (x, y)]
+    a, b = array.array("f"), array.array("f")
+    a.frombytes(array.array("i", bits[0]).tobytes())
+    b.frombytes(array.array("i", bits[1]).tobytes())
+    s = torch.tensor([u + v for u, v in zip(a, b)], dtype=x.dtype, device=x.device)
+    n = x.numel()
+    vector_add_kernel[(triton.cdiv(n, BLOCK),)](s, torch.zeros_like(s), out, n, BLOCK=BLOCK)
+    return out
+"""
+
+IN_A_HOOK = """
+import functools
+
+
+@triton.jit
+def _idle():
+    pass
+
+
+def _launch(x, y, out, BLOCK=2048, num_warps=4):
+    # torch adds in a pre-run hook, which Triton calls from its own frame during the launch
+    s = torch.empty_like(out)
+    _idle.add_pre_run_hook(functools.partial(torch.add, x, y, out=s))
+    _idle[(1,)]()
+    _idle.pre_run_hooks.clear()
+    n = x.numel()
+    vector_add_kernel[(triton.cdiv(n, BLOCK),)](s, torch.zeros_like(s), out, n, BLOCK=BLOCK)
+    return out
+"""
+
+MASKED_LANES_PROBE = """
+
+@triton.jit
+def _probe_kernel(src_ptr, flag_ptr):
+    offs = tl.arange(0, 8)
+    v = tl.load(src_ptr + offs, mask=offs > 8)  # no lane on, no other=: NaN only while graded
+    tl.store(flag_ptr + offs, tl.where(v == v, 0, 1))
+
+
+def _launch(x, y, out, BLOCK=2048, num_warps=4):
+    flag = torch.zeros(8, dtype=torch.int32, device=x.device)
+    _probe_kernel[(1,)](torch.zeros(8, device=x.device), flag)
+    n = x.numel() if int(flag[0]) else x.numel() - 1  # a plain run drops the last element
+    vector_add_kernel[(triton.cdiv(n, BLOCK),)](x, y, out, n, BLOCK=BLOCK)
+    return out
+"""
+
+
+@pytest.mark.parametrize(
+    "cheat, said",
+    [
+        (FLOATS_IN_PYTHON, "values computed from floats read to the host"),
+        (IN_A_HOOK, "torch's add"),
+    ],
+    ids=["floats_through_an_ops_result", "torch_in_a_pre_run_hook"],
+)
+def test_computing_out_of_the_kernels_sight_is_refused(tmp_path, cheat, said):
+    """The answer computed in Python from bits read through an op's result, or by torch in a hook that
+    Triton calls during a launch, then copied into out by a kernel: not from the kernel, on one screen."""
+    from tests.test_grading_harness import failures, grade_t1, one_screen, t1_source
+
+    result = grade_t1(tmp_path, t1_source(extra=cheat), "test_runs_a_triton_kernel")
+    screen = one_screen(result)
+    assert result.state == "failing", screen
+    assert said in failures(result)["test_runs_a_triton_kernel"], screen
+    assert "likely mistake: the output did not come from your kernel" in screen, screen
+
+
+def test_telling_a_grading_by_masked_off_lanes_fails(tmp_path):
+    """A probe kernel's masked-off lanes read without other= are NaN only while graded: the provenance
+    check's finite run fills them with the finite pattern, so the file takes its plain-run path there
+    and disagrees with itself, and the screen names that."""
+    from tests.test_grading_harness import failures, grade_t1, one_screen, t1_source
+
+    result = grade_t1(
+        tmp_path, t1_source(extra=MASKED_LANES_PROBE), "test_runs_a_triton_kernel", checked=True
+    )
+    screen = one_screen(result)
+    assert result.state == "failing", screen
+    assert "depends on what fresh memory holds" in failures(result)["test_runs_a_triton_kernel"], screen
+    assert "takes another path while graded" in screen, screen
+
+
+ROWS_BY_TORCH = """
+
+def store_kvcache(key, value, k_cache, v_cache, slot_mapping, check=None):
+    # every row but the last stored by torch's moves (narrow and copy_), the last by the kernel
+    N, Hkv, D = key.shape
+    slots = slot_mapping.tolist()
+    for i in range(N - 1):
+        if slots[i] >= 0:
+            k_cache.view(-1, Hkv, D).narrow(0, slots[i], 1).copy_(key.narrow(0, i, 1))
+            v_cache.view(-1, Hkv, D).narrow(0, slots[i], 1).copy_(value.narrow(0, i, 1))
+    _launch(key[N - 1 :], value[N - 1 :], k_cache, v_cache, slot_mapping[N - 1 :])
+"""
+
+
+def test_arguments_written_by_torch_are_refused(tmp_path):
+    """With every launch a no-op, the call must leave each argument byte for byte as it was: rows copied
+    into the cache by torch (views and copy_, moves each) are computing outside the kernel."""
+    from drills.grading import run
+    from tests.test_grading_harness import one_screen
+
+    L1 = find("l1")
+    path = tmp_path / f"{L1.stem}.py"
+    path.write_text(L1.solution.read_text() + ROWS_BY_TORCH)
+    result = run.grade(L1, file=path, extra=["-k", "test_runs_a_triton_kernel"])
+    screen = one_screen(result)
+    assert result.state == "failing", screen
+    assert "still wrote into argument `k_cache`" in screen, screen
+    assert "likely mistake: the output did not come from your kernel" in screen, screen
+
+
+def test_the_launch_disabled_run_must_leave_arguments_as_they_were():
+    """provenance.judge on evidence alone: an argument the launch-disabled run changed is refused, one it
+    left byte for byte as it was passes (NaN bytes compare as bytes; 1.0 -> 5.0 changes 2 of 4 bytes)."""
+    import torch
+
+    from drills.grading.errors import NotFromKernel
+    from drills.grading.provenance import judge
+
+    before = torch.tensor([1.0, float("nan"), 3.0])
+    real = torch.tensor([5.0, 6.0, 7.0])
+    evidence = {
+        "launched": 1,
+        "torch": [],
+        "unread": [],
+        "written": None,
+        "disabled": {
+            "before": [before],
+            "after": [real],
+            "states": [before.clone()],
+            "names": ["k_cache"],
+            "results": [],
+            "got": [],
+            "raised": False,
+        },
+    }
+    judge([], evidence)  # left as it was, and unlike the real run's: passes
+    evidence["disabled"]["states"] = [torch.tensor([5.0, float("nan"), 3.0])]
+    with pytest.raises(NotFromKernel, match=r"still wrote into argument `k_cache` \(2 bytes\)"):
+        judge([], evidence)
+
+
+def test_a_file_cannot_leave_files_outside_its_folder(tmp_path):
+    """What a graded file saw cannot be kept for a later run: torch.save (C++ opens the file, no audit
+    event) into /tmp is refused by the sandbox, past the source check; the process's temporary files
+    go to a folder of its own, which works."""
+    import os
+
+    from tests.test_grading_harness import grade_t1, outcome, t1_source
+
+    leak = f"/tmp/_drills_leak_{os.getpid()}.pt"
+    saving = f"\ntorch.save(torch.ones(2), {leak!r})\n"
+    result = grade_t1(tmp_path, t1_source(extra=saving), "test_by_hand_lane_11_is_masked")
+    assert not os.path.exists(leak), "the learner's process created a file in /tmp"
+    if os.path.exists(leak):
+        os.remove(leak)
+    assert result.state == "does not import", result.message
+    assert "Permission denied" in result.message or "may not create" in result.message, result.message
+    temp = (
+        "\nimport os as _os\nimport tempfile as _tf\n_fd, _p = _tf.mkstemp()\n_os.write(_fd, b'x')\n"
+        "_os.close(_fd)\nassert 'drills-learner-tmp-' in _p, _p\n"
+    )
+    ok = tmp_path / "ok"
+    ok.mkdir()
+    result = grade_t1(ok, t1_source(extra=temp), "test_by_hand_lane_11_is_masked")
+    assert outcome(result, "test_by_hand_lane_11_is_masked") == {"passed"}, result.message

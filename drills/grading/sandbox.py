@@ -8,11 +8,17 @@ Two layers, both set up in the learner's process before its file is imported (se
   a process outside its sandbox (the grader, the command that reads the result). The rest of the
   repository, the Python installation and the home folder are read-only to it, the graded file's own
   folder and the compilers' caches aside: a file that rewrote the graders, the harness or the course's
-  records, or left a `.pth` file in site-packages, would pass every grading after its own. Landlock grants rather
-  than denies, so the rules allow every other entry of each folder on the way down to those three.
+  records, or left a `.pth` file in site-packages, would pass every grading after its own. Everywhere
+  else (/tmp among them) it may write into files that exist (/dev/null, a GPU's device files, the
+  sparse files the grader lends) but create, remove or rename nothing: a file that saved what it saw
+  while graded, or left an answer for a later run, has nowhere to put it. Its temporary files go to a
+  folder of its own inside the caches (TMPDIR), removed when it exits; /dev stays writable (a GPU's
+  driver and torch's shared memory). Landlock grants rather than denies, so the rules allow every other
+  entry of each folder on the way down to those folders.
 - An audit hook (any Python): refuses Python-level opens and imports of the references, copies and
-  links of them, writes into those read-only trees outside the writable folders, and starting programs
-  unless Triton's own compiler code is the caller.
+  links of them, writes into those read-only trees outside the writable folders, creating, removing or
+  renaming anything outside the writable folders, and starting programs unless Triton's own compiler
+  code is the caller.
 
 `make doctor` prints `status()`: which of the two is in force on this machine.
 
@@ -37,6 +43,7 @@ _RULE_PATH_BENEATH = 1
 _PR_SET_NO_NEW_PRIVS = 38
 _FILE_RIGHTS = (1 << 0) | (1 << 1) | (1 << 2)  # execute, write, read: what a rule on a file may grant
 _READ_RIGHTS = (1 << 0) | (1 << 2) | (1 << 3)  # execute, read a file, read a folder: the repository's
+_WRITE_EXISTING = (1 << 1) | (1 << 14)  # write and truncate a file that exists; make, remove, rename none
 _SCOPE_SIGNAL = 1 << 1
 
 
@@ -118,37 +125,88 @@ def _caches() -> list[str]:
     ]
 
 
-def writable(graded_file: str) -> list[str]:
-    """The folders inside read_only()'s trees that the learner's process may write: its file's own folder
-    (drills/mine for make test), where a learner may keep notes or debug output, and the compilers'
-    caches (made here if missing: a Landlock rule needs the folder to exist)."""
+_PRIVATE_TEMP: list[str] = []  # this process's temporary folder, once private_temp() made it
+_TEMP_PREFIX = "drills-learner-tmp-"  # then the pid of the process it belongs to
+
+
+def _remove_stale_temps(cache: str) -> None:
+    """Remove the temporary folders of learner processes that are gone: the grader stops a process by a
+    signal, so its own removal at exit does not always run."""
+    import shutil
+
+    for name in os.listdir(cache):
+        if not name.startswith(_TEMP_PREFIX):
+            continue
+        pid = name[len(_TEMP_PREFIX) :].split("-", 1)[0]
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(os.path.join(cache, name), ignore_errors=True)
+        except (ValueError, OSError):  # not a pid, or a process of another user's: left alone
+            pass
+
+
+def private_temp() -> str | None:
+    """The learner's process's own temporary folder, inside the first cache that can hold it (never
+    /tmp, where it may create nothing): made once, named by TMPDIR and tempfile's default from then on
+    (Triton's builds and ptxas write there on a GPU), removed when the process exits. None where no
+    cache folder can be made."""
+    import atexit
+    import shutil
     import tempfile
 
-    folders = [os.path.dirname(os.path.realpath(graded_file)), tempfile.gettempdir()]
+    if not _PRIVATE_TEMP:
+        for cache in _caches():
+            try:
+                os.makedirs(cache, exist_ok=True)
+                _remove_stale_temps(cache)
+                folder = tempfile.mkdtemp(prefix=f"{_TEMP_PREFIX}{os.getpid()}-", dir=cache)
+            except OSError:
+                continue
+            atexit.register(shutil.rmtree, folder, True)
+            os.environ["TMPDIR"] = tempfile.tempdir = folder
+            _PRIVATE_TEMP.append(folder)
+            break
+    return _PRIVATE_TEMP[0] if _PRIVATE_TEMP else None
+
+
+def writable(graded_file: str) -> list[str]:
+    """The folders the learner's process may write, create and remove in: its file's own folder
+    (drills/mine for make test), where a learner may keep notes or debug output, the compilers' caches
+    (made here if missing: a Landlock rule needs the folder to exist), and its own temporary folder
+    (private_temp) inside them."""
+    folders = [os.path.dirname(os.path.realpath(graded_file))]
     for cache in _caches():
         try:
             os.makedirs(cache, exist_ok=True)
             folders.append(cache)
         except OSError:
             pass
-    trees = read_only()
-    real = {os.path.realpath(f) for f in folders}
-    return sorted(f for f in real if any(f == t or f.startswith(t + os.sep) for t in trees))
+    temp = private_temp()
+    if temp is not None:
+        folders.append(temp)
+    return sorted({os.path.realpath(f) for f in folders})
 
 
 def _inside(path: str, trees: list[str]) -> bool:
     return any(path == t or path.startswith(t + os.sep) for t in trees)
 
 
+# Outside the read-only trees, the folder whose entries stay fully writable: device files and the shared
+# memory a GPU's driver and torch make there.
+DEVICES = "/dev"
+
+
 def _allowed_entries(
     targets: list[str], writable: list[str] = (), trees: list[str] | None = None
-) -> list[tuple[str, bool]]:
-    """Every path to allow, and whether to allow writes there, so that all is reachable except the
-    targets, and the read-only trees (read_only(): the repository, the Python installation, the home
-    folder) may be read but not written, but for the writable folders: the siblings of each folder on
-    the way from / down to a target, a writable folder or a read-only tree (writable outside those
-    trees, read-only inside them), the writable folders, the read-only trees that hold neither, and none
-    of the folders on those ways themselves."""
+) -> list[tuple[str, str]]:
+    """Every path to allow, and what to allow there ("all", "existing": read and write into files that
+    exist, "read"), so that all is reachable except the targets, the read-only trees (read_only(): the
+    repository, the Python installation, the home folder) may be read but not written, and nothing
+    outside them may be created, removed or renamed, but for the writable folders (and /dev): the
+    siblings of each folder on the way from / down to a target, a writable folder or a read-only tree
+    ("existing" outside those trees, "read" inside them), the writable folders, the read-only trees that
+    hold neither, and none of the folders on those ways themselves."""
     trees = [os.path.realpath(t) for t in (read_only() if trees is None else trees)]
     targets = [os.path.realpath(t) for t in targets]
     writable = [os.path.realpath(w) for w in writable]
@@ -161,12 +219,12 @@ def _allowed_entries(
             if parent == p:
                 break
             p = parent
-    allowed = [(w, True) for w in writable]
+    allowed = [(w, "all") for w in writable]
     # A read-only tree with no target and no writable folder inside is one rule; the others are split.
     holders = {p for t in targets + writable for p in on_the_way if t == p or t.startswith(p + os.sep)}
     for tree in trees:
         if tree not in holders and not any(_inside(tree, [w]) for w in writable):
-            allowed.append((tree, False))
+            allowed.append((tree, "read"))
     for folder in sorted(
         p
         for p in on_the_way
@@ -181,7 +239,8 @@ def _allowed_entries(
         for name in names:
             path = os.path.join(folder, name)
             if path not in on_the_way:
-                allowed.append((path, not _inside(path, trees)))
+                outside = "all" if _inside(path, [DEVICES]) else "existing"
+                allowed.append((path, "read" if _inside(path, trees) else outside))
     return allowed
 
 
@@ -212,7 +271,14 @@ def apply_landlock(targets: list[str] | None = None, graded_file: str | None = N
                     if os.path.exists("/proc/self/fd")
                     else os.path.isdir(path)
                 )
-                granted = rights if writes else rights & _READ_RIGHTS
+                granted = (
+                    rights
+                    & {
+                        "all": rights,
+                        "existing": _READ_RIGHTS | _WRITE_EXISTING,
+                        "read": _READ_RIGHTS,
+                    }[writes]
+                )
                 rule = _PathBeneath(granted if is_dir else granted & _FILE_RIGHTS | (granted & (1 << 14)), fd)
                 libc.syscall(
                     _ADD_RULE,
@@ -239,13 +305,13 @@ def status() -> str:
     if abi >= 1:
         return (
             f"Landlock (ABI {abi}) and the audit hook: your file's process cannot open {names} by any call, "
-            "nor write into the repository, the Python installation or the home folder outside your file's "
-            "folder and the compilers' caches"
+            "nor write into the repository, the Python installation or the home folder, nor create files "
+            "anywhere, outside your file's folder and the compilers' caches"
         )
     return (
-        f"the audit hook only (no Landlock in this kernel): Python-level opens of {names}, and writes into "
-        "the repository, the Python installation or the home folder outside your file's folder and the "
-        "compilers' caches, are refused"
+        f"the audit hook only (no Landlock in this kernel): Python-level opens of {names}, writes into "
+        "the repository, the Python installation or the home folder, and files created anywhere, outside "
+        "your file's folder and the compilers' caches, are refused"
     )
 
 
@@ -369,6 +435,20 @@ def protect(graded_file: str) -> None:
         real = _real_path(path)
         return bool(real) and _inside(real, trees) and not _inside(real, own)
 
+    def elsewhere(path) -> bool:
+        """A path outside the writable folders and /dev (where nothing may be created or removed)."""
+        real = _real_path(path)
+        return bool(real) and not _inside(real, own + [DEVICES])
+
+    def creates(path) -> bool:
+        """Opening `path` for writing would make a file outside the writable folders and /dev."""
+        if not elsewhere(path):
+            return False
+        try:
+            return not os.path.exists(path)
+        except (TypeError, ValueError):
+            return False
+
     def writes(args) -> bool:
         mode = args[1] if len(args) > 1 else None
         flags = args[2] if len(args) > 2 else 0
@@ -409,6 +489,14 @@ def protect(graded_file: str) -> None:
                 f"grading: your file may not write {changed[-1] if event in changes else args[0]} (the "
                 "repository, the Python installation and the home folder are read-only while your file "
                 "is graded, but for your file's own folder and the compilers' caches)"
+            )
+        if (event == "open" and args and writes(args) and creates(args[0])) or (
+            event in changes and any(elsewhere(a) for a in changed if not isinstance(a, int))
+        ):
+            raise PermissionError(
+                f"grading: your file may not create or change {changed[-1] if event in changes else args[0]} "
+                "(files may be made only in your file's own folder and the compilers' caches while your "
+                "file is graded: a launcher reads and writes tensors, not files)"
             )
         if (
             event == "import"
