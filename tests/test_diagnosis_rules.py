@@ -117,6 +117,23 @@ def test_bad_input_let_through_is_a_missing_check_not_a_kernel_that_is_not_yours
     assert found[0].kind == "not_from_kernel"
 
 
+def test_a_return_that_is_not_the_specs_is_named_as_such():
+    import torch
+
+    out, lse = torch.zeros(3, 2, 4, dtype=torch.float16), torch.zeros(3, 2)
+    spec = (("out", (3, 2, 4), torch.float16), ("lse", (3, 2), torch.float32))
+    assert diagnose.returned_problem("f", (out, lse), spec) is None
+    assert "(lse, out) where (out, lse) belongs" in diagnose.returned_problem("f", (lse, out), spec)
+    assert "None as lse" in diagnose.returned_problem("f", (out, None), spec)
+    assert "as float32 where float16" in diagnose.returned_problem("f", out.float(), spec[:1])
+    assert "a tuple (" in diagnose.returned_problem("f", (out, None), spec[:1])
+    # Named before a pitfall whose checks it fails too, and never as "did not come from your kernel".
+    wrong = diagnose.returned_problem("softmax", (out, None), spec[:1])
+    mistakes = [Mistake(5, fails=("test_rows",))]
+    found = diagnose.diagnose([case("test_rows", message=wrong), case("test_x", "passed")], mistakes)
+    assert [f.kind for f in found] == ["returned"] and wrong in found[0].evidence, found
+
+
 def test_no_line_blames_the_grader_for_the_learners_code():
     lesson = find("c1")
     failed = case("test_preemption", message="no request was preempted (grader bug?)")

@@ -27,6 +27,9 @@ Rules that hold whatever the lesson, before the patterns are read:
     harness's not-from-kernel verdict failed because the learner's code let that input through and torch
     ran on it: a missing argument check. "Did not come from your kernel" is said only when no such
     honest failure explains the results.
+  - A return that is not the spec's (returned_problem's "f returned X where Y belongs": a tuple for a
+    tensor, (lse, out) swapped, None for lse, out in another dtype) is named as such, before any pitfall
+    whose messages do not name it: it fails nearly every check whatever the kernel computed.
 """
 
 from __future__ import annotations
@@ -243,6 +246,71 @@ FRESH_TITLE = (
 )
 
 
+# What a function returned, against what its spec says it returns (returned_problem's words): a tuple
+# where one tensor belongs, (lse, out) for (out, lse), None for lse, out in fp32 where q's dtype belongs.
+RETURNED = r"returned .+ where .+ belongs"
+RETURNED_TITLE = (
+    "your function returned something other than what its spec says (another type, order, shape or "
+    "dtype): the kernel may be right, the return statement or out's allocation is not"
+)
+
+
+def _described(value) -> str:
+    if value is None:
+        return "None"
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        return f"a {str(value.dtype).replace('torch.', '')} tensor of shape {tuple(value.shape)}"
+    return f"a {type(value).__name__}"
+
+
+def returned_problem(fn: str, returned, expected) -> str | None:
+    """None when `returned` is what `fn`'s spec returns, else one line naming the difference.
+
+    expected: ((name, shape, dtype), ...): one entry for a lone tensor, several for a tuple in that order;
+    shape or dtype None when any is right. The line says "fn returned X where Y belongs" (RETURNED), which
+    the diagnosis reads as certain: a wrong return hides whatever the kernel computed."""
+    names = [name for name, _, _ in expected]
+
+    def fits(value, shape, dtype):
+        return (
+            hasattr(value, "shape")
+            and hasattr(value, "dtype")
+            and (shape is None or tuple(value.shape) == tuple(shape))
+            and (dtype is None or value.dtype == dtype)
+        )
+
+    if len(expected) == 1:
+        if isinstance(returned, (tuple, list)):
+            inner = ", ".join(_described(v) for v in returned)
+            return (
+                f"{fn} returned a {type(returned).__name__} ({inner}) where one tensor, {names[0]}, belongs"
+            )
+        parts = [returned]
+    else:
+        want = "(" + ", ".join(names) + ")"
+        if not isinstance(returned, (tuple, list)) or len(returned) != len(expected):
+            return f"{fn} returned {_described(returned)} where the tuple {want} belongs"
+        parts = list(returned)
+        swapped = [
+            names[j]
+            for i, value in enumerate(parts)
+            for j, (_, shape, dtype) in enumerate(expected)
+            if j != i and fits(value, shape, dtype) and not fits(value, *expected[i][1:])
+        ]
+        if len(swapped) == len(parts):
+            return f"{fn} returned ({', '.join(swapped)}) where {want} belongs: the order is {want}"
+    for value, (name, shape, dtype) in zip(parts, expected):
+        if not (hasattr(value, "shape") and hasattr(value, "dtype")):
+            return f"{fn} returned {_described(value)} as {name} where a tensor belongs"
+        if shape is not None and tuple(value.shape) != tuple(shape):
+            return f"{fn} returned {name} of shape {tuple(value.shape)} where shape {tuple(shape)} belongs"
+        if dtype is not None and value.dtype != dtype:
+            got, want_dtype = (str(d).replace("torch.", "") for d in (value.dtype, dtype))
+            why = " (out has its inputs' dtype)" if name == "out" else ""
+            return f"{fn} returned {name} as {got} where {want_dtype} belongs{why}"
+    return None
+
+
 def _not_refused(case) -> bool:
     """A bad-input check met the not-from-kernel verdict: torch computed on the bad input the learner's
     launcher let through (a float context_lens summed, maxed...), where a ValueError/TypeError belonged."""
@@ -323,6 +391,14 @@ def diagnose(
         consistent.sort(
             key=lambda s: not any(re.search(rx, c.message) for rx in s.mistake.messages for c in grid)
         )
+    # A return that is not the spec's (a tuple where one tensor belongs, (lse, out) swapped, None for lse,
+    # out in fp32) fails nearly every check whatever the kernel computed: that is the finding, unless a
+    # consistent pitfall names it in its messages.
+    returned = [c for c in failing if re.search(RETURNED, c.message or "")]
+    if returned and not any(
+        any(re.search(rx, returned[0].message or "") for rx in s.mistake.messages) for s in consistent
+    ):
+        return [Finding(0, RETURNED_TITLE, _evidence(returned[0]), True, None, "returned")]
     # A pitfall that leaves finite values does not explain NaN or inf: when every failure the best
     # consistent one explains shows NaN or inf, it does not claim them, and no look-alike of it passed
     # (its `passes`: a NaN they do not show is the pitfall's own), the NaN's reading comes first.

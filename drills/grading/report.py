@@ -277,6 +277,8 @@ GENERIC_TODO = {
     "not_written": "write it (its TODOs name the sections to read) and delete its `raise NotImplementedError` line",
     "not_refused": "that input is bad on purpose: check the argument before any torch op or launch, and raise "
     "ValueError or TypeError naming it (the function's docstring says what it admits)",
+    "returned": "return exactly what the function's docstring says, in its order (out, or (out, lse) with "
+    "return_lse=True), with out allocated in the inputs' dtype: the line above names what differs",
     "dtype": "cast with the tensors' own dtype (p.to(v.dtype), out.to(out_ptr.dtype.element_ty)); a "
     "tl.float16 written into a kernel is right for fp16 inputs only",
 }
