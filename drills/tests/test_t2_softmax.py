@@ -12,7 +12,7 @@ import torch
 
 from drills.compare import assert_close, assert_untouched, mismatch
 from drills.grading.bigmem import WRAP, free_bytes, rows_past_int32
-from drills.grading.diagnose import Mistake
+from drills.grading.diagnose import Mistake, returned_problem
 from drills.grading.launches import assert_grids_fit, assert_runs_a_triton_kernel, record_launches
 from drills.tests import bf16_everywhere, seeded, sizes
 
@@ -79,6 +79,8 @@ def run_into_canary(impl, x):
     M, N = x.shape
     frame = Framed(M, N, OUT_PAD, CANARY, x.dtype, x.device)
     returned = impl.softmax(x, out=frame.view)
+    wrong = returned_problem("softmax", returned, (("out", x.shape, x.dtype),))
+    assert wrong is None, wrong
     assert isinstance(returned, torch.Tensor) and returned.data_ptr() == frame.view.data_ptr(), (
         "the tensor softmax returned is not the `out` it was given, so the output did not come from "
         "your kernel's store into out: write into out and return it"
@@ -358,7 +360,9 @@ def test_out_is_allocated_when_not_given(impl, runtime):
     a write past this allocation."""
     x = torch.randn(5, 4096, generator=torch.Generator().manual_seed(seeded(18))).half().to(runtime.device)
     out = impl.softmax(x)
-    assert out.shape == x.shape and out.dtype == x.dtype and out.device == x.device
+    wrong = returned_problem("softmax", out, (("out", x.shape, x.dtype),))
+    assert wrong is None, wrong
+    assert out.device == x.device
     assert_close(out, softmax_reference(x), DIMS)
 
 
@@ -367,6 +371,8 @@ def test_out_may_be_x(impl, runtime):
     x = randn(5, 300, torch.float32, runtime.device, stream=15)
     expected = softmax_reference(x)
     returned = impl.softmax(x, out=x)
+    wrong = returned_problem("softmax", returned, (("out", x.shape, x.dtype),))
+    assert wrong is None, wrong
     assert isinstance(returned, torch.Tensor) and returned.data_ptr() == x.data_ptr(), (
         "the tensor softmax returned is not the `out` it was given, so the output did not come from "
         "your kernel's store into out: write into out and return it"
