@@ -131,4 +131,11 @@ MUTANTS = [
         "        self._tokens[block], self._parent[block], self._hash[block] = (), None, None\n",
         "",
     ),
+    # Only two blocks sealed under one key, the older evicted, show it.
+    Mutant(
+        "oldest_block_keeps_its_key",
+        "18. the first block sealed under a key keeps it (setdefault)",
+        "self._hash_to_block[key] = block",
+        "self._hash_to_block.setdefault(key, block)",
+    ),
 ]

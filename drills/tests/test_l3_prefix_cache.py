@@ -30,6 +30,18 @@ A, B, C, D, E, F, G, H, X, Y = range(1, 11)  # the worked example's letters as t
 # The explainer's pitfalls (section 5) and the pattern of checks each leaves, for the diagnosis.
 MISTAKES = [
     Mistake(
+        18,
+        fails=("test_newest_block_of_a_repeated_key_is_found",),
+        passes=(
+            "test_block_filled_by_append_is_shared",
+            "test_evicted_block_is_not_revived",
+            "test_worked_example_freed_block_is_revived",
+        ),
+        question="Blocks 0 and 1 both hold [A, B] and are sealed under one key: which block does your "
+        "dictionary name after the second seal, and what happens to the key when block 0 is evicted?",
+        section="3.6",
+    ),
+    Mistake(
         1,
         fails=("test_free_drops_every_ref_count", "test_worked_example_step_by_step"),
         passes=("test_partial_block_is_never_shared",),
@@ -508,6 +520,34 @@ def test_evicted_block_does_not_vouch_for_its_old_child(impl):
     m.free("u")
     table = m.allocate("v", [G, H, C, D])
     assert m.num_cached_tokens("v") <= 2, f"[C, D] after [G, H] reused the KV of [C, D] after [A, B]: {table}"
+
+
+def test_newest_block_of_a_repeated_key_is_found(impl):
+    """Two blocks sealed under one key: "b" = [A] got its own block (a partial block is never shared) and
+    grew into [A, B] by append while "a"'s [A, B] was cached. The key must find the newer block (section
+    3.6): once "a" is freed and its block evicted, the key is dropped with it unless it points elsewhere,
+    and "b"'s block, still live, is then the only copy of [A, B] left. [A, B, C] must find it and fit in
+    the one free block."""
+    m = impl.BlockManager(4, 2)
+    assert m.allocate("a", [A, B]) == [0]
+    assert m.allocate("b", [A]) == [1]
+    m.append("b", B)  # block 1 fills: sealed under the same key as block 0
+    m.free("a")
+    assert m.allocate("x", [X]) == [2] and m.allocate("y", [Y]) == [3]
+    assert m.allocate("z", [G]) == [0], "z evicts block 0, the older block of [A, B]"
+    m.free("z")
+    try:
+        table = m.allocate("c", [A, B, C])
+    except ValueError as refused:
+        raise AssertionError(
+            f'[A, B, C] was refused ({refused}): block 1 still holds [A, B] for "b", so [A, B] is a hit '
+            "and [C] needs the one free block. The key still pointed at block 0, the older copy, and was "
+            "dropped when block 0 was evicted: the newest block sealed under a key must win it"
+        ) from None
+    assert table == [1, 0] and m.num_cached_tokens("c") == 2, (
+        f"[A, B, C] got {table} with {m.num_cached_tokens('c')} cached tokens, not [1, 0] with 2: block 1, "
+        "the newer block of [A, B], is the live copy"
+    )
 
 
 def test_hash_fn_gets_the_previous_key_and_a_tuple(impl):
