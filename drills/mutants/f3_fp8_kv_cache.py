@@ -52,4 +52,11 @@ MUTANTS = [
         "s = tl.dot(q, tl.trans(k)) * qk",
         "s = tl.dot(q.to(tl.float8e4nv), tl.trans(k.to(tl.float8e4nv))).to(tl.float32) * qk",
     ),
+    # Only a context that fills every column of its row is at the bound.
+    Mutant(
+        "guard_excludes_a_full_row",
+        "9. a full table row taken for an overflow: the guard's bound ctx < max_pages * PAGE",
+        "ctx_ok = (ctx >= 0) & (ctx <= max_pages * PAGE)",
+        "ctx_ok = (ctx >= 0) & (ctx < max_pages * PAGE)",
+    ),
 ]

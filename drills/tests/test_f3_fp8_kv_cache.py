@@ -662,6 +662,19 @@ def test_last_page_is_masked(impl, runtime, splits):
     check(impl, case, plan=forced(impl, case, splits))
 
 
+@pytest.mark.parametrize("splits", [1, 2], ids=["one-split", "merged"])
+def test_table_rows_exactly_full(impl, runtime, splits):
+    """Contexts of 20 and 32 with PAGE = 16 in a table of exactly 2 columns, over an e4m3 cache: the second
+    sequence's pages fill its row, the last of the table, so context_lens[1] = max_pages * PAGE, the
+    largest valid length. A guard bounded by ctx < max_pages * PAGE zeroes that sequence, and a read of the
+    entry after its last page reads past the end of block_tables. The pool has exactly the 4 blocks the
+    pages need, so block id num_blocks - 1, the largest valid one, is in use too; one split and two."""
+    case = make([20, 32], 4, 2, 64, 16, device=runtime.device, stream=68, max_pages=2, num_blocks=4)
+    assert case.block_tables.shape[1] * 16 == 32  # no spare column
+    assert 3 in case.block_tables.flatten().tolist()  # block num_blocks - 1, the largest valid id, in use
+    check(impl, case, plan=forced(impl, case, splits))
+
+
 @grouping_cases("group1-MHA", "group2", "group3", "group4", "group8", "group32-MQA")
 def test_kv_head_grouping_is_contiguous(impl, runtime, Hq, Hkv):
     """Query head h reads KV head h // GROUP (and its scales). GROUP = 3 is not a power of two."""
@@ -970,6 +983,15 @@ STAGES = [
 K_ALONE, V_ALONE = "test_k_scale_multiplies_the_logits", "test_v_scale_multiplies_the_output"
 UNIFORM, EXACT_CACHE = "test_uniform_scores_read_only_v_scale", "test_q_keeps_its_precision"
 MISTAKES = [
+    Mistake(
+        9,
+        fails=("test_table_rows_exactly_full",),
+        passes=("test_last_page_is_masked", "test_every_split_count_matches_unsplit"),
+        messages=(r"device guard fired|out of bounds load of block_tables",),
+        question="A context of 32 with PAGE = 16 in a table of 2 columns: is it a valid length, and which "
+        "lengths do your guard and your table loads admit?",
+        section="3.5",
+    ),
     Mistake(
         1,
         fails=(K_ALONE,),
