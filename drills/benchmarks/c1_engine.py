@@ -316,7 +316,7 @@ def decode_bytes(llm, stats) -> int:
     elt = llm.model.weights.embed.element_size()
     w = llm.model.weights
     weight_bytes = elt * (
-        sum(t.numel() for layer in w.layers for t in vars(layer).values())
+        sum(t.numel() for layer in w.layers for t in vars(layer).values() if t is not None)  # sinks: None
         + w.final_norm.numel()
         + w.lm_head.numel()
     )

@@ -6,7 +6,9 @@ StepInputs (C1's prepare_inputs): slot_mapping, cu_seqlens_q, context_lens, bloc
 KernelAttention       the course's kernels: L1 store_kvcache (or, with fused_store, the fused RoPE kernel's
                       store, see rope_store), then L4 paged_prefill for a step with any
                       prompt tokens, F1 split_kv_decode (planned once per step) for a pure decode step,
-                      or F2 cascade_decode for a decode step whose sequences share their first pages
+                      or F2 cascade_decode for a decode step whose sequences share their first pages;
+                      a layer with a sliding window or sinks (gpt-oss) runs L5 unified_attention for
+                      every step instead, its decode steps planned once per step as F1's
 TorchPagedAttention   the same cache and the same inputs in plain torch (fp32 math): the fast path on a
                       CPU, and a second opinion on the kernels. It reads the cache only through the block
                       tables and stores only through the slots, so a wrong input breaks it as it breaks them.
@@ -51,8 +53,16 @@ class KernelAttention:
     """
 
     def __init__(
-        self, cache: PagedKVCache, kernels, num_q_heads: int | None = None, fused_store: bool = False
+        self,
+        cache: PagedKVCache,
+        kernels,
+        num_q_heads: int | None = None,
+        fused_store: bool = False,
+        windows=None,
+        sinks=None,
     ):
+        """windows, sinks: per layer, the window (None: full) and the (Hq,) float32 sinks (None: none),
+        as model.attention_features gives them; a layer with either runs L5, the others L4, F1, F2."""
         self.cache = cache
         self.kernels = kernels
         self.num_q_heads = num_q_heads  # Hq, which F2's plan needs (its prefix tiles hold query heads)
@@ -64,6 +74,13 @@ class KernelAttention:
         self._stored = None  # the layer whose K and V rope_store() has just written
         self.plan = None
         self.cascade = None  # (F2's plan, prefix_group [B] int32, prefix_lens [G] int32) for this step
+        layers = cache.k.shape[0]
+        self.windows = list(windows) if windows is not None else [None] * layers
+        self.sinks = list(sinks) if sinks is not None else [None] * layers
+        self.unified = [w is not None or s is not None for w, s in zip(self.windows, self.sinks)]
+        self.unified_plans = {}  # window -> L5's plan for this decode step (None for other steps)
+        self._decode_rows = None  # (cu_seqlens_q, context_lens) of this decode step as L5 reads them
+        self._aranges = {}  # B -> [B + 1] int32 0 .. B, kept: a captured CUDA graph reads its address
 
     def cascade_plan(self, context_lens: list[int], groups: list[int], prefix_lens: list[int]):
         """F2's plan for a decode step with these shared prefixes (engine._shared_prefixes), or None
@@ -86,6 +103,17 @@ class KernelAttention:
         for the longest context it will replay). cascade: (cascade_plan's plan, groups, prefix_lens)
         for a decode step F2 serves."""
         self.cascade = None
+        self._decode_rows = None
+        self.unified_plans = {}
+        if inputs.is_decode and any(self.unified):
+            lens = (
+                inputs.context_lens_list if plan_len is None else [plan_len] * len(inputs.context_lens_list)
+            )
+            cu = list(range(len(lens) + 1))  # one new token per row
+            for w in {w for w, on in zip(self.windows, self.unified) if on}:
+                self.unified_plans[w] = self.kernels.unified_plan(
+                    cu, lens, self.cache.k.shape[3], self.cache.block_size, window=w
+                )
         if inputs.is_decode and cascade is not None:
             cplan, groups, prefix_lens = cascade
             device = self.cache.k.device
@@ -121,7 +149,9 @@ class KernelAttention:
             # from the device once per layer and forbid CUDA-graph capture.
             self.kernels.store_kvcache(k.to(dtype), v.to(dtype), kc, vc, meta.slot_mapping, check=False)
         self._stored = None
-        if meta.is_decode and self.cascade is not None:
+        if self.unified[layer]:
+            out = self._unified(layer, q.to(dtype), kc, vc, meta)
+        elif meta.is_decode and self.cascade is not None:
             cplan, groups, prefix_lens = self.cascade
             out = self.kernels.cascade_decode(
                 q.to(dtype),
@@ -146,13 +176,42 @@ class KernelAttention:
             )
         return out.to(q.dtype)
 
+    def _unified(self, layer, q, kc, vc, meta):
+        """L5 for a layer with a window or sinks: a decode step's rows as one token each, planned in
+        begin_step; any other step as L4 would run it (no plan: one program per query tile)."""
+        window, sinks = self.windows[layer], self.sinks[layer]
+        if not meta.is_decode:
+            return self.kernels.unified_attention(
+                q, kc, vc, meta.block_tables, meta.cu_seqlens_q, meta.context_lens,
+                window=window, sinks=sinks, check=False,
+            )  # fmt: skip
+        if window not in self.unified_plans:
+            raise RuntimeError("KernelAttention.begin_step(inputs) was not called for this step")
+        if self._decode_rows is None:
+            # Made once per step, by the first such layer (inside a captured graph, by its replay).
+            # Padding rows of a CUDA graph's batch are one token over context length 0, which L5's guard
+            # refuses (a row needs its own key): they read key 0 of block 0 instead (their table row is
+            # zeros, a block that exists) and their output is never sampled.
+            B = q.shape[0]
+            if B not in self._aranges:
+                self._aranges[B] = torch.arange(B + 1, dtype=torch.int32, device=q.device)
+            self._decode_rows = (self._aranges[B], meta.context_lens.clamp(min=1))
+        cu, ctx = self._decode_rows
+        return self.kernels.unified_attention(
+            q, kc, vc, meta.block_tables, cu, ctx,
+            window=window, sinks=sinks, check=False, plan=self.unified_plans[window],
+        )  # fmt: skip
+
 
 class TorchPagedAttention:
     """The same paged cache in plain torch: scatter the new K and V to their slots, then each sequence
     gathers its pages through its block table and attends causally (bottom-right aligned) in fp32."""
 
-    def __init__(self, cache: PagedKVCache):
+    def __init__(self, cache: PagedKVCache, windows=None, sinks=None):
+        """windows, sinks: per layer, as KernelAttention's."""
         self.cache = cache
+        self.windows = list(windows) if windows is not None else [None] * cache.k.shape[0]
+        self.sinks = list(sinks) if sinks is not None else [None] * cache.k.shape[0]
 
     def begin_step(self, inputs, plan_len: int | None = None, cascade=None):
         pass
@@ -177,7 +236,12 @@ class TorchPagedAttention:
             slots = (pages[:, None] * page + torch.arange(page, device=q.device)[None, :]).flatten()[:ctx]
             # (ctx, Hkv, D) each, gathered through the table; then the same math as the reference's
             out[start : start + n] = causal_attention(
-                q[start : start + n], flat_k[slots], flat_v[slots], scale
+                q[start : start + n],
+                flat_k[slots],
+                flat_v[slots],
+                scale,
+                self.windows[layer],
+                self.sinks[layer],
             )
             start += n
         return out

@@ -28,6 +28,28 @@ class LlamaConfig:
     rms_norm_eps: float
     max_position: int  # the context length the model was trained for
     tie_word_embeddings: bool  # the logits reuse the embedding matrix
+    # gpt-oss-style attention (served by L5's unified_attention): per layer None (full causal) or a
+    # sliding window w >= 1 (the query at position p sees keys p - w < j <= p); None: no layer has one.
+    windows: tuple[int | None, ...] | None = None
+    sinks: bool = False  # every layer carries a learned [Hq] float32 sink logit (LayerWeights.sinks)
+
+    def __post_init__(self):
+        if not isinstance(self.sinks, bool):
+            raise TypeError(f"sinks must be a bool, got {type(self.sinks).__name__} {self.sinks!r}")
+        if self.windows is None:
+            return
+        if not isinstance(self.windows, (tuple, list)) or len(self.windows) != self.num_layers:
+            raise ValueError(
+                f"windows must be None or one entry per layer ({self.num_layers}), got {self.windows!r}"
+            )
+        for i, w in enumerate(self.windows):
+            if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 1):
+                raise ValueError(f"windows[{i}] must be None or an int >= 1, got {w!r}")
+        object.__setattr__(self, "windows", tuple(self.windows))  # hashable, as a frozen config is
+
+    def window(self, layer: int) -> int | None:
+        """Layer `layer`'s sliding window, None for a full causal layer."""
+        return None if self.windows is None else self.windows[layer]
 
     @property
     def group(self) -> int:
@@ -71,6 +93,27 @@ def llama_8b_shaped_config(num_layers: int = 4) -> LlamaConfig:
         rms_norm_eps=1e-5,
         max_position=8192,
         tie_word_embeddings=False,
+    )
+
+
+def gpt_oss_shaped_config(num_layers: int = 4) -> LlamaConfig:
+    """gpt-oss-120b's attention shapes on a dense Llama body: 64 query heads and 8 KV heads of 64, layers
+    alternating a 128-token sliding window with full attention (the first one windowed, as gpt-oss), a
+    sink logit per head in every layer. What L5 costs end to end beside the Llama-3-8B-shaped model."""
+    return LlamaConfig(
+        num_layers=num_layers,
+        hidden_size=2880,
+        num_heads=64,
+        num_kv_heads=8,
+        head_dim=64,
+        intermediate_size=2880,
+        vocab_size=201088,
+        rope_theta=150000.0,
+        rms_norm_eps=1e-5,
+        max_position=8192,
+        tie_word_embeddings=False,
+        windows=tuple(128 if i % 2 == 0 else None for i in range(num_layers)),
+        sinks=True,
     )
 
 

@@ -24,7 +24,7 @@ from drills.engine.attention import KernelAttention, PagedKVCache, TorchPagedAtt
 from drills.engine.batch import DeviceBatch
 from drills.engine.config import EngineConfig
 from drills.engine.graphs import DecodeGraphs, PromptGraphs
-from drills.engine.model import Llama, forward
+from drills.engine.model import Llama, attention_features, forward
 
 
 @dataclass
@@ -90,10 +90,13 @@ class Engine:
             chunked_prefill=config.chunked_prefill,
         )
         fused_store = config.fused_store_on(model.device)  # raises where asked for without its path
+        windows, sinks = attention_features(model)  # layers with either run L5 (attention.py)
         self.attention = (
-            KernelAttention(cache, parts, model.config.num_heads, fused_store=fused_store)
+            KernelAttention(
+                cache, parts, model.config.num_heads, fused_store=fused_store, windows=windows, sinks=sinks
+            )
             if config.attention == "kernels"
-            else TorchPagedAttention(cache)
+            else TorchPagedAttention(cache, windows, sinks)
         )
         self.eos_id = eos_id
         self.max_model_len = config.model_len(model.config)

@@ -106,7 +106,8 @@ class LLM:
         where = rt.banner if self.config.attention == "kernels" else torch_path
         c = self.cache
         store = getattr(self.engine.attention, "fused_store", False)
-        return sources.describe(self.choices, self.config.attention, store) + [
+        unified = any(getattr(self.engine.attention, "unified", ()))  # a layer with a window or sinks
+        return sources.describe(self.choices, self.config.attention, store, unified) + [
             f"  {where}; model {self.model.dtype}, KV cache {c.num_blocks} blocks x {c.block_size} tokens "
             f"({c.dtype}), CUDA graphs {self._graphs()}"
         ]

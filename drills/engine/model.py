@@ -35,6 +35,9 @@ class LayerWeights:
     mlp_norm: torch.Tensor  # (H,)
     w_gate_up: torch.Tensor  # (2 I, H): gate rows then up rows, one GEMM for the same reason
     w_down: torch.Tensor  # (H, I)
+    # (Hq,) float32 sink logits where config.sinks (gpt-oss): head h's softmax denominator gains
+    # exp(sinks[h]). Kept in float32 whatever the model's dtype, as L5 reads them.
+    sinks: torch.Tensor | None = None
 
 
 @dataclass
@@ -51,11 +54,16 @@ class LlamaWeights:
         def move(t):
             return t.to(device=device, dtype=dtype)
 
+        def move_layer(layer):
+            moved = {k: move(v) for k, v in vars(layer).items() if k != "sinks"}
+            sinks = None if layer.sinks is None else layer.sinks.to(device=device, dtype=torch.float32)
+            return LayerWeights(**moved, sinks=sinks)
+
         embed = move(self.embed)
         return LlamaWeights(
             config=self.config,
             embed=embed,
-            layers=[LayerWeights(**{k: move(v) for k, v in vars(layer).items()}) for layer in self.layers],
+            layers=[move_layer(layer) for layer in self.layers],
             final_norm=move(self.final_norm),
             lm_head=embed if self.config.tie_word_embeddings else move(self.lm_head),
         )
@@ -81,6 +89,9 @@ def random_weights(config: LlamaConfig, stream: int, dtype=torch.float32, device
             mlp_norm=normal(H, std=0.1, mean=1.0),
             w_gate_up=normal(2 * I, H),
             w_down=normal(H, I),
+            # Sinks of a few units, as gpt-oss's: large enough to take a visible share of each row's
+            # softmax, so that an engine that drops them changes the output.
+            sinks=normal(c.num_heads, std=1.0).float() if c.sinks else None,
         )
         for _ in range(c.num_layers)
     ]
@@ -104,6 +115,7 @@ class Llama:
     def __post_init__(self):
         c = self.config
         device = self.weights.embed.device
+        check_sinks(self.weights)
         # The inverse frequencies theta ** (-2i / D), in fp32 and in the same operations as transformers.
         exponent = torch.arange(0, c.head_dim, 2, dtype=torch.int64, device=device).float() / c.head_dim
         inv_freq = 1.0 / (c.rope_theta**exponent)  # (D/2,)
@@ -122,6 +134,35 @@ class Llama:
     @property
     def device(self) -> torch.device:
         return self.weights.embed.device
+
+
+def check_sinks(weights: LlamaWeights) -> None:
+    """Every layer holds finite (Hq,) float32 sinks where config.sinks says so, and none where it does not."""
+    c = weights.config
+    for i, layer in enumerate(weights.layers):
+        s = layer.sinks
+        if not c.sinks:
+            if s is not None:
+                raise ValueError(f"layers[{i}].sinks is given but config.sinks is False")
+            continue
+        if s is None or not isinstance(s, torch.Tensor):
+            raise ValueError(
+                f"layers[{i}].sinks must be a ({c.num_heads},) float32 tensor: config.sinks is True"
+            )
+        if s.shape != (c.num_heads,) or s.dtype != torch.float32:
+            raise ValueError(
+                f"layers[{i}].sinks must be ({c.num_heads},) float32, got {s.dtype} {tuple(s.shape)}"
+            )
+        if not bool(torch.isfinite(s).all()):
+            raise ValueError(f"layers[{i}].sinks must be finite")
+
+
+def attention_features(model: Llama) -> tuple[list[int | None], list[torch.Tensor | None]]:
+    """Per layer: its sliding window (None: full) and its (Hq,) float32 sinks (None: none), on the
+    model's device; what the engine's attention serves through L5 where either is set."""
+    c = model.config
+    windows = [c.window(i) for i in range(c.num_layers)]
+    return windows, [layer.sinks for layer in model.weights.layers]
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

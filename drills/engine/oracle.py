@@ -29,10 +29,13 @@ class ReferenceMeta:
 class ReferenceAttention:
     """attention(layer, q, k, v, meta) in pure torch: each sequence keeps its K and V in one contiguous
     tensor per layer; new keys are appended, then each new query attends causally over the sequence's
-    whole history (cached tokens + the new ones up to itself). Computed in fp32."""
+    whole history (cached tokens + the new ones up to itself), or its window of it where
+    config.windows gives the layer one, with the layer's sink logits in the denominator where `sinks`
+    (one (Hq,) tensor or None per layer) gives them. Computed in fp32."""
 
-    def __init__(self, config: LlamaConfig):
+    def __init__(self, config: LlamaConfig, sinks=None):
         self.config = config
+        self.sinks = sinks or [None] * config.num_layers
         self.cache = {}  # seq_id -> list over layers of (k, v), each (L, Hkv, D)
 
     def context_len(self, seq_id) -> int:
@@ -60,15 +63,27 @@ class ReferenceAttention:
                 old_k, old_v = layers[layer]
                 layers[layer] = (torch.cat([old_k, new_k]), torch.cat([old_v, new_v]))
             keys, values = layers[layer]  # (L, Hkv, D), L = cached + n
-            out[start : start + n] = causal_attention(q[start : start + n], keys, values, scale)
+            out[start : start + n] = causal_attention(
+                q[start : start + n], keys, values, scale, c.window(layer), self.sinks[layer]
+            )
             start += n
         return out
 
 
-def causal_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float) -> torch.Tensor:
+def causal_attention(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    scale: float,
+    window: int | None = None,
+    sinks: torch.Tensor | None = None,
+) -> torch.Tensor:
     """One sequence's n newest queries over its whole history, in fp32: q (n, Hq, D), keys and values
     (L, Hkv, D) with the n new tokens last -> (n, Hq, D) in q's dtype. Shared by ReferenceAttention and
-    attention.TorchPagedAttention, which differ only in where the keys are kept."""
+    attention.TorchPagedAttention, which differ only in where the keys are kept.
+
+    window  None, or the query at position p sees only the keys p - window < j <= p
+    sinks   None, or (Hq,) logits: head h's denominator gains exp(sinks[h]), its numerator nothing"""
     n, Hq, D = q.shape
     L, Hkv, _ = keys.shape
     # GQA with consecutive grouping: query head h reads kv head h // group (transformers' repeat_kv).
@@ -76,9 +91,18 @@ def causal_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     scores = torch.einsum("nkgd,lkd->kgnl", qg, keys.float()) * scale  # (Hkv, G, n, L)
     # New query i sits at position L - n + i of its sequence and sees keys 0 .. L - n + i.
     query_pos = torch.arange(L - n, L, device=q.device)[:, None]  # (n, 1)
-    visible = torch.arange(L, device=q.device)[None, :] <= query_pos  # (n, L)
+    key_pos = torch.arange(L, device=q.device)[None, :]  # (1, L)
+    visible = key_pos <= query_pos  # (n, L)
+    if window is not None:
+        visible = visible & (key_pos > query_pos - window)
     scores = scores.masked_fill(~visible, float("-inf"))
-    o = torch.einsum("kgnl,lkd->nkgd", scores.softmax(-1), values.float())  # (n, Hkv, G, D)
+    if sinks is not None:
+        # The sink as one more key of logit sinks[h] and value zero: a column in the softmax, then dropped.
+        sink = sinks.float().view(Hkv, Hq // Hkv, 1, 1).expand(Hkv, Hq // Hkv, n, 1)
+        probs = torch.cat([scores, sink], dim=-1).softmax(-1)[..., :L]  # (Hkv, G, n, L)
+    else:
+        probs = scores.softmax(-1)
+    o = torch.einsum("kgnl,lkd->nkgd", probs, values.float())  # (n, Hkv, G, D)
     return o.reshape(n, Hq, D).to(q.dtype)
 
 
@@ -105,7 +129,7 @@ def greedy_generate(model: Llama, prompt_ids: list[int], max_new_tokens: int, st
     """Greedy decoding of one prompt through forward + ReferenceAttention: one prefill step, then one
     decode step per token, the way an engine runs it. Returns (new tokens, a stop token included;
     logits (steps, V) float32, the row each token was chosen from)."""
-    attention = ReferenceAttention(model.config)
+    attention = ReferenceAttention(model.config, [layer.sinks for layer in model.weights.layers])
     tokens, logits, new = [], [], list(prompt_ids)
     for _ in range(max_new_tokens):
         context = len(prompt_ids) + len(tokens) - len(new)  # tokens already in the cache

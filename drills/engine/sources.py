@@ -1,7 +1,8 @@
 """Which code the engine runs: your file of a lesson where it passes its grader, the reference otherwise.
 
-The engine needs six lessons: L1's store_kvcache, L3's BlockManager, L4's paged_prefill, F1's plan and
-split_kv_decode, F2's plan (as cascade_plan) and cascade_decode, and C1's scheduler and prepare_inputs. A lesson uses drills/mine/<stem>.py when the
+The engine needs seven lessons: L1's store_kvcache, L3's BlockManager, L4's paged_prefill, F1's plan and
+split_kv_decode, F2's plan (as cascade_plan) and cascade_decode, L5's plan (as unified_plan) and
+unified_attention (for layers with a sliding window or sinks), and C1's scheduler and prepare_inputs. A lesson uses drills/mine/<stem>.py when the
 last `make test` of that file, as it is now, passed (the grade is remembered in .drills/, never
 re-run here: grading takes a minute); otherwise the reference in drills/solutions/. `describe()` gives
 the lines the engine prints at start-up, so a learner always knows whose code answered.
@@ -22,6 +23,7 @@ PARTS = {
     "l4_paged_prefill": ("paged_prefill",),
     "f1_split_kv_decode": ("plan", "split_kv_decode"),
     "f2_cascade_decode": (("plan", "cascade_plan"), "cascade_decode"),
+    "l5_unified_attention": (("plan", "unified_plan"), "unified_attention"),
     "c1_engine": ("Scheduler", "Sequence", "SamplingParams", "prepare_inputs"),
 }
 
@@ -85,17 +87,28 @@ def load(choices: dict[str, Choice]) -> SimpleNamespace:
 
 
 # The lessons whose code only the kernel attention path calls: with attention in torch they do not run.
-KERNEL_PATH = ("l1_paged_kv_cache", "l4_paged_prefill", "f1_split_kv_decode", "f2_cascade_decode")
+KERNEL_PATH = (
+    "l1_paged_kv_cache",
+    "l4_paged_prefill",
+    "f1_split_kv_decode",
+    "f2_cascade_decode",
+    "l5_unified_attention",
+)
 
 
-def describe(choices: dict[str, Choice], attention: str = "kernels", fused_store: bool = False) -> list[str]:
+def describe(
+    choices: dict[str, Choice], attention: str = "kernels", fused_store: bool = False, unified: bool = False
+) -> list[str]:
     """The start-up lines: whose code each part is, and which parts are not called at all: with
     attention in torch the kernel path's (the torch path stores and attends K and V itself), with
-    fused_store L1's (the fused RoPE kernel stores K and V)."""
+    fused_store L1's (the fused RoPE kernel stores K and V), without `unified` (no layer has a sliding
+    window or sinks) L5's."""
     lines = ["the engine runs:"]
     for stem, choice in choices.items():
         if attention != "kernels" and stem in KERNEL_PATH:
             lines.append(f"  {choice.lesson.id} {_listed(stem)}: not called (attention in torch)")
+        elif not unified and stem == "l5_unified_attention":
+            lines.append(f"  {choice.lesson.id} {_listed(stem)}: not called (no layer has a window or sinks)")
         elif fused_store and stem == "l1_paged_kv_cache":
             lines.append(
                 f"  {choice.lesson.id} {_listed(stem)}: not called (the fused RoPE kernel stores K and V; "

@@ -1,0 +1,235 @@
+"""The engine serves gpt-oss-style layers: sliding windows and attention sinks, through L5.
+
+A tiny model alternates a 5-token window (smaller than two pages of 4, past one) with a full layer, and
+every layer carries sink logits. The engine runs it on the course's kernels (L5 for the windowed layer,
+L4 and F1 for the full one) in chunked prefill and decode steps, and must give, token for token under
+greedy, what a plain-torch forward of the same model gives (oracle.greedy_generate: the window as a
+mask, the sink as one more column of the softmax). CPU only, Triton's interpreter.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from drills.device_errors import error_word
+from drills.engine.attention import KernelAttention, PagedKVCache
+from drills.engine.config import tiny_config
+from drills.engine.model import Llama, check_sinks, forward, random_weights
+from drills.engine.oracle import ReferenceAttention, causal_attention, packed_step
+from drills.solutions import f1_split_kv_decode, l1_paged_kv_cache, l4_paged_prefill, l5_unified_attention
+from drills.solutions.c1_engine import SamplingParams
+
+WINDOW = 5
+# Untied: with the logits read off the embedding each token predicts itself and every output repeats.
+CONFIG = dataclasses.replace(tiny_config(), tie_word_embeddings=False, windows=(WINDOW, None), sinks=True)
+PLAIN = dataclasses.replace(CONFIG, windows=None, sinks=False)
+NEW_TOKENS = 6
+PAGE = 4
+
+
+def _prompts(lens=(11, 3, 23)) -> list[list[int]]:
+    g = torch.Generator().manual_seed(5)
+    return [torch.randint(0, CONFIG.vocab_size, (n,), generator=g).tolist() for n in lens]
+
+
+def _weights(config=CONFIG):
+    return random_weights(config, stream=3)
+
+
+def _without_features(weights):
+    """The same weights as a plain Llama: no window, no sinks."""
+    layers = [dataclasses.replace(layer, sinks=None) for layer in weights.layers]
+    return dataclasses.replace(weights, config=PLAIN, layers=layers)
+
+
+def _engine_tokens(weights, prompts, attention="kernels", parts=None, **settings) -> list[list[int]]:
+    from drills.engine.llm import LLM
+
+    llm = LLM(
+        weights,
+        attention=attention,
+        use="solutions",
+        parts=parts,
+        device="cpu",
+        dtype=torch.float32,
+        block_size=PAGE,
+        num_blocks=40,
+        max_num_batched_tokens=16,  # the 23-token prompt runs in chunks over its cached prefix
+        quiet=True,
+        **settings,
+    )
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True))
+    return [o.token_ids for o in outs]
+
+
+class _AsTheCacheHolds(ReferenceAttention):
+    """The oracle fed the fp16 values the kernels' cache holds (q, k and v rounded, the output rounded as
+    the kernels' is), computed in fp32: a tie broken by rounding cannot fail the test."""
+
+    def __call__(self, layer, q, k, v, meta):
+        def r(t):
+            return t.half().float()
+
+        return r(super().__call__(layer, r(q), r(k), r(v), meta))
+
+
+def _oracle_tokens(weights, prompts, rounded=True) -> list[list[int]]:
+    model = Llama(weights)
+    got = []
+    for prompt in prompts:
+        attention = (_AsTheCacheHolds if rounded else ReferenceAttention)(
+            model.config, [layer.sinks for layer in model.weights.layers]
+        )
+        tokens, new = [], list(prompt)
+        for _ in range(NEW_TOKENS):
+            context = len(prompt) + len(tokens) - len(new)
+            ids, positions, rows, meta = packed_step([(0, new, context)])
+            tokens.append(int(forward(model, ids, positions, attention, meta, rows)[0].argmax()))
+            new = [tokens[-1]]
+        got.append(tokens)
+    return got
+
+
+@pytest.fixture(scope="module")
+def served():
+    """The windowed model's tokens from the oracle and from the kernel engine, overlap off."""
+    weights, prompts = _weights(), _prompts()
+    return SimpleNamespace(
+        weights=weights,
+        prompts=prompts,
+        oracle=_oracle_tokens(weights, prompts),
+        engine=_engine_tokens(weights, prompts, overlap=False),
+    )
+
+
+def test_windowed_layers_with_sinks_match_the_torch_oracle_token_for_token(served):
+    assert served.engine == served.oracle, (
+        "the engine's greedy tokens differ from the oracle's (window mask + sink in the denominator): "
+        f"engine {served.engine}, oracle {served.oracle}"
+    )
+
+
+def test_the_window_and_the_sinks_change_the_tokens(served):
+    # Otherwise the test above could not fail: an engine that ignored both must give other tokens.
+    plain = _oracle_tokens(_without_features(served.weights), served.prompts)
+    assert plain != served.oracle, "the window and the sinks do not change this model's greedy tokens"
+    no_sinks = [
+        dataclasses.replace(layer, sinks=torch.full_like(layer.sinks, -1e4))
+        for layer in served.weights.layers
+    ]
+    only_window = _oracle_tokens(dataclasses.replace(served.weights, layers=no_sinks), served.prompts)
+    assert only_window != served.oracle, "the sinks alone do not change this model's greedy tokens"
+
+
+def test_overlap_on_gives_the_same_tokens_as_lockstep(served):
+    overlapped = _engine_tokens(served.weights, served.prompts, overlap=True)
+    assert overlapped == served.engine, f"overlap on: {overlapped}, off: {served.engine}"
+
+
+def test_torch_attention_path_serves_windows_and_sinks_too(served):
+    got = _engine_tokens(served.weights, served.prompts, attention="torch", overlap=False)
+    assert got == _oracle_tokens(served.weights, served.prompts, rounded=False)
+
+
+class _Spy:
+    """The kernels the engine calls, counted (layer calls per kernel) and passed through."""
+
+    def __init__(self):
+        self.calls = {}
+
+        def counted(name, fn):
+            def run(*args, **kwargs):
+                self.calls[name] = self.calls.get(name, 0) + 1
+                return fn(*args, **kwargs)
+
+            return run
+
+        self.parts = SimpleNamespace(
+            paged_prefill=counted("paged_prefill", l4_paged_prefill.paged_prefill),
+            split_kv_decode=counted("split_kv_decode", f1_split_kv_decode.split_kv_decode),
+            unified_attention=counted("unified_attention", l5_unified_attention.unified_attention),
+        )
+
+
+def test_full_layers_stay_on_l4_and_f1_and_give_todays_tokens():
+    """A window wider than every context and no sinks: the windowed layer runs L5 and the full layer L4
+    and F1, and the tokens are the no-window engine's (L5 with its features off is L4)."""
+    prompts = _prompts((11, 3))
+    wide = dataclasses.replace(PLAIN, windows=(64, None))
+    weights = dataclasses.replace(_weights(PLAIN), config=wide)
+    spy, plain_spy = _Spy(), _Spy()
+    got = _engine_tokens(weights, prompts, parts=spy.parts, overlap=False)
+    today = _engine_tokens(_weights(PLAIN), prompts, parts=plain_spy.parts, overlap=False)
+    assert got == today, f"window 64 over contexts below it: {got}, the no-window engine: {today}"
+    assert "unified_attention" not in plain_spy.calls, "a model without windows or sinks called L5"
+    steps = plain_spy.calls["paged_prefill"] + plain_spy.calls["split_kv_decode"]  # 2 layers a step
+    assert spy.calls.get("unified_attention") == steps // 2, (
+        f"the windowed layer should run L5 once a step ({steps // 2} steps): {spy.calls}"
+    )
+    assert spy.calls["paged_prefill"] + spy.calls["split_kv_decode"] == steps // 2, (
+        f"the full layer should stay on L4 and F1 once a step: {spy.calls}"
+    )
+
+
+def test_decode_padding_rows_of_a_graph_batch_are_served():
+    """A CUDA graph's decode batch pads with rows of one token over context length 0, which L5's guard
+    refuses as such: the engine must still serve the real rows (and raise nothing)."""
+    cache = PagedKVCache(CONFIG, 8, PAGE, torch.float16)
+    parts = SimpleNamespace(
+        unified_plan=l5_unified_attention.plan,
+        plan=f1_split_kv_decode.plan,
+        store_kvcache=l1_paged_kv_cache.store_kvcache,
+        **vars(_Spy().parts),
+    )
+    attn = KernelAttention(cache, parts, CONFIG.num_heads, windows=list(CONFIG.windows), sinks=[None, None])
+    g = torch.Generator().manual_seed(0)
+    Hq, Hkv, D = CONFIG.num_heads, CONFIG.num_kv_heads, CONFIG.head_dim
+    cache.k.copy_(torch.randn(cache.k.shape, generator=g).half())
+    cache.v.copy_(torch.randn(cache.v.shape, generator=g).half())
+    meta = SimpleNamespace(
+        slot_mapping=torch.tensor([4 * PAGE + 2, -1]),  # row 1 is padding
+        context_lens=torch.tensor([11, 0], dtype=torch.int32),
+        block_tables=torch.tensor([[3, 1, 4], [0, 0, 0]], dtype=torch.int32),
+        is_decode=True,
+        context_lens_list=[11, 0],
+        cu_seqlens_q=None,  # a captured decode step's inputs carry none
+    )
+    attn.begin_step(meta)
+    q = torch.randn(2, Hq, D, generator=g)
+    k, v = torch.randn(2, Hkv, D, generator=g), torch.randn(2, Hkv, D, generator=g)
+    before = error_word("cpu").clone()
+    out = attn(0, q, k, v, meta)
+    assert torch.equal(error_word("cpu"), before), "the padding row raised a device error"
+    keys = torch.cat([cache.k[0, b] for b in (3, 1, 4)])[:11]  # (11, Hkv, D)
+    values = torch.cat([cache.v[0, b] for b in (3, 1, 4)])[:11]
+    want = causal_attention(q[:1].half().float(), keys.float(), values.float(), D**-0.5, WINDOW)
+    torch.testing.assert_close(out[:1].float(), want, atol=2e-3, rtol=2e-3)
+
+
+def test_bad_windows_and_sinks_raise_naming_the_field():
+    with pytest.raises(ValueError, match="windows"):
+        dataclasses.replace(CONFIG, windows=(WINDOW,))
+    with pytest.raises(ValueError, match=r"windows\[1\]"):
+        dataclasses.replace(CONFIG, windows=(WINDOW, 0))
+    with pytest.raises(ValueError, match=r"windows\[0\]"):
+        dataclasses.replace(CONFIG, windows=(True, None))
+    with pytest.raises(TypeError, match="sinks"):
+        dataclasses.replace(CONFIG, sinks=1)
+    weights = _weights()
+    missing = dataclasses.replace(
+        weights, layers=[dataclasses.replace(weights.layers[0], sinks=None)] + weights.layers[1:]
+    )
+    with pytest.raises(ValueError, match=r"layers\[0\]\.sinks"):
+        check_sinks(missing)
+    bad = torch.full((CONFIG.num_heads,), float("nan"))
+    nan = dataclasses.replace(
+        weights, layers=[weights.layers[0], dataclasses.replace(weights.layers[1], sinks=bad)]
+    )
+    with pytest.raises(ValueError, match=r"layers\[1\]\.sinks"):
+        Llama(nan)
+    with pytest.raises(ValueError, match=r"layers\[0\]\.sinks"):
+        Llama(dataclasses.replace(weights, config=PLAIN))
