@@ -12,12 +12,14 @@ import math
 import pytest
 import torch
 
+from drills import validate
 from drills.compare import assert_close, assert_untouched, mismatch
 from drills.grading.bigmem import SLICE_STRIDE, free_bytes, past_int32
 from drills.grading.diagnose import Mistake, returned_problem
 from drills.grading.launches import assert_grids_fit, assert_runs_a_triton_kernel, record_launches
 from drills.grading.report import Stage
 from drills.tests import bf16_everywhere, fill_past_fp16_range, seeded, sizes
+from drills.tests.domain import Domain, checks_besides
 
 # Each constexpr of the reference's kernels -> the tests that cross it: a size one past its tile or loop
 # bound (or at its widest admitted value), a flag both ways; "grid" -> the grid check at the largest sizes.
@@ -43,6 +45,24 @@ BOUNDS: dict[str, tuple[str, ...]] = {
 }
 
 DIMS = ("b", "head", "query", "d")  # how a mismatch names its position
+
+# What flash_attention admits, at its boundaries (drills/validate.py's head dims, so the domain cannot
+# drift from the launcher): test_pairwise_domain_cases_match_the_oracle crosses every pair of them.
+_D_LO, _D_HI = validate.HEAD_DIM_RANGE
+DOMAIN = Domain(
+    axes=dict(
+        D=(_D_LO, _D_HI),  # the narrowest and the widest head dim: one D tile of 256
+        heads=((2, 2), (3, 1), (4, 2)),  # (H, Hkv): MHA, MQA with GROUP 3, GROUP 2 (interleaving shows)
+        # (Nq, Nk): one of each, Nq < Nk, Nq > Nk (its first rows see no key)
+        lengths=((1, 1), (17, 40), (40, 17)),
+        B=(1, 2),
+        causal=(False, True),
+        dtype=(torch.float16, torch.bfloat16),
+        layout=("nan_padded_views", "heads_last", "v_heads_last"),  # v_heads_last: V's strides unlike K's
+        scale=(None, 0.3),
+        lse=(False, True),
+    ),
+)
 LSE_DIMS = ("b", "head", "query")
 PAD = 128  # NaN rows after the last query and the last key: more than any BLOCK_M or BLOCK_N
 CANARY = 1234.5  # exactly representable in fp16, bf16 and fp32
@@ -322,6 +342,34 @@ def test_lse_is_natural_log(impl, runtime, causal, Nq, Nk):
     assert lse.dtype == torch.float32 and lse.shape == q.shape[:3], f"lse: {lse.dtype} {tuple(lse.shape)}"
     assert_lse_close(lse, ref_lse)
     assert_close(out, ref, DIMS)
+
+
+PAIRWISE = "test_pairwise_domain_cases_match_the_oracle"
+
+
+def test_pairwise_domain_cases_match_the_oracle(impl, runtime):
+    """Cases drawn from DOMAIN so that every pair of its boundary values meets in one case (D = 256 with
+    GQA, causal with Nq > Nk and V's strides unlike K's, lse in bf16...): a kernel right on each bound
+    alone can still be wrong where two meet. A failure names the case's values."""
+
+    def run(c):
+        (H, Hkv), (Nq, Nk) = c["heads"], c["lengths"]
+        shape = (c["B"], H, Hkv, Nq, Nk, c["D"])
+        q, k, v = make_qkv(
+            *shape, c["dtype"], runtime.device, stream=405, heads_last=c["layout"] == "heads_last"
+        )
+        if c["layout"] == "v_heads_last":
+            _, _, v = make_qkv(*shape, c["dtype"], runtime.device, stream=406, heads_last=True)
+        ref, ref_lse = attention_reference(q, k, v, c["causal"], c["scale"])
+        if c["lse"]:  # through flash_attention(return_lse=True), after a run into canary buffers
+            out, lse = attend(impl, q, k, v, c["causal"], c["scale"], return_lse=True)
+            assert_lse_close(lse, ref_lse)
+        else:  # one launch, into canary buffers (its lse is not asked for)
+            scale = 1.0 / math.sqrt(c["D"]) if c["scale"] is None else c["scale"]
+            out, _ = launch_into_canary(impl, q, k, v, c["causal"], scale)
+        assert_close(out, ref, DIMS)
+
+    DOMAIN.check_each(DOMAIN.cases(stream=405), run)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
@@ -997,5 +1045,15 @@ MISTAKES = [
         question="k and v are both [B, Hkv, N, D], but are their rows the same number of elements apart? "
         "Which strides does your V pointer use?",
         section="3.2",
+    ),
+    Mistake(
+        12,
+        # Every bound holds alone and a combination of them does not: the message names the case.
+        fails=(PAIRWISE,),
+        passes=checks_besides(globals(), PAIRWISE),
+        question="Every single-bound check passes and one generated case does not: its message names its "
+        "D, heads, lengths, B, causal, dtype, layout and options; which of these does your kernel handle "
+        "only one at a time (a stride taken from another tensor, a tile sized for another D)?",
+        section="3.1",
     ),
 ]
