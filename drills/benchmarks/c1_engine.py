@@ -447,7 +447,8 @@ def _check_outputs(llm, prompts, got, steps=16, top=5):
 
     for prompt, tokens in zip(prompts, got):
         ids = prompt + tokens[:steps]
-        attention = ReferenceAttention(llm.model.config)
+        # The layers' windows come with the config, their sinks with the weights (gpt-oss's row).
+        attention = ReferenceAttention(llm.model.config, [layer.sinks for layer in llm.model.weights.layers])
         meta = ReferenceMeta(seq_ids=[0], query_lens=[len(ids)])
         device = llm.model.device
         logits = forward(
@@ -461,6 +462,46 @@ def _check_outputs(llm, prompts, got, steps=16, top=5):
         likely = logits.float().topk(top, dim=-1).indices.tolist()
         misses = [i for i, t in enumerate(tokens[:steps]) if t not in likely[i]]
         assert not misses, f"engine tokens at steps {misses} are not among the reference's top {top}"
+
+
+def gpt_oss_weights(device="cuda", dtype=torch.bfloat16, num_layers: int = 4, **smaller):
+    """The gpt-oss-shaped sibling of the Llama-3-8B-shaped model: random weights of gpt_oss_shaped_config
+    (64 query heads and 8 KV heads of 64, layers alternating a 128-token window with full attention, a
+    sink logit per head in each). smaller: LlamaConfig fields replaced, for a dry run on a CPU."""
+    import dataclasses
+
+    from drills.engine.config import gpt_oss_shaped_config
+    from drills.engine.model import random_weights
+
+    config = dataclasses.replace(gpt_oss_shaped_config(num_layers), **smaller)
+    return random_weights(config, stream=0, dtype=dtype, device=device)
+
+
+GPT_OSS_MODEL = "gpt-oss attention shapes (window 128 / full, sinks), 4 layers"
+
+
+def gpt_oss_rows(row, notes: list[str]) -> list[dict]:
+    """The C1 traffic on gpt_oss_weights(): its windowed layers run L5, its full ones L4 and F1. A failure
+    (L5 yours and failing on the GPU, memory) is a note, not the end of the run."""
+    try:
+        weights = gpt_oss_weights()
+        got = [row("engine", requests(weights.config.vocab_size), GPT_OSS_MODEL, weights)]
+    except Exception as exc:  # noqa: BLE001 - one row must not lose the whole run
+        notes.append(f"engine on {GPT_OSS_MODEL}: failed, {exc!r}")
+        got = []
+    weights = None
+    gc.collect()
+    torch.cuda.empty_cache()
+    for r in got:
+        r.pop("first_tokens", None)
+    notes.append(
+        f"{GPT_OSS_MODEL}: the Llama body (no mixture of experts) with gpt-oss's attention: 64 query heads and 8 "
+        "KV heads of 64, the even layers a 128-token sliding window, every layer per-head sink logits; the "
+        "windowed layers run L5's unified_attention, the full layers L4 and F1. Its decode roofline counts "
+        "every layer's whole context, though a windowed layer reads at most 128 keys a row: a bound on "
+        "the bytes, not the bytes."
+    )
+    return got
 
 
 def transformers_row(weights, prompts, batch, model_name, outputs=None) -> dict | None:
@@ -624,7 +665,10 @@ def run(impl) -> tuple[bench.Table, list[str]]:
     if big_peer:
         big_rows[0]["vs_hf"] = big_rows[0]["c1_tok_s"] / big_peer["c1_tok_s"]
     extra = [p for p in (nano_peer, big_peer) if p]
-    for r in rows + long_rows + peers + chat_rows + nano_rows + big_rows + extra:
+    del big
+    torch.cuda.empty_cache()
+    oss_rows = gpt_oss_rows(row, notes)  # no transformers row: LlamaForCausalLM has no windows nor sinks
+    for r in rows + long_rows + peers + chat_rows + nano_rows + big_rows + extra + oss_rows:
         table.add(r)
     c = EngineConfig()  # the rows' settings, except where a row's configuration says otherwise
     notes += [

@@ -238,6 +238,12 @@ MUTANTS = [
         "if not self.chunked_prefill and seq.num_tokens > self.max_num_batched_tokens:",
     ),
     Mutant(
+        "recompute_bound_one_too_tight",
+        "26. add() refuses a request that fits exactly: need where need - 1 belongs",
+        "if not self.chunked_prefill and need - 1 > self.max_num_batched_tokens:",
+        "if not self.chunked_prefill and need > self.max_num_batched_tokens:",
+    ),
+    Mutant(
         "non_finite_sampling_values_accepted",
         "27. non-finite sampling values accepted",
         '        for name in ("temperature", "top_p", "max_tokens", "random_state", "ignore_eos", "top_k", "min_p"):\n'

@@ -664,6 +664,21 @@ MISTAKES = [
         section="3.1",
     ),
     Mistake(
+        26,
+        # The bound one too tight: prompt + max_tokens where prompt + max_tokens - 1 belongs. A request
+        # that fits exactly is refused, here and in every engine run whose requests fill the budget.
+        fails=(
+            "test_add_refuses_what_cannot_be_recomputed_whole_without_chunks",
+            "test_without_chunked_prefill_prompts_run_whole",
+        ),
+        passes=ENGINE_BASICS + ("test_chunked_prefill_matches_the_oracle",),
+        messages=(r"which fits exactly",),
+        question="chunked_prefill=False, a budget of 10: a 6-token prompt with max_tokens 5 is preempted "
+        "after its 4th token. How many tokens must the step that brings it back compute, and does your "
+        "add() accept it?",
+        section="3.1",
+    ),
+    Mistake(
         27,
         fails=("test_sampling_params_rejects_non_finite_values",),
         question="Is float('inf') >= 0? What does logits / inf give the softmax?",
@@ -1532,7 +1547,14 @@ def test_add_refuses_what_cannot_be_recomputed_whole_without_chunks(impl):
     too_long, fits, chunked = request(0, 6), request(1, 5), request(2, 6)
     with raises_naming(ValueError, r"max_num_batched_tokens|chunked_prefill|budget"):
         without.add(too_long)
-    without.add(fits)
+    try:
+        without.add(fits)
+    except ValueError as refused:
+        raise AssertionError(
+            "add() refused a 6-token prompt with max_tokens 5 under a budget of 10: recomputed whole it "
+            "needs 6 + 5 - 1 = 10 tokens, which fits exactly (its last token is sampled, never computed "
+            f"before it ends): {refused}"
+        ) from None
     with_chunks.add(chunked)
 
 
