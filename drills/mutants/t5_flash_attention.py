@@ -131,6 +131,12 @@ MUTANTS = [
         "causal_shift = tl.maximum(Nk - Nq, 0)  #",
     ),
     Mutant(
+        "full_end_not_clipped",
+        "15. full_end not clipped at 0: a negative shift starts the masked loop before key 0",
+        "full_end = tl.maximum(m0 + causal_shift + 1, 0) // BLOCK_N * BLOCK_N",
+        "full_end = (m0 + causal_shift + 1) // BLOCK_N * BLOCK_N",
+    ),
+    Mutant(
         "batch_offset_int32",
         "16. the batch index left int32 (b * stride_qb wraps past 2**31)",
         "b = (pid_bh // H).to(tl.int64)",
