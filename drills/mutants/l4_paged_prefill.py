@@ -226,4 +226,16 @@ MUTANTS = [
         "D=D,\n        PAGE=PAGE,",
         "D=min(D, 128),\n        PAGE=PAGE,",
     ),
+    Mutant(
+        "same_kv_without_the_block_stride",
+        "16. K's offsets shared with V whenever the strides inside a block agree (the block stride ignored)",
+        "SAME_KV=k_cache.stride() == v_cache.stride(),",
+        "SAME_KV=k_cache.stride()[1:] == v_cache.stride()[1:],",
+    ),
+    Mutant(
+        "guard_bound_off_by_one",
+        "29. the guard's context bound off by one: a context that fills its table row is called invalid",
+        "ctx_ok = (ctx >= q_len) & (ctx <= max_pages * PAGE)",
+        "ctx_ok = (ctx >= q_len) & (ctx < max_pages * PAGE)",
+    ),
 ]
