@@ -233,3 +233,25 @@ def test_bad_windows_and_sinks_raise_naming_the_field():
         Llama(nan)
     with pytest.raises(ValueError, match=r"layers\[0\]\.sinks"):
         Llama(dataclasses.replace(weights, config=PLAIN))
+
+
+def test_the_benchmarks_gpt_oss_model_builds_and_serves_on_the_cpu():
+    """make bench L=c1's gpt-oss-shaped row, shrunk for a CPU: its config (alternating windows of 128,
+    sinks) and random weights build, the engine serves them, and the roofline's byte count takes sinks."""
+    from drills.benchmarks import c1_engine as bench_c1
+    from drills.engine.config import gpt_oss_shaped_config
+    from drills.engine.llm import LLM
+
+    full = gpt_oss_shaped_config(4)
+    assert full.windows == (128, None, 128, None) and full.sinks
+    assert (full.num_heads, full.num_kv_heads, full.head_dim) == (64, 8, 64)
+    weights = bench_c1.gpt_oss_weights(
+        "cpu", torch.float32, 2, hidden_size=64, intermediate_size=64, vocab_size=300
+    )
+    assert weights.layers[0].sinks.shape == (64,) and weights.layers[0].sinks.dtype == torch.float32
+    llm = LLM(weights, attention="torch", use="solutions", device="cpu", num_blocks=64, quiet=True)
+    prompts = [list(range(140)), list(range(7, 30))]  # one past the 128-token window
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
+    bench_c1._check_outputs(llm, prompts, [o.token_ids for o in outs], steps=3, top=1)
+    stats = SimpleNamespace(decode_steps=2, decode_context_tokens=300)
+    assert bench_c1.decode_bytes(llm, stats) > 0
