@@ -413,6 +413,8 @@ def engine_row(
     )
     if sampled:
         row["lengths"] = [len(o.token_ids) for o in outs]  # the first timed run's, per request
+    else:  # the first tokens of every greedy reply, for comparing two rows' replies (fp8_agreement)
+        row["first_tokens"] = [o.token_ids[:AGREE_TOKENS] for o in outs]
     if gbs and s.decode_steps:
         roof_s, roof_tok_s = decode_roofline(llm, s, gbs)
         row.update(
@@ -435,6 +437,35 @@ def engine_row(
     del llm
     torch.cuda.empty_cache()
     return row
+
+
+AGREE_TOKENS = 16  # the greedy tokens per request compared between the bf16 and the fp8 cache's rows
+
+
+def fp8_agreement(ref: list[list[int]], got: list[list[int]]) -> dict:
+    """How far two rows' greedy replies to the same prompts agree: per request, the tokens before the first
+    difference (at most AGREE_TOKENS); the share of requests agreeing on all of them, and the fewest."""
+    agree = [
+        next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        for a, b in zip(ref, got)
+    ]
+    full = sum(n >= AGREE_TOKENS for n in agree)
+    return dict(
+        requests=len(agree),
+        all_agree=full,
+        fewest=min(agree, default=0),
+        mean=sum(agree) / max(1, len(agree)),
+    )
+
+
+def fp8_note(agree: dict) -> str:
+    return (
+        f"fp8 KV cache (kv_cache_dtype='fp8_e4m3', every scale 1.0): K and V stored as e4m3 by F3's store and "
+        f"decoded by F3's fp8_decode; prompt steps run L4 over their pages dequantized to bf16. Its greedy "
+        f"replies agree with the bf16 cache's row for the first {AGREE_TOKENS} tokens in {agree['all_agree']} "
+        f"of {agree['requests']} requests (fewest agreeing tokens {agree['fewest']}, mean {agree['mean']:.1f}); "
+        "random weights give near-flat logits, where a 6% step in K or V can flip an argmax."
+    )
 
 
 def _check_outputs(llm, prompts, got, steps=16, top=5):
@@ -620,6 +651,20 @@ def run(impl) -> tuple[bench.Table, list[str]]:
         row(long_label, long_prompts, max_model_len=LONG_MODEL_LEN),
         row(f"{long_label}, cascade", long_prompts, max_model_len=LONG_MODEL_LEN, cascade=True),
     ]
+    # The long traffic with an e4m3 KV cache (F3, kv_cache_dtype="fp8_e4m3"): half the KV bytes a decode
+    # step reads. A failure is a note, not the end of the run.
+    fp8_label = f"{long_label}, fp8 KV cache"
+    try:
+        fp8_row = row(fp8_label, long_prompts, max_model_len=LONG_MODEL_LEN, kv_cache_dtype="fp8_e4m3")
+        fp8_row["fp8_agree"] = fp8_agreement(long_rows[0]["first_tokens"], fp8_row["first_tokens"])
+        long_rows.append(fp8_row)
+        notes.append(fp8_note(fp8_row["fp8_agree"]))
+    except Exception as exc:  # noqa: BLE001 - one opt-in row must not lose the whole run
+        notes.append(f"{fp8_label} (kv_cache_dtype='fp8_e4m3'): failed, {exc!r}")
+        gc.collect()  # the failed row's engine, its cache and graphs, before the next row sizes its pool
+        torch.cuda.empty_cache()
+    for r in long_rows:
+        r.pop("first_tokens", None)  # compared above; the other rows' are not kept either
     peers = [transformers_row(small, prompts, b, smol) for b in (64, 256)]
     peers = [p for p in peers if p is not None]
     best = max((p["c1_tok_s"] for p in peers), default=None)

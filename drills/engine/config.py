@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 ATTENTION = ("kernels", "torch")
+KV_CACHE_DTYPES = ("auto", "fp8_e4m3")  # None means "auto": the cache in the model's fp16 or bf16
 
 
 @dataclass(frozen=True)
@@ -173,6 +174,12 @@ class EngineConfig:
                             token's rotated K and its V into the cache (fused.rope_store_), one launch a
                             layer fewer, in place of L1's store_kvcache, which then is not called; None: on
                             wherever both are; False runs L1's store (yours, where it passes)
+    kv_cache_dtype          "auto" or None: the cache in the model's fp16 or bf16; "fp8_e4m3": K and V
+                            stored as e4m3, one byte each (F3's store_kvcache_fp8 and fp8_decode; L4
+                            reads the step's pages dequantized, fp8.dequantize_pages), so a memory
+                            budget holds twice the blocks. Every scale is 1.0 (fp8.FP8Cache says why).
+                            Not with fused_store (its kernel stores fp16 or bf16) nor cascade (F2 reads
+                            fp16 or bf16): fused_store's None turns it off; asking for either raises
     """
 
     attention: str = "kernels"
@@ -190,10 +197,26 @@ class EngineConfig:
     fused_store: bool | None = None
     prompt_graphs: bool | None = None
     device_inputs: bool | None = None
+    kv_cache_dtype: str | None = None
 
     def __post_init__(self):
         if self.attention not in ATTENTION:
             raise ValueError(f"attention must be one of {ATTENTION}, got {self.attention!r}")
+        if self.kv_cache_dtype is not None and (
+            not isinstance(self.kv_cache_dtype, str) or self.kv_cache_dtype not in KV_CACHE_DTYPES
+        ):
+            raise ValueError(
+                f"kv_cache_dtype must be None or one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}"
+            )
+        if self.cascade and self.fp8_cache:
+            raise ValueError(
+                "cascade runs F2's decode, which reads fp16 or bf16: not with kv_cache_dtype='fp8_e4m3'"
+            )
+
+    @property
+    def fp8_cache(self) -> bool:
+        """Whether K and V are stored as e4m3 (kv_cache_dtype="fp8_e4m3")."""
+        return self.kv_cache_dtype == "fp8_e4m3"
 
     def model_len(self, model: LlamaConfig) -> int:
         """The longest request in tokens: max_model_len, never past the context the model was trained for."""
@@ -224,8 +247,10 @@ class EngineConfig:
     def fused_store_on(self, device) -> bool:
         """Whether the fused RoPE kernel stores K and V itself, so that L1's store_kvcache is not called."""
         on = self.attention == "kernels" and self.fused_on(device)
+        if self.fused_store and self.fp8_cache:
+            raise ValueError("fused_store stores fp16 or bf16: not with kv_cache_dtype='fp8_e4m3'")
         if self.fused_store is None:
-            return on
+            return on and not self.fp8_cache
         if self.fused_store and not on:
             raise ValueError("fused_store needs attention='kernels' and the fused kernels (fused_kernels)")
         return bool(self.fused_store)

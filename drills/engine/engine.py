@@ -19,7 +19,7 @@ import torch
 
 from drills.device_errors import describe as describe_error
 from drills.device_errors import error_word
-from drills.engine import sampler
+from drills.engine import fp8, sampler
 from drills.engine.attention import KernelAttention, PagedKVCache, TorchPagedAttention
 from drills.engine.batch import DeviceBatch
 from drills.engine.config import EngineConfig
@@ -98,6 +98,8 @@ class Engine:
             if config.attention == "kernels"
             else TorchPagedAttention(cache, windows, sinks)
         )
+        if getattr(cache, "fp8", False):  # an e4m3 cache: F3's store and decode, L4 on dequantized pages
+            self.attention = fp8.for_cache(self.attention)
         self.eos_id = eos_id
         self.max_model_len = config.model_len(model.config)
         self.generator = generator

@@ -21,6 +21,7 @@ from drills.engine import collector, sources
 from drills.engine.attention import PagedKVCache
 from drills.engine.config import EngineConfig, LlamaConfig
 from drills.engine.engine import Engine
+from drills.engine.fp8 import FP8Cache
 from drills.engine.model import Llama
 
 
@@ -86,10 +87,18 @@ class LLM:
         cache_dtype = dtype if dtype in (torch.float16, torch.bfloat16) else torch.float16
         if config.attention == "torch":
             cache_dtype = dtype
+        if config.fp8_cache:
+            # e4m3 holds a block in half the bytes, so the pool's memory budget holds twice the blocks; the
+            # kernels compute in fp16 or bf16 (the torch path reads the codes back in fp32 itself).
+            compute_dtype = dtype if dtype in (torch.float16, torch.bfloat16) else torch.float16
+            cache_dtype = FP8Cache.dtype_stored
         num_blocks = config.num_blocks
         if num_blocks is None:
             num_blocks = default_num_blocks(config, self.model.config, cache_dtype, device)
-        self.cache = PagedKVCache(self.model.config, num_blocks, config.block_size, cache_dtype, device)
+        if config.fp8_cache:
+            self.cache = FP8Cache(self.model.config, num_blocks, config.block_size, compute_dtype, device)
+        else:
+            self.cache = PagedKVCache(self.model.config, num_blocks, config.block_size, cache_dtype, device)
         hash_fn = None if config.prefix_caching else never_found_hash()
         self.block_manager = self.parts.BlockManager(num_blocks, config.block_size, hash_fn=hash_fn)
         eos = tokenizer.eos_token_id if tokenizer is not None else None
@@ -107,7 +116,9 @@ class LLM:
         c = self.cache
         store = getattr(self.engine.attention, "fused_store", False)
         unified = any(getattr(self.engine.attention, "unified", ()))  # a layer with a window or sinks
-        return sources.describe(self.choices, self.config.attention, store, unified) + [
+        return sources.describe(
+            self.choices, self.config.attention, store, unified, fp8=self.config.fp8_cache
+        ) + [
             f"  {where}; model {self.model.dtype}, KV cache {c.num_blocks} blocks x {c.block_size} tokens "
             f"({c.dtype}), CUDA graphs {self._graphs()}"
         ]

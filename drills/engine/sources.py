@@ -1,8 +1,9 @@
 """Which code the engine runs: your file of a lesson where it passes its grader, the reference otherwise.
 
-The engine needs seven lessons: L1's store_kvcache, L3's BlockManager, L4's paged_prefill, F1's plan and
+The engine needs eight lessons: L1's store_kvcache, L3's BlockManager, L4's paged_prefill, F1's plan and
 split_kv_decode, F2's plan (as cascade_plan) and cascade_decode, L5's plan (as unified_plan) and
-unified_attention (for layers with a sliding window or sinks), and C1's scheduler and prepare_inputs. A lesson uses drills/mine/<stem>.py when the
+unified_attention (for layers with a sliding window or sinks), F3's store_kvcache_fp8, fp8_decode and plan
+(as fp8_plan; for an e4m3 KV cache), and C1's scheduler and prepare_inputs. A lesson uses drills/mine/<stem>.py when the
 last `make test` of that file, as it is now, passed (the grade is remembered in .drills/, never
 re-run here: grading takes a minute); otherwise the reference in drills/solutions/. `describe()` gives
 the lines the engine prints at start-up, so a learner always knows whose code answered.
@@ -24,6 +25,7 @@ PARTS = {
     "f1_split_kv_decode": ("plan", "split_kv_decode"),
     "f2_cascade_decode": (("plan", "cascade_plan"), "cascade_decode"),
     "l5_unified_attention": (("plan", "unified_plan"), "unified_attention"),
+    "f3_fp8_kv_cache": ("store_kvcache_fp8", "fp8_decode", ("plan", "fp8_plan")),
     "c1_engine": ("Scheduler", "Sequence", "SamplingParams", "prepare_inputs"),
 }
 
@@ -86,6 +88,9 @@ def load(choices: dict[str, Choice]) -> SimpleNamespace:
     return SimpleNamespace(**parts)
 
 
+# The lessons whose parts an e4m3 KV cache (kv_cache_dtype="fp8_e4m3") replaces by F3's.
+FP8_REPLACES = ("l1_paged_kv_cache", "f1_split_kv_decode", "f2_cascade_decode")
+
 # The lessons whose code only the kernel attention path calls: with attention in torch they do not run.
 KERNEL_PATH = (
     "l1_paged_kv_cache",
@@ -97,7 +102,11 @@ KERNEL_PATH = (
 
 
 def describe(
-    choices: dict[str, Choice], attention: str = "kernels", fused_store: bool = False, unified: bool = False
+    choices: dict[str, Choice],
+    attention: str = "kernels",
+    fused_store: bool = False,
+    unified: bool = False,
+    fp8: bool = False,
 ) -> list[str]:
     """The start-up lines: whose code each part is, and which parts are not called at all: with
     attention in torch the kernel path's (the torch path stores and attends K and V itself), with
@@ -105,6 +114,15 @@ def describe(
     window or sinks) L5's."""
     lines = ["the engine runs:"]
     for stem, choice in choices.items():
+        # fp8: the KV cache is e4m3 (EngineConfig.kv_cache_dtype), which F3 stores and decodes in place
+        # of L1's store and F1's and F2's decode; otherwise F3 is not called.
+        if stem == "f3_fp8_kv_cache" and not fp8:
+            why = "LLM(kv_cache_dtype='fp8_e4m3') calls it"
+            lines.append(f"  {choice.lesson.id} {_listed(stem)}: not called ({why})")
+            continue
+        if fp8 and attention == "kernels" and stem in FP8_REPLACES:
+            lines.append(f"  {choice.lesson.id} {_listed(stem)}: not called (the KV cache is e4m3: F3's run)")
+            continue
         if attention != "kernels" and stem in KERNEL_PATH:
             lines.append(f"  {choice.lesson.id} {_listed(stem)}: not called (attention in torch)")
         elif not unified and stem == "l5_unified_attention":
