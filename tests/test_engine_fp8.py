@@ -192,3 +192,14 @@ def test_dequantized_pages_follow_the_table_and_stay_inside_the_pool():
     for page_id, block in enumerate([3, 1, 4, 0, 0, 4]):
         assert torch.equal(k[page_id], want[block])
     assert torch.equal(v[0], 2 * want[3])
+
+
+def test_the_benchmark_counts_agreeing_tokens_up_to_the_first_difference():
+    """The benchmark's fp8 row reports its agreement with the bf16 row through these (the GPU run cannot
+    fail on them): a reply counts its tokens before the first difference, at most AGREE_TOKENS."""
+    from drills.benchmarks import c1_engine as bench
+
+    n = bench.AGREE_TOKENS
+    agree = bench.fp8_agreement([[7] * n, [1, 2, 3], [4]], [[7] * n, [1, 5, 3], [4]])
+    assert agree == dict(requests=3, all_agree=1, fewest=1, mean=(n + 1 + 1) / 3)
+    assert f"first {n} tokens in 1 of 3 requests" in bench.fp8_note(agree)

@@ -325,14 +325,25 @@ def decode_bytes(llm, stats) -> int:
 
 
 def engine_row(
-    impl, weights, prompts, label, model_name, outputs=None, gbs=None, params=None, eos_id=None, **options
+    impl,
+    weights,
+    prompts,
+    label,
+    model_name,
+    outputs=None,
+    gbs=None,
+    params=None,
+    eos_id=None,
+    keep_tokens=False,
+    **options,
 ) -> dict:
     """Build an LLM with `options`, warm it up on other prompts, then time all of `prompts` (outputs: the
     tokens each generates, OUTPUT_TOKENS when None; params: the requests' own SamplingParams instead,
     which may stop before their max_tokens on eos_id, the engine's end-of-sequence id). A second run of
     the same traffic under the profiler gives the GPU-busy fraction, another the latencies a user sees;
     gbs (the read ceiling's GB/s measured in this run) gives the decode roofline, and the copy ceiling
-    measured over the bytes of the row's mean decode step a second one."""
+    measured over the bytes of the row's mean decode step a second one. keep_tokens: the row keeps the
+    first AGREE_TOKENS greedy tokens of each request (first_tokens), for fp8_agreement."""
     from types import SimpleNamespace
 
     from drills.engine.llm import LLM
@@ -413,7 +424,7 @@ def engine_row(
     )
     if sampled:
         row["lengths"] = [len(o.token_ids) for o in outs]  # the first timed run's, per request
-    else:  # the first tokens of every greedy reply, for comparing two rows' replies (fp8_agreement)
+    if keep_tokens:  # the first tokens of every reply, for comparing two rows' replies (fp8_agreement)
         row["first_tokens"] = [o.token_ids[:AGREE_TOKENS] for o in outs]
     if gbs and s.decode_steps:
         roof_s, roof_tok_s = decode_roofline(llm, s, gbs)
@@ -648,14 +659,16 @@ def run(impl) -> tuple[bench.Table, list[str]]:
     long_prompts = requests(small.config.vocab_size, system_tokens=LONG_SYSTEM_TOKENS)
     long_label = f"engine, {LONG_SYSTEM_TOKENS:,}-token shared prompt"
     long_rows = [
-        row(long_label, long_prompts, max_model_len=LONG_MODEL_LEN),
+        row(long_label, long_prompts, max_model_len=LONG_MODEL_LEN, keep_tokens=True),
         row(f"{long_label}, cascade", long_prompts, max_model_len=LONG_MODEL_LEN, cascade=True),
     ]
     # The long traffic with an e4m3 KV cache (F3, kv_cache_dtype="fp8_e4m3"): half the KV bytes a decode
     # step reads. A failure is a note, not the end of the run.
     fp8_label = f"{long_label}, fp8 KV cache"
     try:
-        fp8_row = row(fp8_label, long_prompts, max_model_len=LONG_MODEL_LEN, kv_cache_dtype="fp8_e4m3")
+        fp8_row = row(
+            fp8_label, long_prompts, max_model_len=LONG_MODEL_LEN, kv_cache_dtype="fp8_e4m3", keep_tokens=True
+        )
         fp8_row["fp8_agree"] = fp8_agreement(long_rows[0]["first_tokens"], fp8_row["first_tokens"])
         long_rows.append(fp8_row)
         notes.append(fp8_note(fp8_row["fp8_agree"]))
@@ -664,7 +677,7 @@ def run(impl) -> tuple[bench.Table, list[str]]:
         gc.collect()  # the failed row's engine, its cache and graphs, before the next row sizes its pool
         torch.cuda.empty_cache()
     for r in long_rows:
-        r.pop("first_tokens", None)  # compared above; the other rows' are not kept either
+        r.pop("first_tokens", None)  # compared above, not kept in the results
     peers = [transformers_row(small, prompts, b, smol) for b in (64, 256)]
     peers = [p for p in peers if p is not None]
     best = max((p["c1_tok_s"] for p in peers), default=None)
