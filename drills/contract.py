@@ -568,8 +568,6 @@ DOMAIN_PENDING = {
     "t3": "Triton basics: one size axis per dimension, crossed by hand-picked cases",
     # Not drawn from a Domain yet: each is to add DOMAIN and the pairwise check, then leave this set.
     "l4": "pending: q lengths, cached prefixes, PAGE, D, grouping and strides as a Domain",
-    "l5": "pending: being written (windows, sinks, chunks and decode rows as a Domain)",
-    "f3": "pending: being written (F1's domain with the scales per tensor or per head)",
 }
 
 

@@ -18,16 +18,20 @@ from drills.grading.diagnose import Mistake
 from drills.grading.launches import assert_grids_fit, assert_runs_a_triton_kernel
 from drills.grading.report import Stage
 from drills.tests import bf16_everywhere, fill_past_fp16_range, seeded, sizes
+from drills.tests.domain import Domain, checks_besides
 from drills.tests.paged_kv import (
+    CONTEXT_PATTERNS,
     E4M3,
-    HEAD_DIMS,
     Fp8Case,
     call_with_canary_out,
+    fits_this_machine,
     fp8_case,
     grouping_cases,
     in_layer_pool,
     in_wider_table,
     int32_tensor,
+    laid_out,
+    live_slots,
     make_paged_case,
     overlapping_caches,
     paged_attention_reference,
@@ -39,6 +43,7 @@ from drills.tests.paged_kv import (
     v_strides_unlike_k,
     with_entry,
 )
+from drills.tests.test_f1_split_kv_decode import DOMAIN as F1_DOMAIN
 
 # Each constexpr of the reference's kernels -> the tests that cross it (make contract).
 BOUNDS: dict[str, tuple[str, ...]] = {
@@ -67,10 +72,20 @@ BOUNDS_GAPS = {"GUARD": "no bound: the device guard's switch, on in every call b
 
 DIMS = ("b", "head", "d")
 STORE_DIMS = ("token", "head", "d")
-DOMAIN = dict(
-    head_dims=HEAD_DIMS,  # powers of two from 16 to 256
-    pages=tuple(2**i for i in range(8)),  # PAGE from 1 to 128
-    dtypes=(torch.float16, torch.bfloat16),
+# What fp8_decode and store_kvcache_fp8 admit, at their boundaries: F1's domain (drawn from
+# drills/validate.py's limits, so it cannot drift from the launchers), crossed with the scales' two shapes
+# and values that clamp; test_pairwise_domain_cases_match_the_oracle crosses every pair.
+# amax scales with room to spare, or a quarter of it: every value past a quarter of its head's amax then
+# divides past 448 and must clamp (a third of a normal sample's values), the largest codes in every page.
+ROOM = {"in_range": 1.0, "clamping": 0.25}
+DOMAIN = Domain(
+    axes=dict(
+        **F1_DOMAIN.axes,  # D, PAGE 1 to 128, GQA groups, lengths, dtype, q/KV/table layouts, scale, plan
+        scales=("per_tensor", "per_head"),  # k_scale and v_scale [1] or [Hkv]
+        values=tuple(ROOM),
+    ),
+    rules=F1_DOMAIN.rules,
+    limits=dict(**F1_DOMAIN.limits, dtypes=(torch.float16, torch.bfloat16)),
 )
 # Every finite e4m3 value, sorted, and the midpoints between neighbours (ties of the rounding).
 _CODES = torch.arange(256, dtype=torch.uint8).view(E4M3).float()
@@ -831,6 +846,85 @@ def test_launcher_rejects_bad_input(impl, runtime, name):
         impl.fp8_decode(**args)
 
 
+# --- Every pair of the domain's boundary values in one case ----------------------------------------
+
+PAIRWISE = "test_pairwise_domain_cases_match_the_oracle"
+
+
+def _copy_in_layout(cache):
+    """A copy of an e4m3 view with its shape, strides and offset, over a storage of its own that holds the
+    NaN code outside the view."""
+    n = cache.untyped_storage().nbytes() // cache.element_size()
+    flat = torch.full((n,), float("nan"), device=cache.device).to(E4M3)
+    copy = flat.as_strided(cache.shape, cache.stride(), cache.storage_offset())
+    copy.copy_(cache)
+    return copy
+
+
+def test_pairwise_domain_cases_match_the_oracle(impl, runtime):
+    """Cases drawn from DOMAIN so that every pair of its boundary values meets in one case (D = 256 at
+    PAGE = 1, per-tensor scales under GQA, clamped codes with 17 splits, V's strides unlike K's...): a
+    kernel right on each bound alone can still be wrong where two meet. The first and last token of each
+    page and sequence (and a padding row of slot -1) go through your store_kvcache_fp8 into the case's
+    caches, their slots NaN-coded before, which must then equal torch's codes byte for byte; fp8_decode
+    reads them. V's strides unlike K's are not the store's to take (it needs one layout for both): those
+    caches hold torch's codes. A failure names the case's values."""
+    domain = fits_this_machine(DOMAIN, runtime)
+
+    def run(c):
+        Hq, Hkv = c["heads"]
+        PAGE = c["PAGE"]
+        lens = CONTEXT_PATTERNS[c["lens"]](PAGE)
+        base = make_paged_case(
+            lens, Hq, Hkv, c["D"], PAGE, dtype=c["dtype"], device=runtime.device, stream=443
+        )
+        base = laid_out(base, runtime, c["q"], c["kv"], c["table"])
+        want = fp8(base, per_head=c["scales"] == "per_head", room=ROOM[c["values"]])  # torch's codes
+        k_cache, v_cache = want.k_cache, want.v_cache
+        if c["kv"] != "v_unlike_k":
+            # The first and last token of every page and of every sequence (the interpreter's time goes
+            # with rows stored), their slots NaN-coded first, then stored by your kernel with a padding row.
+            blocks, slots = live_slots(base)  # [N] each: every token a sequence holds
+            last = torch.tensor(lens).cumsum(0)[torch.tensor(lens) > 0] - 1
+            pick = (slots == 0) | (slots == PAGE - 1)
+            pick[last.to(pick.device)] = True
+            blocks, slots = blocks[pick], slots[pick]
+            key, value = base.k_cache[blocks, slots], base.v_cache[blocks, slots]  # [n, Hkv, D]
+            pad = torch.zeros_like(key[:1])  # a padding row: slot -1, stored nowhere
+            slot_mapping = torch.cat([blocks * PAGE + slots, torch.tensor([-1], device=blocks.device)])
+            k_cache, v_cache = _copy_in_layout(want.k_cache), _copy_in_layout(want.v_cache)
+            for cache in (k_cache, v_cache):
+                cache.view(torch.uint8)[blocks, slots] = 0x7F  # the NaN code: what a missed row leaves
+            impl.store_kvcache_fp8(
+                torch.cat([key, pad]), torch.cat([value, pad]), k_cache, v_cache, slot_mapping,
+                want.k_scale, want.v_scale,
+            )  # fmt: skip
+            for name, got, expected in (
+                ("k_cache", k_cache, want.k_cache),
+                ("v_cache", v_cache, want.v_cache),
+            ):
+                bad = got.view(torch.uint8) != expected.view(torch.uint8)  # [num_blocks, PAGE, Hkv, D]
+                if bad.any():
+                    blk, slot, h, d = bad.nonzero()[0].tolist()
+                    raise AssertionError(
+                        f"store_kvcache_fp8: {int(bad.sum())} bytes of {name} differ from torch's e4m3 of "
+                        f"clamp(x / scale); first at block {blk}, slot {slot}, head {h}, d {d}: code "
+                        f"0x{int(got.view(torch.uint8)[blk, slot, h, d]):02x}, want "
+                        f"0x{int(expected.view(torch.uint8)[blk, slot, h, d]):02x}"
+                    )
+        case = Fp8Case(
+            want.q, k_cache, v_cache, want.block_tables, want.context_lens, want.k_scale, want.v_scale
+        )
+        plan = {
+            "planner": None,
+            "unsplit": forced(impl, case, 1),
+            "chunk16": fixed_plan(impl, 16, max(lens)),
+        }[c["plan"]]
+        check(impl, case, plan=plan, scale=c["scale"])
+
+    domain.check_each(domain.cases(stream=443), run)
+
+
 def test_tolerance_rejects_zeros(runtime):
     """Not a test of your kernel: the comparison fails an all-zeros output."""
     case = make([37, 20], 8, 2, 64, 16, device=runtime.device, stream=15)
@@ -1062,5 +1156,16 @@ MISTAKES = [
         question="The cache here is exact (small integers, scale 1): the only rounding left is q's. Which "
         "dtype does q have in your dot, and how many mantissa bits does it keep there?",
         section="3.3",
+    ),
+    Mistake(
+        5,
+        # Every bound holds alone and a combination of them does not: the message names the case.
+        fails=(PAIRWISE,),
+        passes=checks_besides(globals(), PAIRWISE),
+        question="Every single-bound check passes and one generated case does not: its message names its "
+        "D, PAGE, heads, lengths, dtype, layouts, plan, scales and values; which of these does your store "
+        "or decode handle only one at a time (a scale's stride taken for per-head scales, a stride taken "
+        "from another tensor, a tile sized for another D or PAGE)?",
+        section="3.4",
     ),
 ]

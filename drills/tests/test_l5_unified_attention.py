@@ -16,17 +16,24 @@ import math
 import pytest
 import torch
 
+from drills import validate
 from drills.compare import assert_close, mismatch
 from drills.grading.diagnose import Mistake
 from drills.grading.launches import assert_grids_fit, assert_runs_a_triton_kernel
 from drills.grading.report import Stage
 from drills.tests import bf16_everywhere, raises_naming, seeded, sizes
+from drills.tests.domain import Domain, checks_besides
 from drills.tests.paged_kv import (
+    HEAD_DIMS,
+    KV_LAYOUTS,
+    TABLE_LAYOUTS,
+    V_UNLIKE_K_NEEDS_TWO_STRIDES,
     blocks_past,
     gather_kv,
     grouping_cases,
     in_wider_table,
     int32_tensor,
+    laid_out,
     launch_into_canary,
     pool_past_int32,
     skip_without_memory_for_sparse_pages,
@@ -59,6 +66,42 @@ BOUNDS_GAPS = {"GUARD": "no bound: the device guard's switch, on in every call b
 DIMS = ("token", "head", "d")  # how a mismatch names its position: row of the packed q, query head, feature
 LSE_DIMS = ("token", "head")
 LSE_TOL = dict(atol=1e-3, rtol=1e-4, rel=1e-4)
+
+# What unified_attention admits, at its boundaries (drills/validate.py's limits, so the domain cannot drift
+# from the launcher): test_pairwise_domain_cases_match_the_oracle crosses every pair of them.
+_D_LO, _D_HI = validate.HEAD_DIM_RANGE
+WINDOW_MAX = 2**31 - 1  # the launcher's largest window (key positions are int32 in the kernel)
+# (q_lens, context_lens) for a page size: every kind of row, each crossing a tile or page bound of its own.
+# Few tokens and heads: the interpreter's time goes with programs, and the split's merge runs one per row
+# and head.
+BATCHES_BY_PAGE = {
+    "pure_prefill": lambda P: ([17], [17]),  # no prefix; 17 new tokens: one past a 16-key tile
+    "chunk_and_decode_over_prefixes": lambda P: ([5, 1], [P + 8, 2 * P + 9]),  # prefixes of P + 3 and 2 P + 8
+    "decode_padding_chunk": lambda P: ([1, 0, 1, 6], [P + 2, 4, 1, P + 9]),  # every kind of row at once
+}
+# Sink logits around a shift: none, one that takes nearly all the weight (out near zero), one that weighs
+# nothing (e^-40 against keys of order one).
+SINK_SHIFTS = {"none": None, "large": 20.0, "very_negative": -40.0}
+DOMAIN = Domain(
+    axes=dict(
+        D=(_D_LO, _D_HI),  # the narrowest and the widest head dim; D = 256 takes its own tile config
+        PAGE=(1, 16, 32),  # pages smaller than a key tile, one tile, two tiles (any power of two)
+        heads=((2, 2), (6, 2), (5, 1)),  # (Hq, Hkv): MHA, GROUP 3, MQA with GROUP 5 (packed rows padded)
+        batch=tuple(BATCHES_BY_PAGE),
+        dtype=(torch.float16, torch.bfloat16),
+        q=("contiguous", "strided"),  # far-apart rows: test_q_rows_widened_to_int64
+        kv=KV_LAYOUTS,
+        table=TABLE_LAYOUTS,
+        # Each token sees itself only; under a page of 16; under a key tile (16) but past PAGE = 1; the
+        # largest admitted, past every context (no window in effect, p - window near int32's floor).
+        window=(None, 1, 5, 12, WINDOW_MAX),
+        sinks=tuple(SINK_SHIFTS),
+        split=("none", "forced2"),  # plan=None, or the band cut in two shares and merged
+        lse=(False, True),
+    ),
+    rules=(V_UNLIKE_K_NEEDS_TWO_STRIDES,),
+    limits=dict(head_dims=HEAD_DIMS),
+)
 
 
 def unified_reference(
@@ -557,6 +600,59 @@ def test_v_page_offsets_widened_to_int64(impl, runtime):
     del pool, v_cache
 
 
+# --- Every pair of the domain's boundary values in one case ----------------------------------------
+
+PAIRWISE = "test_pairwise_domain_cases_match_the_oracle"
+
+
+def test_pairwise_domain_cases_match_the_oracle(impl, runtime):
+    """Cases drawn from DOMAIN so that every pair of its boundary values meets in one case (window 1 with
+    D = 256 at PAGE = 1, a very negative sink with a forced split, V's strides unlike K's under a window
+    inside a page, lse with a large sink...): a kernel right on each bound alone can still be wrong where
+    two meet. A failure names the case's values."""
+
+    def run(c):
+        Hq, Hkv = c["heads"]
+        q_lens, lens = BATCHES_BY_PAGE[c["batch"]](c["PAGE"])
+        case = make_prefill_case(
+            lens, q_lens, Hq, Hkv, c["D"], c["PAGE"], stream=437, dtype=c["dtype"], device=runtime.device
+        )
+        laid = laid_out(case, runtime, c["q"], c["kv"], c["table"])  # the same values through other strides
+        case = PrefillCase(
+            laid.q, laid.k_cache, laid.v_cache, laid.block_tables, case.cu_seqlens_q, case.context_lens
+        )
+        shift = SINK_SHIFTS[c["sinks"]]
+        sinks = None if shift is None else make_sinks(Hq, 439, runtime.device, shift)
+        plan = None
+        if c["split"] == "forced2":
+            plan = impl.plan(case.cu_seqlens_q, case.context_lens, Hkv, c["PAGE"], num_splits=2)
+        window, scale = c["window"], None
+        lse_box = []
+
+        def launch(*args, **kw):
+            result = impl.unified_attention(
+                *args, window=window, sinks=sinks, plan=plan, return_lse=c["lse"], **kw
+            )
+            if c["lse"]:
+                lse_box.append(result[1])
+                return result[0]
+            return result
+
+        out = launch_into_canary(launch, case, scale)
+        ref, ref_lse = unified_reference(*case.args, window=window, sinks=sinks, scale=scale)
+        # A large sink takes nearly all the weight: outputs near zero, held element by element (as in
+        # test_sinks_join_the_denominator_only); a sink left out gives outputs of order one.
+        tol = dict(atol=1e-3, rtol=0.0, rel=1.0) if c["sinks"] == "large" else {}
+        problem = mismatch(out, ref, DIMS, **tol)
+        if problem is not None:
+            which = wrong_answers(out, case, window, sinks, scale)
+            raise AssertionError(problem + (f"\n{which}" if which else ""))
+        if c["lse"]:
+            assert_close(lse_box[0], ref_lse, LSE_DIMS, **LSE_TOL)
+
+    DOMAIN.check_each(DOMAIN.cases(stream=437), run)
+
+
 # --- The launcher rejects bad input before launching -----------------------------------------------
 
 
@@ -737,6 +833,17 @@ MISTAKES = [
         messages=(r"NaN|out of bounds",),
         question="A decode row at position 199 with window 24: which is the first key tile it needs, and where "
         "does your key loop start?",
+        section="3.2",
+    ),
+    Mistake(
+        2,
+        # Every bound holds alone and a combination of them does not: the message names the case.
+        fails=(PAIRWISE,),
+        passes=checks_besides(globals(), PAIRWISE),
+        question="Every single-bound check passes and one generated case does not: its message names its "
+        "D, PAGE, heads, batch, dtype, layouts, window, sinks and split; which of these does your kernel "
+        "handle only one at a time (a band computed for another page size, a stride taken from another "
+        "tensor, a sink added in every split)?",
         section="3.2",
     ),
 ]
