@@ -47,4 +47,11 @@ MUTANTS = [
         "band_lo = tl.maximum(prefix + tok0 - window + 1, 0) // BLOCK_N * BLOCK_N",
         "band_lo = tl.maximum(prefix + tok0 - window + 1, 0) * 0",
     ),
+    # Only a context that fills every column of its row is at the bound.
+    Mutant(
+        "guard_excludes_a_full_row",
+        "8. a full table row taken for an overflow: the guard's bound ctx < max_pages * PAGE",
+        "ctx_ok = (ctx >= q_len) & (ctx <= max_pages * PAGE)",
+        "ctx_ok = (ctx >= q_len) & (ctx < max_pages * PAGE)",
+    ),
 ]

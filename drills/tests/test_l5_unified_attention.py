@@ -491,6 +491,19 @@ def test_pages_shuffled_and_shared(impl, runtime):
     check(impl, case, window=11, sinks=make_sinks(8, 375, runtime.device))
 
 
+@pytest.mark.parametrize("splits", [1, 2], ids=["one-split", "2-splits"])
+def test_table_rows_exactly_full(impl, runtime, splits):
+    """Contexts of 40 and 48 with PAGE = 8 in a table of exactly 6 columns, a decode row and a 9-token
+    chunk: the second sequence's pages fill its row, the last of the table, so context_lens[1] = max_pages
+    * PAGE, the largest valid length. A guard bounded by ctx < max_pages * PAGE zeroes that sequence, and a
+    table load masked with cols <= ctx reads past the end of block_tables; window 20, one split and two."""
+    case = make_prefill_case([40, 48], [1, 9], 4, 2, 64, 8, stream=433, device=runtime.device)
+    table = case.block_tables[:, :6].contiguous()  # [2, 6]: row 1 ends where the tensor ends
+    case = PrefillCase(*case.args[:3], table, *case.args[4:])
+    plan = impl.plan(case.cu_seqlens_q, case.context_lens, 2, 8, num_splits=splits)
+    check(impl, case, window=20, plan=plan)
+
+
 def test_widest_head_dim_is_read_whole(impl, runtime):
     """D = 256, the widest head dim admitted."""
     case = make_prefill_case([21, 9], [5, 1], 2, 1, 256, 16, stream=379, device=runtime.device)
@@ -777,6 +790,15 @@ STAGES = [
 WORKED = "test_worked_example_window_of_4"
 WORKED_SINK = "test_worked_example_with_a_sink_of_1_5"
 MISTAKES = [
+    Mistake(
+        8,
+        fails=("test_table_rows_exactly_full",),
+        passes=(WORKED, "test_keys_past_the_context_are_not_read"),
+        messages=(r"device guard fired|out of bounds load of block_tables",),
+        question="A context of 48 with PAGE = 8 in a table of 6 columns: is it a valid length, and which "
+        "lengths do your guard and your table loads admit?",
+        section="3",
+    ),
     Mistake(
         1,
         fails=(WORKED, "test_window_sizes[w1]", "test_window_on_prompts_without_a_prefix"),
