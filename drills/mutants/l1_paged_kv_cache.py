@@ -162,4 +162,10 @@ MUTANTS = [
         "for block in reversed(self._blocks):",
         "for block in self._blocks:",
     ),
+    Mutant(
+        "growth_that_fits_exactly_refused",
+        "21. append_tokens refuses a growth that takes every free block (>= where > belongs)",
+        "        if needed > self.allocator.num_free:\n",
+        "        if needed >= self.allocator.num_free:\n",
+    ),
 ]

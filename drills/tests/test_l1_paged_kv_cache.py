@@ -196,6 +196,19 @@ MISTAKES = [
         section="3.2",
     ),
     Mistake(
+        21,
+        fails=("test_append_that_does_not_fit_allocates_nothing",),
+        passes=(
+            "test_table_grows_one_block_at_a_time",
+            "test_out_of_blocks_is_a_clear_error",
+            "test_free_returns_the_block_to_the_free_list",
+        ),
+        messages=(r"a growth that takes every free block",),
+        question="2 blocks free and a growth that needs exactly 2 new blocks: does your append_tokens "
+        "compare needed with num_free by > or by >=?",
+        section="3.2",
+    ),
+    Mistake(
         8,
         fails=("test_worked_example_paged_waste_is_37_5_percent",),
         passes=("test_worked_example_contiguous_waste_is_58_33_percent",),
@@ -609,7 +622,13 @@ def test_append_that_does_not_fit_allocates_nothing(impl):
     with raises_naming(RuntimeError, "(?i)out of|not enough|free"):
         table.append_tokens(10)  # 13 tokens need 4 blocks; 3 exist
     assert table.num_tokens == 3 and len(table.blocks) == 1 and alloc.num_free == 2
-    table.append_tokens(9)  # 12 tokens: exactly 3 blocks
+    try:
+        table.append_tokens(9)  # 12 tokens: exactly 3 blocks
+    except RuntimeError as refused:
+        raise AssertionError(
+            "3 tokens in 1 block, 2 blocks free: 9 more tokens need exactly 2 new blocks, a growth that takes "
+            f"every free block, and it fits: {refused}"
+        ) from None
     assert alloc.num_free == 0 and table.last_block_is_full is True
 
 
