@@ -144,6 +144,26 @@ def test_overlap_on_and_off_give_identical_replies_with_fp8():
     assert on == off
 
 
+def test_the_start_up_lines_say_which_lessons_an_fp8_cache_calls():
+    """With an e4m3 cache F3 stores and decodes: L1's store and F1's and F2's decode are not called; with
+    attention in torch, or without the option, F3 is not called either."""
+    from drills.engine import sources
+
+    chosen = sources.choose("solutions")
+    fp8 = "\n".join(sources.describe(chosen, "kernels", fp8=True))
+    assert "f3 store_kvcache_fp8, fp8_decode, plan: reference" in fp8, fp8
+    for part in ("l1 store_kvcache", "f1 plan, split_kv_decode", "f2 plan, cascade_decode"):
+        assert f"{part}: not called (the KV cache is e4m3" in fp8, fp8
+    assert "l4 paged_prefill: reference" in fp8, fp8
+    plain = "\n".join(sources.describe(chosen, "kernels"))
+    assert (
+        "f3 store_kvcache_fp8, fp8_decode, plan: not called" in plain
+        and "l1 store_kvcache: reference" in plain
+    )
+    torch_fp8 = "\n".join(sources.describe(chosen, "torch", fp8=True))
+    assert "f3 store_kvcache_fp8, fp8_decode, plan: not called (attention in torch)" in torch_fp8, torch_fp8
+
+
 @pytest.mark.parametrize("bad", ["fp8", "e4m3", "FP8_E4M3", "fp8_e5m2", 8, torch.float8_e4m3fn, ""])
 def test_a_bad_kv_cache_dtype_is_refused_naming_it(bad):
     with pytest.raises(ValueError, match="kv_cache_dtype"):

@@ -116,8 +116,8 @@ def describe(
     for stem, choice in choices.items():
         # fp8: the KV cache is e4m3 (EngineConfig.kv_cache_dtype), which F3 stores and decodes in place
         # of L1's store and F1's and F2's decode; otherwise F3 is not called.
-        if stem == "f3_fp8_kv_cache" and not fp8:
-            why = "LLM(kv_cache_dtype='fp8_e4m3') calls it"
+        if stem == "f3_fp8_kv_cache" and (not fp8 or attention != "kernels"):
+            why = "attention in torch" if fp8 else "LLM(kv_cache_dtype='fp8_e4m3') calls it"
             lines.append(f"  {choice.lesson.id} {_listed(stem)}: not called ({why})")
             continue
         if fp8 and attention == "kernels" and stem in FP8_REPLACES:
