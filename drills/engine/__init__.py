@@ -6,6 +6,7 @@ loader.py     SmolLM2-135M-Instruct's GGUF file (or another plain-Llama one) as 
 model.py      the Llama forward over a packed batch, attention left to a callback; random weights
 oracle.py     the graders' reference: attention over contiguous caches in torch, greedy decoding
 attention.py  the paged KV cache and the callbacks that attend over it (the kernels, or torch)
+fp8.py        the e4m3 KV cache (kv_cache_dtype="fp8_e4m3"): F3's store and decode, L4 on dequantized pages
 sources.py    whose code answers: a lesson's file of yours where it passes its grader, else the reference
 sampler.py    one token per sequence, every row at once on the device: greedy, temperature, top_k,
               top_p, min_p
