@@ -238,4 +238,11 @@ MUTANTS = [
         "ctx_ok = (ctx >= q_len) & (ctx <= max_pages * PAGE)",
         "ctx_ok = (ctx >= q_len) & (ctx < max_pages * PAGE)",
     ),
+    # Every group up to a config's BLOCK_M fits: only GROUP = 64 in 16-row tiles shows it.
+    Mutant(
+        "packed_tile_not_widened",
+        "30. a packed tile narrower than one token's heads (BLOCK_M not widened to next_pow2(GROUP))",
+        "BLOCK_M = max(BLOCK_M, next_pow2(heads))",
+        "BLOCK_M = BLOCK_M",
+    ),
 ]

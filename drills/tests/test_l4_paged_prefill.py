@@ -915,6 +915,14 @@ WORKED_LSE = "test_worked_example_lse_is_ln_of_the_keys_seen"
 OOB_OR_NAN = r"out of bounds load|NaN"
 MISTAKES = [
     Mistake(
+        30,
+        fails=("test_group_wider_than_a_tile_of_rows[packed-group]",),
+        passes=("test_group_wider_than_a_tile_of_rows[one-head]", "test_any_tile_shape"),
+        question="GROUP = 64 and a config of 16-row tiles, packed: how many tokens does a tile hold "
+        "(BLOCK_M // GROUP), and what does your launcher do to BLOCK_M first?",
+        section="3.1",
+    ),
+    Mistake(
         1,
         fails=("test_cached_prefix_is_visible_bottom_right", "test_decode_rows_beside_long_chunks", WORKED),
         passes=("test_pure_prefill_without_a_prefix",),
