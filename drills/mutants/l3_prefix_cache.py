@@ -138,4 +138,10 @@ MUTANTS = [
         "self._hash_to_block[key] = block",
         "self._hash_to_block.setdefault(key, block)",
     ),
+    Mutant(
+        "last_full_block_of_the_prompt_unsealed",
+        "19. the prompt's last block left unsealed when the prompt ends on a block edge",
+        "num_full = len(token_ids) // bs",
+        "num_full = (len(token_ids) - 1) // bs",
+    ),
 ]

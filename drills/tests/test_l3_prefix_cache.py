@@ -105,6 +105,20 @@ MISTAKES = [
         section="3.4",
     ),
     Mistake(
+        19,
+        fails=("test_whole_prompt_cached_counts_every_token",),
+        passes=(
+            "test_block_filled_by_append_is_shared",
+            "test_fresh_manager_hands_out_blocks_in_order",
+            "test_free_drops_every_ref_count",
+            "test_token_ids_checked_on_a_key_hit",
+        ),
+        messages=(r"ends on a block edge fills its last block",),
+        question="A prompt of 4 tokens in blocks of 2: how many of its blocks are full, and how many does "
+        "your allocate seal?",
+        section="3.3",
+    ),
+    Mistake(
         9,
         fails=("test_revived_block_leaves_the_free_list",),
         question="After a freed block is revived, where is it: in use, on the free list, or both?",
@@ -600,7 +614,11 @@ def test_whole_prompt_cached_counts_every_token(impl):
     last one to get logits: section 6)."""
     m = impl.BlockManager(4, 2)
     m.allocate("s", [A, B, C, D])
-    assert m.allocate("t", [A, B, C, D]) == [0, 1] and m.num_cached_tokens("t") == 4
+    got = m.allocate("t", [A, B, C, D])
+    assert got == [0, 1] and m.num_cached_tokens("t") == 4, (
+        f"[A, B, C, D] again got blocks {got} with {m.num_cached_tokens('t')} tokens cached: a prompt that "
+        "ends on a block edge fills its last block, which allocate must seal too"
+    )
 
 
 # --- Errors: unknown or duplicate ids, running out, bad arguments ---------------------------------
