@@ -119,6 +119,18 @@ MUTANTS = [
         "    chunk = max(1, triton.cdiv(max_len, num_splits))\n",
     ),
     Mutant(
+        "chunk_rounded_down",
+        "16. plan() rounds the chunk down to whole tiles: more splits than asked",
+        "    chunk = triton.cdiv(max_tiles, num_splits) * BLOCK_N\n",
+        "    chunk = max(1, max_tiles // num_splits) * BLOCK_N\n",
+    ),
+    Mutant(
+        "pages_of_8_read_as_one_page",
+        "5. pages of 8 take the one-page-per-tile path (PAGE >= 8 where PAGE >= BLOCK_N belongs)",
+        "        if PAGE >= BLOCK_N:",
+        "        if PAGE >= 8:",
+    ),
+    Mutant(
         "sequence_index_int32",
         "17. the sequence index left int32 (L2 pitfall 17)",
         "    b = tl.program_id(0).to(tl.int64)\n    kvh = tl.program_id(1).to(tl.int64)\n    split = tl.program_id(2)\n",

@@ -597,7 +597,10 @@ def test_plan_never_returns_empty_or_zero_splits(impl, lens, Hkv):
             "a tile would straddle two splits and, with PAGE >= 16, two pages"
         )
         if forced is not None:
-            assert p.num_splits <= forced
+            assert p.num_splits <= forced, (
+                f"{p}: {p.num_splits} splits where at most {forced} were asked: a chunk rounded down to "
+                "whole tiles leaves more splits than asked"
+            )
 
 
 def test_plan_of_padding_sequences_has_one_split(impl):
@@ -982,6 +985,20 @@ MISTAKES = [
         section="3.2",
     ),
     Mistake(
+        5,
+        # A page size under the tile other than 1 (PAGE = 8 on the one-page-per-tile path): pages of 16
+        # and 64 pass, and so does every case at PAGE = 16. The int64 check's pages are small too.
+        fails=("test_page_sizes_gathered_token_by_token",),
+        passes=(
+            "test_page_sizes_gathered_token_by_token[16]",
+            "test_page_sizes_gathered_token_by_token[64]",
+            EVERY_SPLIT,
+        ),
+        question="With PAGE = 8, how many pages does one 16-token tile span, and which path of your kernel "
+        "reads its block-table entries?",
+        section="3.2",
+    ),
+    Mistake(
         6,
         fails=("test_many_splits_merge_with_rescale",),
         passes=(
@@ -1093,6 +1110,14 @@ MISTAKES = [
         messages=(r"not a whole number of 16-token tiles",),
         question="max_len = 100 and 3 splits: what chunk does your plan() give, and where does the "
         "second split's first 16-token tile start?",
+        section="4",
+    ),
+    Mistake(
+        16,
+        fails=("test_plan_never_returns_empty_or_zero_splits",),
+        messages=(r"splits where at most \d+ were asked",),
+        question="max_len = 100 and at most 3 splits: how many tiles does a chunk of floor(7 / 3) = 2 tiles "
+        "leave uncovered, and how many splits does your plan() then need?",
         section="4",
     ),
     Mistake(
