@@ -567,7 +567,6 @@ DOMAIN_PENDING = {
     "t2": "Triton basics: one size axis, crossed by hand-picked cases",
     "t3": "Triton basics: one size axis per dimension, crossed by hand-picked cases",
     # Not drawn from a Domain yet: each is to add DOMAIN and the pairwise check, then leave this set.
-    "l4": "pending: q lengths, cached prefixes, PAGE, D, grouping and strides as a Domain",
 }
 
 

@@ -15,18 +15,23 @@ from dataclasses import dataclass
 import pytest
 import torch
 
+from drills import validate
 from drills.compare import assert_close, mismatch
 from drills.grading import bigmem
 from drills.grading.diagnose import Mistake, returned_problem
 from drills.grading.launches import assert_grids_fit, assert_runs_a_triton_kernel
 from drills.tests import bf16_everywhere, fill_past_fp16_range, raises_naming, seeded, sizes
+from drills.tests.domain import Domain, checks_besides
 from drills.tests.paged_kv import (
     CONTEXT_LENS_BAD_INPUTS,
     GARBAGE_BLOCK_IDS,
     HEAD_DIMS,
+    KV_LAYOUTS,
     LIVE_BLOCK_ID_BAD_INPUTS,
     PAGED_BAD_INPUTS,
     SHARED_KV_BAD_INPUTS,
+    TABLE_LAYOUTS,
+    V_UNLIKE_K_NEEDS_TWO_STRIDES,
     PagedCase,
     blocks_past,
     check_launch,
@@ -35,6 +40,7 @@ from drills.tests.paged_kv import (
     in_layer_pool,
     in_wider_table,
     int32_tensor,
+    laid_out,
     launch_into_canary,
     make_paged_case,
     pool_past_int32,
@@ -81,10 +87,30 @@ BOUNDS_GAPS = {"GUARD": "no bound: the device guard's switch, on in every call b
 
 DIMS = ("token", "head", "d")  # how a mismatch names its position: row of the packed q, query head, feature
 
-# What paged_prefill admits, in one place (drills/validate.py): the cases that cross a bound draw here.
-DOMAIN = dict(
-    head_dims=HEAD_DIMS,  # powers of two from 16 to 256; D = 256 takes its own tile config
-    dtypes=(torch.float16, torch.bfloat16),
+# What paged_prefill admits, at its boundaries (drills/validate.py's limits, so the domain cannot drift
+# from the launcher): test_pairwise_domain_cases_match_the_oracle crosses every pair of them.
+_D_LO, _D_HI = validate.HEAD_DIM_RANGE
+# (q_lens, context_lens) for a page size: each crosses a tile or page bound of its own kind.
+BATCHES_BY_PAGE = {
+    "pure_prefill": lambda P: ([17, 3], [17, 3]),  # no prefix; 17 new tokens: one past a 16-token tile
+    "prefix_inside_a_page": lambda P: ([5, 9], [P + 8, 2 * P + 9]),  # prefixes of P + 3 and 2 P tokens
+    "decode_rows_and_empty": lambda P: ([1, 0, 1, 9], [P + 2, 4, 1, P + 9]),  # packed heads: few tokens a row
+}
+DOMAIN = Domain(
+    axes=dict(
+        D=(_D_LO, _D_HI),  # the narrowest and the widest head dim; D = 256 takes its own tile config
+        PAGE=(1, 16, 32),  # pages smaller than a key tile, one tile, two tiles (any power of two)
+        heads=((2, 2), (9, 3), (17, 1)),  # (Hq, Hkv): MHA, GROUP 3, MQA with GROUP 17 (a packed tile's rows)
+        batch=tuple(BATCHES_BY_PAGE),
+        dtype=(torch.float16, torch.bfloat16),
+        q=("contiguous", "strided"),  # far-apart rows: test_q_rows_widened_to_int64
+        kv=KV_LAYOUTS,
+        table=TABLE_LAYOUTS,
+        scale=(None, 0.3),
+        lse=(False, True),
+    ),
+    rules=(V_UNLIKE_K_NEEDS_TWO_STRIDES,),
+    limits=dict(head_dims=HEAD_DIMS),
 )
 LSE_DIMS = ("token", "head")
 # lse is fp32 computed from exact fp16 products: only the summation order and exp2/log2 differ.
@@ -658,6 +684,50 @@ def test_k_and_v_caches_with_different_strides(impl, runtime, layout):
         assert v_cache.stride(0) == case.k_cache.stride(0)
     assert case.k_cache.stride() != v_cache.stride()
     check(impl, PrefillCase(case.q, case.k_cache, v_cache, *case.args[3:]))
+
+
+# --- Every pair of the domain's boundary values in one case ----------------------------------------
+
+PAIRWISE = "test_pairwise_domain_cases_match_the_oracle"
+
+
+def test_pairwise_domain_cases_match_the_oracle(impl, runtime):
+    """Cases drawn from DOMAIN so that every pair of its boundary values meets in one case (D = 256 with
+    packed decode rows at PAGE = 1, V's strides unlike K's with a prefix inside a page, lse with a wider
+    table...): a kernel right on each bound alone can still be wrong where two meet. A failure names
+    the case's values."""
+
+    def run(c):
+        Hq, Hkv = c["heads"]
+        q_lens, lens = BATCHES_BY_PAGE[c["batch"]](c["PAGE"])
+        case = make_prefill_case(
+            lens, q_lens, Hq, Hkv, c["D"], c["PAGE"], stream=404, dtype=c["dtype"], device=runtime.device
+        )
+        caches = laid_out(case, runtime, "contiguous", c["kv"], c["table"])  # a PagedCase: K, V, table
+        q = case.q
+        if c["q"] == "strided":  # every other head of a NaN-filled [total_q, 2 Hq, D] buffer
+            buffer = torch.full(
+                (q.shape[0], 2 * Hq, q.shape[2]), float("nan"), dtype=q.dtype, device=q.device
+            )
+            q = buffer[:, 1::2]
+            q.copy_(case.q)
+        case = PrefillCase(
+            q, caches.k_cache, caches.v_cache, caches.block_tables, case.cu_seqlens_q, case.context_lens
+        )
+        lse_box = []
+
+        def launch(*args, **kw):
+            result = impl.paged_prefill(*args, return_lse=c["lse"], **kw)
+            if c["lse"]:
+                lse_box.append(result[1])
+            return result
+
+        check_launch(launch, prefill_reference, case, DIMS, c["scale"])
+        if c["lse"]:
+            _, ref_lse = prefill_reference(*case.args, scale=c["scale"])
+            assert_close(lse_box[0], ref_lse, LSE_DIMS, **LSE_TOL)
+
+    DOMAIN.check_each(DOMAIN.cases(stream=404), run)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, bf16_everywhere()], ids=["fp16", "bf16"])
@@ -1285,5 +1355,15 @@ MISTAKES = [
         question="A context of 48 with PAGE = 8 fills a table row of 6 columns: does your guard's bound on "
         "context_lens admit it?",
         section="3.8",
+    ),
+    Mistake(
+        16,
+        # Every bound holds alone and a combination of them does not: the message names the case.
+        fails=(PAIRWISE,),
+        passes=checks_besides(globals(), PAIRWISE),
+        question="Every single-bound check passes and one generated case does not: its message names its "
+        "D, PAGE, heads, batch, dtype, layouts and options; which of these does your kernel handle only "
+        "one at a time (a stride taken from another tensor, a tile sized for another D or layout)?",
+        section="3.3",
     ),
 ]
