@@ -89,8 +89,8 @@ def nano_requests(vocab: int, stream: int = 1) -> tuple[list[list[int]], list[in
 
 
 # Chat traffic: ragged prompts and replies, sampled, each request ending on its own. Lengths are
-# log-normal, as chat datasets' are (many short turns, a long tail), drawn with a fixed seed and clipped.
-CHAT_SEED = 0
+# log-normal, as chat datasets' are (many short turns, a long tail), drawn from a fixed random stream and clipped.
+CHAT_STREAM = 0
 CHAT_PROMPT = (256, 0.8, 16, 2048)  # median tokens, sigma of the log, shortest, longest
 CHAT_OUTPUT = (128, 0.8, 4, 1024)
 CHAT_TEMPERATURE, CHAT_TOP_P = 0.7, 0.9
@@ -106,10 +106,10 @@ def _lognormal(g, n, median, sigma, lo, hi) -> list[int]:
     return x.round().clamp(lo, hi).long().tolist()
 
 
-def chat_requests(vocab: int, seed: int = CHAT_SEED) -> tuple[list[list[int]], list[int]]:
+def chat_requests(vocab: int, stream: int = CHAT_STREAM) -> tuple[list[list[int]], list[int]]:
     """NUM_REQUESTS prompts of random tokens with log-normal prompt and reply lengths (CHAT_PROMPT,
     CHAT_OUTPUT): (prompts, each request's max_tokens)."""
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator().manual_seed(stream)
     ins = _lognormal(g, NUM_REQUESTS, *CHAT_PROMPT)
     outs = _lognormal(g, NUM_REQUESTS, *CHAT_OUTPUT)
     return [torch.randint(100, vocab, (n,), generator=g).tolist() for n in ins], outs
@@ -755,8 +755,8 @@ def run(impl) -> tuple[bench.Table, list[str]]:
         f"Chat traffic: {NUM_REQUESTS} requests of random tokens, no shared prompt; prompt lengths log-normal "
         f"(median {CHAT_PROMPT[0]}, sigma of the log {CHAT_PROMPT[1]}, clipped to {CHAT_PROMPT[2]}-{CHAT_PROMPT[3]}), "
         f"reply lengths log-normal (median {CHAT_OUTPUT[0]}, sigma {CHAT_OUTPUT[1]}, clipped to "
-        f"{CHAT_OUTPUT[2]}-{CHAT_OUTPUT[3]}), seed {CHAT_SEED}. Sampled at temperature {CHAT_TEMPERATURE}, top_p "
-        f"{CHAT_TOP_P}, no per-request seed. Random weights almost never draw a given id, so each request's reply "
+        f"{CHAT_OUTPUT[2]}-{CHAT_OUTPUT[3]}), random stream {CHAT_STREAM}. Sampled at temperature {CHAT_TEMPERATURE}, top_p "
+        f"{CHAT_TOP_P}, no per-request random_state. Random weights almost never draw a given id, so each request's reply "
         "length is drawn and given as its max_tokens, with the end-of-sequence check on (ignore_eos False, "
         f"id {CHAT_EOS}): every step runs a chat's stop rules, and an end-of-sequence drawn by chance ends its "
         "request early. The greedy row runs the same prompts to the lengths the sampled row's first timed run "
