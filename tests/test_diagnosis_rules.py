@@ -253,3 +253,21 @@ def test_planted_t4_function_not_written_is_named(tmp_path):
         lesson, file=path, extra=["-k", "test_merge_shifts or test_worked_example_final_state"]
     )
     assert "likely mistake: not written yet: function merge_stats" in result.screen(), result.screen()
+
+
+def test_bad_input_that_launched_or_refused_unnamed_is_a_missing_check():
+    """A bad-input check that fails because nothing raised (a kernel ran on it), or because the error does
+    not name the argument, is the launcher's check, whoever wrote its first version (a stub's given
+    overlap check the learner edited): never "a check failed that no pitfall explains"."""
+    launched = "Failed: DID NOT RAISE <class 'ValueError'>"
+    found = diagnose.diagnose([case("test_launcher_rejects_bad_input[out_partly_overlaps_x]", message=launched)], [])
+    assert [(f.kind, f.title) for f in found] == [("not_refused", diagnose.NOT_REFUSED_TITLE)], found
+    unnamed = "AssertionError: Regex pattern did not match.\n Regex: 'out overlaps x'\n Input: 'bad out'"
+    found = diagnose.diagnose([case("test_launcher_rejects_bad_input[out_at_x]", message=unnamed)], [])
+    assert [(f.kind, f.title) for f in found] == [("not_refused", diagnose.UNNAMED_REFUSAL_TITLE)], found
+    # Beside a failing check of valid input, the kernel's failure is the finding, not the missing check.
+    found = diagnose.diagnose(
+        [case("test_launcher_rejects_bad_input[x]", message=launched), case("test_rows_sum_to_one", message=WRONG)],
+        [],
+    )
+    assert "not_refused" not in [f.kind for f in found], found

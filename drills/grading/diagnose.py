@@ -235,6 +235,7 @@ def _unwritten_finding(cases, stages) -> Finding:
 
 
 NOT_REFUSED_TITLE = "your code accepted input it must refuse, and went on to compute with it"
+UNNAMED_REFUSAL_TITLE = "your code refused bad input, but its message does not name what is wrong"
 
 # A file that tells a grading from a plain run by what fresh memory or a masked-off lane holds (NaN only
 # while graded): its result changes with that memory (provenance.poison_disagrees). When that is every
@@ -311,13 +312,15 @@ def returned_problem(fn: str, returned, expected) -> str | None:
     return None
 
 
+def _bad_input_check(case) -> bool:
+    """The case is one of a grader's bad-input checks (by its check's name)."""
+    return re.search(BAD_INPUT_CHECK, case.id.split("[", 1)[0]) is not None
+
+
 def _not_refused(case) -> bool:
     """A bad-input check met the not-from-kernel verdict: torch computed on the bad input the learner's
     launcher let through (a float context_lens summed, maxed...), where a ValueError/TypeError belonged."""
-    return (
-        re.search(BAD_INPUT_CHECK, case.id.split("[", 1)[0]) is not None
-        and (generic_kind(case.message) or ("",))[0] == "not_from_kernel"
-    )
+    return _bad_input_check(case) and (generic_kind(case.message) or ("",))[0] == "not_from_kernel"
 
 
 DTYPE_TITLE = (
@@ -453,6 +456,11 @@ def diagnose(
     first = failing[0]
     generic = generic_kind(first.message)
     unrefused = [c for c in failing if _not_refused(c)]
+    if not unrefused and all(_bad_input_check(c) for c in failing):
+        # Only bad-input checks fail, and none because torch computed: the launcher ran on input it must
+        # refuse (nothing raised, a kernel launched), or refused it without naming the argument. Its
+        # own mistake whatever the check's code came from (a stub's given check the learner edited, too).
+        unrefused = failing
     honest = [
         c
         for c in failing
@@ -464,7 +472,9 @@ def diagnose(
         why = [
             re.sub(r"^the output did not come from your kernel: ", "instead of refusing it, ", w) for w in why
         ]
-        findings.append(Finding(0, NOT_REFUSED_TITLE, (head, *why), True, None, "not_refused"))
+        unnamed = re.search(r"Regex pattern did not match", unrefused[0].message or "") is not None
+        title = UNNAMED_REFUSAL_TITLE if unnamed else NOT_REFUSED_TITLE
+        findings.append(Finding(0, title, (head, *why), True, None, "not_refused"))
         if first in unrefused:
             generic = None
     partial = [s for s in scored if s.held > 0 and s.witnesses]
