@@ -15,8 +15,9 @@ compiled as without the flag, or the error the compiler or the output check gave
          page), the block id read once per tile. PAGE 16 is also tried with 4 warps and 128 x 64 tiles,
          the tile that was fastest at PAGE 64.
   control  the positive control: the upstream attention tutorial's own warp-specialised forward
-         (python/tutorials/06-fused-attention.py of the installed Triton's tag, host tensor
-         descriptors, non-causal), imported from the file TRITON_ATTENTION_TUTORIAL names (default
+         (python/tutorials/06-fused-attention.py of the installed Triton's tag, non-causal; on
+         sm_90 it passes host tensor descriptors without the flag and builds them on the device with
+         it, its own choice for Hopper), imported from the file TRITON_ATTENTION_TUTORIAL names (default
          .whl/06-fused-attention.py; rows say "absent" without it), with warp_specialize False and
          True, on T5's shape with K and V repeated to every query head (the tutorial has no GQA); and
          T5's loop in the tutorial's Hopper configuration (host descriptors, 128 x 64, 4 warps, 3
