@@ -1,4 +1,4 @@
-"""The diagnosis's general rules, which hold in every lesson (drills/grading/diagnose.py, report.py):
+"""The diagnosis's general rules, which hold in every lesson (drills/grading/grader/diagnose.py, report.py):
 
 - NaN or inf in a result is read as its symptom (a masked load without other=, or an exponential without
   its max shift), before a pitfall that leaves finite values;
@@ -17,8 +17,8 @@ from __future__ import annotations
 import pytest
 
 from drills.grading import diagnose, report, run
-from drills.grading.diagnose import Mistake
-from drills.grading.report import Case, Stage
+from drills.grading.grader.diagnose import Mistake
+from drills.grading.grader.report import Case, Stage
 from drills.lessons import find
 from drills.mutants import Mutant
 from tests.test_learner_tools import _solution_with_stub_raise
@@ -260,14 +260,19 @@ def test_bad_input_that_launched_or_refused_unnamed_is_a_missing_check():
     not name the argument, is the launcher's check, whoever wrote its first version (a stub's given
     overlap check the learner edited): never "a check failed that no pitfall explains"."""
     launched = "Failed: DID NOT RAISE <class 'ValueError'>"
-    found = diagnose.diagnose([case("test_launcher_rejects_bad_input[out_partly_overlaps_x]", message=launched)], [])
+    found = diagnose.diagnose(
+        [case("test_launcher_rejects_bad_input[out_partly_overlaps_x]", message=launched)], []
+    )
     assert [(f.kind, f.title) for f in found] == [("not_refused", diagnose.NOT_REFUSED_TITLE)], found
     unnamed = "AssertionError: Regex pattern did not match.\n Regex: 'out overlaps x'\n Input: 'bad out'"
     found = diagnose.diagnose([case("test_launcher_rejects_bad_input[out_at_x]", message=unnamed)], [])
     assert [(f.kind, f.title) for f in found] == [("not_refused", diagnose.UNNAMED_REFUSAL_TITLE)], found
     # Beside a failing check of valid input, the kernel's failure is the finding, not the missing check.
     found = diagnose.diagnose(
-        [case("test_launcher_rejects_bad_input[x]", message=launched), case("test_rows_sum_to_one", message=WRONG)],
+        [
+            case("test_launcher_rejects_bad_input[x]", message=launched),
+            case("test_rows_sum_to_one", message=WRONG),
+        ],
         [],
     )
     assert "not_refused" not in [f.kind for f in found], found

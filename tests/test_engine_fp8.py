@@ -38,14 +38,14 @@ def _prompts(lens=(5, 40, 17, 33)) -> list[list[int]]:
     return [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in lens]
 
 
-def _llm(attention="torch", kv_cache_dtype="fp8_e4m3", parts=None, **settings):
+def _llm(attention="torch", kv_cache_dtype="fp8_e4m3", parts=None, device="cpu", **settings):
     from drills.engine.llm import LLM
 
     return LLM(
         random_weights(CONFIG, stream=14),
         attention=attention,
         use="solutions",
-        device="cpu",
+        device=device,
         dtype=torch.float32,
         block_size=8,
         num_blocks=40,
@@ -223,3 +223,19 @@ def test_the_benchmark_counts_agreeing_tokens_up_to_the_first_difference():
     agree = bench.fp8_agreement([[7] * n, [1, 2, 3], [4]], [[7] * n, [1, 5, 3], [4]])
     assert agree == dict(requests=3, all_agree=1, fewest=1, mean=(n + 1 + 1) / 3)
     assert f"first {n} tokens in 1 of 3 requests" in bench.fp8_note(agree)
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU: the e4m3 cache in compiled kernels"
+)
+def test_on_a_gpu_the_compiled_kernels_serve_fp8_as_the_cpu_rule_does():
+    """Catches, on a GPU only: F3's compiled store or decode reading other codes than the interpreter's
+    (the e4m3 cast rounds by hardware there), a CUDA graph or the overlap replaying a stale fp8 page.
+    The same tiny model and prompts as the CPU test, CUDA graphs and overlap on (the GPU defaults), against
+    the torch path's replies on the CPU: the same tokens, logits within the kernels' rounding."""
+    prompts = _prompts((5, 20, 11))
+    got, got_logits = _run(_llm("kernels", device="cuda"), prompts, 8)
+    ref, ref_logits = _run(_llm("torch"), prompts, 8)
+    got_logits = [[row.cpu() for row in rows] for rows in got_logits]
+    assert got == ref, f"GPU kernels {got}, CPU torch path {ref}"
+    assert _shared_logit_gap(ref, got, ref_logits, got_logits) < 0.02

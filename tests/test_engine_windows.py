@@ -46,7 +46,9 @@ def _without_features(weights):
     return dataclasses.replace(weights, config=PLAIN, layers=layers)
 
 
-def _engine_tokens(weights, prompts, attention="kernels", parts=None, **settings) -> list[list[int]]:
+def _engine_tokens(
+    weights, prompts, attention="kernels", parts=None, device="cpu", **settings
+) -> list[list[int]]:
     from drills.engine.llm import LLM
 
     llm = LLM(
@@ -54,7 +56,7 @@ def _engine_tokens(weights, prompts, attention="kernels", parts=None, **settings
         attention=attention,
         use="solutions",
         parts=parts,
-        device="cpu",
+        device=device,
         dtype=torch.float32,
         block_size=PAGE,
         num_blocks=40,
@@ -128,6 +130,19 @@ def test_the_window_and_the_sinks_change_the_tokens(served):
 def test_overlap_on_gives_the_same_tokens_as_lockstep(served):
     overlapped = _engine_tokens(served.weights, served.prompts, overlap=True)
     assert overlapped == served.engine, f"overlap on: {overlapped}, off: {served.engine}"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: L5 compiled, CUDA graphs")
+def test_on_a_gpu_compiled_l5_under_cuda_graphs_and_overlap_matches_the_oracle():
+    """Catches, on a GPU only: L5 compiled differently from its interpretation, a captured decode graph
+    that replays a stale window start or sink, the overlap reading a placeholder's row. CUDA graphs and
+    the overlap on (the GPU defaults), token for token against the same oracle as the CPU tests."""
+    # Not the `served` fixture: its CPU engine runs the kernels in the interpreter, which a process that
+    # compiles them for the GPU cannot also do.
+    weights, prompts = _weights(), _prompts()
+    oracle = _oracle_tokens(weights, prompts)
+    got = _engine_tokens(weights, prompts, device="cuda")
+    assert got == oracle, f"GPU engine {got}, oracle {oracle}"
 
 
 def test_torch_attention_path_serves_windows_and_sinks_too(served):
