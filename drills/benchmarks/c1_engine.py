@@ -640,7 +640,11 @@ def run(impl) -> tuple[bench.Table, list[str]]:
         got = engine_row(impl, weights, traffic, label, model, gbs=gbs, **options)
         # A line per row as it ends: the run takes minutes, and an instructor under a time limit sees where.
         elapsed = time.perf_counter() - started
-        print(f"  {model}, {label}: {got['c1_tok_s']:,.0f} tok/s ({elapsed:.0f} s in)", file=sys.stderr, flush=True)
+        print(
+            f"  {model}, {label}: {got['c1_tok_s']:,.0f} tok/s ({elapsed:.0f} s in)",
+            file=sys.stderr,
+            flush=True,
+        )
         return got
 
     rows = [
