@@ -15,7 +15,7 @@ from pathlib import Path
 
 from drills import contract, doctor, learner, scaffold
 from drills.engine import chat
-from drills.grading import run
+from drills.grading.grader import pytest_run
 from drills.lessons import LESSONS, ROOT, find
 
 
@@ -30,20 +30,20 @@ def cmd_test(args) -> int:
     pytest's own output as well. Without a lesson, every lesson's grader on one line each."""
     import drills.runtime
 
-    verbose = args.verbose or run.verbose_requested()
+    verbose = args.verbose or pytest_run.verbose_requested()
     lessons = [find(args.lesson)] if args.lesson else LESSONS
     if verbose or len(lessons) > 1 or args.pytest_args:
-        return run.run_pytest_here(
+        return pytest_run.run_pytest_here(
             [str(lesson.tests) for lesson in lessons], args.impl, verbose=verbose, extra=args.pytest_args
         )
     lesson = lessons[0]
     print(drills.runtime.current().banner, flush=True)
-    result = run.grade(lesson, impl=args.impl)
+    result = pytest_run.grade(lesson, impl=args.impl)
     if args.impl == "mine":
         learner.remember(result)  # make hint reads it when the file has not changed since
     if result.state == "not started":
         print(result.message)  # one line, as the stub words it
-        return run.NOT_STARTED_EXIT
+        return pytest_run.NOT_STARTED_EXIT
     print("\n".join(result.screen()))
     return 0 if result.passed else 1
 
@@ -221,7 +221,7 @@ def cmd_check(args) -> int:
     phases = {
         "format and lint": lambda: cmd_lint(args),
         # --durations: each process prints its slowest 10 checks (the gradings that set the pace)
-        "tests (solutions, tools)": lambda: run.run_pytest_side_by_side(
+        "tests (solutions, tools)": lambda: pytest_run.run_pytest_side_by_side(
             check_groups(), "solutions", ["--tb=short", "-rfEs", "--durations=10", "--durations-min=1"]
         ),
         "stub contract": lambda: cmd_contract(args),

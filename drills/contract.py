@@ -218,7 +218,7 @@ def _todo_without_section(source: str) -> list[int]:
 
 
 def grader_mistakes(lesson: Lesson) -> list:
-    """The grader's MISTAKES (drills/grading/diagnose.py's Mistake list); [] when it declares none."""
+    """The grader's MISTAKES (drills/grading/grader/diagnose.py's Mistake list); [] when it declares none."""
     return list(getattr(importlib.import_module(f"drills.tests.{lesson.tests.stem}"), "MISTAKES", []))
 
 

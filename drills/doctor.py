@@ -63,7 +63,7 @@ def doctor_lines() -> list[str]:
         )
     else:
         lines.append(f"runtime compiled Triton on {runtime.gpu_name}")
-    from drills.grading import sandbox
+    from drills.grading.learner import sandbox
 
     lines.append(f"sandbox {sandbox.status()}")
     lines.append(

@@ -8,7 +8,7 @@ The format the tools parse (everything else in the file is free prose):
 - Sections: headings `## N. Title`, subsections `### N.M Title` (and `#### N.M.K`); the dot after
   the number is optional, `# Title` (the file's title) is not a section, and headings inside ```
   fences are ignored. A section's body is its text up to the next heading of any level. A grader's
-  `Mistake(section="3.4")` names one (drills/grading/diagnose.py): `make hint` quotes the first 14
+  `Mistake(section="3.4")` names one (drills/grading/grader/diagnose.py): `make hint` quotes the first 14
   non-blank lines of its body as the third hint, so each worked example should open its section.
 - Pitfalls: the first section whose title contains "pitfall" (`## 5. Pitfalls and self-test`). Each
   item starts at column 0 as `K. **Title.** text`; its continuation lines are indented (lines at

@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from drills import contract, explainer, grading
-from drills.grading import run
+from drills.grading.grader import pytest_run
 from drills.lessons import LESSONS, ROOT, Lesson
 
 MINE_DIR_ENV = "DRILLS_MINE_DIR"
@@ -50,7 +50,7 @@ rel = grading.relative
 # --- Grading the learner's file ------------------------------------------------------------------
 
 
-Grade = run.Grade
+Grade = pytest_run.Grade
 
 
 def grade(lesson: Lesson, timeout: float | None = None) -> Grade:
@@ -63,7 +63,7 @@ def grade(lesson: Lesson, timeout: float | None = None) -> Grade:
             graded=rel(mine_file(lesson)),
             message=f"{rel(mine_file(lesson))} does not exist: make reset L={lesson.id} restores the stub",
         )
-    return run.grade(lesson, file=None if default else mine_file(lesson), timeout=timeout)
+    return pytest_run.grade(lesson, file=None if default else mine_file(lesson), timeout=timeout)
 
 
 def load_mine(lesson: Lesson):

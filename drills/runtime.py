@@ -57,9 +57,9 @@ def select() -> Runtime:
 
     if not use_gpu and os.environ.get("DRILLS_FRONTEND_CACHE", "1") != "0":
         # The interpreter's front-end objects built once per shape, not once per op and program: the same
-        # results, a quarter less time in every interpreted kernel (drills/grading/frontend_cache.py).
+        # results, a quarter less time in every interpreted kernel (drills/frontend_cache.py).
         # DRILLS_FRONTEND_CACHE=0 runs Triton's own front end, to measure the difference.
-        from drills.grading import frontend_cache
+        from drills import frontend_cache
 
         frontend_cache.install()
 

@@ -234,8 +234,8 @@ import pytest
 import torch
 
 from drills.compare import assert_close
-from drills.grading.diagnose import Mistake
-from drills.grading.launches import assert_grids_fit, assert_runs_a_triton_kernel
+from drills.grading.grader.diagnose import Mistake
+from drills.grading.shared.launches import assert_grids_fit, assert_runs_a_triton_kernel
 from drills.tests import seeded, sizes
 from drills.tests.domain import Domain
 
@@ -293,10 +293,10 @@ BOUNDS = {{
 
 
 # --- Stages (optional): a steep lesson's checks in the order its stub's TODOs are filled in ----------
-# A module-level STAGES, a list of drills.grading.report.Stage (CONTRIBUTING.md, "Stages"); none yet.
+# A module-level STAGES, a list of drills.grading.grader.report.Stage (CONTRIBUTING.md, "Stages"); none yet.
 
 # --- Diagnosis: which pitfall of drills/content/{n["stem"]}.md a pattern of results points to ---------
-# One Mistake per way a pitfall shows (the rules: drills/grading/diagnose.py's docstring); make contract
+# One Mistake per way a pitfall shows (the rules: drills/grading/grader/diagnose.py's docstring); make contract
 # checks that every titled pitfall has one and that each names a pitfall the explainer lists.
 
 MISTAKES: list[Mistake] = []

@@ -1,10 +1,10 @@
 """The cheats a red team wrote, closed by construction: each test stands for a class of them.
 
-- the static check is an allowlist (drills/grading/source_check.py): every stub, reference and mutant
+- the static check is an allowlist (drills/grading/grader/source_check.py): every stub, reference and mutant
   passes it, and each way out of the grader's sight below is refused with its line;
-- the learner's files are imported from their source, never from bytecode (drills/grading/sandbox.py);
+- the learner's files are imported from their source, never from bytecode (drills/grading/learner/sandbox.py);
 - torch's ops are named by their aten:: name and a launch is Triton's own frames
-  (drills/grading/instrument.py's recorder).
+  (drills/grading/learner/instrument.py's recorder).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ def t1_with(extra: str) -> str:
 
 
 def refused(source: str) -> list[str]:
-    from drills.grading.source_check import refusals
+    from drills.grading.grader.source_check import refusals
 
     return refusals(source, T1.solution.read_text())
 
@@ -29,7 +29,7 @@ def refused(source: str) -> list[str]:
 def test_allowlist_passes_every_stub_reference_and_mutant():
     """The allowlist refuses nothing the course writes: every stub, every reference, every mutated
     reference (an honest mistake is graded, not refused)."""
-    from drills.grading.source_check import refusals
+    from drills.grading.grader.source_check import refusals
     from drills.mutants import load_mutants
 
     for lesson in LESSONS:
@@ -137,7 +137,7 @@ def test_a_kernels_load_is_not_a_files():
 def test_the_course_helpers_a_reference_imports_are_allowed():
     """A lesson's reference imports the course's helpers (drills.launch, drills.validate, ...): its
     learner may import them too, and no lesson may import the grader's."""
-    from drills.grading.source_check import course_modules
+    from drills.grading.grader.source_check import course_modules
 
     for lesson in LESSONS:
         allowed = course_modules(lesson.solution.read_text())
@@ -168,7 +168,7 @@ def test_a_planted_pyc_is_not_run_and_what_a_grading_writes_is_removed(tmp_path)
     """The learner's file is compiled from the source the static check read, not from the .pyc planted
     beside it; a file the grading wrote in the learner's folder is gone after it, the learner's own
     files (the planted .pyc among them, there before) are kept."""
-    from drills.grading.remote import LearnerProcess
+    from drills.grading.grader.learner_client import LearnerProcess
 
     path = tmp_path / f"{T1.stem}.py"
     path.write_text(
@@ -200,7 +200,7 @@ def test_learner_folders_import_from_source_only(tmp_path, monkeypatch):
     import py_compile
     import sys
 
-    from drills.grading import sandbox
+    from drills.grading.learner import sandbox
 
     helper = tmp_path / "cheat_helper.py"
     helper.write_text("MARK = 'source'\n")
@@ -234,7 +234,7 @@ import torch
 import triton
 import triton.language as tl
 
-import drills.grading.instrument as I
+import drills.grading.learner.instrument as I
 watch = I.TritonWatch(__file__)
 watch.module_name = "cheats"
 
@@ -515,13 +515,13 @@ def store_kvcache(key, value, k_cache, v_cache, slot_mapping, check=None):
 def test_arguments_written_by_torch_are_refused(tmp_path):
     """With every launch a no-op, the call must leave each argument byte for byte as it was: rows copied
     into the cache by torch (views and copy_, moves each) are computing outside the kernel."""
-    from drills.grading import run
+    from drills.grading.grader import pytest_run
     from tests.test_grading_harness import one_screen
 
     L1 = find("l1")
     path = tmp_path / f"{L1.stem}.py"
     path.write_text(L1.solution.read_text() + ROWS_BY_TORCH)
-    result = run.grade(L1, file=path, extra=["-k", "test_runs_a_triton_kernel"])
+    result = pytest_run.grade(L1, file=path, extra=["-k", "test_runs_a_triton_kernel"])
     screen = one_screen(result)
     assert result.state == "failing", screen
     assert "still wrote into argument `k_cache`" in screen, screen
@@ -533,8 +533,8 @@ def test_the_launch_disabled_run_must_leave_arguments_as_they_were():
     left byte for byte as it was passes (NaN bytes compare as bytes; 1.0 -> 5.0 changes 2 of 4 bytes)."""
     import torch
 
-    from drills.grading.errors import NotFromKernel
-    from drills.grading.provenance import judge
+    from drills.grading.grader.provenance import judge
+    from drills.grading.shared.errors import NotFromKernel
 
     before = torch.tensor([1.0, float("nan"), 3.0])
     real = torch.tensor([5.0, 6.0, 7.0])

@@ -72,13 +72,13 @@ def test_a_guard_that_fires_on_valid_input_fails_as_a_check_not_as_an_exception(
     computed a wrong length, boundary or block id. That must read as a failed check whose message names
     the argument, so that the diagnosis goes on to the pitfall the failing checks share, and not as
     "your code raised an exception", which would stop it there."""
-    from drills.grading import calls
-    from drills.grading.diagnose import generic_kind
+    from drills.grading.grader.diagnose import generic_kind
+    from drills.grading.learner import run_call
 
     device_errors.error_word(DEVICE).copy_(device_errors.error_word(DEVICE).new_tensor([41, 1, 9, 1]))
     with pytest.raises(AssertionError) as failed:
-        calls._raise_device_errors()
+        run_call._raise_device_errors()
     message = str(failed.value)
     assert "cu_seqlens_q" in message and "device guard fired" in message
     assert generic_kind(message) is None, "read as a generic failure, the pitfall is never named"
-    calls._raise_device_errors()  # read once, then cleared
+    run_call._raise_device_errors()  # read once, then cleared

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 
-from drills.grading import diagnose, report, run
+from drills.grading.grader import diagnose, pytest_run, report
 from drills.grading.grader.diagnose import Mistake
 from drills.grading.grader.report import Case, Stage
 from drills.lessons import find
@@ -196,7 +196,7 @@ F2_LSE_LOAD = (
 )
 def test_planted_nan_is_named_as_nan(tmp_path, lesson_id, edits, checks):
     lesson, path = plant(lesson_id, tmp_path, *edits)
-    result = run.grade(lesson, file=path, extra=["-k", checks])
+    result = pytest_run.grade(lesson, file=path, extra=["-k", checks])
     assert result.state == "failing", (result.state, result.message)
     assert result.findings[0]["kind"] == "nan", result.screen()
     assert any("a masked tl.load without other=" in line for line in result.screen())
@@ -206,7 +206,7 @@ def test_planted_stage_not_written_is_named_with_its_function(tmp_path):
     lesson = find("f2")
     path = tmp_path / f"{lesson.stem}.py"
     path.write_text(_solution_with_stub_raise(lesson, "plan"))
-    result = run.grade(lesson, file=path, extra=["-k", "test_lse_is_natural_log"])  # a stage 2 check
+    result = pytest_run.grade(lesson, file=path, extra=["-k", "test_lse_is_natural_log"])  # a stage 2 check
     screen = result.screen()
     assert "likely mistake: stage 2 not written yet: function plan" in screen, screen
     assert not any("pitfall" in line for line in screen if line.startswith(("likely", "or else"))), screen
@@ -226,7 +226,7 @@ def test_planted_float_lengths_let_through_are_a_missing_check(tmp_path):
             "context_lens, num_kv_heads, page_size, num_sms, num_splits\n    )",
         ),
     )
-    result = run.grade(lesson, file=path, extra=["-k", "test_plan_rejects_bad_arguments"])
+    result = pytest_run.grade(lesson, file=path, extra=["-k", "test_plan_rejects_bad_arguments"])
     screen = result.screen()
     assert result.findings[0]["kind"] == "not_refused", screen
     assert not any("did not come from your kernel" in line for line in screen), screen
@@ -241,7 +241,7 @@ T4_ROW_LOAD = 'x = tl.load(x_row + cols, mask=cols < hi, other=float("-inf"))'
 def test_planted_t4_load_without_other_is_its_masking_pitfall(tmp_path):
     lesson, path = plant("t4", tmp_path, (T4_ROW_LOAD, T4_ROW_LOAD.replace(', other=float("-inf")', "")))
     checks = "test_last_block_is_masked or test_worked_example_final_state or test_first_block_starts"
-    result = run.grade(lesson, file=path, extra=["-k", checks])
+    result = pytest_run.grade(lesson, file=path, extra=["-k", checks])
     assert result.findings[0]["pitfall"] == 7, result.screen()
 
 
@@ -249,7 +249,7 @@ def test_planted_t4_function_not_written_is_named(tmp_path):
     lesson = find("t4")
     path = tmp_path / f"{lesson.stem}.py"
     path.write_text(_solution_with_stub_raise(lesson, "merge_stats"))
-    result = run.grade(
+    result = pytest_run.grade(
         lesson, file=path, extra=["-k", "test_merge_shifts or test_worked_example_final_state"]
     )
     assert "likely mistake: not written yet: function merge_stats" in result.screen(), result.screen()

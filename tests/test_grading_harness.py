@@ -21,9 +21,9 @@ import torch
 
 import drills.runtime
 from drills import learner
-from drills.grading import diagnose, run, warm
-from drills.grading.remote import ImportFailed, LearnerProcess, RemoteObject
-from drills.grading.report import Case
+from drills.grading.grader import diagnose, fork_server, pytest_run
+from drills.grading.grader.learner_client import ImportFailed, LearnerProcess, RemoteObject
+from drills.grading.grader.report import Case
 from drills.lessons import ROOT, find
 from drills.mutants import load_mutants
 
@@ -65,13 +65,13 @@ def write_learner_file(folder, source: str, stem: str = T1.stem):
     return path
 
 
-def grade_t1(folder, source: str, *checks: str, checked: bool = False) -> run.Grade:
+def grade_t1(folder, source: str, *checks: str, checked: bool = False) -> pytest_run.Grade:
     """Grade `source` as the learner's T1 file, running only the named checks (a -k expression each).
     The static check (source_check.py), which refuses open(), os and ctypes before anything runs, is
     passed by unless `checked`: these tests are about the layers behind it (the sandbox, the recorder,
     the evidence), which must hold on their own."""
     extra = ["-k", " or ".join(checks)] + ([] if checked else ["--drills-skip-source-check"])
-    result = run.grade(T1, file=write_learner_file(folder, source), extra=extra)
+    result = pytest_run.grade(T1, file=write_learner_file(folder, source), extra=extra)
     if result.state in ("passing", "failing"):
         ran = {c.id for c in result.cases} | {c.check for c in result.cases}
         missing = [c for c in checks if c not in ran]
@@ -79,18 +79,18 @@ def grade_t1(folder, source: str, *checks: str, checked: bool = False) -> run.Gr
     return result
 
 
-def one_screen(result: run.Grade) -> str:
+def one_screen(result: pytest_run.Grade) -> str:
     lines = result.screen()
     assert len(lines) < SCREEN_LINES, f"the summary takes {len(lines)} lines:\n" + "\n".join(lines)
     return "\n".join(lines)
 
 
-def failures(result: run.Grade) -> dict[str, str]:
+def failures(result: pytest_run.Grade) -> dict[str, str]:
     """case id -> failure message, for the cases that failed."""
     return {c.id: c.message for c in result.cases if c.outcome == "failed"}
 
 
-def outcome(result: run.Grade, check: str) -> set[str]:
+def outcome(result: pytest_run.Grade, check: str) -> set[str]:
     return {c.outcome for c in result.cases if c.check == check}
 
 
@@ -299,18 +299,19 @@ def test_zeroing_the_next_block_is_a_write_race(tmp_path):
 # --- make mutants: gradings forked from a warm process report what a fresh one does ---------------
 
 
-def reported(result: run.Grade, path) -> tuple:
+def reported(result: pytest_run.Grade, path) -> tuple:
     """Everything a grading reports, with the learner file's own path left out."""
     cases = [(c.id, c.outcome, c.message.replace(str(path), "<file>")) for c in result.cases]
     return result.state, cases, result.findings, result.message
 
 
 @pytest.mark.skipif(
-    warm.unavailable() is not None, reason=f"make mutants forks no gradings here: {warm.unavailable()}"
+    fork_server.unavailable() is not None,
+    reason=f"make mutants forks no gradings here: {fork_server.unavailable()}",
 )
 def test_warm_gradings_report_what_fresh_ones_do(tmp_path, monkeypatch):
     """make mutants forks each grading, and each learner process, from warm processes that imported
-    torch and Triton once (drills/grading/warm.py). A mistake and a crash must be reported exactly as a
+    torch and Triton once (drills/grading/grader/fork_server.py). A mistake and a crash must be reported exactly as a
     fresh `make test` reports them; an endless loop times out, and the next check runs in a new process."""
     crash = "    import os, signal\n    os.kill(os.getpid(), signal.SIGSEGV)\n    return _launch(x, y, out)\n"
     endless = "    mask = offs < n  # [BLOCK]\n    while n > 0:  # never ends\n        pass\n"
@@ -322,7 +323,7 @@ def test_warm_gradings_report_what_fresh_ones_do(tmp_path, monkeypatch):
         ),
         "endless": (t1_source("    mask = offs < n  # [BLOCK]\n", endless), "test_by_hand_lane_11_is_masked"),
     }
-    with warm.GradingPool() as pool:
+    with fork_server.GradingPool() as pool:
         for name, (source, check) in files.items():
             # The short limit is for the endless loop alone: on a loaded 2-core machine a correct call's
             # first interpretation can take longer than 3 s. The pool passes each grading's environment on.
@@ -335,11 +336,13 @@ def test_warm_gradings_report_what_fresh_ones_do(tmp_path, monkeypatch):
             path = write_learner_file(folder, source)
             checks = ["-k", f"{check} or test_launch_rejects_block_not_a_power_of_two"]
             checks.append("--drills-skip-source-check")  # the crash imports signal, which it refuses
-            forked = run.grade(T1, file=path, extra=checks, pool=pool)
+            forked = pytest_run.grade(T1, file=path, extra=checks, pool=pool)
             assert outcome(forked, check) == {"failed"}, one_screen(forked)
             assert outcome(forked, "test_launch_rejects_block_not_a_power_of_two") == {"passed"}, name
             if name != "endless":  # the fresh grading of a hang is test_endless_loop_times_out_...
-                assert reported(forked, path) == reported(run.grade(T1, file=path, extra=checks), path), name
+                assert reported(forked, path) == reported(
+                    pytest_run.grade(T1, file=path, extra=checks), path
+                ), name
     assert pool.proc.returncode == 0, "the warm process did not end cleanly"
     message = failures(forked)["test_by_hand_lane_11_is_masked"]
     assert "did not return within 3 s" in message, message
@@ -351,7 +354,7 @@ def test_warm_gradings_report_what_fresh_ones_do(tmp_path, monkeypatch):
 def test_verbose_prints_pytest_lines_and_the_default_one_screen():
     check = "test_by_hand_lane_11_is_masked"
     env = dict(os.environ, PYTEST_ADDOPTS=f"-k {check}")  # the whole T1 grader is tens of seconds here
-    env.pop(run.VERBOSE_ENV, None)
+    env.pop(pytest_run.VERBOSE_ENV, None)
     cmd = [sys.executable, "-m", "drills", "test", "t1", "--impl", "solutions"]
     runs = {
         "default": subprocess.Popen(
@@ -360,7 +363,7 @@ def test_verbose_prints_pytest_lines_and_the_default_one_screen():
         "VERBOSE=1": subprocess.Popen(
             cmd,
             cwd=ROOT,
-            env=dict(env, **{run.VERBOSE_ENV: "1"}),
+            env=dict(env, **{pytest_run.VERBOSE_ENV: "1"}),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -503,7 +506,7 @@ def test_lent_object_lives_in_the_grader_and_raises_built_in_errors(remote):
     """wire.Lent: C1's scheduler drives the grader's L3 manager, since the learner's process may not
     import the reference. Every read and call runs on the grader's own object, and the manager's
     ValueError (out of blocks) and KeyError reach the learner's `except` as themselves."""
-    from drills.grading import wire
+    from drills.grading.shared import wire
     from drills.solutions.l3_prefix_cache import BlockManager
 
     impl, _ = remote(L3, USES_A_LENT_MANAGER)
@@ -605,21 +608,21 @@ def test_a_detached_process_of_the_learners_file_is_ended_before_the_report_is_r
 def test_the_report_travels_over_a_pipe_and_junk_in_it_is_a_grader_error():
     """The report is never a file another process could rewrite: it comes back over a pipe, and a pipe
     that holds anything but one whole report gives "grader error", never a pass."""
-    from drills.grading import channel, report
+    from drills.grading.grader import report, report_channel
 
-    pipe = channel.ResultPipe()
+    pipe = report_channel.ResultPipe()
     os.write(pipe.fd, b'{"forged": true}\n')
     pipe.started()
     text = pipe.text()
     assert text == '{"forged": true}\n'
     with pytest.raises((KeyError, ValueError, TypeError)):
         report.parse_report(text)
-    args = run.pytest_args([T1.tests], "mine")
+    args = pytest_run.pytest_args([T1.tests], "mine")
     assert not any("report.json" in a for a in args), "make test must not name a report file"
 
 
 @pytest.mark.skipif(
-    __import__("drills.grading.sandbox", fromlist=["x"]).landlock_abi() < 1,
+    __import__("drills.grading.learner.sandbox", fromlist=["x"]).landlock_abi() < 1,
     reason="this kernel has no Landlock: only the audit hook guards the references here (make doctor says so)",
 )
 def test_the_reference_cannot_be_opened_by_any_call(tmp_path):
@@ -660,7 +663,7 @@ def test_a_file_that_asks_where_it_runs_is_refused_before_grading(tmp_path, how)
 
 def test_given_code_that_picks_tiles_by_runtime_is_not_refused():
     """T3's and T5's given block pickers branch on the runtime; kept as the reference has them, they pass."""
-    from drills.grading.source_check import check_file
+    from drills.grading.grader.source_check import check_file
 
     for lesson in (find("t3"), find("t5"), find("l4")):
         assert check_file(lesson.stub, lesson.solution) == [], lesson.id
@@ -669,7 +672,7 @@ def test_given_code_that_picks_tiles_by_runtime_is_not_refused():
 def test_no_stub_reference_or_mutant_is_refused():
     """The static check refuses only what asks where it runs or computes out of sight: every lesson's
     stub, its reference and every mutant (an honest mistake) must be graded, not refused."""
-    from drills.grading.source_check import refusals
+    from drills.grading.grader.source_check import refusals
     from drills.lessons import LESSONS
     from drills.mutants import mutate
 
@@ -685,11 +688,11 @@ def test_no_stub_reference_or_mutant_is_refused():
 def test_provenance_is_decided_in_the_graders_process(remote):
     """torch's answer beside a decoy kernel, and the provenance code of the learner's own process patched
     to approve anything: the verdict is the grader's, from the evidence, so it still fails."""
-    from drills.grading.errors import NotFromKernel
+    from drills.grading.shared.errors import NotFromKernel
 
     forge = """
 
-import drills.grading.provenance as _provenance
+import drills.grading.grader.provenance as _provenance
 
 _provenance.judge = lambda *args, **kwargs: None
 
@@ -721,7 +724,7 @@ def test_bf16_dot_and_arithmetic_are_exact_in_the_learners_process():
     code = """
 import torch, triton, triton.language as tl
 from triton.runtime import interpreter
-from drills.grading.bf16 import exact_bf16_dot
+from drills.grading.learner.bf16 import exact_bf16_dot
 exact_bf16_dot(interpreter)
 
 @triton.jit
@@ -758,7 +761,7 @@ def test_a_dot_too_shallow_for_a_gpu_is_refused_in_the_learners_process():
     code = """
 import torch, triton, triton.language as tl
 from triton.runtime import interpreter
-from drills.grading.instrument import _dot_sizes_as_a_gpu_compiles
+from drills.grading.learner.instrument import _dot_sizes_as_a_gpu_compiles
 _dot_sizes_as_a_gpu_compiles(interpreter)
 
 @triton.jit
@@ -1015,7 +1018,7 @@ vector_add_kernel = _FakeKernel()
     ],
 )
 def test_indirect_ways_of_asking_where_it_runs_are_refused(evasion):
-    from drills.grading.source_check import refusals
+    from drills.grading.grader.source_check import refusals
 
     assert refusals(t1_source(extra="\n" + evasion), T1.solution.read_text()), evasion
 
@@ -1067,8 +1070,8 @@ def test_a_grid_past_cudas_limits_is_refused_before_it_runs(remote):
     learner's process refuses it before any program runs, naming the axis, its size, the limit and the
     learner's line, for a tuple grid and for a callable one. A dry run (launches recorded, none run)
     is checked the same way, and 65536 programs on axis 0 pass."""
-    from drills.grading.errors import GridTooLarge
-    from drills.grading.launches import assert_grids_fit
+    from drills.grading.shared.errors import GridTooLarge
+    from drills.grading.shared.launches import assert_grids_fit
 
     impl, path = remote(T1, AXIS_1_LAUNCHES)
     n = 65536

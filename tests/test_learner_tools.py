@@ -19,8 +19,8 @@ import pytest
 
 import drills.runtime
 from drills import bench, contract, doctor, explainer, grading, learner
-from drills.grading import run
-from drills.grading.launches import count_triton_launches
+from drills.grading.grader import pytest_run
+from drills.grading.shared.launches import count_triton_launches
 from drills.lessons import LESSONS, ROOT, find
 from drills.tests import seeded
 
@@ -279,7 +279,7 @@ def test_doctor_prints_versions_and_the_traps(capsys):
 
 def run_grader(path, *extra):
     return subprocess.run(
-        [sys.executable, "-m", "pytest", *run.pytest_args([T1.tests], impl_file=path), *extra],
+        [sys.executable, "-m", "pytest", *pytest_run.pytest_args([T1.tests], impl_file=path), *extra],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -311,7 +311,7 @@ def test_untouched_stub_is_one_not_started_line(tmp_path):
     path = tmp_path / f"{T1.stem}.py"
     path.write_text(contract.pristine_stub_source(T1))
     proc = run_grader(path)
-    assert proc.returncode == run.NOT_STARTED_EXIT
+    assert proc.returncode == pytest_run.NOT_STARTED_EXIT
     assert [line for line in proc.stdout.splitlines() if "not started" in line] == [
         contract.not_started_message(contract.load_from_file(path, "drills._stub_t1"))
     ]
@@ -592,7 +592,7 @@ def test_notebook_imports_your_file_only_once_it_passes(mine):
 
 
 def test_a_case_belongs_to_the_stage_that_names_it_most_closely():
-    from drills.grading.report import Case, Stage, stage_line, stage_of
+    from drills.grading.grader.report import Case, Stage, stage_line, stage_of
 
     stages = [
         Stage("one", ("test_a", "*noncausal*")),
@@ -633,7 +633,7 @@ def test_untouched_staged_stubs_say_stage_1_is_not_started(mine):
     assert grades["t5"].status == "not started (stage 1 of 3, non-causal, comes first)"
     assert grades["f1"].status == "not started (stage 1 of 3, merge, comes first)"
     assert grades["t1"].status == "not started"  # a lesson without stages says nothing new
-    result = run.grade(find("t5"), file=mine / f"{find('t5').stem}.py")  # what make test prints
+    result = pytest_run.grade(find("t5"), file=mine / f"{find('t5').stem}.py")  # what make test prints
     assert result.state == "not started" and "Stage 1 of 3: non-causal, not started" in result.message
     assert "next, stage 2 causal" in result.message
 
@@ -683,7 +683,7 @@ def test_a_file_that_passes_stage_1_only_is_told_so(tmp_path, lesson_id, partial
         source = _solution_with_stub_raise(lesson, "plan")
     path = tmp_path / f"{lesson.stem}.py"
     path.write_text(source)
-    result = run.grade(lesson, file=path, extra=["-k", checks])  # a few checks of each stage
+    result = pytest_run.grade(lesson, file=path, extra=["-k", checks])  # a few checks of each stage
     assert result.state == "failing", (partial, result.state, result.message)
     assert stage in result.screen() and f", {stage[0].lower()}{stage[1:]}" in result.status, result.screen()
     assert any(line.startswith("  stage 2 checks ") for line in result.screen())
@@ -697,7 +697,7 @@ def test_engine_runs_a_passing_file_and_says_whose_code_runs(mine):
 
     l3 = find("l3")
     shutil.copy(l3.solution, mine / f"{l3.stem}.py")  # a finished L3, graded passing below
-    learner.remember(run.Grade(l3, "passing"))
+    learner.remember(pytest_run.Grade(l3, "passing"))
     choices = sources.choose("auto")
     assert choices[l3.stem].impl == "mine" and "passes make test" in choices[l3.stem].line
     assert choices["l1_paged_kv_cache"].impl == "solutions"

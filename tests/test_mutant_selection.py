@@ -1,4 +1,4 @@
-"""make mutants' coverage-guided selection (drills/grading/selection.py, drills/mutants/grade.py): which
+"""make mutants' coverage-guided selection (drills/grading/grader/selection.py, drills/mutants/grade.py): which
 statements a mutant changed, which checks can see them, and the comparison with a full grading that
 must catch a selection that changed a verdict."""
 
@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from drills.grading import run, selection
+from drills.grading.grader import pytest_run, selection
 from drills.lessons import find
 from drills.mutants import Mutant
 from drills.mutants.grade import disagreement, grade_selected
@@ -93,7 +93,7 @@ def test_only_checks_that_never_ran_the_changed_statement_are_assumed():
 def t1_coverage(tmp_path_factory):
     """T1's reference graded once with its lines traced, as make mutants does."""
     out = tmp_path_factory.mktemp("coverage") / "t1.json"
-    result = run.grade(find("t1"), impl="solutions", extra=[f"--drills-coverage={out}"])
+    result = pytest_run.grade(find("t1"), impl="solutions", extra=[f"--drills-coverage={out}"])
     assert result.passed, result.screen()
     return json.loads(out.read_text())
 
@@ -131,7 +131,7 @@ def test_the_full_run_catches_a_planted_unsound_selection(t1_coverage, tmp_path)
     honest, ran, unsound = grade_selected(lesson, path, mutated, None, Done(), tmp_path, compare=True)
     assert honest.state == "failing" and ran is not None and unsound is None
 
-    whole = run.grade(lesson, file=path)
+    whole = pytest_run.grade(lesson, file=path)
     # Every check assumed to pass but one that refuses bad input: nothing that sees the mutant runs.
     every = [
         {k: c[k] for k in ("id", "check", "outcome", "message")}
@@ -140,6 +140,6 @@ def test_the_full_run_catches_a_planted_unsound_selection(t1_coverage, tmp_path)
     ]
     plan = tmp_path / "unsound.json"
     plan.write_text(json.dumps(every))
-    planted = run.grade(lesson, file=path, extra=[f"--drills-assume={plan}"])
+    planted = pytest_run.grade(lesson, file=path, extra=[f"--drills-assume={plan}"])
     assert planted.state == "passing"
     assert disagreement(planted, whole) is not None

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from drills.grading import run
-from drills.grading.sandbox import landlock_abi
+from drills.grading.grader import pytest_run
+from drills.grading.learner.sandbox import landlock_abi
 from drills.lessons import ROOT, find
 from tests.test_grading_harness import one_screen, outcome, t1_source, write_learner_file
 
@@ -45,11 +45,11 @@ WRITES["pth_file_into_site_packages"] = f"open({SITE_PTH!r}, 'w').write('import 
 WRITES["file_into_the_home_folder"] = f"open({HOME_FILE!r}, 'w').write('forged')\n"
 
 
-def grade_unchecked(folder, source: str, check: str) -> run.Grade:
+def grade_unchecked(folder, source: str, check: str) -> pytest_run.Grade:
     """T1's grading of `source` past the static check, which refuses open() and os before any sandbox
     is reached: these tests are about the sandbox behind it."""
     file = write_learner_file(folder, source)
-    return run.grade(find("t1"), file=file, extra=["-k", check, "--drills-skip-source-check"])
+    return pytest_run.grade(find("t1"), file=file, extra=["-k", check, "--drills-skip-source-check"])
 
 
 @pytest.fixture
@@ -87,7 +87,7 @@ def test_a_file_may_write_in_its_own_folder():
         notes = os.path.join(folder, "notes.txt")
         with open(path, "w") as f:
             f.write(t1_source(extra=f"\nopen({notes!r}, 'w').write('debug output')\n"))
-        result = run.grade(
+        result = pytest_run.grade(
             T1, file=path, extra=["-k", "test_by_hand_lane_11_is_masked", "--drills-skip-source-check"]
         )
         assert outcome(result, "test_by_hand_lane_11_is_masked") == {"passed"}, one_screen(result)
@@ -101,12 +101,12 @@ def test_a_file_may_write_in_its_own_folder():
 def test_a_shared_folder_is_never_swept():
     """A file graded straight from /tmp (or the repository's root) must not have the grading move every
     file that other programs made there meanwhile: only a folder of the learner's own is swept."""
-    from drills.grading import sandbox
-    from drills.grading.remote import LearnerProcess
+    from drills.grading.grader import left_files
+    from drills.grading.grader.learner_client import LearnerProcess
 
     for shared in ("/tmp", tempfile.gettempdir(), str(ROOT), os.path.join(ROOT, "drills")):
-        assert not sandbox.sweepable(shared), shared
-    assert sandbox.sweepable(os.path.join(ROOT, "drills", "mine"))
+        assert not left_files.sweepable(shared), shared
+    assert left_files.sweepable(os.path.join(ROOT, "drills", "mine"))
     process = LearnerProcess(os.path.join(tempfile.gettempdir(), "t1_vector_add.py"), "drills._graded_t1")
     try:
         assert process.folder is None, "a grading from the shared temp folder would sweep it"

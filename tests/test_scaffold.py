@@ -18,7 +18,7 @@ import pytest
 
 import drills.mutants
 from drills import contract, scaffold
-from drills.grading.run import NOT_STARTED_EXIT
+from drills.grading.grader.pytest_run import NOT_STARTED_EXIT
 from drills.lessons import ROOT, find
 
 STEM = "x9_demo"
@@ -209,7 +209,7 @@ def test_pitfalls_numbered_twice_are_named():
 
 
 def test_a_mistake_or_mutant_naming_no_listed_pitfall_is_named(monkeypatch):
-    from drills.grading.diagnose import Mistake
+    from drills.grading.grader.diagnose import Mistake
 
     mistakes = contract.grader_mistakes(T1)
     monkeypatch.setattr(contract, "grader_mistakes", lambda lesson: mistakes + [Mistake(9, section="7.7")])

@@ -1,5 +1,5 @@
 """The reverse-order run that finds write races is made only for launches whose programs touch each
-other's bytes (drills/grading/overlap.py): each way two programs can share memory must count as an
+other's bytes (drills/grading/learner/write_races.py): each way two programs can share memory must count as an
 overlap, and programs that only touch their own bytes must not."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from drills.grading.overlap import AccessLog, program_number
+from drills.grading.learner.write_races import AccessLog, program_number
 from tests.test_grading_harness import T1_STORE, failures, grade_t1, interpreter_only, one_screen, t1_source
 
 

@@ -13,10 +13,10 @@ def grade_mutants(lesson_id: str | None = None, gpu_only: bool = False, full: bo
     mutants run only on a GPU; with gpu_only (make check on a GPU) only those run.
 
     Each mutant is graded as `make test` grades a learner's file. On the CPU the gradings are forked
-    from one warm process (drills/grading/warm.py: no second of imports per grading), and those of all
+    from one warm process (drills/grading/grader/fork_server.py: no second of imports per grading), and those of all
     lessons share the cores, printed lesson by lesson.
 
-    There, each mutant runs only the checks that can see it (drills/grading/selection.py: the others
+    There, each mutant runs only the checks that can see it (drills/grading/grader/selection.py: the others
     execute exactly the reference's code and keep its verdict), and one mutant per lesson is also graded
     in full, its verdict and named pitfall compared with the selected run's (every mutant with full,
     `make mutants FULL=1`): a selection that changed a verdict is a failure of make mutants."""
@@ -26,7 +26,7 @@ def grade_mutants(lesson_id: str | None = None, gpu_only: bool = False, full: bo
     from concurrent.futures import ThreadPoolExecutor
 
     import drills.runtime
-    from drills.grading import warm
+    from drills.grading.grader import fork_server
     from drills.lessons import LESSONS, find
     from drills.mutants import load_mutants, mutate, pitfall_mismatches
 
@@ -37,7 +37,7 @@ def grade_mutants(lesson_id: str | None = None, gpu_only: bool = False, full: bo
     began = time.monotonic()
     with contextlib.ExitStack() as stack:
         folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="drills-mutants-")))
-        forks = None if warm.unavailable() else stack.enter_context(warm.GradingPool())
+        forks = None if fork_server.unavailable() else stack.enter_context(fork_server.GradingPool())
         jobs = ThreadPoolExecutor(mutant_workers(on_gpu))
         stack.callback(jobs.shutdown, cancel_futures=True)  # after Ctrl-C, grade nothing more
         plans = []  # (lesson, number of mutants, lines to print first, [(mutant, its grading)])
@@ -142,13 +142,13 @@ CRASHED = ("your code ended the process that runs it", "your code did not return
 def reference_coverage(lesson, pool, folder: Path) -> dict | None:
     """The map "check -> lines of the reference it ran", from the cache or from one traced grading of
     the reference; None when the reference does not pass (then every mutant runs every check)."""
-    from drills.grading import run, selection
+    from drills.grading.grader import pytest_run, selection
 
     cached = selection.load_coverage(lesson)
     if cached is not None:
         return cached
     out = folder / f"{lesson.stem}.coverage.json"
-    result = run.grade(lesson, impl="solutions", pool=pool, extra=[f"--drills-coverage={out}"])
+    result = pytest_run.grade(lesson, impl="solutions", pool=pool, extra=[f"--drills-coverage={out}"])
     if not result.passed or not out.exists():
         return None
     data = json.loads(out.read_text())
@@ -161,28 +161,28 @@ def grade_selected(lesson, path: Path, mutated: str, pool, coverage, folder: Pat
     Graded with only the checks that can see the mutant; in full when none can be left out, when a
     selected check crashed or timed out, or on a GPU (pool None). With compare, also in full, and the
     two must agree on the verdict and the named pitfall."""
-    from drills.grading import run, selection
+    from drills.grading.grader import pytest_run, selection
 
     coverage = coverage.result() if coverage is not None else None
     if coverage is None:
-        return run.grade(lesson, file=path, pool=pool), None, None
+        return pytest_run.grade(lesson, file=path, pool=pool), None, None
     reference = lesson.solution.read_text()
     assumed = selection.assumed(coverage, selection.changed_lines(reference, mutated))
     if not assumed or len(assumed) >= len(coverage["order"]):
         # Nothing to leave out, or nothing left to run (pytest would report "no tests ran", a failure):
         # a mutant no check can see is graded in full, and survives there.
-        return run.grade(lesson, file=path, pool=pool), None, None
+        return pytest_run.grade(lesson, file=path, pool=pool), None, None
     plan = path.with_name("assumed.json")
     plan.write_text(json.dumps(assumed))
-    result = run.grade(lesson, file=path, pool=pool, extra=[f"--drills-assume={plan}"])
+    result = pytest_run.grade(lesson, file=path, pool=pool, extra=[f"--drills-assume={plan}"])
     broken = result.state not in ("passing", "failing") or any(
         c.outcome == "failed" and c.message.startswith(CRASHED) for c in result.cases
     )
     if broken:  # a selected check that crashed or hung could hide what the others would show
-        return run.grade(lesson, file=path, pool=pool), None, None
+        return pytest_run.grade(lesson, file=path, pool=pool), None, None
     unsound = None
     if compare:
-        whole = run.grade(lesson, file=path, pool=pool)
+        whole = pytest_run.grade(lesson, file=path, pool=pool)
         unsound = disagreement(result, whole)
     return result, len(result.cases) - len(assumed), unsound
 

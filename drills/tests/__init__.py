@@ -9,12 +9,12 @@ from __future__ import annotations
 import contextlib
 import re
 
-from drills.grading.streams import SEED_ENV, base_seed, seeded  # noqa: F401  (the graders' names)
+from drills.grading.shared.seed_streams import SEED_ENV, base_seed, seeded  # noqa: F401  (the graders' names)
 
 
 def probe(impl, fn, *args, **kwargs):
     """fn(module, *args, **kwargs), run where the learner's code runs: in its process when the grader
-    isolates it (drills/grading/remote.py), else here. fn must be a module-level function of a
+    isolates it (drills/grading/grader/learner_client.py), else here. fn must be a module-level function of a
     drills.tests module returning plain data (lists, numbers, strings) that the test then judges.
     Use it for checks that make thousands of calls (random streams) or that need the learner's objects
     themselves (mutating a list a method returned)."""
@@ -45,7 +45,7 @@ def sizes(runtime, cpu, gpu):
 
 def bf16_everywhere():
     """torch.bfloat16 as one value of a dtype parametrization, run on every machine: under Triton's
-    interpreter the learner's process computes a bf16 tl.dot exactly (drills/grading/instrument.py,
+    interpreter the learner's process computes a bf16 tl.dot exactly (drills/grading/learner/instrument.py,
     exact_bf16_dot), as a GPU's tensor cores do. `@pytest.mark.parametrize("dtype", [torch.float16,
     bf16_everywhere()], ids=["fp16", "bf16"])`."""
     import pytest

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from drills.compare import assert_close, assert_untouched
-from drills.grading import bigmem
+from drills.grading.shared import bigmem
 from drills.tests import seeded
 from drills.tests.domain import Rule
 

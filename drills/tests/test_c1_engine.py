@@ -6,7 +6,7 @@ the real engine loop (drills/engine/engine.py: schedule, prepare_inputs, the mod
 on a tiny random-weights Llama, with your Scheduler, Sequence and prepare_inputs, the KV cache read
 through your slots and block tables by TorchPagedAttention (the kernels are graded by their own
 lessons), and the pool managed by L3's reference BlockManager. Your file may not import the reference,
-so that manager lives here, in the grader's process, and is lent to yours (drills/grading/wire.py:
+so that manager lives here, in the grader's process, and is lent to yours (drills/grading/shared/wire.py:
 `wire.Lent`): every call your scheduler makes runs on the grader's own manager, which the checks then
 inspect (free blocks, ref counts). The engine runs inside your process (`probe`), in one round trip.
 
@@ -23,7 +23,7 @@ import random
 
 import pytest
 
-from drills.grading.diagnose import Mistake
+from drills.grading.grader.diagnose import Mistake
 from drills.tests import probe, raises_naming, seeded
 
 BLOCK = 4  # tokens per KV block: small, so that a few tokens cross several block boundaries
@@ -168,7 +168,7 @@ class Watched:
 
 
 def lend(watched: Watched):
-    from drills.grading import wire
+    from drills.grading.shared import wire
 
     return wire.Lent(watched)
 
@@ -1513,7 +1513,7 @@ def test_preempted_sampled_request_keeps_its_random_stream(impl):
 def test_request_longer_than_the_pool_is_refused(impl):
     """A request that could never fit the pool, even alone, is refused when added (ValueError), rather than
     waiting forever."""
-    from drills.grading import wire
+    from drills.grading.shared import wire
 
     watched = Watched(4)
     scheduler = impl.Scheduler(wire.Lent(watched), max_num_seqs=4, max_num_batched_tokens=64)
@@ -1530,7 +1530,7 @@ def test_add_refuses_what_cannot_be_recomputed_whole_without_chunks(impl):
     prompt with max_tokens 6 (11 tokens): accepted, it would run until its first preemption and then
     never fit a step again ('the scheduler scheduled nothing while requests wait'). max_tokens 5 (10
     tokens) fits, and max_tokens 6 is fine with chunked prefill."""
-    from drills.grading import wire
+    from drills.grading.shared import wire
 
     prompt = tokens(random.Random(seeded(32)), 6)
 
@@ -1917,7 +1917,7 @@ def transformers_greedy(prompts, eos) -> list:
     the tokens ending at the end-of-sequence token, if any. Loading the model takes most of a minute and
     the answer is the same for every grading, so it is kept under .drills/oracle, keyed by everything it
     depends on: the file, the versions of transformers and torch, the prompts, REAL_TOKENS and eos. The
-    learner's process cannot write there (drills/grading/sandbox.py: the repository is read-only to it)."""
+    learner's process cannot write there (drills/grading/learner/sandbox.py: the repository is read-only to it)."""
     import hashlib
     import json
     import os

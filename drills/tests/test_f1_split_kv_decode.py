@@ -13,9 +13,9 @@ import torch
 
 from drills import validate
 from drills.compare import assert_close, mismatch
-from drills.grading.diagnose import Mistake
-from drills.grading.launches import assert_grids_fit, assert_runs_a_triton_kernel
-from drills.grading.report import Stage
+from drills.grading.grader.diagnose import Mistake
+from drills.grading.grader.report import Stage
+from drills.grading.shared.launches import assert_grids_fit, assert_runs_a_triton_kernel
 from drills.tests import bf16_everywhere, fill_past_fp16_range, seeded, sizes
 from drills.tests.domain import Domain, checks_besides
 from drills.tests.paged_kv import (

@@ -15,9 +15,9 @@ import torch
 
 from drills import validate
 from drills.compare import assert_close, assert_untouched, mismatch
-from drills.grading.bigmem import free_bytes, sparse_empty
-from drills.grading.diagnose import Mistake
-from drills.grading.launches import assert_grids_fit, assert_runs_a_triton_kernel
+from drills.grading.grader.diagnose import Mistake
+from drills.grading.shared.bigmem import free_bytes, sparse_empty
+from drills.grading.shared.launches import assert_grids_fit, assert_runs_a_triton_kernel
 from drills.solutions.l2_paged_decode import paged_decode
 from drills.tests import raises_naming, seeded, sizes
 from drills.tests.domain import Domain, checks_besides

@@ -21,7 +21,7 @@ from collections import Counter
 
 import pytest
 
-from drills.grading.diagnose import Mistake
+from drills.grading.grader.diagnose import Mistake
 from drills.tests import probe, raises_naming, seeded
 
 A, B, C, D, E, F, G, H, X, Y = range(1, 11)  # the worked example's letters as token ids, and two more

@@ -17,9 +17,9 @@ import torch
 
 from drills import validate
 from drills.compare import assert_close, mismatch
-from drills.grading import bigmem
-from drills.grading.diagnose import Mistake, returned_problem
-from drills.grading.launches import assert_grids_fit, assert_runs_a_triton_kernel
+from drills.grading.grader.diagnose import Mistake, returned_problem
+from drills.grading.shared import bigmem
+from drills.grading.shared.launches import assert_grids_fit, assert_runs_a_triton_kernel
 from drills.tests import bf16_everywhere, fill_past_fp16_range, raises_naming, seeded, sizes
 from drills.tests.domain import Domain, checks_besides
 from drills.tests.paged_kv import (

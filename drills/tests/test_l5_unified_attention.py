@@ -18,9 +18,9 @@ import torch
 
 from drills import validate
 from drills.compare import assert_close, mismatch
-from drills.grading.diagnose import Mistake
-from drills.grading.launches import assert_grids_fit, assert_runs_a_triton_kernel
-from drills.grading.report import Stage
+from drills.grading.grader.diagnose import Mistake
+from drills.grading.grader.report import Stage
+from drills.grading.shared.launches import assert_grids_fit, assert_runs_a_triton_kernel
 from drills.tests import bf16_everywhere, raises_naming, seeded, sizes
 from drills.tests.domain import Domain, checks_besides
 from drills.tests.paged_kv import (
@@ -571,7 +571,7 @@ def test_sequence_search_covers_every_sequence(impl, runtime):
 
 def test_q_rows_widened_to_int64(impl, runtime):
     """q's rows 3 * 2**26 elements apart: rows past 2**31 elements need the row index in int64."""
-    from drills.grading import bigmem
+    from drills.grading.shared import bigmem
 
     skip_without_memory_for_sparse_pages(runtime)
     case = make_prefill_case([9, 14], [5, 12], 4, 2, 64, 8, stream=400, device=runtime.device)
@@ -596,7 +596,7 @@ def test_page_index_widened_to_int64(impl, runtime):
 
 def test_v_page_offsets_widened_to_int64(impl, runtime):
     """k_cache under 2**31 elements, v_cache layer 3 of a 4-layer pool past 2**32: V's offsets in int64."""
-    from drills.grading import bigmem
+    from drills.grading.shared import bigmem
 
     skip_without_memory_for_sparse_pages(runtime)
     PAGE, Hkv, D, layers = 16, 1, 128, 4

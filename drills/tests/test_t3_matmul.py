@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from drills.compare import assert_close, assert_untouched, mismatch
-from drills.grading.bigmem import sparse_empty
-from drills.grading.diagnose import Mistake
-from drills.grading.launches import assert_grids_fit, assert_runs_a_triton_kernel, record_launches
+from drills.grading.grader.diagnose import Mistake
+from drills.grading.shared.bigmem import sparse_empty
+from drills.grading.shared.launches import assert_grids_fit, assert_runs_a_triton_kernel, record_launches
 from drills.tests import bf16_everywhere, seeded, sizes
 
 # Each constexpr of the reference's kernels -> the tests that cross it: a size one past its tile or loop

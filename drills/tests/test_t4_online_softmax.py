@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from drills.compare import assert_close, assert_untouched, mismatch
-from drills.grading.bigmem import WRAP, free_bytes, rows_past_int32
-from drills.grading.diagnose import Mistake
-from drills.grading.launches import assert_grids_fit, assert_runs_a_triton_kernel, record_launches
+from drills.grading.grader.diagnose import Mistake
+from drills.grading.shared.bigmem import WRAP, free_bytes, rows_past_int32
+from drills.grading.shared.launches import assert_grids_fit, assert_runs_a_triton_kernel, record_launches
 from drills.tests import bf16_everywhere, seeded, sizes
 from drills.tests.domain import Domain, checks_besides
 

@@ -14,10 +14,10 @@ import torch
 
 from drills import validate
 from drills.compare import assert_close, assert_untouched, mismatch
-from drills.grading.bigmem import SLICE_STRIDE, free_bytes, past_int32
-from drills.grading.diagnose import Mistake, returned_problem
-from drills.grading.launches import assert_grids_fit, assert_runs_a_triton_kernel, record_launches
-from drills.grading.report import Stage
+from drills.grading.grader.diagnose import Mistake, returned_problem
+from drills.grading.grader.report import Stage
+from drills.grading.shared.bigmem import SLICE_STRIDE, free_bytes, past_int32
+from drills.grading.shared.launches import assert_grids_fit, assert_runs_a_triton_kernel, record_launches
 from drills.tests import bf16_everywhere, fill_past_fp16_range, seeded, sizes
 from drills.tests.domain import Domain, checks_besides
 

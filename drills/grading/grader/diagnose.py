@@ -117,7 +117,7 @@ def score(mistake: Mistake, cases) -> _Score:
 # A launch grid past CUDA's limits (launches.grid_problem's words).
 GRID_PAST_LIMITS = r"past CUDA's limit on grid axis"
 
-# Failures that say what happened whatever the lesson: the harness's own messages (remote.py).
+# Failures that say what happened whatever the lesson: the harness's own messages (learner_client.py).
 GENERIC = (
     ("crash", r"ended the process that runs it", "your code crashed the process that runs it"),
     ("timeout", r"did not return within", "your code did not finish (a loop that never ends?)"),
@@ -211,7 +211,7 @@ def unwritten_function(message: str) -> str | None:
 
 def _unwritten_finding(cases, stages) -> Finding:
     """ "stage N not written yet: function X" for the earliest stage whose cases hit a not-started raise."""
-    from drills.grading.report import stage_of
+    from drills.grading.grader.report import stage_of
 
     hits = [c for c in cases if not_written(c)]
     if stages:
@@ -364,7 +364,7 @@ def diagnose(
     """The most likely mistakes, best first (at most `limit`); [] when nothing failed.
 
     titles: pitfall number -> its title in the explainer (for the Finding's title); stages: the grader's
-    STAGES (drills/grading/report.py), to say which stage a function not written yet belongs to."""
+    STAGES (drills/grading/grader/report.py), to say which stage a function not written yet belongs to."""
     titles = titles or {}
     failing = [c for c in cases if c.outcome == "failed"]
     if not failing:

@@ -2,16 +2,16 @@
 
 A grading starts two Python processes, the grader's pytest and the learner's process, and each spends
 about a second importing torch and Triton before it does anything: most of the time of a small lesson's
-mutant. `GradingPool` starts one process (`python -m drills.grading.warm`) that imports them once and
-forks, per grading, a child that runs `pytest.main` with the arguments `drills.grading.run.grade` gives
+mutant. `GradingPool` starts one process (`python -m drills.grading.grader.fork_server`) that imports them once and
+forks, per grading, a child that runs `pytest.main` with the arguments `drills.grading.grader.pytest_run.grade` gives
 a fresh `python -m pytest`. Before importing pytest it forks a second warm process, from the exact
-point where `python -m drills.grading.server` would import the learner's file; the learner's processes
-of those gradings are forked from it (`start_learner_process`, which drills/grading/remote.py asks
+point where `python -m drills.grading.learner.serve_calls` would import the learner's file; the learner's processes
+of those gradings are forked from it (`start_learner_process`, which drills/grading/grader/learner_client.py asks
 first). Each learner file is still imported in a process of its own, its kernels seen by no other
 grading; what a grading checks and reports is unchanged, only the start is shorter.
 
 Forking is safe here because neither warm process has run a kernel or started a thread (one thread per
-math library, remote.child_env), and it is used only under Triton's interpreter on Linux (`unavailable`):
+math library, learner_client.child_env), and it is used only under Triton's interpreter on Linux (`unavailable`):
 a process that has touched CUDA cannot be forked, nor one that loaded macOS's frameworks. `make test`
 (one grading) never uses it.
 """
@@ -31,7 +31,7 @@ import threading
 import traceback
 from pathlib import Path
 
-from drills.grading import process
+from drills.grading.grader import process_tree
 from drills.lessons import ROOT
 
 ZYGOTE_ENV = "DRILLS_LEARNER_ZYGOTE"  # the socket of the warm learner process, in the gradings' environment
@@ -85,9 +85,9 @@ def _child_exit(code: int) -> None:
 def serve_learner_processes(listener: socket.socket, parent_gone: int) -> None:
     """The warm learner process: for each request on listener (the file, its module name, whether it is
     a reference, the environment, and two descriptors: the grader's socket and the log), fork a child
-    that runs drills.grading.server.run_file on it. Replies the child's pid, then its returncode when it
+    that runs drills.grading.learner.serve_calls.run_file on it. Replies the child's pid, then its returncode when it
     ends. Returns (its children killed) when parent_gone reads end of file."""
-    from drills.grading import server as worker
+    from drills.grading.learner import serve_calls as worker
 
     clients: dict[int, socket.socket | None] = {}  # pid -> the connection that asked (None: hung up)
     pending: list[socket.socket] = []  # connections whose request has not arrived whole
@@ -209,7 +209,7 @@ def start_learner_process(
     sock: socket.socket, log, file: str, module: str, reference: bool, env: dict
 ) -> ForkedProcess | None:
     """The learner's process for file, forked by the warm learner process when this grading has one
-    (ZYGOTE_ENV); None otherwise, and the caller starts `python -m drills.grading.server` itself."""
+    (ZYGOTE_ENV); None otherwise, and the caller starts `python -m drills.grading.learner.serve_calls` itself."""
     path = os.environ.get(ZYGOTE_ENV)
     if not path:
         return None
@@ -235,11 +235,11 @@ def start_learner_process(
 
 
 def serve_gradings() -> int:
-    """`python -m drills.grading.warm`: fork the warm learner process, import pytest, then for each line
+    """`python -m drills.grading.grader.fork_server`: fork the warm learner process, import pytest, then for each line
     {"id", "args", "env", "output"} on stdin fork a child running pytest.main(args) in that environment,
     with its output in the file output. Writes {"id", "pid"} when a child starts and {"id", "returncode"} when it ends. Ends
     (its children killed) at end of file on stdin."""
-    from drills.grading import server as worker
+    from drills.grading.learner import serve_calls as worker
 
     worker.prepare()
     folder = tempfile.mkdtemp(prefix="drills-warm-")
@@ -279,8 +279,8 @@ def serve_gradings() -> int:
     # What the graders' shared helpers (drills/tests) import; the helpers themselves are the graders'
     # side, which grading never imports.
     import drills.compare  # noqa: F401
-    import drills.grading.bigmem  # noqa: F401
-    import drills.grading.streams  # noqa: F401
+    import drills.grading.shared.bigmem  # noqa: F401
+    import drills.grading.shared.seed_streams  # noqa: F401
 
     for name in _pytest.config.default_plugins:
         importlib.import_module(f"_pytest.{name}")
@@ -343,21 +343,21 @@ def serve_gradings() -> int:
 
 
 class GradingPool:
-    """Runs `python -m pytest ARGS` for drills.grading.run.grade as forks of one warm process. Safe to
+    """Runs `python -m pytest ARGS` for drills.grading.grader.pytest_run.grade as forks of one warm process. Safe to
     call from several threads: each call waits for its own grading."""
 
     def __init__(self):
-        from drills.grading.env import child_env
+        from drills.grading.shared.env import child_env
 
         self.folder = tempfile.TemporaryDirectory(prefix="drills-pool-")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "drills.grading.warm"],
+            [sys.executable, "-m", "drills.grading.grader.fork_server"],
             cwd=ROOT,
             env=child_env(),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
         )
-        process.OWN.add(self.proc.pid)  # not a stray of some grading (process.end_strays)
+        process_tree.OWN.add(self.proc.pid)  # not a stray of some grading (process_tree.end_strays)
         self.lock = threading.Lock()
         self.gone = False  # the warm process ended: every grading asked of it fails at once
         self.next_id = 0
@@ -384,7 +384,7 @@ class GradingPool:
         """pytest.main(args) in a fresh fork, in the environment a fresh `python -m pytest` would get
         now; its output (stdout and stderr) comes back as stdout. Raises subprocess.TimeoutExpired past
         timeout, as subprocess.run does, the child killed."""
-        from drills.grading.env import child_env
+        from drills.grading.shared.env import child_env
 
         with self.lock:
             n = self.next_id = self.next_id + 1
@@ -405,7 +405,7 @@ class GradingPool:
                 raise subprocess.TimeoutExpired(args, timeout)
             text = output.read_text(errors="replace") if output.exists() else ""
             if "returncode" not in entry:
-                text += "\nthe warm grading process (drills/grading/warm.py) ended before this grading did"
+                text += "\nthe warm grading process (drills/grading/grader/fork_server.py) ended before this grading did"
             return subprocess.CompletedProcess(args, entry.get("returncode", 1), text, "")
         finally:
             with self.lock:
@@ -422,7 +422,7 @@ class GradingPool:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-        process.OWN.discard(self.proc.pid)
+        process_tree.OWN.discard(self.proc.pid)
         self.folder.cleanup()
 
     def __enter__(self) -> GradingPool:

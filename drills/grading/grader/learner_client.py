@@ -1,7 +1,7 @@
 """The grader's side of the learner's process: start it, call into it, survive it.
 
-`LearnerProcess(path, module_name)` starts `python -m drills.grading.server` on the learner's file, in
-a session of its own (process.py), and returns `module`, a RemoteModule (proxy.py) that tests use
+`LearnerProcess(path, module_name)` starts `python -m drills.grading.learner.serve_calls` on the learner's file, in
+a session of its own (process_tree.py), and returns `module`, a RemoteModule (remote_objects.py) that tests use
 exactly like the module itself. Every failure of the learner's code arrives here as an exception of
 errors.py's table, and the result of a call made with `provenance` is judged here (provenance.judge)
 from the evidence that comes with it.
@@ -23,8 +23,10 @@ import time
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from drills.grading import bigmem, process, provenance, sandbox, warm, wire
-from drills.grading.env import (
+from drills.grading.grader import fork_server, left_files, process_tree, provenance
+from drills.grading.grader.remote_objects import RemoteMethod, RemoteModule, RemoteObject
+from drills.grading.shared import bigmem, wire
+from drills.grading.shared.env import (
     AFTER_TIMEOUT_S,
     MAX_TIMEOUTS,
     STACK_SIGNAL,
@@ -32,7 +34,7 @@ from drills.grading.env import (
     call_timeout,
     child_env,
 )
-from drills.grading.errors import (  # noqa: F401  (ImportFailed and LearnerFailure: the plugin's names)
+from drills.grading.shared.errors import (  # noqa: F401  (ImportFailed and LearnerFailure: the plugin's names)
     BY_KIND,
     ImportFailed,
     LearnerCrash,
@@ -41,7 +43,6 @@ from drills.grading.errors import (  # noqa: F401  (ImportFailed and LearnerFail
     LearnerTimeout,
     NotFromKernel,
 )
-from drills.grading.proxy import RemoteMethod, RemoteModule, RemoteObject
 from drills.lessons import ROOT
 
 LOG_TAIL_LINES = 6
@@ -102,11 +103,11 @@ class LearnerProcess:
         self.timeouts: list[str] = []  # the messages of the calls that timed out, in order
         self.module = RemoteModule(self)
         # The learner's folder as it was before its first grading: what a grading adds there is removed
-        # when its process stops (sandbox.remove_new_files), the learner's own files never.
-        # A folder other programs share (/tmp itself) is never swept: see sandbox.sweepable.
+        # when its process stops (left_files.remove_new_files), the learner's own files never.
+        # A folder other programs share (/tmp itself) is never swept: see left_files.sweepable.
         folder = os.path.dirname(self.path)
-        self.folder = None if reference or not sandbox.sweepable(folder) else folder
-        self.folder_before = sandbox.folder_files(self.folder) if self.folder else set()
+        self.folder = None if reference or not left_files.sweepable(folder) else folder
+        self.folder_before = left_files.folder_files(self.folder) if self.folder else set()
 
     # --- the process ---------------------------------------------------------------------------
     def start(self) -> dict:
@@ -122,7 +123,7 @@ class LearnerProcess:
         cmd = [
             sys.executable,
             "-m",
-            "drills.grading.server",
+            "drills.grading.learner.serve_calls",
             str(child.fileno()),
             self.path,
             self.module_name,
@@ -131,8 +132,8 @@ class LearnerProcess:
             cmd.append("--reference")
         self.log.seek(0)
         self.log.truncate()
-        # Forked from a warm process when make mutants runs one (drills/grading/warm.py), else started.
-        self.proc = warm.start_learner_process(
+        # Forked from a warm process when make mutants runs one (drills/grading/grader/fork_server.py), else started.
+        self.proc = fork_server.start_learner_process(
             child, self.log, self.path, self.module_name, self.reference, env
         ) or subprocess.Popen(
             cmd,
@@ -142,7 +143,7 @@ class LearnerProcess:
             stdin=subprocess.DEVNULL,
             stdout=self.log,
             stderr=subprocess.STDOUT,
-            start_new_session=True,  # what it starts is ended with it (process.end_tree)
+            start_new_session=True,  # what it starts is ended with it (process_tree.end_tree)
         )
         child.close()
         self.conn = Connection(parent.detach())
@@ -173,7 +174,7 @@ class LearnerProcess:
             self.conn = None
         if self.proc is not None:
             if self.proc.poll() is None:
-                process.end_tree(self.proc.pid)
+                process_tree.end_tree(self.proc.pid)
                 self.proc.kill()
             try:
                 self.proc.wait(timeout=10)
@@ -181,7 +182,7 @@ class LearnerProcess:
                 pass
             self.proc = None
         if self.folder:
-            sandbox.remove_new_files(self.folder, self.folder_before)
+            left_files.remove_new_files(self.folder, self.folder_before)
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None and self.conn is not None
@@ -399,7 +400,7 @@ class LearnerProcess:
 
     @contextlib.contextmanager
     def record_launches(self):
-        from drills.grading.launches import Launch, Launches
+        from drills.grading.shared.launches import Launch, Launches
 
         launches = Launches()
         self.request("record", True)

@@ -1,9 +1,9 @@
-"""The grading pytest plugin (loaded by `-p drills.grading.plugin`, pyproject's addopts):
-`--impl=mine|solutions` picks the module under test, served by its own process (remote.py) once the
+"""The grading pytest plugin (loaded by `-p drills.grading.grader.plugin`, pyproject's addopts):
+`--impl=mine|solutions` picks the module under test, served by its own process (learner_client.py) once the
 static check (source_check.py) lets it through; the banner says which runtime runs it; a lesson whose
 stub is untouched is reported as "not started" in one line; and the run ends with a grading summary
 (report.py): a line per check, the first failure in words, the explainer section to reread, and the
-SEED line. The report goes to the result channel (channel.py) after every stray process is ended. Test files that are not a lesson's grader (test_<stem>.py
+SEED line. The report goes to the result channel (report_channel.py) after every stray process is ended. Test files that are not a lesson's grader (test_<stem>.py
 for a stem in drills/lessons.py), such as the learner tools' own tests, are run as plain tests."""
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ import pytest
 
 import drills.runtime
 from drills import contract, grading
-from drills.grading import process
-from drills.grading.channel import write_to_fd
-from drills.grading.errors import Refused
-from drills.grading.report import STAGES, report_text, stage_lines
-from drills.grading.run import NOT_STARTED_EXIT
-from drills.grading.source_check import check_file, kernel_names
-from drills.grading.streams import base_seed
+from drills.grading.grader import process_tree
+from drills.grading.grader.pytest_run import NOT_STARTED_EXIT
+from drills.grading.grader.report import STAGES, report_text, stage_lines
+from drills.grading.grader.report_channel import write_to_fd
+from drills.grading.grader.source_check import check_file, kernel_names
+from drills.grading.shared.errors import Refused
+from drills.grading.shared.seed_streams import base_seed
 from drills.lessons import LESSONS, find
 
 
@@ -57,13 +57,13 @@ def pytest_addoption(parser):
         "--drills-assume",
         default=None,
         help="make mutants: a JSON list of the reference's cases that cannot see the mutant (not run; "
-        "recorded with the reference's outcome; drills/grading/selection.py)",
+        "recorded with the reference's outcome; drills/grading/grader/selection.py)",
     )
     parser.addoption(
         "--drills-report-fd",
         type=int,
         default=None,
-        help="write the grading results as JSON to this inherited pipe (drills/grading/channel.py)",
+        help="write the grading results as JSON to this inherited pipe (drills/grading/grader/report_channel.py)",
     )
 
 
@@ -92,9 +92,9 @@ def _graded_file(config, stem: str) -> tuple[Path, str, bool]:
 
 
 def _load(config, stem: str):
-    """The module under test, living in its own process (drills/grading/remote.py): the grader's oracle
+    """The module under test, living in its own process (drills/grading/grader/learner_client.py): the grader's oracle
     and comparisons stay out of its reach, and a crash or a hang is a failed check, not a dead run."""
-    from drills.grading.remote import LearnerProcess
+    from drills.grading.grader.learner_client import LearnerProcess
 
     processes = config.stash.setdefault(LOADED, {})
     if stem not in processes:
@@ -148,7 +148,7 @@ def pytest_collection_modifyitems(session, config, items):
     """Stop before running anything when a lesson's stub has not been started (one line, not a wall of
     NotImplementedError tracebacks), or when the file under test does not even import."""
     lines, errors = [], []  # (stem, the line to print)
-    from drills.grading.remote import ImportFailed, LearnerFailure
+    from drills.grading.grader.learner_client import ImportFailed, LearnerFailure
 
     for stem in sorted({_stem(item.path) for item in items} - {None}):
         graded = _graded_path(config, stem)
@@ -303,8 +303,8 @@ def pytest_configure(config):
     config.pluginmanager.register(Recorder(config), "drills-grading-recorder")
     # A process the learner's file starts and detaches is adopted here (not by init), so that
     # pytest_sessionfinish can end it; and no process of the learner's may read this one's memory.
-    process.become_subreaper()
-    process.harden()
+    process_tree.become_subreaper()
+    process_tree.harden()
 
 
 def _module_attr(session, stem: str, name: str, default=()):
@@ -321,7 +321,7 @@ def _module_attr(session, stem: str, name: str, default=()):
 def findings_for(session, stem: str, cases: list) -> list[dict]:
     """The diagnosis of one lesson's results: its grader's MISTAKES against the pattern of failures."""
     from drills import explainer
-    from drills.grading import diagnose
+    from drills.grading.grader import diagnose
 
     mistakes = list(_module_attr(session, stem, "MISTAKES"))
     lesson = find(stem)
@@ -346,7 +346,7 @@ def pytest_sessionfinish(session, exitstatus):
         learner.close()
     # Whatever the learner's file started and detached was adopted by this process (pytest_configure):
     # it ends here, before the report exists, so nothing of it can rewrite the report or the screen.
-    process.end_strays(process.OWN)
+    process_tree.end_strays(process_tree.OWN)
     not_started, errors = config.stash.get(NOT_STARTED, []), config.stash.get(IMPORT_ERRORS, [])
     if errors:
         session.exitstatus = 1  # the file under test does not import: it does not pass
@@ -370,7 +370,7 @@ def pytest_sessionfinish(session, exitstatus):
         for key, found in ((grading.NOT_STARTED, not_started), (grading.IMPORT_ERROR, errors)):
             for stem, line in found:
                 lessons.setdefault(stem, {grading.CASES: []})[key] = line
-        for stem, info in lessons.items():  # a staged lesson's stages (drills/grading/report.py)
+        for stem, info in lessons.items():  # a staged lesson's stages (drills/grading/grader/report.py)
             info[STAGES] = list(_module_attr(session, stem, "STAGES"))
         text = report_text(lessons, base_seed(), session.exitstatus)
         if fd is not None:

@@ -4,7 +4,7 @@ Under the interpreter the learner's process runs each call that launches a kerne
 programs in reverse order and compares the two states itself (`compare_states`; a write race is the
 learner's own bug, nothing to gain by hiding it). Whether the result came from the learner's kernel is
 decided here, in the grader's process, from the evidence the learner's process sends with the result
-(calls.run_call): patching the functions of the learner's process cannot change the verdict.
+(run_call.run_call): patching the functions of the learner's process cannot change the verdict.
 
   written   per returned tensor, what the last launch that was given its storage left there (None:
             no launch was given it); the tensor returned must equal it
@@ -25,40 +25,8 @@ decided here, in the grader's process, from the evidence the learner's process s
 
 from __future__ import annotations
 
-from drills.grading.errors import NotFromKernel
-
-
-def differs(a, b) -> bool:
-    """Two results differ (NaN equal to NaN; float noise below 1e-3 ignored, as atomics may reorder)."""
-    import torch
-
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return True
-    if a.is_floating_point():
-        return not torch.isclose(a.float(), b.float(), rtol=1e-3, atol=1e-3, equal_nan=True).all().item()
-    return not torch.equal(a, b)
-
-
-def count_diff(a, b) -> int:
-    import torch
-
-    if a.is_floating_point():
-        return int((~torch.isclose(a.float(), b.float(), rtol=1e-3, atol=1e-3, equal_nan=True)).sum())
-    return int((a != b).sum())
-
-
-def compare_states(before: list, after: list, names: list, results_a: list, results_b: list) -> str | None:
-    """Where the second state differs from the first (None: nowhere). before/after: the arguments'
-    storages as typed tensors, in the same order, named by names; results: the returned tensors."""
-    for name, x, y in zip(names, before, after):
-        if differs(x, y):
-            return f"argument `{name}`: {count_diff(x, y)} elements differ"
-    if len(results_a) != len(results_b):
-        return f"the call returned {len(results_b)} tensors instead of {len(results_a)}"
-    for i, (x, y) in enumerate(zip(results_a, results_b)):
-        if differs(x, y):
-            return f"the returned tensor #{i}: {count_diff(x, y)} elements differ"
-    return None
+from drills.grading.shared.errors import NotFromKernel
+from drills.grading.shared.tensor_states import compare_states, differs
 
 
 def poison_disagrees(before: list, after: list, names: list, results_a: list, results_b: list) -> str | None:

@@ -3,7 +3,7 @@ not-started exit status, and turns what happened into a `Grade` (read from the r
 writes, never from its printed output).
 
 The grader runs as `python -m pytest drills/tests/test_<stem>.py --impl...` in a child process with a
-time limit; inside it, the learner's code runs in a process of its own (drills/grading/remote.py).
+time limit; inside it, the learner's code runs in a process of its own (drills/grading/grader/learner_client.py).
 A missing or partial report is a result too ("grader error"), never a crash of the caller.
 """
 
@@ -16,8 +16,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from drills.grading import channel, process, report
-from drills.grading.env import LESSON_TIMEOUT_ENV, child_env, lesson_timeout
+from drills.grading.grader import process_tree, report, report_channel
+from drills.grading.shared.env import LESSON_TIMEOUT_ENV, child_env, lesson_timeout
 from drills.lessons import ROOT, Lesson
 
 NOT_STARTED_EXIT = 10  # `make test` on an untouched stub: non-zero, unlike any pytest exit status
@@ -109,7 +109,7 @@ def grade(
 ) -> Grade:
     """Grade one lesson in a child process and read its report. file: a learner file elsewhere than
     drills/mine (make progress with DRILLS_MINE_DIR, make mutants); impl: "mine" or "solutions";
-    pool: a warm.GradingPool that forks the child instead of starting it (make mutants)."""
+    pool: a fork_server.GradingPool that forks the child instead of starting it (make mutants)."""
     graded = report.relative(file) if file else f"drills/{impl}/{lesson.stem}.py"
     if file is not None and not Path(file).exists():
         return Grade(
@@ -185,11 +185,11 @@ def _timed_out(lesson: Lesson, graded: str, timeout: float) -> Grade:
 
 
 def _run_grader(args: list[str], timeout: float) -> tuple[subprocess.CompletedProcess, str | None]:
-    """`python -m pytest ARGS` with the report coming back over a pipe (channel.py); every process the
-    grading left behind is ended before the report is read (process.py)."""
-    process.become_subreaper()
-    process.harden()
-    pipe = channel.ResultPipe()
+    """`python -m pytest ARGS` with the report coming back over a pipe (report_channel.py); every process the
+    grading left behind is ended before the report is read (process_tree.py)."""
+    process_tree.become_subreaper()
+    process_tree.harden()
+    pipe = report_channel.ResultPipe()
     child = subprocess.Popen(
         [sys.executable, "-m", "pytest", *args, f"--drills-report-fd={pipe.fd}"],
         cwd=ROOT,
@@ -199,7 +199,7 @@ def _run_grader(args: list[str], timeout: float) -> tuple[subprocess.CompletedPr
         text=True,
         pass_fds=(pipe.fd,),
     )
-    process.OWN.add(child.pid)
+    process_tree.OWN.add(child.pid)
     pipe.started()
     try:
         out, err = child.communicate(timeout=timeout)
@@ -208,8 +208,8 @@ def _run_grader(args: list[str], timeout: float) -> tuple[subprocess.CompletedPr
         child.communicate()
         raise
     finally:
-        process.OWN.discard(child.pid)
-        process.end_strays(process.OWN)
+        process_tree.OWN.discard(child.pid)
+        process_tree.end_strays(process_tree.OWN)
     return subprocess.CompletedProcess(child.args, child.returncode, out, err), pipe.text()
 
 

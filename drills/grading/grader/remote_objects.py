@@ -1,14 +1,14 @@
 """Objects of the learner's process as the grader holds them: `RemoteObject` (a function, kernel, class
 or instance living there), `RemoteMethod` (a method called by name), `RemoteModule` (the learner's
-module, handle 0). Every attribute read, call and operator is a request to LearnerProcess (remote.py),
+module, handle 0). Every attribute read, call and operator is a request to LearnerProcess (learner_client.py),
 so tests use them exactly like the objects themselves (impl.paged_decode(...), impl.Kernel[grid](...),
 impl.BlockManager(...).allocate(...))."""
 
 from __future__ import annotations
 
-from drills.grading.errors import LearnerCrash
+from drills.grading.shared.errors import LearnerCrash
 
-# proc below is a remote.LearnerProcess; remote.py imports this module, so the type is not imported
+# proc below is a learner_client.LearnerProcess; learner_client.py imports this module, so the type is not imported
 # here (not even for annotations): the two modules stay a one-way dependency.
 
 

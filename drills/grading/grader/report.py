@@ -49,7 +49,9 @@ def failure_message(excinfo) -> str:
         return "\n".join(own).strip() or (lines[0] if lines else "assertion failed")
     if type(exc).__name__ in ("Failed", "Skipped", "XFailed"):  # pytest.fail / pytest.raises' DID NOT RAISE
         return text
-    where = getattr(exc, "drills_where", None)  # raised in the learner's code (drills/grading/remote.py)
+    where = getattr(
+        exc, "drills_where", None
+    )  # raised in the learner's code (drills/grading/grader/learner_client.py)
     if where and "your code raised" not in text:
         return (
             f"your code raised {type(exc).__name__} at {where} (`{getattr(exc, 'drills_code', '')}`): {text}"
@@ -113,7 +115,7 @@ class Summary:
 @dataclass(frozen=True)
 class Stage:
     """One step of a staged lesson (a grader's module-level `STAGES`): the checks that pass once the
-    TODOs of that step are done. patterns name cases as a Mistake's do (drills/grading/diagnose.py): an
+    TODOs of that step are done. patterns name cases as a Mistake's do (drills/grading/grader/diagnose.py): an
     exact case id, a check's name (all its cases), or an fnmatch wildcard ("*noncausal*")."""
 
     title: str  # "non-causal"
@@ -129,7 +131,7 @@ def stage_of(case_id: str, stages: list[Stage]) -> int:
     """The index of the stage a case belongs to: the most specific pattern naming it wins (its exact
     id, then its check's name, then a wildcard), the earlier stage on a tie; a case no pattern names
     belongs to the last stage, so that every stage passed means every check passed."""
-    from drills.grading.diagnose import _matches
+    from drills.grading.grader.diagnose import _matches
 
     check = check_name(case_id)
     for rank in (
@@ -354,7 +356,7 @@ def render(
 # --- The report a grading run writes for the learner tools (pytest --drills-report=PATH) ----------
 
 
-# The report's keys, written by the grader (drills/grading/plugin.py) and read by the learner tools.
+# The report's keys, written by the grader (drills/grading/grader/plugin.py) and read by the learner tools.
 REPORT_SHIFT, REPORT_EXIT, REPORT_LESSONS = "shift", "exitstatus", "lessons"
 CASES, FINDINGS, NOT_STARTED, IMPORT_ERROR = "cases", "findings", "not_started", "import_error"
 STAGES = "stages"  # a staged lesson's Stage list, as dicts (absent for a lesson without stages)
@@ -379,7 +381,7 @@ def report_text(lessons: dict[str, dict], shift: int, exitstatus: int) -> str:
 
 
 def parse_report(text: str) -> dict:
-    """The report from its JSON; ValueError when it is not one whole report (see channel.py)."""
+    """The report from its JSON; ValueError when it is not one whole report (see report_channel.py)."""
     data = json.loads(text)
     for info in data[REPORT_LESSONS].values():
         info[CASES] = [Case(**c) for c in info.get(CASES, [])]

@@ -7,7 +7,7 @@ its own socket), cannot open it through /proc (the grader is non-dumpable, and L
 sandboxed process from another's descriptors), and every process it started is ended before the report
 is read (process.end_strays). Anything else written into the pipe makes the report unreadable, a
 "grader error", never a pass. `make mutants`, whose gradings are forked from a warm process
-(warm.GradingPool), passes a private file instead: the files it grades are the course's own mutants.
+(fork_server.GradingPool), passes a private file instead: the files it grades are the course's own mutants.
 """
 
 from __future__ import annotations

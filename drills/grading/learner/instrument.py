@@ -1,13 +1,13 @@
 """Triton instrumented in the learner's process (patched once per process, switched per call):
 
-- every launch is counted, optionally recorded (drills/grading/launches.py), optionally turned into a
+- every launch is counted, optionally recorded (drills/grading/shared/launches.py), optionally turned into a
   no-op (the launch-disabled run of a provenance check), and the bytes it left in each tensor it was
   given are kept (what the grader compares the call's result with);
 - under the interpreter, every load and store lane is checked against the memory of the kernel's tensor
   arguments (an out-of-bounds access becomes an error naming the learner's line instead of a segfault),
   masked-off lanes of a load without `other=` read what fresh memory holds (NaN while graded, the finite
   pattern in the provenance check's finite run: undefined on a GPU), programs can be visited in
-  reverse, and bf16 is computed as a GPU computes it (drills/grading/bf16.py), where Triton's own
+  reverse, and bf16 is computed as a GPU computes it (drills/grading/learner/bf16.py), where Triton's own
   interpreter returns garbage;
 - torch.empty and friends return NaN-filled memory, so output never written shows.
 """
@@ -18,10 +18,10 @@ import linecache
 import os
 import sys
 
-from drills.grading.bf16 import exact_bf16_dot
-from drills.grading.errors import GridTooLarge, OutOfBoundsAccess
-from drills.grading.overlap import program_number
-from drills.grading.wire import as_bytes_view, tensors_in
+from drills.grading.learner.bf16 import exact_bf16_dot
+from drills.grading.learner.write_races import program_number
+from drills.grading.shared.errors import GridTooLarge, OutOfBoundsAccess
+from drills.grading.shared.wire import as_bytes_view, tensors_in
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -59,7 +59,7 @@ class TritonWatch:
         self.read: set | None = (
             None  # first bytes of the storages some load read from (compiled: some launch was given), when asked
         )
-        self.access = None  # overlap.AccessLog of the running launch, when the call checks the order
+        self.access = None  # write_races.AccessLog of the running launch, when the call checks the order
         self.overlapped = False  # some launch of the call had programs touching each other's memory
         self.interpreter = os.environ.get("TRITON_INTERPRET", "0") == "1"
         self.recorder = None  # the torch op recorder of the call being run, if any
@@ -68,7 +68,7 @@ class TritonWatch:
             self._patch_interpreter()
 
     def _patch_launch(self):
-        from drills.grading.launches import _kernel_classes, check_grid, describe
+        from drills.grading.shared.launches import _kernel_classes, check_grid, describe
 
         watch = self
         for cls in _kernel_classes():
@@ -242,7 +242,7 @@ def _check_interpreted_grids() -> None:
     here too, where it sets the grid's size."""
     from triton.runtime import interpreter as interp
 
-    from drills.grading.launches import grid_problem
+    from drills.grading.shared.launches import grid_problem
 
     builder = type(interp.interpreter_builder)
     original = builder.set_grid_dim
@@ -398,7 +398,7 @@ _FRESH: list = []  # the fresh-memory mode's class, once poison_empty() made it
 
 
 def poison_empty() -> None:
-    """While fresh_memory() lasts (each of the grader's calls, server.py), fresh float memory (torch.empty
+    """While fresh_memory() lasts (each of the grader's calls, serve_calls.py), fresh float memory (torch.empty
     and friends, on the CPU) holds POISON["value"]. Done by a dispatch mode rather than by wrapping
     torch.empty: torch's functions stay torch's own, so asking what torch.empty is tells nothing. Only
     during calls: a mode makes every torch op pass through Python, tens of microseconds each."""
@@ -587,7 +587,7 @@ def torch_compute_recorder(watch: TritonWatch):
             super().__init__()
             self.seen: list[str] = []
             # storage of a copy -> storages it was copied from (a launcher's .contiguous() of an input,
-            # say): a kernel that reads the copy reads the input (calls._unread_inputs)
+            # say): a kernel that reads the copy reads the input (run_call._unread_inputs)
             self.copied_from: dict[int, set[int]] = {}
             # storages that hold floats, or values computed from them: an int view of one, and what
             # any op made from one (an int tensor `bits + 0`, a comparison's flags) are float memory too

@@ -1,6 +1,6 @@
-"""Running one of the grader's calls in the learner's process (server.py), as the grader asked:
+"""Running one of the grader's calls in the learner's process (serve_calls.py), as the grader asked:
 
-- under the interpreter, a call whose launch has programs touching each other's memory (overlap.py)
+- under the interpreter, a call whose launch has programs touching each other's memory (write_races.py)
   is run again with its programs visited in reverse order; a result that depends on the order is a
   write race (raised here: it is the learner's own bug);
 - with `provenance`, the evidence the grader's process judges (provenance.judge) goes back with the
@@ -11,8 +11,7 @@
 
 from __future__ import annotations
 
-from drills.grading.errors import WriteRace
-from drills.grading.instrument import (
+from drills.grading.learner.instrument import (
     DISABLED_POISON,
     FINITE_POISON,
     POISON,
@@ -21,14 +20,15 @@ from drills.grading.instrument import (
     _u8,
     torch_compute_recorder,
 )
-from drills.grading.overlap import AccessLog
-from drills.grading.provenance import compare_states
-from drills.grading.wire import tensors_in
+from drills.grading.learner.write_races import AccessLog
+from drills.grading.shared.errors import WriteRace
+from drills.grading.shared.tensor_states import compare_states
+from drills.grading.shared.wire import tensors_in
 
 
 def _snapshot(storages: dict) -> dict | None:
     """Copies of every argument's storage, or None when one is too large to copy (a sparse cache)."""
-    from drills.grading.bigmem import backing_file
+    from drills.grading.shared.bigmem import backing_file
 
     if any(backing_file(s) is not None for s, _ in storages.values()):
         return None

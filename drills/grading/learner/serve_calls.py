@@ -1,11 +1,11 @@
 """The learner's process: imports only the learner's file and serves what the grader asks of it.
 
-Started by drills/grading/remote.py as `python -m drills.grading.server FD FILE MODULE [--reference]`
-(or, for make mutants, forked by drills/grading/warm.py from a process that ran `prepare()`), it talks
-to the grader over the socket FD (messages in drills/grading/wire.py). The grader's oracle,
+Started by drills/grading/grader/learner_client.py as `python -m drills.grading.learner.serve_calls FD FILE MODULE [--reference]`
+(or, for make mutants, forked by drills/grading/grader/fork_server.py from a process that ran `prepare()`), it talks
+to the grader over the socket FD (messages in drills/grading/shared/wire.py). The grader's oracle,
 comparisons, provenance decisions and report live in the other process, out of this file's reach.
 Before the learner's file is imported: the sandbox (sandbox.py), Triton's instrumentation
-(instrument.py) and poisoned empties. Each call runs through calls.run_call, which sends back, beside
+(instrument.py) and poisoned empties. Each call runs through run_call.run_call, which sends back, beside
 the result, the evidence the grader judges provenance from.
 """
 
@@ -17,11 +17,11 @@ import os
 import sys
 import traceback
 
-from drills.grading.calls import run_call
-from drills.grading.env import STACK_SIGNAL
-from drills.grading.errors import RAISED_IN_KERNELS
-from drills.grading.instrument import _relative, fresh_memory
-from drills.grading.launches import _kernel_classes
+from drills.grading.learner.instrument import _relative, fresh_memory
+from drills.grading.learner.run_call import run_call
+from drills.grading.shared.env import STACK_SIGNAL
+from drills.grading.shared.errors import RAISED_IN_KERNELS
+from drills.grading.shared.launches import _kernel_classes
 
 KERNEL_CLASSES = tuple(_kernel_classes())
 
@@ -62,7 +62,7 @@ def describe_error(exc: BaseException, graded_file: str) -> dict:
     message = str(root)
     if type(exc).__name__ == "CompilationError":
         kind, message = "compile_error", str(exc)
-    from drills.grading.wire import is_plain
+    from drills.grading.shared.wire import is_plain
 
     args = root.args if all(is_plain(a) for a in getattr(root, "args", ())) else (message,)
     return {
@@ -81,7 +81,7 @@ def describe_error(exc: BaseException, graded_file: str) -> dict:
 
 class Server:
     def __init__(self, conn, graded_file: str, module_name: str):
-        from drills.grading import wire
+        from drills.grading.shared import wire
 
         self.conn = conn
         self.wire = wire
@@ -182,7 +182,7 @@ class Server:
                     self.reply(getattr(target, name))
                 elif op == "call":
                     _, target, args, kwargs, options = request
-                    with fresh_memory():  # poisoned through every run of the call (calls.py)
+                    with fresh_memory():  # poisoned through every run of the call (run_call.py)
                         answer = run_call(self.watch, target, args, kwargs, options)
                     self.reply(*answer)
                 elif op == "method":
@@ -341,7 +341,7 @@ def _operate(target, name, args):
 
 
 def prepare() -> None:
-    """Everything this process imports before the learner's file (drills/grading/warm.py does it once
+    """Everything this process imports before the learner's file (drills/grading/grader/fork_server.py does it once
     and forks a process per file from there)."""
     import drills.runtime
 
@@ -349,15 +349,15 @@ def prepare() -> None:
     import torch  # noqa: F401
 
     from drills import contract  # noqa: F401
-    from drills.grading import (
+    from drills.grading.learner import run_call  # noqa: F401
+    from drills.grading.shared import (
         bigmem,  # noqa: F401
-        calls,  # noqa: F401
         launches,  # noqa: F401
         wire,  # noqa: F401  (loaded before the learner's file can reach it)
     )
 
     _import_what_a_grading_would()
-    from drills.grading.sandbox import trust_loaded_code
+    from drills.grading.learner.sandbox import trust_loaded_code
 
     trust_loaded_code()
 
@@ -376,7 +376,7 @@ def _import_what_a_grading_would() -> None:
         "torch._dynamo",
         "triton.runtime.interpreter",
         "triton.experimental.gluon",
-        "drills.grading.instrument",
+        "drills.grading.learner.instrument",
         "drills.validate",
         "drills.device_errors",
     ):
@@ -405,8 +405,8 @@ def run_file(fd: int, graded_file: str, module_name: str, reference: bool) -> in
     from multiprocessing.connection import Connection
 
     from drills import contract
-    from drills.grading.instrument import TritonWatch, poison_empty
-    from drills.grading.sandbox import (
+    from drills.grading.learner.instrument import TritonWatch, poison_empty
+    from drills.grading.learner.sandbox import (
         apply_landlock,
         import_from_source,
         learner_folders,

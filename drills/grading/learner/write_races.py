@@ -1,7 +1,7 @@
 """Whether the programs of one interpreted launch touched each other's memory.
 
 The grader finds write races by running a call again with its kernel's programs visited in reverse
-(calls.py). That doubles the cost of every graded call, and for most calls it cannot find anything:
+(run_call.py). That doubles the cost of every graded call, and for most calls it cannot find anything:
 when no byte a program stores is stored or loaded by another program of the same launch, every program
 reads what was there before the launch and every byte ends as its one writer left it, in any order.
 So the interpreter's loads and stores are logged here, program by program, and the reverse run is made

@@ -1,7 +1,7 @@
 """One table of the failures a learner's code can cause, used on both sides of the process boundary.
 
-The learner's process (server.py, instrument.py) raises these classes, sends their `kind` with the
-message, and the grader's process (remote.py) raises the same class again from that kind: one
+The learner's process (serve_calls.py, instrument.py) raises these classes, sends their `kind` with the
+message, and the grader's process (learner_client.py) raises the same class again from that kind: one
 definition, no mapping by class names.
 
   the learner's own exception   re-raised as the same built-in class (ValueError, TypeError, ...),

@@ -116,7 +116,7 @@ def check_grid(fn_self, args, kwargs) -> None:
     grid = _grid(kwargs.get("grid"), args, kwargs, fn_self)
     problem = grid_problem(grid, getattr(getattr(fn_self, "fn", None), "__name__", "the kernel"))
     if problem is not None:
-        from drills.grading.errors import GridTooLarge
+        from drills.grading.shared.errors import GridTooLarge
 
         raise GridTooLarge(problem)
 
@@ -214,7 +214,7 @@ def assert_grids_fit(impl, call, what: str) -> Launches:
     for c in launches.calls:
         problem = grid_problem(c.grid, c.name)
         if problem is not None:
-            from drills.grading.errors import GridTooLarge
+            from drills.grading.shared.errors import GridTooLarge
 
             raise GridTooLarge(f"{what}: {problem}")
     return launches

@@ -1,10 +1,10 @@
-"""The messages between the grader and the learner's process (drills/grading/remote.py and worker.py).
+"""The messages between the grader and the learner's process (drills/grading/grader/learner_client.py and worker.py).
 
 A message is pickled, with three kinds of object sent by reference rather than by value:
 
   tensors   sent as (storage, dtype, shape, strides, offset), each storage once per message: CUDA
             storages through CUDA IPC (both processes see the same memory), CPU storages backed by a
-            sparse file (drills/grading/bigmem.py) as the file's path (both map it), other CPU storages
+            sparse file (drills/grading/shared/bigmem.py) as the file's path (both map it), other CPU storages
             as their bytes, which the learner's process sends back after a call so that in-place
             writes reach the grader's own tensors. A storage that came from the other side goes back
             as a reference to it, so a returned view of `out` is a view of the caller's own `out`.
@@ -99,7 +99,7 @@ def payload_of(storage: torch.UntypedStorage):
         return ("cuda", reduce_tensor(as_bytes_view(storage))[1])
     if storage.device.type == "meta":  # no data: only its size travels
         return ("meta", storage.nbytes())
-    from drills.grading.bigmem import backing_file
+    from drills.grading.shared.bigmem import backing_file
 
     found = backing_file(storage)
     if found is not None:
@@ -108,7 +108,7 @@ def payload_of(storage: torch.UntypedStorage):
 
 
 def _backed_by_file(storage) -> bool:
-    from drills.grading.bigmem import backing_file
+    from drills.grading.shared.bigmem import backing_file
 
     return backing_file(storage) is not None
 
@@ -166,7 +166,7 @@ class Storages:
 
             storage = rebuild_cuda_tensor(*payload[1]).untyped_storage()
         else:
-            from drills.grading.bigmem import register
+            from drills.grading.shared.bigmem import register
 
             _, path, nbytes = payload
             storage = torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8).untyped_storage()
