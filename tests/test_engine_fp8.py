@@ -17,6 +17,7 @@ import torch
 from drills.engine.config import EngineConfig, tiny_config
 from drills.engine.model import random_weights
 from drills.solutions.c1_engine import SamplingParams
+from tests.markers import CPU_KERNELS
 
 # Untied: with the logits read off the embedding, each token predicts itself and every reply repeats it.
 CONFIG = dataclasses.replace(tiny_config(), tie_word_embeddings=False)
@@ -85,6 +86,7 @@ def _shared_logit_gap(ref, got, ref_logits, got_logits) -> float:
     return gap
 
 
+@CPU_KERNELS
 def test_the_kernels_serve_a_batch_through_f3_and_l4_on_dequantized_pages():
     """Catches: L1's store or F1's decode still called on an e4m3 cache (they would raise or misread
     its bytes), L4 handed the e4m3 pool, a wrong page in the dequantized copy, the scale left out."""
@@ -195,6 +197,7 @@ def test_the_pool_holds_twice_the_blocks_for_the_same_memory(monkeypatch):
     assert e4m3 in (2 * half, 2 * half + 1), (half, e4m3)
 
 
+@CPU_KERNELS
 def test_dequantized_pages_follow_the_table_and_stay_inside_the_pool():
     """Catches: pages copied in the wrong order, the scale of another head, and a table entry past the
     pool (padding) read outside it."""

@@ -22,6 +22,7 @@ from drills.engine.model import Llama, check_sinks, forward, random_weights
 from drills.engine.oracle import ReferenceAttention, causal_attention, packed_step
 from drills.solutions import f1_split_kv_decode, l1_paged_kv_cache, l4_paged_prefill, l5_unified_attention
 from drills.solutions.c1_engine import SamplingParams
+from tests.markers import CPU_KERNELS
 
 WINDOW = 5
 # Untied: with the logits read off the embedding each token predicts itself and every output repeats.
@@ -108,6 +109,7 @@ def served():
     )
 
 
+@CPU_KERNELS
 def test_windowed_layers_with_sinks_match_the_torch_oracle_token_for_token(served):
     assert served.engine == served.oracle, (
         "the engine's greedy tokens differ from the oracle's (window mask + sink in the denominator): "
@@ -115,6 +117,7 @@ def test_windowed_layers_with_sinks_match_the_torch_oracle_token_for_token(serve
     )
 
 
+@CPU_KERNELS
 def test_the_window_and_the_sinks_change_the_tokens(served):
     # Otherwise the test above could not fail: an engine that ignored both must give other tokens.
     plain = _oracle_tokens(_without_features(served.weights), served.prompts)
@@ -127,6 +130,7 @@ def test_the_window_and_the_sinks_change_the_tokens(served):
     assert only_window != served.oracle, "the sinks alone do not change this model's greedy tokens"
 
 
+@CPU_KERNELS
 def test_overlap_on_gives_the_same_tokens_as_lockstep(served):
     overlapped = _engine_tokens(served.weights, served.prompts, overlap=True)
     assert overlapped == served.engine, f"overlap on: {overlapped}, off: {served.engine}"
@@ -145,6 +149,7 @@ def test_on_a_gpu_compiled_l5_under_cuda_graphs_and_overlap_matches_the_oracle()
     assert got == oracle, f"GPU engine {got}, oracle {oracle}"
 
 
+@CPU_KERNELS
 def test_torch_attention_path_serves_windows_and_sinks_too(served):
     got = _engine_tokens(served.weights, served.prompts, attention="torch", overlap=False)
     assert got == _oracle_tokens(served.weights, served.prompts, rounded=False)
@@ -170,6 +175,7 @@ class _Spy:
         )
 
 
+@CPU_KERNELS
 def test_full_layers_stay_on_l4_and_f1_and_give_todays_tokens():
     """A window wider than every context and no sinks: the windowed layer runs L5 and the full layer L4
     and F1, and the tokens are the no-window engine's (L5 with its features off is L4)."""
@@ -190,6 +196,7 @@ def test_full_layers_stay_on_l4_and_f1_and_give_todays_tokens():
     )
 
 
+@CPU_KERNELS
 def test_decode_padding_rows_of_a_graph_batch_are_served():
     """A CUDA graph's decode batch pads with rows of one token over context length 0, which L5's guard
     refuses as such: the engine must still serve the real rows (and raise nothing)."""
@@ -250,6 +257,7 @@ def test_bad_windows_and_sinks_raise_naming_the_field():
         Llama(dataclasses.replace(weights, config=PLAIN))
 
 
+@CPU_KERNELS
 def test_the_benchmarks_gpt_oss_model_builds_and_serves_on_the_cpu():
     """make bench L=c1's gpt-oss-shaped row, shrunk for a CPU: its config (alternating windows of 128,
     sinks) and random weights build, the engine serves them, and the roofline's byte count takes sinks."""

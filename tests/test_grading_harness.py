@@ -19,25 +19,23 @@ from pathlib import Path
 import pytest
 import torch
 
-import drills.runtime
 from drills import learner
 from drills.grading.grader import diagnose, fork_server, pytest_run
 from drills.grading.grader.learner_client import ImportFailed, LearnerProcess, RemoteObject
 from drills.grading.grader.report import Case
 from drills.lessons import ROOT, find
 from drills.mutants import load_mutants
+from tests import markers
 
 T1, L3 = find("t1"), find("l3")
 SCREEN_LINES = 60  # the summary fits on one screen
 CANARY = 1234.5  # exactly representable in fp32
 T1_STORE = "tl.store(out_ptr + offs, x + y, mask=mask)"  # the store of T1's kernel
-RUNTIME = drills.runtime.current()
+RUNTIME = markers.RUNTIME
 # The harness checks every load and store lane and visits programs in reverse only in the interpreter;
 # on a GPU the same kernels write past their tensors, or hang the device, for real.
-interpreter_only = pytest.mark.skipif(
-    not RUNTIME.interpreter,
-    reason="the harness checks bounds, program "
-    "order and endless kernels only under the Triton interpreter (CPU)",
+interpreter_only = markers.interpreter_only(
+    "the harness checks bounds, program order and endless kernels only under the Triton interpreter (CPU)"
 )
 
 
