@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from drills import contract, doctor, learner, scaffold
+from drills import contract, doctor, learner, pitfall_numbering, scaffold, stubs
 from drills.engine import chat
 from drills.grading.grader import pytest_run
 from drills.lessons import LESSONS, ROOT, find
@@ -51,7 +51,8 @@ def cmd_test(args) -> int:
 def cmd_contract(args) -> int:
     failed = 0
     for lesson in [find(args.lesson)] if getattr(args, "lesson", None) else LESSONS:
-        problems = contract.check(lesson)
+        # The numbering first: the contract's last line, when it fails, says which stub it read.
+        problems = pitfall_numbering.numbering_problems(lesson) + contract.check(lesson)
         print(f"stub contract {lesson.id}: {'ok' if not problems else 'FAILED'}")
         for p in problems:
             print(f"  - {p}")
@@ -85,7 +86,7 @@ def cmd_notebooks(args) -> int:
     try:
         for lesson in lessons:
             mine = learner.mine_file(lesson)
-            if write and mine.exists() and mine.read_text() != contract.pristine_stub_source(lesson):
+            if write and mine.exists() and mine.read_text() != stubs.pristine_stub_source(lesson):
                 print(
                     f"notebook {lesson.notebook.name}: {mine} differs from the committed stub: the notebook "
                     "grades it and runs it if it passes, so the outputs written may not be the reference's"
@@ -127,56 +128,57 @@ def tool_tests() -> list[str]:
 
 
 def check_groups(cores: int | None = None) -> list[list[str]]:
-    """make check's tests in pytest processes run side by side. On two cores (CI), two processes of about
-    equal length: the lessons' graders with most of the engine's and the kernels' tools, and the
-    harness's and the learner tools' tests, which grade files of their own, with the two engine tests
-    that step the whole engine under the interpreter (about 15 minutes each; measured 2026-12-04, the
-    first process took 18 minutes and the second 13 before those two moved). With more cores
-    (a GPU box), up to one process per core, the largest files spread first, so that the whole check
-    fits in a few minutes there."""
-    graders = (
-        "test_grading_harness",
-        "test_learner_tools",
-        "test_scaffold",
-        "test_sandbox_writes",
-        "test_write_race",
-    )
-    # Engine tests that step the whole engine under the interpreter (about 1.5 and 1 minutes on 2 cores):
-    # they grade no file, and sit in the second process only to even out the two.
-    balance = ("test_engine_cascade", "test_engine_prompt_graphs")
-    tools = tool_tests()
-    second = [t for t in tools if Path(t).stem.startswith(graders + balance)]
-    first = [str(lesson.tests) for lesson in LESSONS] + [t for t in tools if t not in second]
+    """make check's tests in pytest processes run side by side, balanced by their estimated time
+    (check_cost): two processes on two cores (CI), up to one per core on more (a GPU box), where a tool
+    test file past SPLIT_BYTES is cut into parts by its test functions (node ids), since the harness's
+    tests each grade a file of their own and one process for them all would be the long pole. Longest
+    first into the least-loaded process."""
     cores = cores or os.cpu_count() or 2
-    if cores < 4:
-        return [first, second]
-    # Longest first into the least-loaded process; a file's size stands in for its running time, and a
-    # tool test file past SPLIT_BYTES is cut into parts by its test functions (node ids), since the
-    # harness's tests each grade a file of their own and one process for them all is the long pole.
+    files = [str(lesson.tests) for lesson in LESSONS] + tool_tests()
     items = []
-    for t in first + second:
-        # The harness's and the learner tools' tests grade a file each: about four times a lesson
-        # grader's time per byte (the H200: 414 s for the harness's 50 kB, 75 s for C1's 60 kB).
-        size = Path(t).stat().st_size * (4 if Path(t).stem.startswith(graders) else 1)
-        parts = -(-size // SPLIT_BYTES)
+    for t in files:
+        cost = check_cost(t)
+        parts = -(-Path(t).stat().st_size // SPLIT_BYTES) if cores >= 4 else 1
         names = _test_functions(t) if parts > 1 and Path(t).parent == ROOT / "tests" else []
         if len(names) < 2:
-            items.append((size, [t]))
+            items.append((cost, [t]))
             continue
         for k in range(parts):
             chosen = names[k::parts]
-            items.append((size * len(chosen) // len(names), [f"{t}::{n}" for n in chosen]))
+            items.append((cost * len(chosen) / len(names), [f"{t}::{n}" for n in chosen]))
     items.sort(key=lambda item: -item[0])
-    groups: list[list[str]] = [[] for _ in range(min(cores, len(items)))]
-    loads = [0] * len(groups)
-    for size, ids in items:
+    groups: list[list[str]] = [[] for _ in range(min(max(cores, 2), len(items)))]
+    loads = [0.0] * len(groups)
+    for cost, ids in items:
         i = loads.index(min(loads))
         groups[i] += ids
-        loads[i] += size
+        loads[i] += cost
     return [g for g in groups if g]
 
 
 SPLIT_BYTES = 50_000  # a tool test file weighing more runs in parts on a many-core machine
+# A test file that grades files of its own (it starts `make test`'s processes for each) takes about four
+# times a lesson grader's time per byte: the H200 took 414 s for the harness's 50 kB, 75 s for C1's 60 kB.
+GRADES_FILES = ("pytest_run.grade(", "LearnerProcess(", '"-m", "drills"')
+GRADES_FILES_FACTOR = 4
+
+
+def check_cost(path: str) -> float:
+    """A test file's estimated seconds in make check: a lesson grader's measured make test time
+    (drills/content/make_test_times.json, `make times`), else its size at the graders' measured seconds
+    per byte, times GRADES_FILES_FACTOR for a file that grades files of its own (GRADES_FILES)."""
+    from drills import grading_times
+
+    measured = {row["id"]: row["wall_s"] for row in (grading_times.load() or {}).get("lessons", [])}
+    by_path = {str(lesson.tests): lesson.id for lesson in LESSONS}
+    timed = [(measured[i], Path(t).stat().st_size) for t, i in by_path.items() if i in measured]
+    per_byte = sum(s for s, _ in timed) / sum(b for _, b in timed) if timed else 1e-3
+    if by_path.get(path) in measured:
+        return measured[by_path[path]]
+    text = Path(path).read_text()
+    return (
+        len(text.encode()) * per_byte * (GRADES_FILES_FACTOR if any(g in text for g in GRADES_FILES) else 1)
+    )
 
 
 def _test_functions(path: str) -> list[str]:
@@ -313,7 +315,7 @@ def cmd_bench(args) -> int:
             if args.impl == "mine"
             else importlib.import_module(lesson.module(args.impl))
         )
-        message = contract.not_started_message(impl)
+        message = stubs.not_started_message(impl)
         if message:
             print(message)
             failed += 1

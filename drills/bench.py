@@ -50,7 +50,7 @@ from pathlib import Path
 
 import torch
 
-from drills import grading
+from drills.grading.grader import report
 from drills.lessons import Lesson
 
 # Datasheet memory bandwidth in GB/s, matched against torch.cuda.get_device_name().
@@ -527,7 +527,7 @@ def performance_line(lesson: Lesson, load_mine) -> str:
             return f"  {lesson.id:4} n/a (its benchmark has no headline)"
         reference = headline(lesson, importlib.import_module(lesson.module("solutions")))
     except Exception as exc:  # a passing kernel can still fail at benchmark sizes: say so, go on
-        return grading.clip(f"  {lesson.id:4} error at benchmark size: {type(exc).__name__}: {exc}")
+        return report.clip(f"  {lesson.id:4} error at benchmark size: {type(exc).__name__}: {exc}")
     (value, unit, label), (ref, _, _) = mine, reference
     return (
         f"  {lesson.id:4} {value:8.1f} {unit:8} reference {ref:8.1f} {unit:8} ({value / ref:.2f}x)  {label}"
@@ -566,7 +566,7 @@ def reference_rows(lesson: Lesson, module) -> tuple[list[dict], str]:
     if path.exists() and gpu is not None:  # a CPU-only lesson's JSON may come from another CPU: time it now
         data = json.loads(path.read_text())
         if data.get("meta", {}).get("gpu") == gpu:
-            where = f"the committed {grading.relative(path)} (measured {data['meta'].get('date')} on {gpu})"
+            where = f"the committed {report.relative(path)} (measured {data['meta'].get('date')} on {gpu})"
             return data["rows"], where
     print(f"== {lesson.id}: the reference, timed in this run for comparison ==", flush=True)
     table, _ = module.run(importlib.import_module(lesson.module("solutions")))

@@ -4,12 +4,9 @@ with one line naming the file to edit and the explainer to read; and every top-l
 the stub that holds no TODO (a launcher, an input check, a config) is the solution's own code, so a
 retuned `num_warps` in the solution cannot leave the stub launching the old configuration.
 
-The contract also holds the lesson's numbering together (numbering_problems): the explainer's pitfalls
-are numbered 1, 2, 3, ... once each; every `Mistake(pitfall=K)` of the grader's MISTAKES and every
-mutant's `"K. ..."` names a titled pitfall K of the explainer (another lesson's, `"L2 pitfall 5: ..."`,
-one of that lesson's), every titled pitfall has a Mistake and a mutant, a Mistake's `section` is a
-section of the explainer, and every `# TODO(section 3.2 "Title")` of the stub names a section that
-exists, with its title as the explainer spells it.
+Loading a file and telling a stub from a learner's work is drills/stubs.py's job (the learner's process
+uses it too); the numbering that ties explainer, grader, mutants and stub together is
+drills/pitfall_numbering.py's, which `make contract` runs beside this contract.
 
 Which stub is checked (contract_stub): the committed one (git HEAD), unless drills/mine/<stem>.py
 differs from it and is still a stub, holding every not-started raise the committed stub holds (the line
@@ -37,111 +34,28 @@ import importlib
 import importlib.util
 import inspect
 import os
-import re
-import subprocess
-import sys
 import tempfile
 import tokenize
 from io import StringIO
 from pathlib import Path
-from types import ModuleType
 
-from drills import explainer
-from drills.lessons import ROOT, Lesson, find
-
-
-def is_kernel(obj) -> bool:
-    return hasattr(obj, "fn")  # @triton.jit (or the interpreter's wrapper) keeps the Python function in .fn
-
-
-def public_api(module: ModuleType) -> dict[str, object]:
-    """Functions, classes and Triton kernels defined in the module whose names do not start with _."""
-    api = {}
-    for name, obj in vars(module).items():
-        fn = obj.fn if is_kernel(obj) else obj
-        if name.startswith("_") or not (inspect.isfunction(fn) or inspect.isclass(fn)):
-            continue
-        if fn.__module__ == module.__name__:
-            api[name] = obj
-    return api
+from drills.lessons import ROOT, Lesson
+from drills.stubs import (
+    is_kernel,
+    is_not_started_raise,
+    load_from_file,
+    not_started_message,
+    not_started_raises,
+    pristine_stub_source,
+    public_api,
+)
 
 
 def _python(obj):
     return obj.fn if is_kernel(obj) else obj
 
 
-def _probe_args(obj) -> list:
-    sig = inspect.signature(obj)
-    params = [p for p in sig.parameters.values() if p.name != "self"]
-    return [
-        None
-        for p in params
-        if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-    ]
-
-
-def not_started_message(module: ModuleType) -> str | None:
-    """The stub's one-line message if calling a public function raises NotImplementedError, else None.
-
-    Calling with None for every argument is safe: an untouched stub raises before touching them, and a
-    started one rejects None in its validation.
-    """
-    for name, obj in public_api(module).items():
-        if is_kernel(obj):
-            continue  # kernels are filled in, not called
-        try:
-            obj(*_probe_args(obj))
-        except NotImplementedError as exc:
-            return str(exc) or f"{name} raises NotImplementedError"
-        except Exception:
-            continue  # a given class (C1's Sequence) rejects None: the raise may be in a later name
-    return None
-
-
-def deleted_a_stub_raise(path: str | Path, lesson: Lesson) -> bool:
-    """Whether the file holds fewer of the stub's not-started raises than the stub: such a file is
-    started even though some function still raises NotImplementedError (a staged lesson is begun
-    where its first stage is: F1's merge_states, with plan()'s raise still in place)."""
-    try:
-        stub = pristine_stub_source(lesson)
-        have = _not_started_raises(Path(path).read_text(), lesson)
-    except OSError:
-        return False
-    want = _not_started_raises(stub, lesson) if stub is not None else None
-    return have is not None and want is not None and have < want
-
-
-def load_from_file(path: Path, name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # triton.jit looks the module up while decorating
-    spec.loader.exec_module(module)
-    return module
-
-
-def pristine_stub_source(lesson: Lesson, committed_only: bool = False) -> str | None:
-    """The stub as committed (git HEAD), so a learner's edits do not break `make check`; the working
-    file when this is not a git checkout or the stub is not committed yet, or None then when
-    committed_only (`make reset` must not take the learner's own file for the stub)."""
-    rel = lesson.stub.relative_to(ROOT).as_posix()
-    try:
-        return subprocess.run(
-            ["git", "show", f"HEAD:{rel}"], cwd=ROOT, capture_output=True, text=True, check=True
-        ).stdout
-    except (subprocess.CalledProcessError, FileNotFoundError):
-        return None if committed_only else lesson.stub.read_text()
-
-
 STUB_ENV = "DRILLS_CONTRACT_STUB"  # "head" or "worktree": which stub the contract reads, overriding the rule
-
-
-def _not_started_raises(source: str, lesson: Lesson) -> int | None:
-    """How many not-started raises (naming drills/mine/<stem>.py) the source holds; None if it does not parse."""
-    stub_file = f"drills/mine/{lesson.stem}.py"
-    try:
-        return sum(_is_not_started_raise(n, stub_file) for n in ast.walk(ast.parse(source)))
-    except (SyntaxError, ValueError):
-        return None
 
 
 def contract_stub(lesson: Lesson) -> tuple[str, str]:
@@ -167,7 +81,7 @@ def contract_stub(lesson: Lesson) -> tuple[str, str]:
         return working, f"{rel} as in the working tree ({STUB_ENV}=worktree)"
     if working == committed:
         return committed, f"{rel} as committed (git HEAD), the same as the working file"
-    have, want = _not_started_raises(working, lesson), _not_started_raises(committed, lesson) or 0
+    have, want = not_started_raises(working, lesson), not_started_raises(committed, lesson) or 0
     if have is not None and have >= max(want, 1):
         return working, (
             f"{rel} as in the working tree: it differs from git HEAD and still holds every not-started raise, "
@@ -177,137 +91,6 @@ def contract_stub(lesson: Lesson) -> tuple[str, str]:
         f"{rel} as committed (git HEAD): the working file has begun (a not-started raise deleted, or it does "
         f"not parse), so it is taken for a learner's work ({STUB_ENV}=worktree checks it instead)"
     )
-
-
-# --- Numbering: the explainer's pitfalls and sections, as the grader, the mutants and the stub name them ---
-
-_TODO_SECTION = re.compile(r"TODO\((?:stage\s+\d+,\s*)?section\s+")
-_SECTION_REF = re.compile(r'(\d+(?:\.\d+)*)(?:\s+"([^"\n]*)")?')
-_NEXT_REF = re.compile(r"\s*(?:and|,)\s*(?:section\s+)?(?=\d)")
-_OTHER_LESSON = re.compile(r"([A-Z]\d+) pitfall (\d+)")
-
-
-def todo_sections(source: str) -> list[tuple[int, str, str | None]]:
-    """(line, section number, title or None) for each section a `TODO(section 3.2 "Title")` of the source
-    names; `TODO(stage 2, section 3.1 "The grid")` and `TODO(section 3.3 "exp2" and 3.4 "One key block")`
-    too. Comments and strings alike: a stub's not-started raise may carry a TODO."""
-    found = []
-    for head in _TODO_SECTION.finditer(source):
-        pos = head.end()
-        while True:
-            ref = _SECTION_REF.match(source, pos)
-            if ref is None:
-                break
-            found.append((source.count("\n", 0, pos) + 1, ref.group(1), ref.group(2)))
-            more = _NEXT_REF.match(source, ref.end())
-            if more is None:
-                break
-            pos = more.end()
-    return found
-
-
-def _todo_without_section(source: str) -> list[int]:
-    """Lines of the `# TODO` comments that name no section: every TODO points at the section teaching it."""
-    lines = []
-    for tok in tokenize.generate_tokens(StringIO(source).readline):
-        text = tok.string.lstrip("# ")
-        if tok.type == tokenize.COMMENT and re.match(r"TODO\b", text):
-            if _TODO_SECTION.match(text) is None:
-                lines.append(tok.start[0])
-    return lines
-
-
-def grader_mistakes(lesson: Lesson) -> list:
-    """The grader's MISTAKES (drills/grading/grader/diagnose.py's Mistake list); [] when it declares none."""
-    return list(getattr(importlib.import_module(f"drills.tests.{lesson.tests.stem}"), "MISTAKES", []))
-
-
-def numbering_problems(
-    lesson: Lesson, stub_source: str | None = None, explainer_text: str | None = None
-) -> list[str]:
-    """Where the explainer's pitfall and section numbers and the grader's MISTAKES, the mutants'
-    `pitfall` prefixes and the stub's TODOs disagree; [] when they agree. stub_source: the stub to read
-    (default: the one the contract checks, contract_stub); explainer_text: the explainer's (default:
-    its file)."""
-    from drills.mutants import load_mutants, pitfall_mismatches, titled_pitfalls
-
-    problems = []
-    where = lesson.explainer.relative_to(ROOT).as_posix()
-    text = lesson.explainer.read_text() if explainer_text is None else explainer_text
-    numbers = [p.number for p in explainer.parse_pitfalls(text)]
-    if numbers != list(range(1, len(numbers) + 1)):
-        problems.append(f"{where}: its pitfalls are numbered {numbers}, not 1 to {len(numbers)} once each")
-    titled = titled_pitfalls(text)
-    sections = {s.number: s.title for s in explainer.parse_sections(text)}
-
-    try:
-        mistakes = grader_mistakes(lesson)
-    except Exception as exc:  # the grader is checked by make test; here only its table is read
-        problems.append(f"{lesson.tests.name} does not import, so its MISTAKES cannot be read: {exc!r}")
-        mistakes = []
-    for m in mistakes:
-        if m.pitfall not in titled:
-            problems.append(
-                f"MISTAKES of {lesson.tests.name} names pitfall {m.pitfall}, which {where} does not list "
-                f"(its titled pitfalls: {titled or 'none'})"
-            )
-        if m.section and m.section not in sections:
-            problems.append(
-                f"MISTAKES of {lesson.tests.name}: pitfall {m.pitfall}'s section {m.section!r} is not a "
-                f"section of {where}"
-            )
-    named = {m.pitfall for m in mistakes}
-    problems += [
-        f"pitfall {n} of {where} has no Mistake in {lesson.tests.name}'s MISTAKES, so no grading can name it"
-        for n in titled
-        if n not in named
-    ]
-
-    try:
-        mutants = load_mutants(lesson.stem)
-    except Exception as exc:
-        problems.append(f"drills/mutants/{lesson.stem}.py does not import: {exc!r}")
-        mutants = []
-    if mutants:
-        problems += [f"drills/mutants/{lesson.stem}.py: {p}" for p in pitfall_mismatches(lesson.stem, text)]
-    else:
-        problems += [
-            f"pitfall {n} of {where} has no mutant in drills/mutants/{lesson.stem}.py" for n in titled
-        ]
-    for m in mutants:
-        other = _OTHER_LESSON.match(m.pitfall)
-        if other is None:
-            continue
-        try:
-            theirs = find(other.group(1).lower())
-        except SystemExit:
-            problems.append(
-                f"mutant {m.name} names pitfall {other.group(2)} of {other.group(1)}, no lesson's id"
-            )
-            continue
-        if int(other.group(2)) not in titled_pitfalls(theirs.explainer.read_text()):
-            problems.append(
-                f"mutant {m.name} names {other.group(1)} pitfall {other.group(2)}, which "
-                f"{theirs.explainer.relative_to(ROOT).as_posix()} does not list"
-            )
-
-    stub = contract_stub(lesson)[0] if stub_source is None else stub_source
-    rel = lesson.stub.relative_to(ROOT).as_posix()
-    for line, number, title in todo_sections(stub):
-        if number not in sections:
-            problems.append(
-                f"{rel} line {line}: its TODO names section {number}, which {where} does not have"
-            )
-        elif title is not None and title != sections[number]:
-            problems.append(
-                f"{rel} line {line}: its TODO names section {number} {title!r}, but {where} titles it "
-                f"{sections[number]!r}"
-            )
-    try:
-        problems += [f"{rel} line {n}: a TODO that names no section" for n in _todo_without_section(stub)]
-    except (tokenize.TokenError, SyntaxError):
-        pass  # a stub that does not tokenize fails the contract's import already
-    return problems
 
 
 def _todo_comments(source: str) -> list[tuple[int, int]]:
@@ -362,20 +145,6 @@ def _holding_todo(body: list[ast.stmt], todos: list[tuple[int, int]], end: int) 
     return held
 
 
-def _is_not_started_raise(node: ast.stmt, stub_file: str) -> bool:
-    """`raise NotImplementedError("... drills/mine/<stem>.py ...")`: the line the learner deletes first."""
-    exc = node.exc if isinstance(node, ast.Raise) else None
-    return (
-        isinstance(exc, ast.Call)
-        and isinstance(exc.func, ast.Name)
-        and exc.func.id == "NotImplementedError"
-        and any(
-            isinstance(a, ast.Constant) and isinstance(a.value, str) and stub_file in a.value
-            for a in exc.args
-        )
-    )
-
-
 class _DropNotStarted(ast.NodeTransformer):
     def __init__(self, stub_file: str):
         self.stub_file = stub_file
@@ -384,7 +153,7 @@ class _DropNotStarted(ast.NodeTransformer):
         super().generic_visit(node)
         body = getattr(node, "body", None)
         if isinstance(body, list) and body and isinstance(body[0], ast.stmt):
-            kept = [s for s in body if not _is_not_started_raise(s, self.stub_file)]
+            kept = [s for s in body if not is_not_started_raise(s, self.stub_file)]
             node.body = kept or [ast.Pass()]
         return node
 
@@ -601,10 +370,10 @@ def check(lesson: Lesson, stub_file: Path | None = None, solution_file: Path | N
     """Problems with the lesson's stub against its solution; an empty list means the contract holds.
 
     The stub is the one contract_stub chooses, or stub_file; the solution is drills/solutions/<stem>.py,
-    or solution_file (tests check copies without touching either). The lesson's numbering
-    (numbering_problems) is checked with that stub, and the grader's BOUNDS against the solution
-    (bounds_problems). When the contract fails on a stub that contract_stub
-    chose, the last problem says which file that was."""
+    or solution_file (tests check copies without touching either). The grader's BOUNDS and domain are
+    checked against the solution (bounds_problems, domain_problems); the pitfall numbering is
+    drills/pitfall_numbering.py's. When the contract fails on a stub that contract_stub chose, the last
+    problem says which file that was."""
     problems = []
     if solution_file is None:
         solution = importlib.import_module(lesson.module("solutions"))
@@ -645,7 +414,6 @@ def check(lesson: Lesson, stub_file: Path | None = None, solution_file: Path | N
     for problem in drifted_definitions(stub_source, solution_source, f"drills/mine/{lesson.stem}.py"):
         if problem not in problems:  # a public docstring is reported once, by the check above
             problems.append(problem)
-    problems += numbering_problems(lesson, stub_source)
     problems += bounds_problems(lesson, solution_source)
     problems += domain_problems(lesson, solution_source)
     if problems and origin is not None:

@@ -4,7 +4,7 @@ function taking its arguments (`hint(lesson, restart=True)`) and returning the e
 argparse wiring lives in drills/__main__.py.
 
 Grading always runs the lesson's grader in a child process, exactly as `make test` does, and reads
-the results it writes (`--drills-report`, drills/grading.py). Learner state (which hint comes next,
+the results it writes (`--drills-report`, drills/report.py). Learner state (which hint comes next,
 backups made by reset) lives under .drills/, which git ignores. Two environment variables point the
 tools elsewhere, which is how their tests leave the real files alone: DRILLS_MINE_DIR (the folder of
 the learner's files, default drills/mine) and DRILLS_STATE_DIR (default .drills).
@@ -24,8 +24,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from drills import contract, explainer, grading
-from drills.grading.grader import pytest_run
+from drills import explainer, stubs
+from drills.grading.grader import pytest_run, report
 from drills.lessons import LESSONS, ROOT, Lesson
 
 MINE_DIR_ENV = "DRILLS_MINE_DIR"
@@ -44,7 +44,7 @@ def state_dir() -> Path:
     return Path(os.environ.get(STATE_DIR_ENV) or ROOT / ".drills").resolve()
 
 
-rel = grading.relative
+rel = report.relative
 
 
 # --- Grading the learner's file ------------------------------------------------------------------
@@ -68,7 +68,7 @@ def grade(lesson: Lesson, timeout: float | None = None) -> Grade:
 
 def load_mine(lesson: Lesson):
     """The learner's module, loaded in this process (for the not-started check and the performance)."""
-    return contract.load_from_file(mine_file(lesson), f"drills._learner_{lesson.stem}")
+    return stubs.load_from_file(mine_file(lesson), f"drills._learner_{lesson.stem}")
 
 
 def is_untouched_stub(lesson: Lesson) -> bool:
@@ -77,7 +77,7 @@ def is_untouched_stub(lesson: Lesson) -> bool:
     path = mine_file(lesson)
     if not path.exists():
         return False
-    stub = contract.pristine_stub_source(lesson)
+    stub = stubs.pristine_stub_source(lesson)
     return stub is not None and path.read_text() == stub
 
 
@@ -94,7 +94,7 @@ def progress_grades(on_gpu: bool = False) -> list[Grade]:
     with ThreadPoolExecutor(_workers(on_gpu)) as pool:
         graded = dict(zip(started, pool.map(grade, started)))
     return [
-        graded.get(lesson) or Grade(lesson, "not started", stages=grading.report.lesson_stages(lesson))
+        graded.get(lesson) or Grade(lesson, "not started", stages=report.lesson_stages(lesson))
         for lesson in LESSONS
     ]
 
@@ -405,7 +405,7 @@ def backup(path: Path, stem: str) -> Path:
 def reset(lesson: Lesson) -> int:
     """make reset: back the learner's file up under .drills/backups, then restore the committed stub."""
     path = mine_file(lesson)
-    stub = contract.pristine_stub_source(lesson, committed_only=True)
+    stub = stubs.pristine_stub_source(lesson, committed_only=True)
     if stub is None:
         print(
             f"reset: cannot read the committed stub of {lesson.id} (git show HEAD:{rel(lesson.stub)} failed; "
@@ -439,7 +439,7 @@ def diff(lesson: Lesson) -> int:
     if mine == reference:
         print(f"{lesson.id} passes, and {rel(mine_file(lesson))} is identical to {rel(lesson.solution)}")
         return 0
-    stub = contract.pristine_stub_source(lesson, committed_only=True)  # never the learner's own file
+    stub = stubs.pristine_stub_source(lesson, committed_only=True)  # never the learner's own file
     mine_lines, hidden = without_stub_comments(mine, stub, reference)
     print(f"{lesson.id} passes. The reference beside yours: lines with - are the reference's, + yours.")
     if hidden:

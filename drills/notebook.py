@@ -22,7 +22,8 @@ import hashlib
 import importlib
 from types import ModuleType
 
-from drills import contract, grading, learner
+from drills import learner, stubs
+from drills.grading.grader import report
 from drills.lessons import find
 
 NOT_STARTED = "not started (fill in its TODOs)"
@@ -32,7 +33,7 @@ def implementation(lesson_id: str) -> tuple[ModuleType, str]:
     """(the module the notebook runs, the line saying which file it is and why)."""
     lesson = find(lesson_id)
     path = learner.mine_file(lesson)
-    yours, reference = grading.relative(path), grading.relative(lesson.solution)
+    yours, reference = report.relative(path), report.relative(lesson.solution)
 
     def fallback(why: str) -> tuple[ModuleType, str]:
         return importlib.import_module(lesson.module("solutions")), (
@@ -42,7 +43,7 @@ def implementation(lesson_id: str) -> tuple[ModuleType, str]:
 
     if not path.exists():
         return fallback(f"missing (make reset L={lesson.id} restores the stub)")
-    if path.read_text() == contract.pristine_stub_source(lesson):
+    if path.read_text() == stubs.pristine_stub_source(lesson):
         return fallback(NOT_STARTED)
     known = learner.last_grade(lesson)  # grades the file first when it changed since its last grading
     if known["state"] == "not started":  # the same words as for the untouched stub
@@ -51,7 +52,7 @@ def implementation(lesson_id: str) -> tuple[ModuleType, str]:
         return fallback(f"failing: {known['status']} (make hint L={lesson.id})")
     if known["state"] != "passing":
         return fallback(f"{known['state']}: {first_line(known.get('message'))}")
-    module = contract.load_from_file(path, f"drills._learner_{lesson.stem}")
+    module = stubs.load_from_file(path, f"drills._learner_{lesson.stem}")
     if hashlib.sha256(path.read_bytes()).hexdigest() != known.get("fingerprint"):
         return fallback("changed while it was being graded (run this cell again)")
     return module, f"{lesson.id} runs YOUR {yours}: it passes its grader."

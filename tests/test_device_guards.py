@@ -1,5 +1,5 @@
 """The references' device guards, on the CPU (Triton's interpreter) or a GPU: every bad device value of
-drills/guard_cases.py is contained (invalid rows zero, lse -inf, valid rows unchanged), recorded in the
+drills/tests/guards_<stem>.py is contained (invalid rows zero, lse -inf, valid rows unchanged), recorded in the
 device error word and raised by raise_device_errors() naming the argument, and refused by check=True
 before any launch. On a GPU the same cases run under compute-sanitizer (drills/benchmarks/memcheck.py)."""
 
@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 
 import drills.runtime
-from drills import device_errors, guard_cases
+from drills import device_errors
+from drills.tests import guards
 
 # The interpreter reads CPU tensors, compiled Triton CUDA ones: the cases run where the kernels do.
 DEVICE = "cpu" if drills.runtime.current().interpreter else "cuda"
-CASES = guard_cases.all_cases(DEVICE)
+CASES = guards.all_cases(DEVICE)
 
 
 @pytest.fixture(autouse=True)

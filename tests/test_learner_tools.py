@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 import drills.runtime
-from drills import bench, contract, doctor, explainer, grading, learner
-from drills.grading.grader import pytest_run
+from drills import bench, doctor, explainer, learner, stubs
+from drills.grading.grader import pytest_run, report
 from drills.grading.shared.launches import count_triton_launches
 from drills.lessons import LESSONS, ROOT, find
 from drills.tests import seeded
@@ -40,7 +40,7 @@ def mine(tmp_path, monkeypatch):
     folder = tmp_path / "mine"
     folder.mkdir()
     for lesson in LESSONS:
-        (folder / f"{lesson.stem}.py").write_text(contract.pristine_stub_source(lesson))
+        (folder / f"{lesson.stem}.py").write_text(stubs.pristine_stub_source(lesson))
     monkeypatch.setenv(learner.MINE_DIR_ENV, str(folder))
     monkeypatch.setenv(learner.STATE_DIR_ENV, str(tmp_path / "state"))
     return folder
@@ -127,7 +127,7 @@ def test_diff_waits_for_a_pass_then_shows_the_reference(mine, capsys):
 def test_diff_leaves_out_the_stub_comments_the_learner_kept(mine, capsys):
     """A learner who fills each hole under its TODO keeps the TODO: that comment came with the stub, is
     not the learner's, and must not stand as a "+ yours" line; a comment the learner wrote stays."""
-    stub = contract.pristine_stub_source(T1, committed_only=True)
+    stub = stubs.pristine_stub_source(T1, committed_only=True)
     todos = [line for line in stub.splitlines(keepends=True) if line.lstrip().startswith("# TODO")]
     assert todos, "T1's stub has TODO comments"
     solution = T1.solution.read_text()
@@ -143,7 +143,7 @@ def test_diff_leaves_out_the_stub_comments_the_learner_kept(mine, capsys):
 
 
 def test_reset_leaves_the_backup_it_names(mine, tmp_path, capsys):
-    if contract.pristine_stub_source(T1, committed_only=True) is None:
+    if stubs.pristine_stub_source(T1, committed_only=True) is None:
         pytest.skip("not a git checkout: reset needs the committed stub")
     mine_file = mine / f"{T1.stem}.py"
     mine_file.write_text("# my work in progress\n")
@@ -151,8 +151,8 @@ def test_reset_leaves_the_backup_it_names(mine, tmp_path, capsys):
     out = capsys.readouterr().out
     backups = list((tmp_path / "state" / "backups").glob("t1_vector_add-*.py"))
     assert len(backups) == 1 and backups[0].read_text() == "# my work in progress\n"
-    assert grading.relative(backups[0]) in out
-    assert mine_file.read_text() == contract.pristine_stub_source(T1)
+    assert report.relative(backups[0]) in out
+    assert mine_file.read_text() == stubs.pristine_stub_source(T1)
     assert learner.reset(T1) == 0  # already the stub: nothing to do, nothing lost
     assert "already the untouched stub" in capsys.readouterr().out
     mine_file.write_text("# second try\n")
@@ -179,7 +179,7 @@ def _mistakes(lesson):
 def test_hints_never_show_the_solution(lesson):
     """No hint for any diagnosable mistake quotes a line of the solution that neither the stub nor the
     explainer already shows the learner (the worked examples quote the lines they teach)."""
-    stub = {line.strip() for line in (contract.pristine_stub_source(lesson) or "").splitlines()}
+    stub = {line.strip() for line in (stubs.pristine_stub_source(lesson) or "").splitlines()}
     taught = lesson.explainer.read_text()
     solution_only = [
         line.strip()
@@ -309,11 +309,11 @@ def test_summary_names_each_check_and_the_first_failure(tmp_path):
 
 def test_untouched_stub_is_one_not_started_line(tmp_path):
     path = tmp_path / f"{T1.stem}.py"
-    path.write_text(contract.pristine_stub_source(T1))
+    path.write_text(stubs.pristine_stub_source(T1))
     proc = run_grader(path)
     assert proc.returncode == pytest_run.NOT_STARTED_EXIT
     assert [line for line in proc.stdout.splitlines() if "not started" in line] == [
-        contract.not_started_message(contract.load_from_file(path, "drills._stub_t1"))
+        stubs.not_started_message(stubs.load_from_file(path, "drills._stub_t1"))
     ]
     assert "first failure" not in proc.stdout and "checks passing" not in proc.stdout
 
@@ -431,16 +431,16 @@ def _learner_facing_text():
 
     yield "README.md", (ROOT / "README.md").read_text(), True
     for lesson in LESSONS:
-        yield grading.relative(lesson.explainer), lesson.explainer.read_text(), True
+        yield report.relative(lesson.explainer), lesson.explainer.read_text(), True
         yield (
-            grading.relative(lesson.stub),
-            contract.pristine_stub_source(lesson) or lesson.stub.read_text(),
+            report.relative(lesson.stub),
+            stubs.pristine_stub_source(lesson) or lesson.stub.read_text(),
             False,
         )
-        yield grading.relative(lesson.tests), lesson.tests.read_text(), False
+        yield report.relative(lesson.tests), lesson.tests.read_text(), False
         for i, cell in enumerate(json.loads(lesson.notebook.read_text())["cells"]):
             yield (
-                f"{grading.relative(lesson.notebook)} cell {i}",
+                f"{report.relative(lesson.notebook)} cell {i}",
                 "".join(cell["source"]),
                 cell["cell_type"] == "markdown",
             )
@@ -520,10 +520,10 @@ def _course_code():
 
     for lesson in LESSONS:
         yield lesson.solution, None
-        yield lesson.stub, contract.pristine_stub_source(lesson)
+        yield lesson.stub, stubs.pristine_stub_source(lesson)
         for i, cell in enumerate(json.loads(lesson.notebook.read_text())["cells"]):
             if cell["cell_type"] == "code":
-                yield f"{grading.relative(lesson.notebook)} cell {i}", "".join(cell["source"])
+                yield f"{report.relative(lesson.notebook)} cell {i}", "".join(cell["source"])
     for path in sorted((ROOT / "drills").rglob("*.py")):
         if path.parent.name not in ("mine", "solutions") and path.name != Path(__file__).name:
             yield path, None  # the engine, graders and their helpers, grading, mutants, benchmarks...
@@ -575,7 +575,7 @@ def test_source_notes_check_can_fail():
 def test_notebook_imports_your_file_only_once_it_passes(mine):
     from drills.notebook import implementation
 
-    name = f"drills._learner_{T1.stem}"  # where contract.load_from_file puts the learner's module
+    name = f"drills._learner_{T1.stem}"  # where stubs.load_from_file puts the learner's module
     sys.modules.pop(name, None)
     module, note = implementation("t1")  # the untouched stub: not graded, not imported
     assert module.__name__ == T1.module("solutions") and "REFERENCE" in note and "not started" in note, note
@@ -620,7 +620,7 @@ def test_every_stage_names_checks_its_grader_has(lesson_id):
 
     lesson = find(lesson_id)
     grader = importlib.import_module(f"drills.tests.{lesson.tests.stem}")
-    stages = grading.report.lesson_stages(lesson)
+    stages = report.lesson_stages(lesson)
     assert len(stages) == 3 and stages == grader.STAGES
     for stage in stages:
         for pattern in stage.patterns:
@@ -642,7 +642,7 @@ def _solution_with_stub_raise(lesson, function: str) -> str:
     """The lesson's solution with `function` left as the stub has it: raising its NotImplementedError."""
     import ast
 
-    stub, source = contract.pristine_stub_source(lesson), lesson.solution.read_text()
+    stub, source = stubs.pristine_stub_source(lesson), lesson.solution.read_text()
 
     def function_node(text):
         return next(

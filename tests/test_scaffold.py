@@ -1,5 +1,6 @@
 """Tests of `python -m drills new` (drills/scaffold.py) and of the contract's two jobs it leans on
-(drills/contract.py): which stub it reads, and the pitfall numbering across a lesson's files.
+(drills/contract.py): which stub it reads, and the pitfall numbering across a lesson's files
+(drills/pitfall_numbering.py).
 
 The scaffold runs in a copy of the repository in a temporary folder (the working tree's files, committed
 there as the copy's own HEAD), through the copy's own `python -m drills`: the real drills/lessons.py and
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import drills.mutants
-from drills import contract, scaffold
+from drills import contract, pitfall_numbering, scaffold, stubs
 from drills.grading.grader.pytest_run import NOT_STARTED_EXIT
 from drills.lessons import ROOT, find
 
@@ -187,7 +188,7 @@ def test_contract_reads_a_stub_being_edited_and_leaves_a_learners_file_alone(cop
 
 
 def test_t1s_numbering_agrees():
-    assert contract.numbering_problems(T1) == []
+    assert pitfall_numbering.numbering_problems(T1) == []
 
 
 def test_a_pitfall_without_a_mistake_or_mutant_is_named():
@@ -198,45 +199,47 @@ def test_a_pitfall_without_a_mistake_or_mutant_is_named():
     text = text.replace(
         "\nAnswers:", f"{n}. **One more mistake.** Caught by `test_last_block_is_masked`.\n\nAnswers:", 1
     )
-    problems = contract.numbering_problems(T1, explainer_text=text)
+    problems = pitfall_numbering.numbering_problems(T1, explainer_text=text)
     assert any(f"pitfall {n}" in p and "MISTAKES" in p for p in problems), problems
     assert any(f"pitfall {n}" in p and "mutant" in p for p in problems), problems
 
 
 def test_pitfalls_numbered_twice_are_named():
     text = T1.explainer.read_text().replace("\n5. **", "\n4. **", 1)
-    assert any("numbered" in p for p in contract.numbering_problems(T1, explainer_text=text))
+    assert any("numbered" in p for p in pitfall_numbering.numbering_problems(T1, explainer_text=text))
 
 
 def test_a_mistake_or_mutant_naming_no_listed_pitfall_is_named(monkeypatch):
     from drills.grading.grader.diagnose import Mistake
 
-    mistakes = contract.grader_mistakes(T1)
-    monkeypatch.setattr(contract, "grader_mistakes", lambda lesson: mistakes + [Mistake(9, section="7.7")])
+    mistakes = pitfall_numbering.grader_mistakes(T1)
+    monkeypatch.setattr(
+        pitfall_numbering, "grader_mistakes", lambda lesson: mistakes + [Mistake(9, section="7.7")]
+    )
     mutants = drills.mutants.load_mutants(T1.stem)
     extra = drills.mutants.Mutant("nine", "9. a mistake the explainer lacks", "x", "y")
     monkeypatch.setattr(drills.mutants, "load_mutants", lambda stem: mutants + [extra])
-    problems = contract.numbering_problems(T1)
+    problems = pitfall_numbering.numbering_problems(T1)
     assert any("names pitfall 9" in p for p in problems), problems
     assert any("'7.7' is not a section" in p for p in problems), problems
     assert any("mutant nine" in p for p in problems), problems
 
 
 def test_a_todo_naming_a_missing_or_retitled_section_is_named():
-    stub = contract.pristine_stub_source(T1)
+    stub = stubs.pristine_stub_source(T1)
     retitled = stub.replace('TODO(section 3.2 "Offsets")', 'TODO(section 3.2 "Offsets and strides")')
     missing = stub.replace('TODO(section 3.2 "Offsets")', 'TODO(section 3.9 "Offsets")')
     bare = stub.replace('TODO(section 3.2 "Offsets")', "TODO")
-    assert any("titles it 'Offsets'" in p for p in contract.numbering_problems(T1, retitled))
-    assert any("section 3.9" in p for p in contract.numbering_problems(T1, missing))
-    assert any("names no section" in p for p in contract.numbering_problems(T1, bare))
+    assert any("titles it 'Offsets'" in p for p in pitfall_numbering.numbering_problems(T1, retitled))
+    assert any("section 3.9" in p for p in pitfall_numbering.numbering_problems(T1, missing))
+    assert any("names no section" in p for p in pitfall_numbering.numbering_problems(T1, bare))
 
 
 def test_todo_sections_reads_stages_and_two_sections():
     source = (
         '# TODO(stage 2, section 3.1 "The grid"): a\n# TODO(section 3.3 "exp2" and 3.4 "One key block"): b\n'
     )
-    assert contract.todo_sections(source) == [
+    assert pitfall_numbering.todo_sections(source) == [
         (1, "3.1", "The grid"),
         (2, "3.3", "exp2"),
         (2, "3.4", "One key block"),

@@ -1,4 +1,4 @@
-"""Every bad device value of drills/guard_cases.py on a GPU, for `make guards`, which runs this module
+"""Every bad device value of drills/tests/guards_<stem>.py on a GPU, for `make guards`, which runs this module
 under `compute-sanitizer --tool memcheck` and writes its log to drills/content/device_guards.memcheck.log.
 
 Each case calls the reference with check=False (the default GPU path: nothing read on the host) and
@@ -14,7 +14,8 @@ import sys
 
 import torch
 
-from drills import device_errors, guard_cases
+from drills import device_errors
+from drills.tests import guards
 
 
 def run_case(case) -> str | None:
@@ -46,7 +47,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("make guards needs a CUDA GPU (compute-sanitizer watches GPU memory)")
         return 2
-    cases = guard_cases.all_cases("cuda")
+    cases = guards.all_cases("cuda")
     failed = 0
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {len(cases)} cases", flush=True)
     for case in cases:

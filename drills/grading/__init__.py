@@ -34,22 +34,6 @@ shared/   imported on both sides
 Data flows one way: the CLI and the learner tools -> grader/pytest_run -> pytest with the plugin (the
 learner's code in its own process, learner/) -> the report over the channel -> diagnose -> report -> one
 screen. learner/ imports nothing from grader/, and shared/ neither. This package imports nothing from
-drills.tests; it only reads each lesson grader's MISTAKES and STAGES by name.
+drills.tests; it only reads each lesson grader's MISTAKES and STAGES by name. Nothing is imported
+here: the learner's process imports learner/ and shared/ alone.
 """
-
-# The report's names, where the rest of the course has always found them (drills.grading.Case, ...).
-from drills.grading.grader.report import (  # noqa: E402,F401
-    CASES,
-    FINDINGS,
-    IMPORT_ERROR,
-    NOT_STARTED,
-    Case,
-    check_name,
-    clip,
-    failure_message,
-    finding_dict,
-    random_cases_line,
-    relative,
-    render,
-    skip_reason,
-)

@@ -13,12 +13,12 @@ import math
 import pytest
 import torch
 
-from drills import guard_cases, validate
+from drills import validate
 from drills.compare import assert_close, mismatch
 from drills.grading.grader.diagnose import Mistake
 from drills.grading.grader.report import Stage
 from drills.grading.shared.launches import assert_grids_fit, assert_runs_a_triton_kernel
-from drills.tests import bf16_everywhere, seeded, sizes
+from drills.tests import bf16_everywhere, guards_f2_cascade_decode, seeded, sizes
 from drills.tests.domain import Domain, checks_besides
 from drills.tests.paged_kv import (
     HEAD_DIMS,
@@ -603,7 +603,7 @@ def test_gqa_group_wider_than_a_tile(impl, runtime):
     check(impl, case, groups, plens, plan=plan)
 
 
-GROUP_GUARDS = [c.name for c in guard_cases.f2_cases("cpu") if c.name.startswith("prefix_")]
+GROUP_GUARDS = [c.name for c in guards_f2_cascade_decode.cases("cpu") if c.name.startswith("prefix_")]
 
 
 @pytest.mark.parametrize("name", GROUP_GUARDS)
@@ -612,7 +612,7 @@ def test_bad_group_values_on_the_device_are_contained(impl, runtime, name):
     [-1, G) or a prefix length that is no whole number of pages, past a member's context or past the table
     (section 3.6). The kernels must not follow it: they record it in the device error word, which names
     the argument, and never read outside the tensors they were given."""
-    case = next(c for c in guard_cases.f2_cases(runtime.device, impl) if c.name == name)
+    case = next(c for c in guards_f2_cascade_decode.cases(runtime.device, impl) if c.name == name)
     with pytest.raises(Exception, match=case.argument) as raised:
         case.call(False)
     assert "device guard" in str(raised.value), (

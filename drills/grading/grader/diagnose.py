@@ -37,6 +37,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from drills.grading.grader.report import case_matches, stage_of
+
 
 @dataclass(frozen=True)
 class Mistake:
@@ -70,16 +72,6 @@ class Finding:
     kind: str = ""  # for pitfall == 0: "crash", "timeout", "out_of_bounds", "exception", ...
 
 
-def _matches(case_id: str, pattern: str) -> bool:
-    """A case id against a pattern: the exact id, or the check's name (all its cases), with * and ? as
-    wildcards. Brackets are literal: "test_x[n1]" names that one case, not a character class."""
-    check = case_id.split("[", 1)[0]
-    regex = "".join(".*" if ch == "*" else "." if ch == "?" else re.escape(ch) for ch in pattern)
-    return re.fullmatch(regex, case_id) is not None or (
-        "[" not in pattern and re.fullmatch(regex, check) is not None
-    )
-
-
 @dataclass
 class _Score:
     mistake: Mistake
@@ -89,17 +81,17 @@ class _Score:
 
 
 def score(mistake: Mistake, cases) -> _Score:
-    """How many of the mistake's conditions the results meet. cases: grading.Case-like objects."""
+    """How many of the mistake's conditions the results meet. cases: report.Case-like objects."""
     s = _Score(mistake)
     failing = [c for c in cases if c.outcome == "failed"]
     for pattern in mistake.fails:
         s.total += 1
-        hits = [c for c in failing if _matches(c.id, pattern)]
+        hits = [c for c in failing if case_matches(c.id, pattern)]
         if hits:
             s.held += 1
             s.witnesses += [c for c in hits if c not in s.witnesses]
     for pattern in mistake.passes:
-        ran = [c for c in cases if c.outcome in ("passed", "failed") and _matches(c.id, pattern)]
+        ran = [c for c in cases if c.outcome in ("passed", "failed") and case_matches(c.id, pattern)]
         if not ran:
             continue  # skipped on this machine: says nothing either way
         s.total += 1
@@ -211,8 +203,6 @@ def unwritten_function(message: str) -> str | None:
 
 def _unwritten_finding(cases, stages) -> Finding:
     """ "stage N not written yet: function X" for the earliest stage whose cases hit a not-started raise."""
-    from drills.grading.grader.report import stage_of
-
     hits = [c for c in cases if not_written(c)]
     if stages:
         first = min(hits, key=lambda c: stage_of(c.id, list(stages)))

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 import drills.runtime
-from drills import contract, grading
+from drills import stubs
 from drills.grading.grader import process_tree
+from drills.grading.grader import report as summary
 from drills.grading.grader.pytest_run import NOT_STARTED_EXIT
 from drills.grading.grader.report import STAGES, report_text, stage_lines
 from drills.grading.grader.report_channel import write_to_fd
@@ -75,7 +76,7 @@ FINDINGS = pytest.StashKey[dict]()  # stem -> the diagnosis, as the report store
 ORDER = pytest.StashKey[list]()  # case ids in the grader's order (when some were left out: make mutants)
 GENERATION = pytest.StashKey[int]()  # the learner process's generation when its trace started
 COVERAGE = pytest.StashKey[dict]()  # case id -> lines of the graded file it ran (None: unknown)
-# RESULTS: stem -> {case id: grading.Case}, in the order the cases ran
+# RESULTS: stem -> {case id: summary.Case}, in the order the cases ran
 # NOT_STARTED and IMPORT_ERRORS hold (stem, the one line to print) pairs
 LESSON_STEMS = {lesson.stem for lesson in LESSONS}
 
@@ -131,7 +132,7 @@ def _require_kernels(module, solution) -> None:
 
 def _graded_path(config, stem: str) -> str:
     path = config.getoption("--impl-file")
-    return grading.relative(path) if path else f"drills/{config.getoption('--impl')}/{stem}.py"
+    return summary.relative(path) if path else f"drills/{config.getoption('--impl')}/{stem}.py"
 
 
 def pytest_report_header(config):
@@ -187,9 +188,7 @@ def pytest_collection_modifyitems(session, config, items):
             continue
         message = config.stash[LOADED][stem].ready.get("not_started")
         # A function still raising, with another's raise deleted, is a staged lesson begun at its first stage.
-        if message is not None and not contract.deleted_a_stub_raise(
-            _graded_file(config, stem)[0], find(stem)
-        ):
+        if message is not None and not stubs.deleted_a_stub_raise(_graded_file(config, stem)[0], find(stem)):
             lines.append((stem, message))
     if lines or errors:
         config.stash[NOT_STARTED] = lines
@@ -218,7 +217,7 @@ def _leave_out_assumed(config, items) -> None:
             keep.append(item)
             continue
         dropped.append(item)
-        config.stash.setdefault(RESULTS, {}).setdefault(stem, {})[case["id"]] = grading.Case(
+        config.stash.setdefault(RESULTS, {}).setdefault(stem, {})[case["id"]] = summary.Case(
             case["id"], case["check"], case["outcome"], case.get("message", "")
         )
     if dropped:
@@ -270,7 +269,7 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
     if report.failed and call.excinfo is not None:
-        report.drills_message = grading.failure_message(call.excinfo)
+        report.drills_message = summary.failure_message(call.excinfo)
 
 
 class Recorder:
@@ -290,13 +289,13 @@ class Recorder:
             if report.when != "call":
                 message = f"(in {report.when}) {message}"
             if case_id not in cases or cases[case_id].outcome != "failed":
-                cases[case_id] = grading.Case(case_id, grading.check_name(case_id), "failed", message)
+                cases[case_id] = summary.Case(case_id, summary.check_name(case_id), "failed", message)
         elif report.skipped:
-            cases[case_id] = grading.Case(
-                case_id, grading.check_name(case_id), "skipped", grading.skip_reason(report.longrepr)
+            cases[case_id] = summary.Case(
+                case_id, summary.check_name(case_id), "skipped", summary.skip_reason(report.longrepr)
             )
         elif case_id not in cases:
-            cases[case_id] = grading.Case(case_id, grading.check_name(case_id), "passed")
+            cases[case_id] = summary.Case(case_id, summary.check_name(case_id), "passed")
 
 
 def pytest_configure(config):
@@ -327,7 +326,7 @@ def findings_for(session, stem: str, cases: list) -> list[dict]:
     lesson = find(stem)
     titles = {p.number: p.title for p in explainer.pitfalls(lesson)}
     stages = list(_module_attr(session, stem, "STAGES"))  # which stage a function not written yet is in
-    return [grading.finding_dict(f) for f in diagnose.diagnose(cases, mistakes, titles, stages=stages)]
+    return [summary.finding_dict(f) for f in diagnose.diagnose(cases, mistakes, titles, stages=stages)]
 
 
 def _findings(session) -> dict:
@@ -364,12 +363,12 @@ def pytest_sessionfinish(session, exitstatus):
     if path or fd is not None:
         findings = _findings(session)
         lessons = {
-            stem: {grading.CASES: list(cases.values()), grading.FINDINGS: findings.get(stem, [])}
+            stem: {summary.CASES: list(cases.values()), summary.FINDINGS: findings.get(stem, [])}
             for stem, cases in config.stash.get(RESULTS, {}).items()
         }
-        for key, found in ((grading.NOT_STARTED, not_started), (grading.IMPORT_ERROR, errors)):
+        for key, found in ((summary.NOT_STARTED, not_started), (summary.IMPORT_ERROR, errors)):
             for stem, line in found:
-                lessons.setdefault(stem, {grading.CASES: []})[key] = line
+                lessons.setdefault(stem, {summary.CASES: []})[key] = line
         for stem, info in lessons.items():  # a staged lesson's stages (drills/grading/grader/report.py)
             info[STAGES] = list(_module_attr(session, stem, "STAGES"))
         text = report_text(lessons, base_seed(), session.exitstatus)
@@ -403,7 +402,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     terminalreporter.write_line("")
     for stem, cases in results.items():
         lesson = find(stem)
-        for line in grading.render(
+        for line in summary.render(
             lesson,
             list(cases.values()),
             _graded_path(config, stem),
@@ -418,7 +417,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
                 bold=line.startswith(f"{lesson.id}: "),
             )
     if not detailed:
-        terminalreporter.write_line(grading.random_cases_line(base_seed()))
+        terminalreporter.write_line(summary.random_cases_line(base_seed()))
 
 
 @pytest.fixture(scope="module")

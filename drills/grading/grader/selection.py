@@ -35,8 +35,13 @@ EVERY_CHECK = None  # changed_lines' answer when every check must run
 
 def harness_files() -> list[Path]:
     """What a grading's verdicts depend on besides the reference and its grader."""
-    return sorted((ROOT / "drills" / "grading").glob("*.py")) + sorted(
-        (ROOT / "drills" / "tests").glob("*.py")
+    # Every folder of the harness (grader/, learner/, shared/), and what the learner's process loads
+    # beside it: a stub's loader and the interpreter's front end.
+    loaded = [ROOT / "drills" / name for name in ("stubs.py", "frontend_cache.py")]
+    return (
+        sorted((ROOT / "drills" / "grading").rglob("*.py"))
+        + loaded
+        + sorted((ROOT / "drills" / "tests").glob("*.py"))
     )
 
 

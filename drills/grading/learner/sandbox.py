@@ -573,7 +573,7 @@ def import_from_source(folders: list[str]) -> None:
 
 
 def load_from_source(path: str, name: str):
-    """The learner's file imported as module `name`, compiled from its source (contract.load_from_file
+    """The learner's file imported as module `name`, compiled from its source (stubs.load_from_file
     would take a .pyc of it from __pycache__)."""
     import importlib.util
 

@@ -348,7 +348,7 @@ def prepare() -> None:
     drills.runtime.select()
     import torch  # noqa: F401
 
-    from drills import contract  # noqa: F401
+    from drills import stubs  # noqa: F401
     from drills.grading.learner import run_call  # noqa: F401
     from drills.grading.shared import (
         bigmem,  # noqa: F401
@@ -404,7 +404,7 @@ def run_file(fd: int, graded_file: str, module_name: str, reference: bool) -> in
     go to this process's stdout/stderr, which the grader keeps in a log."""
     from multiprocessing.connection import Connection
 
-    from drills import contract
+    from drills import stubs
     from drills.grading.learner.instrument import TritonWatch, poison_empty
     from drills.grading.learner.sandbox import (
         apply_landlock,
@@ -430,7 +430,7 @@ def run_file(fd: int, graded_file: str, module_name: str, reference: bool) -> in
         # The learner's modules run from the source the static check read, never from a .pyc.
         import_from_source(learner_folders(graded_file))
     try:
-        load = contract.load_from_file if reference else load_from_source
+        load = stubs.load_from_file if reference else load_from_source
         module = load(graded_file, module_name)
     except BaseException as exc:  # noqa: BLE001
         if isinstance(exc, SystemExit):
@@ -439,7 +439,7 @@ def run_file(fd: int, graded_file: str, module_name: str, reference: bool) -> in
         return 0
     server.send(("imported", None))  # a crash from here on is not an import problem
     try:
-        not_started = contract.not_started_message(module)
+        not_started = stubs.not_started_message(module)
     except BaseException:  # noqa: BLE001
         not_started = None
     server.send(
