@@ -1,6 +1,6 @@
 """The references' device guards, on the CPU (Triton's interpreter) or a GPU: every bad device value of
-drills/tests/guards_<stem>.py is contained (invalid rows zero, lse -inf, valid rows unchanged), recorded in the
-device error word and raised by raise_device_errors() naming the argument, and refused by check=True
+drills/tests/guards_<stem>.py is contained (invalid rows zero, lse -inf, valid rows unchanged), recorded in
+the device error word and raised by raise_device_errors() naming the argument, and refused by check=True
 before any launch. On a GPU the same cases run under compute-sanitizer (drills/benchmarks/memcheck.py)."""
 
 from __future__ import annotations

@@ -309,8 +309,9 @@ def reported(result: pytest_run.Grade, path) -> tuple:
 )
 def test_warm_gradings_report_what_fresh_ones_do(tmp_path, monkeypatch):
     """make mutants forks each grading, and each learner process, from warm processes that imported
-    torch and Triton once (drills/grading/grader/fork_server.py). A mistake and a crash must be reported exactly as a
-    fresh `make test` reports them; an endless loop times out, and the next check runs in a new process."""
+    torch and Triton once (drills/grading/grader/fork_server.py). A mistake and a crash must be reported
+    exactly as a fresh `make test` reports them; an endless loop times out, and the next check runs in a
+    new process."""
     crash = "    import os, signal\n    os.kill(os.getpid(), signal.SIGSEGV)\n    return _launch(x, y, out)\n"
     endless = "    mask = offs < n  # [BLOCK]\n    while n > 0:  # never ends\n        pass\n"
     files = {

@@ -1,5 +1,5 @@
-"""make mutants' coverage-guided selection (drills/grading/grader/selection.py, drills/mutants/grade.py): which
-statements a mutant changed, which checks can see them, and the comparison with a full grading that
+"""make mutants' coverage-guided selection (drills/grading/grader/selection.py, drills/mutants/grade.py):
+which statements a mutant changed, which checks can see them, and the comparison with a full grading that
 must catch a selection that changed a verdict."""
 
 from __future__ import annotations

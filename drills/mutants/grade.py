@@ -13,8 +13,8 @@ def grade_mutants(lesson_id: str | None = None, gpu_only: bool = False, full: bo
     mutants run only on a GPU; with gpu_only (make check on a GPU) only those run.
 
     Each mutant is graded as `make test` grades a learner's file. On the CPU the gradings are forked
-    from one warm process (drills/grading/grader/fork_server.py: no second of imports per grading), and those of all
-    lessons share the cores, printed lesson by lesson.
+    from one warm process (drills/grading/grader/fork_server.py: no second of imports per grading), and those
+    of all lessons share the cores, printed lesson by lesson.
 
     There, each mutant runs only the checks that can see it (drills/grading/grader/selection.py: the others
     execute exactly the reference's code and keep its verdict), and one mutant per lesson is also graded

@@ -2,18 +2,19 @@
 
 A grading starts two Python processes, the grader's pytest and the learner's process, and each spends
 about a second importing torch and Triton before it does anything: most of the time of a small lesson's
-mutant. `GradingPool` starts one process (`python -m drills.grading.grader.fork_server`) that imports them once and
-forks, per grading, a child that runs `pytest.main` with the arguments `drills.grading.grader.pytest_run.grade` gives
-a fresh `python -m pytest`. Before importing pytest it forks a second warm process, from the exact
-point where `python -m drills.grading.learner.serve_calls` would import the learner's file; the learner's processes
-of those gradings are forked from it (`start_learner_process`, which drills/grading/grader/learner_client.py asks
-first). Each learner file is still imported in a process of its own, its kernels seen by no other
-grading; what a grading checks and reports is unchanged, only the start is shorter.
+mutant. `GradingPool` starts one process (`python -m drills.grading.grader.fork_server`) that imports them
+once and forks, per grading, a child that runs `pytest.main` with the arguments
+`drills.grading.grader.pytest_run.grade` gives a fresh `python -m pytest`. Before importing pytest it forks a
+second warm process, from the exact point where `python -m drills.grading.learner.serve_calls` would import
+the learner's file; the learner's processes of those gradings are forked from it (`start_learner_process`,
+which drills/grading/grader/learner_client.py asks first). Each learner file is still imported in a process of
+its own, its kernels seen by no other grading; what a grading checks and reports is unchanged, only the start
+is shorter.
 
 Forking is safe here because neither warm process has run a kernel or started a thread (one thread per
-math library, learner_client.child_env), and it is used only under Triton's interpreter on Linux (`unavailable`):
-a process that has touched CUDA cannot be forked, nor one that loaded macOS's frameworks. `make test`
-(one grading) never uses it.
+math library, learner_client.child_env), and it is used only under Triton's interpreter on Linux
+(`unavailable`): a process that has touched CUDA cannot be forked, nor one that loaded macOS's frameworks.
+`make test` (one grading) never uses it.
 """
 
 from __future__ import annotations
@@ -85,8 +86,8 @@ def _child_exit(code: int) -> None:
 def serve_learner_processes(listener: socket.socket, parent_gone: int) -> None:
     """The warm learner process: for each request on listener (the file, its module name, whether it is
     a reference, the environment, and two descriptors: the grader's socket and the log), fork a child
-    that runs drills.grading.learner.serve_calls.run_file on it. Replies the child's pid, then its returncode when it
-    ends. Returns (its children killed) when parent_gone reads end of file."""
+    that runs drills.grading.learner.serve_calls.run_file on it. Replies the child's pid, then its returncode
+    when it ends. Returns (its children killed) when parent_gone reads end of file."""
     from drills.grading.learner import serve_calls as worker
 
     clients: dict[int, socket.socket | None] = {}  # pid -> the connection that asked (None: hung up)
@@ -209,7 +210,8 @@ def start_learner_process(
     sock: socket.socket, log, file: str, module: str, reference: bool, env: dict
 ) -> ForkedProcess | None:
     """The learner's process for file, forked by the warm learner process when this grading has one
-    (ZYGOTE_ENV); None otherwise, and the caller starts `python -m drills.grading.learner.serve_calls` itself."""
+    (ZYGOTE_ENV); None otherwise, and the caller starts `python -m drills.grading.learner.serve_calls`
+    itself."""
     path = os.environ.get(ZYGOTE_ENV)
     if not path:
         return None
@@ -235,10 +237,10 @@ def start_learner_process(
 
 
 def serve_gradings() -> int:
-    """`python -m drills.grading.grader.fork_server`: fork the warm learner process, import pytest, then for each line
-    {"id", "args", "env", "output"} on stdin fork a child running pytest.main(args) in that environment,
-    with its output in the file output. Writes {"id", "pid"} when a child starts and {"id", "returncode"} when it ends. Ends
-    (its children killed) at end of file on stdin."""
+    """`python -m drills.grading.grader.fork_server`: fork the warm learner process, import pytest, then for
+    each line {"id", "args", "env", "output"} on stdin fork a child running pytest.main(args) in that
+    environment, with its output in the file output. Writes {"id", "pid"} when a child starts and {"id",
+    "returncode"} when it ends. Ends (its children killed) at end of file on stdin."""
     from drills.grading.learner import serve_calls as worker
 
     worker.prepare()
@@ -343,8 +345,8 @@ def serve_gradings() -> int:
 
 
 class GradingPool:
-    """Runs `python -m pytest ARGS` for drills.grading.grader.pytest_run.grade as forks of one warm process. Safe to
-    call from several threads: each call waits for its own grading."""
+    """Runs `python -m pytest ARGS` for drills.grading.grader.pytest_run.grade as forks of one warm process.
+    Safe to call from several threads: each call waits for its own grading."""
 
     def __init__(self):
         from drills.grading.shared.env import child_env
@@ -405,7 +407,7 @@ class GradingPool:
                 raise subprocess.TimeoutExpired(args, timeout)
             text = output.read_text(errors="replace") if output.exists() else ""
             if "returncode" not in entry:
-                text += "\nthe warm grading process (drills/grading/grader/fork_server.py) ended before this grading did"
+                text += "\nthe warm grading process (drills.grading.grader.fork_server) ended before this grading did"
             return subprocess.CompletedProcess(args, entry.get("returncode", 1), text, "")
         finally:
             with self.lock:

@@ -1,10 +1,10 @@
 """The grader's side of the learner's process: start it, call into it, survive it.
 
-`LearnerProcess(path, module_name)` starts `python -m drills.grading.learner.serve_calls` on the learner's file, in
-a session of its own (process_tree.py), and returns `module`, a RemoteModule (remote_objects.py) that tests use
-exactly like the module itself. Every failure of the learner's code arrives here as an exception of
-errors.py's table, and the result of a call made with `provenance` is judged here (provenance.judge)
-from the evidence that comes with it.
+`LearnerProcess(path, module_name)` starts `python -m drills.grading.learner.serve_calls` on the
+learner's file, in a session of its own (process_tree.py), and returns `module`, a RemoteModule
+(remote_objects.py) that tests use exactly like the module itself. Every failure of the learner's code
+arrives here as an exception of errors.py's table, and the result of a call made with `provenance` is
+judged here (provenance.judge) from the evidence that comes with it.
 """
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ class LearnerProcess:
             cmd.append("--reference")
         self.log.seek(0)
         self.log.truncate()
-        # Forked from a warm process when make mutants runs one (drills/grading/grader/fork_server.py), else started.
+        # Forked from a warm process when make mutants runs one (fork_server.py), else started.
         self.proc = fork_server.start_learner_process(
             child, self.log, self.path, self.module_name, self.reference, env
         ) or subprocess.Popen(

@@ -3,8 +3,9 @@
 static check (source_check.py) lets it through; the banner says which runtime runs it; a lesson whose
 stub is untouched is reported as "not started" in one line; and the run ends with a grading summary
 (report.py): a line per check, the first failure in words, the explainer section to reread, and the
-SEED line. The report goes to the result channel (report_channel.py) after every stray process is ended. Test files that are not a lesson's grader (test_<stem>.py
-for a stem in drills/lessons.py), such as the learner tools' own tests, are run as plain tests."""
+SEED line. The report goes to the result channel (report_channel.py) after every stray process is ended. Test
+files that are not a lesson's grader (test_<stem>.py for a stem in drills/lessons.py), such as the learner
+tools' own tests, are run as plain tests."""
 
 from __future__ import annotations
 
@@ -64,7 +65,7 @@ def pytest_addoption(parser):
         "--drills-report-fd",
         type=int,
         default=None,
-        help="write the grading results as JSON to this inherited pipe (drills/grading/grader/report_channel.py)",
+        help="write the grading results as JSON to this inherited pipe (grader/report_channel.py)",
     )
 
 
@@ -93,8 +94,9 @@ def _graded_file(config, stem: str) -> tuple[Path, str, bool]:
 
 
 def _load(config, stem: str):
-    """The module under test, living in its own process (drills/grading/grader/learner_client.py): the grader's oracle
-    and comparisons stay out of its reach, and a crash or a hang is a failed check, not a dead run."""
+    """The module under test, living in its own process (drills/grading/grader/learner_client.py): the
+    grader's oracle and comparisons stay out of its reach, and a crash or a hang is a failed check, not a dead
+    run."""
     from drills.grading.grader.learner_client import LearnerProcess
 
     processes = config.stash.setdefault(LOADED, {})

@@ -2,8 +2,8 @@
 
 - The learner's process runs in a session of its own (`start_new_session`), so a signal meant for the
   terminal's process group (Ctrl-C) or for it never reaches the grader by mistake.
-- The grader (the pytest process) and the command that reads its result (`drills.grading.grader.pytest_run`) make
-  themselves child subreapers (Linux's PR_SET_CHILD_SUBREAPER): a process the learner's file starts
+- The grader (the pytest process) and the command that reads its result (`drills.grading.grader.pytest_run`)
+  make themselves child subreapers (Linux's PR_SET_CHILD_SUBREAPER): a process the learner's file starts
   and detaches (a double fork, setsid) is adopted by them instead of by init when its parent ends.
 - `end_strays(keep)` kills every child of this process except `keep`, again and again until none is
   left: killing one hands its own children to us, so a whole detached tree ends. The grader calls it

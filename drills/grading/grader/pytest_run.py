@@ -3,8 +3,9 @@ not-started exit status, and turns what happened into a `Grade` (read from the r
 writes, never from its printed output).
 
 The grader runs as `python -m pytest drills/tests/test_<stem>.py --impl...` in a child process with a
-time limit; inside it, the learner's code runs in a process of its own (drills/grading/grader/learner_client.py).
-A missing or partial report is a result too ("grader error"), never a crash of the caller.
+time limit; inside it, the learner's code runs in a process of its own
+(drills/grading/grader/learner_client.py). A missing or partial report is a result too ("grader error"), never
+a crash of the caller.
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from drills.grading.shared.errors import LearnerCrash
 
-# proc below is a learner_client.LearnerProcess; learner_client.py imports this module, so the type is not imported
-# here (not even for annotations): the two modules stay a one-way dependency.
+# proc below is a learner_client.LearnerProcess; learner_client.py imports this module, so the type is not
+# imported here (not even for annotations): the two modules stay a one-way dependency.
 
 
 class RemoteObject:

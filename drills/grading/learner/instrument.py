@@ -398,10 +398,10 @@ _FRESH: list = []  # the fresh-memory mode's class, once poison_empty() made it
 
 
 def poison_empty() -> None:
-    """While fresh_memory() lasts (each of the grader's calls, serve_calls.py), fresh float memory (torch.empty
-    and friends, on the CPU) holds POISON["value"]. Done by a dispatch mode rather than by wrapping
-    torch.empty: torch's functions stay torch's own, so asking what torch.empty is tells nothing. Only
-    during calls: a mode makes every torch op pass through Python, tens of microseconds each."""
+    """While fresh_memory() lasts (each of the grader's calls, serve_calls.py), fresh float memory
+    (torch.empty and friends, on the CPU) holds POISON["value"]. Done by a dispatch mode rather than by
+    wrapping torch.empty: torch's functions stay torch's own, so asking what torch.empty is tells nothing.
+    Only during calls: a mode makes every torch op pass through Python, tens of microseconds each."""
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 

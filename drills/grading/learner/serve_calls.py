@@ -1,12 +1,12 @@
 """The learner's process: imports only the learner's file and serves what the grader asks of it.
 
-Started by drills/grading/grader/learner_client.py as `python -m drills.grading.learner.serve_calls FD FILE MODULE [--reference]`
-(or, for make mutants, forked by drills/grading/grader/fork_server.py from a process that ran `prepare()`), it talks
-to the grader over the socket FD (messages in drills/grading/shared/wire.py). The grader's oracle,
-comparisons, provenance decisions and report live in the other process, out of this file's reach.
-Before the learner's file is imported: the sandbox (sandbox.py), Triton's instrumentation
-(instrument.py) and poisoned empties. Each call runs through run_call.run_call, which sends back, beside
-the result, the evidence the grader judges provenance from.
+Started by drills/grading/grader/learner_client.py as
+`python -m drills.grading.learner.serve_calls FD FILE MODULE [--reference]` (or, for make mutants, forked by
+drills/grading/grader/fork_server.py from a process that ran `prepare()`), it talks to the grader over the
+socket FD (messages in drills/grading/shared/wire.py). The grader's oracle, comparisons, provenance decisions
+and report live in the other process, out of this file's reach. Before the learner's file is imported: the
+sandbox (sandbox.py), Triton's instrumentation (instrument.py) and poisoned empties. Each call runs through
+run_call.run_call, which sends back, beside the result, the evidence the grader judges provenance from.
 """
 
 from __future__ import annotations
@@ -341,8 +341,8 @@ def _operate(target, name, args):
 
 
 def prepare() -> None:
-    """Everything this process imports before the learner's file (drills/grading/grader/fork_server.py does it once
-    and forks a process per file from there)."""
+    """Everything this process imports before the learner's file (drills/grading/grader/fork_server.py does it
+    once and forks a process per file from there)."""
     import drills.runtime
 
     drills.runtime.select()

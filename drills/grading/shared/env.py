@@ -1,5 +1,5 @@
-"""The learner process's environment and time limits: a leaf module that pytest_run.py, learner_client.py, process_tree.py
-and fork_server.py all import (it imports nothing of the harness)."""
+"""The learner process's environment and time limits: a leaf module that pytest_run.py, learner_client.py,
+process_tree.py and fork_server.py all import (it imports nothing of the harness)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The messages between the grader and the learner's process (drills/grading/grader/learner_client.py and worker.py).
+"""The messages between the grader and the learner's process (grader/learner_client.py and
+learner/serve_calls.py).
 
 A message is pickled, with three kinds of object sent by reference rather than by value:
 
