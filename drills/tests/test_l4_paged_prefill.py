@@ -616,7 +616,9 @@ def test_chunked_prefill_equals_one_call(impl, runtime):
     """One prompt prefilled in one call, then again in chunks (each a call whose prefix is the chunks
     before it, the cache already holding the whole prompt): the outputs and lse must agree."""
     n, chunk = sizes(runtime, (70, 24), (5000, 2048))
-    case = make_prefill_case([n], [n], 8, 2, 64, 16, stream=211, device=runtime.device)
+    # GROUP 2 (two KV heads: interleaved heads still show) packs 8 tokens a tile: half the programs of 8 heads.
+    Hq, Hkv = sizes(runtime, (4, 2), (8, 2))
+    case = make_prefill_case([n], [n], Hq, Hkv, 64, 16, stream=211, device=runtime.device)
     whole, whole_lse = impl.paged_prefill(*case.args, return_lse=True)
     ref, ref_lse = prefill_reference(*case.args)
     assert_close(whole, ref, DIMS)
@@ -758,7 +760,12 @@ def test_large_ragged_batch(impl, runtime):
     q_lens = torch.randint(0, top, (B,), generator=gen)
     q_lens[:2] = torch.tensor([1, 0])  # a decode row and a padding row among them
     ctx = q_lens + torch.randint(0, 2 * top, (B,), generator=gen)
-    case = make_prefill_case(ctx.tolist(), q_lens.tolist(), 32, 8, 128, 16, stream=229, device=runtime.device)
+    # GROUP 4 at D = 128 as a 32-head model has it, with two KV heads under the interpreter (its time goes
+    # with programs, tiles x head groups): the raggedness is what this case is for.
+    Hq, Hkv = sizes(runtime, (8, 2), (32, 8))
+    case = make_prefill_case(
+        ctx.tolist(), q_lens.tolist(), Hq, Hkv, 128, 16, stream=229, device=runtime.device
+    )
     check(impl, case)
 
 
