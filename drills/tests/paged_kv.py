@@ -138,6 +138,15 @@ class Fp8Case(PagedCase):
         return (*super().args, self.k_scale, self.v_scale)
 
 
+def blocks_read(case, PAGE: int) -> torch.Tensor:
+    """The distinct block ids the sequences of `case` read (their table rows up to their lengths), int64
+    on the tables' device: a GPU's tables stay on it."""
+    pages = [-(-int(n) // PAGE) for n in case.context_lens.tolist()]
+    tables = case.block_tables
+    rows = [tables[b, :p].long() for b, p in enumerate(pages)]
+    return torch.cat(rows + [torch.zeros(0, dtype=torch.long, device=tables.device)]).unique()
+
+
 def fp8_case(case: PagedCase, k_scale, v_scale) -> Fp8Case:
     """The case with its caches stored as e4m3 by quantize_e4m3, in the same layout (shape, strides and
     storage offset): every element outside the views, and every poisoned slot, is the NaN code. A sparse
@@ -146,9 +155,7 @@ def fp8_case(case: PagedCase, k_scale, v_scale) -> Fp8Case:
     k_scale = torch.as_tensor(k_scale, dtype=torch.float32).reshape(-1).to(dev)
     v_scale = torch.as_tensor(v_scale, dtype=torch.float32).reshape(-1).to(dev)
     PAGE = case.k_cache.shape[1]
-    pages = [-(-int(n) // PAGE) for n in case.context_lens.tolist()]
-    used = torch.cat([case.block_tables[b, :p].long() for b, p in enumerate(pages)] + [torch.zeros(0).long()])
-    used = used.unique().to(dev)
+    used = blocks_read(case, PAGE).to(dev)
 
     def convert(cache, scale):
         n = cache.untyped_storage().nbytes() // cache.element_size()

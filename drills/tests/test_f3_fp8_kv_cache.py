@@ -23,6 +23,7 @@ from drills.tests.paged_kv import (
     CONTEXT_PATTERNS,
     E4M3,
     Fp8Case,
+    blocks_read,
     call_with_canary_out,
     fits_this_machine,
     fp8_case,
@@ -100,9 +101,9 @@ def amax_scales(cache, case, per_head=True, room=1.0):
     """Scales that map each KV head's largest live value to 448 / room (the amax rule): computed over
     the blocks a sequence reads, poison (NaN) ignored. Per head they differ, as real heads' do."""
     PAGE = cache.shape[1]
-    pages = [-(-int(n) // PAGE) for n in case.context_lens.tolist()]
-    used = torch.cat([case.block_tables[b, :p].long() for b, p in enumerate(pages)] + [torch.zeros(0).long()])
-    x = cache[used.unique().to(cache.device)].float().nan_to_num(0.0).abs()  # [blocks, PAGE, Hkv, D]
+    x = (
+        cache[blocks_read(case, PAGE).to(cache.device)].float().nan_to_num(0.0).abs()
+    )  # [blocks, PAGE, Hkv, D]
     amax = x.amax(dim=(0, 1, 3)) if per_head else x.amax().reshape(1)
     return (torch.where(amax > 0, amax, torch.ones_like(amax)) * room / 448.0).cpu()
 
