@@ -136,6 +136,53 @@ def test_overlap_on_gives_the_same_tokens_as_lockstep(served):
     assert overlapped == served.engine, f"overlap on: {overlapped}, off: {served.engine}"
 
 
+class _ReplayedGraph:
+    """A decode graph as a captured CUDA graph treats the host's state: one warm-up run, then the capture
+    run; each replay runs it again with the attention's plans as the capture left them and nothing reset
+    in between (a replay calls no begin_step). A tensor that one run made and the next one reads instead
+    of making its own then shows as stale here, as it is on a GPU (the warm-up's, there)."""
+
+    def __init__(self, run, attention):
+        self.run, self.attention = run, attention
+        run()  # the warm-up on the side stream
+        self.plans = (dict(attention.unified_plans), attention.plan)
+        self.out = run().clone()
+
+    def replay(self):
+        self.attention.unified_plans, self.attention.plan = dict(self.plans[0]), self.plans[1]
+        self.out.copy_(self.run())
+
+    def pool(self):
+        return None
+
+
+@CPU_KERNELS
+def test_decode_graph_replays_make_their_rows_lengths_each_time(monkeypatch):
+    """Catches: the windowed layers' decode rows (the lengths clamped for padding rows) kept from an
+    earlier run of the forward, as a graph captured after its warm-up run keeps them (on an H200 the
+    tokens left the oracle's at the first decode step a graph replayed)."""
+    import contextlib
+
+    from drills.engine import graphs
+    from drills.engine.llm import LLM
+
+    weights, prompts = _weights(), _prompts()
+    llm = LLM(
+        weights, attention="kernels", use="solutions", device="cpu", dtype=torch.float32, block_size=PAGE,
+        num_blocks=40, max_num_batched_tokens=16, max_model_len=64, max_num_seqs=4, quiet=True,
+    )  # fmt: skip
+    engine = llm.engine
+    monkeypatch.setattr(
+        graphs, "_capture_one", lambda run, pool: (g := _ReplayedGraph(run, engine.attention), g.out)
+    )
+    monkeypatch.setattr(graphs, "_capturing", contextlib.nullcontext)
+    engine.graphs = graphs.DecodeGraphs(engine.model, engine.attention, PAGE, 64, 4, fused=engine.fused)
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True))
+    assert engine.stats.graph_steps > 0, "no decode step replayed a graph: the test no longer reaches them"
+    got, want = [o.token_ids for o in outs], _oracle_tokens(weights, prompts)
+    assert got == want, f"through replayed decode graphs {got}, oracle {want}"
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: L5 compiled, CUDA graphs")
 def test_on_a_gpu_compiled_l5_under_cuda_graphs_and_overlap_matches_the_oracle():
     """Catches, on a GPU only: L5 compiled differently from its interpretation, a captured decode graph

@@ -78,6 +78,8 @@ class KernelAttention:
         self.windows = list(windows) if windows is not None else [None] * layers
         self.sinks = list(sinks) if sinks is not None else [None] * layers
         self.unified = [w is not None or s is not None for w, s in zip(self.windows, self.sinks)]
+        # The first such layer of a forward makes the decode rows' inputs for the others (see _unified).
+        self._first_unified = next((i for i, on in enumerate(self.unified) if on), None)
         self.unified_plans = {}  # window -> L5's plan for this decode step (None for other steps)
         self._decode_rows = None  # (cu_seqlens_q, context_lens) of this decode step as L5 reads them
         self._aranges = {}  # B -> [B + 1] int32 0 .. B, kept: a captured CUDA graph reads its address
@@ -187,8 +189,11 @@ class KernelAttention:
             )  # fmt: skip
         if window not in self.unified_plans:
             raise RuntimeError("KernelAttention.begin_step(inputs) was not called for this step")
-        if self._decode_rows is None:
-            # Made once per step, by the first such layer (inside a captured graph, by its replay).
+        if self._decode_rows is None or layer == self._first_unified:
+            # Made once per forward, by its first such layer, whatever an earlier run left: a CUDA graph
+            # is captured after a warm-up run of the same forward, and a tensor that run made would be
+            # read by every replay as a constant (the warm-up's lengths, in memory since freed), where
+            # the clamp must be a kernel of the graph, run on each replay's lengths.
             # Padding rows of a CUDA graph's batch are one token over context length 0, which L5's guard
             # refuses (a row needs its own key): they read key 0 of block 0 instead (their table row is
             # zeros, a block that exists) and their output is never sampled.
