@@ -493,6 +493,7 @@ FIGURES = {
         0,
     ),
     "ws_control": lambda d: _ws_control(),
+    "ws_control_gain": lambda d: _ws_control_gain(),
     "ws_control_t5": lambda d: _ws_control_t5(d),
     "ws_page16_4w_gain": lambda d: _ws_page16_4w_gain(d),
     "ws_page16_4w_spills": lambda d: str(
@@ -580,6 +581,14 @@ def _opt(value) -> str:
 
 def _ws_tflops(part: str, variant: str, config: list[int]) -> float:
     return _ws_rows(part, variant=variant, config=config, warp_specialize=False)[0]["tflops"]
+
+
+def _ws_control_gain() -> str:
+    """The upstream tutorial's kernel with the flag over without it, in percent (n/a until measured)."""
+    rows = {r["warp_specialize"]: r for r in _ws().get("control", []) if r["config"] == ["autotuned"]}
+    if not all("tflops" in rows.get(flag, {}) for flag in (False, True)):
+        return "n/a"
+    return bench.num(100 * (rows[True]["tflops"] / rows[False]["tflops"] - 1), 1)
 
 
 def _ws_control() -> str:
