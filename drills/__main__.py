@@ -400,7 +400,16 @@ def main(argv=None) -> int:
     chat.parser(p).set_defaults(fn=chat.main)  # the engine's extra is imported only when it runs
     p = sub.add_parser("new", help="a new lesson's files and entry, ready to fill in (drills/scaffold.py)")
     scaffold.parser(p).set_defaults(fn=scaffold.main)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    extra = []
+    if "--" in argv:  # pytest's own options: python -m drills test l4 --impl solutions -- --durations=10
+        cut = argv.index("--")
+        argv, extra = argv[:cut], argv[cut + 1 :]
     args = parser.parse_args(argv)
+    if extra:
+        if getattr(args, "pytest_args", None) is None:
+            parser.error(f"only `test` passes what follows -- to pytest, not `{args.command}`")
+        args.pytest_args = [*args.pytest_args, *extra]
     return args.fn(args)
 
 

@@ -708,3 +708,22 @@ def test_engine_runs_a_passing_file_and_says_whose_code_runs(mine):
     assert choices[l3.stem].impl == "solutions", "a file changed since it passed must not be trusted"
     assert "make test L=l3" in choices[l3.stem].line
     assert all(c.impl == "solutions" for c in sources.choose("solutions").values())
+
+
+def test_what_follows_a_double_dash_goes_to_pytest(monkeypatch):
+    """`python -m drills test l4 --impl solutions -- --durations=10`: pytest's own options after --, which
+    argparse refused as unrecognised; any other command refuses them by name."""
+    import drills.__main__ as cli
+
+    seen = {}
+
+    def fake_test(args):
+        seen["args"] = args
+        return 0
+
+    monkeypatch.setattr(cli, "cmd_test", fake_test)
+    assert cli.main(["test", "t1", "--impl", "solutions", "--", "--durations=3", "-x"]) == 0
+    args = seen["args"]
+    assert (args.lesson, args.impl, args.pytest_args) == ("t1", "solutions", ["--durations=3", "-x"])
+    with pytest.raises(SystemExit):
+        cli.main(["lint", "--", "x"])
