@@ -228,3 +228,41 @@ def headline(impl) -> tuple[float, str, str]:
         "GB/s",
         f"B = {B}, ctx = {ctx}, e4m3 KV, {plan.num_splits} splits",
     )
+
+
+# --- The figures the explainer's sentences quote (bench.FIGURES); data is f3_fp8_kv_cache.bench.json
+
+
+def _at(data, B: int, ctx: int) -> dict:
+    return next(r for r in data["rows"] if (r["B"], r["ctx"]) == (B, ctx))
+
+
+def _with(data, key: str) -> list[dict]:
+    """The rows that measured key (FlashInfer's columns are absent where it did not import)."""
+    return [r for r in data["rows"] if r.get(key) is not None]
+
+
+def _rows_where(data, key: str, keep) -> str:
+    """The (B, ctx) of the rows whose key passes keep, as a sentence lists them; "none" when no row does."""
+    picked = [f"({r['B']}, {r['ctx']:,})" for r in _with(data, key) if keep(r[key])]
+    return ", ".join(picked) if picked else "none"
+
+
+FIGURES = {
+    "vs_f1": lambda d: bench.span_of(r["f3_vs_f1"] for r in d["rows"]),
+    "ceiling": lambda d: bench.span_of(r["f3_ceiling"] for r in d["rows"]),
+    "head_ceiling": lambda d: bench.span_of(r["f3_head_ceiling"] for r in d["rows"]),
+    "vs_flashinfer": lambda d: (
+        bench.span_of(r["f3_vs_flashinfer"] for r in _with(d, "f3_vs_flashinfer"))
+        if _with(d, "f3_vs_flashinfer")
+        else "n/a"
+    ),
+    "flashinfer_losses": lambda d: _rows_where(d, "f3_vs_flashinfer", lambda v: v < 1.0),
+    "worst_row_ceiling": lambda d: bench.num(min(r["f3_ceiling"] for r in d["rows"])),
+    "worst_row": lambda d: (lambda r: f"({r['B']}, {r['ctx']:,})")(
+        min(d["rows"], key=lambda r: r["f3_ceiling"])
+    ),
+    "long_us": lambda d: bench.num(_at(d, 1, 32768)["f3_us"], 0),
+    "long_f1_us": lambda d: bench.num(_at(d, 1, 32768)["f1_us"], 0),
+    "store_max_us": lambda d: bench.num(max(r["store_us"] for r in d["rows"]), 1),
+}

@@ -314,3 +314,50 @@ def headline(impl) -> tuple[float, str, str]:
     flops, nbytes = work(row)
     ceiling_us = nbytes / bench.read_ceiling_gbs(nbytes) / 1e3
     return ceiling_us / us, "of the band ceiling", "gpt-oss, 64 decodes at 32k, window 128, sinks, fp16"
+
+
+# --- The figures the explainer's sentences quote (bench.FIGURES); data is l5_unified_attention.bench.json
+
+
+def _row(data, name: str) -> dict:
+    return next(r for r in data["rows"] if r["row"] == name)
+
+
+def _names_where(data, key: str, keep) -> str:
+    """The rows whose key was measured and passes keep, named as the table names them; "none" if no row."""
+    picked = [r["row"] for r in data["rows"] if r.get(key) is not None and keep(r[key])]
+    return ", ".join(picked) if picked else "none"
+
+
+def _best_fi_us(row: dict) -> float | None:
+    times = [row[k] for k in ("fa2_us", "fa3_us") if row.get(k) is not None]
+    return min(times) if times else None
+
+
+_DECODE_32K, _DECODE_128 = "gpt-oss 64 decodes at 32k", "gpt-oss 64 decodes at 128"
+FIGURES = {
+    "decode_32k_us": lambda d: bench.num(_row(d, _DECODE_32K)["l5_us"], 0),
+    "decode_128_us": lambda d: bench.num(_row(d, _DECODE_128)["l5_us"], 0),
+    "decode_32k_ceiling": lambda d: bench.num(_row(d, _DECODE_32K)["l5_ceiling"]),
+    "decode_128_ceiling": lambda d: bench.num(_row(d, _DECODE_128)["l5_ceiling"]),
+    "decode_32k_fi_us": lambda d: (lambda us: bench.num(us, 0) if us else "n/a")(
+        _best_fi_us(_row(d, _DECODE_32K))
+    ),
+    "decode_32k_vs_fi": lambda d: (lambda v: bench.num(v, 0) if v else "n/a")(
+        _row(d, _DECODE_32K).get("vs_flashinfer")
+    ),
+    "decode_32k_fa2_us": lambda d: (
+        bench.num(_row(d, _DECODE_32K)["fa2_us"], 0) if _row(d, _DECODE_32K).get("fa2_us") else "n/a"
+    ),
+    "full_decode_fa2_us": lambda d: (
+        bench.num(_row(d, "full 64 decodes at 32k")["fa2_us"], 0)
+        if _row(d, "full 64 decodes at 32k").get("fa2_us")
+        else "n/a"
+    ),
+    "vs_l4": lambda d: bench.span_of(r["vs_l4"] for r in d["rows"] if r.get("vs_l4") is not None),
+    "fi_losses": lambda d: _names_where(d, "vs_flashinfer", lambda v: v < 0.95),
+    "fi_wins": lambda d: _names_where(d, "vs_flashinfer", lambda v: v >= 0.95),
+    "prefill_ceiling": lambda d: bench.span_of(
+        r["l5_ceiling"] for r in d["rows"] if "prefill" in r["row"] or "chunk" in r["row"]
+    ),
+}
