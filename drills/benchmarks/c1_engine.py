@@ -1071,3 +1071,43 @@ def _learner_ms(row: dict) -> float:
 def _host_ms(row: dict) -> float:
     """The host's milliseconds in a decode step of the timed run."""
     return 1e3 * row["decode_s"] / row["decode_steps"]
+
+
+# Decode inputs built on the device (opt-in), against the default row of the same run.
+_DEVICE = "engine, decode inputs on the device"
+FIGURES["device_inputs_tok_s"] = lambda d: f"{_row(d, _DEVICE)['c1_tok_s']:,.0f}"
+FIGURES["device_inputs_gain"] = lambda d: bench.num(
+    _row(d, _DEVICE)["c1_tok_s"] / _row(d, "engine")["c1_tok_s"], 2
+)
+FIGURES["device_inputs_busy"] = lambda d: f"{100 * _row(d, _DEVICE)['gpu_busy']:.0f}%"
+FIGURES["device_inputs_prepare_ms"] = lambda d: bench.num(_row(d, _DEVICE)["decode_prepare_ms"], 1)
+# gpt-oss's attention shapes: L5's windows and sinks in the engine.
+FIGURES["oss_tok_s"] = lambda d: f"{_row(d, 'engine', 'gpt-oss')['c1_tok_s']:,.0f}"
+FIGURES["oss_busy"] = lambda d: f"{100 * _row(d, 'engine', 'gpt-oss')['gpu_busy']:.0f}%"
+# The long shared prompt with the e4m3 cache, against bf16: the decode graphs' and the prompt steps' GPU time.
+_FP8 = f"{_LONG}, fp8 KV cache"
+FIGURES["long_fp8_tok_s"] = lambda d: f"{_row(d, _FP8)['c1_tok_s']:,.0f}"
+FIGURES["long_decode_gpu_ms"] = lambda d: bench.num(_row(d, _LONG)["decode_gpu_ms"], 1)
+FIGURES["long_fp8_decode_gpu_ms"] = lambda d: bench.num(_row(d, _FP8)["decode_gpu_ms"], 1)
+FIGURES["long_other_gpu_ms"] = lambda d: bench.num(_row(d, _LONG)["other_gpu_ms"], 0)
+FIGURES["long_fp8_other_gpu_ms"] = lambda d: bench.num(_row(d, _FP8)["other_gpu_ms"], 0)
+FIGURES["long_itl_p99"] = lambda d: bench.num(_row(d, _LONG)["itl_p99_ms"], 1)
+FIGURES["long_fp8_itl_p99"] = lambda d: bench.num(_row(d, _FP8)["itl_p99_ms"], 0)
+
+# SmolLM2's own replies with the e4m3 cache against bf16's (benchmarks/c1_fp8_agreement.py, its own JSON).
+FP8_SMOLLM2_JSON = ROOT / "drills" / "content" / "c1_engine.fp8_smollm2.json"
+
+
+def _smollm2_agreement(field: str, fmt):
+    def figure(_data) -> str:
+        if not FP8_SMOLLM2_JSON.exists():
+            return "n/a"
+        return fmt(json.loads(FP8_SMOLLM2_JSON.read_text())["agreement"][field])
+
+    return figure
+
+
+FIGURES["smollm2_fp8_all_agree"] = _smollm2_agreement("all_agree", str)
+FIGURES["smollm2_fp8_requests"] = _smollm2_agreement("requests", str)
+FIGURES["smollm2_fp8_mean"] = _smollm2_agreement("mean", lambda v: bench.num(v, 1))
+FIGURES["smollm2_fp8_fewest"] = _smollm2_agreement("fewest", str)
