@@ -9,8 +9,8 @@ a fifth of the kernels' interpreted time, and the names are almost never read.
 What changes here is when the work is done, never its result:
 - `tuple_type.name` and `block_type.name` are formatted when first read, from the same fields;
 - `block_type` reads the ints out of a shape's `constexpr`s directly, as `_unwrap_shape` returns them,
-  and keeps one `tl.tuple` of them per shape (Triton's `block_type.shape` is a `tl.tuple`, not a
-  Python tuple: numpy code downstream relies on that);
+  and keeps one `tl.tuple` of them per shape, with its numel once the shape is validated (Triton's
+  `block_type.shape` is a `tl.tuple`, not a Python tuple: numpy code downstream relies on that);
 - a `tl.tensor`'s shape tuple is built once per shape and shared: no op mutates a tensor's shape
   (`tl.tuple._setitem` is for tuples a kernel assigns into, and a shape is not one).
 
@@ -91,7 +91,7 @@ def _lazy_tuple_type_name(core) -> None:
 def _fast_block_type(core) -> None:
     block_type, constexpr, tl_tuple = core.block_type, core.constexpr, core.tuple
     unwrap_shape, validate = core._unwrap_shape, core.validate_block_shape
-    dim_tuples: dict = {}  # python tuple of ints -> the tl.tuple block_type keeps as its shape
+    dim_tuples: dict = {}  # python tuple of ints -> (the tl.tuple block_type keeps as its shape, its numel)
 
     def __init__(self, element_ty, shape):
         self.element_ty = element_ty
@@ -102,15 +102,19 @@ def _fast_block_type(core) -> None:
         else:
             dims = builtins.tuple(unwrap_shape(shape))
         try:
-            self.shape = dim_tuples[dims]
+            self.shape, self.numel = dim_tuples[dims]  # a shape already validated, and its numel
+            return
         except KeyError:
             # Triton's block shapes are tl.tuples of ints
-            self.shape = dim_tuples[dims] = tl_tuple(list(dims))
+            self.shape = shape = tl_tuple(list(dims))
         except TypeError:
-            self.shape = tl_tuple(list(dims))
+            self.shape = shape = tl_tuple(list(dims))
+            dims = None
         if not self.shape:
             raise TypeError("0d block_type is forbidden")
-        self.numel = validate(self.shape)
+        self.numel = validate(self.shape)  # raises for a shape Triton refuses: then nothing is kept
+        if dims is not None:
+            dim_tuples[dims] = (shape, self.numel)
 
     block_type.__init__ = __init__
     block_type.name = _lazy_name(lambda self: f"<{self.shape}, {self.element_ty}>")

@@ -18,6 +18,7 @@ import linecache
 import os
 import sys
 
+from drills.grading.learner import semantic_cache
 from drills.grading.learner.bf16 import exact_bf16_dot
 from drills.grading.learner.write_races import program_number
 from drills.grading.shared.errors import GridTooLarge, OutOfBoundsAccess
@@ -152,6 +153,7 @@ class TritonWatch:
         _memoize_np_dtypes(interp)
         _dot_sizes_as_a_gpu_compiles(interp)
         _patch_language_once(interp)
+        semantic_cache.install(interp)
         exact_bf16_dot(interp)
 
         builder = type(interp.interpreter_builder)
@@ -319,18 +321,17 @@ def _patch_language_once(interp) -> None:
     scan of every member of the language modules, a fifth of T5's grading time. Within one kernel run
     only the first patch of a module changes anything (nothing is undone before the kernel returns, and
     a repeat sets the same functions again), so a helper whose modules are already patched skips it."""
-    import inspect
-
     import triton.language as tl
 
+    core = tl.core
     if not all(hasattr(interp, name) for name in ("_patch_lang", "_LangPatchScope", "InterpretedFunction")):
         return  # another Triton: leave it as it is
     patch_lang, grid_call = interp._patch_lang, interp.GridExecutor.__call__
     helper_code = interp.InterpretedFunction.__call__.__code__
     patched: list[set] = []  # the language modules patched since the running kernel started
 
-    def languages(fn) -> set:
-        return {id(v) for v in fn.__globals__.values() if inspect.ismodule(v) and (v is tl or v is tl.core)}
+    def languages(fn) -> set:  # by identity alone: tl and tl.core are modules (inspect.ismodule cost a third)
+        return {id(v) for v in fn.__globals__.values() if v is tl or v is core}
 
     def run_grid(self, *args, **kwargs):
         patched.append(languages(self.fn))
