@@ -1080,7 +1080,6 @@ FIGURES["device_inputs_gain"] = lambda d: bench.num(
     _row(d, _DEVICE)["c1_tok_s"] / _row(d, "engine")["c1_tok_s"], 2
 )
 FIGURES["device_inputs_busy"] = lambda d: f"{100 * _row(d, _DEVICE)['gpu_busy']:.0f}%"
-FIGURES["device_inputs_prepare_ms"] = lambda d: bench.num(_row(d, _DEVICE)["decode_prepare_ms"], 1)
 # gpt-oss's attention shapes: L5's windows and sinks in the engine.
 FIGURES["oss_tok_s"] = lambda d: f"{_row(d, 'engine', 'gpt-oss')['c1_tok_s']:,.0f}"
 FIGURES["oss_busy"] = lambda d: f"{100 * _row(d, 'engine', 'gpt-oss')['gpu_busy']:.0f}%"

@@ -356,7 +356,6 @@ FIGURES = {
     ),
     "vs_l4": lambda d: bench.span_of(r["vs_l4"] for r in d["rows"] if r.get("vs_l4") is not None),
     "fi_losses": lambda d: _names_where(d, "vs_flashinfer", lambda v: v < 0.95),
-    "fi_wins": lambda d: _names_where(d, "vs_flashinfer", lambda v: v >= 0.95),
     "prefill_ceiling": lambda d: bench.span_of(
         r["l5_ceiling"] for r in d["rows"] if "prefill" in r["row"] or "chunk" in r["row"]
     ),
