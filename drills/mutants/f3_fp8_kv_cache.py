@@ -29,10 +29,16 @@ MUTANTS = [
     ),
     Mutant(
         "scale_indexed_by_query_head",
-        "5. a per-head scale indexed by the query head",
+        "5. a per-head scale not read at the program's KV head",
         "k_scale = tl.load(k_scale_ptr + kvh * stride_ks)\n    v_scale = tl.load(v_scale_ptr + kvh * stride_vs)",
         "k_scale = tl.load(k_scale_ptr + kvh * GROUP * stride_ks)\n"
         "    v_scale = tl.load(v_scale_ptr + kvh * GROUP * stride_vs)",
+    ),
+    Mutant(
+        "v_scale_read_at_head_zero",
+        "5. a per-head scale not read at the program's KV head",
+        "v_scale = tl.load(v_scale_ptr + kvh * stride_vs)",
+        "v_scale = tl.load(v_scale_ptr)",
     ),
     Mutant(
         "cast_truncates",
