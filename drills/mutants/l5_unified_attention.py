@@ -54,4 +54,10 @@ MUTANTS = [
         "ctx_ok = (ctx >= q_len) & (ctx <= max_pages * PAGE)",
         "ctx_ok = (ctx >= q_len) & (ctx < max_pages * PAGE)",
     ),
+    Mutant(
+        "sink_in_natural_units",
+        "9. the sink's logit left in natural units",
+        "sink = tl.load(sinks_ptr + heads) * 1.4426950408889634",
+        "sink = tl.load(sinks_ptr + heads)",
+    ),
 ]

@@ -180,6 +180,13 @@ def wrong_answers(out, case, window, sinks, scale=None) -> str:
         ]
     if sinks is not None:
         variants.append(("the sink in the numerator too (a key of value one)", dict(sink_in_numerator=True)))
+        # A weight of 2^sink is e^(sink * ln 2): the sink loaded without log2 e in a base-2 kernel.
+        variants.append(
+            (
+                "the sink's logit in natural units where the kernel counts in base 2 (a weight of 2^sink)",
+                dict(sinks=sinks * math.log(2)),
+            )
+        )
     for text, change in variants:
         ref, _ = unified_reference(*case.args, **{**dict(window=window, sinks=sinks, scale=scale), **change})
         if mismatch(out.float(), ref) is None:
@@ -844,6 +851,14 @@ MISTAKES = [
         messages=(r"sink in the numerator",),
         question="The sink is a key whose value is zero: what does it add to the sum l, and what to the "
         "accumulator acc?",
+        section="3.3",
+    ),
+    Mistake(
+        9,
+        fails=("test_sinks_join_the_denominator_only",),
+        messages=(r"sink's logit in natural units",),
+        question="The kernel keeps its logits in base 2 (the scale carries log2 e). A sink of 2 must weigh "
+        "e^2 = 7.39 beside them: what does exp2 of your loaded sink give?",
         section="3.3",
     ),
     Mistake(
