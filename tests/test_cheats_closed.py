@@ -104,6 +104,26 @@ CHEATS = {
     "array_tofile": "import array\n_A = array.array('f').tofile\n",
     "array_fromfile": "import array\n_A = array.array('f').fromfile\n",
     "serialization": "_S = torch.serialization\n",
+    # attributes read where no attribute node shows them: a class pattern's keywords, a dunder by its
+    # name in a string (a namespace's key, type()'s namespace, a format field)
+    "class_pattern_dunder": "def _g(f):\n    match f:\n        case object(__globals__=g):\n            return g\n",
+    "class_pattern_private": "def _g():\n    match torch:\n        case object(_C=c):\n            return c\n",
+    "class_pattern_named": "def _g(s):\n    match s:\n        case object(modules=m):\n            return m\n",
+    "dunder_key": "def _imp(b):\n    return b['__import__']\n",
+    "dunder_format_field": "_G = '{0.__globals__}'.format(validate.tensor)\n",
+    "type_with_namespace": "_S = type('S', (torch.Tensor,), {})\n",
+    "type_by_keywords": "_S = type('S', bases=(torch.Tensor,), dict={})\n",
+    # strings typing evaluates as code
+    "string_annotation": "def _spy(a: 'eval(chr(95))'):\n    pass\n",
+    "get_type_hints": "import typing\n_H = typing.get_type_hints\n",
+    "forward_ref": "import typing\n_R = typing.ForwardRef('x')\n",
+    # floats read or computed by Python where no op is dispatched
+    "frombuffer": "import array\n_T = torch.frombuffer(array.array('f', [0.0]), dtype=torch.float32)\n",
+    "frombuffer_imported": "from torch import frombuffer\n",
+    "asarray": "_T = torch.asarray(bytearray(4), copy=False)\n",
+    "map2": "def _add(s, x, y):\n    s.map2_(x, y, lambda _, a, b: a + b)\n",
+    "map": "def _add(s, x):\n    s.map_(x, lambda a, b: a + b)\n",
+    "apply": "def _read(x):\n    x.apply_(lambda v: v)\n",
 }
 
 
@@ -114,6 +134,19 @@ def test_each_cheat_class_is_refused_with_its_line(cheat):
     assert all(line.startswith("line ") for line in found), found
     # one screen: a short line per refusal
     assert all(len(line) < 300 for line in found), found
+
+
+def test_strings_and_buffers_a_course_file_uses_are_not_refused():
+    """Plain messages, `__main__`, a dunder method's name, a string that is an expression of no code, and
+    torch.frombuffer where the lesson's reference uses it (C1 builds its step's int inputs from arrays)."""
+    from drills.grading.grader.source_check import refusals
+
+    plain = 'if __name__ == "__main__":\n    print("x must be contiguous (x.stride(-1) == 1)", "BLOCK", "__init__")\n'
+    assert refused(t1_with(plain)) == []
+    c1 = find("c1").solution.read_text()
+    use = "import array\n_T = torch.frombuffer(array.array('q', [1]), dtype=torch.int64)\n"
+    assert refusals(c1 + "\n" + use, c1) == []
+    assert refused(t1_with(use)), "frombuffer where the reference has none"
 
 
 def test_a_refusal_says_what_to_do_instead():

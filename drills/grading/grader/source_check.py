@@ -18,6 +18,7 @@ construct is allowed where the learner's file keeps a definition exactly as the 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 # The modules a kernel launcher needs: torch and Triton, and the standard library's pure helpers.
@@ -145,6 +146,23 @@ NAMES = {
     "untyped_storage": "reads a tensor's raw memory (floats decoded on the host, out of the grader's sight)",
     "storage": "reads a tensor's raw memory (floats decoded on the host, out of the grader's sight)",
     "_typed_storage": "reads a tensor's raw memory (floats decoded on the host, out of the grader's sight)",
+    # Memory Python reads directly, and Python run on each element: floats computed with neither an op
+    # nor a read the grader's record sees (copy_ into a tensor over an array, then the array's items)
+    "apply_": "runs a Python function on each element (floats computed in Python, out of the grader's sight)",
+    "map_": "runs a Python function on each element (floats computed in Python, out of the grader's sight)",
+    "map2_": "runs a Python function on each element (floats computed in Python, out of the grader's sight)",
+    # Strings evaluated as code: a string annotation or forward reference (typing evaluates it)
+    "get_type_hints": "evaluates annotations as code the check cannot read: a launcher needs none",
+    "ForwardRef": "evaluates a string as code the check cannot read: a launcher needs none",
+}
+# Tensors over a Python buffer (array.array, bytearray): a float copied in is read there by plain Python,
+# out of the grader's sight. Allowed only in a lesson whose reference uses them (C1's host-side step
+# inputs are built from arrays of ints).
+BUFFERS = {
+    "frombuffer": "wraps a Python buffer in a tensor (its floats then read by Python, out of the grader's "
+    "sight): torch.tensor(values) copies them",
+    "asarray": "may wrap a Python buffer in a tensor (its floats then read by Python, out of the grader's "
+    "sight): torch.tensor(values) copies them",
 }
 # Tensor tests a launcher never needs, and the way to look at fresh memory, which is poisoned while graded
 # (math.isfinite on a Python number, to check an argument, is fine).
@@ -182,6 +200,38 @@ WORDS = (
     "_python_dispatch",
     "dispatch_mode",
 )
+
+
+# Strings may name dunders only as the file's own names and methods do ("__main__"): any other reaches an
+# attribute or a hook by its name where no attribute node shows it (a class built by type() with a
+# "__torch_dispatch__" key, "__builtins__" looked up in a namespace, "{0.__globals__}".format(f)).
+DUNDER_IN_TEXT = re.compile(r"__[A-Za-z0-9_]+?__")
+DUNDER_TEXT_OK = DUNDER_METHODS | DUNDER_NAMES | {"__main__"}
+# A string that is code (an annotation typing evaluates, a forward reference) is checked as code: one
+# that parses as an expression and calls, reads an attribute or subscripts something.
+CODE_NODES = (ast.Call, ast.Attribute, ast.Subscript)
+
+
+def _string_why(text: str, ctx: dict) -> str | None:
+    for name in DUNDER_IN_TEXT.findall(text):
+        if name not in DUNDER_TEXT_OK:
+            return f"names {name} in a string (an attribute or a hook reached by its name): a launcher needs none"
+    if len(text) > 2000 or not any(c in text for c in "(.["):
+        return None
+    try:
+        code = ast.parse(text.strip(), mode="eval")
+    except (SyntaxError, ValueError):
+        return None
+    nodes = list(ast.walk(code))
+    if not any(isinstance(n, CODE_NODES) for n in nodes):
+        return None
+    for n in nodes:
+        if isinstance(n, ast.Constant):
+            continue  # a string in the string: checked as code only once
+        why = _why(n, ctx)
+        if why is not None:
+            return f"holds code in a string ({text[:40]!r}: {why})"
+    return None
 
 
 def _top_defs(tree: ast.Module) -> dict[str, str]:
@@ -266,6 +316,8 @@ def _import_why(node: ast.AST, course: set[str]) -> str | None:
             return f"imports {full}: {INSTEAD_IMPORT}"
         if a.name in NAMES:  # `from sys import modules as M`: the name under another
             return NAMES[a.name]
+        if a.name in BUFFERS:
+            return BUFFERS[a.name]
         if a.name in FILE_ATTRS and module.split(".")[0] != "triton":  # `from torch import load`
             return FILE_ATTRS[a.name]
         if a.name in CALLS:
@@ -322,11 +374,24 @@ def _why(node: ast.AST, ctx: dict) -> str | None:
         return why
     if isinstance(node, ast.Constant) and isinstance(node.value, bytes):
         return "holds a bytes literal (data the check cannot read, such as a pickle): a launcher needs none"
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        why = _string_why(node.value, ctx)
+        if why is not None:
+            return why
+    if isinstance(node, ast.MatchClass):  # `case object(__globals__=g)` reads g = x.__globals__
+        for attr in node.kwd_attrs:
+            if (_dunder(attr) and attr not in DUNDER_ATTRS) or attr in NAMES or attr.startswith("_"):
+                return (
+                    f"reads .{attr} through a class pattern, behind a name: a launcher uses the names it "
+                    "defines or imports"
+                )
     if isinstance(node, ast.Attribute):
         if _dunder(node.attr) and node.attr not in DUNDER_ATTRS:
             return f"reads .{node.attr}, behind a name: a launcher uses the names it defines or imports"
         if node.attr in NAMES:
             return NAMES[node.attr]
+        if node.attr in BUFFERS and node.attr not in ctx["reference_attrs"]:
+            return BUFFERS[node.attr]
         if node.attr in FILE_ATTRS and _chain_root(node.value) not in ctx["triton"]:
             return FILE_ATTRS[node.attr]
         if node.attr.startswith("_") and _chain_root(node.value) in roots:
@@ -364,6 +429,8 @@ def _why(node: ast.AST, ctx: dict) -> str | None:
                 return f"calls {fn}() with a name built at run time: read the attribute by its name (x.name)"
             if _dunder(name.value) or name.value in NAMES or name.value in CALLS:
                 return NAMES.get(name.value) or CALLS.get(name.value) or f"reaches {name.value} by {fn}()"
+        if fn == "type" and len(node.args) + len(node.keywords) > 1:
+            return "builds a class at run time (type() with a namespace the check cannot read): write a class"
         if (
             fn in ("type", "isinstance", "callable", "id")
             and node.args
@@ -397,7 +464,16 @@ def refusals(source: str, reference_source: str | None, filename: str = "<file>"
             allowed_top = {ast.dump(n) for n in ref.body}
         except SyntaxError:
             pass
+    reference_attrs = set()
+    if reference_source:
+        try:
+            reference_attrs = {
+                n.attr for n in ast.walk(ast.parse(reference_source)) if isinstance(n, ast.Attribute)
+            }
+        except SyntaxError:
+            pass
     ctx = {
+        "reference_attrs": reference_attrs,
         "course": course_modules(reference_source),
         "roots": _roots(tree),
         "triton": _triton_roots(tree),
