@@ -28,6 +28,12 @@ MUTANTS = [
         "prev_hash = parent",
     ),
     Mutant(
+        "append_parent_not_recorded",
+        "3. a block taken by append keyed as a first block: the block before it not recorded",
+        "            self._parent[block] = table[-1]\n",
+        "",
+    ),
+    Mutant(
         "partial_block_hashed",
         "4. a partial block keyed and shared",
         "num_full = len(token_ids) // bs",
@@ -44,6 +50,14 @@ MUTANTS = [
         "6. the block before not checked on a key hit",
         "        if self._parent[block] != parent:\n            return None\n",
         "",
+    ),
+    Mutant(
+        "parent_checked_by_key",
+        "6. the block before compared by its key, not as a block",
+        "        if self._parent[block] != parent:\n",
+        "        if (None if self._parent[block] is None else self._hash[self._parent[block]]) != (\n"
+        "            None if parent is None else self._hash[parent]\n"
+        "        ):\n",
     ),
     Mutant(
         "failed_allocation_half_done",
@@ -124,6 +138,12 @@ MUTANTS = [
         "16. a freed block handed out first (the free list used as a stack)",
         "            if self._ref[block] == 0:\n                self._free[block] = None",
         "            if self._ref[block] == 0:\n                self._free[block] = None\n                self._free.move_to_end(block, last=False)",
+    ),
+    Mutant(
+        "new_blocks_popped_from_the_back",
+        "16. new blocks taken from the back of the free list (a stack from the first allocation on)",
+        "block, _ = self._free.popitem(last=False)",
+        "block, _ = self._free.popitem(last=True)",
     ),
     Mutant(
         "evicted_block_keeps_its_record",

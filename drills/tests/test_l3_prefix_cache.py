@@ -72,6 +72,14 @@ MISTAKES = [
         section="3.2",
     ),
     Mistake(
+        3,
+        fails=("test_block_sealed_by_append_is_keyed_after_the_block_before",),
+        passes=("test_hash_chains_the_previous_block", "test_append_never_writes_into_a_full_block"),
+        question="When append takes a new block, what does your manager record as the block before it, and "
+        "after which key is the block keyed when it fills?",
+        section="3.6",
+    ),
+    Mistake(
         4,
         fails=("test_partial_block_is_never_shared",),
         passes=("test_append_never_writes_into_a_full_block", "test_block_filled_by_append_is_shared"),
@@ -89,6 +97,14 @@ MISTAKES = [
         fails=("test_same_tokens_after_another_block_are_not_shared",),
         passes=("test_token_ids_checked_on_a_key_hit",),
         question="A block holds the right tokens: what else must match before its KV is yours?",
+        section="3.3",
+    ),
+    Mistake(
+        6,
+        fails=("test_block_before_compared_as_a_block_not_a_key",),
+        passes=("test_same_tokens_after_another_block_are_not_shared", "test_hash_chains_the_previous_block"),
+        question="Two blocks before with the same key: do they hold the same prefix? What does your hit "
+        "compare, the blocks or their keys?",
         section="3.3",
     ),
     Mistake(
@@ -183,6 +199,15 @@ MISTAKES = [
         ),
         question="Block 2 was freed a moment ago and block 4 has never been used: which of the two should "
         "the next new block be, and where in your free list does a freed block go?",
+        section="3.5",
+    ),
+    Mistake(
+        16,
+        # New blocks popped from the back of the free list: a stack from the first allocation on, which
+        # renumbers every block of every check (and fails them) before any freed block comes back.
+        fails=("test_fresh_manager_hands_out_blocks_in_order", "test_worked_example_step_by_step"),
+        question="A fresh manager of 8 blocks: which block does your first allocate get, and from which end "
+        "of the free list do new blocks come?",
         section="3.5",
     ),
     Mistake(
@@ -352,6 +377,41 @@ def test_token_ids_checked_on_a_key_hit(impl):
     assert m.allocate("y", [C, D]) == [1], "a key collision must not share a block with other tokens"
     assert m.num_cached_tokens("y") == 0
     assert m.ref_count(0) == 1
+
+
+def test_block_sealed_by_append_is_keyed_after_the_block_before(impl):
+    """A block that append takes holds the tokens after the sequence's last block: [C, D] grown after
+    [A, B] is keyed after [A, B]'s key, as allocate would key it. A block taken without recording the
+    block before it is keyed as a first block, and a prompt that starts with [C, D] reuses its KV."""
+    m = impl.BlockManager(8, 2)
+    assert m.allocate("a", [A, B]) == [0]
+    m.append("a", C)
+    m.append("a", D)
+    assert m.block_table("a") == [0, 1]
+    assert m.allocate("b", [C, D]) == [2], "block 1 holds [C, D] after [A, B]: not the KV of [C, D] alone"
+    assert m.num_cached_tokens("b") == 0
+    assert m.allocate("c", [A, B, C, D]) == [0, 1], "[A, B, C, D] must find block 1 after block 0"
+    assert m.num_cached_tokens("c") == 4
+
+
+def _tokens_only(prev_hash, token_ids):
+    """Unchained keys: a block's key says which tokens it holds, not what came before them."""
+    return hash(token_ids)
+
+
+def test_block_before_compared_as_a_block_not_a_key(impl):
+    """With keys of the tokens alone, blocks 1 and 4 both hold [A, B] under one key, after [E, F] and
+    after [G, H]. [C, D] after block 4 finds block 2, which follows block 1: the blocks before share a
+    key, not a prefix, so block 2's KV is not this prompt's. Only the block itself tells them apart."""
+    m = impl.BlockManager(8, 2, hash_fn=_tokens_only)
+    assert m.allocate("x", [E, F, A, B, C, D]) == [0, 1, 2]
+    assert m.allocate("y", [G, H, A, B]) == [3, 4]
+    table = m.allocate("z", [G, H, A, B, C, D])
+    assert table == [3, 4, 5], (
+        f"[G, H, A, B, C, D] got {table}: block 2 holds [C, D] after [E, F, A, B], whose [A, B] block has "
+        "the same key as block 4 but another prefix"
+    )
+    assert m.num_cached_tokens("z") == 4
 
 
 def test_same_tokens_after_another_block_are_not_shared(impl):
@@ -634,7 +694,9 @@ def _two_live(impl):
 
 # name -> (the bad call, the error, what the message must name)
 BAD_CALLS = {
-    "duplicate_seq_id": (lambda m: m.allocate("a", [E]), ValueError, "'a'"),
+    # [A, B] is a hit on block 0: it needs no free block, so only the duplicate check can refuse it (a
+    # prompt needing a new block would be refused as out of blocks, naming 'a' too).
+    "duplicate_seq_id": (lambda m: m.allocate("a", [A, B]), ValueError, "'a'"),
     "append_unknown": (lambda m: m.append("ghost", E), KeyError, "'ghost'"),
     "free_unknown": (lambda m: m.free("ghost"), KeyError, "'ghost'"),
     "block_table_unknown": (lambda m: m.block_table("ghost"), KeyError, "'ghost'"),
