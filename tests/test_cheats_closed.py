@@ -366,10 +366,34 @@ def in_a_hook(x, y):  # torch computing in a hook Triton calls during the launch
     return out
 
 
+def python_each(x, y):  # Python adds element by element: no op is dispatched
+    s = torch.empty_like(x)
+    s.map2_(x, y, lambda _, a, b: a + b)
+    return s
+
+
+_SUBCLASS_STASH = {}
+
+
+def _hidden_add(cls, func, types, args=(), kwargs=None):  # runs with the recorder off the stack
+    s, x, y = _SUBCLASS_STASH["s"], _SUBCLASS_STASH["x"], _SUBCLASS_STASH["y"]
+    return s.copy_(x + y)
+
+
+_Sum = type("Sum", (torch.Tensor,), {"__torch_dispatch__": classmethod(_hidden_add)})
+
+
+def subclass_dispatch(x, y):  # the recorder sees a detach; the subclass adds under it
+    s = torch.empty_like(x)
+    _SUBCLASS_STASH.update(s=s, x=x, y=y)
+    s.as_subclass(_Sum).detach()
+    return s
+
+
 seen = {}
 for fn in (
     helper_in_kernel, custom_op, int_view_writes, int_view_read, honest, int_result_read, int_result_item,
-    flags_bit_by_bit, flag_check, in_a_hook,
+    flags_bit_by_bit, flag_check, in_a_hook, python_each, subclass_dispatch,
 ):
     x, y = torch.randn(10, dtype=torch.float16), torch.randn(10, dtype=torch.float16)
     recorder = I.torch_compute_recorder(watch)
@@ -417,6 +441,9 @@ def test_the_op_recorder_sees_torch_computing_however_it_is_reached(tmp_path):
     assert seen["flag_check"] == [], seen  # a launcher's check of its argument reads one flag
     # a hook Triton calls during a launch is the learner's code: its torch ops are recorded
     assert seen["in_a_hook"] == ["add"], seen
+    # Python computing where no op is dispatched: per element, or in a subclass's own dispatch
+    assert seen["python_each"] == ["map2_ (a Python function run on the floats)"], seen
+    assert seen["subclass_dispatch"] == ["detach (on a tensor subclass whose own code runs under it)"], seen
     # torch's own methods are left as they are: a file cannot tell a grading by what they are
     assert seen["tolist_is_torchs"] and seen["empty_is_torchs"], seen
 

@@ -458,6 +458,9 @@ MOVES = {
 
 # Tensor methods that copy values to Python or numpy without an op a dispatch mode sees.
 HOST_READS = {"tolist", "numpy", "__array__", "__dlpack__"}
+# Tensor methods that run a Python function on each element, with no op a dispatch mode sees: the floats
+# computed in Python.
+PYTHON_EACH = {"apply_", "map_", "map2_"}
 
 # Ops whose output holds none of their inputs' values (a fresh tensor shaped like one): it is not float
 # memory for having been made from a float tensor.
@@ -564,6 +567,8 @@ def torch_compute_recorder(watch: TritonWatch):
         except (RuntimeError, NotImplementedError):  # a tensor with no storage of its own
             return -1
 
+    _PLAIN_DISPATCH = torch.Tensor.__torch_dispatch__
+
     class HostReads(TorchFunctionMode):
         """Tensor.tolist (and numpy's ways in) copy values to Python with no op a dispatch mode sees: a
         float tensor's, or an integer view of a float tensor's memory, is reported to the call's
@@ -575,7 +580,9 @@ def torch_compute_recorder(watch: TritonWatch):
             self.recorder = recorder
 
         def __torch_function__(self, func, types, args=(), kwargs=None):
-            if getattr(func, "__name__", None) in HOST_READS and args and isinstance(args[0], torch.Tensor):
+            if getattr(func, "__name__", None) in PYTHON_EACH and floats(list(args)):
+                self.recorder.note(f"{func.__name__} (a Python function run on the floats)")
+            elif getattr(func, "__name__", None) in HOST_READS and args and isinstance(args[0], torch.Tensor):
                 t = args[0]
                 if t.is_floating_point() or t.is_complex():
                     self.recorder.note(f"{func.__name__} (floats read to the host)")
@@ -635,6 +642,11 @@ def torch_compute_recorder(watch: TritonWatch):
             name = schema.name if schema is not None else str(func)  # "aten::add", "mylib::clone"
             # how the screen names it: "add" for aten's, the full name for an op of someone's own
             short = name.split("::", 1)[-1] if name.startswith("aten::") else name
+            # A tensor subclass with a __torch_dispatch__ of its own runs Python under this op with this
+            # mode off the stack (func above called it): whatever it computes there goes unseen, so the
+            # op is computing, whatever its name (a detach that adds).
+            if any(t is not torch.Tensor and t.__torch_dispatch__ is not _PLAIN_DISPATCH for t in types):
+                self.note(f"{short} (on a tensor subclass whose own code runs under it)")
             inputs = tensors_in(list(args) + list(kwargs.values()))
             outputs = tensors_in(out if isinstance(out, (list, tuple)) else [out])
             own = tritons_own(watch)
