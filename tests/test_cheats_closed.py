@@ -643,3 +643,29 @@ def test_a_file_cannot_leave_files_outside_its_folder(tmp_path):
     ok.mkdir()
     result = grade_t1(ok, t1_source(extra=temp), "test_by_hand_lane_11_is_masked")
     assert outcome(result, "test_by_hand_lane_11_is_masked") == {"passed"}, result.message
+
+
+RETURNS_ITS_EXCEPTION = """
+
+class _Carrier(ValueError):
+    pass
+
+
+def _launch(x, y, out, BLOCK=2048, num_warps=4):
+    # an exception of the file's own class, returned: unpickled by value in the grader's process, its
+    # class (a handle there) would be called to rebuild it, and its reply would be the same again
+    return _Carrier("returned, not raised")
+"""
+
+
+def test_an_exception_of_the_files_own_class_comes_back_as_a_handle(tmp_path):
+    """The grader's process never calls the learner's code while it reads a reply: an exception object of
+    the learner's own class travels as a handle (like the learner's other objects), and the check fails
+    on what came back, on one screen, where it recursed until Python's limit."""
+    from tests.test_grading_harness import failures, grade_t1, one_screen, t1_source
+
+    result = grade_t1(tmp_path, t1_source(extra=RETURNS_ITS_EXCEPTION), "test_dtypes")
+    screen = one_screen(result)
+    assert result.state == "failing", screen
+    said = "\n".join(failures(result).values())
+    assert said and "RecursionError" not in said, said

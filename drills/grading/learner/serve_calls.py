@@ -96,7 +96,7 @@ class Server:
 
     # Encoding what goes back: plain values by value, the rest as handles kept here.
     def handle(self, obj):
-        if self.wire.is_plain(obj) or isinstance(obj, BaseException):
+        if self.wire.is_plain(obj) or (isinstance(obj, BaseException) and _by_value(type(obj))):
             return None
         if type(obj) is LentObject:
             return ("L", object.__getattribute__(obj, "_key"))
@@ -224,6 +224,15 @@ class Server:
                         self.objects.pop(key, None)
                         self.counts.pop(key, None)
                 releases = ()
+
+
+def _by_value(exc_type: type) -> bool:
+    """An exception travels by value when the grader's process has its class (built-in, torch's, the
+    harness's): unpickling one of the learner's classes there would call it, a handle of the learner's
+    process, in the middle of reading the reply (its returned instance came back the same way, forever).
+    Any other exception object the learner's code returns travels as a handle, like its other objects."""
+    module = getattr(exc_type, "__module__", "") or ""
+    return module == "builtins" or module.split(".")[0] == "torch" or module.startswith("drills.grading.")
 
 
 def _line_tracer(graded: str, lines: set[int]):
