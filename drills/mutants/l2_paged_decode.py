@@ -73,6 +73,12 @@ MUTANTS = [
         "out_ptr + b * stride_qb + q_heads[:, None] * stride_qh",
     ),
     Mutant(
+        "out_head_stride_assumed_d",
+        "9. out's head stride taken as D",
+        "out_ptr + b * stride_ob + q_heads[:, None] * stride_oh",
+        "out_ptr + b * stride_ob + q_heads[:, None] * D",
+    ),
+    Mutant(
         "table_row_stride_assumed",
         "9. the block table's row stride taken as its width",
         "phys = tl.load(block_tables_ptr + b * stride_bt + p).to(tl.int64)",
@@ -128,6 +134,12 @@ MUTANTS = [
         "16. pages counted rounding down (the last, partly filled page never read)",
         "num_pages = tl.cdiv(ctx, PAGE)",
         "num_pages = ctx // PAGE",
+    ),
+    Mutant(
+        "pages_counted_plus_one",
+        "16. pages counted ctx // PAGE + 1 (one too many when the last page is full)",
+        "num_pages = tl.cdiv(ctx, PAGE)",
+        "num_pages = ctx // PAGE + 1",
     ),
     Mutant(
         "sequence_index_int32",

@@ -19,6 +19,7 @@ from drills.grading.shared.launches import assert_grids_fit, assert_runs_a_trito
 from drills.tests import bf16_everywhere, fill_past_fp16_range, seeded, sizes
 from drills.tests.domain import Domain, checks_besides
 from drills.tests.paged_kv import (
+    CANARY,
     CONTEXT_LENS_BAD_INPUTS,
     CONTEXT_PATTERNS,
     HEAD_DIMS,
@@ -282,6 +283,26 @@ def test_k_and_v_caches_with_different_strides(impl, runtime):
     through K's strides (one copy-pasted address line) reads the wrong tokens and heads of V."""
     case = make_paged_case([40, 9], 8, 2, 64, 16, device=runtime.device, stream=91)
     check(impl, v_strides_unlike_k(case))
+
+
+def test_out_strides_are_used(impl, runtime):
+    """out is every other head of a canary-filled [B, 2 * Hq, D] buffer (stride(1) = 2 * D, as q is in
+    test_q_strides_are_used), q contiguous: a store that steps through out by D per head writes over the
+    canary heads between them and leaves half of out's heads unwritten."""
+    case = make_paged_case([32, 9], 8, 2, 64, 16, device=runtime.device, stream=85)
+    B, Hq, D = case.q.shape
+    buffer = torch.full((B, 2 * Hq, D), CANARY, dtype=case.q.dtype, device=case.q.device)
+    out = buffer[:, 1::2]  # [B, Hq, D], strides (2 * Hq * D, 2 * D, 1)
+    returned = impl.paged_decode(*case.args, out=out)
+    assert isinstance(returned, torch.Tensor) and returned.data_ptr() == out.data_ptr(), (
+        "the kernel must write into the `out` it is given and return it"
+    )
+    between = buffer[:, 0::2]  # [B, Hq, D]: the heads between out's, never out's own
+    assert (between == CANARY).all(), (
+        "a store landed between out's heads (out's head stride is 2 * D here): the store must step by "
+        "out.stride(1), not by D"
+    )
+    assert_close(out, paged_attention_reference(*case.args)[0], DIMS)
 
 
 def test_scale_is_applied(impl, runtime):
@@ -672,6 +693,19 @@ MISTAKES = [
         section="3.3",
     ),
     Mistake(
+        16,
+        # ctx // PAGE + 1: one page too many whenever the last page is full, so the loop reads the table
+        # entry past the sequence's pages (garbage, or past the row): the guard's words, or the harness's.
+        fails=("test_last_page_is_masked", "test_table_rows_exactly_full"),
+        passes=(WORKED,),
+        messages=(
+            r"device guard fired on arguments the launcher accepted|out of bounds load of block_tables",
+        ),
+        question="ctx = 32 and PAGE = 16: how many pages hold this sequence's tokens, how many times does "
+        "your page loop run, and which table entry does its last iteration read?",
+        section="3.3",
+    ),
+    Mistake(
         2,
         fails=("test_last_page_is_masked",),
         passes=("test_masked_v_lanes_are_zero",),
@@ -756,6 +790,14 @@ MISTAKES = [
         passes=(WORKED,),
         question="The cache is one layer of a bigger pool here: which strides does your kernel use to "
         "find block phys, token t and KV head kvh?",
+        section="2",
+    ),
+    Mistake(
+        9,
+        fails=("test_out_strides_are_used",),
+        passes=(WORKED, "test_q_strides_are_used"),
+        question="out is every other head of a bigger buffer here: how far apart are two heads of out in "
+        "memory, and what does your store step by?",
         section="2",
     ),
     Mistake(
