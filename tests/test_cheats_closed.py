@@ -669,3 +669,42 @@ def test_an_exception_of_the_files_own_class_comes_back_as_a_handle(tmp_path):
     assert result.state == "failing", screen
     said = "\n".join(failures(result).values())
     assert said and "RecursionError" not in said, said
+
+
+def test_a_check_stopped_by_the_learners_code_names_no_pitfall():
+    """sys.exit, or a BaseException of the file's own, stops the check whatever its kernel does: that is
+    the finding, not the pitfall whose check happened to be stopped first."""
+    from drills.grading.grader import diagnose
+    from drills.grading.grader.diagnose import Mistake
+    from drills.grading.grader.report import Case
+
+    mistakes = [Mistake(2, fails=("test_grid",))]
+    for said in (
+        "RuntimeError: your code called sys.exit(0) while being graded",
+        "LearnerError: your code raised RuntimeError: your code raised _Stop, which is not an Exception (it "
+        "stops whatever runs it, as sys.exit does) while being graded",
+    ):
+        found = diagnose.diagnose([Case("test_grid", "test_grid", "failed", said)], mistakes)
+        assert [(f.pitfall, f.kind) for f in found] == [(0, "stopped")], found
+        assert "stopped the check" in found[0].title
+
+
+STOPS_THE_CHECK = """
+
+class _Stop(BaseException):
+    pass
+
+
+def _launch(x, y, out, BLOCK=2048, num_warps=4):
+    raise _Stop("not an Exception")
+"""
+
+
+def test_a_base_exception_of_the_files_own_is_named_on_one_screen(tmp_path):
+    from tests.test_grading_harness import grade_t1, one_screen, t1_source
+
+    result = grade_t1(tmp_path, t1_source(extra=STOPS_THE_CHECK), "test_by_hand_grid_has_three_programs")
+    screen = one_screen(result)
+    assert result.state == "failing", screen
+    assert "stopped the check" in screen and "pitfall" not in screen.split("reread")[0], screen
+    assert "t1_vector_add.py" in screen or "raise _Stop" in screen, screen

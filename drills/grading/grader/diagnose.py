@@ -109,6 +109,13 @@ def score(mistake: Mistake, cases) -> _Score:
 # A launch grid past CUDA's limits (launches.grid_problem's words).
 GRID_PAST_LIMITS = r"past CUDA's limit on grid axis"
 
+# The learner's code stopping a check instead of returning or raising an Exception (serve_calls.py's words).
+STOPPED = r"your code called sys\.exit\(|which is not an Exception \(it stops whatever runs it"
+STOPPED_TITLE = (
+    "your code stopped the check (sys.exit, or a BaseException that is not an Exception): a launcher "
+    "returns, or raises ValueError or TypeError naming the argument"
+)
+
 # Failures that say what happened whatever the lesson: the harness's own messages (learner_client.py).
 GENERIC = (
     ("crash", r"ended the process that runs it", "your code crashed the process that runs it"),
@@ -374,6 +381,11 @@ def diagnose(
     # The most specific consistent mistake first; ties go to the one explaining more failures, then
     # to the order of the lesson's list.
     consistent.sort(key=lambda s: (-s.total, -len(s.witnesses), mistakes.index(s.mistake)))
+    # The learner's code stopped a check (sys.exit, a BaseException that is not an Exception): certain,
+    # and no pitfall's, whichever checks it stopped.
+    stopped = [c for c in failing if re.search(STOPPED, c.message or "")]
+    if stopped:
+        return [Finding(0, STOPPED_TITLE, _evidence(stopped[0]), True, None, "stopped")]
     # Only the fresh-memory verdict failed: the file told the grading apart (FRESH_MEMORY).
     if all(re.search(FRESH_MEMORY, c.message or "") for c in failing):
         return [Finding(0, FRESH_TITLE, _evidence(failing[0]), True, None, "nan")]

@@ -289,6 +289,8 @@ GENERIC_TODO = {
     "ValueError or TypeError naming it (the function's docstring says what it admits)",
     "returned": "return exactly what the function's docstring says, in its order (out, or (out, lse) with "
     "return_lse=True), with out allocated in the inputs' dtype: the line above names what differs",
+    "stopped": "remove the sys.exit (or the raise of a BaseException) the quoted line shows: a check ends when "
+    "your function returns, and bad input raises ValueError or TypeError",
     "dtype": "cast with the tensors' own dtype (p.to(v.dtype), out.to(out_ptr.dtype.element_ty)); a "
     "tl.float16 written into a kernel is right for fp16 inputs only",
 }

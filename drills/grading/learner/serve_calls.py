@@ -215,6 +215,12 @@ class Server:
                     raise
                 if isinstance(exc, SystemExit):
                     exc = RuntimeError(f"your code called sys.exit({exc.code!r}) while being graded")
+                elif not isinstance(exc, Exception):  # a BaseException of the file's own, say
+                    stop = RuntimeError(
+                        f"your code raised {type(exc).__name__}, which is not an Exception (it stops "
+                        "whatever runs it, as sys.exit does) while being graded"
+                    )
+                    stop.__cause__, exc = exc, stop  # where it was raised still names the learner's line
                 self.fail(exc)
             finally:
                 request = None
