@@ -138,6 +138,12 @@ MUTANTS = [
         "    for _ in range(7):\n",
     ),
     Mutant(
+        "search_fixed_8_steps",
+        "20. the sequence search with a fixed number of steps (8 halvings: right up to 256 sequences)",
+        "    while hi - lo > 1:\n",
+        "    for _ in range(8):\n",
+    ),
+    Mutant(
         "v_page_offset_int32",
         "7. V's page offset left int32 when V has its own strides (K's widened)",
         "    if WIDE:\n        phys = phys.to(tl.int64)\n    slot = cols % PAGE\n"

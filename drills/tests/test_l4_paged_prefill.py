@@ -769,14 +769,21 @@ def test_large_ragged_batch(impl, runtime):
     check(impl, case)
 
 
-@pytest.mark.parametrize("B", [130], ids=["130-seqs"])
+@pytest.mark.parametrize("B", [130, 1100], ids=["130-seqs", "1100-seqs"])
 def test_sequence_search_covers_every_sequence(impl, runtime, B):
     """130 sequences of 1-3 new tokens over contexts of 1-12: the search for a tile's sequence over
     cu_seqlens_q must narrow [0, B) down to one sequence whatever B is. A fixed number of halvings, 6
     (right up to 64 sequences) or 7 (up to 128), stops with two candidates left and hands some tiles to
-    the wrong sequence: past both bounds, 130 shows either. Every other case has at most 51 sequences."""
+    the wrong sequence: past both bounds, 130 shows either. 1,100 sequences cross the next bounds a
+    search is cut to (8 or 10 halvings, a vector of 256 or 1,024 first tiles): all but six are padding
+    (q_len = 0, a spare tile each that returns at once), so the case stays cheap, and the six with new
+    tokens sit at both sides of 256 and of 1,024 and at the end. Every other case has at most 51."""
     gen = torch.Generator().manual_seed(seeded(243))
     q_lens = torch.randint(1, 4, (B,), generator=gen)
+    if B > 256:
+        live = torch.zeros(B, dtype=torch.bool)
+        live[[0, 255, 256, 1023, 1024, B - 1]] = True
+        q_lens = torch.where(live, q_lens, 0)
     ctx = q_lens + torch.randint(0, 10, (B,), generator=gen)
     case = make_prefill_case(ctx.tolist(), q_lens.tolist(), 2, 1, 16, 4, stream=243, device=runtime.device)
     check(impl, case)
@@ -1252,8 +1259,9 @@ MISTAKES = [
             "test_key_ranges_at_every_alignment",
             "test_empty_sequences_produce_nothing",
         ),
-        question="Up to 51 sequences pass and 130 fail: how many halvings does your search over "
-        "cu_seqlens_q need before hi - lo = 1 when B = 130, and how many does it do?",
+        question="Up to 51 sequences pass and 130 or 1,100 fail: how many halvings does your search over "
+        "cu_seqlens_q need before hi - lo = 1 when B = 1,100, and how many does it do (or how many first "
+        "tiles does it compare)?",
         section="3.4",
     ),
     Mistake(
