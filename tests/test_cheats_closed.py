@@ -121,6 +121,8 @@ CHEATS = {
     "frombuffer": "import array\n_T = torch.frombuffer(array.array('f', [0.0]), dtype=torch.float32)\n",
     "frombuffer_imported": "from torch import frombuffer\n",
     "asarray": "_T = torch.asarray(bytearray(4), copy=False)\n",
+    "frombuffer_by_getattr": "_F = getattr(torch, 'frombuffer')\n",
+    "frombuffer_by_class_pattern": "def _f():\n    match torch:\n        case object(frombuffer=f):\n            return f\n",
     "map2": "def _add(s, x, y):\n    s.map2_(x, y, lambda _, a, b: a + b)\n",
     "map": "def _add(s, x):\n    s.map_(x, lambda a, b: a + b)\n",
     "apply": "def _read(x):\n    x.apply_(lambda v: v)\n",

@@ -380,7 +380,12 @@ def _why(node: ast.AST, ctx: dict) -> str | None:
             return why
     if isinstance(node, ast.MatchClass):  # `case object(__globals__=g)` reads g = x.__globals__
         for attr in node.kwd_attrs:
-            if (_dunder(attr) and attr not in DUNDER_ATTRS) or attr in NAMES or attr.startswith("_"):
+            if (
+                (_dunder(attr) and attr not in DUNDER_ATTRS)
+                or attr in NAMES
+                or attr.startswith("_")
+                or (attr in BUFFERS and attr not in ctx["reference_attrs"])
+            ):
                 return (
                     f"reads .{attr} through a class pattern, behind a name: a launcher uses the names it "
                     "defines or imports"
@@ -427,6 +432,8 @@ def _why(node: ast.AST, ctx: dict) -> str | None:
             name = node.args[1] if len(node.args) >= 2 else None
             if not (isinstance(name, ast.Constant) and isinstance(name.value, str)):
                 return f"calls {fn}() with a name built at run time: read the attribute by its name (x.name)"
+            if name.value in BUFFERS and name.value not in ctx["reference_attrs"]:
+                return BUFFERS[name.value]
             if _dunder(name.value) or name.value in NAMES or name.value in CALLS:
                 return NAMES.get(name.value) or CALLS.get(name.value) or f"reaches {name.value} by {fn}()"
         if fn == "type" and len(node.args) + len(node.keywords) > 1:
