@@ -134,6 +134,69 @@ def test_a_return_that_is_not_the_specs_is_named_as_such():
     assert [f.kind for f in found] == ["returned"] and wrong in found[0].evidence, found
 
 
+def test_a_launcher_that_returns_other_than_out_is_named_as_such():
+    import torch
+
+    out = torch.zeros(10)
+    assert diagnose.returned_out_problem("vector_add", out, out) is None
+    assert "returned None where the `out`" in diagnose.returned_out_problem("vector_add", None, out)
+    fresh = diagnose.returned_out_problem("vector_add", out.clone(), out)
+    assert "a float32 tensor of shape (10,) at other memory than out's" in fresh
+    # The launcher's forgotten return fails the by-hand grid check too: the return is named, not the grid.
+    mistakes = [Mistake(2, fails=("test_grid",), passes=("test_kernel",))]
+    cases = [
+        case("test_grid", message=fresh),
+        case("test_rows", message=fresh),
+        case("test_kernel", "passed"),
+    ]
+    found = diagnose.diagnose(cases, mistakes)
+    assert [f.kind for f in found] == ["returned"], found
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "your code did not return within 120 s during this check (an endless loop?), in x.py line 3",
+        "your code raised RecursionError at mine/t1.py:51 (`n = x.numel()`): maximum recursion depth exceeded",
+        "your code ended the process that runs it (signal 11)",
+    ],
+)
+def test_a_check_the_code_never_came_back_from_names_no_pitfall(message):
+    # Every launch stops the same way: the pitfall whose checks happen to be among them is not the
+    # finding (the kernel-only check it needs to pass passes, since it never calls the launcher).
+    mistakes = [Mistake(2, fails=("test_grid",), passes=("test_kernel",))]
+    cases = [case(f"test_{n}", message=message) for n in ("grid", "rows", "dtypes")]
+    found = diagnose.diagnose(cases + [case("test_kernel", "passed")], mistakes)
+    assert found and found[0].pitfall == 0 and found[0].kind in ("timeout", "recursion", "crash"), found
+    assert found[0].kind in report.GENERIC_TODO, found  # what to do, not a section of another mistake
+    # A pitfall whose own messages name the stop is still named.
+    named = [Mistake(2, fails=("test_grid",), messages=(message.split(" (")[0][:25],))]
+    assert diagnose.diagnose(cases, named)[0].pitfall == 2
+    # One check stopping among many wrong values says nothing against the pitfall they show.
+    mixed = [case("test_grid", message=message)] + [case(f"test_{n}", message=WRONG) for n in ("a", "b")]
+    assert diagnose.diagnose(mixed + [case("test_kernel", "passed")], mistakes)[0].pitfall == 2
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "TypeError: softmax() got an unexpected keyword argument 'out'",
+        "TypeError: softmax() missing 1 required positional argument: 'x'",
+        "TypeError: softmax() takes 1 positional argument but 2 were given",
+    ],
+)
+def test_a_call_that_does_not_fit_the_signature_names_the_signature(message):
+    # The dropped `out` parameter fails the by-hand check of a pitfall too: the signature is named.
+    mistakes = [Mistake(5, fails=("test_hand",), passes=("test_kernel",))]
+    cases = [case(f"test_{n}", message=message) for n in ("hand", "rows", "dtypes")]
+    found = diagnose.diagnose(cases + [case("test_kernel", "passed")], mistakes)
+    assert [f.kind for f in found] == ["signature"] and found[0].kind in report.GENERIC_TODO, found
+    # A TypeError the learner's own line raised is not the signature's.
+    own = "your code raised TypeError at mine/t2.py:9 (`x = y + 1`): unsupported operand"
+    cases = [case(f"test_{n}", message=own) for n in ("hand", "rows", "dtypes")]
+    assert diagnose.diagnose(cases + [case("test_kernel", "passed")], mistakes)[0].kind != "signature"
+
+
 def test_no_line_blames_the_grader_for_the_learners_code():
     lesson = find("c1")
     failed = case("test_preemption", message="no request was preempted (grader bug?)")

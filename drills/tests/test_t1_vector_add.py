@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from drills.compare import assert_close, assert_untouched, mismatch
-from drills.grading.grader.diagnose import Mistake
+from drills.grading.grader.diagnose import Mistake, returned_out_problem
 from drills.grading.shared.bigmem import sparse_empty
 from drills.grading.shared.launches import assert_grids_fit, assert_runs_a_triton_kernel, record_launches
 from drills.tests import bf16_everywhere, seeded, sizes
@@ -50,10 +50,8 @@ def into_canary(run, x):
     buffer = torch.full((n + 2 * PAD,), CANARY, dtype=x.dtype, device=x.device)
     out = buffer[PAD : PAD + n]  # [n]
     returned = run(out)
-    assert isinstance(returned, torch.Tensor) and returned.data_ptr() == out.data_ptr(), (
-        "the tensor vector_add returned is not the `out` it was given, so the output did not come from "
-        "your kernel's store into out: write into out and return it"
-    )
+    wrong = returned_out_problem("vector_add", returned, out)
+    assert wrong is None, wrong
     keep = torch.zeros(buffer.shape, dtype=torch.bool, device=buffer.device)
     keep[PAD : PAD + n] = True
     assert_untouched(buffer, CANARY, keep, "the buffer around out (is the last block masked?)", ("i+65536",))

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from drills.compare import assert_close, assert_untouched, mismatch
-from drills.grading.grader.diagnose import Mistake
+from drills.grading.grader.diagnose import Mistake, returned_out_problem
 from drills.grading.shared.bigmem import sparse_empty
 from drills.grading.shared.launches import assert_grids_fit, assert_runs_a_triton_kernel, record_launches
 from drills.tests import bf16_everywhere, seeded, sizes
@@ -75,10 +75,8 @@ def run_into_canary(impl, a, b, out_layout="plain"):
     buffer = torch.full((rows + 2 * MARGIN, cols + 2 * MARGIN), CANARY, dtype=a.dtype, device=a.device)
     out = view_of(buffer, M, N)  # [M, N]
     returned = impl.matmul(a, b, out=out)
-    assert isinstance(returned, torch.Tensor) and returned.data_ptr() == out.data_ptr(), (
-        "the tensor matmul returned is not the `out` it was given, so the output did not come from "
-        "your kernel's store into out: write into out and return it"
-    )
+    wrong = returned_out_problem("matmul", returned, out)
+    assert wrong is None, wrong
     keep = torch.zeros(buffer.shape, dtype=torch.bool, device=buffer.device)
     view_of(keep, M, N).fill_(True)
     assert_untouched(

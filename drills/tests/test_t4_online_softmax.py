@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from drills.compare import assert_close, assert_untouched, mismatch
-from drills.grading.grader.diagnose import Mistake
+from drills.grading.grader.diagnose import Mistake, returned_out_problem
 from drills.grading.shared.bigmem import WRAP, free_bytes, rows_past_int32
 from drills.grading.shared.launches import assert_grids_fit, assert_runs_a_triton_kernel, record_launches
 from drills.tests import bf16_everywhere, seeded, sizes
@@ -140,10 +140,8 @@ def softmax_into_canary(impl, x, **kwargs):
     buffer = torch.full((M + 2, N + 16), CANARY, dtype=x.dtype, device=x.device)
     out = buffer[1 : M + 1, 8 : 8 + N]  # [M, N], rows N + 16 apart
     returned = impl.online_softmax(x, out=out, **kwargs)
-    assert isinstance(returned, torch.Tensor) and returned.data_ptr() == out.data_ptr(), (
-        "the tensor online_softmax returned is not the `out` it was given, so the output did not come from "
-        "your kernel's store into out: write into out and return it"
-    )
+    wrong = returned_out_problem("online_softmax", returned, out)
+    assert wrong is None, wrong
     keep = torch.zeros(buffer.shape, dtype=torch.bool, device=x.device)
     keep[1 : M + 1, 8 : 8 + N] = True
     assert_untouched(

@@ -116,6 +116,22 @@ STOPPED_TITLE = (
     "returns, or raises ValueError or TypeError naming the argument"
 )
 
+# A check the learner's code never came back from: the harness stopped it after its time limit, the
+# process ended under it, or Python's recursion limit ended it (learner_client.py's and serve_calls.py's
+# words).
+# Python refusing the grader's call to a function of the learner's file, by the function's own
+# parameters: the message is the TypeError itself, with no line of the learner's before it.
+SIGNATURE = (
+    r"^TypeError: [\w.]+\(\) (got an unexpected keyword argument|missing \d+ required|takes \d+ positional"
+    r"|takes from \d+ to \d+ positional|got multiple values for argument)"
+)
+SIGNATURE_TITLE = (
+    "a function of your file does not take the arguments its spec gives it (its signature changed)"
+)
+RECURSION = r"your code raised RecursionError"
+RECURSION_TITLE = "your code calls itself without end (Python stopped it at its recursion limit)"
+HALTED = r"did not return within|ended the process that runs it|" + RECURSION
+
 # Failures that say what happened whatever the lesson: the harness's own messages (learner_client.py).
 GENERIC = (
     ("crash", r"ended the process that runs it", "your code crashed the process that runs it"),
@@ -309,6 +325,20 @@ def returned_problem(fn: str, returned, expected) -> str | None:
     return None
 
 
+def returned_out_problem(fn: str, returned, out) -> str | None:
+    """None when `returned` is the very `out` tensor fn was given, else one line in RETURNED's words: a
+    launcher that returns None, a new tensor or a copy leaves out as the grader filled it, whatever its
+    kernel computed."""
+    tensor = hasattr(returned, "data_ptr") and hasattr(returned, "shape")
+    if tensor and returned.data_ptr() == out.data_ptr() and tuple(returned.shape) == tuple(out.shape):
+        return None
+    what = _described(returned) + (" at other memory than out's" if tensor else "")
+    return (
+        f"{fn} returned {what} where the `out` it was given belongs, so the output did not come from your "
+        "kernel's store into out: write into out and return it"
+    )
+
+
 def _bad_input_check(case) -> bool:
     """The case is one of a grader's bad-input checks (by its check's name)."""
     return re.search(BAD_INPUT_CHECK, case.id.split("[", 1)[0]) is not None
@@ -386,6 +416,26 @@ def diagnose(
     stopped = [c for c in failing if re.search(STOPPED, c.message or "")]
     if stopped:
         return [Finding(0, STOPPED_TITLE, _evidence(stopped[0]), True, None, "stopped")]
+    # The learner's code never came back in most failing checks (an endless loop, a recursion without
+    # end, the process crashed): no result was compared, so which checks fail says nothing about a
+    # pitfall, unless the pitfall's own messages name that stop. An endless loop in the launcher fails
+    # the by-hand grid check too, which is not the grid's mistake.
+    # The grader's call did not fit the function's parameters (a parameter of the spec renamed or
+    # dropped): Python refused the call before any line of the learner's ran, in most failing checks.
+    unfit = [c for c in failing if re.search(SIGNATURE, c.message or "", re.M)]
+    if 2 * len(unfit) >= len(failing) and not any(
+        re.search(rx, c.message or "") for s in consistent for rx in s.mistake.messages for c in unfit
+    ):
+        return [Finding(0, SIGNATURE_TITLE, _evidence(unfit[0]), True, None, "signature")]
+    halted = [c for c in failing if re.search(HALTED, c.message or "")]
+    if 2 * len(halted) >= len(failing) and not any(
+        re.search(rx, c.message or "") for s in consistent for rx in s.mistake.messages for c in halted
+    ):
+        if re.search(RECURSION, halted[0].message or ""):
+            kind, title = "recursion", RECURSION_TITLE
+        else:
+            kind, title = generic_kind(halted[0].message)
+        return [Finding(0, title, _evidence(halted[0]), True, None, kind)]
     # Only the fresh-memory verdict failed: the file told the grading apart (FRESH_MEMORY).
     if all(re.search(FRESH_MEMORY, c.message or "") for c in failing):
         return [Finding(0, FRESH_TITLE, _evidence(failing[0]), True, None, "nan")]

@@ -280,6 +280,10 @@ GENERIC_TODO = {
     "crash": "the line that crashed is not known: look for a tl.load or tl.store without a mask, or a pointer "
     "built from an index that can run past the tensor",
     "timeout": "look for a loop whose bound or step never lets it end",
+    "signature": "keep each function's signature as your file's stub gave it (its parameters' names, order "
+    "and defaults): the grader calls it as the docstring says, and the quoted line names what did not fit",
+    "recursion": "the quoted line is in a function that calls itself, directly or through another: a "
+    "launcher calls its kernel and the helpers below it, never itself or the function that called it",
     "refused_valid": "that case is valid: read the argument's rule in the function's docstring (or the "
     "explainer's API box) and loosen the check that raised, which the quoted line shows",
     "nan": "give every masked tl.load an other= the math can absorb (-inf before a max, 0 before a sum), "
