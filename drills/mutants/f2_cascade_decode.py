@@ -157,4 +157,22 @@ MUTANTS = [
         "row_ok = (ctx >= 0) & (ctx <= max_pages * PAGE)",
         "row_ok = (ctx >= 0) & (ctx < max_pages * PAGE)",
     ),
+    Mutant(
+        "lse_stored_unasked",
+        "22. the suffix stage stores lse whatever WRITE_LSE says: unsplit without a prefix, it lands on out",
+        "    if WRITE_LSE:\n        tl.store(lse_ptr + b * stride_lb + q_heads * stride_lh + first_slot + split, lse, mask=g_mask)",
+        "    tl.store(lse_ptr + b * stride_lb + q_heads * stride_lh + first_slot + split, lse, mask=g_mask)",
+    ),
+    Mutant(
+        "max_starts_at_zero",
+        "23. the running max of a stage's tiles starts at 0, not -inf",
+        'm_i = tl.full([ROWS], float("-inf"), dtype=tl.float32)',
+        "m_i = tl.zeros([ROWS], dtype=tl.float32)",
+    ),
+    Mutant(
+        "suffix_starts_on_a_tile_edge",
+        "2. the suffix started on the tile edge before the prefix's end (plen rounded down to BLOCK_N)",
+        "        start = tl.where(row_ok, plen, 0)\n",
+        "        start = tl.where(row_ok, plen // BLOCK_N * BLOCK_N, 0)\n",
+    ),
 ]

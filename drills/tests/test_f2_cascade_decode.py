@@ -40,6 +40,7 @@ from drills.tests.paged_kv import (
     paged_attention_reference,
     pool_past_int32,
     q_rows_far_apart,
+    shift_scores,
     spoiled_call,
     strided_q,
     v_strides_unlike_k,
@@ -70,7 +71,11 @@ BOUNDS: dict[str, tuple[str, ...]] = {
         "test_group_of_64_members",
         "test_gqa_group_wider_than_a_tile",
     ),
-    "WRITE_LSE": ("test_lse_is_natural_log", "test_equals_paged_decode"),  # with and without
+    "WRITE_LSE": (  # with and without: out stands in for the lse pointer when lse is not asked for
+        "test_lse_is_natural_log",
+        "test_equals_paged_decode",
+        "test_lse_not_stored_unless_asked",
+    ),
     "grid": ("test_grid_fits_cuda_limits_at_largest_sizes",),
 }
 
@@ -363,6 +368,18 @@ def test_suffix_starts_after_the_prefix(impl, runtime):
     check(impl, case, groups, plens, plan=forced(impl, case, groups, plens, suffix_splits=1))
 
 
+def test_max_starts_at_minus_inf(impl, runtime):
+    """Every score is about -128 (L2's pitfall 10): a running max that starts at 0 stays 0, every exp2
+    underflows (2^-184 is below fp32's smallest) and l = 0, so the part looks empty and the row stores 0.
+    Both stages meet it: a group sharing 32 tokens in two prefix chunks, a member's own tokens and a
+    sequence in no group in two suffix splits. Every other case scores near 0."""
+    case, groups, plens = cascade_case([50, 40, 45], [0, 0, -1], [32], device=runtime.device, stream=38)
+    shift_scores(case, -128.0)
+    plan = forced(impl, case, groups, plens, prefix_chunks=2, suffix_splits=2)
+    _, lse = check(impl, case, groups, plens, plan=plan)
+    assert lse.max().item() < -100, "every head's lse should be far below 0 here"
+
+
 def test_groups_of_one_member(impl, runtime):
     """A group of one still gets its prefix attended by the prefix stage (its suffix starts after it), in a
     batch where another group has two members."""
@@ -625,6 +642,21 @@ def test_lse_is_natural_log(impl, runtime):
     plan = forced(impl, case, groups, plens, suffix_splits=1)
     check(impl, case, groups, plens, plan=plan)
     check(impl, case, groups, plens, plan=plan, scale=0.37)
+
+
+def test_lse_not_stored_unless_asked(impl, runtime):
+    """Without return_lse there is no lse tensor: falling back to F1 with one split, the launcher hands the
+    suffix kernel out in its place, a pointer never written (WRITE_LSE = False). An lse stored all the
+    same lands on out's first elements, fp32 bits over fp16 ones. Every other check asks for lse but
+    test_equals_paged_decode, which takes the planner's choice."""
+    case, groups, plens = cascade_case([37, 21, 50], [0, 0, -1], [16], device=runtime.device, stream=37)
+    _, Hq, _ = case.q.shape
+    _, PAGE, Hkv, _ = case.k_cache.shape
+    plan = impl.plan(case.context_lens, groups, plens, Hq, Hkv, PAGE, cascade=False, suffix_splits=1)
+    out = call_with_canary_out(
+        lambda o: impl.cascade_decode(*case.args, groups, plens, out=o, plan=plan), case.q
+    )
+    assert_close(out, paged_attention_reference(*case.args)[0], DIMS)
 
 
 def test_equals_paged_decode(impl, runtime):
@@ -920,6 +952,7 @@ STAGES = [
             "test_worked_example_three_requests",
             "test_prefix_counted_once",
             "test_suffix_starts_after_the_prefix",
+            "test_max_starts_at_minus_inf",
             "test_groups_of_one_member",
             "test_tiles_hold_one_group",
             "test_members_one_past_the_tile",
@@ -944,6 +977,7 @@ STAGES = [
             "test_gqa_group_wider_than_a_tile",
             "test_bad_group_values_on_the_device_are_contained",
             "test_lse_is_natural_log",
+            "test_lse_not_stored_unless_asked",
             "test_runs_a_triton_kernel",
             "test_launcher_rejects_bad_input",
             "test_check_true_catches_tables_that_do_not_share",
@@ -970,6 +1004,36 @@ STAGES = [
 
 MHA = "test_prefix_tile_rows_map_to_heads[group1-MHA]"
 MISTAKES = [
+    Mistake(
+        23,
+        fails=("test_max_starts_at_minus_inf",),
+        passes=("test_worked_example_three_requests", "test_prefix_counted_once"),
+        question="Every score is about -128: what is your running max after the first tile if it starts "
+        "at 0, and what is exp2 of a base-2 score of -184?",
+        section="3.2",
+    ),
+    Mistake(
+        2,
+        # The suffix started on the tile edge at or before the prefix's end: right for prefixes that are
+        # whole tiles of 16 (every case but the 8- and 24-token prefixes), and re-reading up to 15 tokens.
+        fails=("test_suffix_starts_after_the_prefix", "test_worked_example_three_requests"),
+        passes=(
+            "test_page_sizes[32]",
+            "test_prefix_counted_once",
+            "test_merge_states_equals_one_shot_softmax",
+        ),
+        question="A 24-token prefix and tiles of 16 tokens: which tokens does your prefix stage read, at "
+        "which token does your suffix start, and does either stop or start on a tile edge?",
+        section="3.3",
+    ),
+    Mistake(
+        22,
+        fails=("test_lse_not_stored_unless_asked",),
+        passes=("test_lse_is_natural_log", "test_worked_example_three_requests"),
+        question="return_lse=False, no cascade and one split: which tensor does the launcher pass as "
+        "lse_ptr, and what does your suffix kernel store through it?",
+        section="3.3",
+    ),
     Mistake(
         21,
         fails=("test_table_rows_exactly_full",),
