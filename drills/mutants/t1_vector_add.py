@@ -28,6 +28,13 @@ MUTANTS = [
         "grid = (triton.cdiv(n, BLOCK),)",
         "grid = (n // BLOCK,)",
     ),
+    # Every small case needs fewer than 65535 programs: only the dry run at the largest sizes sees it.
+    Mutant(
+        "grid_clamped_to_65535",
+        "2. grid clamped to 65535 programs (the blocks past them never written)",
+        "grid = (triton.cdiv(n, BLOCK),)",
+        "grid = (min(triton.cdiv(n, BLOCK), 65535),)",
+    ),
     Mutant(
         "offsets_missing_block_start",
         "3. offsets without pid * BLOCK",
@@ -39,6 +46,13 @@ MUTANTS = [
         "3. block start pid instead of pid * BLOCK",
         "offs = pid * BLOCK + tl.arange(0, BLOCK)",
         "offs = pid + tl.arange(0, BLOCK)",
+    ),
+    # Every BLOCK up to 2048 passes: each program covers its block and more.
+    Mutant(
+        "block_width_written_into_the_kernel",
+        "3. a width written into the kernel (2048) instead of BLOCK",
+        "offs = pid * BLOCK + tl.arange(0, BLOCK)",
+        "offs = pid * 2048 + tl.arange(0, 2048)",
     ),
     Mutant(
         "offsets_int32",
@@ -52,6 +66,12 @@ MUTANTS = [
         "5. mask off by one (offs <= n)",
         "mask = offs < n  # [BLOCK]",
         "mask = offs <= n  # [BLOCK]",
+    ),
+    Mutant(
+        "mask_stops_one_short",
+        "5. mask off by one the other way (offs < n - 1): the last element never written",
+        "mask = offs < n  # [BLOCK]",
+        "mask = offs < n - 1  # [BLOCK]",
     ),
     Mutant(
         "subtracts",

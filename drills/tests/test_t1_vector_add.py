@@ -20,7 +20,11 @@ from drills.tests import bf16_everywhere, seeded, sizes
 # bound (or at its widest admitted value), a flag both ways; "grid" -> the grid check at the largest sizes.
 # make contract fails on a constexpr named neither here nor in BOUNDS_GAPS ("no bound:" ones only).
 BOUNDS: dict[str, tuple[str, ...]] = {
-    "BLOCK": ("test_last_block_is_masked", "test_each_program_adds_its_own_block"),
+    "BLOCK": (
+        "test_last_block_is_masked",
+        "test_each_program_adds_its_own_block",
+        "test_launch_honours_its_block",
+    ),
     "grid": ("test_grid_fits_cuda_limits_at_largest_sizes",),
 }
 
@@ -246,6 +250,17 @@ def test_launcher_rejects_bad_input(impl, runtime, name):
     assert not launches.calls, "the error must come before any kernel is launched"
 
 
+@pytest.mark.parametrize("BLOCK", [4096, 16384])
+def test_launch_honours_its_block(impl, runtime, BLOCK):
+    """_launch with a BLOCK wider than the default (the benchmark tries several): three programs and a
+    ragged fourth, each owning BLOCK elements. A kernel that writes a width of its own instead of BLOCK
+    (pid * 2048 + tl.arange(0, 2048)) passes every BLOCK up to its width and leaves gaps past it."""
+    n = 3 * BLOCK + 5
+    x, y = make_inputs(n, torch.float32, runtime.device, stream=BLOCK)
+    out = into_canary(lambda out: impl._launch(x, y, out, BLOCK=BLOCK), x)
+    assert_close(out, x.float() + y.float(), DIMS)
+
+
 @pytest.mark.parametrize("BLOCK", [3, 0, 1000, 2.0])
 def test_launch_rejects_block_not_a_power_of_two(impl, runtime, BLOCK):
     """tl.arange(0, BLOCK) needs a power of two: _launch says so, naming BLOCK, before launching."""
@@ -342,12 +357,31 @@ MISTAKES = [
         section="2",
     ),
     Mistake(
+        2,
+        # The grid clamped to 65535 programs to fit a limit axis 0 does not have: only the dry run at the
+        # largest sizes sees it (an axis of exactly 65535), since every small case needs fewer programs.
+        fails=("test_grid_fits_cuda_limits_at_largest_sizes",),
+        messages=(r"a grid clamped with min\(programs",),
+        question="n = 65536 * 2048 + 1 needs 65537 programs of 2048: how many does your grid launch, and "
+        "which elements do the programs it leaves out own?",
+        section="3.4",
+    ),
+    Mistake(
         3,
         fails=("test_each_program_adds_its_own_block",),
         passes=("test_last_block_is_masked[n1]",),
         question="Which elements does program 1 of the by-hand example load: where in your offsets does "
         "its program id come in, and multiplied by what?",
         section="2",
+    ),
+    Mistake(
+        3,
+        # A width of its own in the kernel: right for every BLOCK up to it, gaps past it.
+        fails=("test_launch_honours_its_block",),
+        passes=("test_by_hand_grid_has_three_programs", "test_each_program_adds_its_own_block"),
+        question="_launch is called with BLOCK = 4096: how many elements does each of your programs add, "
+        "and where in your kernel does BLOCK set that number?",
+        section="3.2",
     ),
     Mistake(
         4,
@@ -362,6 +396,16 @@ MISTAKES = [
         fails=("test_by_hand_store_stops_at_element_9",),
         passes=("test_by_hand_lane_11_is_masked",),
         question="For n = 10, the last element is out[9]: does your mask let lane 10 through?",
+        section="2",
+    ),
+    Mistake(
+        5,
+        # Off by one the other way (offs < n - 1): every element right but the last, which keeps the
+        # canary (the by-hand list ends in 1234.5); n = 1 writes nothing.
+        fails=("test_by_hand_kernel_masks_lanes_10_and_11", "test_last_block_is_masked[n1]"),
+        passes=("test_launcher_rejects_bad_input",),
+        messages=(r"got \[[^\]]*, 1234\.5\]",),
+        question="For n = 10, the last element is out[9]: does your mask let lane 9 through?",
         section="2",
     ),
     # Every element wrong, even n = 1 and the by-hand launch of three programs: neither a mask nor the

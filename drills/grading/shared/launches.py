@@ -217,4 +217,17 @@ def assert_grids_fit(impl, call, what: str) -> Launches:
             from drills.grading.shared.errors import GridTooLarge
 
             raise GridTooLarge(f"{what}: {problem}")
+        # Every grader's largest sizes need more programs than 65535 (65537, 70000, ...), so an axis of
+        # exactly 65535 (or of axis 0's own limit) is a grid clamped to fit, min(programs, 65535): it
+        # launches, and the work of the programs cut off is never done, which no small case and no dry
+        # run would otherwise show.
+        for axis, (size, limit) in enumerate(zip(c.grid, GRID_LIMITS)):
+            if size in (GRID_LIMITS[1], limit):
+                raise AssertionError(
+                    f"{what}: launch grid {tuple(c.grid)} of {c.name} holds exactly {size} programs on grid "
+                    f"axis {axis}, a grid clamped with min(programs, {size}): it launches, but the programs "
+                    f"past CUDA's limit on grid axis {axis} as you clamped it never run, so their part of "
+                    "the output is never written. Launch every program the sizes need on grid axis 0 (up "
+                    "to 2**31 - 1), or loop inside each program over the blocks past the limit"
+                )
     return launches
