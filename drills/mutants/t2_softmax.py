@@ -82,4 +82,10 @@ MUTANTS = [
         "softmax_kernel[(M,)](",
         "softmax_kernel[(1, M)](",
     ),
+    Mutant(
+        "rows_clamped_to_65535",
+        "8. rows clamped to 65535 programs (the rows past them never written)",
+        "softmax_kernel[(M,)](",
+        "softmax_kernel[(min(M, 65535),)](",
+    ),
 ]
