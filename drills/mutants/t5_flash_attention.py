@@ -170,9 +170,29 @@ MUTANTS = [
         "grid = (triton.cdiv(Nq, BLOCK_M), B * H)",
     ),
     Mutant(
+        "grid_clamped_to_65535",
+        "18. the grid clamped to 65535 programs (the (batch, head) pairs past them never computed)",
+        "grid = (triton.cdiv(Nq, BLOCK_M) * B * H,)",
+        "grid = (min(triton.cdiv(Nq, BLOCK_M) * B * H, 65535),)",
+    ),
+    Mutant(
         "v_walked_with_k_strides",
         "19. V walked with K's strides",
         "v_ptrs = v_ptr + b * stride_vb + kvh * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :]",
         "v_ptrs = v_ptr + b * stride_kb + kvh * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :]",
+    ),
+    # Only the batch stride copied: the head and row strides of V are its own, so only a V whose batches
+    # lie apart unlike K's shows it.
+    Mutant(
+        "v_batch_stride_from_k",
+        "19. V's batch stride taken from K",
+        "v_ptrs = v_ptr + b * stride_vb + kvh * stride_vh",
+        "v_ptrs = v_ptr + b * stride_kb + kvh * stride_vh",
+    ),
+    Mutant(
+        "head_dim_tile_capped_at_128",
+        "20. the feature tile capped at 128: D = 256 is read and stored half",
+        "D=D,",
+        "D=min(D, 128),",
     ),
 ]

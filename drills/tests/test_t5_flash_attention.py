@@ -277,10 +277,16 @@ def test_q_k_v_are_read_through_their_strides(impl, runtime, causal):
 def test_v_is_read_through_its_own_strides(impl, runtime):
     """k contiguous [B, Hkv, N, D] and v a heads-last view of a [B, N, Hkv, D] buffer (the layout a
     cache that stores V apart from K may have): every case above gives v k's layout, so a kernel that
-    walks V with K's strides passed them. Here v's rows are Hkv * D apart and k's D apart."""
+    walks V with K's strides passed them. Here v's rows are Hkv * D apart and k's D apart, and v's
+    batches lie 8 rows further apart than k's (its buffer holds 8 more NaN rows a batch), so each of
+    V's three strides taken from K reads the wrong elements of V."""
     q, k, _ = make_qkv(2, 4, 2, 17, 40, 64, device=runtime.device, stream=73)
-    _, _, v = make_qkv(2, 4, 2, 17, 40, 64, device=runtime.device, stream=74, heads_last=True)
-    assert k.stride()[1:] != v.stride()[1:]
+    _, _, values = make_qkv(2, 4, 2, 17, 40, 64, device=runtime.device, stream=74, heads_last=True)
+    B, Hkv, Nk, D = values.shape
+    buffer = torch.full((B, Nk + PAD + 8, Hkv, D), float("nan"), dtype=values.dtype, device=values.device)
+    v = buffer[:, :Nk].transpose(1, 2)  # [B, Hkv, Nk, D], strides ((Nk + PAD + 8) Hkv D, D, Hkv D, 1)
+    v.copy_(values)
+    assert all(sk != sv for sk, sv in zip(k.stride()[:3], v.stride()[:3])), (k.stride(), v.stride())
     check(impl, q, k, v, causal=True)
 
 
@@ -1054,6 +1060,15 @@ MISTAKES = [
         question="Every single-bound check passes and one generated case does not: its message names its "
         "D, heads, lengths, B, causal, dtype, layout and options; which of these does your kernel handle "
         "only one at a time (a stride taken from another tensor, a tile sized for another D)?",
+        section="3.1",
+    ),
+    Mistake(
+        20,
+        # Half of each row of out never stored: NaN where the output buffer was never written.
+        fails=("test_head_dims[256-*]",),
+        passes=("test_head_dims[128-*]", "test_head_dims[16-*]", "test_worked_example_O1_to_three_decimals"),
+        question="D = 256 here and every D up to 128 passes: how many features does your kernel's tile over "
+        "the head dim cover, and who computes q.k over features 128 to 255 and stores them to out?",
         section="3.1",
     ),
 ]
