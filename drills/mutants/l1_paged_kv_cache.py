@@ -104,6 +104,13 @@ MUTANTS = [
         "v = tl.load(value_ptr + i * stride_vn + offs_h[:, None] * stride_vh",
         "v = tl.load(value_ptr + i * stride_kn + offs_h[:, None] * stride_kh",
     ),
+    # Heads D apart holds for every fused qkv view: only a padded head dim shows it.
+    Mutant(
+        "key_head_stride_assumed_d",
+        "12. key's heads assumed D apart (stride(1) ignored)",
+        "key_ptr + i * stride_kn + offs_h[:, None] * stride_kh",
+        "key_ptr + i * stride_kn + offs_h[:, None] * D",
+    ),
     Mutant(
         "row_index_int32",
         "13. the row index left int32 (i * stride(0) of key and value)",
@@ -147,6 +154,12 @@ MUTANTS = [
         "18. tokens on grid axis 1 (past 65535 tokens a GPU refuses the launch)",
         "store_kvcache_kernel,\n        (N,),",
         "store_kvcache_kernel,\n        (1, N),",
+    ),
+    Mutant(
+        "tokens_clamped_to_65535",
+        "18. tokens clamped to 65535 programs (the tokens past them never stored)",
+        "store_kvcache_kernel,\n        (N,),",
+        "store_kvcache_kernel,\n        (min(N, 65535),),",
     ),
     # Right for every request that holds a token: only a length of 0 shows it.
     Mutant(

@@ -266,6 +266,15 @@ MISTAKES = [
     ),
     Mistake(
         12,
+        # Heads D apart is what every fused qkv view has: only a padded head dim shows the head stride.
+        fails=("test_strided_key_value_rows[padded_head_dim]",),
+        passes=("test_strided_key_value_rows[fused_qkv]", "test_store_then_gather_through_block_tables"),
+        question="key's heads are padded to a wider head dim here: how far apart are two heads of one row, "
+        "and what does your kernel step by from one head to the next?",
+        section="3.4",
+    ),
+    Mistake(
+        12,
         fails=("test_strided_key_value_rows[value_own_strides]",),
         passes=("test_strided_key_value_rows[fused_qkv]",),
         question="Are value's rows always as far apart as key's?",
