@@ -188,4 +188,28 @@ MUTANTS = [
         "ctx_ok = (ctx >= 0) & (ctx <= max_pages * PAGE)",
         "ctx_ok = (ctx >= 0) & (ctx < max_pages * PAGE)",
     ),
+    Mutant(
+        "lse_stored_unasked",
+        "23. lse stored whatever WRITE_LSE says: unsplit, it lands on out",
+        "    if WRITE_LSE:\n        tl.store(lse_ptr + b * stride_lb + q_heads * stride_lh + split, lse, mask=g_mask)",
+        "    tl.store(lse_ptr + b * stride_lb + q_heads * stride_lh + split, lse, mask=g_mask)",
+    ),
+    Mutant(
+        "merge_lanes_past_the_splits_weigh_e0",
+        "14. the merge tile's lanes past the last split read as lse 0, not -inf",
+        'mask=s_mask, other=float("-inf")\n        )  # [BLOCK_S]',
+        "mask=s_mask, other=0.0\n        )  # [BLOCK_S]",
+    ),
+    Mutant(
+        "merge_states_both_empty_nan",
+        "13. merge_states measures from a max of -inf when both parts are empty",
+        'm_safe = tl.where(m == float("-inf"), 0.0, m)',
+        "m_safe = m",
+    ),
+    Mutant(
+        "split_ends_at_the_page_end",
+        "8. a split ends at the end of ctx's page: the stale tail of the last page is read",
+        "end = tl.minimum(start + chunk, ctx)",
+        "end = tl.minimum(start + chunk, (ctx + PAGE - 1) // PAGE * PAGE)",
+    ),
 ]

@@ -62,6 +62,7 @@ BOUNDS: dict[str, tuple[str, ...]] = {
     "WRITE_LSE": (
         "test_padding_sequences_give_zero_and_lse_minus_inf",
         "test_split_ranges_cover_each_key_once",
+        "test_lse_not_stored_unless_asked",  # False, unsplit: out stands in for the lse pointer
     ),
     "grid": ("test_grid_fits_cuda_limits_at_largest_sizes",),
 }
@@ -217,6 +218,15 @@ def test_merge_reads_every_tile_of_splits(impl, runtime, splits):
     check(impl, _with_scores(case, scores), plan=fixed_plan(impl, 16, n))
 
 
+def test_splits_filling_whole_merge_tiles(impl, runtime):
+    """16 splits of one tile each: the merge reads them as one whole tile of BLOCK_S = 16, with no lane
+    past the last split. Counts between merge tiles (every other case's) leave masked lanes whose lse
+    must weigh nothing; this count passes whatever those lanes read, and tells a mistake there apart
+    from split ranges that overlap or leave a gap, which fail at every count."""
+    case = make_paged_case([256], 8, 2, 64, 16, device=runtime.device, stream=28)
+    check(impl, case, plan=fixed_plan(impl, 16, 256))
+
+
 def test_split_ranges_cover_each_key_once(impl, runtime):
     """Every score is 0 and every split holds the same number of keys (ctx = 4 chunks of 16, and 3
     chunks of 32 in a second case): all splits weigh the same, so how the merge weighs them cannot
@@ -308,6 +318,16 @@ def test_lse_is_natural_log(impl, runtime):
     case = make_paged_case([45, 3], 8, 2, 64, 16, device=runtime.device, stream=3)
     check(impl, case, plan=impl.plan(case.context_lens, 2, 16, num_splits=1))
     check(impl, case, plan=impl.plan(case.context_lens, 2, 16, num_splits=1), scale=0.37)
+
+
+def test_lse_not_stored_unless_asked(impl, runtime):
+    """Without return_lse there is no lse tensor: the launcher hands the unsplit kernel out in its place,
+    a pointer never written (WRITE_LSE = False). An lse stored all the same lands on out's first
+    elements, fp32 bits over fp16 ones, after sequence 0's output. Every other value check asks for lse."""
+    case = make_paged_case([37, 21, 50], 8, 2, 64, 16, device=runtime.device, stream=24)
+    plan = impl.plan(case.context_lens, 2, 16, num_splits=1)
+    out = call_with_canary_out(lambda o: impl.split_kv_decode(*case.args, plan=plan, out=o), case.q)
+    assert_close(out, paged_attention_reference(*case.args)[0], DIMS)
 
 
 # --- L2's edge cases, through the split path -------------------------------------------------
@@ -484,7 +504,11 @@ def test_merge_states_is_associative_and_handles_empty_parts(impl, runtime):
     o, lse = impl.merge_states(a_o, a_l, empty_o, empty_l)  # an empty part changes nothing
     assert_close(o, a_o, ("row", "d"), atol=1e-6, rtol=1e-6, rel=1e-6)
     o, lse = impl.merge_states(empty_o, empty_l, empty_o, empty_l)  # both empty: 0 and -inf, no NaN
-    assert not torch.isnan(o).any() and (o == 0).all() and (lse == float("-inf")).all()
+    assert not torch.isnan(o).any() and (o == 0).all() and (lse == float("-inf")).all(), (
+        "both parts empty (lse = -inf): merge_states must give o = 0 and lse = -inf, got "
+        f"{int(torch.isnan(o).any(-1).sum())} rows of o with NaN, lse {lse[:3].tolist()}...: "
+        "exp(-inf - (-inf)) is NaN"
+    )
 
 
 def test_merge_states_lse_beyond_fp32_exp_range(impl, runtime):
@@ -835,6 +859,8 @@ STAGES = [
             "test_v_is_read_through_its_own_strides",
             "test_widest_head_dim_is_read_whole",
             "test_lse_is_natural_log",
+            "test_lse_not_stored_unless_asked",
+            "test_splits_filling_whole_merge_tiles",
             "test_last_page_is_masked",
             "test_kv_head_grouping_is_contiguous",
             "test_page_sizes_gathered_token_by_token",
@@ -870,6 +896,48 @@ STAGES = [
 
 EVERY_SPLIT = "test_every_split_count_matches_unsplit"
 MISTAKES = [
+    Mistake(
+        13,
+        fails=("test_merge_states_is_associative_and_handles_empty_parts",),
+        passes=("test_merge_states_equals_one_shot_softmax",),
+        messages=(r"both parts empty",),
+        question="Both parts of a row are empty, lse_a = lse_b = -inf: what is your max m, and what is "
+        "exp(lse_a - m)?",
+        section="3.5",
+    ),
+    Mistake(
+        8,
+        # The split ends at the end of ctx's page, not at ctx: the page's stale tail (NaN in the grader's
+        # pool) leaves l = NaN, which the empty-split rule stores as 0. Pages of one token have no tail.
+        fails=("test_last_page_is_masked", EVERY_SPLIT),
+        passes=("test_page_sizes_gathered_token_by_token[1]", "test_merge_states_equals_one_shot_softmax"),
+        question="Pages of one token pass and every larger page fails: where does your split's last tile "
+        "stop, at ctx or at the end of ctx's page?",
+        section="3.1",
+    ),
+    Mistake(
+        14,
+        # Masked lanes of a merge tile read with other=0: every count between tiles is off, split ranges
+        # look wrong, but a count that fills its tiles passes (pitfall 3's overlaps fail it too).
+        fails=(EVERY_SPLIT, "test_split_ranges_cover_each_key_once"),
+        passes=(
+            "test_lse_is_natural_log",
+            "test_last_page_is_masked[1]",
+            "test_splits_filling_whole_merge_tiles",
+            "test_merge_states_equals_one_shot_softmax",
+        ),
+        question="5 splits and a merge tile of 16: what lse does your merge load for lanes 5 to 15, and "
+        "what weight does each of them get?",
+        section="3.5",
+    ),
+    Mistake(
+        23,
+        fails=("test_lse_not_stored_unless_asked",),
+        passes=("test_lse_is_natural_log", "test_every_split_count_matches_unsplit"),
+        question="return_lse=False and one split: which tensor does the launcher pass as lse_ptr, and "
+        "what does your kernel store through it?",
+        section="3.4",
+    ),
     Mistake(
         22,
         fails=("test_table_rows_exactly_full",),
