@@ -392,10 +392,39 @@ def subclass_dispatch(x, y):  # the recorder sees a detach; the subclass adds un
     return s
 
 
+@triton.jit
+def _bits(src_ptr, bits_ptr, n, BLOCK: tl.constexpr):  # a copy: each float's bits into an int32 tensor
+    offs = tl.arange(0, BLOCK)
+    mask = offs < n
+    v = tl.load(src_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(bits_ptr + offs, v.to(tl.int32, bitcast=True), mask=mask)
+
+
+def kernel_bits_read(x, y):  # the bits a kernel copied, read by Python: floats decoded on the host
+    bits = torch.zeros(x.numel(), dtype=torch.int32)
+    _bits[(1,)](x, bits, x.numel(), BLOCK=16)
+    return bits.tolist()
+
+
+@triton.jit
+def _nan_flags(src_ptr, flags_ptr, n, BLOCK: tl.constexpr):  # a kernel's argument check: 1 where NaN
+    offs = tl.arange(0, BLOCK)
+    mask = offs < n
+    v = tl.load(src_ptr + offs, mask=mask, other=0.0)
+    tl.store(flags_ptr + offs, (v != v).to(tl.int32), mask=mask)
+
+
+def kernel_flags_read(x, y):  # a few int32 flags a kernel computed, read as a launcher's check reads them
+    flags = torch.zeros(x.numel(), dtype=torch.int32)
+    _nan_flags[(1,)](x, flags, x.numel(), BLOCK=16)
+    return any(flags.tolist())
+
+
 seen = {}
 for fn in (
     helper_in_kernel, custom_op, int_view_writes, int_view_read, honest, int_result_read, int_result_item,
-    flags_bit_by_bit, flag_check, in_a_hook, python_each, subclass_dispatch,
+    flags_bit_by_bit, flag_check, in_a_hook, python_each, subclass_dispatch, kernel_bits_read,
+    kernel_flags_read,
 ):
     x, y = torch.randn(10, dtype=torch.float16), torch.randn(10, dtype=torch.float16)
     recorder = I.torch_compute_recorder(watch)
@@ -446,6 +475,9 @@ def test_the_op_recorder_sees_torch_computing_however_it_is_reached(tmp_path):
     # Python computing where no op is dispatched: per element, or in a subclass's own dispatch
     assert seen["python_each"] == ["map2_ (a Python function run on the floats)"], seen
     assert seen["subclass_dispatch"] == ["detach (on a tensor subclass whose own code runs under it)"], seen
+    # what a kernel given floats stored into an integer tensor is float memory too, read by tolist
+    assert seen["kernel_bits_read"] == ["tolist (values computed from floats read to the host)"], seen
+    assert seen["kernel_flags_read"] == [], seen  # a few 0/1 flags are a check, as bool flags are
     # torch's own methods are left as they are: a file cannot tell a grading by what they are
     assert seen["tolist_is_torchs"] and seen["empty_is_torchs"], seen
 

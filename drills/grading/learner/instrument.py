@@ -64,6 +64,7 @@ class TritonWatch:
         self.overlapped = False  # some launch of the call had programs touching each other's memory
         self.interpreter = os.environ.get("TRITON_INTERPRET", "0") == "1"
         self.recorder = None  # the torch op recorder of the call being run, if any
+        self.stored_into: set = set()  # first bytes of the storages the running launch stores into
         self._patch_launch()
         if self.interpreter:
             self._patch_interpreter()
@@ -111,10 +112,13 @@ class TritonWatch:
                         watch.access.reset()
                         watch.access.shared = not watch.ranges  # accesses it cannot place
                 watch.in_launch += 1  # torch ops from here on are Triton's own (the interpreter's copies)
+                watch.stored_into = set()
                 try:
                     value = _original(self, *args, **kwargs)
                 finally:
                     watch.in_launch -= 1
+                if watch.recorder is not None and watch.interpreter:
+                    watch.recorder.launched(list(args) + list(kwargs.values()), watch.stored_into)
                 if watch.access is not None and watch.interpreter and watch.access.overlapping():
                     watch.overlapped = True
                 given = None
@@ -178,6 +182,10 @@ class TritonWatch:
             # Nearly every access stays inside one tensor: its lowest and highest lanes decide that in one
             # pass, and the per-lane test below only runs when they do not.
             low, high = int(p.min()), int(p.max()) + size
+            if what == "store" and watch.recorder is not None:  # which tensors the launch writes
+                watch.stored_into.update(
+                    start for _, start, end in watch.ranges if start < high and low < end
+                )
             if any(start <= low and high <= end for _, start, end in watch.ranges):
                 return
             inside = np.zeros(p.shape, dtype=bool)
@@ -431,6 +439,15 @@ def fresh_memory():
     return _FRESH[0]() if _FRESH else contextlib.nullcontext()
 
 
+def _flat(values):
+    """The numbers of a (nested) list, as Tensor.tolist returns them, or a number alone."""
+    if isinstance(values, (list, tuple)):
+        for v in values:
+            yield from _flat(v)
+    else:
+        yield values
+
+
 def _storages(tensors) -> dict:
     out = {}
     for t in tensors:
@@ -587,7 +604,9 @@ def torch_compute_recorder(watch: TritonWatch):
                 if t.is_floating_point() or t.is_complex():
                     self.recorder.note(f"{func.__name__} (floats read to the host)")
                 elif self.recorder.float_bits(t):
-                    self.recorder.derived_read(func.__name__, t)
+                    values = func(*args, **(kwargs or {}))
+                    self.recorder.derived_read(func.__name__, t, values)
+                    return values
             return func(*args, **(kwargs or {}))
 
     class Recorder(TorchDispatchMode):
@@ -613,13 +632,27 @@ def torch_compute_recorder(watch: TritonWatch):
                 not (tensor.is_floating_point() or tensor.is_complex()) and ptr(tensor) in self.float_memory
             )
 
-        def derived_read(self, how: str, tensor) -> None:
-            """Values computed from float memory read to the host: a few flags (bool) are a launcher's
-            argument check; anything else, or more flags than FLAG_READS, is the answer taken to Python."""
-            if tensor.dtype == torch.bool and self.flags_read + tensor.numel() <= FLAG_READS:
+        def launched(self, given, stored_into: set) -> None:
+            """After a launch: the integer tensors it stored into hold values computed from float memory
+            when it was given any (a kernel that copies floats' bits into an int32 tensor, whose tolist()
+            then hands them to Python), as an op's result over float memory does."""
+            tensors = tensors_in(given)
+            if any(t.is_floating_point() or t.is_complex() or ptr(t) in self.float_memory for t in tensors):
+                for t in tensors:
+                    if not (t.is_floating_point() or t.is_complex()) and ptr(t) in stored_into:
+                        self.float_memory.add(ptr(t))
+
+        def derived_read(self, how: str, tensor, values=None) -> None:
+            """Values computed from float memory read to the host: a few flags (bool, or integers that are
+            all 0 or 1, as a kernel's int32 flags come back) are a launcher's argument check; anything
+            else, or more flags than FLAG_READS, is the answer taken to Python. values: what was read."""
+            flags = tensor.dtype == torch.bool or (
+                values is not None and all(v in (0, 1) for v in _flat(values))
+            )
+            if flags and self.flags_read + tensor.numel() <= FLAG_READS:
                 self.flags_read += tensor.numel()
                 return
-            what = "flags" if tensor.dtype == torch.bool else "values"
+            what = "flags" if flags else "values"
             self.note(f"{how} ({what} computed from floats read to the host)")
 
         def __enter__(self):
@@ -678,7 +711,7 @@ def torch_compute_recorder(watch: TritonWatch):
                 else:
                     for t in inputs:
                         if self.float_bits(t):
-                            self.derived_read("item", t)
+                            self.derived_read("item", t, [out])
             if own:
                 return out
             written = []
