@@ -742,3 +742,38 @@ def test_a_base_exception_of_the_files_own_is_named_on_one_screen(tmp_path):
     assert result.state == "failing", screen
     assert "stopped the check" in screen and "pitfall" not in screen.split("reread")[0], screen
     assert "t1_vector_add.py" in screen or "raise _Stop" in screen, screen
+
+
+HOG = """
+import os
+os.environ["TRITON_INTERPRET"] = "1"
+import torch
+from drills.grading.learner.sandbox import limit_memory, memory_limit
+
+assert limit_memory() is None
+held = []
+try:
+    for _ in range(4 * memory_limit() >> 30):  # 1 GiB at a time, never touched: only the limit stops it
+        held.append(torch.empty(1 << 28))
+    print("unbounded")
+except RuntimeError as err:
+    print("refused" if "can't allocate memory" in str(err) else repr(err))
+"""
+
+
+def test_an_allocation_without_bound_fails_in_the_learners_process(tmp_path):
+    """A file that allocates without bound (a list of 1 GiB tensors) fails at its own line once it holds
+    the learner's share of the memory, instead of filling the machine until the out-of-memory killer
+    picks a process, the grader's or another program's as likely as its own."""
+    import subprocess
+    import sys
+
+    from drills.lessons import ROOT
+
+    script = tmp_path / "hog.py"
+    script.write_text(HOG)
+    done = subprocess.run(
+        [sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "refused", done.stdout

@@ -315,6 +315,51 @@ def status() -> str:
     )
 
 
+# --- Memory ----------------------------------------------------------------------------------------
+# A file that allocates without bound (a list of 1 GiB tensors) would fill the machine's memory on every
+# check until the kernel's out-of-memory killer picks a process, the grader's or another program's as
+# likely as its own, and every check would wait for it. Under the interpreter the learner's process gets
+# a share of the memory: an allocation past it fails at once, with torch's "can't allocate memory" at
+# the learner's line. The graders' own cases fit in a few hundred MiB; their largest tensors are sparse
+# files (drills/grading/shared/bigmem.py), shared mappings that the limit does not count.
+MEMORY_SHARE = 4  # the learner's process may hold a quarter of the machine's memory
+MEMORY_FLOOR = 4 << 30  # and never less than 4 GiB
+
+
+def memory_limit() -> int | None:
+    """The bytes of private memory (RLIMIT_DATA: heap and private mappings) the learner's process may
+    hold, None where it cannot be told."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+    return max(MEMORY_FLOOR, total // MEMORY_SHARE)
+
+
+def limit_memory() -> str | None:
+    """Cap this process's private memory (memory_limit); None when in force, else why not. Only under
+    Triton's interpreter: a GPU's driver maps memory of its own, which no share of the host's bounds."""
+    if os.environ.get("TRITON_INTERPRET", "0") != "1":
+        return "not under the interpreter"
+    try:
+        import resource
+    except ImportError:
+        return "no resource module on this platform"
+    limit = memory_limit()
+    if limit is None:
+        return "the machine's memory is unknown"
+    soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    if soft != resource.RLIM_INFINITY and soft <= limit:
+        return None  # already tighter
+    try:
+        resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
+    except (ValueError, OSError) as err:
+        return f"setrlimit refused: {err}"
+    return None
+
+
 # --- The audit hook --------------------------------------------------------------------------------
 
 _TRUSTED_CODE: set = (

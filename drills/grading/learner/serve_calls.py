@@ -425,6 +425,7 @@ def run_file(fd: int, graded_file: str, module_name: str, reference: bool) -> in
         apply_landlock,
         import_from_source,
         learner_folders,
+        limit_memory,
         load_from_source,
         protect,
     )
@@ -442,6 +443,7 @@ def run_file(fd: int, graded_file: str, module_name: str, reference: bool) -> in
         # The kernel's sandbox where it has one (Landlock), and the audit hook everywhere.
         apply_landlock(graded_file=graded_file)
         protect(graded_file)
+        limit_memory()  # an allocation without bound fails at the learner's line, not the machine
         # The learner's modules run from the source the static check read, never from a .pyc.
         import_from_source(learner_folders(graded_file))
     try:
