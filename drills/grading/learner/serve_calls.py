@@ -211,8 +211,8 @@ class Server:
                 else:
                     raise ValueError(f"unknown request {op!r}")
             except BaseException as exc:  # noqa: BLE001 - everything the learner's code raises goes back
-                if isinstance(exc, KeyboardInterrupt):
-                    raise
+                if isinstance(exc, KeyboardInterrupt) and _INTERRUPTED:
+                    raise  # Ctrl-C: the whole grading stops, this process with it
                 if isinstance(exc, SystemExit):
                     exc = RuntimeError(f"your code called sys.exit({exc.code!r}) while being graded")
                 elif not isinstance(exc, Exception):  # a BaseException of the file's own, say
@@ -230,6 +230,16 @@ class Server:
                         self.objects.pop(key, None)
                         self.counts.pop(key, None)
                 releases = ()
+
+
+_INTERRUPTED: list = []  # non-empty once a real SIGINT (Ctrl-C) reached this process
+
+
+def _note_interrupt(signum, frame):
+    """SIGINT's handler: Ctrl-C stops the grading as Python's default does, and is told apart from a
+    KeyboardInterrupt the learner's code raises itself (which stops only its check)."""
+    _INTERRUPTED.append(signum)
+    raise KeyboardInterrupt
 
 
 def _by_value(exc_type: type) -> bool:
@@ -433,6 +443,10 @@ def run_file(fd: int, graded_file: str, module_name: str, reference: bool) -> in
     # On SIGUSR1 the Python stack goes to stderr (the grader's log): a call that runs past its limit is
     # asked for it before the process is stopped, so the report can name the line that loops.
     faulthandler.register(STACK_SIGNAL, all_threads=False)
+    import signal
+
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _note_interrupt)
     conn = Connection(fd)
     server = Server(conn, graded_file, module_name)
     server.watch = TritonWatch(graded_file)
