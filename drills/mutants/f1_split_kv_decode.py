@@ -212,4 +212,10 @@ MUTANTS = [
         "end = tl.minimum(start + chunk, ctx)",
         "end = tl.minimum(start + chunk, (ctx + PAGE - 1) // PAGE * PAGE)",
     ),
+    Mutant(
+        "plan_counts_sequences_not_programs",
+        "24. the planner divides by the sequences, not by the B x Hkv programs",
+        "num_splits = max(1, (4 * num_sms) // (len(lens) * num_kv_heads))",
+        "num_splits = max(1, (4 * num_sms) // len(lens))",
+    ),
 ]

@@ -638,9 +638,15 @@ def test_plan_of_padding_sequences_has_one_split(impl):
 
 def test_plan_splits_only_when_the_grid_is_starved(impl):
     big = impl.plan([2048] * 128, 8, 16, num_sms=132)  # 1024 programs already
-    assert big.num_splits == 1
+    assert big.num_splits == 1, (
+        f"128 sequences x 8 KV heads are 1024 programs, past 4 x 132 SMs: plan() gave {big.num_splits} "
+        "splits, not 1"
+    )
     one = impl.plan([32768], 8, 16, num_sms=132)  # 8 programs on 132 SMs
-    assert one.num_splits >= 132 // 8
+    assert one.num_splits >= 132 // 8, (
+        f"1 sequence x 8 KV heads are 8 programs on 132 SMs: plan() gave {one.num_splits} splits, not "
+        f"at least {132 // 8}"
+    )
 
 
 # --- Your kernel does the work ------------------------------------------------------------------
@@ -896,6 +902,17 @@ STAGES = [
 
 EVERY_SPLIT = "test_every_split_count_matches_unsplit"
 MISTAKES = [
+    Mistake(
+        24,
+        fails=("test_plan_splits_only_when_the_grid_is_starved",),
+        passes=(
+            "test_plan_never_returns_empty_or_zero_splits",
+            "test_plan_of_padding_sequences_has_one_split",
+        ),
+        question="128 sequences and 8 KV heads on 132 SMs: how many programs does the grid have before any "
+        "split, and what does your plan() divide 4 x 132 by?",
+        section="4",
+    ),
     Mistake(
         13,
         fails=("test_merge_states_is_associative_and_handles_empty_parts",),
