@@ -54,6 +54,13 @@ MUTANTS = [
         'x = tl.load(x_row + cols, mask=cols < hi, other=float("-inf"))',
         "x = tl.load(x_row + cols)",
     ),
+    # The store is masked, so every state comes out right: only the loads past the states show it.
+    Mutant(
+        "merge_loads_unmasked",
+        "7. the merge's last tile of states loaded without the mask",
+        'm_a = tl.load(m_a_ptr + offs, mask=mask, other=float("-inf"))',
+        "m_a = tl.load(m_a_ptr + offs)",
+    ),
     Mutant(
         "merge_without_max_shift",
         "8. merge adds the sums without rescaling to the common max",
@@ -137,5 +144,12 @@ MUTANTS = [
         "17. the merge launched as one program: only the first tile of states is merged",
         "merge_stats_kernel[(triton.cdiv(n, 1024),)]",
         "merge_stats_kernel[(1,)]",
+    ),
+    # Every check with one split passes: only several splits leave columns of out unwritten.
+    Mutant(
+        "normalize_launched_for_one_split",
+        "18. the second pass launched for one split ((M, 1)): columns past the first split never written",
+        "softmax_normalize_kernel[(M, splits)](",
+        "softmax_normalize_kernel[(M, 1)](",
     ),
 ]

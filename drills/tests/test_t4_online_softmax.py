@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from drills.compare import assert_close, assert_untouched, mismatch
-from drills.grading.grader.diagnose import Mistake, returned_out_problem
+from drills.grading.grader.diagnose import Mistake, returned_out_problem, returned_problem
 from drills.grading.shared.bigmem import WRAP, free_bytes, rows_past_int32
 from drills.grading.shared.launches import assert_grids_fit, assert_runs_a_triton_kernel, record_launches
 from drills.tests import bf16_everywhere, seeded, sizes
@@ -100,10 +100,15 @@ def softmax_reference(x):
 def assert_stats_close(m, l, m_ref, l_ref, dims=("row",), **tol):
     """m and l fp32 with the oracle's shape; m = -inf exactly where the oracle's is (rows or prefixes of
     only -inf, whose l must be 0), never NaN; the finite entries within the fp32 tolerance."""
-    for name, t, ref in (("m", m, m_ref), ("l", l, l_ref)):
-        assert isinstance(t, torch.Tensor), f"{name} must be a tensor, got {type(t).__name__}"
-        assert t.dtype == torch.float32, f"{name} must be float32, got {t.dtype}"
-        assert t.shape == ref.shape, f"{name} has shape {tuple(t.shape)}, expected {tuple(ref.shape)}"
+    # Worded as returned_problem words it ("returned m as float16 where float32 belongs"), so that the
+    # diagnosis names a wrong return (partial states kept in x's dtype, say), not a pitfall of the math.
+    wrong = returned_problem(
+        "your function",
+        (m, l),
+        (("m", tuple(m_ref.shape), torch.float32), ("l", tuple(l_ref.shape), torch.float32)),
+    )
+    assert wrong is None, wrong
+    for name, t in (("m", m), ("l", l)):
         assert not torch.isnan(t).any(), f"NaN in {name} at {tuple(torch.isnan(t).nonzero()[0].tolist())}"
     m, l = m.cpu(), l.cpu()
     m_ref, l_ref = m_ref.cpu(), l_ref.cpu()
@@ -818,6 +823,21 @@ MISTAKES = [
         section="3.3",
     ),
     Mistake(
+        7,
+        # The merge's last tile of states loaded without the mask: it reads past the states it was given,
+        # which the harness reports by name; the math of the merge itself may be right.
+        fails=(
+            "test_worked_example_merge_of_two_halves",
+            "test_merge_shifts_to_the_larger_max",
+            "test_merge_covers_states_past_one_program",
+        ),
+        passes=("test_worked_example_final_state", "test_first_block_starts_from_minus_inf"),
+        messages=(r"out of bounds load of [ml]_[ab]_ptr",),
+        question="A merge of 4 states runs one tile of 1024 lanes: which lanes of your merge's loads point "
+        "past the 4 states, and what keeps them from being read?",
+        section="3.4",
+    ),
+    Mistake(
         8,
         fails=("test_worked_example_merge_of_two_halves", "test_merge_shifts_to_the_larger_max"),
         passes=("test_worked_example_final_state", "test_first_block_starts_from_minus_inf"),
@@ -840,6 +860,16 @@ MISTAKES = [
         passes=("test_merge_shifts_to_the_larger_max", "test_merge_takes_any_shape", "test_rows_sum_to_one"),
         question="Which (m, l) does your second pass divide by when a row has several splits: the merged "
         "state of the whole row, or the state of one split?",
+        section="3.5",
+    ),
+    Mistake(
+        18,
+        # Columns past the first split never written: they still hold the canary of out's buffer.
+        fails=("test_splits_match_one_pass", "test_probabilities_use_the_final_state"),
+        passes=("test_merge_shifts_to_the_larger_max", "test_merge_takes_any_shape", "test_rows_sum_to_one"),
+        messages=(r"got 1234\.5",),
+        question="With 4 splits, how many programs per row does your statistics pass launch, how many does "
+        "your second pass launch, and which columns does each program of the second pass write?",
         section="3.5",
     ),
     Mistake(
