@@ -65,4 +65,40 @@ MUTANTS = [
         "ctx_ok = (ctx >= 0) & (ctx <= max_pages * PAGE)",
         "ctx_ok = (ctx >= 0) & (ctx < max_pages * PAGE)",
     ),
+    Mutant(
+        "store_slot_narrowed_to_int32",
+        "10. the store's offsets in int32 (the slot narrowed: block * stride(0))",
+        "slot = tl.load(slot_mapping_ptr + i)  # int64, so every product below is int64 too",
+        "slot = tl.load(slot_mapping_ptr + i).to(tl.int32)",
+    ),
+    Mutant(
+        "store_row_index_int32",
+        "10. the store's offsets in int32 (the row index: i * stride(0))",
+        "i = tl.program_id(0).to(tl.int64)\n    slot = tl.load(slot_mapping_ptr + i)",
+        "i = tl.program_id(0)\n    slot = tl.load(slot_mapping_ptr + i)",
+    ),
+    Mutant(
+        "lse_in_base_2",
+        "11. lse in base 2",
+        'lse = tl.where(seen, (m_i + tl.log2(tl.where(seen, l_i, 1.0))) * 0.6931471805599453, float("-inf"))',
+        'lse = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf"))',
+    ),
+    Mutant(
+        "keys_past_the_context_scored_zero",
+        "12. keys past the context scored 0 instead of -inf",
+        's = tl.where(t_mask[None, :], s, float("-inf"))',
+        "s = s",
+    ),
+    Mutant(
+        "small_pages_read_as_one",
+        "13. small pages read as one page",
+        "if PAGE >= BLOCK_N:",
+        "if PAGE >= 1:",
+    ),
+    Mutant(
+        "ties_away_from_zero",
+        "14. ties rounded away from zero",
+        "normal = (mag + 0x7FFFF + ((mag >> 20) & 1)) & 0xFFF00000",
+        "normal = (mag + 0x80000) & 0xFFF00000",
+    ),
 ]

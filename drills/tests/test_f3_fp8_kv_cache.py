@@ -16,6 +16,7 @@ import torch
 from drills.compare import assert_close, mismatch
 from drills.grading.grader.diagnose import Mistake
 from drills.grading.grader.report import Stage
+from drills.grading.shared import bigmem
 from drills.grading.shared.launches import assert_grids_fit, assert_runs_a_triton_kernel
 from drills.tests import bf16_everywhere, fill_past_fp16_range, seeded, sizes
 from drills.tests.domain import Domain, checks_besides
@@ -39,6 +40,7 @@ from drills.tests.paged_kv import (
     pool_past_int32,
     q_rows_far_apart,
     shift_scores,
+    skip_without_memory_for_sparse_pages,
     spoiled_call,
     strided_q,
     v_strides_unlike_k,
@@ -136,20 +138,32 @@ def check(impl, case, plan=None, scale=None):
 
     out = call_with_canary_out(call, case.q)
     ref, ref_lse = oracle(case, scale)
-    assert_close(out, ref, DIMS)
+    problem = mismatch(out, ref, DIMS)
+    if problem is not None:
+        # Keys past the context loaded as zeros and left unmasked score 0: each adds e^0 = 1 to the
+        # denominator and nothing to the numerator, up to the end of the last key tile (of any size).
+        total = ref_lse.exp()  # [B, Hq] the softmax's denominator
+        for tile in (16, 32, 64, 128):
+            pad = (-case.context_lens % tile).float().to(ref.device)[:, None]  # [B, 1] zero keys
+            if (
+                mismatch(out, ref * torch.where(total > 0, total / (total + pad), 1.0)[..., None], DIMS)
+                is None
+            ):
+                problem += (
+                    "\nthe output is the answer with the keys past the context scored 0 instead of -inf"
+                )
+                break
+        raise AssertionError(problem)
     lse = lse_box[0]
     assert lse.dtype == torch.float32 and lse.shape == ref_lse.shape, "lse must be [B, Hq] float32"
     empty = ref_lse == float("-inf")
     assert (lse[empty] == float("-inf")).all(), "a padding sequence's lse (context_lens = 0) must be -inf"
-    problem = mismatch(
-        lse.masked_fill(empty, 0.0),
-        ref_lse.masked_fill(empty, 0.0),
-        ("b", "head"),
-        atol=2e-3,
-        rtol=1e-3,
-        rel=1e-3,
-    )
+    tol = dict(atol=2e-3, rtol=1e-3, rel=1e-3)
+    problem = mismatch(lse.masked_fill(empty, 0.0), ref_lse.masked_fill(empty, 0.0), ("b", "head"), **tol)
     if problem is not None:
+        base2 = (ref_lse / math.log(2)).masked_fill(empty, 0.0)
+        if mismatch(lse.masked_fill(empty, 0.0), base2, ("b", "head"), **tol) is None:
+            problem += "\nthe returned lse is in base 2 (log2 of the sum), where lse is the natural log"
         raise AssertionError(f"out matches, but the returned lse does not:\n{problem}")
     return out, lse
 
@@ -185,9 +199,18 @@ def _store(impl, key, value, slots, PAGE, num_blocks, k_scale, v_scale, caches=N
         want = torch.full(cache.shape, CANARY_CODE, dtype=torch.uint8, device=key.device)
         flat = want.view(-1, Hkv, D)
         s = scale.float().reshape(-1, 1)  # [Hkv or 1, 1]
-        flat[slots[live]] = (x[live].float() / s).clamp(-448.0, 448.0).to(E4M3).view(torch.uint8)
+        ratio = (x[live].float() / s).clamp(-448.0, 448.0)  # [rows, Hkv, D] x / scale, as torch divides
+        flat[slots[live]] = ratio.to(E4M3).view(torch.uint8)
         got = cache.view(torch.uint8).reshape(-1, Hkv, D)
         bad = got != flat
+        if bad.any():
+            stored = got[slots[live]].cpu()  # [rows, Hkv, D] the codes of the rows stored
+            for what, alts in _wrong_roundings(ratio.cpu()).items():
+                if any(bool((stored == alt).all()) for alt in alts):
+                    raise AssertionError(
+                        f"{int(bad.sum())} bytes of {name} differ from torch's e4m3, each as a store that "
+                        f"{what} would store them: your store {what}"
+                    )
         if bad.any():
             slot, h, d = bad.nonzero()[0].tolist()
             rows = (slots == slot).nonzero().flatten().tolist()
@@ -206,6 +229,28 @@ def _store(impl, key, value, slots, PAGE, num_blocks, k_scale, v_scale, caches=N
                 f"{h}, d {d}: x = {xv!r}, scale = {sv!r}, x / scale = {xv / sv!r}; stored code 0x{g:02x} "
                 f"(= {gv!r}), want 0x{w:02x} (= {wv!r})"
             )
+
+
+def _wrong_roundings(ratio):
+    """ratio (x / scale, clamped) rounded two wrong ways, as e4m3 bytes: {what the store does: [everywhere,
+    only where e4m3 is normal]} (a bit trick's rounding, with the subnormal step's FPU rounding left as is)."""
+    pos = E4M3_VALUES[E4M3_VALUES >= 0]  # [127] 0 .. 448, ascending
+    mag = ratio.abs()
+    wrong = {
+        "rounds ties away from zero, torch's to the even code": pos[
+            torch.bucketize(mag, (pos[1:] + pos[:-1]) / 2, right=True)
+        ],  # a tie goes up
+        "rounds toward zero (drops the low bits), torch's to the nearest": pos[
+            torch.bucketize(mag, pos, right=True) - 1
+        ],
+    }
+    return {
+        what: [
+            torch.where(keep, torch.copysign(up, ratio), ratio).to(E4M3).view(torch.uint8)
+            for keep in (torch.ones_like(mag, dtype=torch.bool), mag >= 2**-6)
+        ]
+        for what, up in wrong.items()
+    }
 
 
 def _rows(values, Hkv, D, dtype, device, stream):
@@ -303,10 +348,14 @@ def test_store_scale_per_kv_head(impl, runtime):
     _store(impl, key, value, _slots(N, PAGE, 5, runtime.device, 51), PAGE, 5, k_scale, v_scale)
 
 
-@pytest.mark.parametrize("PAGE", [1, 16, 128])
+@pytest.mark.parametrize("PAGE", [1, 16, 128, "cache-past-int32"])
 def test_store_writes_only_its_slots(impl, runtime, PAGE):
     """slot_mapping = -1 marks a padding row (a batch padded to a captured graph's size): nothing is
-    written for it. Every byte no row owns must keep its canary; PAGE 1, 16 and 128."""
+    written for it. Every byte no row owns must keep its canary; PAGE 1, 16 and 128, and a cache past
+    2**32 elements (_store_past_int32)."""
+    if PAGE == "cache-past-int32":
+        _store_past_int32(impl, runtime)
+        return
     Hkv, D, N = 2, 16, 21
     gen = torch.Generator().manual_seed(seeded(52 + PAGE))
     key = torch.randn(N, Hkv, D, generator=gen).half().to(runtime.device)
@@ -343,6 +392,47 @@ def test_store_reads_strided_rows_and_writes_a_layer_of_a_pool(impl, runtime):
     slots = _slots(N, PAGE, blocks, runtime.device, 57)
     _store(impl, qkv[:, 1], qkv[:, 2], slots, PAGE, blocks, scale, scale, caches=[pool[:, 1], pool2[:, 1]])
     assert (pool[:, 0].view(torch.uint8) == CANARY_CODE).all(), "the store wrote into layer 0 of the pool"
+
+
+def _store_past_int32(impl, runtime):
+    """A cache of 2**32 + 8192 elements (4.3 GB of e4m3: a sparse file on the CPU) whose rows go to its
+    last 4 blocks, from key and value rows 1.5 * 2**30 elements apart: block * stride(0) and the row
+    index times key's stride both pass 2**31, so int32 offsets wrap (a row lands in the cache's first
+    blocks, or is read from before key). Every byte of the last blocks must be torch's code or keep its
+    canary, and blocks 0-3 must keep theirs."""
+    skip_without_memory_for_sparse_pages(runtime)
+    PAGE, Hkv, D, N = 16, 1, 128, 4
+    first = 2**32 // (PAGE * Hkv * D)  # the first block that starts 2**32 elements in
+    caches = [bigmem.sparse_empty((first + 4, PAGE, Hkv, D), E4M3, runtime.device) for _ in range(2)]
+    for cache in caches:  # the only pages the test touches
+        cache[:4].view(torch.uint8).fill_(CANARY_CODE)
+        cache[first:].view(torch.uint8).fill_(CANARY_CODE)
+    gen = torch.Generator().manual_seed(seeded(59))
+    rows = torch.randn(N, Hkv, D, generator=gen).half().to(runtime.device)
+    key = q_rows_far_apart(rows, runtime)  # [N, Hkv, D], row 2 starts 3 * 2**30 elements in
+    local = _slots(N, PAGE, 4, runtime.device, 60)  # [N] slots inside the last 4 blocks
+    # x / scale well inside e4m3's range: this case is about where the codes go, not which they are.
+    k_scale = torch.tensor([0.03], device=runtime.device)
+    v_scale = torch.tensor([0.05], device=runtime.device)
+    impl.store_kvcache_fp8(key, key, *caches, first * PAGE + local, k_scale, v_scale)
+    for name, cache, s in (("k_cache", caches[0], k_scale), ("v_cache", caches[1], v_scale)):
+        want = torch.full((4 * PAGE, Hkv, D), CANARY_CODE, dtype=torch.uint8, device=runtime.device)
+        want[local] = (rows.float() / s).clamp(-448.0, 448.0).to(E4M3).view(torch.uint8)
+        tail = cache[first:].view(torch.uint8).reshape(-1, Hkv, D)  # [4 * PAGE, Hkv, D], 2**32 elements in
+        if not torch.equal(tail, want):
+            slot = int((tail != want).any(dim=(1, 2)).nonzero()[0])
+            raise AssertionError(
+                f"{name}: slot {first * PAGE + slot} (in the last 4 blocks, 2**32 elements in) does not hold "
+                f"torch's codes of its row: the row index times key's stride, or block * stride(0), "
+                "wrapped around in int32"
+            )
+        low = cache[:4].view(torch.uint8)
+        if not (low == CANARY_CODE).all():
+            raise AssertionError(
+                f"{name}: blocks 0-3 were written, and no row's slot is there: block * stride(0) = 2**32 "
+                "wrapped around to 0 in int32"
+            )
+    del caches, key
 
 
 def test_compute_scales_amax_rule(impl, runtime):
@@ -1129,9 +1219,19 @@ MISTAKES = [
         section="3.4",
     ),
     Mistake(
+        14,
+        fails=("test_store_rounds_to_nearest_even",),
+        passes=("test_store_clamps_values_past_448", "test_store_keeps_codes_up_to_448"),
+        messages=(r"rounds ties away from zero",),
+        question="x / scale = 42 lies exactly halfway between the e4m3 values 40 and 44: which one has the "
+        "even code, and which one does your rounding pick?",
+        section="3.1",
+    ),
+    Mistake(
         6,
         fails=("test_store_rounds_to_nearest_even",),
         passes=("test_store_clamps_values_past_448", "test_store_keeps_codes_up_to_448"),
+        messages=(r"rounds toward zero",),
         question="x / scale = 350 lies between the e4m3 values 320 and 352: which one is nearest, and which "
         "one does dropping the low mantissa bits give?",
         section="2",
@@ -1151,6 +1251,45 @@ MISTAKES = [
         question="The cache here is exact (small integers, scale 1): the only rounding left is q's. Which "
         "dtype does q have in your dot, and how many mantissa bits does it keep there?",
         section="3.3",
+    ),
+    Mistake(
+        10,
+        fails=("test_store_writes_only_its_slots[cache-past-int32]",),
+        passes=(
+            "test_store_writes_only_its_slots[16]",
+            "test_store_reads_strided_rows_and_writes_a_layer_of_a_pool",
+        ),
+        question="PAGE = 16, Hkv = 1, D = 128: slot 2**25 + 5 starts 2**32 + 640 elements into the cache, "
+        "and key's row 2 starts 3 * 2**30 elements in. In which integer type does your store compute each?",
+        section="6",
+    ),
+    Mistake(
+        11,
+        fails=("test_lse_is_natural_log",),
+        messages=(r"lse is in base 2",),
+        question="Your kernel keeps m and log2(l) in base 2. For a row whose denominator is e^3, what is "
+        "lse, and what does your kernel store?",
+        section="6",
+    ),
+    Mistake(
+        12,
+        fails=("test_last_page_is_masked",),
+        messages=(r"scored 0 instead of -inf",),
+        question="A context of 37 read in tiles of 16: what score does key 40 of the last tile get in your "
+        "kernel, and what weight does it then add to the softmax's sum?",
+        section="6",
+    ),
+    Mistake(
+        13,
+        fails=("test_page_sizes_gathered_token_by_token[1]", "test_page_sizes_gathered_token_by_token[8]"),
+        passes=(
+            "test_page_sizes_gathered_token_by_token[16]",
+            "test_page_sizes_gathered_token_by_token[64]",
+            "test_last_page_is_masked",
+        ),
+        question="PAGE = 4 and a tile of 16 keys: how many pages does one tile span, and how many block ids "
+        "does your kernel load for it?",
+        section="6",
     ),
     Mistake(
         5,
