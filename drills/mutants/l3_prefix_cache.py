@@ -116,6 +116,12 @@ MUTANTS = [
         "        n = self._num_tokens[seq_id]\n",
     ),
     Mutant(
+        "bool_token_id_accepted",
+        "13. arguments checked late: a bool taken for an int token id (isinstance alone)",
+        "if isinstance(token_id, bool) or not isinstance(token_id, int):",
+        "if not isinstance(token_id, int):",
+    ),
+    Mutant(
         "block_table_not_copied",
         "14. the manager's own table handed out",
         "return list(self._table(seq_id))",
