@@ -34,6 +34,13 @@ MUTANTS = [
         "acc = tl.dot(a, b, acc)",
         "acc = tl.dot(a, b, acc.to(tl.float16), out_dtype=tl.float16)",
     ),
+    # The running sum stays fp32: only a result small enough for fp16 to resolve shows each step's rounding.
+    Mutant(
+        "dot_rounded_to_fp16_each_step",
+        "3. each K step's dot rounded to fp16 (out_dtype=tl.float16) before the fp32 sum",
+        "acc = tl.dot(a, b, acc)",
+        "acc += tl.dot(a, b, out_dtype=tl.float16).to(tl.float32)",
+    ),
     Mutant(
         "stride_bk_for_bn",
         "4. one matrix's stride used for another dimension",
@@ -95,5 +102,12 @@ MUTANTS = [
         "10. a dtype written into the kernel: acc stored as tl.float16, not as C's element type",
         "c = acc.to(c_ptr.dtype.element_ty)",
         "c = acc.to(tl.float16)",
+    ),
+    # Right on every square tile: only the large GPU configuration (128 x 256) shows it.
+    Mutant(
+        "tile_columns_counted_with_block_m",
+        "11. BLOCK_M and BLOCK_N mixed up (num_pid_n = cdiv(N, BLOCK_M))",
+        "num_pid_n = tl.cdiv(N, BLOCK_N)",
+        "num_pid_n = tl.cdiv(N, BLOCK_M)",
     ),
 ]

@@ -203,6 +203,22 @@ def test_accumulates_in_fp32(impl, runtime):
     )
 
 
+def test_each_k_step_is_summed_in_fp32(impl, runtime):
+    """k = 0 contributes +2048 and k = K - 1 contributes -2048 to every element, and the 1023 terms
+    between them 1/256 each: C is exactly 1023/256 = 3.996..., which fp16 holds. A K step whose dot is
+    rounded to fp16 before it joins an fp32 sum (out_dtype=tl.float16) loses the small terms of the
+    step that holds the +2048 (2048 + 31/256 rounds to 2048), which test_accumulates_in_fp32 cannot
+    see: there the result is near 2052, where fp16's own spacing of 2 hides the loss."""
+    M, N, K = 33, 40, 1025
+    a, b = inputs(M, N, K, runtime.device, stream=8)
+    a[:, 1:-1], b[1:-1, :] = 1.0 / 16, 1.0 / 16
+    a[:, 0], a[:, -1], b[0, :], b[-1, :] = 32.0, -32.0, 64.0, 64.0
+    out = check(impl, a, b, rtol=1e-3, rel=1e-3)
+    assert (out == 1023 / 256).all(), (
+        f"expected exactly 1023/256 = 3.99609375 everywhere, got values from {out.min()} to {out.max()}"
+    )
+
+
 # --- Section 5 "Pitfalls" -----------------------------------------------------------------------------
 
 
@@ -431,13 +447,22 @@ def test_launch_rejects_a_bad_config(impl, runtime, name):
 def test_every_configuration_has_dot_dims_of_16(impl, runtime):
     """Each configuration of the launcher's table, the GPU ones included, run here on a problem with
     every edge partial. The interpreter would run a BLOCK_K of 8 that a GPU cannot compile (section 3.5),
-    so the check that each block is a power of two >= 16 is what fails here for such a table."""
-    a, b = inputs(37, 45, 61, runtime.device, stream=43)
+    so the check that each block is a power of two >= 16 is what fails here for such a table. Each
+    problem is sized by its configuration: one tile row more than a group of GROUP_M and three tile
+    columns, so the GPU's large configuration, whose tiles are not square (128 x 256), shows a
+    BLOCK_M written where BLOCK_N belongs, which the interpreter's square 32 x 32 tiles never show."""
     for name, config in impl._CONFIGS.items():
-        out = torch.full((37, 45), CANARY, dtype=a.dtype, device=a.device)
+        bm, bn, group = (config.get(key) for key in ("BLOCK_M", "BLOCK_N", "GROUP_M"))
+        sized = all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (bm, bn, group))
+        M, N = ((group + 1) * bm - 5, 2 * bn + 3) if sized else (37, 45)  # a bad config: any shape
+        a, b = inputs(M, N, 61, runtime.device, stream=43)
+        out = torch.full((M, N), CANARY, dtype=a.dtype, device=a.device)
         impl._launch(a, b, out, config=config)
         problem = mismatch(out, reference(a, b), DIMS)
-        assert problem is None, f"configuration {name!r} {config}: {problem}"
+        # Tiles named without the config's keys: "BLOCK_K" in a message is pitfall 8's (the config check).
+        assert problem is None, (
+            f"configuration {name!r} ({bm} x {bn} tiles) on ({M}, 61) x (61, {N}): {problem}"
+        )
 
 
 # --- Your kernel does the work ------------------------------------------------------------------
@@ -518,6 +543,16 @@ MISTAKES = [
         section="2.4",
     ),
     Mistake(
+        3,
+        # The running sum is fp32, but each step's dot is rounded to fp16 first: only a result small
+        # enough for fp16 to resolve shows what the step holding 2048 lost.
+        fails=("test_each_k_step_is_summed_in_fp32",),
+        passes=("test_k_edge_is_masked", "test_store_masked_at_m_and_n_edges"),
+        question="Your running sum is fp32, but in which dtype does each K step's tl.dot hand its result "
+        "over, and what is 2048 + 31/256 in that dtype?",
+        section="2.4",
+    ),
+    Mistake(
         4,
         fails=("test_strides_are_respected",),
         passes=("test_non_power_of_two_shapes", "test_by_hand_37x100x61_every_edge_partial"),
@@ -585,7 +620,13 @@ MISTAKES = [
         8,
         fails=("test_every_configuration_has_dot_dims_of_16",),
         messages=("BLOCK_K",),
-        passes=("test_by_hand_37x100x61_every_edge_partial",),
+        # The same look-alikes as pitfall 11's, and the config check's words besides: named before it.
+        passes=(
+            "test_by_hand_37x100x61_every_edge_partial",
+            "test_programs_visit_tiles_in_grouped_order",
+            "test_every_tile_computed_when_last_group_is_short",
+            "test_non_power_of_two_shapes",
+        ),
         question="Which configuration of the table has a block dimension below 16, and what does a GPU's "
         "tl.dot need for K?",
         section="3.5",
@@ -605,5 +646,19 @@ MISTAKES = [
         passes=("test_by_hand_37x100x61_every_edge_partial",),
         question="M = 37, BLOCK_M = 32: which rows of A does your last tile row load, and does A have them?",
         section="3.2",
+    ),
+    Mistake(
+        11,
+        # Only the GPU's large configuration has tiles that are not square: every other check passes.
+        fails=("test_every_configuration_has_dot_dims_of_16",),
+        passes=(
+            "test_by_hand_37x100x61_every_edge_partial",
+            "test_programs_visit_tiles_in_grouped_order",
+            "test_every_tile_computed_when_last_group_is_short",
+            "test_non_power_of_two_shapes",
+        ),
+        question="The large configuration's tiles are 128 x 256: which of your tile counts, offsets and "
+        "masks along N use BLOCK_M, or along M use BLOCK_N?",
+        section="3.1",
     ),
 ]
