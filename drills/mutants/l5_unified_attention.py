@@ -17,6 +17,12 @@ MUTANTS = [
         "full_lo = tl.cdiv(tl.maximum(prefix + tok0 + 1 - window, 0), BLOCK_N) * BLOCK_N",
     ),
     Mutant(
+        "full_lo_rounded_down",
+        "2. the band's unmasked stretch rounded down into the window's first tile",
+        "full_lo = tl.cdiv(tl.maximum(band_hi - window, 0), BLOCK_N) * BLOCK_N",
+        "full_lo = tl.maximum(band_hi - window, 0) // BLOCK_N * BLOCK_N",
+    ),
+    Mutant(
         "sink_in_the_numerator",
         "3. the sink added to the numerator (a key of value one)",
         "acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)",
@@ -59,5 +65,23 @@ MUTANTS = [
         "9. the sink's logit left in natural units",
         "sink = tl.load(sinks_ptr + heads) * 1.4426950408889634",
         "sink = tl.load(sinks_ptr + heads)",
+    ),
+    Mutant(
+        "sink_read_at_the_kv_head",
+        "10. a sink read at the KV head",
+        "sink = tl.load(sinks_ptr + heads) * 1.4426950408889634",
+        "sink = tl.load(sinks_ptr + kvh) * 1.4426950408889634",
+    ),
+    Mutant(
+        "sink_only_sets_the_max",
+        "11. a sink that sets the max and not the sum",
+        'l_i = tl.where(m_sink > float("-inf"), 1.0, 0.0)  # [BLOCK_M]',
+        "l_i = tl.zeros([BLOCK_M], dtype=tl.float32)",
+    ),
+    Mutant(
+        "window_bound_overflows",
+        "12. a window bound that overflows int32 (j + window > p)",
+        "seen = seen & (cols[None, :] > win_start[:, None])",
+        "seen = seen & (cols[None, :] + (pos - win_start)[:, None] > pos[:, None])",
     ),
 ]

@@ -180,6 +180,9 @@ def wrong_answers(out, case, window, sinks, scale=None) -> str:
         ]
     if sinks is not None:
         variants.append(("the sink in the numerator too (a key of value one)", dict(sink_in_numerator=True)))
+        variants.append(
+            ("the answer without the sink (its e^(sink - m) never joined the sum)", dict(sinks=None))
+        )
         # A weight of 2^sink is e^(sink * ln 2): the sink loaded without log2 e in a base-2 kernel.
         variants.append(
             (
@@ -187,9 +190,25 @@ def wrong_answers(out, case, window, sinks, scale=None) -> str:
                 dict(sinks=sinks * math.log(2)),
             )
         )
+        # Query head h's sink is sinks[h]; read by its KV head, or at its group's first head, it is another's.
+        Hq, Hkv = case.q.shape[1], case.k_cache.shape[2]
+        kv_of = torch.arange(Hq, device=sinks.device) // (Hq // Hkv)  # [Hq] each query head's KV head
+        if Hq > Hkv:
+            variants += [
+                (
+                    "each head's sink read at another head (sinks[h // GROUP], its KV head's index)",
+                    dict(sinks=sinks[kv_of]),
+                ),
+                (
+                    "each head's sink read at another head (sinks[h // GROUP * GROUP], its group's first)",
+                    dict(sinks=sinks[kv_of * (Hq // Hkv)]),
+                ),
+            ]
     for text, change in variants:
         ref, _ = unified_reference(*case.args, **{**dict(window=window, sinks=sinks, scale=scale), **change})
-        if mismatch(out.float(), ref) is None:
+        # A sink read at another head moves outputs by about as much as the sinks differ: held to out's own
+        # dtype's tolerance, as the check itself holds the right answer.
+        if mismatch(out.float(), ref) is None or ("another head" in text and mismatch(out, ref) is None):
             return f"the output is {text}"
     return ""
 
@@ -307,13 +326,14 @@ def test_worked_example_with_a_sink_of_1_5(impl, runtime):
 
 @pytest.mark.parametrize(
     "window",
-    [1, 5, 12, 40, 100_000],
-    ids=["w1", "w5-under-a-page", "w12-under-a-key-tile", "w40", "w-past-ctx"],
+    [1, 5, 12, 40, WINDOW_MAX],
+    ids=["w1", "w5-under-a-page", "w12-under-a-key-tile", "w40", "w-largest"],
 )
 def test_window_sizes(impl, runtime, window):
     """Every kind of row in one batch (decode rows, a chunk over a prefix, padding, a pure prefill) with a
     window of 1 (each token sees itself only), under a page (8), under a key tile (16 here), over a tile,
-    and longer than every context (the same as no window). lse too, from the same launch."""
+    and the largest admitted, 2**31 - 1, past every context (the same as no window: key + window then
+    passes int32). lse too, from the same launch."""
     case = mixed_case(runtime, stream=301 + window % 97)
     check(impl, case, window=window, lse=True)
 
@@ -823,7 +843,14 @@ MISTAKES = [
     Mistake(
         8,
         fails=("test_table_rows_exactly_full",),
-        passes=(WORKED, "test_keys_past_the_context_are_not_read"),
+        # Only a row that fills its table is at the bound: every band, page and window check passes.
+        passes=(
+            WORKED,
+            "test_keys_past_the_context_are_not_read",
+            "test_band_covers_every_row_of_a_tile",
+            "test_window_sizes",
+            "test_page_sizes",
+        ),
         messages=(r"device guard fired|out of bounds load of block_tables",),
         question="A context of 48 with PAGE = 8 in a table of 6 columns: is it a valid length, and which "
         "lengths do your guard and your table loads admit?",
@@ -842,6 +869,15 @@ MISTAKES = [
         passes=(WORKED, "test_window_sizes[w1]", "test_split_band_merges_every_split"),
         question="A tile of 16 new tokens at positions 100-115 with window 40: which keys does its LAST row see, "
         "and which stretch of keys does your kernel treat as seen by every row without a mask?",
+        section="3.2",
+    ),
+    Mistake(
+        2,
+        # full_lo rounded down: the unmasked stretch starts inside the window's first tile (decode rows too).
+        fails=("test_band_covers_every_row_of_a_tile", "test_split_band_merges_every_split"),
+        passes=(WORKED, "test_keys_past_the_context_are_not_read"),
+        question="A decode row at position 100 with window 40 and 16-key tiles: which is the first key every "
+        "row of its tile sees, and is the tile starting at key 48 wholly inside its window?",
         section="3.2",
     ),
     Mistake(
@@ -893,6 +929,32 @@ MISTAKES = [
         messages=(r"NaN|out of bounds",),
         question="A decode row at position 199 with window 24: which is the first key tile it needs, and where "
         "does your key loop start?",
+        section="3.2",
+    ),
+    Mistake(
+        10,
+        fails=("test_kv_head_grouping_is_contiguous",),
+        passes=(WORKED_SINK,),
+        messages=(r"sink read at another head",),
+        question="Hq = 8 and Hkv = 2: which entry of sinks belongs to query head 5, and which one does your "
+        "kernel load for it?",
+        section="3.3",
+    ),
+    Mistake(
+        11,
+        fails=("test_sinks_join_the_denominator_only", WORKED_SINK),
+        passes=(WORKED,),
+        messages=(r"answer without the sink",),
+        question="In section 2 the running max starts at the sink, 1.5: what does the sum l start at, and "
+        "what does your kernel start it at?",
+        section="3.3",
+    ),
+    Mistake(
+        12,
+        fails=("test_window_sizes[w-largest]",),
+        passes=(WORKED, "test_window_sizes[w1]", "test_window_sizes[w40]"),
+        question="window = 2**31 - 1, the largest admitted: what is key 5 + window in int32, and how does your "
+        "mask compare a key with the row's window?",
         section="3.2",
     ),
     Mistake(
