@@ -280,4 +280,10 @@ MUTANTS = [
         "victim = self.running[-1]",
         "victim = seq",
     ),
+    Mutant(
+        "blocks_marked_from_the_next_whole_block",
+        "10. computed blocks never marked (a block finished by a later step than the one that began it)",
+        "table[before // self.block_size : seq.num_computed // self.block_size]",
+        "table[-(-before // self.block_size) : seq.num_computed // self.block_size]",
+    ),
 ]

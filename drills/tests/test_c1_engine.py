@@ -493,6 +493,14 @@ MISTAKES = [
         "may use that block?",
         section="3.6",
     ),
+    Mistake(
+        10,
+        fails=("test_a_block_finished_by_a_later_chunk_is_marked_computed",),
+        passes=ENGINE_BASICS + ("test_finished_prompt_is_found_in_the_prefix_cache",),
+        question="A step computes tokens 6 to 11 with blocks of 4: which blocks does it finish, and does "
+        "your postprocess mark the block of tokens 4 to 7, begun by the step before?",
+        section="3.6",
+    ),
     # R0's 9-token prompt computed 8 + 1: its first chunk samples nothing. Blocks marked only by a step
     # that samples leave R1 (sharing R0's first two blocks) computing from 0 at step 2 instead of 8.
     Mistake(
@@ -1645,6 +1653,23 @@ def test_finished_prompt_is_found_in_the_prefix_cache(impl):
             f"request {i} computed all {prompt_computed} of its prompt tokens, although its first 8 are "
             "request 0's, which ended: its blocks' K and V are cached, so the prefix cache was not used"
         )
+
+
+def test_a_block_finished_by_a_later_chunk_is_marked_computed(impl):
+    """A 12-token prompt (3 blocks) computed in chunks of 6: its second block is half written by the first
+    chunk and finished by the second. After it ends, the same prompt plus 3 tokens finds all 3 blocks
+    usable (num_cached = 12): a step marks every block whose last slot it wrote, the one it started in
+    included (section 3.6), not only the blocks it began."""
+    rng = random.Random(seeded(32))
+    first = tokens(rng, 3 * BLOCK)
+    prompts = [first, first + tokens(rng, 3)]
+    run = serve(impl, Watched(64), prompts, waves=[[0], [1]], max_num_batched_tokens=6)
+    assert_matches_oracle(run, prompts, "a prompt computed in chunks of 6, then found in the prefix cache")
+    assert run["num_cached"][1] == 3 * BLOCK, (
+        f"request 1 was admitted with num_cached = {run['num_cached'][1]}: request 0's 3 full blocks were "
+        f"computed, so all {3 * BLOCK} tokens are usable hits. Its block 1 (tokens 4-7) was begun by one "
+        "chunk (0-5) and finished by the next (6-11): was it ever marked computed?"
+    )
 
 
 def test_whole_prompt_cached_still_computes_its_last_token(impl):
