@@ -625,8 +625,8 @@ def test_bad_group_values_on_the_device_are_contained(impl, runtime, name):
 
 def test_lse_is_natural_log(impl, runtime):
     """lse must equal torch.logsumexp of the scaled scores (base e), with the default scale and another;
-    then with every score about -128 (L2's pitfall 10), through both stages (a group sharing 32 tokens
-    in two prefix chunks, a sequence in no group, two suffix splits): a running max that starts at 0
+    then with every score about -128 (L2's pitfall 10), through both stages (a group sharing 32 tokens,
+    a sequence in no group; one chunk and one split, so no part is empty): a running max that starts at 0
     stays 0, every exp2 underflows (2^-184 is below fp32's smallest) and l = 0, so the part looks empty
     and the row stores 0. Every other case scores near 0."""
     case, groups, plens = cascade_case([40, 33], [0, 0], [16], device=runtime.device, stream=19)
@@ -637,7 +637,7 @@ def test_lse_is_natural_log(impl, runtime):
     shift_scores(low, -128.0)
     try:
         _, lse = check(
-            impl, low, groups, plens, plan=forced(impl, low, groups, plens, prefix_chunks=2, suffix_splits=2)
+            impl, low, groups, plens, plan=forced(impl, low, groups, plens, prefix_chunks=1, suffix_splits=1)
         )
     except AssertionError as e:
         raise AssertionError(f"every score about -128: {e}") from None
@@ -1006,6 +1006,8 @@ MISTAKES = [
             "test_prefix_counted_once",
             "test_tiles_hold_one_group",
             "test_sequences_in_no_group_start_at_token_0",
+            "test_every_prefix_chunk_count_matches",
+            "test_every_suffix_split_count_matches",
         ),
         messages=(r"every score about -128",),
         question="Every score is about -128: what is your running max after the first tile if it starts "
