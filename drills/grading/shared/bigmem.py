@@ -29,12 +29,38 @@ def sparse_folder() -> str:
     return _folder()
 
 
+_PREFIX = "drills-sparse-"
+
+
 def _folder() -> str:
     global _DIR
     if _DIR is None:
-        _DIR = tempfile.mkdtemp(prefix="drills-sparse-")
+        _reap_orphans()
+        # The creator's pid in the name: a process that ends without running atexit (os._exit in a
+        # forked grading, a kill at a timeout) leaves its folder, and the next process to make one
+        # removes it, instead of a temporary folder left behind per grading.
+        _DIR = tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-")
         atexit.register(shutil.rmtree, _DIR, True)  # removed at exit
     return _DIR
+
+
+def _reap_orphans() -> None:
+    """Remove the sparse folders of processes that no longer run (each name holds its creator's pid)."""
+    tmp = tempfile.gettempdir()
+    try:
+        names = os.listdir(tmp)
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(_PREFIX) :].split("-", 1)[0]
+        if not name.startswith(_PREFIX) or not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(os.path.join(tmp, name), ignore_errors=True)
+        except OSError:  # alive, and another user's
+            pass
 
 
 def sparse_empty(shape, dtype: torch.dtype, device: str = "cpu") -> torch.Tensor:
