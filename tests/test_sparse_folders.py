@@ -23,7 +23,9 @@ def test_a_folder_left_by_a_process_that_skipped_atexit_is_removed_by_the_next()
         "print(bigmem.sparse_folder(), flush=True)\n"
         "os._exit(0)\n"
     )
-    left = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    left = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.strip()
     assert os.path.isdir(left), "the process's folder should still be there: it skipped atexit"
     assert os.path.basename(left).startswith(f"drills-sparse-{_pid_of(left)}-")
     # Another process making its folder removes the dead one's.
