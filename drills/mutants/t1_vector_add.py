@@ -35,6 +35,13 @@ MUTANTS = [
         "grid = (triton.cdiv(n, BLOCK),)",
         "grid = (min(triton.cdiv(n, BLOCK), 65535),)",
     ),
+    # Right in the interpreter at any n: only the dry run at the largest n sees a block past 2**20.
+    Mutant(
+        "one_program_for_the_whole_vector",
+        "2. one program whose block is as wide as the vector (BLOCK = next_power_of_2(n))",
+        "return _launch(x, y, out)",
+        "return _launch(x, y, out, BLOCK=triton.next_power_of_2(x.numel()))",
+    ),
     Mutant(
         "offsets_missing_block_start",
         "3. offsets without pid * BLOCK",

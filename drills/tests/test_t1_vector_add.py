@@ -203,11 +203,16 @@ def _strided(t):
     return buffer[::2]
 
 
-def _shifted_by_one(t):
-    """(a copy of t, and out: the same memory one element further on), a partial overlap."""
+def _shifted_by_one(t, name="x", out_first=False):
+    """(a copy of t as `name`, and out: the same memory one element further on, or with out_first one
+    element before), a partial overlap either way round."""
     buffer = torch.zeros(t.numel() + 1, dtype=t.dtype, device=t.device)
-    buffer[:-1] = t
-    return dict(x=buffer[:-1], out=buffer[1:])
+    first, second = buffer[:-1], buffer[1:]
+    if out_first:
+        second.copy_(t)
+        return {name: second, "out": first}
+    first.copy_(t)
+    return {name: first, "out": second}
 
 
 # name -> (how to spoil the arguments of a valid call, the error, what the message must name)
@@ -235,6 +240,17 @@ BAD_INPUTS = {
     "out_not_contiguous": (lambda a: dict(out=_strided(a["x"])), ValueError, "out"),
     "out_rank_2": (lambda a: dict(out=a["x"].clone().view(2, -1)), ValueError, "out"),
     "out_partly_overlaps_x": (lambda a: _shifted_by_one(a["x"]), ValueError, "out partly overlaps x"),
+    # out one element before x: program p writes where program p - 1 reads, as much a hazard.
+    "out_partly_overlaps_x_from_before": (
+        lambda a: _shifted_by_one(a["x"], out_first=True),
+        ValueError,
+        "out partly overlaps x",
+    ),
+    "out_partly_overlaps_y": (lambda a: _shifted_by_one(a["y"], "y"), ValueError, "out partly overlaps y"),
+    "y_longer": (lambda a: dict(y=torch.cat([a["y"], a["y"][:1]])), ValueError, "y"),
+    "out_longer": (lambda a: dict(out=torch.cat([a["x"], a["x"][:1]])), ValueError, "out"),
+    # Empty vectors launch nothing, but their arguments are checked all the same.
+    "y_dtype_differs_on_empty_x": (lambda a: dict(x=a["x"][:0], y=a["y"][:0].half()), TypeError, "y"),
 }
 
 
@@ -364,6 +380,16 @@ MISTAKES = [
         messages=(r"a grid clamped with min\(programs",),
         question="n = 65536 * 2048 + 1 needs 65537 programs of 2048: how many does your grid launch, and "
         "which elements do the programs it leaves out own?",
+        section="3.4",
+    ),
+    Mistake(
+        2,
+        # One program for the whole vector (BLOCK = next_power_of_2(n)): right in the interpreter at any
+        # n, while a GPU compiles no block past 2**20 elements; only the dry run at the largest n sees it.
+        fails=("test_grid_fits_cuda_limits_at_largest_sizes",),
+        messages=(r"Triton compiles no tensor of more than 2\*\*20",),
+        question="n = 65536 * 2048 + 1: how wide is the block your launcher asks for, and how many "
+        "programs share the work?",
         section="3.4",
     ),
     Mistake(

@@ -58,6 +58,8 @@ def _kernel_classes() -> list[type]:
 # 65535 (CUDA C++ Programming Guide, "Technical Specifications per Compute Capability"). Triton launches
 # grid axis 0 as x, 1 as y, 2 as z, and its interpreter runs any grid.
 GRID_LIMITS = (2**31 - 1, 65535, 65535)
+# Triton's largest tensor, in elements (TRITON_MAX_TENSOR_NUMEL): a tl.arange or block past it does not compile.
+MAX_TENSOR_NUMEL = 2**20
 
 
 def _bound_arguments(fn_self, args, kwargs) -> dict:
@@ -217,6 +219,23 @@ def assert_grids_fit(impl, call, what: str) -> Launches:
             from drills.grading.shared.errors import GridTooLarge
 
             raise GridTooLarge(f"{what}: {problem}")
+        # A block sized from the problem (BLOCK = next_power_of_2(n), one program for it all) runs in the
+        # interpreter at any size, but Triton compiles no tensor past 2**20 elements: at the largest
+        # sizes such a launch fails to compile on a GPU. Launch options (num_warps...) are not blocks.
+        for key, value in c.constexprs.items():
+            if (
+                type(value) is int
+                and value > MAX_TENSOR_NUMEL
+                and value & (value - 1) == 0
+                and not key.startswith("num_")
+                and key != "maxnreg"
+            ):
+                raise AssertionError(
+                    f"{what}: {c.name} is launched with {key} = {value}, a block of 2**{value.bit_length() - 1} "
+                    f"elements sized from the problem: Triton compiles no tensor of more than 2**20 "
+                    f"elements, so a GPU fails to compile this launch. Keep the block at a fixed size and "
+                    "give the rest to more programs, or to a loop inside each program"
+                )
         # Every grader's largest sizes need more programs than 65535 (65537, 70000, ...), so an axis of
         # exactly 65535 (or of axis 0's own limit) is a grid clamped to fit, min(programs, 65535): it
         # launches, and the work of the programs cut off is never done, which no small case and no dry
