@@ -126,6 +126,15 @@ CHEATS = {
     "map2": "def _add(s, x, y):\n    s.map2_(x, y, lambda _, a, b: a + b)\n",
     "map": "def _add(s, x):\n    s.map_(x, lambda a, b: a + b)\n",
     "apply": "def _read(x):\n    x.apply_(lambda v: v)\n",
+    # a kernel that hands its values to Python: the interpreter's numpy arrays (`.handle.data`), or a plain
+    # function called from the body (run as Python on the CPU, refused by a GPU's compiler)
+    "interpreter_handle": "def _add(a, b):\n    a.handle.data[...] += b.handle.data\n",
+    "handle_by_getattr": "def _h(a):\n    return getattr(a, 'handle')\n",
+    "plain_function_in_kernel": (
+        "def _host(a):\n    return a\n\n\n@triton.jit\ndef _k(x_ptr):\n    _host(tl.load(x_ptr))\n"
+    ),
+    "plain_class_in_kernel": "class _Box:\n    pass\n\n\n@triton.jit\ndef _k(x_ptr):\n    _Box()\n",
+    "lambda_in_kernel": "@triton.jit\ndef _k(x_ptr):\n    f = lambda v: v\n    tl.store(x_ptr, f(tl.load(x_ptr)))\n",
 }
 
 
@@ -165,6 +174,18 @@ def test_a_kernels_load_is_not_a_files():
     kernel = (
         "import triton.language as lang\n\n\n@triton.jit\ndef _k(p):\n"
         "    lang.store(p, triton.language.load(p) + tl.load(p))\n"
+    )
+    assert refused(t1_with(kernel)) == []
+
+
+def test_a_kernel_may_call_triton_functions_of_its_file():
+    """A kernel's body calls @triton.jit helpers and @triton.constexpr_function ones, as a GPU compiles
+    them; only a plain Python function of the file is refused there (a launcher may still call it)."""
+    kernel = (
+        "@triton.jit\ndef _twice(v):\n    return v + v\n\n\n@triton.constexpr_function\ndef _pad(n):\n"
+        "    return n\n\n\ndef _host(n):\n    return n\n\n\n@triton.jit\ndef _k(p, N: tl.constexpr):\n"
+        "    tl.store(p, _twice(tl.load(p)) + _pad(N) + min(N, 4))\n\n\ndef _go(p):\n"
+        "    _k[(1,)](p, N=_host(4))\n"
     )
     assert refused(t1_with(kernel)) == []
 

@@ -138,6 +138,10 @@ NAMES = {
     "heuristics": "runs code before each launch (triton.heuristics): compute the value in the launcher",
     "Heuristics": "runs code before each launch (triton.heuristics): compute the value in the launcher",
     "register_hook": "runs code in a hook: a launcher calls its kernels plainly",
+    # The interpreter's own storage of a kernel's values: numpy arrays, computed on out of every op's sight
+    # (a plain function the kernel calls adds them in numpy), in a kernel a GPU does not compile
+    "handle": "reaches the interpreter's storage of a kernel's values (numpy, out of the grader's sight; a "
+    "GPU compiles no such kernel): compute with triton.language in the @triton.jit body",
     # Ways past the op recorder inside torch itself
     "library": "registers a torch op of its own (the grader names ops by their aten:: name)",
     "utils": "reaches torch's utilities (its dispatch internals, its worker processes)",
@@ -455,6 +459,27 @@ def _why(node: ast.AST, ctx: dict) -> str | None:
     return None
 
 
+def _jitted(node: ast.AST) -> bool:
+    return isinstance(node, ast.FunctionDef) and any("jit" in ast.unparse(d) for d in node.decorator_list)
+
+
+def _kernel_call_why(node: ast.AST, plain: set[str]) -> str | None:
+    """In a @triton.jit body: a call of a plain Python function of the file, a lambda or a function
+    defined there. Triton's compiler refuses each on a GPU; the interpreter runs it as Python, handing
+    it the kernel's values, so a kernel that passes on the CPU would not compile where it is used."""
+    if isinstance(node, (ast.Lambda, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return (
+            "defines a function in a kernel's body (Python the interpreter runs and a GPU's compiler "
+            "refuses): make it a @triton.jit function of the file and call that"
+        )
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in plain:
+        return (
+            f"calls {node.func.id}(), a plain Python function, from a kernel's body (the interpreter runs "
+            "it as Python, a GPU's compiler refuses it): decorate it with @triton.jit or compute in the kernel"
+        )
+    return None
+
+
 def refusals(source: str, reference_source: str | None, filename: str = "<file>") -> list[str]:
     """One line per construct refused, empty when the file may be graded. reference_source: the
     lesson's reference, whose unchanged definitions and module-level statements are allowed, and whose
@@ -488,14 +513,27 @@ def refusals(source: str, reference_source: str | None, filename: str = "<file>"
     }
     lines = source.splitlines()
     found = []
+    # The file's plain functions and classes: a kernel's body may call none of them (Triton's own kinds,
+    # @triton.jit and @triton.constexpr_function, are the compiler's to run)
+    plain = {
+        n.name
+        for n in tree.body
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+        and not any(
+            _chain_root(d.func if isinstance(d, ast.Call) else d) in ctx["triton"] for d in n.decorator_list
+        )
+    }
     for top in tree.body:
         name = getattr(top, "name", None)
         if name is not None and allowed_defs.get(name) == ast.dump(top):
             continue  # given code, exactly as the reference has it
         if ast.dump(top) in allowed_top:
             continue
+        kernel = _jitted(top)
         for node in ast.walk(top):
             why = _why(node, ctx)
+            if why is None and kernel and node is not top:
+                why = _kernel_call_why(node, plain)
             if why is not None:
                 line = getattr(node, "lineno", top.lineno)
                 code = lines[line - 1].strip() if 0 < line <= len(lines) else ""
