@@ -134,6 +134,7 @@ CHEATS = {
         "def _host(a):\n    return a\n\n\n@triton.jit\ndef _k(x_ptr):\n    _host(tl.load(x_ptr))\n"
     ),
     "plain_class_in_kernel": "class _Box:\n    pass\n\n\n@triton.jit\ndef _k(x_ptr):\n    _Box()\n",
+    "module_list_in_kernel": "_SEEN = []\n\n\n@triton.jit\ndef _k(x_ptr):\n    _SEEN.append(tl.load(x_ptr))\n",
     "lambda_in_kernel": "@triton.jit\ndef _k(x_ptr):\n    f = lambda v: v\n    tl.store(x_ptr, f(tl.load(x_ptr)))\n",
 }
 
@@ -184,7 +185,8 @@ def test_a_kernel_may_call_triton_functions_of_its_file():
     kernel = (
         "@triton.jit\ndef _twice(v):\n    return v + v\n\n\n@triton.constexpr_function\ndef _pad(n):\n"
         "    return n\n\n\ndef _host(n):\n    return n\n\n\n@triton.jit\ndef _k(p, N: tl.constexpr):\n"
-        "    tl.store(p, _twice(tl.load(p)) + _pad(N) + min(N, 4))\n\n\ndef _go(p):\n"
+        "    tl.store(p, _twice(tl.load(p)) + _pad(N) + min(N, 4) + _TWO)\n\n\n_TWO = tl.constexpr(2)\n\n\n"
+        "def _go(p):\n"
         "    _k[(1,)](p, N=_host(4))\n"
     )
     assert refused(t1_with(kernel)) == []

@@ -463,7 +463,31 @@ def _jitted(node: ast.AST) -> bool:
     return isinstance(node, ast.FunctionDef) and any("jit" in ast.unparse(d) for d in node.decorator_list)
 
 
-def _kernel_call_why(node: ast.AST, plain: set[str]) -> str | None:
+def _module_objects(tree: ast.Module) -> set[str]:
+    """The names the file's module level binds to Python objects (a list, a dict, an object), not to a
+    constant or a constexpr: a GPU's compiler refuses a kernel that reads one, the interpreter shares it across programs."""
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            value = node.value
+            if value is None or all(
+                isinstance(n, (ast.Constant, ast.Tuple, ast.Load)) for n in ast.walk(value)
+            ):
+                continue  # a number, a string or a tuple of them: nothing programs could share
+            if (
+                isinstance(value, ast.Call)
+                and isinstance(value.func, (ast.Attribute, ast.Name))
+                and (value.func.attr if isinstance(value.func, ast.Attribute) else value.func.id)
+                == "constexpr"
+            ):
+                continue
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                names |= {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+    return names
+
+
+def _kernel_call_why(node: ast.AST, plain: set[str], objects: set[str] = frozenset()) -> str | None:
     """In a @triton.jit body: a call of a plain Python function of the file, a lambda or a function
     defined there. Triton's compiler refuses each on a GPU; the interpreter runs it as Python, handing
     it the kernel's values, so a kernel that passes on the CPU would not compile where it is used."""
@@ -471,6 +495,12 @@ def _kernel_call_why(node: ast.AST, plain: set[str]) -> str | None:
         return (
             "defines a function in a kernel's body (Python the interpreter runs and a GPU's compiler "
             "refuses): make it a @triton.jit function of the file and call that"
+        )
+    if isinstance(node, ast.Name) and node.id in objects and isinstance(node.ctx, ast.Load):
+        return (
+            f"reads {node.id}, a Python object of the module, in a kernel's body (the interpreter shares it "
+            "between programs, a GPU's compiler refuses it): pass it as an argument, or make it a "
+            "tl.constexpr"
         )
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in plain:
         return (
@@ -523,6 +553,7 @@ def refusals(source: str, reference_source: str | None, filename: str = "<file>"
             _chain_root(d.func if isinstance(d, ast.Call) else d) in ctx["triton"] for d in n.decorator_list
         )
     }
+    objects = _module_objects(tree)
     for top in tree.body:
         name = getattr(top, "name", None)
         if name is not None and allowed_defs.get(name) == ast.dump(top):
@@ -530,10 +561,15 @@ def refusals(source: str, reference_source: str | None, filename: str = "<file>"
         if ast.dump(top) in allowed_top:
             continue
         kernel = _jitted(top)
+        kernel_objects = objects
+        if kernel:  # the kernel's parameters and locals shadow the module's names
+            bound = {a.arg for a in ast.walk(top.args) if isinstance(a, ast.arg)}
+            bound |= {n.id for n in ast.walk(top) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+            kernel_objects = objects - bound
         for node in ast.walk(top):
             why = _why(node, ctx)
             if why is None and kernel and node is not top:
-                why = _kernel_call_why(node, plain)
+                why = _kernel_call_why(node, plain, kernel_objects)
             if why is not None:
                 line = getattr(node, "lineno", top.lineno)
                 code = lines[line - 1].strip() if 0 < line <= len(lines) else ""
