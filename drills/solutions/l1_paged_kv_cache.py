@@ -54,7 +54,8 @@ class BlockAllocator:
         return block
 
     def free(self, block: int) -> None:
-        if not (isinstance(block, int) and 0 <= block < self.num_blocks):
+        # A bool is an int to isinstance: free(True) would free block 1.
+        if isinstance(block, bool) or not (isinstance(block, int) and 0 <= block < self.num_blocks):
             raise ValueError(f"block {block!r} is not a block of this pool [0, {self.num_blocks})")
         if block not in self._allocated:
             raise ValueError(f"block {block} is already free: double free")

@@ -583,7 +583,7 @@ def test_free_returns_the_block_to_the_free_list(impl):
     assert sorted(alloc.allocate() for _ in range(4)) == [0, 1, 2, 3]
 
 
-@pytest.mark.parametrize("block", [-1, 4, 100])
+@pytest.mark.parametrize("block", [-1, 4, 100, True])  # True: an int to isinstance, block 1 to range()
 def test_free_rejects_blocks_outside_the_pool(impl, block):
     alloc = impl.BlockAllocator(4)
     alloc.allocate()
@@ -696,6 +696,11 @@ def test_lookup_outside_the_sequence_raises(impl, t):
         lambda impl: impl.waste_contiguous([3, 5], 0),
         lambda impl: impl.waste_paged([3, 5], 0),
         lambda impl: impl.waste_paged([3, -5], 4),
+        # isinstance(True, int) holds: a bool is no size, and a check by isinstance alone lets it by as 1.
+        lambda impl: impl.BlockAllocator(True),
+        lambda impl: impl.BlockTable(impl.BlockAllocator(2), True),
+        lambda impl: impl.BlockTable(impl.BlockAllocator(2), 4).append_tokens(True),
+        lambda impl: impl.waste_paged([3, True], 4),
     ],
     ids=[
         "pool_of_0",
@@ -705,6 +710,10 @@ def test_lookup_outside_the_sequence_raises(impl, t):
         "reserved_0",
         "paged_block_size_0",
         "negative_length",
+        "pool_of_True",
+        "block_size_True",
+        "append_True",
+        "length_True",
     ],
 )
 def test_bad_sizes_rejected(impl, make):
