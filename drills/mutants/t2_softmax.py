@@ -32,6 +32,21 @@ MUTANTS = [
         "tl.store(out_row + cols, y.to(out_ptr.dtype.element_ty))",
     ),
     Mutant("no_normalisation", "3. no division by the sum", "y = num / tl.sum(num, axis=0)", "y = num"),
+    # Every row in one block, the block never capped: right in the interpreter at any N; the dry run of
+    # a row past 2**20 columns names the block a GPU cannot compile.
+    Mutant(
+        "block_never_capped",
+        "4. one block per row whatever its length (BLOCK = next_power_of_2(N), no MAX_BLOCK cap)",
+        "BLOCK = min(triton.next_power_of_2(N), MAX_BLOCK)",
+        "BLOCK = triton.next_power_of_2(N)",
+    ),
+    # The store's mask keeps out right: only a tight x shows the load past the last row's end.
+    Mutant(
+        "third_pass_load_unmasked",
+        "2. the third pass's load left unmasked (reads past the end of x)",
+        "p = tl.exp(_load_block(x_row, c, N) - m) / l",
+        "p = tl.exp(tl.load(x_row + c).to(tl.float32) - m) / l",
+    ),
     Mutant(
         "no_normalisation_long_rows",
         "3. no division by the sum, on rows longer than one block",

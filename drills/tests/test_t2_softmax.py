@@ -226,6 +226,17 @@ def test_rows_longer_than_one_block(impl, runtime, extra):
     check(impl, framed_input(x.to(runtime.device)))
 
 
+@pytest.mark.parametrize("where", ["one_block", "long_rows"])
+def test_loads_stay_inside_x(impl, runtime, where):
+    """x allocated to the exact element, nothing of its own after the last row's last column: a load
+    left unmasked (the store's mask keeps out right) reads past the end of x, which the grader's check
+    of every load lane reports as an out-of-bounds load. The other tests' x lies inside a wider buffer,
+    where such a load reads the NaN padding and is never stored."""
+    M, N = (3, 781) if where == "one_block" else (2, long_row(impl, 5))
+    gen = torch.Generator().manual_seed(seeded(13))
+    check(impl, torch.randn(M, N, generator=gen).to(runtime.device))  # [M, N], contiguous, tight
+
+
 def test_row_of_exactly_one_block(impl, runtime):
     """N = MAX_BLOCK: the longest row that stays in one block, no padded lane."""
     check(impl, randn(2, impl.MAX_BLOCK, torch.float32, runtime.device, stream=12))
@@ -261,6 +272,12 @@ def test_empty_input(impl, runtime):
     for shape in [(0, 5), (5, 0)]:
         out = impl.softmax(torch.empty(shape, device=runtime.device))
         assert out.shape == shape
+        # With out given, out itself comes back, empty as it is, not a tensor of the launcher's own.
+        given = torch.empty(shape, device=runtime.device)
+        wrong = returned_out_problem(
+            "softmax", impl.softmax(torch.empty(shape, device=runtime.device), out=given), given
+        )
+        assert wrong is None, wrong
 
 
 # --- The launcher rejects bad input before launching -----------------------------------------------
@@ -275,6 +292,14 @@ def _shifted_by_one_row(t):
     buffer = torch.zeros(t.shape[0] + 1, t.shape[1], dtype=t.dtype, device=t.device)  # [M + 1, N]
     buffer[:-1] = t
     return dict(x=buffer[:-1], out=buffer[1:])
+
+
+def _shifted_back_one_row(t):
+    """x (a copy of t) and out, the same memory one row earlier: program r writes the row program r - 1
+    reads, the partial overlap the other way round."""
+    buffer = torch.zeros(t.shape[0] + 1, t.shape[1], dtype=t.dtype, device=t.device)  # [M + 1, N]
+    buffer[1:] = t
+    return dict(x=buffer[1:], out=buffer[:-1])
 
 
 def _same_start_other_strides(t):
@@ -305,7 +330,16 @@ BAD_INPUTS = {
         ValueError,
         "out's rows overlap",
     ),
+    # Rows one column short of apart: row r's last element is row r + 1's first (stride 0 is not all).
+    "out_rows_overlap_partly": (
+        lambda x: dict(
+            x=x, out=torch.empty(x.numel(), device=x.device).as_strided(x.shape, (x.shape[1] - 1, 1))
+        ),
+        ValueError,
+        "out's rows overlap",
+    ),
     "out_partly_overlaps_x": (lambda x: _shifted_by_one_row(x), ValueError, "out overlaps x"),
+    "out_partly_overlaps_x_from_before": (lambda x: _shifted_back_one_row(x), ValueError, "out overlaps x"),
     "out_at_x_with_other_strides": (lambda x: _same_start_other_strides(x), ValueError, "out overlaps x"),
 }
 
@@ -412,6 +446,11 @@ def test_grid_fits_cuda_limits_at_largest_sizes(impl, runtime):
     (every launch recorded and checked, none run), so 4 columns a row cost nothing."""
     x = torch.zeros(70_000, 4, device=runtime.device)  # [M, N]: M past 65535
     assert_grids_fit(impl, lambda: impl.softmax(x), "softmax of 70,000 rows")
+    # One row past 2**20 columns: a block sized from N (next_power_of_2(N), uncapped) runs in the
+    # interpreter at any N, but Triton compiles no block past 2**20 elements; such rows need the
+    # multi-block path, which the dry run leaves to the launcher to choose.
+    wide = torch.zeros(1, 2**20 + 1, device=runtime.device)  # [1, N]: N past Triton's largest block
+    assert_grids_fit(impl, lambda: impl.softmax(wide), "softmax of one row of 2**20 + 1 columns")
 
 
 # --- Diagnosis: which pitfall of drills/content/t2_softmax.md a pattern of results points to ---------
@@ -424,6 +463,16 @@ MISTAKES = [
         question="What is exp(10000) in fp32, and what does your kernel subtract from x before it "
         "exponentiates?",
         section="2",
+    ),
+    Mistake(
+        2,
+        # A load left unmasked past the row's end, its lanes never stored: only a tight x shows it.
+        fails=("test_loads_stay_inside_x",),
+        passes=("test_rows_sum_to_one", "test_padded_columns_load_as_minus_inf"),
+        messages=(r"out of bounds load of x",),
+        question="N = 2 * 16384 + 5: which columns does each of your passes load in the last block of "
+        "the last row, and where do the lanes past N point?",
+        section="3.2",
     ),
     Mistake(
         2,
@@ -453,6 +502,16 @@ MISTAKES = [
         passes=("test_rows_sum_to_one[one_block]",),
         question="N = 2 * 16384 + 77 and BLOCK = 16384: how many blocks do your passes visit, and which "
         "columns does your kernel store?",
+        section="3.4",
+    ),
+    Mistake(
+        4,
+        # The block never capped (BLOCK = next_power_of_2(N)): every row in one block, right in the
+        # interpreter at any N; only the dry run of a row past 2**20 columns sees the block a GPU refuses.
+        fails=("test_grid_fits_cuda_limits_at_largest_sizes",),
+        messages=(r"Triton compiles no tensor of more than 2\*\*20",),
+        question="A row of 2**20 + 1 columns: how wide a block does your launcher ask for, and which path "
+        "of your kernel should such a row take?",
         section="3.4",
     ),
     Mistake(
