@@ -181,6 +181,13 @@ MUTANTS = [
         "GROUP_PAD=max(16, next_pow2(group)),",
         "GROUP_PAD=16,",
     ),
+    # Right for every group up to 32 (24 and the MQA cases of 32 included): only GROUP = 71 shows it.
+    Mutant(
+        "group_pad_fixed_at_32",
+        "20. GROUP_PAD fixed at 32: a group of 71 (Falcon-7B) loses its heads past 32",
+        "GROUP_PAD=max(16, next_pow2(group)),",
+        "GROUP_PAD=32,",
+    ),
     # Only a context that fills every column of its row is at the bound.
     Mutant(
         "guard_excludes_a_full_row",

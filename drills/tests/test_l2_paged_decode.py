@@ -371,8 +371,11 @@ def test_table_rows_exactly_full(impl, runtime):
 
 def test_groups_wider_than_sixteen_heads(impl, runtime):
     """GROUP = 24 (Hq = 24, Hkv = 1): a tile of GROUP_PAD = 16 rows holds only heads 0-15 of the group,
-    so heads 16-23 are never computed. GROUP_PAD is the next power of two of GROUP, 16 at least."""
+    so heads 16-23 are never computed. GROUP_PAD is the next power of two of GROUP, 16 at least. Then
+    GROUP = 71 (Falcon-7B: 71 query heads on one KV head), past a tile fixed at 32 or 64 rows too."""
     case = make_paged_case([20, 9], 24, 1, 32, 16, device=runtime.device, stream=43)
+    check(impl, case)
+    case = make_paged_case([20, 9], 71, 1, 16, 16, device=runtime.device, stream=44)
     check(impl, case)
 
 
@@ -885,7 +888,7 @@ MISTAKES = [
         20,
         fails=("test_groups_wider_than_sixteen_heads",),
         passes=(WORKED, "test_kv_head_grouping_is_contiguous[group8]", "test_padding_rows_not_written"),
-        question="GROUP = 24 here: how many rows does your tile of q have, and which of the 24 query heads "
+        question="GROUP = 24, then 71, here: how many rows does your tile of q have, and which query heads "
         "of the group does it hold?",
         section="3.2",
     ),
