@@ -86,4 +86,11 @@ MUTANTS = [
         "tl.store(out_ptr + offs, x + y, mask=mask)",
         "tl.store(out_ptr + offs, x - y, mask=mask)",
     ),
+    # Values of randn survive fp16: only sums past 65504 (bf16) or digits past 11 bits (fp32) show it.
+    Mutant(
+        "sum_stored_as_fp16",
+        "7. a dtype written into the kernel (the sum cast to fp16 before the store)",
+        "tl.store(out_ptr + offs, x + y, mask=mask)",
+        "tl.store(out_ptr + offs, (x + y).to(tl.float16), mask=mask)",
+    ),
 ]

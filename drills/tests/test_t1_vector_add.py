@@ -168,6 +168,17 @@ def test_dtypes(impl, runtime, dtype):
     check(impl, *make_inputs(n, dtype, runtime.device, stream=7))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, bf16_everywhere()], ids=["fp32", "bf16"])
+def test_out_keeps_the_range_and_precision_of_its_dtype(impl, runtime, dtype):
+    """Sums past fp16's largest value (65504) and, in fp32, digits past fp16's 11 bits: a kernel that
+    computes or stores in fp16 whatever x's dtype (x.to(tl.float16), or the sum cast to fp16 before the
+    store) turns the bf16 sums into inf and rounds the fp32 ones, while randn values near 1 survive it."""
+    x, y = make_inputs(4_099, dtype, runtime.device, stream=29)
+    x.mul_(2.0**17)  # about +-131072: fp16 overflows, bf16 and fp32 hold it
+    y.mul_(2.0**17)
+    check(impl, x, y)
+
+
 def test_out_is_allocated_when_not_given(impl, runtime):
     """Without `out`, vector_add allocates [n] in x's dtype. n = 3 * 4096 is a multiple of every BLOCK up
     to 4096, so a missing mask is reported by the canary tests above, not by a write past this allocation."""
@@ -433,6 +444,20 @@ MISTAKES = [
         messages=(r"got \[[^\]]*, 1234\.5\]",),
         question="For n = 10, the last element is out[9]: does your mask let lane 9 through?",
         section="2",
+    ),
+    Mistake(
+        7,
+        fails=("test_out_keeps_the_range_and_precision_of_its_dtype",),
+        # fp16 inputs, and the by-hand values (small integers), are exact in fp16 and pass.
+        passes=(
+            "test_dtypes[fp16]",
+            "test_each_program_adds_its_own_block",
+            "test_by_hand_kernel_masks_lanes_10_and_11",
+            "test_by_hand_grid_has_three_programs",
+        ),
+        question="x and y hold about 131072 in bf16: which dtype does your kernel add and store them in, "
+        "and what is the largest value that dtype holds?",
+        section="5",
     ),
     # Every element wrong, even n = 1 and the by-hand launch of three programs: neither a mask nor the
     # grid (whose mistakes keep the elements they write right), the operation itself.
