@@ -443,11 +443,52 @@ def kernel_flags_read(x, y):  # a few int32 flags a kernel computed, read as a l
     return any(flags.tolist())
 
 
+def _fixed(t):  # each float times 2**40 by an add to its exponent bits, then truncated: int64 fixed point
+    b = t.to(torch.float64).view(torch.int64)
+    return torch.where(b == 0, b, b + (40 << 52)).view(torch.float64).to(torch.int64)
+
+
+def integer_add(x, y):  # a float add taken as an integer add, no float op on the way
+    b = (_fixed(x) + _fixed(y)).to(torch.float64).view(torch.int64)
+    return torch.where(b == 0, b, b - (40 << 52)).view(torch.float64).to(x.dtype)
+
+
+def quantized(x, y):  # quantized tensors are neither float nor complex
+    q = [torch.quantize_per_tensor(t.float(), 2.0**-20, 0, torch.qint32) for t in (x, y)]
+    return q[0].int_repr() + q[1].int_repr()
+
+
+def _parsed(text):
+    return [float(v) for v in text[text.index("[") + 1 : text.index("]")].split(",")]
+
+
+def text_read(x, y):  # torch formats a tensor with every mode off: its values read as text
+    torch.set_printoptions(precision=10)
+    try:
+        return [a + b for a, b in zip(_parsed(str(x)), _parsed(f"{y}"))]
+    finally:
+        torch.set_printoptions(profile="default")
+
+
+def bits_as_text(x, y):  # the bits of the floats, printed as integers
+    return repr(x.view(torch.int16))
+
+
+def flag_nonzero(x, y):  # a launcher's error path: where the first bad value is
+    bad = (x != x) | (x == float("inf"))
+    return bad.nonzero(), bool(bad.any())
+
+
+def exponent_check(x, y):  # L5's check of its sinks: the exponent bits, masked and compared
+    exponent = x.float().view(torch.int32) & 0x7F800000
+    return bool((exponent == 0x7F800000).any())
+
+
 seen = {}
 for fn in (
     helper_in_kernel, custom_op, int_view_writes, int_view_read, honest, int_result_read, int_result_item,
     flags_bit_by_bit, flag_check, in_a_hook, python_each, subclass_dispatch, kernel_bits_read,
-    kernel_flags_read,
+    kernel_flags_read, integer_add, quantized, text_read, bits_as_text, flag_nonzero, exponent_check,
 ):
     x, y = torch.randn(10, dtype=torch.float16), torch.randn(10, dtype=torch.float16)
     recorder = I.torch_compute_recorder(watch)
@@ -489,9 +530,9 @@ def test_the_op_recorder_sees_torch_computing_however_it_is_reached(tmp_path):
     assert seen["int_view_read"] == ["tolist (values computed from floats read to the host)"], seen
     assert seen["honest"] == [], seen
     # what any op computed from float memory is float memory too, read by tolist, item or flag by flag
-    assert seen["int_result_read"] == ["tolist (values computed from floats read to the host)"], seen
-    assert seen["int_result_item"] == ["item (values computed from floats read to the host)"], seen
-    assert seen["flags_bit_by_bit"] == ["item (flags computed from floats read to the host)"], seen
+    assert "tolist (values computed from floats read to the host)" in seen["int_result_read"], seen
+    assert "item (values computed from floats read to the host)" in seen["int_result_item"], seen
+    assert "item (flags computed from floats read to the host)" in seen["flags_bit_by_bit"], seen
     assert seen["flag_check"] == [], seen  # a launcher's check of its argument reads one flag
     # a hook Triton calls during a launch is the learner's code: its torch ops are recorded
     assert seen["in_a_hook"] == ["add"], seen
@@ -501,6 +542,19 @@ def test_the_op_recorder_sees_torch_computing_however_it_is_reached(tmp_path):
     # what a kernel given floats stored into an integer tensor is float memory too, read by tolist
     assert seen["kernel_bits_read"] == ["tolist (values computed from floats read to the host)"], seen
     assert seen["kernel_flags_read"] == [], seen  # a few 0/1 flags are a check, as bool flags are
+    # integers computed from floats or from their bits: a float add as an add of int64 fixed point, a
+    # quantized tensor's integers added
+    assert "add (integers computed from floats or their bits)" in seen["integer_add"], seen
+    assert "quantize_per_tensor (integers computed from floats or their bits)" in seen["quantized"], seen
+    assert "add (integers computed from floats or their bits)" in seen["quantized"], seen
+    # a tensor's text, which torch makes with every mode off, is its values read to the host
+    assert seen["text_read"] == [
+        "repr (floats read to the host as text)",
+        "format (floats read to the host as text)",
+    ]
+    assert seen["bits_as_text"] == ["repr as text (values computed from floats read to the host)"], seen
+    assert seen["flag_nonzero"] == [], seen  # flags, and where they are, are a check
+    assert seen["exponent_check"] == [], seen  # an AND that masks the exponent, then a compare
     # torch's own methods are left as they are: a file cannot tell a grading by what they are
     assert seen["tolist_is_torchs"] and seen["empty_is_torchs"], seen
 

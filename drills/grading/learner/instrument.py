@@ -478,6 +478,10 @@ HOST_READS = {"tolist", "numpy", "__array__", "__dlpack__"}
 # Tensor methods that run a Python function on each element, with no op a dispatch mode sees: the floats
 # computed in Python.
 PYTHON_EACH = {"apply_", "map_", "map2_"}
+# Tensor methods that turn the values into text: torch formats them with every mode switched off
+# (torch._tensor_str), so the values read, and the ops computing the text, are out of a mode's sight;
+# the text parsed back is the floats on the host, as tolist() hands them over.
+HOST_TEXT = {"__repr__", "__str__", "__format__"}
 
 # Ops whose output holds none of their inputs' values (a fresh tensor shaped like one): it is not float
 # memory for having been made from a float tensor.
@@ -488,6 +492,11 @@ DATA_FREE = EMPTIES | {
 # (`if bad.any(): raise`) read a few, one bit each; the values themselves never. More is the answer
 # read out bit by bit.
 FLAG_READS = 16
+
+# Integer ops on floats' bits that compute nothing: an AND picks bit fields (L5's check of its sinks reads
+# the exponent as `bits & 0x7F800000`, then compares), and with AND alone, which only clears bits, no sum or
+# product can be built. Their results are still float memory, read to the host as such.
+BIT_MASKS = {"aten::bitwise_and"}
 
 # In-place ops that change a tensor's shape or storage, not the bytes in its memory.
 RESHAPES = {
@@ -599,6 +608,12 @@ def torch_compute_recorder(watch: TritonWatch):
         def __torch_function__(self, func, types, args=(), kwargs=None):
             if getattr(func, "__name__", None) in PYTHON_EACH and floats(list(args)):
                 self.recorder.note(f"{func.__name__} (a Python function run on the floats)")
+            elif getattr(func, "__name__", None) in HOST_TEXT and args and isinstance(args[0], torch.Tensor):
+                t, how = args[0], func.__name__.strip("_")
+                if t.is_floating_point() or t.is_complex():
+                    self.recorder.note(f"{how} (floats read to the host as text)")
+                elif self.recorder.float_bits(t):
+                    self.recorder.derived_read(f"{how} as text", t)
             elif getattr(func, "__name__", None) in HOST_READS and args and isinstance(args[0], torch.Tensor):
                 t = args[0]
                 if t.is_floating_point() or t.is_complex():
@@ -687,6 +702,10 @@ def torch_compute_recorder(watch: TritonWatch):
             for t in inputs:
                 if t.is_floating_point() or t.is_complex():
                     self.float_memory.add(ptr(t))
+            # Integers over float memory (a float tensor's bits viewed as int32, its values converted or
+            # quantized, what any op computed from them): arithmetic on them is float arithmetic in
+            # another dtype (a float add is an add of exponent-shifted integers); bool flags are a check.
+            bits = any(t.dtype != torch.bool and self.float_bits(t) for t in inputs)
             # Computed from float memory (views and results alike): the output is float memory too, so
             # `(x.view(torch.int32) + 0).tolist()` reads floats to the host as x.tolist() does.
             derived = name not in DATA_FREE and any(ptr(t) in self.float_memory for t in inputs)
@@ -726,6 +745,20 @@ def torch_compute_recorder(watch: TritonWatch):
                     self.seen.append(label)
             elif name not in MOVES and floats(inputs) and floats(outputs) and short not in self.seen:
                 self.seen.append(short)
+            elif (
+                name not in MOVES
+                and name not in RESHAPES
+                and name not in BIT_MASKS
+                and (
+                    (bits and any(t.dtype != torch.bool for t in outputs))
+                    or (floats(inputs) and any(t.dtype != torch.bool and not floats([t]) for t in outputs))
+                )
+            ):
+                # integers computed from floats, or from their bits (an argmax, a quantize, an add of
+                # int64 views): what a float op computes, taken through integers
+                label = f"{short} (integers computed from floats or their bits)"
+                if label not in self.seen:
+                    self.seen.append(label)
             return out
 
     return Recorder()
