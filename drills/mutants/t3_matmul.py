@@ -110,4 +110,11 @@ MUTANTS = [
         "num_pid_n = tl.cdiv(N, BLOCK_N)",
         "num_pid_n = tl.cdiv(N, BLOCK_M)",
     ),
+    # Right at every partial edge: only shapes that are whole numbers of tiles show it.
+    Mutant(
+        "tile_count_one_too_many",
+        "12. tile counts written N // BLOCK_N + 1 (one too many when BLOCK_N divides N)",
+        "num_pid_n = tl.cdiv(N, BLOCK_N)",
+        "num_pid_n = N // BLOCK_N + 1",
+    ),
 ]

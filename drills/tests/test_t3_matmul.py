@@ -238,6 +238,16 @@ def test_store_masked_at_m_and_n_edges(impl, runtime, M, N, K):
     check(impl, a, b)
 
 
+def test_shapes_that_are_exact_multiples_of_the_tiles(impl, runtime):
+    """M = 256, N = 128, K = 64: a whole number of tiles in each configuration the CPU and the GPU's
+    small shapes use (32 and 64 wide), no edge partial; on the CPU, two full groups of GROUP_M = 4 tile
+    rows. A tile count written N // BLOCK_N + 1 (cdiv by habit of adding one) is right at every partial
+    edge and one too many here: the first group's programs then reach a column past N, and the second
+    group runs out of programs before its last column (the canary where C was never written)."""
+    a, b = inputs(256, 128, 64, runtime.device, stream=53)
+    check(impl, a, b)
+
+
 def test_k_longer_than_one_block(impl, runtime):
     """Many K steps: the pointers must advance by BLOCK_K along K (stride_ak for A, stride_bk for B)."""
     K = sizes(runtime, 300, 2500)
@@ -380,6 +390,16 @@ BAD_INPUTS = {
     "out_elements_overlap": (
         lambda a, b: dict(
             out=torch.empty(1, b.shape[1], dtype=a.dtype, device=a.device).expand(a.shape[0], -1)
+        ),
+        ValueError,
+        "out's elements overlap",
+    ),
+    # Strides (1, 1): element [i, j] and [i + 1, j - 1] share memory, though no stride is 0.
+    "out_elements_overlap_unit_strides": (
+        lambda a, b: dict(
+            out=torch.empty(a.shape[0] + b.shape[1], dtype=a.dtype, device=a.device).as_strided(
+                (a.shape[0], b.shape[1]), (1, 1)
+            )
         ),
         ValueError,
         "out's elements overlap",
@@ -646,6 +666,19 @@ MISTAKES = [
         passes=("test_by_hand_37x100x61_every_edge_partial",),
         question="M = 37, BLOCK_M = 32: which rows of A does your last tile row load, and does A have them?",
         section="3.2",
+    ),
+    Mistake(
+        12,
+        # Right at every partial edge: only a whole number of tiles shows a count one too many.
+        fails=("test_shapes_that_are_exact_multiples_of_the_tiles",),
+        passes=(
+            "test_by_hand_37x100x61_every_edge_partial",
+            "test_store_masked_at_m_and_n_edges",
+            "test_every_tile_computed_when_last_group_is_short",
+        ),
+        question="M = 256, N = 128 and 32 x 32 tiles: how many tile rows and tile columns does your "
+        "kernel count, and how many tiles does the grid launch programs for?",
+        section="3.1",
     ),
     Mistake(
         11,
