@@ -134,6 +134,10 @@ CHEATS = {
         "def _host(a):\n    return a\n\n\n@triton.jit\ndef _k(x_ptr):\n    _host(tl.load(x_ptr))\n"
     ),
     "plain_class_in_kernel": "class _Box:\n    pass\n\n\n@triton.jit\ndef _k(x_ptr):\n    _Box()\n",
+    # torch's higher-order ops: a subgraph of torch ops the record of torch's ops does not take
+    "torch_cond": "def _add(x, y):\n    return torch.cond(x.sum() > 0, torch.add, torch.sub, (x, y))\n",
+    "torch_cond_imported": "from torch import cond\n",
+    "flex_attention": "def _att(q, k, v):\n    return torch.nn.attention.flex_attention.flex_attention(q, k, v)\n",
     "module_list_in_kernel": "_SEEN = []\n\n\n@triton.jit\ndef _k(x_ptr):\n    _SEEN.append(tl.load(x_ptr))\n",
     "lambda_in_kernel": "@triton.jit\ndef _k(x_ptr):\n    f = lambda v: v\n    tl.store(x_ptr, f(tl.load(x_ptr)))\n",
 }

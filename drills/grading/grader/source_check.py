@@ -159,6 +159,15 @@ NAMES = {
     "get_type_hints": "evaluates annotations as code the check cannot read: a launcher needs none",
     "ForwardRef": "evaluates a string as code the check cannot read: a launcher needs none",
 }
+# torch's higher-order ops, read on torch's names: each runs a subgraph of torch ops (a branch, a loop body,
+# an attention's score function) under a dispatch of its own, which the grader's record of torch's ops does
+# not take, so the call would fail with torch's own message about the grader's internals. A launcher needs
+# none of them.
+HIGHER_ORDER = {
+    name: f"runs torch.{name}, a higher-order op (torch computing in a subgraph): the launcher may allocate, "
+    "view, copy and convert tensors, and the kernel computes"
+    for name in ("cond", "while_loop", "scan", "associative_scan", "flex_attention", "invoke_subgraph")
+}
 # Tensors over a Python buffer (array.array, bytearray): a float copied in is read there by plain Python,
 # out of the grader's sight. Allowed only in a lesson whose reference uses them (C1's host-side step
 # inputs are built from arrays of ints).
@@ -322,6 +331,8 @@ def _import_why(node: ast.AST, course: set[str]) -> str | None:
             return NAMES[a.name]
         if a.name in BUFFERS:
             return BUFFERS[a.name]
+        if a.name in HIGHER_ORDER and module.split(".")[0] == "torch":  # `from torch import cond`
+            return HIGHER_ORDER[a.name]
         if a.name in FILE_ATTRS and module.split(".")[0] != "triton":  # `from torch import load`
             return FILE_ATTRS[a.name]
         if a.name in CALLS:
@@ -401,6 +412,8 @@ def _why(node: ast.AST, ctx: dict) -> str | None:
             return NAMES[node.attr]
         if node.attr in BUFFERS and node.attr not in ctx["reference_attrs"]:
             return BUFFERS[node.attr]
+        if node.attr in HIGHER_ORDER and _chain_root(node.value) in roots:
+            return HIGHER_ORDER[node.attr]
         if node.attr in FILE_ATTRS and _chain_root(node.value) not in ctx["triton"]:
             return FILE_ATTRS[node.attr]
         if node.attr.startswith("_") and _chain_root(node.value) in roots:
