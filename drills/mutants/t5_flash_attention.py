@@ -195,4 +195,15 @@ MUTANTS = [
         "D=D,",
         "D=min(D, 128),",
     ),
+    # Batches and heads widened, rows not: only views whose tokens lie 2**30 elements apart show it.
+    Mutant(
+        "row_strides_left_int32",
+        "16. row offsets left int32 (token index times stride_qm or stride_kn wraps past 2**31)",
+        """    stride_qm = tl.cast(stride_qm, tl.int64)
+    stride_kn = tl.cast(stride_kn, tl.int64)
+    stride_vn = tl.cast(stride_vn, tl.int64)
+    stride_om = tl.cast(stride_om, tl.int64)
+""",
+        "",
+    ),
 ]

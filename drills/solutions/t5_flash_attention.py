@@ -116,6 +116,12 @@ def flash_attention_kernel(
     b = (pid_bh // H).to(tl.int64)  # widened: b * stride_qb passes 2**31 on large batches
     h = (pid_bh % H).to(tl.int64)
     kvh = h // GROUP  # contiguous grouping: heads 0..GROUP-1 share KV head 0
+    # Row strides widened too: a query or key index times its row stride passes 2**31 once a view's rows
+    # lie far apart (tokens of one layer in a large pool), where int32 would wrap to a negative offset.
+    stride_qm = tl.cast(stride_qm, tl.int64)
+    stride_kn = tl.cast(stride_kn, tl.int64)
+    stride_vn = tl.cast(stride_vn, tl.int64)
+    stride_om = tl.cast(stride_om, tl.int64)
     m0 = pid_m * BLOCK_M
     offs_m = m0 + tl.arange(0, BLOCK_M)  # [BLOCK_M] query positions
     offs_n = tl.arange(0, BLOCK_N)  # [BLOCK_N]
