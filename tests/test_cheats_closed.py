@@ -563,6 +563,82 @@ def test_the_op_recorder_sees_torch_computing_however_it_is_reached(tmp_path):
     assert seen["tolist_is_torchs"] and seen["empty_is_torchs"], seen
 
 
+PYTHON_ARGUMENTS = """\
+import json, os
+os.environ["TRITON_INTERPRET"] = "1"
+import drills.runtime
+drills.runtime.select()
+import torch
+import triton
+import triton.language as tl
+
+import drills.grading.learner.instrument as I
+watch = I.TritonWatch(__file__)
+watch.module_name = "cheats"
+
+
+@triton.jit
+def _twice(v):
+    return v + v
+
+
+def _python_twice(v):  # run as Python by the interpreter, with the kernel's values
+    return v + v
+
+
+class _Twice:
+    def __call__(self, v):
+        return v + v
+
+
+@triton.jit
+def _apply(x_ptr, out_ptr, FN: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, FN(tl.load(x_ptr + offs)))
+
+
+x, out = torch.randn(8), torch.empty(8)
+said = {}
+_apply[(1,)](x, out, _twice, BLOCK=8)  # a @triton.jit function: compiled into the kernel
+_apply[lambda meta: (1,)](x, out, FN=_twice, BLOCK=8)  # a grid of the meta-parameters: Triton's own
+said["jit"] = bool(torch.equal(out, x + x))
+for name, fn in [("def", _python_twice), ("lambda", lambda v: v + v), ("constexpr", tl.constexpr(_python_twice)),
+    ("object", _Twice()),
+]:
+    try:
+        _apply[(1,)](x, out, FN=fn, BLOCK=8)
+        said[name] = "ran"
+    except I.PythonArgument as err:
+        said[name] = str(err)
+print(json.dumps(said))
+"""
+
+
+def test_a_python_function_handed_to_a_kernel_is_refused(tmp_path):
+    """A plain function, a lambda or a constexpr of one, handed to a kernel is run by the interpreter as
+    Python with the kernel's values (a GPU's compiler refuses it): the launch is refused, naming the
+    argument. A @triton.jit function, and a grid computed from the meta-parameters, launch as before."""
+    import json
+    import subprocess
+    import sys
+
+    from drills.lessons import ROOT
+
+    script = tmp_path / "python_arguments.py"
+    script.write_text(PYTHON_ARGUMENTS)
+    done = subprocess.run(
+        [sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = json.loads(done.stdout.strip().splitlines()[-1])
+    assert said.pop("jit") is True, said
+    for name, message in said.items():
+        assert message.startswith("the output did not come from your kernel: a Python function runs as"), (
+            message
+        )
+        assert "_apply was given FN = " in message, (name, message)
+
+
 def test_a_file_that_tells_a_grading_by_its_fresh_memory_fails(tmp_path):
     """`probe != probe` on fresh memory is True while graded (NaN) and False in a plain run: the
     provenance check runs the call once more on a finite pattern, and the two must agree."""

@@ -486,10 +486,14 @@ def diagnose(
             rest.sort(key=lambda s: (-s.held / s.total, -s.held, mistakes.index(s.mistake)))
             found += [_finding(s, s.held == s.total, titles) for s in rest[:1]]
             return found[:limit]
-    # torch (or Python, on values read to the host) computing beside the kernel: never a kernel's bug,
-    # unless the grader itself passed that input as bad and the learner's code let it through.
+    # torch (or Python, on values read to the host, or a Python function handed to a kernel) computing
+    # beside the kernel: never a kernel's bug, unless the grader itself passed that input as bad and the
+    # learner's code let it through.
     refused = [
-        c for c in failing if re.search(r"torch computed floats", c.message or "") and not _not_refused(c)
+        c
+        for c in failing
+        if re.search(r"torch computed floats|runs as Python inside the launch", c.message or "")
+        and not _not_refused(c)
     ]
     if refused and not any(
         any(re.search(rx, refused[0].message or "") for rx in s.mistake.messages) for s in consistent

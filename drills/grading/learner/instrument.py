@@ -80,6 +80,7 @@ class TritonWatch:
                 if kwargs.get("warmup", False):
                     return _original(self, *args, **kwargs)
                 watch.launched += 1
+                _refuse_python_arguments(self, args, kwargs)
                 if watch.recording is not None:
                     launch = describe(self, args, kwargs)
                     fn = getattr(self, "fn", None)
@@ -244,6 +245,37 @@ class TritonWatch:
                 return _original(self, *args)
 
             builder.create_atomic_cas = atomic_cas
+
+
+class PythonArgument(TypeError):
+    """A kernel launched with a Python function among its arguments."""
+
+
+def _refuse_python_arguments(kernel, args, kwargs) -> None:
+    """A Python function (a lambda, a plain def, a bound method, a partial, an object with __call__)
+    handed to a kernel, as a constexpr or not: the interpreter calls it as Python with the kernel's
+    values, inside the launch, where it can keep them or share them between programs; a GPU's compiler
+    refuses it. A @triton.jit function is not one of them (Triton compiles it into the kernel). The grid,
+    which may be a function of the launch's meta-parameters, is Triton's own."""
+    import torch
+    import triton.language as tl
+    from triton.runtime.jit import KernelInterface
+
+    names = list(getattr(kernel, "arg_names", []) or [])
+    items = list(zip(names + [f"argument {i}" for i in range(len(names), len(args))], args))
+    items += [(k, v) for k, v in kwargs.items() if k != "grid"]
+    for name, value in items:
+        if isinstance(value, tl.constexpr):
+            value = value.value
+        # anything Python can call (an object of a class with __call__ too), but Triton's own kernels
+        if callable(value) and not isinstance(value, (KernelInterface, torch.Tensor, type)):
+            # worded as the grader words a result computed out of the kernel's sight, so the screen names it
+            raise PythonArgument(
+                "the output did not come from your kernel: a Python function runs as Python inside the launch "
+                f"({getattr(kernel, '__name__', 'the kernel')} was given {name} = "
+                f"{getattr(value, '__name__', type(value).__name__)}, which a GPU's compiler refuses); pass a "
+                "@triton.jit function, or compute in the kernel's body"
+            )
 
 
 def _check_interpreted_grids() -> None:
