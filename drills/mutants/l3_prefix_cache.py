@@ -170,4 +170,22 @@ MUTANTS = [
         "num_full = len(token_ids) // bs",
         "num_full = (len(token_ids) - 1) // bs",
     ),
+    Mutant(
+        "last_free_blocks_refused",
+        "20. the free blocks compared with >=: a prompt needing exactly the free blocks refused",
+        "if need > len(self._free):",
+        "if need >= len(self._free):",
+    ),
+    Mutant(
+        "append_grows_the_table_before_taking",
+        "7. append grows the table before taking the new block: a failed append leaves a slot behind",
+        "            block = self._take_free_block(seq_id)\n            self._parent[block] = table[-1]\n            table.append(block)\n",
+        "            table.append(None)\n            block = self._take_free_block(seq_id)\n            self._parent[block] = table[-2]\n            table[-1] = block\n",
+    ),
+    Mutant(
+        "freed_block_forgets_its_key",
+        "21. free() deletes a block's key when its count reaches 0: no freed block is ever revived",
+        "                self._free[block] = None\n",
+        "                self._free[block] = None\n                if self._hash_to_block.get(self._hash[block]) == block:\n                    del self._hash_to_block[self._hash[block]]\n",
+    ),
 ]

@@ -30,6 +30,50 @@ A, B, C, D, E, F, G, H, X, Y = range(1, 11)  # the worked example's letters as t
 # The explainer's pitfalls (section 5) and the pattern of checks each leaves, for the diagnosis.
 MISTAKES = [
     Mistake(
+        7,
+        fails=("test_failed_append_changes_nothing",),
+        messages=(r"the failed append changed the manager",),
+        question='Both blocks are taken and "s" fills its last one: what has your append() already '
+        "changed when taking the new block raises?",
+        section="3.6",
+    ),
+    Mistake(
+        21,
+        fails=(
+            "test_worked_example_freed_block_is_revived",
+            "test_revived_blocks_count_against_free_blocks",
+            "test_revived_block_leaves_the_free_list",
+            "test_evicted_block_is_not_revived",
+        ),
+        passes=(
+            "test_free_drops_every_ref_count",
+            "test_block_still_shared_stays_off_the_free_list",
+            "test_newest_block_of_a_repeated_key_is_found",
+            "test_failed_allocation_changes_nothing",
+            "test_hash_chains_the_previous_block",
+        ),
+        question='"s" is freed and "t" asks for the same prompt: where does your manager still find '
+        "the key of s's first block after free()?",
+        section="3.5",
+    ),
+    Mistake(
+        20,
+        # The learner's own out-of-blocks ValueError, raised where the blocks suffice exactly: it also
+        # fails every check whose manager is filled to the last block, under other pitfalls' names.
+        fails=("test_refused_allocation_of_new_blocks_changes_nothing",),
+        passes=(
+            "test_fresh_manager_hands_out_blocks_in_order",
+            "test_worked_example_step_by_step",
+            "test_worked_example_freed_block_is_revived",
+            "test_block_filled_by_append_is_shared",
+            "test_evicted_block_is_not_revived",
+        ),
+        messages=(r"when exactly 3 are free was refused",),
+        question="1 of 4 blocks is taken and a prompt needs 3 new ones: how many are free, and does your "
+        "allocate() compare the need with them by < or by <=?",
+        section="3.4",
+    ),
+    Mistake(
         18,
         fails=("test_newest_block_of_a_repeated_key_is_found",),
         passes=(
@@ -463,7 +507,14 @@ def test_refused_allocation_of_new_blocks_changes_nothing(impl):
     with raises_naming(ValueError, "'b'"):
         m.allocate("b", [C, D, E, F, G, H, X, Y])
     assert state(m, N, ["a"]) == before, "the refused allocation took blocks"
-    assert m.allocate("b", [C, D, E, F, G, H]) == [1, 2, 3], "3 new blocks fit exactly"
+    try:
+        table = m.allocate("b", [C, D, E, F, G, H])
+    except ValueError as e:
+        raise AssertionError(
+            f"a prompt of 3 new blocks when exactly 3 are free was refused ({e}): a prompt that needs as "
+            "many blocks as are free fits, need <= free"
+        ) from None
+    assert table == [1, 2, 3], "3 new blocks fit exactly"
 
 
 def test_revived_blocks_count_against_free_blocks(impl):
@@ -541,7 +592,11 @@ def test_failed_append_changes_nothing(impl):
     before = state(m, N, ["s", "t"])
     with raises_naming(ValueError, "'s'"):
         m.append("s", E)
-    assert state(m, N, ["s", "t"]) == before
+    after = state(m, N, ["s", "t"])
+    assert after == before, (
+        f"the failed append changed the manager: {before} became {after}. A new block is needed and none "
+        "is free: the table, the token count and the last block's tokens must stay as they were"
+    )
     m.free("t")
     m.append("s", E)
     assert m.block_table("s") == [0, 1]
