@@ -218,4 +218,28 @@ MUTANTS = [
         "num_splits = max(1, (4 * num_sms) // (len(lens) * num_kv_heads))",
         "num_splits = max(1, (4 * num_sms) // len(lens))",
     ),
+    Mutant(
+        "plan_ignores_num_sms",
+        "25. the planner aims at the H200's 132 SMs whatever num_sms says",
+        "num_splits = max(1, (4 * num_sms) // (len(lens) * num_kv_heads))",
+        "num_splits = max(1, (4 * H200_SMS) // (len(lens) * num_kv_heads))",
+    ),
+    Mutant(
+        "plan_two_programs_per_sm",
+        "25. the planner aims at two programs per SM, not four",
+        "num_splits = max(1, (4 * num_sms) // (len(lens) * num_kv_heads))",
+        "num_splits = max(1, (2 * num_sms) // (len(lens) * num_kv_heads))",
+    ),
+    Mutant(
+        "plan_without_min_chunk",
+        "25. the planner's chunks not held to MIN_CHUNK tokens",
+        "num_splits, max(1, triton.cdiv(max_len, MIN_CHUNK))",
+        "num_splits, max(1, triton.cdiv(max_len, BLOCK_N))",
+    ),
+    Mutant(
+        "plan_min_chunk_cuts_a_forced_count",
+        "25. MIN_CHUNK applied to a forced split count too",
+        "    num_splits = min(num_splits, max_tiles)\n",
+        "    num_splits = min(num_splits, max_tiles, max(1, triton.cdiv(max_len, MIN_CHUNK)))\n",
+    ),
 ]

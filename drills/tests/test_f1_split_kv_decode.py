@@ -649,6 +649,32 @@ def test_plan_splits_only_when_the_grid_is_starved(impl):
     )
 
 
+def test_plan_skips_none_of_its_rules(impl):
+    """Section 4's rules, each where skipping it changes the plan (every result stays right: only the
+    step's speed is lost). Rule 1 aims at 4 x num_sms programs, with the SMs it is handed: one sequence of
+    32768 tokens, 8 KV heads gets 64 splits on 132 SMs and 8 on 16. Rule 2, unforced: 1000 tokens on 132
+    SMs take 16 chunks of MIN_CHUNK = 64 tokens, not 63 of 16. A forced count is cut only by the tiles
+    (rules 3-5): num_splits=7 over 100 tokens (7 tiles) gives 7 splits, which the tests that force
+    counts rely on."""
+    for num_sms, want in ((132, 64), (16, 8)):
+        p = impl.plan([32768], 8, 16, num_sms=num_sms)
+        assert p.num_splits == want, (
+            f"plan([32768], 8 KV heads, num_sms={num_sms}) gave {p}: section 4 aims at 4 x {num_sms} "
+            f"programs, {4 * num_sms} // 8 = {4 * num_sms // 8} splits, which whole tiles make {want}"
+        )
+    p = impl.plan([1000], 8, 16, num_sms=132)
+    assert p.num_splits == 16 and p.chunk == 64, (
+        f"plan([1000], 8 KV heads, num_sms=132) gave {p}: chunks of at least MIN_CHUNK = 64 tokens "
+        "allow at most cdiv(1000, 64) = 16 splits of 64 tokens (a merge of 63 tiny splits costs more "
+        "than it saves)"
+    )
+    p = impl.plan([100], 2, 16, num_sms=132, num_splits=7)
+    assert p.num_splits == 7 and p.chunk == 16, (
+        f"plan([100], 2, 16, num_splits=7) gave {p}: a forced count is cut only to the 7 tiles of the "
+        "longest sequence, not to chunks of MIN_CHUNK tokens"
+    )
+
+
 # --- Your kernel does the work ------------------------------------------------------------------
 
 
@@ -886,6 +912,7 @@ STAGES = [
             "test_plan_splits_only_when_the_grid_is_starved",
             "test_plan_rejects_bad_arguments",
             "test_plan_of_padding_sequences_has_one_split",
+            "test_plan_skips_none_of_its_rules",
             "test_shared_and_shuffled_pages_single_sequence",
             "test_launcher_rejects_bad_input[plan_too_short]",
             "test_launcher_rejects_bad_input[plan_past_the_table]",
@@ -911,6 +938,42 @@ MISTAKES = [
         ),
         question="128 sequences and 8 KV heads on 132 SMs: how many programs does the grid have before any "
         "split, and what does your plan() divide 4 x 132 by?",
+        section="4",
+    ),
+    Mistake(
+        25,
+        fails=("test_plan_skips_none_of_its_rules",),
+        messages=(r"section 4 aims at 4 x",),
+        passes=(
+            "test_plan_never_returns_empty_or_zero_splits",
+            "test_plan_splits_only_when_the_grid_is_starved",
+        ),
+        question="One sequence, 8 KV heads, num_sms=16: how many programs does section 4 aim at, and "
+        "where does your plan() read the number of SMs from?",
+        section="4",
+    ),
+    Mistake(
+        25,
+        fails=("test_plan_skips_none_of_its_rules",),
+        messages=(r"chunks of at least MIN_CHUNK = 64 tokens allow",),
+        passes=(
+            "test_plan_never_returns_empty_or_zero_splits",
+            "test_plan_splits_only_when_the_grid_is_starved",
+        ),
+        question="1000 tokens, 8 KV heads, 132 SMs: how many splits does rule 1 give, and which rule caps "
+        "them at cdiv(1000, 64)?",
+        section="4",
+    ),
+    Mistake(
+        25,
+        fails=("test_plan_skips_none_of_its_rules",),
+        messages=(r"a forced count is cut only",),
+        passes=(
+            "test_plan_never_returns_empty_or_zero_splits",
+            "test_plan_splits_only_when_the_grid_is_starved",
+        ),
+        question="num_splits=7 over 100 tokens: which of section 4's rules apply to a forced count, and "
+        "does MIN_CHUNK?",
         section="4",
     ),
     Mistake(
