@@ -84,4 +84,28 @@ MUTANTS = [
         "seen = seen & (cols[None, :] > win_start[:, None])",
         "seen = seen & (cols[None, :] + (pos - win_start)[:, None] > pos[:, None])",
     ),
+    Mutant(
+        "merge_reads_one_tile_of_splits",
+        "13. a merge that reads one tile of splits",
+        "for s0 in range(0, num_splits, BLOCK_S):",
+        "for s0 in range(0, BLOCK_S, BLOCK_S):",
+    ),
+    Mutant(
+        "planner_counts_padding_rows",
+        "14. a planner that counts what no program reads (padding rows as decode rows)",
+        "bands = [min(n, window or n) for n, q in zip(lens, q_lens) if q == 1]",
+        "bands = [min(n, window or n) for n, q in zip(lens, q_lens) if q <= 1]",
+    ),
+    Mutant(
+        "planner_band_is_the_window",
+        "14. a planner that counts what no program reads (a window past the context as the band)",
+        "bands = [min(n, window or n) for n, q in zip(lens, q_lens) if q == 1]",
+        "bands = [(window or n) for n, q in zip(lens, q_lens) if q == 1]",
+    ),
+    Mutant(
+        "merge_in_base_2",
+        "15. splits weighed in the wrong base",
+        "alpha = tl.exp(m - m_ref)\n        w = tl.exp(lse - m_ref)",
+        "alpha = tl.exp2(m - m_ref)\n        w = tl.exp2(lse - m_ref)",
+    ),
 ]

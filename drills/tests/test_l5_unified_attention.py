@@ -47,7 +47,7 @@ BOUNDS: dict[str, tuple[str, ...]] = {
     "BLOCK_M": ("test_band_covers_every_row_of_a_tile", "test_rows_past_a_sequence_end_not_written"),
     "BLOCK_N": ("test_window_sizes", "test_keys_past_the_context_are_not_read"),
     "BLOCK_Q": ("test_band_covers_every_row_of_a_tile", "test_rows_past_a_sequence_end_not_written"),
-    "BLOCK_S": ("test_split_band_merges_every_split",),
+    "BLOCK_S": ("test_split_band_merges_every_split", "test_split_merge_reads_every_tile_of_splits"),
     "D": ("test_widest_head_dim_is_read_whole",),
     "GROUP": ("test_kv_head_grouping_is_contiguous",),
     "HEADS": ("test_band_covers_every_row_of_a_tile",),  # packed and one head per tile
@@ -456,7 +456,31 @@ def test_split_band_merges_every_split(impl, runtime, splits):
     sinks = make_sinks(8, 343, runtime.device)
     check(impl, case, sinks=sinks, plan=plan)
     check(impl, case, window=40, sinks=sinks, plan=plan, lse=True)
-    check_lse(impl, case, window=40, plan=plan)  # no sink: an empty share holds nothing at all
+
+
+def test_split_merge_weighs_each_split_by_its_lse(impl, runtime):
+    """No sinks: 17 splits of decode rows with a window, some shares empty. The merge weighs split s by
+    e^(lse_s - max) (lse in natural log, as stored), an empty one (lse -inf) by 0, and returns the
+    merged lse; a merge in another base, or an empty share's 0 / 0, shows here with no sink to blame."""
+    case = decode_case(runtime, 341, B=3)
+    plan = impl.plan(case.cu_seqlens_q, case.context_lens, 2, 8, num_splits=17)
+    check_lse(impl, case, window=40, plan=plan)
+
+
+def test_split_merge_reads_every_tile_of_splits(impl, runtime):
+    """65 splits, one more than the widest merge tile (64) holds, each one key tile of a decode row at
+    1,040 keys: the last tile's keys score 4 where the others score about 0, so a merge that reads one
+    tile of splits drops the last split and about a third of the weight. The planner gives a decode row
+    hundreds of splits on a large GPU (4 programs per SM, in shares of 64 keys)."""
+    D, PAGE, n = 16, 16, 16 * 65
+    case = make_prefill_case([n], [1], 1, 1, D, PAGE, stream=451, device=runtime.device)
+    t = torch.arange(n - 16, n, device=runtime.device)  # the last key tile, the 65th split's share
+    blocks, slots = case.block_tables[0].long()[t // PAGE], t % PAGE
+    q0 = case.q[0, 0].float()
+    k_last = 4 * math.sqrt(D) * q0 / q0.dot(q0)  # [D]: q . k * scale = 4
+    case.k_cache[blocks, slots, 0] = k_last.to(case.q.dtype)
+    plan = impl.plan(case.cu_seqlens_q, case.context_lens, 1, PAGE, num_splits=65)
+    check(impl, case, plan=plan, lse=True)
 
 
 def test_split_band_on_a_mixed_batch(impl, runtime):
@@ -478,6 +502,18 @@ def test_planner_splits_small_decode_batches_only(impl, runtime):
     assert p.num_splits == 2, f"the same with window 128: {p.num_splits} splits, expected 2"
     p = impl.plan(list(range(101)), [4096] * 100, 8, 16, num_sms=132)
     assert p.num_splits == 1, f"100 decode rows x 8 KV heads: {p.num_splits} splits, expected 1"
+    # What no program reads does not count: padding rows (a CUDA graph's batch padded with q_len 0 rows) run
+    # no program, and a window past the context leaves the band at the context.
+    p = impl.plan([0, 1, 2] + [2] * 6, [4096, 100] + [0] * 6, 8, 16, num_sms=132)
+    assert p.num_splits == 33, (
+        f"2 decode rows x 8 KV heads at 4096 and 6 padding rows: {p.num_splits} splits, expected 33 "
+        "(padding rows are not decode rows)"
+    )
+    p = impl.plan([0, 1], [100], 1, 16, window=8192, num_sms=132)
+    assert p.num_splits == 2, (
+        f"1 decode row x 1 KV head at 100 with window 8192: {p.num_splits} splits, expected 2 (the band is "
+        "min(context, window) = 100 keys)"
+    )
 
 
 def test_planner_rejects_bad_input(impl, runtime):
@@ -900,7 +936,12 @@ MISTAKES = [
     Mistake(
         4,
         fails=("test_split_band_merges_every_split",),
-        passes=("test_sinks_join_the_denominator_only", "test_lse_includes_the_sink", WORKED_SINK),
+        passes=(
+            "test_sinks_join_the_denominator_only",
+            "test_lse_includes_the_sink",
+            WORKED_SINK,
+            "test_split_merge_weighs_each_split_by_its_lse",
+        ),
         question="With the band cut into 3 splits, how many times does the merged denominator hold e^sink, "
         "and how many of your splits start their sum at 1?",
         section="3.4",
@@ -956,6 +997,32 @@ MISTAKES = [
         question="window = 2**31 - 1, the largest admitted: what is key 5 + window in int32, and how does your "
         "mask compare a key with the row's window?",
         section="3.2",
+    ),
+    Mistake(
+        13,
+        # 17 splits fit a merge tile of 32: only more splits than the widest tile (64) holds tell.
+        fails=("test_split_merge_reads_every_tile_of_splits",),
+        passes=("test_split_band_merges_every_split",),
+        question="65 splits and a merge tile of at most 64: which splits does your merge read, and where is "
+        "the 65th split's share of the band?",
+        section="3.4",
+    ),
+    Mistake(
+        15,
+        # Without sinks, only the merge's weights can be wrong where the unsplit checks pass.
+        fails=("test_split_merge_weighs_each_split_by_its_lse", "test_split_band_merges_every_split"),
+        passes=("test_window_sizes", "test_equals_l4_without_window_or_sinks"),
+        question="Split s stored lse_s in natural log. What weight does the merge give it, e^(lse_s - max) or "
+        "2^(lse_s - max), and which does your merge compute?",
+        section="3.4",
+    ),
+    Mistake(
+        14,
+        fails=("test_planner_splits_small_decode_batches_only",),
+        messages=(r"padding rows are not decode rows|min\(context, window\)",),
+        question="A decode batch padded with q_len 0 rows, and a row of 100 keys under a window of 8192: how "
+        "many programs does each padding row run, and how long is that row's band?",
+        section="3.4",
     ),
     Mistake(
         2,
