@@ -152,4 +152,11 @@ MUTANTS = [
         "softmax_normalize_kernel[(M, splits)](",
         "softmax_normalize_kernel[(M, 1)](",
     ),
+    # Right for every split count up to 16: only the 1024 splits the launcher admits show it.
+    Mutant(
+        "merge_rounds_fixed_at_four",
+        "19. splits merged by a fixed four halvings (right up to 16 splits)",
+        "    while m_part.shape[0] > 1:\n",
+        "    for _ in range(4):\n        if m_part.shape[0] == 1:\n            break\n",
+    ),
 ]

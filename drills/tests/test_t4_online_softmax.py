@@ -499,10 +499,11 @@ def test_pairwise_domain_cases_match_the_oracle(impl, runtime):
 # --- Splits: several programs per row, merged --------------------------------------------------------
 
 
-@pytest.mark.parametrize("splits", [2, 4, 16])
+@pytest.mark.parametrize("splits", [2, 4, 16, _SPLITS_MAX])
 def test_splits_match_one_pass(impl, runtime, splits):
     """Each split scans N / splits columns; merged, the states equal the one-pass state. With 16 splits
-    of 16-column blocks over 100 columns, the last splits hold no columns at all (empty states)."""
+    of 16-column blocks over 100 columns, the last splits hold no columns at all (empty states). 1024,
+    the most the launcher admits: a merge of a fixed count of halvings (or states) stops short of it."""
     M, N = sizes(runtime, (3, 100), (256, 30000))
     x = randn((M, N), runtime, stream=21, scale=3.0)
     x[0, -5:] += 20.0  # row 0's max in the last split
@@ -631,6 +632,8 @@ BAD_MERGES = {
     "m_a_fp16": (lambda d: dict(m_a=torch.randn(6, device=d).half()), TypeError, "m_a"),
     "m_b_not_a_tensor": (lambda d: dict(m_b=[0.0] * 6), TypeError, "m_b"),
     "l_b_wrong_shape": (lambda d: dict(l_b=torch.ones(5, device=d)), ValueError, "l_b"),
+    # As many states, another shape: a check of numel() alone lets it by.
+    "l_b_same_numel_other_shape": (lambda d: dict(l_b=torch.ones(2, 3, device=d)), ValueError, "l_b"),
     "l_a_strided": (lambda d: dict(l_a=torch.ones(12, device=d)[::2]), ValueError, "l_a"),
     "m_b_on_meta": (lambda d: dict(m_b=torch.randn(6, device="meta")), ValueError, "m_b"),
     "m_a_not_a_tensor": (lambda d: dict(m_a=[0.0] * 6), TypeError, "m_a"),
@@ -863,6 +866,20 @@ MISTAKES = [
         section="3.5",
     ),
     Mistake(
+        19,
+        # Right up to 16 splits; only the largest count admitted shows a merge that stops short.
+        fails=(f"test_splits_match_one_pass[{_SPLITS_MAX}]",),
+        passes=(
+            "test_splits_match_one_pass[16]",
+            "test_probabilities_use_the_final_state",
+            "test_merge_takes_any_shape",
+            "test_merge_covers_states_past_one_program",  # else a merge kernel of one program (17)
+        ),
+        question="splits = 1024: how many rounds of merges does your launcher run, and how many partial "
+        "states are left when it returns?",
+        section="3.4",
+    ),
+    Mistake(
         18,
         # Columns past the first split never written: they still hold the canary of out's buffer.
         fails=("test_splits_match_one_pass", "test_probabilities_use_the_final_state"),
@@ -955,7 +972,7 @@ MISTAKES = [
         passes=(
             "test_merge_shifts_to_the_larger_max",
             "test_merge_takes_any_shape",
-            "test_splits_match_one_pass",
+            "test_splits_match_one_pass[16]",  # 1024 splits of 3 rows are 1536 states: past one program
         ),
         question="merge_stats gets 3000 states and your merge kernel holds BLOCK of them per program: how "
         "many programs does your launch start, and who writes state 2999?",
