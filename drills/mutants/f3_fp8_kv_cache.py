@@ -101,4 +101,28 @@ MUTANTS = [
         "normal = (mag + 0x7FFFF + ((mag >> 20) & 1)) & 0xFFF00000",
         "normal = (mag + 0x80000) & 0xFFF00000",
     ),
+    Mutant(
+        "store_value_read_through_key_strides",
+        "15. strides taken from another tensor, or assumed (the store's value read through key's)",
+        "v = tl.load(value_ptr + i * stride_vn + offs_h[:, None] * stride_vh",
+        "v = tl.load(value_ptr + i * stride_kn + offs_h[:, None] * stride_kh",
+    ),
+    Mutant(
+        "store_cache_taken_as_contiguous",
+        "15. strides taken from another tensor, or assumed (the store's block as PAGE token strides)",
+        "dst = block * stride_cb + offset * stride_ct",
+        "dst = slot * stride_ct",
+    ),
+    Mutant(
+        "decode_cache_taken_as_contiguous",
+        "15. strides taken from another tensor, or assumed (the decode's block as PAGE token strides)",
+        "row = phys * stride_kb + (tok % PAGE) * stride_kt  # [BLOCK_N]",
+        "row = (phys * PAGE + tok % PAGE) * stride_kt  # [BLOCK_N]",
+    ),
+    Mutant(
+        "store_multiplies_by_the_reciprocal",
+        "16. a division by multiplying with the reciprocal",
+        "v = tl.math.div_rn(x, scale)",
+        "v = x * (1.0 / scale)",
+    ),
 ]

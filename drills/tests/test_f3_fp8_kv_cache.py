@@ -211,6 +211,11 @@ def _store(impl, key, value, slots, PAGE, num_blocks, k_scale, v_scale, caches=N
                         f"{int(bad.sum())} bytes of {name} differ from torch's e4m3, each as a store that "
                         f"{what} would store them: your store {what}"
                     )
+            if torch.equal(stored, _reciprocal_codes(x[live], s).cpu()):
+                raise AssertionError(
+                    f"{int(bad.sum())} bytes of {name} differ from torch's e4m3, each the code of "
+                    f"x * (1 / scale): {RECIPROCAL}"
+                )
         if bad.any():
             slot, h, d = bad.nonzero()[0].tolist()
             rows = (slots == slot).nonzero().flatten().tolist()
@@ -229,6 +234,16 @@ def _store(impl, key, value, slots, PAGE, num_blocks, k_scale, v_scale, caches=N
                 f"{h}, d {d}: x = {xv!r}, scale = {sv!r}, x / scale = {xv / sv!r}; stored code 0x{g:02x} "
                 f"(= {gv!r}), want 0x{w:02x} (= {wv!r})"
             )
+
+
+# x * (1 / scale) rounds twice (the reciprocal, then the product): near a code's rounding edge it lands on
+# the other side of x / scale rounded once.
+RECIPROCAL = "your store multiplies by 1 / scale, which rounds twice, where the rule divides once (div_rn)"
+
+
+def _reciprocal_codes(x, s):
+    """x [rows, Hkv, D] stored by a store that multiplies by 1 / s [Hkv or 1, 1], as e4m3 bytes."""
+    return (x.float() * (1.0 / s)).clamp(-448.0, 448.0).to(E4M3).view(torch.uint8)
 
 
 def _wrong_roundings(ratio):
@@ -378,19 +393,21 @@ def test_store_pads_heads_and_features(impl, runtime):
 
 
 def test_store_reads_strided_rows_and_writes_a_layer_of_a_pool(impl, runtime):
-    """key and value are views of a fused qkv projection [N, 3, Hkv, D] (row stride 3 * Hkv * D), the
-    caches one layer of a pool [num_blocks, 2 layers, PAGE, Hkv, D]: every stride must come from the
-    tensors, and the other layer keeps its canary."""
+    """key is a view of a fused qkv projection [N, 3, Hkv, D] (row stride 3 * Hkv * D), value one of a
+    head-major buffer [Hkv, N, D] (row stride D, head stride N * D: neither is key's), the caches one
+    layer of a pool [num_blocks, 2 layers, PAGE, Hkv, D] (block stride 2 * PAGE * Hkv * D, not PAGE
+    token strides): every stride must come from its own tensor, and the other layer keeps its canary."""
     Hkv, D, N, PAGE, blocks = 2, 16, 12, 8, 3
     gen = torch.Generator().manual_seed(seeded(56))
     qkv = torch.randn(N, 3, Hkv, D, generator=gen).half().to(runtime.device)
+    value = torch.randn(Hkv, N, D, generator=gen).half().to(runtime.device).transpose(0, 1)  # [N, Hkv, D]
     pool = torch.empty(blocks, 2, PAGE, Hkv, D, dtype=E4M3, device=runtime.device)
     pool2 = torch.empty_like(pool)
     pool.view(torch.uint8).fill_(CANARY_CODE)
     pool2.view(torch.uint8).fill_(CANARY_CODE)
     scale = torch.tensor([0.03, 0.05], device=runtime.device)
     slots = _slots(N, PAGE, blocks, runtime.device, 57)
-    _store(impl, qkv[:, 1], qkv[:, 2], slots, PAGE, blocks, scale, scale, caches=[pool[:, 1], pool2[:, 1]])
+    _store(impl, qkv[:, 1], value, slots, PAGE, blocks, scale, scale, caches=[pool[:, 1], pool2[:, 1]])
     assert (pool[:, 0].view(torch.uint8) == CANARY_CODE).all(), "the store wrote into layer 0 of the pool"
 
 
@@ -421,6 +438,11 @@ def _store_past_int32(impl, runtime):
         tail = cache[first:].view(torch.uint8).reshape(-1, Hkv, D)  # [4 * PAGE, Hkv, D], 2**32 elements in
         if not torch.equal(tail, want):
             slot = int((tail != want).any(dim=(1, 2)).nonzero()[0])
+            want[local] = _reciprocal_codes(rows, s.reshape(-1, 1))
+            if torch.equal(tail, want):  # every row where it belongs, with other codes
+                raise AssertionError(
+                    f"{name}: the rows are in their slots, each the code of x * (1 / scale): {RECIPROCAL}"
+                )
             raise AssertionError(
                 f"{name}: slot {first * PAGE + slot} (in the last 4 blocks, 2**32 elements in) does not hold "
                 f"torch's codes of its row: the row index times key's stride, or block * stride(0), "
@@ -1259,6 +1281,7 @@ MISTAKES = [
             "test_store_writes_only_its_slots[16]",
             "test_store_reads_strided_rows_and_writes_a_layer_of_a_pool",
         ),
+        messages=(r"wrapped around",),
         question="PAGE = 16, Hkv = 1, D = 128: slot 2**25 + 5 starts 2**32 + 640 elements into the cache, "
         "and key's row 2 starts 3 * 2**30 elements in. In which integer type does your store compute each?",
         section="6",
@@ -1289,6 +1312,48 @@ MISTAKES = [
         ),
         question="PAGE = 4 and a tile of 16 keys: how many pages does one tile span, and how many block ids "
         "does your kernel load for it?",
+        section="6",
+    ),
+    Mistake(
+        15,
+        # The decode's cache addressed as if contiguous: a block taken as PAGE token strides.
+        fails=("test_cache_strides_are_used",),
+        passes=("test_page_sizes_gathered_token_by_token", "test_last_page_is_masked"),
+        question="k_cache is layer 1 of a pool [num_blocks, layers, PAGE, Hkv, 2, D]: how many elements apart "
+        "are two blocks, and how far apart does your decode put them?",
+        section="6",
+    ),
+    Mistake(
+        15,
+        # V's rows read through K's strides: right whenever the two caches share a layout.
+        fails=("test_v_is_read_through_its_own_strides",),
+        passes=("test_cache_strides_are_used", "test_page_sizes_gathered_token_by_token"),
+        question="v_cache is head-major where k_cache is token-major: which strides does your decode use to "
+        "find token t's V, and whose are they?",
+        section="6",
+    ),
+    Mistake(
+        16,
+        # Only values at a code's rounding edge show it: the message says which codes they are.
+        messages=(r"multiplies by 1 / scale",),
+        passes=("test_store_clamps_values_past_448", "test_store_writes_only_its_slots[16]"),
+        question="scale = 0.03 and x = 3 * 2**-12 in float32: x / scale is 0.0244140625, halfway between two "
+        "codes. What is x * (1 / scale), and which code does each store?",
+        section="3.1",
+    ),
+    Mistake(
+        15,
+        # Contiguous rows and caches hide every stride taken from another tensor or assumed.
+        fails=("test_store_reads_strided_rows_and_writes_a_layer_of_a_pool",),
+        # Contiguous rows and caches pass; a rounding mistake fails them too.
+        passes=(
+            "test_store_rounds_to_nearest_even",
+            "test_store_writes_only_its_slots[16]",
+            "test_store_pads_heads_and_features",
+        ),
+        question="key is a view of a fused qkv buffer, value one of a head-major buffer, the caches one layer "
+        "of a pool: which tensor's strides does your store use for each load and each store, and where does "
+        "block b of the layer start?",
         section="6",
     ),
     Mistake(
