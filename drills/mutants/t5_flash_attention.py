@@ -206,4 +206,11 @@ MUTANTS = [
 """,
         "",
     ),
+    # The scores are masked after the dot: only a K with nothing after its last key shows the load.
+    Mutant(
+        "k_tail_loaded_unmasked",
+        "4. the last key block's K loaded without a mask (its scores masked after)",
+        "kt = tl.load(kt_ptrs + start_n * stride_kn, mask=in_range[None, :], other=0.0)",
+        "kt = tl.load(kt_ptrs + start_n * stride_kn)",
+    ),
 ]

@@ -823,6 +823,22 @@ MISTAKES = [
         section="3.4",
     ),
     Mistake(
+        4,
+        # K loaded past Nk without a mask, its scores masked after: right answers, and a load past the
+        # end of K that only a tight buffer shows (q, k and v packed, nothing after); the lane check
+        # names the tensor nearest the address, so the quoted line tells it is K's load.
+        fails=("test_q_k_v_are_read_through_their_strides",),
+        passes=(
+            "test_last_key_block_is_masked",
+            "test_keys_not_a_multiple_of_the_block",
+            "test_worked_example_O1_to_three_decimals",
+        ),
+        messages=(r"out of bounds load of \w+[^\n]*: (?:kt|k)\w* = tl\.load",),
+        question="Nk = 45 with BLOCK_N = 16: which keys does your K load read in the last block, and what "
+        "lies past key 44 when q, k and v are packed in one buffer?",
+        section="3.4",
+    ),
+    Mistake(
         5,
         fails=("test_online_softmax_rescales_old_blocks",),
         passes=(
