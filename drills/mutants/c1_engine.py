@@ -286,4 +286,11 @@ MUTANTS = [
         "table[before // self.block_size : seq.num_computed // self.block_size]",
         "table[-(-before // self.block_size) : seq.num_computed // self.block_size]",
     ),
+    Mutant(
+        "admission_takes_one_request_a_step",
+        "30. admission that stops while the step has room (one request a step)",
+        "        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not preempted:\n",
+        "        for _ in range(1 if self.waiting and budget > 0 and len(self.running) < self.max_num_seqs "
+        "and not preempted else 0):\n",
+    ),
 ]

@@ -701,6 +701,21 @@ MISTAKES = [
         section="3.3",
     ),
     Mistake(
+        30,
+        fails=("test_worked_example_step_by_step",),
+        passes=ENGINE_BASICS
+        + (
+            "test_preemption_finishes_every_request_with_the_same_output",
+            "test_no_block_leaks_after_every_request_ends",
+            "test_every_step_respects_the_token_budget_and_batch_size",
+            "test_outputs_do_not_depend_on_prefix_caching",
+        ),
+        messages=(r"stops admitting with \d+ tokens of budget left",),
+        question="Step 2 of section 2 has 8 tokens of budget: R0 takes 1 and R1 4. Is R2 admitted in the same "
+        "step, and how many requests can your admission take in one step?",
+        section="3.3",
+    ),
+    Mistake(
         29,
         fails=("test_the_newest_request_is_preempted_not_the_one_scheduled",),
         passes=ENGINE_BASICS
@@ -1107,9 +1122,16 @@ def test_worked_example_step_by_step(impl):
     assert_no_error(run, "section 2's three requests")
     got = [[(i, c, n) for (i, n), c in zip(step, done)] for step, done in zip(run["steps"], run["computed"])]
     for k, (mine, want) in enumerate(zip(got, EXAMPLE_STEPS), start=1):
+        stopped = ""
+        if len(mine) < len(want) and mine == want[: len(mine)]:  # the same schedule, cut short
+            left = 8 - sum(n for _, _, n in mine)
+            stopped = (
+                f"\nthe step stops admitting with {left} tokens of budget left: request {want[len(mine)][0]} "
+                "waits where the budget, the batch and the free blocks have room for it (section 3.3)"
+            )
         assert mine == want, (
             f"step {k} schedules (request, num_computed, num_new) {mine}, section 2 says {want}; steps so far: "
-            f"{got[:k]}"
+            f"{got[:k]}{stopped}"
         )
     assert len(got) == len(EXAMPLE_STEPS), f"{len(got)} steps, section 2 takes {len(EXAMPLE_STEPS)}: {got}"
     for k, want in EXAMPLE_INPUTS.items():
