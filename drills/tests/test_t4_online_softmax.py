@@ -503,13 +503,16 @@ def test_pairwise_domain_cases_match_the_oracle(impl, runtime):
 def test_splits_match_one_pass(impl, runtime, splits):
     """Each split scans N / splits columns; merged, the states equal the one-pass state. With 16 splits
     of 16-column blocks over 100 columns, the last splits hold no columns at all (empty states). 1024,
-    the most the launcher admits: a merge of a fixed count of halvings (or states) stops short of it."""
+    the most the launcher admits, in one-column blocks: 100 splits hold a column, the rest are empty,
+    and a merge of a fixed count of halvings (or of the first 16 states) stops short of them."""
     M, N = sizes(runtime, (3, 100), (256, 30000))
     x = randn((M, N), runtime, stream=21, scale=3.0)
     x[0, -5:] += 20.0  # row 0's max in the last split
     x[1, :5] += 20.0  # row 1's in the first
-    check_stats(impl, x, block=16, splits=splits)
-    check_softmax(impl, x, block=16, splits=splits)
+    # 1024 splits take blocks of one column, so 100 of them hold a column: past any 16 of them.
+    block = 1 if splits == _SPLITS_MAX else 16
+    check_stats(impl, x, block=block, splits=splits)
+    check_softmax(impl, x, block=block, splits=splits)
 
 
 def test_probabilities_use_the_final_state(impl, runtime):
@@ -790,6 +793,9 @@ MISTAKES = [
             "test_non_power_of_two_shapes",
             "test_merge_shifts_to_the_larger_max",
         ),
+        # A state started at 0 is a wrong value, not programs writing over each other: a trace whose
+        # step index forgets the row (every row's trace at row 0's place) fails here with a write race.
+        messages=(r"^(?![\s\S]*write race)",),
         question="For a row whose entries are all below -3, what is max(m, x) after the first block if m "
         "starts at 0, and what is e^(x - 0) for x = -300?",
         section="3.2",
