@@ -251,4 +251,10 @@ MUTANTS = [
         "BLOCK_M = max(BLOCK_M, next_pow2(heads))",
         "BLOCK_M = BLOCK_M",
     ),
+    Mutant(
+        "out_written_through_q_strides",
+        "31. out written through q's strides (stride_qt, stride_qh)",
+        "out_ptr + q_rows[:, None] * stride_ot + heads[:, None] * stride_oh",
+        "out_ptr + q_rows[:, None] * stride_qt + heads[:, None] * stride_qh",
+    ),
 ]

@@ -999,6 +999,26 @@ WORKED_LSE = "test_worked_example_lse_is_ln_of_the_keys_seen"
 OOB_OR_NAN = r"out of bounds load|NaN"
 MISTAKES = [
     Mistake(
+        31,
+        # out written through q's strides: right wherever out is the launcher's own contiguous tensor
+        # (return_lse, out=None), wrong through every canary-wrapped view of the checks.
+        fails=(
+            "test_worked_example_request_2_after_its_prefix_hit",
+            "test_pure_prefill_without_a_prefix",
+            "test_q_and_cache_strides_are_used",
+        ),
+        passes=(
+            "test_worked_example_lse_is_ln_of_the_keys_seen",
+            "test_lse_is_natural_log",
+            "test_out_is_allocated_when_not_given",
+            "test_chunked_prefill_equals_one_call",
+        ),
+        messages=(r"canary elements of the buffer around out",),
+        question="Every check that passes `out=` fails, and every one that lets paged_prefill allocate out "
+        "passes: which strides does your kernel step through out with?",
+        section="3.5",
+    ),
+    Mistake(
         30,
         fails=("test_group_wider_than_a_tile_of_rows[packed-group]",),
         passes=("test_group_wider_than_a_tile_of_rows[one-head]", "test_any_tile_shape"),
