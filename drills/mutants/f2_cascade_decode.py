@@ -175,4 +175,40 @@ MUTANTS = [
         "        start = tl.where(row_ok, plen, 0)\n",
         "        start = tl.where(row_ok, plen // BLOCK_N * BLOCK_N, 0)\n",
     ),
+    Mutant(
+        "cascade_without_a_min_chunk_prefix",
+        "24. the planner cascades on the saving alone, a prefix shorter than MIN_CHUNK too",
+        "cascade = wide and saved >= CASCADE_SHARE * sum(lens)",
+        "cascade = saved >= CASCADE_SHARE * sum(lens)",
+    ),
+    Mutant(
+        "members_per_tile_not_capped",
+        "24. members_per_tile not capped at the largest group",
+        "    mt = min(mt, max(len(m) for m in members.values()))\n",
+        "",
+    ),
+    Mutant(
+        "prefix_stage_four_programs_per_sm",
+        "24. the prefix stage cut for four programs per SM, as the suffix stage",
+        "prefix_chunks, per_sm=2)",
+        "prefix_chunks, per_sm=4)",
+    ),
+    Mutant(
+        "suffix_stage_cut_for_the_tiles",
+        "24. the suffix stage cut for tiles x Hkv programs, not B x Hkv",
+        "s_count, s_chunk = _split(max_suffix, len(lens) * num_kv_heads",
+        "s_count, s_chunk = _split(max_suffix, len(tiles) * num_kv_heads",
+    ),
+    Mutant(
+        "tiles_padded_with_sequence_0",
+        "8. the planner pads a group's last tile with 0 (sequence 0) instead of -1",
+        "[-1] * (mt - len(m[i : i + mt]))",
+        "[0] * (mt - len(m[i : i + mt]))",
+    ),
+    Mutant(
+        "longest_suffix_from_the_longest_context",
+        "25. the longest suffix taken as max(context_lens) - max(prefix_lens)",
+        "max_suffix = max(n - s for n, s in zip(lens, starts))",
+        "max_suffix = max(0, max(lens) - max_prefix)",
+    ),
 ]

@@ -763,7 +763,13 @@ def _plan_invariants(p, lens, groups, plens, Hkv):
             members.setdefault(g, []).append(b)
     starts = [plens[g] if (p.cascade and g >= 0) else 0 for g in groups]
     suffix = max(n - s for n, s in zip(lens, starts))
-    assert p.suffix_chunk % 16 == 0 and p.suffix_splits * p.suffix_chunk >= suffix, f"{p}: suffix not covered"
+    longest = max(range(len(lens)), key=lambda b: lens[b] - starts[b])
+    assert p.suffix_chunk % 16 == 0 and p.suffix_splits * p.suffix_chunk >= suffix, (
+        f"{p}: suffix not covered: the longest suffix is sequence {longest}'s, context {lens[longest]} from "
+        f"token {starts[longest]} on, {suffix} tokens, and the plan's splits cover "
+        f"{p.suffix_splits * p.suffix_chunk} (a suffix is each sequence's own, a sequence in no group's its "
+        "whole context)"
+    )
     assert (p.suffix_splits - 1) * p.suffix_chunk < max(suffix, 1), f"{p}: an empty last suffix split"
     if not p.cascade:
         return
@@ -773,14 +779,28 @@ def _plan_invariants(p, lens, groups, plens, Hkv):
     for row, g in zip(tiles, p.tile_group.tolist()):
         real = [b for b in row if b >= 0]
         assert real, f"{p}: a tile with no member"
+        twice = sorted({b for b in real if real.count(b) > 1})
+        assert not twice, (
+            f"{p}: the tile {row} of group {g} holds sequence {twice[0]} twice: a tile's empty slots are -1 "
+            "(no sequence), not a sequence id, which the kernel would attend and store a second time"
+        )
         assert all(groups[b] == g for b in real), f"tile of group {g} holds {real}: rows of another group"
         seen.setdefault(g, []).extend(real)
     assert {g: sorted(m) for g, m in seen.items()} == members, "every member in exactly one tile of its group"
 
 
-def test_plan_cascades_only_when_it_pays(impl):
+def test_plan_cascades_only_when_it_pays_and_cuts_by_its_rules(impl):
     """256 requests sharing 288 tokens with 12 of their own: cascade. Groups of one, a 16-token prefix
-    among long suffixes, or no groups: F1's split-KV, which reads the same bytes with fewer kernels."""
+    among long suffixes, or no groups: F1's split-KV, which reads the same bytes with fewer kernels.
+    Then section 3.5's rules, each where skipping it changes the plan (every result stays right: only the
+    step's speed is lost). Rule 1 has two halves: 64 requests of 20 tokens sharing 16 save 79% of the
+    reads, but a prefix below MIN_CHUNK = 64 tokens is one tile, whose stage and merge cost more than
+    they save: no cascade. Rule 2: members_per_tile = 128 // GROUP is capped at the largest group, a
+    forced one too: 8 members with GROUP = 1 get tiles of 8, not 128 (120 rows of padding). Rule 3: each
+    stage cut for its own grid. 8 members of 33792 tokens sharing 32768, Hkv = 8, 132 SMs: the prefix
+    stage has 1 tile x 8 = 8 programs a chunk at two per SM, 264 // 8 = 33 chunks of 1008 tokens; the
+    suffix stage B x Hkv = 64 programs a split at four per SM, 528 // 64 = 8 splits of 128 tokens.
+    """
     lens, groups, plens = [300] * 256, [0] * 256, [288]
     p = impl.plan(lens, groups, plens, 9, 3, 16, device="cpu", num_sms=132)
     assert p.cascade, f"{p}: 255 of 256 requests re-read 288 shared tokens; cascading pays here"
@@ -793,6 +813,30 @@ def test_plan_cascades_only_when_it_pays(impl):
         p = impl.plan(lens, groups, plens, 32, 8, 16, device="cpu", num_sms=132)
         assert not p.cascade, f"{p}: nothing (or almost nothing) is read twice; cascading does not pay"
         _plan_invariants(p, lens, groups, plens, 8)
+
+    p = impl.plan([20] * 64, [0] * 64, [16], 8, 2, 16, device="cpu", num_sms=132)
+    assert not p.cascade, (
+        f"{p}: 64 members share 16 tokens, below MIN_CHUNK = 64: the saving half of rule 1 holds (79%), "
+        "the prefix-length half does not, so the planner falls back"
+    )
+    for forced in (None, 20):
+        p = impl.plan(
+            [1088] * 8, [0] * 8, [1024], 8, 8, 16, device="cpu", num_sms=132, members_per_tile=forced
+        )
+        assert p.cascade and p.members_per_tile == 8, (
+            f"{p}: members_per_tile = {p.members_per_tile} where the largest group has 8 members"
+            + (
+                f" (forced {forced}, capped at the largest group too)"
+                if forced
+                else " (128 // GROUP = 128, capped at 8)"
+            )
+        )
+    p = impl.plan([33792] * 8, [0] * 8, [32768], 8, 8, 16, device="cpu", num_sms=132)
+    got = (p.prefix_chunks, p.prefix_chunk, p.suffix_splits, p.suffix_chunk)
+    assert p.cascade and got == (33, 1008, 8, 128), (
+        f"{p}: (prefix_chunks, prefix_chunk, suffix_splits, suffix_chunk) = {got}, not (33, 1008, 8, 128): "
+        "two programs per SM over tiles x Hkv for the prefix stage, four over B x Hkv for the suffix stage"
+    )
 
 
 @pytest.mark.parametrize(
@@ -1175,6 +1219,62 @@ MISTAKES = [
         passes=("test_worked_example_three_requests", "test_prefix_tile_rows_map_to_heads"),
         question="256 query heads share one KV head: how many members fit in a 128-row tile, and what does "
         "your planner do with that number?",
+        section="3.5",
+    ),
+    Mistake(
+        24,
+        fails=("test_plan_cascades_only_when_it_pays_and_cuts_by_its_rules",),
+        messages=(r"the prefix-length half does not",),
+        passes=("test_plan_covers_every_token_once", "test_plan_saves_every_read_but_one_per_group"),
+        question="64 requests share a 16-token prefix and save 79% of the reads: which two conditions does "
+        "section 3.5's rule 1 ask for, and does your plan() check the second?",
+        section="3.5",
+    ),
+    Mistake(
+        24,
+        fails=("test_plan_cascades_only_when_it_pays_and_cuts_by_its_rules",),
+        messages=(r"members_per_tile = \d+ where the largest group",),
+        passes=("test_plan_covers_every_token_once", "test_plan_saves_every_read_but_one_per_group"),
+        question="GROUP = 1 and a group of 8 members: how many members does 128 // GROUP put in a tile, and "
+        "how many rows of each tile are then padding?",
+        section="3.5",
+    ),
+    Mistake(
+        24,
+        fails=("test_plan_cascades_only_when_it_pays_and_cuts_by_its_rules",),
+        messages=(r"not \(33, 1008, 8, 128\)",),
+        passes=("test_plan_covers_every_token_once", "test_plan_saves_every_read_but_one_per_group"),
+        question="How many programs does each stage's grid have per chunk or split, and how many programs "
+        "per SM does section 3.5 aim at for each?",
+        section="3.5",
+    ),
+    Mistake(
+        8,
+        # The planner's side of the padding: empty slots filled with a sequence id (0) instead of -1.
+        # cascade_decode's own check then refuses the plan, which is the planner's mistake, not the check's.
+        fails=("test_plan_covers_every_token_once",),
+        messages=(r"holds sequence \d+ twice: a tile's empty slots are -1",),
+        question="64 members in tiles of 3: what does your plan() write in the last tile's two empty slots, "
+        "and which sequence does the kernel then read for them?",
+        section="3.5",
+    ),
+    Mistake(
+        25,
+        fails=("test_plan_covers_every_token_once",),
+        # A grouped sequence's suffix left uncovered (from a token past 0): the planner's form of pitfall
+        # 20 leaves a sequence in no group uncovered instead, from token 0.
+        passes=(
+            "test_worked_example_three_requests",
+            "test_prefix_counted_once",
+            "test_groups_of_one_member",
+            "test_group_with_an_empty_prefix",
+            "test_suffix_starts_after_the_prefix",
+            "test_every_suffix_split_count_matches",
+            "test_plan_saves_every_read_but_one_per_group",
+        ),
+        messages=(r"suffix not covered: the longest suffix is sequence \d+'s, context \d+ from token [1-9]",),
+        question="Two groups with prefixes of 4096 and 2048 tokens, every context 4608: how long is each "
+        "member's suffix, and what does your plan() take as the longest?",
         section="3.5",
     ),
     Mistake(
