@@ -242,4 +242,10 @@ MUTANTS = [
         "    num_splits = min(num_splits, max_tiles)\n",
         "    num_splits = min(num_splits, max_tiles, max(1, triton.cdiv(max_len, MIN_CHUNK)))\n",
     ),
+    Mutant(
+        "q_padding_rows_loaded",
+        "26. q's padding rows (GROUP .. GROUP_PAD - 1) loaded without the group mask",
+        "q_ptr + b * stride_qb + q_heads[:, None] * stride_qh + offs_d[None, :],\n        mask=g_mask[:, None],\n        other=0.0,",
+        "q_ptr + b * stride_qb + q_heads[:, None] * stride_qh + offs_d[None, :],",
+    ),
 ]
