@@ -293,4 +293,10 @@ MUTANTS = [
         "        for _ in range(1 if self.waiting and budget > 0 and len(self.running) < self.max_num_seqs "
         "and not preempted else 0):\n",
     ),
+    Mutant(
+        "decode_step_when_every_row_samples",
+        "31. a step called decode because every row samples",
+        "is_decode = all(item.num_new == 1 for item in scheduled)",
+        "is_decode = all(item.samples for item in scheduled)",
+    ),
 ]

@@ -716,6 +716,13 @@ MISTAKES = [
         section="3.3",
     ),
     Mistake(
+        31,
+        fails=("test_prepare_inputs_is_decode_only_when_every_row_computes_one_token",),
+        question="R0 decodes one token while R1's whole prompt is computed in the same step: both sample. "
+        "How many query rows does F1's decode read for R1?",
+        section="4.2",
+    ),
+    Mistake(
         29,
         fails=("test_the_newest_request_is_preempted_not_the_one_scheduled",),
         passes=ENGINE_BASICS
@@ -865,6 +872,21 @@ def test_prepare_inputs_lengths_count_the_steps_own_tokens(impl):
         f"block_tables is {got['block_tables']}, expected {want['block_tables']} (rows padded with 0)"
     )
     assert got["num_seqs"] == 3 and got["is_decode"] is False
+
+
+def test_prepare_inputs_is_decode_only_when_every_row_computes_one_token(impl):
+    """is_decode sends the step to F1's decode, which reads one query row per sequence (section 4.2): a
+    step where every row samples is not a decode step when one row computes a whole prompt."""
+    rng = random.Random(seeded(2))
+    watched, seqs = hand_tables(rng)
+    # s1 decodes position 9; s0's whole 12-token prompt is computed in the same step: both sample.
+    specs = [("s1", seqs["s1"][:9], seqs["s1"][9:], 9, 1), ("s0", seqs["s0"], [], 0, len(seqs["s0"]))]
+    got = probe(impl, _prepare, lend(watched), specs)
+    assert got["error"] is None, f"prepare_inputs raised {got['error']}"
+    assert got["is_decode"] is False, (
+        f"is_decode is {got['is_decode']} for a step where s0 computes {len(seqs['s0'])} tokens beside s1's "
+        "decode row: every row samples, but a decode step is one where every row computes one token"
+    )
 
 
 def test_prepare_inputs_samples_only_rows_that_reach_the_end(impl):
