@@ -299,4 +299,10 @@ MUTANTS = [
         "is_decode = all(item.num_new == 1 for item in scheduled)",
         "is_decode = all(item.samples for item in scheduled)",
     ),
+    Mutant(
+        "one_token_past_max_tokens",
+        "32. one token past max_tokens",
+        "if stop or len(seq.output) >= seq.params.max_tokens:",
+        "if stop or len(seq.output) > seq.params.max_tokens:",
+    ),
 ]

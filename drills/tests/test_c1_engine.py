@@ -371,6 +371,11 @@ def assert_matches_oracle(run, prompts, what: str, params=None, indexes=None, eo
                 f"{what}: request {i} stopped at the end-of-sequence token {eos_id} after {len(got)} tokens "
                 f"({got}), but it has ignore_eos=True: it runs to max_tokens = {max_tokens}"
             )
+        if len(want) == max_tokens and len(got) > max_tokens and got[:max_tokens] == want:
+            raise AssertionError(
+                f"{what}: request {i} gave {len(got)} tokens {got}, past max_tokens = {max_tokens} (the oracle's "
+                f"{want}): a request finishes in the step whose token makes its output max_tokens long"
+            )
         assert len(got) == len(want), (
             f"{what}: request {i} gave {len(got)} tokens {got}, the oracle {len(want)} {want} "
             f"(max_tokens {max_tokens})"
@@ -714,6 +719,14 @@ MISTAKES = [
         question="Step 2 of section 2 has 8 tokens of budget: R0 takes 1 and R1 4. Is R2 admitted in the same "
         "step, and how many requests can your admission take in one step?",
         section="3.3",
+    ),
+    Mistake(
+        32,
+        fails=("test_ragged_batch_matches_the_oracle",),
+        messages=(r"past max_tokens = \d+ \(the oracle's",),
+        question="max_tokens 6: after the step that appends the 6th token, how long is the output, and what "
+        "does your stop test compare it with?",
+        section="3.6",
     ),
     Mistake(
         31,
