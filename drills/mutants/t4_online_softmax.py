@@ -156,7 +156,9 @@ MUTANTS = [
     Mutant(
         "merge_rounds_fixed_at_four",
         "19. splits merged by a fixed four halvings (right up to 16 splits)",
-        "    while m_part.shape[0] > 1:\n",
-        "    for _ in range(4):\n        if m_part.shape[0] == 1:\n            break\n",
+        "while m_part.shape[0] > 1:",
+        # log2(splits) halvings (splits is a power of two), but never more than four: one line, so that
+        # the edit holds whatever the solution's indentation.
+        "for _ in range(min(4, (m_part.shape[0] - 1).bit_length())):",
     ),
 ]
