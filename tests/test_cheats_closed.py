@@ -507,6 +507,22 @@ print(json.dumps(seen))
 """
 
 
+def _last_line_of_script(path, source: str, timeout: int) -> str:
+    """Run `source` as the script `path` in a fresh Python from the repository's root (each check's
+    learner-process state starts clean), require it to exit 0, and return the last line it printed."""
+    import subprocess
+    import sys
+
+    from drills.lessons import ROOT
+
+    path.write_text(source)
+    done = subprocess.run(
+        [sys.executable, str(path)], cwd=ROOT, capture_output=True, text=True, timeout=timeout
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout.strip().splitlines()[-1]
+
+
 def test_the_op_recorder_sees_torch_computing_however_it_is_reached(tmp_path):
     """torch computing in a plain function the kernel's body calls (under the interpreter, inside a
     launch) or in a kernel's pre-run hook (called from Triton's own frame), a custom op named `clone` (a
@@ -515,18 +531,8 @@ def test_the_op_recorder_sees_torch_computing_however_it_is_reached(tmp_path):
     torch computing; a kernel's own launch and a launcher's one-flag argument check record nothing;
     torch.empty and Tensor.tolist stay torch's own while watched and poisoned."""
     import json
-    import subprocess
-    import sys
 
-    from drills.lessons import ROOT
-
-    script = tmp_path / "recorder_cheats.py"
-    script.write_text(RECORDER_CHEATS)
-    done = subprocess.run(
-        [sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    seen = json.loads(_last_line_of_script(tmp_path / "recorder_cheats.py", RECORDER_CHEATS, 300))
     assert seen["helper_in_kernel"] == ["add"], seen
     assert seen["custom_op"] == ["drillscheat::clone"], seen
     assert len(seen["int_view_writes"]) == 2, seen
@@ -619,18 +625,8 @@ def test_a_python_function_handed_to_a_kernel_is_refused(tmp_path):
     Python with the kernel's values (a GPU's compiler refuses it): the launch is refused, naming the
     argument. A @triton.jit function, and a grid computed from the meta-parameters, launch as before."""
     import json
-    import subprocess
-    import sys
 
-    from drills.lessons import ROOT
-
-    script = tmp_path / "python_arguments.py"
-    script.write_text(PYTHON_ARGUMENTS)
-    done = subprocess.run(
-        [sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    said = json.loads(done.stdout.strip().splitlines()[-1])
+    said = json.loads(_last_line_of_script(tmp_path / "python_arguments.py", PYTHON_ARGUMENTS, 300))
     assert said.pop("jit") is True, said
     for name, message in said.items():
         assert message.startswith("the output did not come from your kernel: a Python function runs as"), (
@@ -925,15 +921,4 @@ def test_an_allocation_without_bound_fails_in_the_learners_process(tmp_path):
     """A file that allocates without bound (a list of 1 GiB tensors) fails at its own line once it holds
     the learner's share of the memory, instead of filling the machine until the out-of-memory killer
     picks a process, the grader's or another program's as likely as its own."""
-    import subprocess
-    import sys
-
-    from drills.lessons import ROOT
-
-    script = tmp_path / "hog.py"
-    script.write_text(HOG)
-    done = subprocess.run(
-        [sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip().splitlines()[-1] == "refused", done.stdout
+    assert _last_line_of_script(tmp_path / "hog.py", HOG, 120) == "refused"
