@@ -22,6 +22,7 @@ from drills.grading.grader.pytest_run import NOT_STARTED_EXIT
 from drills.grading.grader.report import STAGES, report_text, stage_lines
 from drills.grading.grader.report_channel import write_to_fd
 from drills.grading.grader.source_check import check_file, kernel_names
+from drills.grading.shared.bigmem import release_device_cache
 from drills.grading.shared.errors import Refused
 from drills.grading.shared.seed_streams import base_seed
 from drills.lessons import LESSONS, find
@@ -229,8 +230,10 @@ def _leave_out_assumed(config, items) -> None:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    """With --drills-coverage: after each check, which lines of the graded file it ran."""
+    """After each check: a large case's GPU memory goes back (bigmem.release_device_cache); with
+    --drills-coverage, which lines of the graded file the check ran."""
     yield
+    release_device_cache()
     coverage = item.config.stash.get(COVERAGE, None)
     if coverage is None or _stem(item.path) is None:
         return

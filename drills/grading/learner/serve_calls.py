@@ -19,6 +19,7 @@ import traceback
 
 from drills.grading.learner.instrument import _relative, fresh_memory
 from drills.grading.learner.run_call import run_call
+from drills.grading.shared.bigmem import release_device_cache
 from drills.grading.shared.env import STACK_SIGNAL
 from drills.grading.shared.errors import RAISED_IN_KERNELS
 from drills.grading.shared.launches import _kernel_classes
@@ -230,6 +231,7 @@ class Server:
                         self.objects.pop(key, None)
                         self.counts.pop(key, None)
                 releases = ()
+                release_device_cache()  # what the call allocated on the GPU, once the grader let it go
 
 
 _INTERRUPTED: list = []  # non-empty once a real SIGINT (Ctrl-C) reached this process
