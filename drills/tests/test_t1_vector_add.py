@@ -14,7 +14,7 @@ from drills.compare import assert_close, assert_untouched, mismatch
 from drills.grading.grader.diagnose import Mistake, returned_out_problem
 from drills.grading.shared.bigmem import sparse_empty
 from drills.grading.shared.launches import assert_grids_fit, assert_runs_a_triton_kernel, record_launches
-from drills.tests import bf16_everywhere, seeded, sizes
+from drills.tests import bf16_everywhere, empty_at_an_address, seeded, sizes
 
 # Each constexpr of the reference's kernels -> the tests that cross it: a size one past its tile or loop
 # bound (or at its widest admitted value), a flag both ways; "grid" -> the grid check at the largest sizes.
@@ -202,6 +202,10 @@ def test_empty_vectors(impl, runtime):
     x = torch.empty(0, device=runtime.device)
     out = impl.vector_add(x, x.clone())
     assert out.shape == (0,)
+    # With out given, out itself comes back, empty as it is, not a tensor of the launcher's own.
+    given = empty_at_an_address((0,), torch.float32, runtime.device)  # not torch.empty: see its doc
+    wrong = returned_out_problem("vector_add", impl.vector_add(x, x.clone(), out=given), given)
+    assert wrong is None, wrong
 
 
 # --- The launcher rejects bad input before launching -----------------------------------------------

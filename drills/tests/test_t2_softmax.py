@@ -14,7 +14,7 @@ from drills.compare import assert_close, assert_untouched, mismatch
 from drills.grading.grader.diagnose import Mistake, returned_out_problem, returned_problem
 from drills.grading.shared.bigmem import WRAP, free_bytes, rows_past_int32
 from drills.grading.shared.launches import assert_grids_fit, assert_runs_a_triton_kernel, record_launches
-from drills.tests import bf16_everywhere, seeded, sizes
+from drills.tests import bf16_everywhere, empty_at_an_address, seeded, sizes
 
 # Each constexpr of the reference's kernels -> the tests that cross it: a size one past its tile or loop
 # bound (or at its widest admitted value), a flag both ways; "grid" -> the grid check at the largest sizes.
@@ -268,12 +268,12 @@ def test_large_batch_gpu(impl, runtime):
 
 
 def test_empty_input(impl, runtime):
-    """No rows, or rows of no columns: nothing to launch, an empty result."""
+    """No rows, or rows of no columns: nothing to launch, an empty result (out itself, when given)."""
     for shape in [(0, 5), (5, 0)]:
         out = impl.softmax(torch.empty(shape, device=runtime.device))
         assert out.shape == shape
         # With out given, out itself comes back, empty as it is, not a tensor of the launcher's own.
-        given = torch.empty(shape, device=runtime.device)
+        given = empty_at_an_address(shape, torch.float32, runtime.device)  # not torch.empty: see its doc
         wrong = returned_out_problem(
             "softmax", impl.softmax(torch.empty(shape, device=runtime.device), out=given), given
         )

@@ -336,12 +336,18 @@ def returned_problem(fn: str, returned, expected) -> str | None:
     return None
 
 
+def _address(t) -> tuple:
+    """Where t's elements start. An empty tensor's data_ptr is 0 whatever memory it views (so a new empty
+    tensor would pass for the given one): its storage's address and its offset there say it instead."""
+    return (t.untyped_storage().data_ptr(), t.storage_offset()) if t.numel() == 0 else (t.data_ptr(),)
+
+
 def returned_out_problem(fn: str, returned, out) -> str | None:
     """None when `returned` is the very `out` tensor fn was given, else one line in RETURNED's words: a
     launcher that returns None, a new tensor or a copy leaves out as the grader filled it, whatever its
     kernel computed."""
     tensor = hasattr(returned, "data_ptr") and hasattr(returned, "shape")
-    if tensor and returned.data_ptr() == out.data_ptr() and tuple(returned.shape) == tuple(out.shape):
+    if tensor and _address(returned) == _address(out) and tuple(returned.shape) == tuple(out.shape):
         return None
     what = _described(returned) + (" at other memory than out's" if tensor else "")
     return (
