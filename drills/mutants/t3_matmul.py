@@ -117,4 +117,11 @@ MUTANTS = [
         "num_pid_n = tl.cdiv(N, BLOCK_N)",
         "num_pid_n = N // BLOCK_N + 1",
     ),
+    # Every store of the extra program is masked in the interpreter: only the program count shows it.
+    Mutant(
+        "one_program_past_the_last_tile",
+        "13. a grid of one program more than there are tiles",
+        'grid = (triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"]),)',
+        'grid = (triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"]) + 1,)',
+    ),
 ]

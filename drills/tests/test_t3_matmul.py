@@ -536,6 +536,30 @@ def test_grid_fits_cuda_limits_at_largest_sizes(impl, runtime, large):
     assert_grids_fit(impl, lambda: impl.matmul(a, b, out=out), f"matmul of ({M}, {K}) by ({K}, {N})")
 
 
+# M = 512: 16 tile rows of 32 (the interpreter's GROUP_M = 4), 8 of 64 (a GPU's GROUP_M = 8), whole groups.
+@pytest.mark.parametrize("M,N", [(512, 64), (69, 100)], ids=["tile-rows-a-multiple-of-GROUP_M", "ragged"])
+def test_one_program_per_tile(impl, runtime, M, N):
+    """The grid holds exactly cdiv(M, BLOCK_M) x cdiv(N, BLOCK_N) programs (run dry: recorded, none run).
+    A program past the last tile falls in a group with no tile rows: rows_in_group = 0, and r % 0 is
+    undefined on a GPU, where it may land on a real tile and store garbage over it. The interpreter
+    computes r % 0 as 0, sends the program past M and masks all of its stores, so only the count shows it."""
+    K = 16
+    a = torch.zeros(M, K, dtype=torch.float16, device=runtime.device)  # [M, K]
+    b = torch.zeros(K, N, dtype=torch.float16, device=runtime.device)  # [K, N]
+    launches = assert_grids_fit(impl, lambda: impl.matmul(a, b), f"matmul of ({M}, {K}) by ({K}, {N})")
+    for call in launches.calls:
+        bm, bn = call.constexprs.get("BLOCK_M"), call.constexprs.get("BLOCK_N")
+        if not (isinstance(bm, int) and isinstance(bn, int)):
+            continue  # not the tile kernel (or not launched with the stub's names): nothing to count
+        tiles = -(-M // bm) * -(-N // bn)
+        programs = call.grid[0] * call.grid[1] * call.grid[2]
+        assert programs == tiles, (
+            f"{call.name} launched {programs} programs for {tiles} tiles of C ({M} x {N} in {bm} x {bn} tiles): "
+            "a program past the last tile computes r % rows_in_group with rows_in_group = 0, undefined on "
+            "a GPU; launch exactly one program per tile"
+        )
+
+
 # --- Diagnosis: which pitfall of drills/content/t3_matmul.md a pattern of results points to ----------
 
 MISTAKES = [
@@ -666,6 +690,18 @@ MISTAKES = [
         passes=("test_by_hand_37x100x61_every_edge_partial",),
         question="M = 37, BLOCK_M = 32: which rows of A does your last tile row load, and does A have them?",
         section="3.2",
+    ),
+    Mistake(
+        13,
+        fails=("test_one_program_per_tile",),
+        passes=(
+            "test_by_hand_37x100x61_every_edge_partial",
+            "test_shapes_that_are_exact_multiples_of_the_tiles",
+        ),
+        messages=(r"programs for \d+ tiles of C",),
+        question="M = 512 and N = 64 in 32 x 32 tiles: how many tiles of C are there, and how many "
+        "programs does your grid launch?",
+        section="3.1",
     ),
     Mistake(
         12,
