@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import re
+import string
 from pathlib import Path
 
 # The modules a kernel launcher needs: torch and Triton, and the standard library's pure helpers.
@@ -223,12 +224,37 @@ DUNDER_TEXT_OK = DUNDER_METHODS | DUNDER_NAMES | {"__main__"}
 # A string that is code (an annotation typing evaluates, a forward reference) is checked as code: one
 # that parses as an expression and calls, reads an attribute or subscripts something.
 CODE_NODES = (ast.Call, ast.Attribute, ast.Subscript)
+# An attribute in a str.format field: "{0.handle}", "{x[1].data}"
+FORMAT_ATTRIBUTE = re.compile(r"\.([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def _format_attributes(text: str, depth: int = 0) -> list[str]:
+    """The attributes a str.format template reads (`"{0.handle.data}".format(x)` reads x.handle.data),
+    its nested specs' too; [] when it is no template."""
+    try:
+        fields = list(string.Formatter().parse(text))
+    except (ValueError, TypeError):
+        return []
+    found = []
+    for _, field, spec, _ in fields:
+        if field:
+            found += FORMAT_ATTRIBUTE.findall(field)
+        if spec and depth < 3:
+            found += _format_attributes(spec, depth + 1)
+    return found
 
 
 def _string_why(text: str, ctx: dict) -> str | None:
     for name in DUNDER_IN_TEXT.findall(text):
         if name not in DUNDER_TEXT_OK:
             return f"names {name} in a string (an attribute or a hook reached by its name): a launcher needs none"
+    # A template's fields read attributes as code does, where no attribute node shows them
+    for attr in _format_attributes(text) if "{" in text else ():
+        if attr in NAMES or attr.startswith("_") or attr in BUFFERS or attr in FILE_ATTRS:
+            return (
+                f"reads .{attr} through a format string's field, behind a name: format the values the "
+                "launcher holds, by name"
+            )
     if len(text) > 2000 or not any(c in text for c in "(.["):
         return None
     try:
@@ -497,6 +523,9 @@ def _module_objects(tree: ast.Module) -> set[str]:
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             for target in targets:
                 names |= {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+    # A name some function declares `global` is rebound at run time (`_H = None` at the top, an object
+    # assigned in the launcher): whatever it holds then is no constant a GPU's compiler could take
+    names |= {name for node in ast.walk(tree) if isinstance(node, ast.Global) for name in node.names}
     return names
 
 
