@@ -498,7 +498,10 @@ def diagnose(
     refused = [
         c
         for c in failing
-        if re.search(r"torch computed floats|runs as Python inside the launch", c.message or "")
+        if re.search(
+            r"torch computed floats|runs as Python inside the launch|kernel was given no tensor",
+            c.message or "",
+        )
         and not _not_refused(c)
     ]
     if refused and not any(

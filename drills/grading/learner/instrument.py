@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import linecache
 import os
+import re
 import sys
 
 from drills.grading.learner import semantic_cache
@@ -158,6 +159,7 @@ class TritonWatch:
         _memoize_np_dtypes(interp)
         _dot_sizes_as_a_gpu_compiles(interp)
         _patch_language_once(interp)
+        _values_stay_in_kernels(interp, self.graded_file)
         semantic_cache.install(interp)
         exact_bf16_dot(interp)
 
@@ -165,8 +167,9 @@ class TritonWatch:
         load, store = builder.create_masked_load, builder.create_masked_store
 
         def check(ptrs, mask, what):
-            if not watch.ranges:
-                return
+            # A launch given no tensor is checked too: its addresses can only be integers made pointers
+            # (a data_ptr() passed as a number), memory it was not given, whose loads and stores the
+            # record of what each launch read and wrote would not see.
             data = np.asarray(ptrs.data, dtype=np.uint64)
             active = np.broadcast_to(np.asarray(mask.data, dtype=bool), data.shape)
             if not active.any():
@@ -198,10 +201,15 @@ class TritonWatch:
             first = int(bad[0])
             name, distance = _nearest(watch.ranges, first, size)
             where = _where_now(watch.graded_file)
-            err = OutOfBoundsAccess(
+            said = (
                 f"out of bounds {what} of {name} ({distance}): {bad.size} of {p.size} active lanes point "
-                f"outside every tensor the kernel was given"
-                + (f", at {_relative(where[0])}:{where[1]}: {where[2]}" if where else "")
+                "outside every tensor the kernel was given"
+                if watch.ranges
+                else f"out of bounds {what}: the kernel was given no tensor, so its {bad.size} active lanes "
+                "point at memory made from an integer (an address passed as a number); pass the tensors"
+            )
+            err = OutOfBoundsAccess(
+                said + (f", at {_relative(where[0])}:{where[1]}: {where[2]}" if where else "")
             )
             err.drills_where = where
             raise err
@@ -264,9 +272,18 @@ def _refuse_python_arguments(kernel, args, kwargs) -> None:
     names = list(getattr(kernel, "arg_names", []) or [])
     items = list(zip(names + [f"argument {i}" for i in range(len(names), len(args))], args))
     items += [(k, v) for k, v in kwargs.items() if k != "grid"]
-    for name, value in items:
+    for name, value in _flat_arguments(items):
         if isinstance(value, tl.constexpr):
             value = value.value
+        stand_in = _tensor_stand_in(value)
+        if stand_in is not None:
+            # worded as the grader words a result computed out of the kernel's sight, so the screen names it
+            raise PythonArgument(
+                "the output did not come from your kernel: an object standing in for a tensor runs as Python "
+                f"inside the launch ({getattr(kernel, '__name__', 'the kernel')} was given {name} = {stand_in}, "
+                "whose methods Triton calls while it copies the launch's arguments, out of the grader's "
+                "sight; a GPU launch reads only its address); pass the torch.Tensor itself"
+            )
         # anything Python can call (an object of a class with __call__ too), but Triton's own kernels
         if callable(value) and not isinstance(value, (KernelInterface, torch.Tensor, type)):
             # worded as the grader words a result computed out of the kernel's sight, so the screen names it
@@ -276,6 +293,46 @@ def _refuse_python_arguments(kernel, args, kwargs) -> None:
                 f"{getattr(value, '__name__', type(value).__name__)}, which a GPU's compiler refuses); pass a "
                 "@triton.jit function, or compute in the kernel's body"
             )
+
+
+def _flat_arguments(items):
+    """(name, value) of each argument, a tuple's members as `name[i]` (Triton takes tuples of tensors)."""
+    for name, value in items:
+        if isinstance(value, tuple):
+            yield from _flat_arguments([(f"{name}[{i}]", v) for i, v in enumerate(value)])
+        else:
+            yield name, value
+
+
+def _tensor_stand_in(value) -> str | None:
+    """What stands in for a tensor among a launch's arguments, or None: an object with data_ptr (Triton
+    takes anything with one for a pointer) that is not one of torch's own tensor classes, alone or under
+    Triton's wrappers (triton.reinterpret's TensorWrapper, a TensorDescriptor's base). The interpreter
+    calls such an object's methods (untyped_storage(), its storage's cpu(), new_empty()) from its own code
+    while it copies the arguments, where torch's ops are Triton's own: a C function there, a
+    functools.partial of torch.add, computes unseen. A subclass of torch.Tensor may override them too, and
+    so may a plain tensor's own attributes (`t.size = ...` shadows Tensor.size)."""
+    import torch
+
+    seen = 0
+    while not isinstance(value, torch.Tensor) and seen < 4:
+        base = getattr(value, "base", None)  # Triton's wrappers keep the tensor as .base
+        if base is None or type(value).__module__.split(".")[0] != "triton":
+            break
+        value, seen = base, seen + 1
+    if isinstance(value, torch.Tensor):
+        if type(value).__module__.split(".")[0] != "torch":
+            return f"a tensor of the class {type(value).__name__}"
+        # a method replaced on the tensor itself (`src.size = functools.partial(...)`): Triton's copy calls it
+        replaced = sorted(k for k in (getattr(value, "__dict__", None) or {}) if hasattr(type(value), k))
+        if replaced:
+            return (
+                f"a tensor whose {', '.join(replaced[:3])} {'was' if len(replaced) == 1 else 'were'} replaced"
+            )
+        return None
+    if hasattr(value, "data_ptr"):
+        return f"an object of the class {type(value).__name__}"
+    return None
 
 
 def _check_interpreted_grids() -> None:
@@ -353,6 +410,56 @@ def _memoize_np_dtypes(interp) -> None:
 
     np_dtype.drills_memoized = True
     interp._get_np_dtype = np_dtype
+
+
+class KernelValueToPython(TypeError):
+    """A kernel's float value made a Python number in the kernel's body."""
+
+
+def _values_stay_in_kernels(interp, graded_file: str) -> None:
+    """Triton's interpreter gives a kernel's tensors Python's conversions a GPU's compiler has none of:
+    str(), repr(), format() and f-strings print the values (numpy's text of the block), and int() or
+    float() of a float scalar hands over the number. A kernel's body could then compute in Python on
+    the text or the number (math.exp, a parse, a sum) and put the answer back with tl.where, all out of
+    every check's sight, in a kernel no GPU compiles. Both are refused where the learner's file asks
+    (print a kernel's values with tl.device_print); Triton's own messages still get the compiler's text,
+    type and shape. An integer scalar stays a Python number (a loop bound, range(n)), and an `if` on a
+    scalar works as before."""
+    import triton.language as tl
+
+    original = getattr(interp, "_patch_lang_tensor", None)
+    if original is None or getattr(original, "drills_values_stay", False):
+        return
+    typed = tl.core.tensor.__str__  # the compiler's text: dtype[shape], no values
+    graded = os.path.realpath(graded_file)
+
+    def text(self, *spec):
+        code = sys._getframe(1).f_code
+        if os.path.realpath(code.co_filename or "") == graded:
+            raise KernelValueToPython(
+                "the output did not come from your kernel: text made of a kernel's values runs as Python inside "
+                "the launch (str(), repr(), format(), print() or an f-string of a tensor in a @triton.jit "
+                "body, which the interpreter fills with the values and a GPU's compiler does not); show "
+                "them with tl.device_print, and compute with triton.language"
+            )
+        return typed(self)
+
+    def index(self):
+        if self.dtype.is_floating():
+            raise KernelValueToPython(
+                "the output did not come from your kernel: a float value made a Python number runs as Python "
+                "inside the launch (int() or float() of a kernel's float tensor, which a GPU's compiler "
+                "refuses); compute with triton.language in the @triton.jit body"
+            )
+        return int(self.handle.data)
+
+    def patch_tensor(tensor, scope):
+        original(tensor, scope)
+        for name, fn in (("__str__", text), ("__repr__", text), ("__format__", text), ("__index__", index)):
+            scope.set_attr(tensor, name, fn)
+
+    patch_tensor.drills_values_stay = True
+    interp._patch_lang_tensor = patch_tensor
 
 
 def _patch_language_once(interp) -> None:
@@ -524,6 +631,16 @@ DATA_FREE = EMPTIES | {
 # (`if bad.any(): raise`) read a few, one bit each; the values themselves never. More is the answer
 # read out bit by bit.
 FLAG_READS = 16
+
+# Ops that hand Python a number read from a tensor's metadata, never from its values: the rest that return
+# a Python scalar (torch.equal, allclose) read the values (Recorder.host_value).
+METADATA = re.compile(
+    r"::(sym_)?(size|stride|numel|storage_offset|dim|dense_dim|sparse_dim|_nnz|_dimI|_dimV|is_same_size|"
+    r"is_set_to|is_coalesced|is_pinned|is_conj|is_neg|_is_zerotensor|is_contiguous|is_strides_like_format|"
+    r"is_non_overlapping_and_dense|q_scale|q_zero_point|q_per_channel_axis|qscheme|is_complex|"
+    r"is_floating_point|is_signed|is_inference|is_leaf|is_same|_has_same_storage_numel|"
+    r"_has_compatible_shallow_copy_type|output_nr|_version|get_device)\b"
+)
 
 # Integer ops on floats' bits that compute nothing: an AND picks bit fields (L5's check of its sinks reads
 # the exponent as `bits & 0x7F800000`, then compares), and with AND alone, which only clears bits, no sum or
@@ -702,6 +819,39 @@ def torch_compute_recorder(watch: TritonWatch):
             what = "flags" if flags else "values"
             self.note(f"{how} ({what} computed from floats read to the host)")
 
+        def host_value(self, name: str, short: str, func, args, inputs, out) -> None:
+            """Values that leave an op for Python other than through item(): a Python scalar an op returns
+            (torch.equal, allclose: a bool, no _local_scalar_dense under it), or the size of a result
+            that depends on the values (nonzero, a boolean mask's selection, unique: its length is a
+            count). From float memory, each is values read to the host: a bool or a size of bool flags
+            counts as flags, as a flag's item() does, and anything else is the values themselves."""
+            if isinstance(out, (bool, int, float, complex)) and not METADATA.search(name):
+                sources = [t for t in inputs if t.is_floating_point() or t.is_complex() or self.float_bits(t)]
+                if sources and isinstance(out, bool):
+                    self.flags_to_host(short, 1)
+                elif sources:
+                    self.note(f"{short} (values computed from floats read to the host)")
+            if torch.Tag.dynamic_output_shape not in getattr(func, "tags", ()):
+                return
+            if name.startswith("aten::index"):  # only a boolean mask among the indices sizes the result
+                inputs = [t for t in tensors_in(list(args[1:])) if t.dtype in (torch.bool, torch.uint8)]
+            for t in inputs:
+                if t.is_floating_point() or t.is_complex():
+                    self.note(f"{short} (floats read to the host through its result's size)")
+                elif t.dtype == torch.bool and self.float_bits(t):
+                    self.flags_to_host(short, t.numel(), " through its result's size")
+                elif self.float_bits(t):
+                    self.note(
+                        f"{short} (values computed from floats read to the host through its result's size)"
+                    )
+
+        def flags_to_host(self, how: str, count: int, through: str = "") -> None:
+            """count flags computed from float memory read to the host: a launcher's check reads a few."""
+            if self.flags_read + count <= FLAG_READS:
+                self.flags_read += count
+                return
+            self.note(f"{how} (flags computed from floats read to the host{through})")
+
         def __enter__(self):
             watch.recorder = self
             self.host_reads = HostReads(self)
@@ -763,6 +913,8 @@ def torch_compute_recorder(watch: TritonWatch):
                     for t in inputs:
                         if self.float_bits(t):
                             self.derived_read("item", t, [out])
+            elif not own:
+                self.host_value(name, short, func, args, inputs, out)
             if own:
                 return out
             written = []
