@@ -163,6 +163,8 @@ MAX_GRID_YZ = 65535  # CUDA's limit on grid axes 1 and 2, in programs
 # The domain the attention launchers admit, named once: the graders draw their cases from these.
 HEAD_DIM_RANGE = (16, 256)  # head dims: the powers of two in this range
 DECODE_MIN_PAGE = 16  # L2 loads one page per tile, so at least tl.dot's smallest tile
+DECODE_MAX_PAGE = 128  # L2 holds a page of K and of V in registers: [128, 256] tiles are the most
+STORE_MAX_KV_HEADS = 128  # L1 stores a token's [Hkv, D] heads as one tile: 128 x 256 elements at most
 GATHER_MAX_PAGE = 128  # F1 and F2 gather a tile token by token, from PAGE = 1 up to this
 
 

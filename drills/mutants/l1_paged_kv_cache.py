@@ -181,4 +181,18 @@ MUTANTS = [
         "        if needed > self.allocator.num_free:\n",
         "        if needed >= self.allocator.num_free:\n",
     ),
+    # Every check through the grader's process sees a copy anyway: only an edit in the learner's shows it.
+    Mutant(
+        "blocks_hands_out_the_table_itself",
+        "22. blocks returns the table's own list, not a copy",
+        "return list(self._blocks)",
+        "return self._blocks",
+    ),
+    # Right for every GQA model of at most 8 KV heads: only a wider head count shows it.
+    Mutant(
+        "head_tile_capped_at_8",
+        "23. a head tile capped at 8 KV heads",
+        "HKV_PAD=next_pow2(Hkv),",
+        "HKV_PAD=min(next_pow2(Hkv), 8),",
+    ),
 ]

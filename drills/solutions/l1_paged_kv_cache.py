@@ -278,6 +278,13 @@ def _check_inputs(key, value, k_cache, v_cache, slot_mapping, check=None):
     num_blocks, PAGE = k_cache.shape[:2]
     if value.shape != key.shape:
         raise ValueError(f"value shape {tuple(value.shape)} must equal key shape {tuple(key.shape)}")
+    # One program stores a token's [Hkv, D] heads as one padded tile: its size is bounded, so are they.
+    if not 1 <= D <= validate.HEAD_DIM_RANGE[1]:
+        raise ValueError(f"head dim D = {D} (key.shape[2]) must be from 1 to {validate.HEAD_DIM_RANGE[1]}")
+    if not 1 <= Hkv <= validate.STORE_MAX_KV_HEADS:
+        raise ValueError(
+            f"Hkv = {Hkv} KV heads (key.shape[1]) must be from 1 to {validate.STORE_MAX_KV_HEADS}"
+        )
     if tuple(k_cache.shape[2:]) != (Hkv, D):
         raise ValueError(
             f"k_cache is [num_blocks, PAGE, Hkv, D] = {tuple(k_cache.shape)}, but key has "
@@ -357,8 +364,9 @@ def _launch(key, value, k_cache, v_cache, slot_mapping, guard=True):
 def store_kvcache(key, value, k_cache, v_cache, slot_mapping, check=None):
     """Write each new token's K and V into its slot of the paged cache, in place.
 
-    key, value    [N, Hkv, D] float16, bfloat16 or float32, any strides with the last dimension
-                  contiguous (views of a fused qkv projection, say); value's strides may differ from key's
+    key, value    [N, Hkv, D] float16, bfloat16 or float32, 1 <= Hkv <= 128 and 1 <= D <= 256, any strides
+                  with the last dimension contiguous (views of a fused qkv projection, say); value's strides
+                  may differ from key's
     k_cache       [num_blocks, PAGE, Hkv, D] of key's dtype (the layout L2 reads), any strides with the
                   last dimension contiguous (one layer of a larger pool, K and V pages interleaved, heads
                   before tokens); v_cache likewise, with k_cache's strides. No element may belong to two

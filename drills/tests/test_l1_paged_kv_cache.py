@@ -18,8 +18,7 @@ from drills.compare import assert_close, assert_untouched, mismatch
 from drills.grading.grader.diagnose import Mistake
 from drills.grading.shared.bigmem import free_bytes, sparse_empty
 from drills.grading.shared.launches import assert_grids_fit, assert_runs_a_triton_kernel
-from drills.solutions.l2_paged_decode import paged_decode
-from drills.tests import raises_naming, seeded, sizes
+from drills.tests import probe, raises_naming, seeded, sizes
 from drills.tests.domain import Domain, checks_besides
 from drills.tests.paged_kv import GARBAGE_BLOCK_IDS, gather_kv, paged_attention_reference
 
@@ -206,6 +205,30 @@ MISTAKES = [
         messages=(r"a growth that takes every free block",),
         question="2 blocks free and a growth that needs exactly 2 new blocks: does your append_tokens "
         "compare needed with num_free by > or by >=?",
+        section="3.2",
+    ),
+    Mistake(
+        23,
+        fails=(
+            "test_heads_and_dims_not_powers_of_two[Hkv65]",
+            "test_heads_and_dims_not_powers_of_two[widest-tile]",
+        ),
+        passes=(
+            "test_heads_and_dims_not_powers_of_two[Hkv8-D128]",
+            "test_heads_and_dims_not_powers_of_two[Hkv6-D40-PAGE3]",
+            "test_heads_and_dims_not_powers_of_two[Hkv3-D24-PAGE5]",
+        ),
+        question="Hkv = 65: how many heads does your head tile (HKV_PAD) hold, and which heads of a token "
+        "does your store never write?",
+        section="3.6",
+    ),
+    Mistake(
+        22,
+        fails=("test_blocks_is_a_copy_the_caller_cannot_change",),
+        passes=("test_table_grows_one_block_at_a_time", "test_release_returns_every_block"),
+        messages=(r"the table's own list was handed out",),
+        question="Your `blocks` returns a list: is it the table's own list or a copy, and what happens to "
+        "the table when its caller clears that list?",
         section="3.2",
     ),
     Mistake(
@@ -439,6 +462,42 @@ def test_worked_example_growth_5_to_7_keeps_its_blocks(impl):
     assert table.blocks == before and len(before) == 2 and alloc.num_free == 6
     assert table.num_tokens == 7
     assert impl.waste_contiguous([7], 8) == (8, 1, 1 / 8)  # still inside the 8-slot reservation
+
+
+def _blocks_after_the_caller_edits_them(impl):
+    """In the learner's process (the grader only ever sees copies of what crosses the process boundary):
+    a 9-token table in blocks of 4, then the list `blocks` returned edited by its caller. Returns what
+    the table and its pool hold afterwards, and what they held before."""
+    alloc = impl.BlockAllocator(8)
+    table = impl.BlockTable(alloc, 4)
+    table.append_tokens(9)
+    before = (list(table.blocks), table.slot(8), alloc.num_free)
+    returned = table.blocks
+    if isinstance(returned, list):  # a tuple or other read-only sequence cannot be edited: nothing to try
+        returned.clear()
+        returned.append(7)  # a block this table never took
+    after = (list(table.blocks), _or_error(table.slot, 8), alloc.num_free)
+    _or_error(table.release)  # a table holding [7] frees a block it never took: a double free
+    return before, after, alloc.num_free
+
+
+def _or_error(fn, *args):
+    """fn(*args), or the name of the error it raised: an edited table may fail its own lookups."""
+    try:
+        return fn(*args)
+    except Exception as error:
+        return type(error).__name__
+
+
+def test_blocks_is_a_copy_the_caller_cannot_change(impl):
+    """`blocks` hands out a copy of the table: a caller (a scheduler, L2's block-table builder) that sorts,
+    clears or appends to the list it got must not change which blocks the table holds or releases."""
+    before, after, free_after_release = probe(impl, _blocks_after_the_caller_edits_them)
+    assert after == before, (
+        f"editing the list `blocks` returned (cleared, then [7]) changed the table: (blocks, slot(8), "
+        f"num_free) {before} became {after}: the table's own list was handed out, not a copy of it"
+    )
+    assert free_after_release == 8, f"after release() the pool of 8 has {free_after_release} blocks free"
 
 
 def test_worked_example_growth_5_to_9_takes_one_more_block(impl):
@@ -773,12 +832,14 @@ def test_first_and_last_slot_of_the_cache(impl, runtime):
 
 @pytest.mark.parametrize(
     "Hkv,D,PAGE",
-    [(3, 24, 5), (1, 128, 16), (6, 40, 3), (8, 128, 16), (2, 256, 16)],
-    ids=["Hkv3-D24-PAGE5", "Hkv1-D128", "Hkv6-D40-PAGE3", "Hkv8-D128", "Hkv2-D256"],
+    [(3, 24, 5), (1, 128, 16), (6, 40, 3), (8, 128, 16), (2, 256, 16), (65, 200, 2), (128, 256, 3)],
+    ids=["Hkv3-D24-PAGE5", "Hkv1-D128", "Hkv6-D40-PAGE3", "Hkv8-D128", "Hkv2-D256", "Hkv65", "widest-tile"],
 )
 def test_heads_and_dims_not_powers_of_two(impl, runtime, Hkv, D, PAGE):
     """Hkv and D padded up to powers of two for tl.arange: the padded heads and features must be masked
-    on the store, or they land on the next slot's heads (or past the cache: the spare block sees it)."""
+    on the store, or they land on the next slot's heads (or past the cache: the spare block sees it).
+    Hkv = 65 pads past 64 heads, and 128 x 256 is the widest tile the launcher admits: a head tile fixed
+    at the 8 KV heads of a GQA model stores only the first 8."""
     num_blocks = sizes(runtime, 7, 1000)  # at least N slots for every PAGE here
     N = sizes(runtime, 12, 1000)
     key, value = random_rows(N, Hkv, D, torch.float16, runtime.device, stream=Hkv * D)
@@ -975,6 +1036,10 @@ def test_paged_decode_reads_what_store_kvcache_wrote(impl, runtime):
     inside[M:-M] = True
     assert_untouched(buf_k, CANARY, inside, "the spare blocks around k_cache", CACHE_DIMS)
     assert_untouched(buf_v, CANARY, inside, "the spare blocks around v_cache", CACHE_DIMS)
+    # Imported here, not at the top: the learner's process imports this module for its probes, and a
+    # learner's file may import no reference.
+    from drills.solutions.l2_paged_decode import paged_decode
+
     out = paged_decode(q, k_cache, v_cache, block_tables, context_lens)
     ref, _ = paged_attention_reference(q, k_ref, v_ref, block_tables, context_lens)
     assert_close(out, ref, ("b", "head", "d"))
@@ -1075,6 +1140,18 @@ def _every_other(slots):
 
 
 # name -> (how to spoil the arguments of a valid call, the error, what the message must name)
+def _widened(args, dim, size):
+    """key, value and both caches with dimension `dim` of the rows (1: Hkv, 2: D) grown to `size`."""
+    rows = {
+        n: args[n].new_zeros(*args[n].shape[:dim], size, *args[n].shape[dim + 1 :]) for n in ("key", "value")
+    }
+    caches = {
+        n: args[n].new_zeros(*args[n].shape[: dim + 1], size, *args[n].shape[dim + 2 :])
+        for n in ("k_cache", "v_cache")
+    }
+    return rows | caches
+
+
 BAD_INPUTS = {
     "check_not_a_bool": (lambda a, dev: dict(check="always"), TypeError, "check"),
     "key_not_a_tensor": (lambda a, dev: dict(key=a["key"].tolist()), TypeError, "key"),
@@ -1087,6 +1164,9 @@ BAD_INPUTS = {
     "value_shape": (lambda a, dev: dict(value=a["value"][:, :1]), ValueError, "value"),
     "value_rows": (lambda a, dev: dict(value=a["value"][:4]), ValueError, "value"),
     "value_head_dim": (lambda a, dev: dict(value=a["value"][..., :8]), ValueError, "value"),
+    # Past the widest [Hkv, D] tile the launcher admits: one token's heads would not fit one program.
+    "head_dim_past_256": (lambda a, dev: _widened(a, 2, 257), ValueError, "D"),
+    "kv_heads_past_128": (lambda a, dev: _widened(a, 1, 129), ValueError, "Hkv"),
     "cache_heads_mismatch": (
         lambda a, dev: {n: a[n][:, :, :1] for n in ("k_cache", "v_cache")},
         ValueError,
