@@ -86,11 +86,12 @@ def flash_attention_kernel(
     BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr,
     STORE_LSE: tl.constexpr,
+    ROWS_INT64: tl.constexpr,  # a row index times its row stride can pass 2**31 (section 3.1)
 ):
     # TODO(section 3.1 "One program"): this program's query block pid_m and pid_bh = b * H + h from
     # its one program id (pid = pid_bh * cdiv(Nq, BLOCK_M) + pid_m), then batch b and head h, widened
-    # to int64; its KV head (contiguous grouping); the offsets offs_m, offs_n, offs_d; load q
-    # [BLOCK_M, D] with the rows at or past Nq masked to 0.
+    # to int64, and the four row strides too when ROWS_INT64; its KV head (contiguous grouping); the
+    # offsets offs_m, offs_n, offs_d; load q [BLOCK_M, D] with the rows at or past Nq masked to 0.
 
     # TODO(section 3.2 "K read transposed"): pointers kt_ptrs [D, BLOCK_N] to K^T (through K's strides,
     # no tl.trans) and v_ptrs [BLOCK_N, D], both for keys 0..BLOCK_N-1 of this KV head.
@@ -131,6 +132,11 @@ def _launch(q, k, v, causal, scale, out, lse=None, config=None):
     BLOCK_M, BLOCK_N, num_warps, num_stages = config or _config(D)
     # One axis: up to 2**31 - 1 programs, where axes 1 and 2 stop at 65535 (section 3.1).
     grid = (triton.cdiv(Nq, BLOCK_M) * B * H,)
+    # Row offsets in int64 only for views whose rows lie far apart (section 3.1): int64 row strides made
+    # the full rows at D = 128 12-16% slower (H100, Triton 3.6). A row index, masked rows included,
+    # stays below `rows`.
+    rows = max(Nq, Nk) + max(BLOCK_M, BLOCK_N)
+    rows_int64 = rows * max(q.stride(2), k.stride(2), v.stride(2), out.stride(2)) >= 2**31
     flash_attention_kernel[grid](
         q,
         k,
@@ -161,6 +167,7 @@ def _launch(q, k, v, causal, scale, out, lse=None, config=None):
         BLOCK_N=BLOCK_N,
         CAUSAL=causal,
         STORE_LSE=lse is not None,
+        ROWS_INT64=rows_int64,
         num_warps=num_warps,
         num_stages=num_stages,
     )

@@ -199,12 +199,22 @@ MUTANTS = [
     Mutant(
         "row_strides_left_int32",
         "16. row offsets left int32 (token index times stride_qm or stride_kn wraps past 2**31)",
-        """    stride_qm = tl.cast(stride_qm, tl.int64)
-    stride_kn = tl.cast(stride_kn, tl.int64)
-    stride_vn = tl.cast(stride_vn, tl.int64)
-    stride_om = tl.cast(stride_om, tl.int64)
-""",
-        "",
+        "ROWS_INT64=rows_int64,",
+        "ROWS_INT64=False,",
+    ),
+    # The launcher's int64 decision read from q's row stride alone: only K and V far apart show it.
+    Mutant(
+        "rows_int64_from_q_alone",
+        "16. row offsets left int32 (token index times stride_qm or stride_kn wraps past 2**31)",
+        "max(q.stride(2), k.stride(2), v.stride(2), out.stride(2))",
+        "max(q.stride(2), out.stride(2))",
+    ),
+    # The other way round, decided from K's and V's row strides alone: only q far apart shows it.
+    Mutant(
+        "rows_int64_from_k_and_v_alone",
+        "16. row offsets left int32 (token index times stride_qm or stride_kn wraps past 2**31)",
+        "max(q.stride(2), k.stride(2), v.stride(2), out.stride(2))",
+        "max(k.stride(2), v.stride(2))",
     ),
     # The scores are masked after the dot: only a K with nothing after its last key shows the load.
     Mutant(

@@ -41,6 +41,8 @@ BOUNDS: dict[str, tuple[str, ...]] = {
     "GROUP": ("test_kv_head_grouping_is_contiguous",),
     "MASKED": ("test_last_key_block_is_masked", "test_any_block_shape"),
     "STORE_LSE": ("test_lse_is_natural_log", "test_keys_not_a_multiple_of_the_block"),  # with and without
+    # True for views whose rows lie past 2**31 elements apart (q alone, K and V, V alone), False elsewhere.
+    "ROWS_INT64": ("test_batch_and_head_offsets_widened_to_int64", "test_head_dims"),
     "grid": ("test_grid_fits_cuda_limits_at_largest_sizes",),
 }
 
@@ -570,22 +572,34 @@ def slices_past_int32(n, D, axis, device, stream):
     return view
 
 
-@pytest.mark.parametrize("axis", ["batch", "head", "token"])
+# Which of q, k and v lie far apart, by case: a launcher that decides on int64 row offsets from some
+# tensors' strides (q's alone, K's and V's alone, K's for V) must meet a case where only the others are.
+FAR_ROWS = {"token": "qkv", "key_token": "kv", "value_token": "v", "query_token": "q"}
+
+
+@pytest.mark.parametrize("axis", ["batch", "head", *FAR_ROWS])
 def test_batch_and_head_offsets_widened_to_int64(impl, runtime, axis):
     """q, k and v with batches (or heads) 2**30 + 2**20 elements apart: batch 2's (head 2's) rows start
     past element 2**31, so b * stride_qb (h * stride_qh) computed in int32 wraps to a negative offset
     and reads zeros from 2**31 - 2**21 elements before the tensor. "token": three query and three key
     tokens that far apart (rows of one layer in a large pool), so a row index times stride_qm, stride_kn
-    or stride_vn wraps the same way."""
+    or stride_vn wraps the same way; "key_token", "value_token" and "query_token": only K and V, only V,
+    or only q, so."""
     if runtime.interpreter and free_bytes() < 2**30:
         pytest.skip(
             f"needs about 1 GB of free memory for the touched pages and the interpreter; "
             f"{free_bytes() / 2**30:.1f} GB free"
         )
-    Nq, Nk, D = (3, 3, 16) if axis == "token" else (20, 40, 16)
-    q = slices_past_int32(Nq, D, axis, runtime.device, stream=31)
-    k = slices_past_int32(Nk, D, axis, runtime.device, stream=32)
-    v = slices_past_int32(Nk, D, axis, runtime.device, stream=33)
+    far = FAR_ROWS.get(axis, "qkv")
+    Nq, Nk, D = (3, 3, 16) if axis in FAR_ROWS else (20, 40, 16)
+
+    def operand(name, n, stream):  # (1, 1, n, D) compact, or the case's far-apart view
+        if name in far:
+            return slices_past_int32(n, D, "token" if axis in FAR_ROWS else axis, runtime.device, stream)
+        gen = torch.Generator().manual_seed(seeded(stream))
+        return torch.randn((1, 1, n, D), generator=gen).to(torch.float16).to(runtime.device)
+
+    q, k, v = operand("q", Nq, 31), operand("k", Nk, 32), operand("v", Nk, 33)
     out, lse = impl.flash_attention(q, k, v, return_lse=True)
     ref, ref_lse = attention_reference(q, k, v)
     assert_close(out, ref, DIMS)
