@@ -305,3 +305,64 @@ def test_a_format_strings_fields_read_no_attribute_a_name_could_not():
     found = refused(t1_with('def _text(x):\n    return "{0:{1._fill}}".format(x, x)\n'))
     assert len(found) == 1 and "reads ._fill through a format string's field" in found[0], found
     assert refused(t1_with('def _text(x, n):\n    return "{0} of {n:>4} {1[0]}".format(x, [n], n=n)\n')) == []
+
+
+AFTER_THE_CALL = """\
+import json, os
+os.environ["TRITON_INTERPRET"] = "1"
+import drills.runtime
+drills.runtime.select()
+import functools
+import itertools
+import torch
+import triton
+import triton.language as tl
+
+import drills.grading.learner.instrument as I
+from drills.grading.learner.run_call import run_call
+watch = I.TritonWatch(__file__)
+watch.module_name = "cheats"
+
+
+@triton.jit
+def _copy(src_ptr, out_ptr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, tl.load(src_ptr + offs))
+
+
+def add(x, y):  # a launch for show, and the add in out.clone(), which the harness calls after the call
+    out = torch.empty(8)
+    _copy[(1,)](x, out, BLOCK=8)
+    out.clone = functools.partial(next, itertools.chain(itertools.filterfalse(torch.is_tensor,
+        itertools.starmap(functools.partial(torch.add, out=out), [(x, y)])), [x.clone()]))
+    return out
+
+
+def honest(x, y):
+    out = torch.empty(8)
+    _copy[(1,)](x, out, BLOCK=8)
+    return out
+
+
+said = {}
+x, y = torch.randn(8), torch.randn(8)
+for fn in (add, honest):
+    try:
+        run_call(watch, fn, (x, y), {}, {"orders": True})
+        said[fn.__name__] = "returned"
+    except I.PythonArgument as err:
+        said[fn.__name__] = str(err)
+print(json.dumps(said))
+"""
+
+
+def test_a_tensor_whose_method_is_replaced_fails_the_call(tmp_path):
+    """A light check accepts a call in which torch computed nothing: a launcher that sets out.clone to a
+    chain of C functions that adds passed T1's every check but the provenance one, the add running when
+    the harness cloned the result after the call. Such a tensor, given or returned, fails the call."""
+    said = json.loads(_last_line_of_script(tmp_path / "after_the_call.py", AFTER_THE_CALL, 300))
+    assert said["honest"] == "returned", said
+    assert said["add"].startswith(
+        "the output did not come from your kernel: a tensor whose clone was replaced runs as Python inside "
+        "the launch or after it"
+    ), said

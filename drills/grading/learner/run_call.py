@@ -132,6 +132,22 @@ def _unread_inputs(fn, args, kwargs, storages: dict, snap: dict | None, read: se
     return unread
 
 
+def _refuse_replaced_methods(args, kwargs, result) -> None:
+    """After the call, the harness clones, views and sends the tensors it was given and got back, out of
+    the op recorder's sight: a tensor whose own attribute replaces one of its methods (`out.clone = ` a
+    chain of C functions that adds) would compute there unseen. Such a tensor fails the call."""
+    from drills.grading.learner.instrument import PythonArgument, _tensor_stand_in
+
+    for t in tensors_in(list(args) + list(kwargs.values()) + [result]):
+        stand_in = _tensor_stand_in(t)
+        if stand_in is not None:
+            raise PythonArgument(
+                f"the output did not come from your kernel: {stand_in} runs as Python inside the launch or "
+                "after it, where the grader copies the call's tensors out of its sight; leave torch's tensors' "
+                "methods as they are"
+            )
+
+
 def run_call(watch: TritonWatch, fn, args, kwargs, options: dict):
     """(the call's result, the provenance evidence or None): see the module docstring."""
     tensors = tensors_in(list(args) + list(kwargs.values()))
@@ -151,6 +167,7 @@ def run_call(watch: TritonWatch, fn, args, kwargs, options: dict):
     try:
         with recorder:
             result = fn(*args, **kwargs)
+        _refuse_replaced_methods(args, kwargs, result)
         _raise_device_errors()
     finally:
         watch.disabled = False
