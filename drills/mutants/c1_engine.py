@@ -305,4 +305,10 @@ MUTANTS = [
         "if stop or len(seq.output) >= seq.params.max_tokens:",
         "if stop or len(seq.output) > seq.params.max_tokens:",
     ),
+    Mutant(
+        "pool_exact_fit_refused",
+        "33. a request that fills the pool exactly refused",
+        "        if need > capacity:\n",
+        "        if need >= capacity:\n",
+    ),
 ]

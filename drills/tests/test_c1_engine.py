@@ -518,9 +518,26 @@ MISTAKES = [
         section="3.6",
     ),
     Mistake(
+        33,
+        # add()'s own ValueError on a request that fits the pool exactly (test_fresh_blocks_... fills the
+        # pool exactly too); every engine run with room to spare passes.
+        fails=("test_request_that_fits_the_pool_exactly_runs",),
+        passes=ENGINE_BASICS,
+        messages=(r"ValueError at line \d+ of your file \(`\s*raise ValueError",),
+        question="A pool of 4 blocks of 4 and a request of a 10-token prompt with max_tokens 6: how many "
+        "slots can it need, and does your add() let it in?",
+        section="3.1",
+    ),
+    Mistake(
         11,
         fails=("test_fresh_blocks_lose_their_old_computed_mark",),
-        passes=ENGINE_BASICS + ("test_hits_on_a_preempted_prompt_wait_until_computed",),
+        # Its request fills the pool exactly: an add() that refuses an exact fit fails it too (and is
+        # named by its own raise, the input the spec admits).
+        passes=ENGINE_BASICS
+        + (
+            "test_hits_on_a_preempted_prompt_wait_until_computed",
+            "test_request_that_fits_the_pool_exactly_runs",
+        ),
         question="A block that held another request's K and V is handed out fresh: is it still 'computed' "
         "for the tokens of its new owner?",
         section="3.4",
