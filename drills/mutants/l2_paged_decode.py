@@ -195,4 +195,17 @@ MUTANTS = [
         "ctx_ok = (ctx >= 0) & (ctx <= max_pages * PAGE)",
         "ctx_ok = (ctx >= 0) & (ctx < max_pages * PAGE)",
     ),
+    # b widened for q's row only: only a block table or an out whose rows lie far apart shows it.
+    Mutant(
+        "table_row_offset_int32",
+        "17. the sequence index left int32 (b * stride_bt overflows)",
+        "phys = tl.load(block_tables_ptr + b * stride_bt + p).to(tl.int64)",
+        "phys = tl.load(block_tables_ptr + b.to(tl.int32) * stride_bt + p).to(tl.int64)",
+    ),
+    Mutant(
+        "out_row_offset_int32",
+        "17. the sequence index left int32 (b * stride_ob overflows)",
+        "out_ptr + b * stride_ob + q_heads[:, None] * stride_oh + offs_d[None, :],",
+        "out_ptr + b.to(tl.int32) * stride_ob + q_heads[:, None] * stride_oh + offs_d[None, :],",
+    ),
 ]

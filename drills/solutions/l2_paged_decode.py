@@ -173,8 +173,9 @@ def paged_decode(q, k_cache, v_cache, block_tables, context_lens, scale=None, ou
     """Decode attention over a paged KV cache, query heads grouped onto KV heads (GQA).
 
     q             [B, Hq, D], float16 or bfloat16: one new token per sequence (a strided view is fine)
-    k_cache       [num_blocks, PAGE, Hkv, D], q's dtype; v_cache likewise. Strided views are fine (one
-                  layer of a bigger pool), but k_cache and v_cache must share no element
+    k_cache       [num_blocks, PAGE, Hkv, D], q's dtype, PAGE a power of two from 16 to 128 (a page is one
+                  register tile); v_cache likewise. Strided views are fine (one layer of a bigger pool),
+                  but k_cache and v_cache must share no element
     block_tables  [B, max_pages] int32, each row contiguous (a slice of a wider table is fine): logical
                   page p of sequence b is physical block block_tables[b, p], in [0, num_blocks) for every
                   page the sequence uses; entries past a sequence's last page are never read
@@ -191,7 +192,17 @@ def paged_decode(q, k_cache, v_cache, block_tables, context_lens, scale=None, ou
 
     Query head h attends with KV head h // (Hq // Hkv). Returns out [B, Hq, D].
     """
-    validate.paged_decode_inputs(q, k_cache, v_cache, block_tables, context_lens, scale, out, check=check)
+    validate.paged_decode_inputs(
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        context_lens,
+        scale,
+        out,
+        max_page=validate.DECODE_MAX_PAGE,
+        check=check,
+    )
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     if out is None:

@@ -211,19 +211,26 @@ def pool_past_int32(runtime, PAGE: int, Hkv: int, D: int, spare: int) -> dict:
 
 
 def q_rows_far_apart(q: torch.Tensor, runtime) -> torch.Tensor:
-    """A copy of q [B, Hq, D] whose rows lie 1.5 * 2**30 elements apart in a sparse buffer (a view of a
-    large activation buffer; the stride fits in int32), for the int64 sequence-index cases of L2 and F1:
-    row 2 starts 3 * 2**30 elements in, so b * stride(0) in int32 wraps to -2**30, a row before q. The
-    buffer holds 2**31 elements before q, so on a GPU the wrapped row lands in it (zeroed there); the
-    interpreter reports a load outside q. Skips, saying why, without the memory for the rows."""
+    """rows_far_apart(q): q's rows 1.5 * 2**30 elements apart, for the int64 sequence-index cases of L2
+    and F1."""
+    return rows_far_apart(q, runtime)
+
+
+def rows_far_apart(t: torch.Tensor, runtime) -> torch.Tensor:
+    """A copy of t [B, ...] (q, out, block_tables) whose rows lie 1.5 * 2**30 elements apart in a sparse
+    buffer (a view of a large activation buffer or block table; the stride fits in int32): row 2 starts
+    3 * 2**30 elements in, so b * stride(0) in int32 wraps to -2**30, a row before t. The buffer holds
+    2**31 elements before t, so on a GPU the wrapped row lands in it (zeroed there); the interpreter
+    reports an access outside t. Skips, saying why, without the memory for the rows."""
     skip_without_memory_for_sparse_pages(runtime)
-    B, Hq, D = q.shape
-    stride, before = 3 * 2**29, 2**31  # q's row stride, and the buffer's elements before q
-    flat = bigmem.sparse_empty((before + (B - 1) * stride + Hq * D,), q.dtype, runtime.device)
+    B, inner = t.shape[0], t[0].numel()
+    stride, before = 3 * 2**29, 2**31  # t's row stride, and the buffer's elements before t
+    flat = bigmem.sparse_empty((before + (B - 1) * stride + inner,), t.dtype, runtime.device)
     if not runtime.interpreter:
-        flat[before - 2**30 : before - 2**30 + Hq * D].zero_()  # torch.empty on a GPU: row 2 wrapped
-    far = flat.as_strided((B, Hq, D), (stride, D, 1), before)  # [B, Hq, D], row b at b * stride
-    far.copy_(q)
+        flat[before - 2**30 : before - 2**30 + inner].zero_()  # torch.empty on a GPU: row 2 wrapped
+    row_strides = torch.empty(t.shape[1:], device="meta").stride()  # a contiguous row's own strides
+    far = flat.as_strided(tuple(t.shape), (stride, *row_strides), before)  # row b at b * stride
+    far.copy_(t)
     assert (B - 1) * stride >= 2**31 > stride
     return far
 

@@ -41,7 +41,7 @@ from drills.tests.paged_kv import (
     make_paged_case,
     paged_attention_reference,
     pool_past_int32,
-    q_rows_far_apart,
+    rows_far_apart,
     shift_scores,
     spoiled_call,
     strided_q,
@@ -63,6 +63,7 @@ BOUNDS: dict[str, tuple[str, ...]] = {
         "test_worked_example_ctx37_reads_three_pages",
         "test_last_page_is_masked",
         "test_head_dims_and_page_sizes",
+        "test_pairwise_domain_cases_match_the_oracle",  # PAGE = 128, the widest the launcher admits
     ),
     "D": ("test_widest_head_dim_is_read_whole",),
     "grid": ("test_grid_fits_cuda_limits_at_largest_sizes",),
@@ -77,7 +78,7 @@ _D_LO, _D_HI = validate.HEAD_DIM_RANGE
 DOMAIN = Domain(
     axes=dict(
         D=(_D_LO, _D_HI),  # the narrowest and the widest head dim: one D tile of 256
-        PAGE=(validate.DECODE_MIN_PAGE, 4 * validate.DECODE_MIN_PAGE),  # any power of two from 16
+        PAGE=(validate.DECODE_MIN_PAGE, validate.DECODE_MAX_PAGE),  # any power of two from 16 to 128
         heads=((2, 2), (9, 3), (17, 1)),  # (Hq, Hkv): MHA, GROUP 3, MQA with GROUP 17 > GROUP_PAD 16
         lens=tuple(CONTEXT_PATTERNS),  # a partial last page, full pages, a padding row beside one key
         dtype=(torch.float16, torch.bfloat16),
@@ -449,10 +450,26 @@ def test_page_index_widened_to_int64(impl, runtime):
     check(impl, case)
 
 
-def test_sequence_index_widened_to_int64(impl, runtime):
-    """q's rows 1.5 * 2**30 elements apart (q_rows_far_apart): b * stride_qb must be computed in int64."""
+@pytest.mark.parametrize("far", ["q", "out", "block_tables"])
+def test_sequence_index_widened_to_int64(impl, runtime, far):
+    """The rows of q, of out or of block_tables 1.5 * 2**30 elements apart (rows_far_apart), one tensor at
+    a time: b * stride_qb, b * stride_ob and b * stride_bt must each be computed in int64. A kernel that
+    widens only the q row's offset still reads block ids or stores out rows through a wrapped one."""
     case = make_paged_case([20, 9, 33], 4, 2, 64, 16, device=runtime.device, stream=97)
-    check(impl, PagedCase(q_rows_far_apart(case.q, runtime), *case.args[1:]))
+    if far == "out":
+        # Unwritten rows stay NaN: on a GPU a wrapped store lands outside out, leaving its row as it was.
+        out = rows_far_apart(torch.full_like(case.q, float("nan")), runtime)  # [B, Hq, D]
+        returned = impl.paged_decode(*case.args, out=out)
+        wrong = returned_out_problem("paged_decode", returned, out)
+        assert wrong is None, wrong
+        assert_close(out, paged_attention_reference(*case.args)[0], DIMS)
+        return
+    q, k_cache, v_cache, block_tables, context_lens = case.args
+    if far == "q":
+        q = rows_far_apart(q, runtime)
+    else:
+        block_tables = rows_far_apart(block_tables, runtime)
+    check(impl, PagedCase(q, k_cache, v_cache, block_tables, context_lens))
 
 
 # --- Every pair of the domain's boundary values in one case ----------------------------------------
@@ -489,6 +506,14 @@ BAD_INPUTS = {
     ),
     "page_not_pow2_16": (
         lambda a, dev: {n: a[n][:, :8].contiguous() for n in ("k_cache", "v_cache")},
+        ValueError,
+        "PAGE",
+    ),
+    "page_past_128": (
+        lambda a, dev: {
+            n: a[n].new_zeros(a[n].shape[0], 2 * validate.DECODE_MAX_PAGE, *a[n].shape[2:])
+            for n in ("k_cache", "v_cache")
+        },
         ValueError,
         "PAGE",
     ),
@@ -680,9 +705,15 @@ MISTAKES = [
     Mistake(
         17,
         fails=("test_sequence_index_widened_to_int64",),
-        passes=(WORKED, "test_q_strides_are_used", "test_page_index_widened_to_int64"),
-        question="Row 2 of q starts 3 * 2**30 elements in: in which integer type does your kernel compute "
-        "b * stride_qb?",
+        # A table row stride taken as max_pages fails the far-apart table too: its own check names it.
+        passes=(
+            WORKED,
+            "test_q_strides_are_used",
+            "test_page_index_widened_to_int64",
+            "test_table_rows_are_read_through_their_stride",
+        ),
+        question="Row 2 of q (of out, of block_tables) starts 3 * 2**30 elements in: in which integer type "
+        "does your kernel compute b * stride_qb, b * stride_ob and b * stride_bt?",
         section="3.1",
     ),
     Mistake(
