@@ -103,4 +103,11 @@ MUTANTS = [
         "softmax_kernel[(M,)](",
         "softmax_kernel[(min(M, 65535),)](",
     ),
+    # The rows still sum to 1: only the values show the base.
+    Mutant(
+        "exp2_without_log2e",
+        "9. tl.exp2 where e^z belongs (no log2(e) factor)",
+        "num = tl.exp(z)",
+        "num = tl.exp2(z)",
+    ),
 ]

@@ -204,6 +204,20 @@ def test_padded_columns_load_as_minus_inf(impl, runtime, N):
     check(impl, x)
 
 
+def test_exponential_is_natural(impl, runtime):
+    """The row [0, 1]: e^0 / (e^0 + e^1) = 0.268941 and e / (1 + e) = 0.731059. tl.exp2 without the
+    log2(e) factor computes 2^x instead, 1/3 and 2/3: a softmax that sums to 1, only too flat."""
+    x = framed_input(torch.tensor([[0.0, 1.0]], device=runtime.device))  # [1, 2]
+    out = run_into_canary(impl, x)
+    got = [round(v, 6) for v in out[0].tolist()]
+    if abs(got[0] - 1 / 3) < 1e-4 and abs(got[1] - 2 / 3) < 1e-4:
+        raise AssertionError(
+            f"softmax of [0, 1] is {got}: 2^x / sum 2^x, not e^x / sum e^x; tl.exp2(z) is e^z only as "
+            "tl.exp2(z * 1.4426950408889634), log2(e)"
+        )
+    assert_close(out, softmax_reference(x), DIMS)
+
+
 @pytest.mark.parametrize("where", ["one_block", "long_rows"])
 def test_max_starts_at_minus_inf(impl, runtime, where):
     """Every value between -300 and -200: a row max that starts at 0 instead of -inf stays 0, every
@@ -244,9 +258,11 @@ def test_row_of_exactly_one_block(impl, runtime):
 
 @pytest.mark.parametrize("where", ["one_block", "long_rows"])
 def test_rows_sum_to_one(impl, runtime, where):
-    """Each row of out sums to 1: forgetting to divide by the sum leaves the sum itself in every row."""
+    """Each row of out sums to 1: forgetting to divide by the sum leaves the sum itself in every row. Only
+    the sums are checked here (every other check compares the values): a softmax of another base (exp2
+    without the log2(e) factor) sums to 1 and must not be taken for a missing division."""
     M, N = (9, 500) if where == "one_block" else (2, long_row(impl, 33))
-    out = check(impl, randn(M, N, torch.float32, runtime.device, stream=10))
+    out = run_into_canary(impl, randn(M, N, torch.float32, runtime.device, stream=10))
     assert_close(out.sum(dim=-1), torch.ones(M, device=runtime.device), ("row",))
 
 
@@ -530,6 +546,15 @@ MISTAKES = [
         question="Row 2 starts 2 * (2**30 + 2**20) elements into x: in which integer type does your "
         "kernel compute row * stride, and what does that type do past 2**31 - 1?",
         section="3.1",
+    ),
+    Mistake(
+        9,
+        fails=("test_exponential_is_natural",),
+        passes=("test_rows_sum_to_one",),  # 2^z / sum 2^z sums to 1 as well
+        messages=(r"2\^x / sum 2\^x, not e\^x",),
+        question="Which exponential does your kernel take: e^z, or 2^z, and what does tl.exp2 need to "
+        "give e^z?",
+        section="3.3",
     ),
     Mistake(
         7,
