@@ -366,3 +366,27 @@ def test_a_tensor_whose_method_is_replaced_fails_the_call(tmp_path):
         "the output did not come from your kernel: a tensor whose clone was replaced runs as Python inside "
         "the launch or after it"
     ), said
+
+
+NUMBERS_IN_KERNEL = """
+@triton.jit
+def _kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    lanes = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + lanes)
+    {line}
+    tl.store(out_ptr + lanes, x)
+"""
+
+
+def test_a_kernels_body_converts_only_constants_to_python():
+    """int(), float(), bool() of a kernel's value hand it to Python as a number under the interpreter,
+    str(), repr() and format() its block as text: a GPU's compiler converts only constants and
+    tl.constexpr parameters and makes no text. float("-inf") and int(BLOCK // 2) stay allowed."""
+    from tests.test_cheats_closed import refused, t1_with
+
+    for line in ("v = int(tl.sum(x))", "v = float(n)", "v = bool(x > 0)", "v = str(x)", "v = format(x)"):
+        found = refused(t1_with(NUMBERS_IN_KERNEL.format(line=line)))
+        why = found[0] if len(found) == 1 else ""
+        assert "in a kernel's body" in why or "on a kernel's value" in why, (line, found)
+    for line in ('v = float("-inf")', "v = int(BLOCK // 2)", "v = -float(1)"):
+        assert refused(t1_with(NUMBERS_IN_KERNEL.format(line=line))) == [], line

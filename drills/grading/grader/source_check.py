@@ -529,7 +529,16 @@ def _module_objects(tree: ast.Module) -> set[str]:
     return names
 
 
-def _kernel_call_why(node: ast.AST, plain: set[str], objects: set[str] = frozenset()) -> str | None:
+# Python's conversions of a value to a number or to text: in a kernel's body the interpreter hands them
+# the kernel's values (a block's numbers as text, a scalar as a Python int), which Python can then compute
+# on out of every check's sight; a GPU's compiler converts only constants and constexprs, and makes no text.
+KERNEL_NUMBERS = {"int", "float", "bool", "complex"}
+KERNEL_TEXT = {"str", "repr", "format", "ascii"}
+
+
+def _kernel_call_why(
+    node: ast.AST, plain: set[str], objects: set[str] = frozenset(), constexprs: set[str] = frozenset()
+) -> str | None:
     """In a @triton.jit body: a call of a plain Python function of the file, a lambda or a function
     defined there. Triton's compiler refuses each on a GPU; the interpreter runs it as Python, handing
     it the kernel's values, so a kernel that passes on the CPU would not compile where it is used."""
@@ -548,6 +557,27 @@ def _kernel_call_why(node: ast.AST, plain: set[str], objects: set[str] = frozens
         return (
             f"calls {node.func.id}(), a plain Python function, from a kernel's body (the interpreter runs "
             "it as Python, a GPU's compiler refuses it): decorate it with @triton.jit or compute in the kernel"
+        )
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in KERNEL_TEXT:
+        return (
+            f"calls {node.func.id}() in a kernel's body (the interpreter makes a block's values text, a GPU's "
+            "compiler makes none): show values with tl.device_print, compute with triton.language"
+        )
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in KERNEL_NUMBERS
+        and not all(
+            isinstance(n, (ast.Constant, ast.UnaryOp, ast.unaryop, ast.BinOp, ast.operator, ast.expr_context))
+            or (isinstance(n, ast.Name) and n.id in constexprs)
+            for arg in node.args
+            for n in ast.walk(arg)
+        )
+    ):
+        return (
+            f"calls {node.func.id}() on a kernel's value (the interpreter hands it to Python as a number, a "
+            "GPU's compiler converts only constants and tl.constexpr parameters): use .to(tl.int32) or "
+            "tl.cast, and compute with triton.language"
         )
     return None
 
@@ -604,6 +634,15 @@ def refusals(source: str, reference_source: str | None, filename: str = "<file>"
             continue
         kernel = _jitted(top)
         kernel_objects = objects
+        constexprs = (
+            {
+                a.arg
+                for a in top.args.args + top.args.kwonlyargs
+                if a.annotation is not None and "constexpr" in ast.unparse(a.annotation)
+            }
+            if kernel
+            else set()
+        )
         if kernel:  # the kernel's parameters and locals shadow the module's names
             bound = {a.arg for a in ast.walk(top.args) if isinstance(a, ast.arg)}
             bound |= {n.id for n in ast.walk(top) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
@@ -611,7 +650,7 @@ def refusals(source: str, reference_source: str | None, filename: str = "<file>"
         for node in ast.walk(top):
             why = _why(node, ctx)
             if why is None and kernel and node is not top:
-                why = _kernel_call_why(node, plain, kernel_objects)
+                why = _kernel_call_why(node, plain, kernel_objects, constexprs)
             if why is not None:
                 line = getattr(node, "lineno", top.lineno)
                 code = lines[line - 1].strip() if 0 < line <= len(lines) else ""
