@@ -243,6 +243,36 @@ MUTANTS = [
         "    num_splits = min(num_splits, max_tiles, max(1, triton.cdiv(max_len, MIN_CHUNK)))\n",
     ),
     Mutant(
+        "every_split_lse_in_slot_0",
+        "27. the split index left out of the partial lse's address: every split stores in slot 0",
+        "tl.store(lse_ptr + b * stride_lb + q_heads * stride_lh + split, lse, mask=g_mask)",
+        "tl.store(lse_ptr + b * stride_lb + q_heads * stride_lh, lse, mask=g_mask)",
+    ),
+    Mutant(
+        "merge_states_rows_counted_as_shape0",
+        "28. merge_states made for [R, D]: the rows counted as o_a.shape[0], not every row of [..., D]",
+        "    R = lse_a.numel()\n",
+        "    R = o_a.shape[0]\n",
+    ),
+    Mutant(
+        "group_pad_fixed_at_16",
+        "7. GROUP_PAD fixed at 16: heads 16 and up of a wider group are never computed or stored",
+        "GROUP_PAD=max(16, next_pow2(group)),",
+        "GROUP_PAD=16,",
+    ),
+    Mutant(
+        "merge_states_grid_rounded_down",
+        "29. merge_states' grid rounded down: the last R % BLOCK_R rows are never merged",
+        "merge_states_kernel[(triton.cdiv(R, BLOCK_R),)](",
+        "merge_states_kernel[(max(1, R // BLOCK_R),)](",
+    ),
+    Mutant(
+        "plan_cut_by_the_shortest",
+        "25. the planner caps the splits by the shortest sequence's tiles, not the longest's",
+        "    num_splits = min(num_splits, max_tiles)\n",
+        "    num_splits = min(num_splits, max(1, triton.cdiv(min(lens), BLOCK_N)))\n",
+    ),
+    Mutant(
         "q_padding_rows_loaded",
         "26. q's padding rows (GROUP .. GROUP_PAD - 1) loaded without the group mask",
         "q_ptr + b * stride_qb + q_heads[:, None] * stride_qh + offs_d[None, :],\n        mask=g_mask[:, None],\n        other=0.0,",

@@ -55,7 +55,7 @@ BOUNDS: dict[str, tuple[str, ...]] = {
         "test_merge_states_equals_one_shot_softmax",
     ),  # R = 37 rows: three tiles of 16, the last partial
     "BLOCK_S": ("test_merge_reads_every_tile_of_splits", "test_many_splits_merge_with_rescale"),
-    "D": ("test_widest_head_dim_is_read_whole",),
+    "D": ("test_widest_head_dim_is_read_whole", "test_merge_states_of_batched_heads_at_the_widest_head_dim"),
     "GROUP": ("test_kv_head_grouping_is_contiguous",),
     "GROUP_PAD": ("test_kv_head_grouping_is_contiguous",),  # GROUP = 32 pads past 16
     "PAGE": ("test_last_page_is_masked", "test_page_sizes_gathered_token_by_token"),
@@ -489,6 +489,28 @@ def test_merge_states_equals_one_shot_softmax(impl, runtime):
     assert_close(lse, want_lse, ("row",), atol=1e-4, rtol=1e-5, rel=1e-5)
 
 
+def test_merge_states_of_batched_heads_at_the_widest_head_dim(impl, runtime):
+    """merge_states takes o [..., D] and lse [...]: here [3, 7, 256] and [3, 7], a decode step's batch and
+    heads at the widest head dim the lesson admits. 21 rows, past one tile of 16: a merge that counts rows
+    as o_a.shape[0] (3) merges the first 3 and leaves the rest as torch.empty gave them, and one made
+    for D up to 128 refuses the call or merges half of each row."""
+    gen = torch.Generator().manual_seed(seeded(27))
+    B, H, D, dev = 3, 7, validate.HEAD_DIM_RANGE[1], runtime.device
+    s = torch.randn(B * H, 12, generator=gen) * 3
+    v = torch.randn(B * H, 12, D, generator=gen)
+    (o_a, lse_a), (o_b, lse_b) = _state(s[:, :5], v[:, :5]), _state(s[:, 5:], v[:, 5:])
+    want_o, want_lse = _state(s, v)
+    o, lse = impl.merge_states(
+        *(t.reshape(B, H, *t.shape[1:]).to(dev) for t in (o_a, lse_a, o_b, lse_b))
+    )  # [B, H, D], [B, H]
+    assert o.shape == (B, H, D) and lse.shape == (B, H), (
+        f"merge_states of o [{B}, {H}, {D}] returned o {tuple(o.shape)} and lse {tuple(lse.shape)}: "
+        "the result has the inputs' shape"
+    )
+    assert_close(o.reshape(B * H, D), want_o, ("row", "d"), atol=1e-4, rtol=1e-4, rel=1e-4)
+    assert_close(lse.reshape(B * H), want_lse, ("row",), atol=1e-4, rtol=1e-5, rel=1e-5)
+
+
 def test_merge_states_is_associative_and_handles_empty_parts(impl, runtime):
     gen = torch.Generator().manual_seed(seeded(12))
     R, D, dev = 20, 32, runtime.device
@@ -589,7 +611,10 @@ def test_merge_states_fp16_outputs(impl, runtime):
     (o_a, l_a), (o_b, l_b) = _state(s[:, :5], v[:, :5]), _state(s[:, 5:], v[:, 5:])
     dev = runtime.device
     o, lse = impl.merge_states(o_a.half().to(dev), l_a.to(dev), o_b.half().to(dev), l_b.to(dev))
-    assert o.dtype == torch.float16 and lse.dtype == torch.float32
+    assert o.dtype == torch.float16 and lse.dtype == torch.float32, (
+        f"merge_states of fp16 outputs returned o {o.dtype} and lse {lse.dtype}: o keeps o_a's dtype, and lse "
+        "stays float32 whatever o's dtype (an fp16 lse loses the digits that weigh the parts)"
+    )
     assert_close(o, _state(s, v)[0], ("row", "d"))
 
 
@@ -655,7 +680,7 @@ def test_plan_skips_none_of_its_rules(impl):
     32768 tokens, 8 KV heads gets 64 splits on 132 SMs and 8 on 16. Rule 2, unforced: 1000 tokens on 132
     SMs take 16 chunks of MIN_CHUNK = 64 tokens, not 63 of 16. A forced count is cut only by the tiles
     (rules 3-5): num_splits=7 over 100 tokens (7 tiles) gives 7 splits, which the tests that force
-    counts rely on."""
+    counts rely on. A ragged batch is cut by its longest sequence."""
     for num_sms, want in ((132, 64), (16, 8)):
         p = impl.plan([32768], 8, 16, num_sms=num_sms)
         assert p.num_splits == want, (
@@ -667,6 +692,12 @@ def test_plan_skips_none_of_its_rules(impl):
         f"plan([1000], 8 KV heads, num_sms=132) gave {p}: chunks of at least MIN_CHUNK = 64 tokens "
         "allow at most cdiv(1000, 64) = 16 splits of 64 tokens (a merge of 63 tiny splits costs more "
         "than it saves)"
+    )
+    p = impl.plan([5, 3000, 0, 17], 2, 16, num_sms=132)
+    assert p.num_splits == 47 and p.chunk == 64, (
+        f"plan([5, 3000, 0, 17], 2 KV heads, num_sms=132) gave {p}: 8 programs aim at 528 // 8 = 66 "
+        "splits, MIN_CHUNK allows cdiv(3000, 64) = 47 of 64 tokens; the longest of a ragged batch sets "
+        "the cut, and a short or padding sequence just leaves its later splits empty"
     )
     p = impl.plan([100], 2, 16, num_sms=132, num_splits=7)
     assert p.num_splits == 7 and p.chunk == 16, (
@@ -983,6 +1014,18 @@ MISTAKES = [
     Mistake(
         25,
         fails=("test_plan_skips_none_of_its_rules",),
+        messages=(r"the longest of a ragged batch sets",),
+        passes=(
+            "test_plan_never_returns_empty_or_zero_splits",
+            "test_plan_splits_only_when_the_grid_is_starved",
+        ),
+        question="Lengths 5, 3000, 0 and 17 with 2 KV heads: which sequence's length decides how many "
+        "splits the batch needs, and which one does your plan() read?",
+        section="4",
+    ),
+    Mistake(
+        25,
+        fails=("test_plan_skips_none_of_its_rules",),
         messages=(r"a forced count is cut only",),
         passes=(
             "test_plan_never_returns_empty_or_zero_splits",
@@ -1096,6 +1139,17 @@ MISTAKES = [
         passes=("test_lse_is_natural_log", EVERY_SPLIT),
         question="merge_states gets its lse in natural log, as torch.logsumexp gives it: in which base do "
         "your weights and your returned lse work, if you use exp2 and log2 there?",
+        section="3.5",
+    ),
+    Mistake(
+        27,
+        # Every split of a head stores its lse in slot 0: unsplit runs are right, and every merge weighs
+        # its splits by slots nobody wrote (NaN in fresh memory). Pitfall 3's ranges give no NaN.
+        fails=(EVERY_SPLIT, "test_split_ranges_cover_each_key_once"),
+        passes=("test_lse_is_natural_log", "test_lse_not_stored_unless_asked", "test_last_page_is_masked[1]"),
+        messages=(r"NaN",),
+        question="4 splits: at which element of the partial lse does split 2 of head 1 store its lse, and "
+        "which elements does the merge read for that head?",
         section="3.5",
     ),
     Mistake(
@@ -1230,6 +1284,41 @@ MISTAKES = [
         question="Every score is about -128 here: what is your running max after the first tile, if it "
         "starts at 0, and what is exp2 of the scores minus it?",
         section="3.3",
+    ),
+    Mistake(
+        29,
+        # merge_states' grid of R // 16 programs: 37 rows leave 5 as allocated (NaN); 16 and 8 rows pass.
+        fails=("test_merge_states_equals_one_shot_softmax",),
+        passes=(
+            EVERY_SPLIT,
+            "test_library_base2_lse_merged_after_times_ln2",
+            "test_merge_states_fp16_outputs",
+        ),
+        messages=(r"NaN",),
+        question="37 rows in tiles of 16: how many programs does your merge_states launch, and which rows "
+        "does no program merge?",
+        section="3.5",
+    ),
+    Mistake(
+        7,
+        # GROUP_PAD fixed at 16: a group of 32 (MQA) computes and stores its first 16 heads only.
+        fails=("test_kv_head_grouping_is_contiguous[group32-MQA]",),
+        passes=(
+            "test_kv_head_grouping_is_contiguous[group4]",
+            "test_kv_head_grouping_is_contiguous[group3]",
+            EVERY_SPLIT,
+        ),
+        question="Hq = 32 and Hkv = 1: how many rows does your tile hold for the group of 32 heads, and "
+        "which heads are never stored?",
+        section="3.1",
+    ),
+    Mistake(
+        28,
+        fails=("test_merge_states_of_batched_heads_at_the_widest_head_dim",),
+        passes=("test_merge_states_equals_one_shot_softmax", "test_merge_states_reads_strided_views"),
+        question="o_a is [3, 7, 256] and lse_a [3, 7]: how many rows does your merge_states merge, and how "
+        "many features of each row?",
+        section="3.5",
     ),
     Mistake(
         12,
