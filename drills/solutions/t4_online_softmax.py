@@ -295,7 +295,8 @@ def online_softmax(x, block=None, splits=1, out=None):
     x       [M, N], float16, bfloat16 or float32, last dim contiguous (rows may be strided)
     block   columns per step, a power of two; default min(next_pow2(N / splits), 4096)
     splits  programs per row in both passes, a power of two (see softmax_stats)
-    out     optional [M, N] of x's dtype, last dim contiguous, written in place
+    out     optional [M, N] of x's dtype, last dim contiguous, written in place; it may be x itself, but
+            its rows must not overlap each other or partly overlap x
 
     Returns out [M, N] with out[i, j] = exp(x[i, j] - m_i) / l_i. A row of only -inf gets zeros
     (torch.softmax gives NaN there).
@@ -308,4 +309,14 @@ def online_softmax(x, block=None, splits=1, out=None):
     validate.last_dim_contiguous(out=out)
     if out.shape != x.shape:
         raise ValueError(f"out must have x's shape {tuple(x.shape)}, got {tuple(out.shape)}")
+    M, N = x.shape
+    # Each (row, split) program writes its own columns of out: rows that share memory are written twice.
+    if M > 1 and out.stride(0) < N:
+        raise ValueError(
+            f"out's rows overlap: row stride {out.stride(0)} < N = {N} (strides {tuple(out.stride())})"
+        )
+    # out may be x itself (each lane reads its element before writing it), but not a shifted view of x:
+    # a program would read a row another program has already overwritten.
+    if (out.data_ptr(), out.stride()) != (x.data_ptr(), x.stride()) and validate.shares_memory(out, x):
+        raise ValueError("out overlaps x's memory: it may be x itself or separate memory, not a shifted view")
     return _launch_online_softmax(x, block, splits, out)

@@ -619,7 +619,22 @@ BAD_INPUTS = {
         ValueError,
         "out",
     ),
+    # Two programs would write one row of memory, or read a row of x another has already overwritten.
+    "out_rows_overlap": (
+        "online_softmax",
+        lambda d: dict(x=_x(d), out=torch.empty(1, 20, device=d).expand(3, 20)),
+        ValueError,
+        "out",
+    ),
+    "out_over_x_shifted_a_row": ("online_softmax", lambda d: _shifted_a_row(_x(d)), ValueError, "out"),
 }
+
+
+def _shifted_a_row(x):
+    """x (a copy) and out, the same memory one row further on: a partial overlap."""
+    buffer = torch.zeros(x.shape[0] + 1, x.shape[1], dtype=x.dtype, device=x.device)  # [M + 1, N]
+    buffer[:-1] = x
+    return dict(x=buffer[:-1], out=buffer[1:])
 
 
 def _states(device, n=6):
@@ -721,6 +736,17 @@ def test_out_is_allocated_when_not_given(impl, runtime):
     out = impl.online_softmax(x)
     assert out.shape == x.shape and out.dtype == x.dtype and out.device == x.device
     assert_close(out, softmax_reference(x), ("row", "col"))
+
+
+def test_out_may_be_x(impl, runtime):
+    """In place, online_softmax(x, out=x, splits=4): the statistics pass has read all of x before the
+    second pass writes, and each lane of that pass reads its element before writing it."""
+    x = randn((3, 30), runtime, stream=26, dtype=torch.float32)
+    expected = softmax_reference(x)
+    returned = impl.online_softmax(x, block=4, splits=4, out=x)
+    wrong = returned_out_problem("online_softmax", returned, x)
+    assert wrong is None, wrong
+    assert_close(x, expected, ("row", "col"))
 
 
 # --- The grid fits a GPU at every size the launcher admits ------------------------------------------
