@@ -380,13 +380,21 @@ def _kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
 
 def test_a_kernels_body_converts_only_constants_to_python():
     """int(), float(), bool() of a kernel's value hand it to Python as a number under the interpreter,
-    str(), repr() and format() its block as text: a GPU's compiler converts only constants and
-    tl.constexpr parameters and makes no text. float("-inf") and int(BLOCK // 2) stay allowed."""
+    str(), repr() and format() its block as text, and a module's function (math.exp) runs Python on it: a
+    GPU's compiler converts only constants and tl.constexpr parameters, makes no text and calls no
+    module's Python. float("-inf") and int(BLOCK // 2) stay allowed."""
     from tests.test_cheats_closed import refused, t1_with
 
-    for line in ("v = int(tl.sum(x))", "v = float(n)", "v = bool(x > 0)", "v = str(x)", "v = format(x)"):
+    lines = ("v = int(tl.sum(x))", "v = float(n)", "v = bool(x > 0)", "v = str(x)", "v = format(x)")
+    for line in lines:
         found = refused(t1_with(NUMBERS_IN_KERNEL.format(line=line)))
         why = found[0] if len(found) == 1 else ""
         assert "in a kernel's body" in why or "on a kernel's value" in why, (line, found)
+    for module, line in (
+        ("math", "v = math.exp(tl.sum(x.to(tl.int32)))"),
+        ("functools", "v = functools.reduce(max, [x])"),
+    ):
+        found = refused(t1_with(f"import {module}\n" + NUMBERS_IN_KERNEL.format(line=line)))
+        assert len(found) == 1 and f"calls {module}." in found[0] and "a module's Python" in found[0], found
     for line in ('v = float("-inf")', "v = int(BLOCK // 2)", "v = -float(1)"):
         assert refused(t1_with(NUMBERS_IN_KERNEL.format(line=line))) == [], line

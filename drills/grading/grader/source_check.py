@@ -537,7 +537,11 @@ KERNEL_TEXT = {"str", "repr", "format", "ascii"}
 
 
 def _kernel_call_why(
-    node: ast.AST, plain: set[str], objects: set[str] = frozenset(), constexprs: set[str] = frozenset()
+    node: ast.AST,
+    plain: set[str],
+    objects: set[str] = frozenset(),
+    constexprs: set[str] = frozenset(),
+    modules: set[str] = frozenset(),
 ) -> str | None:
     """In a @triton.jit body: a call of a plain Python function of the file, a lambda or a function
     defined there. Triton's compiler refuses each on a GPU; the interpreter runs it as Python, handing
@@ -557,6 +561,16 @@ def _kernel_call_why(
         return (
             f"calls {node.func.id}(), a plain Python function, from a kernel's body (the interpreter runs "
             "it as Python, a GPU's compiler refuses it): decorate it with @triton.jit or compute in the kernel"
+        )
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and _chain_root(node.func) in modules
+    ):
+        return (
+            f"calls {ast.unparse(node.func)}() in a kernel's body, a module's Python (the interpreter runs it "
+            "on the kernel's values, math.exp on a lane made a number; a GPU's compiler refuses it): use "
+            "triton.language's functions (tl.exp, tl.sqrt)"
         )
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in KERNEL_TEXT:
         return (
@@ -650,7 +664,9 @@ def refusals(source: str, reference_source: str | None, filename: str = "<file>"
         for node in ast.walk(top):
             why = _why(node, ctx)
             if why is None and kernel and node is not top:
-                why = _kernel_call_why(node, plain, kernel_objects, constexprs)
+                why = _kernel_call_why(
+                    node, plain, kernel_objects, constexprs, (ctx["roots"] - ctx["triton"]) - bound
+                )
             if why is not None:
                 line = getattr(node, "lineno", top.lineno)
                 code = lines[line - 1].strip() if 0 < line <= len(lines) else ""
