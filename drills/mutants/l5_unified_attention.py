@@ -108,4 +108,34 @@ MUTANTS = [
         "alpha = tl.exp(m - m_ref)\n        w = tl.exp(lse - m_ref)",
         "alpha = tl.exp2(m - m_ref)\n        w = tl.exp2(lse - m_ref)",
     ),
+    Mutant(
+        "full_end_from_the_last_row",
+        "2. a band computed for one row of the tile (full_end from the last row)",
+        "full_end = (prefix + tok0 + 1) // BLOCK_N * BLOCK_N",
+        "full_end = (prefix + tok0 + BLOCK_Q) // BLOCK_N * BLOCK_N",
+    ),
+    Mutant(
+        "unseen_row_measured_from_minus_inf",
+        "16. a row that has seen no key measured from -inf",
+        'm_ref = tl.where(m_new == float("-inf"), 0.0, m_new)\n    p = tl.math.exp2(',
+        "m_ref = m_new\n    p = tl.math.exp2(",
+    ),
+    Mutant(
+        "sink_scaled_like_a_score",
+        "17. a sink scaled like a score",
+        "sink = tl.load(sinks_ptr + heads) * 1.4426950408889634",
+        "sink = tl.load(sinks_ptr + heads) * scale * 1.4426950408889634",
+    ),
+    Mutant(
+        "sinks_read_as_if_contiguous",
+        "18. sinks read as if contiguous",
+        "sinks=None if sinks is None else sinks.contiguous(),",
+        "sinks=sinks,",
+    ),
+    Mutant(
+        "sequence_search_of_eight_halvings",
+        "19. a sequence search of a fixed number of halvings",
+        "    while hi - lo > 1:\n",
+        "    for _ in range(8):\n",
+    ),
 ]

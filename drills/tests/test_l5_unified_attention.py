@@ -161,6 +161,10 @@ def make_sinks(Hq, stream, device, shift=0.0):
     return (torch.randn(Hq, generator=gen) * 2 + shift).to(device)
 
 
+SINK_SCALED = "the sink multiplied by the softmax scale, as a score is"
+SINKS_AS_CONTIGUOUS = "sinks read as if contiguous (entry h at h), where it is a view of stride 2"
+
+
 def wrong_answers(out, case, window, sinks, scale=None) -> str:
     """Which wrong answer `out` is, as a sentence ("" when none): the window one key too wide, counted
     from each token's index in its chunk, the sink given a value of one, or no window at all. They fail
@@ -190,6 +194,16 @@ def wrong_answers(out, case, window, sinks, scale=None) -> str:
                 dict(sinks=sinks * math.log(2)),
             )
         )
+        # The sink is a logit already: multiplied by the softmax scale, as a score q . k is, it weighs less.
+        d_scale = 1.0 / math.sqrt(case.q.shape[-1]) if scale is None else scale
+        variants.append(
+            (
+                f"{SINK_SCALED}, a weight of e^(sink * scale)",
+                dict(sinks=sinks * d_scale),
+            )
+        )
+        if sinks.dim() == 1 and sinks.stride(0) != 1:  # a view: stride 1 reads the entries between its own
+            variants.append((SINKS_AS_CONTIGUOUS, dict(sinks=sinks.as_strided(sinks.shape, (1,)))))
         # Query head h's sink is sinks[h]; read by its KV head, or at its group's first head, it is another's.
         Hq, Hkv = case.q.shape[1], case.k_cache.shape[2]
         kv_of = torch.arange(Hq, device=sinks.device) // (Hq // Hkv)  # [Hq] each query head's KV head
@@ -206,9 +220,10 @@ def wrong_answers(out, case, window, sinks, scale=None) -> str:
             ]
     for text, change in variants:
         ref, _ = unified_reference(*case.args, **{**dict(window=window, sinks=sinks, scale=scale), **change})
-        # A sink read at another head moves outputs by about as much as the sinks differ: held to out's own
-        # dtype's tolerance, as the check itself holds the right answer.
-        if mismatch(out.float(), ref) is None or ("another head" in text and mismatch(out, ref) is None):
+        # A sink read at another head, read between a view's entries or scaled moves outputs by about as much
+        # as the sinks differ: held to out's own dtype's tolerance, as the check itself holds the right answer.
+        loose = "another head" in text or text in (SINKS_AS_CONTIGUOUS,) or text.startswith(SINK_SCALED)
+        if mismatch(out.float(), ref) is None or (loose and mismatch(out, ref) is None):
             return f"the output is {text}"
     return ""
 
@@ -607,19 +622,17 @@ def test_dtypes(impl, runtime, dtype):
 
 def test_q_and_cache_strides_are_used(impl, runtime):
     """q is every other head of a NaN-filled buffer, k_cache and v_cache layer 1 of a NaN-filled pool:
-    only the last dimension is contiguous."""
+    only the last dimension is contiguous. sinks is every other entry of a buffer whose others are 30 (a
+    sink that would take nearly all the weight): read as if contiguous, head h gets another's."""
     case = make_prefill_case([30, 9], [12, 1], 8, 2, 64, 8, stream=385, device=runtime.device)
     total_q, Hq, D = case.q.shape
     buffer = torch.full((total_q, 2 * Hq, D), float("nan"), dtype=case.q.dtype, device=runtime.device)
     q = buffer[:, 1::2]  # [total_q, Hq, D], strides (2 Hq D, 2 D, 1)
     q.copy_(case.q)
     k_cache, v_cache = pooled_caches(case)
-    check(
-        impl,
-        PrefillCase(q, k_cache, v_cache, *case.args[3:]),
-        window=6,
-        sinks=make_sinks(8, 387, runtime.device),
-    )
+    sinks = torch.full((16,), 30.0, device=runtime.device)[1::2]  # [8], stride 2: between, sinks of 30
+    sinks.copy_(make_sinks(8, 387, runtime.device))
+    check(impl, PrefillCase(q, k_cache, v_cache, *case.args[3:]), window=6, sinks=sinks)
 
 
 def test_table_rows_are_read_through_their_stride(impl, runtime):
@@ -647,12 +660,18 @@ def test_large_ragged_batch(impl, runtime):
 
 
 def test_sequence_search_covers_every_sequence(impl, runtime):
-    """130 sequences of 1-3 new tokens: the search over cu_seqlens_q narrows [0, B) to one sequence."""
+    """130 sequences of 1-3 new tokens: the search over cu_seqlens_q narrows [0, B) to one sequence. Then
+    600 sequences, all but the last three padding rows (q_len 0, a program each that stores nothing): a
+    search of a fixed number of halvings (8 cover 256 sequences, a CUDA graph's largest batch) stops short
+    of the last ones, which the launcher admits whatever B is."""
     gen = torch.Generator().manual_seed(seeded(398))
     q_lens = torch.randint(1, 4, (130,), generator=gen)
     ctx = q_lens + torch.randint(0, 10, (130,), generator=gen)
     case = make_prefill_case(ctx.tolist(), q_lens.tolist(), 2, 1, 16, 4, stream=398, device=runtime.device)
     check(impl, case, window=3, sinks=make_sinks(2, 399, runtime.device))
+    q_lens, ctx = [0] * 597 + [2, 1, 3], [0] * 597 + [7, 9, 3]
+    case = make_prefill_case(ctx, q_lens, 2, 1, 16, 4, stream=400, device=runtime.device)
+    check(impl, case, window=3, sinks=make_sinks(2, 401, runtime.device))
 
 
 def test_q_rows_widened_to_int64(impl, runtime):
@@ -917,6 +936,28 @@ MISTAKES = [
         section="3.2",
     ),
     Mistake(
+        2,
+        # full_end taken from the tile's last row: the unmasked stretch runs past the first rows' own keys,
+        # and for a chunk shorter than a tile past the context, whose poisoned keys load unmasked as NaN.
+        fails=("test_band_covers_every_row_of_a_tile", "test_equals_l4_without_window_or_sinks"),
+        passes=(WORKED, WORKED_SINK, "test_pages_shuffled_and_shared"),
+        messages=(r"NaN/inf values",),
+        question="A chunk of 5 new tokens after 0 cached ones, 16-key tiles: which keys may row 0 see, and "
+        "which stretch does your kernel load without a mask?",
+        section="3.2",
+    ),
+    Mistake(
+        16,
+        # Rows whose window hides a whole edge tile before they met a key: with no sink their max is still
+        # -inf, and exp2(-inf - -inf) is NaN. Without a window, or with a sink, every row's max is finite.
+        fails=("test_window_sizes", "test_band_covers_every_row_of_a_tile"),
+        passes=(WORKED, "test_equals_l4_without_window_or_sinks", "test_sinks_join_the_denominator_only"),
+        messages=(r"NaN/inf values",),
+        question="A tile of rows at positions 100-115 with window 4: which keys of the band's first tile "
+        "does row 115 see, and what are its max and its exp2(s - max) there?",
+        section="3.2",
+    ),
+    Mistake(
         3,
         fails=("test_sinks_join_the_denominator_only", WORKED_SINK),
         passes=("test_window_sizes", WORKED),
@@ -971,6 +1012,33 @@ MISTAKES = [
         question="A decode row at position 199 with window 24: which is the first key tile it needs, and where "
         "does your key loop start?",
         section="3.2",
+    ),
+    Mistake(
+        17,
+        fails=("test_sinks_join_the_denominator_only",),
+        # The worked example's scale is 1: a sink multiplied by it is unchanged there.
+        passes=(WORKED_SINK,),
+        messages=(SINK_SCALED,),
+        question="A sink of 2 with D = 64 (scale 1/8): is the sink a score q . k still to be scaled, or a "
+        "logit already? What weight does your kernel give it?",
+        section="3.3",
+    ),
+    Mistake(
+        18,
+        fails=("test_q_and_cache_strides_are_used",),
+        messages=(r"sinks read as if contiguous",),
+        question="sinks is every other entry of a buffer: where does sinks[3] lie in memory, and where does "
+        "your kernel (or your launcher, before it) read it?",
+        section="3.3",
+    ),
+    Mistake(
+        19,
+        # Right up to 2**steps sequences: every other check runs at most 130.
+        fails=("test_sequence_search_covers_every_sequence",),
+        passes=("test_large_ragged_batch", WORKED, "test_window_sizes"),
+        question="600 sequences, the last three with new tokens: how many halvings does the search over "
+        "cu_seqlens_q need to reach sequence 599, and how many does yours make?",
+        section="3.1",
     ),
     Mistake(
         10,
