@@ -182,6 +182,30 @@ MUTANTS = [
         "cascade = saved >= CASCADE_SHARE * sum(lens)",
     ),
     Mutant(
+        "merge_states_refuses_the_widest_head_dim",
+        "16. merge_states made for D up to 128: it refuses D = 256, which the lesson admits",
+        "if not (validate.is_pow2(D) and D <= 256):",
+        "if not (validate.is_pow2(D) and D <= 128):",
+    ),
+    Mutant(
+        "suffix_lse_stored_from_slot_0",
+        "26. the suffix stage stores split s's lse at slot s, over the prefix's, not at first_slot + s",
+        "tl.store(lse_ptr + b * stride_lb + q_heads * stride_lh + first_slot + split, lse, mask=g_mask)",
+        "tl.store(lse_ptr + b * stride_lb + q_heads * stride_lh + split, lse, mask=g_mask)",
+    ),
+    Mutant(
+        "cascade_share_compared_strictly",
+        "24. the planner cascades only above three quarters, not at exactly three quarters",
+        "cascade = wide and saved >= CASCADE_SHARE * sum(lens)",
+        "cascade = wide and saved > CASCADE_SHARE * sum(lens)",
+    ),
+    Mutant(
+        "min_chunk_prefix_compared_strictly",
+        "24. the planner wants a prefix longer than MIN_CHUNK, not at least MIN_CHUNK",
+        "wide = any(len(m) > 1 and plens[g] >= MIN_CHUNK for g, m in members.items())",
+        "wide = any(len(m) > 1 and plens[g] > MIN_CHUNK for g, m in members.items())",
+    ),
+    Mutant(
         "members_per_tile_not_capped",
         "24. members_per_tile not capped at the largest group",
         "    mt = min(mt, max(len(m) for m in members.values()))\n",

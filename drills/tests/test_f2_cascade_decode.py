@@ -61,7 +61,7 @@ BOUNDS: dict[str, tuple[str, ...]] = {
         "test_merge_rescales_when_a_later_tile_of_slots_raises_the_max",
     ),
     "CASCADE": ("test_worked_example_three_requests", "test_fallback_equals_split_kv"),
-    "D": ("test_widest_head_dim_is_read_whole",),
+    "D": ("test_widest_head_dim_is_read_whole", "test_merge_states_equals_one_shot_softmax"),
     "GROUP": ("test_prefix_tile_rows_map_to_heads",),
     "GROUP_PAD": ("test_prefix_tile_rows_map_to_heads", "test_gqa_group_wider_than_a_tile"),
     "MEMBERS": ("test_members_one_past_the_tile", "test_group_of_64_members"),
@@ -242,11 +242,13 @@ def _state(scores, values):
     return torch.einsum("rn,rnd->rd", torch.softmax(scores, dim=-1), values), torch.logsumexp(scores, dim=-1)
 
 
-def test_merge_states_equals_one_shot_softmax(impl, runtime):
+@pytest.mark.parametrize("D", [64, validate.HEAD_DIM_RANGE[1]])
+def test_merge_states_equals_one_shot_softmax(impl, runtime, D):
     """Two parts far apart (part b 40 above or below part a) merged must equal the softmax over the union.
-    A merge that averages the outputs without their lse weights, or in base 2, is off."""
+    A merge that averages the outputs without their lse weights, or in base 2, is off. D = 256 too, the
+    widest head dim the lesson admits: a merge made for D up to 128 refuses it or merges half a row."""
     gen = torch.Generator().manual_seed(seeded(11))
-    R, D, dev = 37, 64, runtime.device
+    R, dev = 37, runtime.device
     s = torch.randn(R, 30, generator=gen) * 3
     s[:, 10:] += torch.linspace(-40, 40, R)[:, None]
     v = torch.randn(R, 30, D, generator=gen)
@@ -841,20 +843,38 @@ def test_plan_cascades_only_when_it_pays_and_cuts_by_its_rules(impl):
 
 @pytest.mark.parametrize(
     "members,prefix,own",
-    [(2, 1024, 64), (8, 256, 64), (8, 512, 64), (4, 4096, 1024), (64, 304, 128), (64, 512, 128)],
+    [
+        (2, 1024, 64),
+        (8, 256, 64),
+        (8, 512, 64),
+        (4, 4096, 1024),
+        (64, 304, 128),
+        (64, 512, 128),
+        (8, 96, 16),  # 672 of 896 tokens saved: exactly three quarters, which "at least" admits
+        (64, 64, 16),  # a prefix of exactly MIN_CHUNK tokens, which "at least" admits
+    ],
 )
 def test_plan_saves_every_read_but_one_per_group(impl, members, prefix, own):
     """Cascading still reads each prefix once: the tokens saved are (members - 1) * prefix_lens[g], and the
     planner cascades when they reach three quarters of all tokens (section 3.5). Counting all the members
     (2 * 1024 of 2 * 1088 tokens saved, 94%) cascades two requests that save only 47%. These cases sit
-    on both sides of the line."""
+    on both sides of the line, and two on it: a saving of exactly 75% and a prefix of exactly MIN_CHUNK,
+    both of which rule 1's "at least" admits (a `>` where `>=` belongs falls back there)."""
     lens, groups = [prefix + own] * members, [0] * members
     p = impl.plan(lens, groups, [prefix], 32, 8, 16, device="cpu", num_sms=132)
     saved, total = (members - 1) * prefix, members * (prefix + own)
     pays = saved >= 0.75 * total
+    on_the_line = (
+        " (exactly three quarters: rule 1 says at least)"
+        if 4 * saved == 3 * total
+        else " (a prefix of exactly MIN_CHUNK = 64 tokens: rule 1 says at least)"
+        if prefix == 64
+        else ""
+    )
     assert p.cascade == pays, (
         f"{members} members sharing {prefix} tokens with {own} of their own each: cascading saves "
         f"{saved} of {total} tokens ({saved / total:.0%}), so the planner should {'' if pays else 'not '}cascade"
+        + on_the_line
     )
 
 
@@ -1095,6 +1115,17 @@ MISTAKES = [
         section="3.6",
     ),
     Mistake(
+        26,
+        # Suffix split s stored at slot s, not first_slot + s: the prefix's slots are overwritten and the
+        # suffix's keep the NaN of fresh memory. The fallback (no prefix slots) is right.
+        fails=("test_worked_example_three_requests", "test_prefix_counted_once", MHA),
+        passes=("test_fallback_equals_split_kv", "test_equals_paged_decode"),
+        messages=(r"\bNaN\b",),
+        question="2 prefix chunks and 3 suffix splits: at which slot of the partials does your suffix stage "
+        "store split 1, its output and its lse?",
+        section="3.3",
+    ),
+    Mistake(
         1,
         fails=("test_prefix_counted_once", "test_page_sizes[1]", MHA),
         passes=("test_merge_states_equals_one_shot_softmax", "test_fallback_equals_split_kv"),
@@ -1278,6 +1309,17 @@ MISTAKES = [
         section="3.5",
     ),
     Mistake(
+        24,
+        # Rule 1 compared with > where it says "at least": only a case exactly on a line falls back.
+        fails=("test_plan_saves_every_read_but_one_per_group",),
+        messages=(r"rule 1 says at least",),
+        passes=("test_plan_covers_every_token_once",),
+        question="8 members share 96 tokens with 16 of their own: what share of the 896 tokens does "
+        "cascading save, and does your plan() cascade at exactly three quarters (or at a prefix of exactly "
+        "MIN_CHUNK)?",
+        section="3.5",
+    ),
+    Mistake(
         14,
         fails=("test_plan_saves_every_read_but_one_per_group",),
         passes=("test_plan_covers_every_token_once",),
@@ -1303,6 +1345,15 @@ MISTAKES = [
         question="v_cache's token and head strides differ from k_cache's here: which strides does your "
         "launch pass the kernels for V?",
         section="3.1",
+    ),
+    Mistake(
+        16,
+        # merge_states alone made for D up to 128: the kernels, which cascade_decode runs at D = 256, pass.
+        fails=("test_merge_states_equals_one_shot_softmax[256]",),
+        passes=("test_merge_states_equals_one_shot_softmax[64]", "test_widest_head_dim_is_read_whole"),
+        question="D = 256 is admitted: does your merge_states accept it, and how many features of each row "
+        "does it merge?",
+        section="3.4",
     ),
     Mistake(
         16,
