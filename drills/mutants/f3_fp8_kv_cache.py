@@ -125,4 +125,28 @@ MUTANTS = [
         "v = tl.math.div_rn(x, scale)",
         "v = x * (1.0 / scale)",
     ),
+    Mutant(
+        "split_end_not_cut_at_the_context",
+        "12. keys past the context scored 0 instead of -inf (a split's end past the context)",
+        "end = tl.minimum(start + chunk, ctx)",
+        "end = start + chunk",
+    ),
+    Mutant(
+        "k_dequantized_in_q_dtype",
+        "17. k dequantized in q's dtype before the dot",
+        "s = tl.dot(q, tl.trans(k)) * qk",
+        "s = tl.dot(q, tl.trans((k.to(tl.float32) * k_scale).to(q.dtype))) * qk_scale",
+    ),
+    Mutant(
+        "subnormal_step_from_2_to_the_minus_7",
+        "18. subnormal codes rounded by another step",
+        "r = tl.where(a < 0.015625, small, normal) | sign",
+        "r = tl.where(a < 0.0078125, small, normal) | sign",
+    ),
+    Mutant(
+        "bf16_rows_narrowed_to_fp16",
+        "19. bf16 rows narrowed to fp16 before the division",
+        "k8 = round_to_e4m3(k.to(tl.float32), ks[:, None])",
+        "k8 = round_to_e4m3(k.to(tl.float16).to(tl.float32), ks[:, None])",
+    ),
 ]

@@ -9,6 +9,7 @@ sequence's end and in unused blocks, garbage block ids past every last page.
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -153,6 +154,8 @@ def check(impl, case, plan=None, scale=None):
                     "\nthe output is the answer with the keys past the context scored 0 instead of -inf"
                 )
                 break
+        else:
+            problem += _dequantized_in_q_dtype(case, scale, out)
         raise AssertionError(problem)
     lse = lse_box[0]
     assert lse.dtype == torch.float32 and lse.shape == ref_lse.shape, "lse must be [B, Hq] float32"
@@ -164,8 +167,44 @@ def check(impl, case, plan=None, scale=None):
         base2 = (ref_lse / math.log(2)).masked_fill(empty, 0.0)
         if mismatch(lse.masked_fill(empty, 0.0), base2, ("b", "head"), **tol) is None:
             problem += "\nthe returned lse is in base 2 (log2 of the sum), where lse is the natural log"
+        else:
+            problem += _dequantized_in_q_dtype(case, scale, out, lse)
         raise AssertionError(f"out matches, but the returned lse does not:\n{problem}")
     return out, lse
+
+
+ROUNDED_TO_Q_DTYPE = "dequantized in q's dtype"
+
+
+def _dequantized_in_q_dtype(case, scale, out, lse=None):
+    """A line saying so when out (and lse, when given) are the answer with K or V dequantized in q's dtype
+    (code * scale rounded to fp16 or bf16 before the dots: a second rounding the fold never makes), else
+    ''. Rounded to nearest, as a GPU converts, or toward zero, as the interpreter converts to bf16."""
+    if case.k_cache.numel() > 2**24:
+        return ""
+    dtype = case.q.dtype
+
+    def rounded(cache, s, chop):  # [num_blocks, PAGE, Hkv, D] code * scale in q's dtype, NaN poison kept
+        x = cache.float() * s.float().reshape(1, 1, -1, 1)
+        return ((x.view(torch.int32) & -65536).view(torch.float32) if chop else x).to(dtype)
+
+    for chop in (False, True) if dtype == torch.bfloat16 else (False,):
+        k, v = rounded(case.k_cache, case.k_scale, chop), rounded(case.v_cache, case.v_scale, chop)
+        for what, kv, scales in (
+            ("K", (k, case.v_cache), dict(v_scale=case.v_scale)),
+            ("K and V", (k, v), {}),
+            ("V", (case.k_cache, v), dict(k_scale=case.k_scale)),
+        ):
+            ref, ref_lse = paged_attention_reference(case.q, *kv, *case.args[3:5], scale=scale, **scales)
+            if mismatch(out, ref, DIMS) is None and (
+                lse is None or mismatch(lse, ref_lse, ("b", "head"), atol=2e-3, rtol=1e-3, rel=1e-3) is None
+            ):
+                return (
+                    f"\nthe output is the answer with {what} {ROUNDED_TO_Q_DTYPE} ({dtype}) before the dot: "
+                    "code * scale rounded there, where the codes enter the dot exact and the scale "
+                    "multiplies in float32"
+                )
+    return ""
 
 
 def fixed_plan(impl, chunk, max_len):
@@ -216,6 +255,11 @@ def _store(impl, key, value, slots, PAGE, num_blocks, k_scale, v_scale, caches=N
                     f"{int(bad.sum())} bytes of {name} differ from torch's e4m3, each the code of "
                     f"x * (1 / scale): {RECIPROCAL}"
                 )
+            wrong = stored != flat[slots[live]].cpu()  # [rows, Hkv, D]
+            if bool((ratio.cpu().abs()[wrong] < 2**-6).all()):
+                raise AssertionError(
+                    f"{int(bad.sum())} bytes of {name} differ from torch's e4m3, {SUBNORMAL}"
+                )
         if bad.any():
             slot, h, d = bad.nonzero()[0].tolist()
             rows = (slots == slot).nonzero().flatten().tolist()
@@ -239,6 +283,13 @@ def _store(impl, key, value, slots, PAGE, num_blocks, k_scale, v_scale, caches=N
 # x * (1 / scale) rounds twice (the reciprocal, then the product): near a code's rounding edge it lands on
 # the other side of x / scale rounded once.
 RECIPROCAL = "your store multiplies by 1 / scale, which rounds twice, where the rule divides once (div_rn)"
+
+
+# e4m3's subnormal range: below its smallest normal value 2**-6, codes are 2**-9 apart at every size.
+SUBNORMAL = (
+    "every one where x / scale is below 2**-6 in size, e4m3's subnormal range (codes 2**-9 apart there, "
+    "whatever the exponent): your store rounds those values to another step"
+)
 
 
 def _reciprocal_codes(x, s):
@@ -311,11 +362,38 @@ def test_store_rounds_to_nearest_even(impl, runtime, dtype):
     )
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def _store_bf16_past_fp16s_range(impl, runtime):
+    """bf16 keeps float32's exponent range: rows of every e4m3 value times 2**100 (scale 2**100) and times
+    2**-100 (scale 2**-100) divide exactly back to those values. Narrowed to fp16 on the way (largest
+    65504, smallest 2**-24), the large ones become inf and store 448, the small ones 0."""
+    for factor, stream in ((2.0**100, 150), (2.0**-100, 152)):
+        key = _rows(E4M3_VALUES * factor, 2, 16, torch.bfloat16, runtime.device, stream)
+        scale = torch.tensor([factor], device=runtime.device)
+        N, PAGE = key.shape[0], 16
+        blocks = N // PAGE + 2
+        _store(
+            impl,
+            key,
+            key.flip(0),
+            _slots(N, PAGE, blocks, runtime.device, stream + 1),
+            PAGE,
+            blocks,
+            scale,
+            scale,
+        )
+
+
+@pytest.mark.parametrize(
+    "dtype", [torch.float16, torch.bfloat16, "bf16-past-fp16"], ids=["fp16", "bf16", "bf16-past-fp16"]
+)
 def test_store_clamps_values_past_448(impl, runtime, dtype):
     """x / scale past +-448 (e4m3fn's largest finite value; it has no infinity) must store +-448: 449,
     464 (halfway to 480, where an unclamped round goes up), 1000, and fp16's largest 65504, among exact
-    e4m3 values below 240 that need no rounding. Without the clamp, the cast makes NaN or garbage codes."""
+    e4m3 values below 240 that need no rounding. Without the clamp, the cast makes NaN or garbage codes.
+    bf16-past-fp16: bf16 x far past fp16's range, with a scale that brings x / scale back to e4m3's."""
+    if dtype == "bf16-past-fp16":
+        _store_bf16_past_fp16s_range(impl, runtime)
+        return
     big = torch.tensor([449.0, 464.0, 470.0, 500.0, 1000.0, 4096.0, 60000.0, 65504.0])
     exact = E4M3_VALUES[E4M3_VALUES.abs() < 240]
     values = torch.cat([big, -big, exact.repeat(4)])  # x / scale with scale 1: x itself
@@ -460,7 +538,8 @@ def _store_past_int32(impl, runtime):
 def test_compute_scales_amax_rule(impl, runtime):
     """compute_scales gives amax / 448 per tensor ([1]) or per KV head ([Hkv]); an all-zero head gets a
     positive scale (1), never 0 (a division by zero at the store). 70 rows (past a 64-row tile) of
-    D = 24 (not a power of two), the largest values in the last rows and the last features."""
+    D = 24 (not a power of two), the largest values in the last rows and the last features. NaN or an
+    infinity (of either sign) in the calibration raises ValueError naming k or v."""
     gen = torch.Generator().manual_seed(seeded(58))
     k = torch.randn(70, 3, 24, generator=gen).half()
     v = torch.randn(70, 3, 24, generator=gen).half()
@@ -478,6 +557,18 @@ def test_compute_scales_amax_rule(impl, runtime):
     k[3, 2, 5] = float("nan")
     with pytest.raises(ValueError, match="k"):
         impl.compute_scales(k, v, per_head=True)
+    # -inf too: its |x| is inf, a scale of inf that would store every value as 0.
+    k[3, 2, 5] = 0.0
+    v[5, 0, 7] = float("-inf")
+    try:
+        impl.compute_scales(k, v)
+    except ValueError as e:
+        assert re.search(r"\bv\b", str(e)), f"the ValueError must name v: {e}"
+    else:
+        raise AssertionError(
+            "compute_scales returned scales for a v holding -inf: |x| = inf makes its scale inf (every value "
+            "would store as 0); it must raise ValueError naming v, as it does for NaN"
+        )
 
 
 # name -> (how to spoil the arguments of a valid store, the error, what the message names)
@@ -563,11 +654,32 @@ def _scaled(case, k_scale, v_scale):
     )
 
 
-@pytest.mark.parametrize("splits", [1, 3])
+def _k_codes_enter_the_dot_exact(impl, runtime):
+    """bf16 q and keys sharing a large common part: every logit is about 1540 and they differ by tens,
+    so lse must be right to 0.1%. The codes widen to bf16 exactly and k_scale multiplies the logit in
+    float32; code * k_scale rounded to bf16 first (8 bits, 2**-9 of itself) moves the logits by units,
+    and lse and the softmax's weights with them."""
+    base = make_paged_case([45, 30], 8, 2, 64, 16, dtype=torch.bfloat16, device=runtime.device, stream=70)
+    gen = torch.Generator().manual_seed(seeded(71))
+    direction = torch.randn(64, generator=gen).sign()  # [D] +-1: the keys' common part
+    live = ~base.k_cache.isnan()
+    keys = direction * 3.0 + torch.randn(base.k_cache.shape, generator=gen) * 0.3  # [blocks, PAGE, Hkv, D]
+    base.k_cache.copy_(torch.where(live, keys.to(base.k_cache.device, base.k_cache.dtype), base.k_cache))
+    q = direction * 8.0 + torch.randn(base.q.shape, generator=gen) * 0.1  # [B, Hq, D]
+    base.q.copy_(q.to(base.q.device, base.q.dtype))
+    case = fp8_case(base, amax_scales(base.k_cache, base), [1.0])  # v_scale 1, as the other cases here
+    for splits in (1, 2):
+        check(impl, case, plan=forced(impl, case, splits), scale=1.0)
+
+
+@pytest.mark.parametrize("splits", [1, 3, "codes-exact"])
 def test_k_scale_multiplies_the_logits(impl, runtime, splits):
     """v_scale = 1 and one k_scale per KV head (0.004 and 0.011 on codes up to 448): the logits are
     q . (code * k_scale) * scale. Divided by k_scale, they are tens of thousands of times too large, and
-    the softmax is one-hot."""
+    the softmax is one-hot. codes-exact: the codes enter the dot as they are, k_scale after it."""
+    if splits == "codes-exact":
+        _k_codes_enter_the_dot_exact(impl, runtime)
+        return
     case = make([37, 50], 8, 2, 64, 16, device=runtime.device, stream=60)
     case = _scaled(case, [0.004, 0.011], [1.0])
     check(impl, case, plan=forced(impl, case, splits))
@@ -1193,8 +1305,26 @@ MISTAKES = [
         section="3.5",
     ),
     Mistake(
+        17,
+        # Only K's (or V's) second rounding: every scale lands where it belongs, so a test with no other
+        # rounding left (EXACT_CACHE, scales of 1) and the store pass.
+        fails=("test_k_scale_multiplies_the_logits[codes-exact]",),
+        messages=(ROUNDED_TO_Q_DTYPE,),
+        passes=(
+            UNIFORM,
+            EXACT_CACHE,
+            "test_store_rounds_to_nearest_even",
+            "test_store_clamps_values_past_448",
+        ),
+        question="k_scale = 0.011 and a code of 13: is 13 * 0.011 a bfloat16 value? Where does your kernel "
+        "multiply K by its scale, and in which dtype is the product kept?",
+        section="3.3",
+    ),
+    Mistake(
         1,
-        fails=(K_ALONE,),
+        # Divided logits are k_scale**2 too large everywhere, the per-head check too; K rounded in q's dtype
+        # (pitfall 17) moves them by 2**-9 only, which that check's tolerance holds.
+        fails=(K_ALONE, "test_per_head_scales_follow_the_kv_head"),
         passes=(UNIFORM, EXACT_CACHE, "test_store_rounds_to_nearest_even"),
         question="A cached K element is code * k_scale. With k_scale = 0.004, is q . K larger or smaller "
         "than q . code, and what does your kernel multiply the logits by?",
@@ -1202,7 +1332,8 @@ MISTAKES = [
     ),
     Mistake(
         2,
-        fails=("test_store_clamps_values_past_448",),
+        # Its fp16 case: bf16 rows narrowed to fp16 (pitfall 19) fail only the bf16-past-fp16 case.
+        fails=("test_store_clamps_values_past_448[fp16]",),
         passes=("test_store_rounds_to_nearest_even", "test_store_keeps_codes_up_to_448"),
         question="x / scale = 1000: e4m3fn has no infinity and its largest finite value is 448. What must "
         "happen to 1000 before it is rounded and cast, and what does your store do with it?",
@@ -1248,6 +1379,27 @@ MISTAKES = [
         question="x / scale = 42 lies exactly halfway between the e4m3 values 40 and 44: which one has the "
         "even code, and which one does your rounding pick?",
         section="3.1",
+    ),
+    Mistake(
+        18,
+        fails=("test_store_rounds_to_nearest_even",),
+        passes=("test_store_clamps_values_past_448", "test_store_keeps_codes_up_to_448"),
+        messages=(r"e4m3's subnormal range",),
+        question="x / scale = 0.0146: is it a normal e4m3 value, and how far apart are the two codes around "
+        "it? Below which size does your rounding switch to that step?",
+        section="3.1",
+    ),
+    Mistake(
+        19,
+        fails=("test_store_clamps_values_past_448[bf16-past-fp16]",),
+        passes=(
+            "test_store_rounds_to_nearest_even",
+            "test_store_clamps_values_past_448[fp16]",
+            "test_store_clamps_values_past_448[bf16]",
+        ),
+        question="key is bf16 and holds 2**100 with scale 2**100: what is x / scale, and what does your "
+        "store divide if it first converts x to fp16?",
+        section="3.2",
     ),
     Mistake(
         6,
@@ -1300,6 +1452,17 @@ MISTAKES = [
         messages=(r"scored 0 instead of -inf",),
         question="A context of 37 read in tiles of 16: what score does key 40 of the last tile get in your "
         "kernel, and what weight does it then add to the softmax's sum?",
+        section="6",
+    ),
+    Mistake(
+        12,
+        # A split's end not cut at the context: its last chunk reads table entries past the last page,
+        # which the device guard reports (the split ranges themselves still cover each key once).
+        fails=("test_last_page_is_masked", "test_table_rows_exactly_full"),
+        passes=("test_split_ranges_cover_each_key_once", "test_store_rounds_to_nearest_even"),
+        messages=(r"device guard fired[^\n]*reads block id",),
+        question="A context of 37 in a split of chunk 64: where does the split's key loop stop, and which "
+        "table entries does it read for keys 37 to 63?",
         section="6",
     ),
     Mistake(
