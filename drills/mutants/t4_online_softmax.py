@@ -161,4 +161,11 @@ MUTANTS = [
         # the edit holds whatever the solution's indentation.
         "for _ in range(min(4, (m_part.shape[0] - 1).bit_length())):",
     ),
+    # Splits that hold a column are right: only more splits than the row has blocks leave m unwritten.
+    Mutant(
+        "empty_split_stores_no_max",
+        "20. an empty split leaves its max unwritten",
+        "tl.store(m_ptr + split * M + row, m)",
+        "tl.store(m_ptr + split * M + row, m, mask=lo < N)",
+    ),
 ]

@@ -1020,4 +1020,14 @@ MISTAKES = [
         "handle only one at a time (a mask sized for another block, a state merged without its max)?",
         section="3.3",
     ),
+    Mistake(
+        20,
+        # Only splits past the row's last block are empty: 2 and 4 splits of 100 columns all hold some.
+        fails=("test_splits_match_one_pass[16]",),
+        passes=("test_splits_match_one_pass[2]", "test_splits_match_one_pass[4]"),
+        messages=(r"NaN in [ml] at",),
+        question="16 splits of 100 columns in blocks of 16: which splits hold no column, and what does your "
+        "kernel store for them?",
+        section="3.2",
+    ),
 ]
