@@ -257,4 +257,10 @@ MUTANTS = [
         "out_ptr + q_rows[:, None] * stride_ot + heads[:, None] * stride_oh",
         "out_ptr + q_rows[:, None] * stride_qt + heads[:, None] * stride_qh",
     ),
+    Mutant(
+        "padding_only_batch_returns_out_alone",
+        "32. a batch of padding only returns out alone, where return_lse=True asks for (out, lse)",
+        "return (out, lse) if return_lse else out  #",
+        "return out  #",
+    ),
 ]

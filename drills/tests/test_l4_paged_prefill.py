@@ -369,6 +369,13 @@ def test_empty_sequences_produce_nothing(impl, runtime):
     ctx = sizes(runtime, [30, 20, 0, 9, 16], [3000, 900, 0, 65, 16])
     case = make_prefill_case(ctx, q_lens, 8, 2, 64, 8, stream=127, device=runtime.device)
     check(impl, case)
+    # Every sequence padding: q holds no row (total_q = 0), nothing is launched, and the result is still
+    # what the spec says, out [0, Hq, D] and, asked for, lse [0, Hq].
+    empty = make_prefill_case([7, 0], [0, 0], 8, 2, 64, 8, stream=128, device=runtime.device)
+    result = impl.paged_prefill(*empty.args, return_lse=True)
+    spec = (("out", empty.q.shape, empty.q.dtype), ("lse", empty.q.shape[:2], torch.float32))
+    wrong = returned_problem("paged_prefill", result, spec)
+    assert wrong is None, f"a batch of padding sequences only (total_q = 0) with return_lse=True: {wrong}"
 
 
 def test_rows_past_a_sequence_end_not_written(impl, runtime):
@@ -1329,6 +1336,15 @@ MISTAKES = [
         question="New token E of the worked example sits at position 4: is key 4 among the keys it sees, "
         "and does your mask compare with <= or with <?",
         section="3.2",
+    ),
+    Mistake(
+        32,
+        fails=("test_empty_sequences_produce_nothing",),
+        passes=("test_lse_is_natural_log", "test_pure_prefill_without_a_prefix"),
+        messages=(r"padding sequences only \(total_q = 0\)",),
+        question="Every q_len is 0, so q has no row and nothing is launched: what does your paged_prefill "
+        "return when return_lse=True, and is it the pair the spec promises?",
+        section="3.4",
     ),
     Mistake(
         13,
