@@ -133,6 +133,12 @@ def _launch(q, k_cache, v_cache, block_tables, context_lens, scale, out, guard=T
     B, Hq, D = q.shape
     _, PAGE, Hkv, _ = k_cache.shape
     group = Hq // Hkv
+    # Measured on an H200 over warps {2, 4, 8} x stages {1..5}: a [16, D] page tile is small, so 2 warps
+    # with 5 loads in flight read fastest (0.70 -> 1.02 of the read ceiling at B=64, ctx=1024). Each stage
+    # holds a K and a V page in shared memory: five of the largest (PAGE 128, D 256) would need 1.3 MB,
+    # past any GPU's (228 KB on an H100), so larger pages get fewer stages and more warps.
+    stages = max(1, min(5, 64 * 1024 // (2 * PAGE * D * q.element_size())))
+    warps = 2 if PAGE * D <= 4096 else 4 if PAGE * D <= 8192 else 8
     # launch() calls the compiled binary directly once it has seen this specialisation (section 3.6).
     launch(
         paged_decode_kernel,
@@ -161,10 +167,8 @@ def _launch(q, k_cache, v_cache, block_tables, context_lens, scale, out, guard=T
         PAGE=PAGE,
         D=D,
         GUARD=guard,
-        # Measured on an H200 over warps {2, 4, 8} x stages {1..5}: a [16, D] page tile is small, so 2
-        # warps with 5 loads in flight read fastest (0.70 -> 1.02 of the read ceiling at B=64, ctx=1024).
-        num_warps=2,
-        num_stages=5,
+        num_warps=warps,
+        num_stages=stages,
     )
     return out
 
