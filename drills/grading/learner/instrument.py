@@ -451,7 +451,7 @@ def _values_stay_in_kernels(interp, graded_file: str) -> None:
                 "inside the launch (int() or float() of a kernel's float tensor, which a GPU's compiler "
                 "refuses); compute with triton.language in the @triton.jit body"
             )
-        return int(self.handle.data)
+        return int(self.handle.data.squeeze())  # as Triton's own: a scalar is a (1,) array from Triton 3.9
 
     def patch_tensor(tensor, scope):
         original(tensor, scope)
