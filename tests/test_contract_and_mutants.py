@@ -55,13 +55,13 @@ def test_untouched_stub_keeps_the_contract(lesson, tmp_path):
 def test_retuned_num_warps_in_the_launcher_breaks_the_contract(tmp_path):
     source = committed(L2.stub)
     launch = re.search(r"^def _launch\(.*?(?=^def )", source, re.M | re.S).group(0)
-    warps = re.search(r"num_warps=(\d+)", launch)
-    assert warps, "L2's _launch no longer sets num_warps: pick another value for this test to change"
-    drifted = source.replace(launch, launch.replace(warps.group(0), f"num_warps={2 * int(warps.group(1))}"))
+    warps = re.search(r"warps = (\d+)", launch)  # L2 picks its warps from the page tile's size
+    assert warps, "L2's _launch no longer picks its warps: pick another value for this test to change"
+    drifted = source.replace(launch, launch.replace(warps.group(0), f"warps = {2 * int(warps.group(1))}", 1))
     before = contract.check(L2, *committed_pair(L2, tmp_path / "untouched"))
     after = contract.check(L2, *committed_pair(L2, tmp_path / "drifted", drifted))
     new = [p for p in after if p not in before]
-    assert len(new) == 1 and new[0].startswith("_launch ") and "num_warps" in new[0], after
+    assert len(new) == 1 and new[0].startswith("_launch ") and "warps" in new[0], after
 
 
 def test_kernel_holding_todos_may_differ_from_the_solution(tmp_path):
