@@ -593,7 +593,7 @@ def fp8_decode(
         scale,
         out,
         min_page=1,
-        max_page=128,
+        max_page=validate.DECODE_MAX_PAGE,
         check=check,
         cache_dtype=E4M3,
     )
