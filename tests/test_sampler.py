@@ -161,6 +161,47 @@ def test_cutoff_kernel_matches_cutoff(V):
     assert torch.equal(got, want), f"V={V}: rows {(got != want).nonzero()[:, 0].tolist()} differ"
 
 
+@pytest.mark.parametrize("V", [37, 513])
+def test_threshold_kernel_finds_cutoffs_thresholds_without_sorting(V):
+    """threshold_kernel (the GPU's path, no sort; Triton's interpreter here) finds the probability that
+    cutoff() reads off the sorted rows: the same value wherever a cut is on, with ties at the top, at
+    the k-th token and across the whole row, top_k at 1, at and past V, top_p small and near 1, across
+    one tile (THRESHOLD_BLOCK = 512) and two; and a row with both cuts off keeps every token."""
+    g = torch.Generator().manual_seed(4)
+    R = 14
+    logits = torch.randn(R, V, generator=g) * 3
+    logits[0, :3] = 10.0  # three tie for the likeliest
+    logits[12, [1, 5, V - 1]] = logits[12].max()  # ties at the 3rd token, one in the last tile
+    logits[13] = 1.0  # every token tied
+    probs = torch.softmax(logits, -1)  # (R, V), in vocabulary order
+    top_k = torch.tensor([2, 0, 1, 2, 3, 5, V, V + 7, 50, -1, 4, 1, 3, 3])
+    top_p = torch.tensor([0.9, 0.7, 0.5, 0.3, 1.0, 0.95, 0.8, 0.1, 0.99, 0.999, 0.6, 1.0, 1.0, 0.2])
+    want = sampler.cutoff(probs.sort(-1, descending=True).values, top_k, top_p)  # (R, 1)
+    device = drills.runtime.current().device
+    got = sampler.threshold_rows(probs.to(device), top_k.to(device), top_p.to(device)).cpu()  # (R, 1)
+    assert torch.equal(got, want), f"V={V}: rows {(got != want).nonzero()[:, 0].tolist()} differ"
+    off = torch.tensor([0.9, 1.0])  # both cuts off on the second row
+    none = sampler.threshold_rows(probs[:2].to(device), torch.tensor([3, -1]).to(device), off.to(device))
+    assert (probs[1:2] >= none[1:].cpu()).all(), "a row with both cuts off must keep every token"
+
+
+def test_sort_free_draws_match_the_sorted_rows(monkeypatch):
+    """With the sort-free thresholds switched on here (the GPU's default), draw() gives the tokens of
+    the sorted path for rows that cut by top_k, top_p, both and min_p."""
+    g = torch.Generator().manual_seed(6)
+    R, V = 6, 300
+    logits = (torch.randn(R, V, generator=g) * 2).to(torch.bfloat16)
+    temperature = torch.tensor([0.7, 1.0, 0.2, 0.0, 1.3, 0.9])
+    top_k = torch.tensor([-1, 20, 5, -1, 40, -1])
+    top_p = torch.tensor([0.9, 1.0, 0.8, 0.9, 0.95, 1.0])
+    min_p = torch.tensor([0.0, 0.0, 0.0, 0.0, 0.05, 0.1])
+    u = sampler.uniform(torch.randint(0, 1 << 32, (R,), generator=g), V)
+    want = sampler.draw(logits, temperature, top_k, top_p, min_p, u)
+    monkeypatch.setattr(sampler, "sort_free", lambda device: True)
+    got = sampler.draw(logits, temperature, top_k, top_p, min_p, u)
+    assert got.tolist() == want.tolist()
+
+
 # --- What each cut keeps: ties and the order of the cuts ----------------------------------------------
 
 

@@ -25,10 +25,12 @@ from the engine's generator (torch's default CPU generator when it is None).
 No Python loop over rows touches the device and nothing waits for it: the rows' parameters go over in
 one non-blocking copy (pinned memory on a GPU), and sample_on_device returns the tokens as a device
 tensor. A step whose rows are all greedy is one argmax. On a GPU two Triton kernels do the per-row
-work: cutoff_kernel the top_k / top_p thresholds, race_kernel the race with its noise made in
-registers; elsewhere torch ops (cutoff, race over an (R, V) tensor of noise) give the same tokens. What
-is left is the softmax and, where a sampled row asks for top_k or top_p, one sort of the logits in their
-own dtype; FlashInfer's top_k_top_p_sampling_from_probs shows how a kernel does without the sort.
+work: threshold_kernel finds the top_k / top_p thresholds without sorting (each is one of the row's
+probabilities, searched by its float bits, several pivots a pass over the row, as FlashInfer's
+top_k_top_p_sampling_from_probs searches pivots), and race_kernel runs the race with its noise made in
+registers. Elsewhere torch ops give the same tokens: cutoff() on the sorted rows (the definition),
+race() over an (R, V) tensor of noise. cutoff_kernel is cutoff() on sorted rows in one launch, the GPU
+path with SORT_FREE off.
 """
 
 from __future__ import annotations
@@ -168,6 +170,86 @@ def cutoff_rows(s: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, kerne
     return out[:, None]
 
 
+@triton.jit
+def _search_bits(
+    row, V, lo, hi, need, keep_from, MASS: tl.constexpr, BLOCK: tl.constexpr, PIVOTS: tl.constexpr
+):
+    """The smallest bit pattern b in (lo, hi] whose tail, the tokens with bits(p) > b (and >= keep_from),
+    falls short of `need`: by count (MASS False) or by probability mass (MASS True). The tail shrinks as b
+    grows, and the caller holds tail(lo) >= need > tail(hi). Each pass over the row tries PIVOTS values
+    of b at once and keeps the two around the crossing, so about 31 / log2(PIVOTS + 1) passes."""
+    j = tl.arange(0, PIVOTS).to(tl.int64) + 1  # (PIVOTS,)
+    while hi - lo > 1:
+        pivots = lo + ((hi - lo) * j) // (PIVOTS + 1)  # (PIVOTS,), ascending, one at least inside (lo, hi)
+        tail = tl.zeros([PIVOTS], tl.float32)
+        for start in range(0, V, BLOCK):
+            i = start + tl.arange(0, BLOCK)  # (BLOCK,)
+            p = tl.load(row + i, mask=i < V, other=0.0)
+            bits = p.to(tl.int32, bitcast=True).to(tl.int64)  # a probability's order is its bits' order
+            inside = ((i < V) & (bits >= keep_from))[:, None] & (bits[:, None] > pivots[None, :])
+            if MASS:
+                tail += tl.sum(tl.where(inside, p[:, None], 0.0), 0)
+            else:
+                tail += tl.sum(inside.to(tl.float32), 0)
+        short = tail < need  # (PIVOTS,): False for a prefix of the pivots, then True
+        hi = tl.min(tl.where(short, pivots, hi), 0)
+        lo = tl.max(tl.where(short, lo, pivots), 0)
+    return hi
+
+
+@triton.jit
+def threshold_kernel(
+    probs_ptr, top_k_ptr, top_p_ptr, out_ptr, V, stride_r, BLOCK: tl.constexpr, PIVOTS: tl.constexpr
+):
+    """cutoff()'s thresholds from the rows' probabilities in vocabulary order, without sorting them.
+    Each threshold is a probability of the row, so it is searched among the rows' values by their float
+    bits (for p >= 0, bit patterns order as the values do): top_k's is the smallest p with fewer than k
+    tokens above it, top_p's the smallest p whose likelier kept tokens hold less than top_p of the mass
+    top_k kept (the token that crosses top_p is kept, with its ties). probs (R, V) float32 (row stride
+    stride_r); top_k (R,) int64; top_p (R,) float32; out (R,) float32."""
+    r = tl.program_id(0)
+    row = probs_ptr + r.to(tl.int64) * stride_r
+    k = tl.load(top_k_ptr + r)
+    top_p = tl.load(top_p_ptr + r)
+    top = tl.zeros([], tl.int64)  # bits of the row's largest probability
+    for start in range(0, V, BLOCK):
+        i = start + tl.arange(0, BLOCK)
+        p = tl.load(row + i, mask=i < V, other=0.0)
+        top = tl.maximum(top, tl.max(p.to(tl.int32, bitcast=True), 0).to(tl.int64))
+    every = tl.zeros([], tl.int64)  # bits >= 0: every token
+    keep_from = every  # top_k off
+    if (k > 0) & (k < V):
+        keep_from = _search_bits(row, V, every - 1, top, k.to(tl.float32), every, False, BLOCK, PIVOTS)
+    thr = keep_from
+    if top_p < 1:
+        mass = tl.zeros([BLOCK], tl.float32)
+        for start in range(0, V, BLOCK):
+            i = start + tl.arange(0, BLOCK)
+            p = tl.load(row + i, mask=i < V, other=0.0)
+            mass += tl.where(p.to(tl.int32, bitcast=True).to(tl.int64) >= keep_from, p, 0.0)
+        need = top_p * tl.sum(mass, 0)
+        thr = _search_bits(row, V, keep_from - 1, top, need, keep_from, True, BLOCK, PIVOTS)
+    tl.store(out_ptr + r, thr.to(tl.int32).to(tl.float32, bitcast=True))
+
+
+THRESHOLD_BLOCK = 512  # probabilities per tile; a pass compares each with PIVOTS values
+THRESHOLD_PIVOTS = 8  # about 10.3 passes a search (31 bits / log2(9))
+
+
+def threshold_rows(probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, pivots: int | None = None):
+    """Each row's top_k / top_p threshold, (R, 1), from probs (R, V) float32 in vocabulary order, with
+    threshold_kernel: no sort. It keeps the tokens cutoff() keeps on the sorted rows, up to the order of
+    its sums (a row whose mass lands within rounding of top_p may keep one token more or less). A row
+    with both cuts off gets 0.0, which keeps every token, as cutoff()'s smallest probability does."""
+    R, V = probs.shape
+    out = torch.empty(R, dtype=torch.float32, device=probs.device)
+    if R:
+        args = (probs, top_k.contiguous(), top_p.contiguous(), out, V, probs.stride(0))
+        block = min(THRESHOLD_BLOCK, triton.next_power_of_2(V))
+        launch(threshold_kernel, (R,), args, BLOCK=block, PIVOTS=pivots or THRESHOLD_PIVOTS)
+    return out[:, None]
+
+
 def probabilities(logits: torch.Tensor, temperature: torch.Tensor):
     """softmax(logits / temperature), (R, V) float32, written out as exp(z - max) / sum so that the same
     elementwise function of the sorted logits gives the sorted probabilities, bit for bit; and that
@@ -188,12 +270,23 @@ def _probs_and_threshold(logits, temperature, top_k, top_p, min_p, cut: bool):
     """probabilities() (R, V) and each row's threshold (R, 1): the tokens with probs >= it are kept."""
     probs, of = probabilities(logits, temperature)
     thr = min_p[:, None] * probs.amax(-1, keepdim=True)  # (R, 1)
-    if cut:
+    if cut and sort_free(probs.device):
+        thr = torch.maximum(thr, threshold_rows(probs, top_k, top_p))
+    elif cut:
         # The logits sort in their own dtype (bf16: 16-bit keys, half the radix passes of the fp32
         # probabilities), and a temperature > 0 keeps their order.
         s = of(logits.sort(-1, descending=True).values)  # (R, V): each row's probabilities, descending
         thr = torch.maximum(thr, cutoff_rows(s, top_k, top_p))
     return probs, thr
+
+
+SORT_FREE = True  # on a GPU, threshold_kernel's search in place of the sort and cutoff_kernel
+
+
+def sort_free(device: torch.device) -> bool:
+    """Whether the cut thresholds come from threshold_kernel (a GPU, SORT_FREE) or from the sorted rows
+    (cutoff(), the definition, on the CPU: torch's sort there is cheaper than the interpreted search)."""
+    return SORT_FREE and device.type == "cuda"
 
 
 def race(probs: torch.Tensor, thr: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
