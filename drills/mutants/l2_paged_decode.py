@@ -208,4 +208,36 @@ MUTANTS = [
         "out_ptr + b * stride_ob + q_heads[:, None] * stride_oh + offs_d[None, :],",
         "out_ptr + b.to(tl.int32) * stride_ob + q_heads[:, None] * stride_oh + offs_d[None, :],",
     ),
+    Mutant(
+        "kv_head_index_int32",
+        "22. the KV head index left int32 (kvh * stride_kh overflows)",
+        "kvh = tl.program_id(1).to(tl.int64)",
+        "kvh = tl.program_id(1)",
+    ),
+    Mutant(
+        "page_tile_capped_at_64",
+        "23. the page tile capped at 64 slots: tokens 64-127 of a 128-token page get no weight",
+        "t_mask = tok < ctx",
+        "t_mask = (tok < ctx) & (offs_t < 64)",
+    ),
+    Mutant(
+        "v_block_stride_of_k",
+        "9. V's block found through K's block stride (phys * stride_kb in V's address line)",
+        "v_cache_ptr + phys * stride_vb",
+        "v_cache_ptr + phys * stride_kb",
+    ),
+    Mutant(
+        "exp2_without_log2e",
+        "8. tl.exp2 where tl.exp belongs: the scores' scale off by ln 2",
+        "alpha = tl.exp(m_i - m_new)\n        p_ = tl.exp(s - m_new[:, None])",
+        "alpha = tl.exp2(m_i - m_new)\n        p_ = tl.exp2(s - m_new[:, None])",
+    ),
+    Mutant(
+        "alpha_natural_on_base2_scores",
+        "6. scores in base 2 (scaled by log2(e) for tl.exp2) rescaled by a natural alpha",
+        "m_new = tl.maximum(m_i, tl.max(s, axis=1))\n        alpha = tl.exp(m_i - m_new)\n"
+        "        p_ = tl.exp(s - m_new[:, None])",
+        "m_new = tl.maximum(m_i, tl.max(s, axis=1) * 1.4426950408889634)\n        alpha = tl.exp(m_i - m_new)\n"
+        "        p_ = tl.exp2(s * 1.4426950408889634 - m_new[:, None])",
+    ),
 ]

@@ -222,16 +222,29 @@ def rows_far_apart(t: torch.Tensor, runtime) -> torch.Tensor:
     3 * 2**30 elements in, so b * stride(0) in int32 wraps to -2**30, a row before t. The buffer holds
     2**31 elements before t, so on a GPU the wrapped row lands in it (zeroed there); the interpreter
     reports an access outside t. Skips, saying why, without the memory for the rows."""
+    return far_apart(t, runtime, dim=0)
+
+
+def far_apart(t: torch.Tensor, runtime, dim: int = 0) -> torch.Tensor:
+    """A copy of t whose entries along `dim` lie 1.5 * 2**30 elements apart in a sparse buffer, the other
+    dims laid out contiguously inside each: rows_far_apart for dim 0; dim 2 of a cache [num_blocks, PAGE,
+    Hkv, D] is a head-major pool (each KV head's pages in a region of its own) seen in the cache's shape.
+    Index 2 starts 3 * 2**30 elements in, so an int32 index times that stride wraps to -2**30, inside the
+    2**31 elements the buffer holds before t (zeroed there on a GPU; the interpreter reports an access
+    outside t). Needs t.shape[dim] >= 3. Skips, saying why, without the memory for the pages touched."""
     skip_without_memory_for_sparse_pages(runtime)
-    B, inner = t.shape[0], t[0].numel()
-    stride, before = 3 * 2**29, 2**31  # t's row stride, and the buffer's elements before t
-    flat = bigmem.sparse_empty((before + (B - 1) * stride + inner,), t.dtype, runtime.device)
+    n = t.shape[dim]
+    rest = t.shape[:dim] + t.shape[dim + 1 :]
+    inner = math.prod(rest)
+    stride, before = 3 * 2**29, 2**31  # the far dim's stride, and the buffer's elements before t
+    flat = bigmem.sparse_empty((before + (n - 1) * stride + inner,), t.dtype, runtime.device)
     if not runtime.interpreter:
-        flat[before - 2**30 : before - 2**30 + inner].zero_()  # torch.empty on a GPU: row 2 wrapped
-    row_strides = torch.empty(t.shape[1:], device="meta").stride()  # a contiguous row's own strides
-    far = flat.as_strided(tuple(t.shape), (stride, *row_strides), before)  # row b at b * stride
+        flat[before - 2**30 : before - 2**30 + inner].zero_()  # torch.empty on a GPU: index 2 wrapped
+    rest_strides = list(torch.empty(rest, device="meta").stride())  # each region laid out contiguously
+    strides = (*rest_strides[:dim], stride, *rest_strides[dim:])
+    far = flat.as_strided(tuple(t.shape), strides, before)  # index i of dim at i * stride
     far.copy_(t)
-    assert (B - 1) * stride >= 2**31 > stride
+    assert (n - 1) * stride >= 2**31 > stride
     return far
 
 

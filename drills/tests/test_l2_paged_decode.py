@@ -31,6 +31,7 @@ from drills.tests.paged_kv import (
     V_UNLIKE_K_NEEDS_TWO_STRIDES,
     PagedCase,
     check_launch,
+    far_apart,
     gather_kv,
     grouping_cases,
     in_layer_pool,
@@ -63,7 +64,8 @@ BOUNDS: dict[str, tuple[str, ...]] = {
         "test_worked_example_ctx37_reads_three_pages",
         "test_last_page_is_masked",
         "test_head_dims_and_page_sizes",
-        "test_pairwise_domain_cases_match_the_oracle",  # PAGE = 128, the widest the launcher admits
+        "test_widest_page_is_read_whole",  # PAGE = 128, the widest the launcher admits
+        "test_pairwise_domain_cases_match_the_oracle",
     ),
     "D": ("test_widest_head_dim_is_read_whole",),
     "grid": ("test_grid_fits_cuda_limits_at_largest_sizes",),
@@ -278,12 +280,21 @@ def test_cache_strides_are_used(impl, runtime):
     check(impl, in_layer_pool(case))
 
 
-def test_k_and_v_caches_with_different_strides(impl, runtime):
+@pytest.mark.parametrize("layout", ["v-head-major", "v-block-stride-only"])
+def test_k_and_v_caches_with_different_strides(impl, runtime, layout):
     """k_cache contiguous, v_cache a head-major [num_blocks, Hkv, PAGE, D] buffer seen as [num_blocks, PAGE,
-    Hkv, D]: the same block stride as K, its token and head strides swapped. A kernel that loads V
-    through K's strides (one copy-pasted address line) reads the wrong tokens and heads of V."""
+    Hkv, D] (the same block stride as K, its token and head strides swapped), or every other block of a
+    NaN-filled buffer (V's block stride alone differs from K's). A kernel that loads V through K's
+    strides, all of them or only the block stride (one copy-pasted term), reads the wrong elements of V."""
     case = make_paged_case([40, 9], 8, 2, 64, 16, device=runtime.device, stream=91)
-    check(impl, v_strides_unlike_k(case))
+    if layout == "v-head-major":
+        check(impl, v_strides_unlike_k(case))
+        return
+    v = case.v_cache
+    pairs = torch.full((v.shape[0], 2, *v.shape[1:]), float("nan"), dtype=v.dtype, device=v.device)
+    pairs[:, 1] = v  # [num_blocks, 2, PAGE, Hkv, D]: strides (2 PAGE Hkv D, Hkv D, D, 1) for V
+    assert pairs[:, 1].stride()[1:] == case.k_cache.stride()[1:] != pairs[:, 1].stride()
+    check(impl, PagedCase(case.q, case.k_cache, pairs[:, 1], case.block_tables, case.context_lens))
 
 
 def test_out_strides_are_used(impl, runtime):
@@ -397,6 +408,16 @@ def test_widest_head_dim_is_read_whole(impl, runtime):
     check(impl, case)
 
 
+def test_widest_page_is_read_whole(impl, runtime):
+    """PAGE = 128, the widest page the launcher admits, on one KV head of two query heads of D = 16: one
+    full page and 3 tokens of a second. A kernel whose tile over a page's tokens stops short of PAGE
+    (tl.arange(0, 64) masked by offs < PAGE, a register budget borrowed from another kernel) never scores
+    the tokens past its tile, yet passes every page up to that width."""
+    PAGE = validate.DECODE_MAX_PAGE
+    case = make_paged_case([PAGE + 3, PAGE], 2, 1, 16, PAGE, device=runtime.device, stream=47)
+    check(impl, case)
+
+
 def test_single_sequence_long_context(impl, runtime):
     """B = 1: the whole grid is Hkv programs, each walking every page."""
     n = sizes(runtime, 150, 32768)
@@ -470,6 +491,17 @@ def test_sequence_index_widened_to_int64(impl, runtime, far):
     else:
         block_tables = rows_far_apart(block_tables, runtime)
     check(impl, PagedCase(q, k_cache, v_cache, block_tables, context_lens))
+
+
+def test_kv_head_index_widened_to_int64(impl, runtime):
+    """k_cache and v_cache keep each KV head's pages in a region of its own, 1.5 * 2**30 elements apart (a
+    head-major pool seen as [num_blocks, PAGE, Hkv, D]; the stride fits in int32): KV head 2 starts
+    3 * 2**30 elements in, so kvh * stride_kh in int32 wraps to -2**30, before the cache. tl.program_id(1)
+    is int32 as the sequence index is: widened before it meets a stride. Sparse files on a CPU."""
+    case = make_paged_case([20, 9], 6, 3, 64, 16, device=runtime.device, stream=98)
+    k_cache, v_cache = (far_apart(c, runtime, dim=2) for c in (case.k_cache, case.v_cache))
+    assert 2 * k_cache.stride(2) >= 2**31 > k_cache.stride(2)
+    check(impl, PagedCase(case.q, k_cache, v_cache, case.block_tables, case.context_lens))
 
 
 # --- Every pair of the domain's boundary values in one case ----------------------------------------
@@ -776,7 +808,8 @@ MISTAKES = [
         fails=("test_online_softmax_rescales_old_pages",),
         passes=("test_scale_is_applied", "test_output_is_normalised_by_the_softmax_sum"),
         question="One-page contexts pass and multi-page ones fail: when the running max grows on a new "
-        "page, what happens to the l and acc summed under the old max?",
+        "page, what happens to the l and acc summed under the old max, and is alpha an exponential in the "
+        "same base as p's?",
         section="2",
     ),
     Mistake(
@@ -806,7 +839,7 @@ MISTAKES = [
             "test_single_token_context_returns_its_value_row",
         ),
         question="Only the outputs that depend on how sharp the softmax is are off: is every score "
-        "multiplied by scale before the max and the exp?",
+        "multiplied by scale before the max and the exp, and is that exp e^x (tl.exp), not 2^x?",
         section="3.3",
     ),
     Mistake(
@@ -931,6 +964,22 @@ MISTAKES = [
         question="A context of 32 with PAGE = 16 in a table of 2 columns: is it a valid length, and which "
         "lengths do your guard and your table loads admit?",
         section="3.7",
+    ),
+    Mistake(
+        22,
+        fails=("test_kv_head_index_widened_to_int64",),
+        passes=(WORKED, "test_sequence_index_widened_to_int64", "test_cache_strides_are_used"),
+        question="KV head 2 starts 3 * 2**30 elements into k_cache here: in which integer type does your "
+        "kernel compute kvh * stride_kh, and what type does tl.program_id return?",
+        section="3.1",
+    ),
+    Mistake(
+        23,
+        fails=("test_widest_page_is_read_whole",),
+        passes=(WORKED, "test_head_dims_and_page_sizes", "test_widest_head_dim_is_read_whole"),
+        question="PAGE = 128 here: how many of a page's slots does your kernel's tl.arange over the tokens "
+        "cover, and who scores the others?",
+        section="3.3",
     ),
     Mistake(
         9,
