@@ -223,4 +223,42 @@ MUTANTS = [
         "kt = tl.load(kt_ptrs + start_n * stride_kn, mask=in_range[None, :], other=0.0)",
         "kt = tl.load(kt_ptrs + start_n * stride_kn)",
     ),
+    # Decided from the operands the kernel reads, not the one it writes: only an out view whose rows
+    # lie far apart (given to _launch) shows it, its store wrapping before the tensor.
+    Mutant(
+        "rows_int64_without_out",
+        "16. row offsets left int32 for out (ROWS_INT64 decided from q, K and V alone)",
+        "max(q.stride(2), k.stride(2), v.stride(2), out.stride(2))",
+        "max(q.stride(2), k.stride(2), v.stride(2))",
+    ),
+    # The twin of diagonal_blocks_unmasked: the masked loop stops at the FIRST row's last key, so when
+    # BLOCK_M > BLOCK_N the block's later rows never see the key blocks past it.
+    Mutant(
+        "causal_hi_from_first_row",
+        "3. the masked loop's end hi taken from the block's first row (later rows miss their keys)",
+        "hi = tl.minimum(Nk, tl.maximum(m0 + BLOCK_M + causal_shift, 0))",
+        "hi = tl.minimum(Nk, tl.maximum(m0 + 1 + causal_shift, 0))",
+    ),
+    # out is right (0) for a row that sees no key; only its lse says 0 where -inf belongs.
+    Mutant(
+        "empty_rows_lse_zero",
+        "9. a row that sees no key gets lse 0, not -inf",
+        "lse = (m_i + tl.math.log2(l_safe)) * 0.6931471805599453",
+        "lse = (tl.where(l_i == 0.0, 0.0, m_i) + tl.math.log2(l_safe)) * 0.6931471805599453",
+    ),
+    # The scaled running max compared with a raw row max, then scaled again: harmless while scores are
+    # above 0, and far below them the shift drifts above every score, as a max started at 0 does.
+    Mutant(
+        "max_compared_with_raw_scores",
+        "11. the running max compared with unscaled scores (max(m_i, max(s)) * qk_scale)",
+        "m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)",
+        "m_new = tl.maximum(m_i, tl.max(s, 1)) * qk_scale",
+    ),
+    # Bases mixed in one place: m and p in base 2, the rescale through e.
+    Mutant(
+        "alpha_natural_exp",
+        "5. the rescale taken as e^(m_old - m_new) of base-2 maxes (tl.exp where exp2 belongs)",
+        "alpha = tl.math.exp2(m_i - m_ref)",
+        "alpha = tl.exp(m_i - m_ref)",
+    ),
 ]

@@ -574,7 +574,9 @@ def slices_past_int32(n, D, axis, device, stream):
 
 # Which of q, k and v lie far apart, by case: a launcher that decides on int64 row offsets from some
 # tensors' strides (q's alone, K's and V's alone, K's for V) must meet a case where only the others are.
-FAR_ROWS = {"token": "qkv", "key_token": "kv", "value_token": "v", "query_token": "q"}
+# "out_token": only out, a view given to _launch (its docstring admits one), so a decision that reads
+# q's, K's and V's strides but not out's stores its row 2 before the tensor.
+FAR_ROWS = {"token": "qkv", "key_token": "kv", "value_token": "v", "query_token": "q", "out_token": "out"}
 
 
 @pytest.mark.parametrize("axis", ["batch", "head", *FAR_ROWS])
@@ -584,7 +586,7 @@ def test_batch_and_head_offsets_widened_to_int64(impl, runtime, axis):
     and reads zeros from 2**31 - 2**21 elements before the tensor. "token": three query and three key
     tokens that far apart (rows of one layer in a large pool), so a row index times stride_qm, stride_kn
     or stride_vn wraps the same way; "key_token", "value_token" and "query_token": only K and V, only V,
-    or only q, so."""
+    or only q, so; "out_token": only out, whose row index times stride_om wraps on the store."""
     if runtime.interpreter and free_bytes() < 2**30:
         pytest.skip(
             f"needs about 1 GB of free memory for the touched pages and the interpreter; "
@@ -600,7 +602,12 @@ def test_batch_and_head_offsets_widened_to_int64(impl, runtime, axis):
         return torch.randn((1, 1, n, D), generator=gen).to(torch.float16).to(runtime.device)
 
     q, k, v = operand("q", Nq, 31), operand("k", Nk, 32), operand("v", Nk, 33)
-    out, lse = impl.flash_attention(q, k, v, return_lse=True)
+    if far == "out":  # flash_attention allocates a compact out: a far-apart one goes through _launch
+        out = slices_past_int32(Nq, D, "token", runtime.device, 34)  # random: a row never stored shows
+        lse = torch.full((1, 1, Nq), float("nan"), dtype=torch.float32, device=runtime.device)
+        impl._launch(q, k, v, False, 1.0 / math.sqrt(D), out, lse)
+    else:
+        out, lse = impl.flash_attention(q, k, v, return_lse=True)
     ref, ref_lse = attention_reference(q, k, v)
     assert_close(out, ref, DIMS)
     assert_lse_close(lse, ref_lse)
@@ -828,6 +835,25 @@ MISTAKES = [
         section="3.5",
     ),
     Mistake(
+        3,
+        # The twin: the masked loop ends at the FIRST row's last key (hi = m0 + 1 + shift), so the later
+        # rows of a query block miss the key blocks past it. Only BLOCK_M > BLOCK_N shows it: one masked
+        # key block then holds every row's diagonal. Pitfall 1 (j < i + shift) fails every causal shape.
+        fails=("test_any_block_shape[M64xN16-causal]",),
+        passes=(
+            "test_any_block_shape[M16xN16-causal]",
+            "test_any_block_shape[M16xN32-causal]",
+            "test_last_key_block_is_masked[noncausal]",
+            "test_keys_not_a_multiple_of_the_block",
+            "test_worked_example_O1_to_three_decimals",
+            "test_online_softmax_rescales_old_blocks",
+            "test_q_k_v_are_read_through_their_strides[noncausal]",
+        ),
+        question="With BLOCK_M = 64 and BLOCK_N = 16, which key is the last one the LAST row of a query "
+        "block may see, and does your masked loop run that far?",
+        section="3.5",
+    ),
+    Mistake(
         4,
         fails=("test_last_key_block_is_masked[noncausal]", "test_keys_not_a_multiple_of_the_block[5-17]"),
         passes=("test_causal_is_aligned_bottom_right[64-64]", "test_keys_are_walked_block_by_block"),
@@ -949,6 +975,21 @@ MISTAKES = [
         question="A row that sees no key has m = -inf and l = 0 after the loop: what do exp2(m_i - m_new) "
         "and acc / l give for it in your kernel?",
         section="3.5",
+    ),
+    Mistake(
+        9,
+        # out right (0) for a row that sees no key, and its lse 0 or finite where -inf belongs.
+        fails=("test_lse_is_natural_log[causal-rows-that-see-no-key]",),
+        passes=(
+            "test_lse_is_natural_log[causal]",
+            "test_lse_is_natural_log[noncausal]",
+            "test_fully_masked_rows_are_zero_not_nan",
+            "test_running_max_starts_at_minus_inf",
+        ),
+        messages=(r"rows that see no key have lse != -inf",),
+        question="A row that sees no key has no scores at all: what is the log of an empty sum, and what "
+        "does your kernel store as that row's lse?",
+        section="3.6",
     ),
     Mistake(
         10,
