@@ -168,4 +168,43 @@ MUTANTS = [
         "tl.store(m_ptr + split * M + row, m)",
         "tl.store(m_ptr + split * M + row, m, mask=lo < N)",
     ),
+    # The merge's store unmasked (its loads masked): every state right, the store past n reported.
+    Mutant(
+        "merge_store_unmasked",
+        "7. the merge's last tile of states stored without the mask",
+        "tl.store(l_ptr + offs, l, mask=mask)",
+        "tl.store(l_ptr + offs, l)",
+    ),
+    # Guarded on a's max alone: two empty states and an empty b are right; an empty a is not.
+    Mutant(
+        "merge_guard_on_one_max",
+        "9. the merge's shift guarded on one state's max, not the merged one",
+        'shift = tl.where(m == float("-inf"), 0.0, m)',
+        'shift = tl.where(m_a == float("-inf"), 0.0, m)',
+    ),
+    # softmax_stats runs one program a row whatever splits says: right numbers, no split at all.
+    Mutant(
+        "splits_ignored",
+        "21. the splits argument ignored: one program per row",
+        "return _merge_splits(*_launch_stats(x, block, splits))",
+        "return _merge_splits(*_launch_stats(x, block, 1))",
+    ),
+    Mutant(
+        "rescale_in_base_2",
+        "22. the rescale taken as 2^(m_old - m_new) (tl.exp2 where e^z belongs)",
+        "alpha = tl.exp(m - m_ref)",
+        "alpha = tl.exp2(m - m_ref)",
+    ),
+    Mutant(
+        "merge_in_base_2",
+        "22. the merge's weights taken as 2^(m - max) (tl.exp2 where e^z belongs)",
+        "l = l_a * tl.exp(m_a - shift) + l_b * tl.exp(m_b - shift)",
+        "l = l_a * tl.exp2(m_a - shift) + l_b * tl.exp2(m_b - shift)",
+    ),
+    Mutant(
+        "p_in_base_2",
+        "22. p taken as 2^(x - m) / l (tl.exp2 where e^z belongs)",
+        "p = tl.exp(x - m_row) * inv_l",
+        "p = tl.exp2(x - m_row) * inv_l",
+    ),
 ]

@@ -223,6 +223,61 @@ def test_worked_example_merge_of_two_halves(impl, runtime):
     assert_close(l, torch.tensor([1.5530]), **FOUR_DECIMALS)
 
 
+def _hand_states(x, base_terms, base_rescale):
+    """The state after each element of the row x, the terms e^(x - m) and the rescale e^(m_old - m_new)
+    each taken in the base given (math.e, or 2 for a tl.exp2 without its log2(e) factor)."""
+    m, l, trace = float("-inf"), 0.0, []
+    for v in x:
+        m_new = max(m, v)
+        l = l * (base_rescale ** (m - m_new) if m > float("-inf") else 0.0) + base_terms ** (v - m_new)
+        m = m_new
+        trace.append(l)
+    return trace
+
+
+def _base_two_where(got, candidates):
+    """The name of the candidate (name -> expected values) that got matches to four decimals, or None."""
+    for name, values in candidates.items():
+        if all(abs(g - v) <= 1e-4 * max(1.0, abs(v)) for g, v in zip(got, values)):
+            return name
+    return None
+
+
+def test_exponentials_are_base_e(impl, runtime):
+    """Every exponential of this lesson is e^z: the terms e^(x - m), the rescale e^(m_old - m_new), the
+    merge's weights and p. tl.exp2, the instruction T5 takes with log2(e) folded into its scale, gives
+    2^z here: a softmax at the wrong temperature. The worked example [2, 1, 4, 3] through each
+    function, and each wrong answer a 2^z in one place gives, to name that place."""
+    x = torch.tensor([HAND_X], device=runtime.device)
+    e = math.e
+    right = _hand_states(HAND_X, e, e)
+    where = {
+        "the terms e^(x - m)": _hand_states(HAND_X, 2.0, e),
+        "the rescale e^(m_old - m_new)": _hand_states(HAND_X, e, 2.0),
+        "both the terms and the rescale": _hand_states(HAND_X, 2.0, 2.0),
+    }
+    _, l_trace = impl.softmax_stats_trace(x, 1)
+    got = [float(v) for v in l_trace[0].float().cpu()]
+    place = _base_two_where(got, where) if _base_two_where(got, {"e": right}) is None else None
+    assert place is None, (
+        f"l after each element of [2, 1, 4, 3] = {[round(g, 4) for g in got]}, the right {[round(v, 4) for v in right]}: "
+        f"what 2^z where e^z belongs gives in {place} of softmax_stats_kernel"
+    )
+    m_a, l_a, m_b, l_b = (torch.tensor([v], device=runtime.device) for v in (2.0, right[1], 4.0, right[1]))
+    _, l = impl.merge_stats(m_a, l_a, m_b, l_b)
+    base_two = right[1] * 2.0 ** (2.0 - 4.0) + right[1]
+    assert abs(float(l[0]) - base_two) > 1e-4, (
+        f"merge of (2, {right[1]:.4f}) and (4, {right[1]:.4f}) gave l = {float(l[0]):.4f}, the right "
+        f"{right[3]:.4f}: what 2^z where e^z belongs gives in merge_stats_kernel's weights"
+    )
+    p = impl.online_softmax(x)
+    p_base_two = torch.tensor([[2.0 ** (v - 4.0) / right[3] for v in HAND_X]])
+    assert mismatch(p.float().cpu(), p_base_two) is not None, (
+        f"p = {p[0].tolist()}: what 2^(x - m) / l gives where e^(x - m) / l belongs in "
+        "softmax_normalize_kernel"
+    )
+
+
 # --- Section 5 "Pitfalls": the statistics pass -------------------------------------------------------
 
 
@@ -511,7 +566,17 @@ def test_splits_match_one_pass(impl, runtime, splits):
     x[1, :5] += 20.0  # row 1's in the first
     # 1024 splits take blocks of one column, so 100 of them hold a column: past any 16 of them.
     block = 1 if splits == _SPLITS_MAX else 16
-    check_stats(impl, x, block=block, splits=splits)
+    with record_launches(impl) as launches:
+        check_stats(impl, x, block=block, splits=splits)
+    # One pass over the whole row gives the same numbers, so only the launch shows splits ignored.
+    grids = [c.grid for c in launches.calls if c.name == "softmax_stats_kernel" and c.grid]
+    if grids:
+        programs = max(math.prod(g) for g in grids)
+        assert programs >= M * splits, (
+            f"softmax_stats(x, splits={splits}) with {M} rows launched softmax_stats_kernel on grids "
+            f"{grids}: at most {programs} programs where {M} rows in {splits} splits are {M * splits}; "
+            "the splits argument was not used"
+        )
     check_softmax(impl, x, block=block, splits=splits)
 
 
@@ -776,7 +841,12 @@ MISTAKES = [
             "test_worked_example_trace_one_element_at_a_time",
             "test_old_sum_is_rescaled_when_the_max_grows",
         ),
-        passes=("test_worked_example_final_state[4]", "test_merge_shifts_to_the_larger_max"),
+        # A rescale of 2^(m_old - m_new) fails the same checks: its base is what tells it apart.
+        passes=(
+            "test_worked_example_final_state[4]",
+            "test_merge_shifts_to_the_larger_max",
+            "test_exponentials_are_base_e",
+        ),
         question="At step 3 of the by-hand trace the max jumps from 2 to 4: what max is the sum 1.3679 "
         "measured against, and what must happen to it before e^(4 - 4) is added?",
         section="2",
@@ -867,7 +937,8 @@ MISTAKES = [
             "test_merge_covers_states_past_one_program",
         ),
         passes=("test_worked_example_final_state", "test_first_block_starts_from_minus_inf"),
-        messages=(r"out of bounds load of [ml]_[ab]_ptr",),
+        # Its store unmasked instead: the harness names the store past the merged states.
+        messages=(r"out of bounds (?:load of [ml]_[ab]_ptr|store of [ml]_ptr)",),
         question="A merge of 4 states runs one tile of 1024 lanes: which lanes of your merge's loads point "
         "past the 4 states, and what keeps them from being read?",
         section="3.4",
@@ -875,7 +946,11 @@ MISTAKES = [
     Mistake(
         8,
         fails=("test_worked_example_merge_of_two_halves", "test_merge_shifts_to_the_larger_max"),
-        passes=("test_worked_example_final_state", "test_first_block_starts_from_minus_inf"),
+        passes=(
+            "test_worked_example_final_state",
+            "test_first_block_starts_from_minus_inf",
+            "test_exponentials_are_base_e",  # else weights of 2^(m - max) (22)
+        ),
         question="Merging (2, 1.3679) with (4, 1.3679): against which max is each l measured, and by what "
         "must each be multiplied before they are added?",
         section="2",
@@ -888,6 +963,39 @@ MISTAKES = [
         question="Two empty states (-inf, 0) meet in your merge: what is m_a - shift when both maxes are "
         "-inf?",
         section="3.4",
+    ),
+    Mistake(
+        9,
+        # The shift guarded on one state's max (m_a == -inf) rather than the merged one: an empty a with
+        # a real b shifts by 0, so b's sum comes out times e^(m_b), finite and far off, never NaN.
+        fails=("test_merge_with_the_empty_state_is_identity",),
+        passes=(
+            "test_merge_shifts_to_the_larger_max",
+            "test_merge_takes_any_shape",
+            "test_worked_example_merge_of_two_halves",
+            "test_first_block_starts_from_minus_inf",
+            "test_worked_example_final_state",
+        ),
+        question="Merge the empty state (-inf, 0) as a with (3, 1) as b: what shift does your merge take, "
+        "and what is l_b times e^(m_b - shift) then?",
+        section="3.4",
+    ),
+    Mistake(
+        21,
+        # Every number right: one program per row gives the state of the whole row too.
+        fails=("test_splits_match_one_pass",),
+        messages=(r"the splits argument was not used",),
+        question="softmax_stats(x, splits=4) on 3 rows: how many programs does your statistics pass "
+        "launch, and where in your launcher is splits read?",
+        section="3.1",
+    ),
+    Mistake(
+        22,
+        fails=("test_exponentials_are_base_e",),
+        messages=(r"2\^z where e\^z belongs|2\^\(x - m\) / l gives",),
+        question="tl.exp2(z) is 2^z: which of your exponentials were meant to be e^z, and what factor "
+        "turns one into the other?",
+        section="2",
     ),
     Mistake(
         10,
@@ -924,7 +1032,11 @@ MISTAKES = [
     Mistake(
         11,
         fails=("test_rows_sum_to_one",),
-        passes=("test_worked_example_final_state", "test_merge_shifts_to_the_larger_max"),
+        passes=(
+            "test_worked_example_final_state",
+            "test_merge_shifts_to_the_larger_max",
+            "test_exponentials_are_base_e",  # else p = 2^(x - m) / l (22)
+        ),
         # Undivided, every row is off by its factor l >= 1: a relative error of a percent or more, not
         # the 0.03% of an fp32 output rounded through fp16.
         messages=(
@@ -983,7 +1095,11 @@ MISTAKES = [
     Mistake(
         15,
         fails=("test_row_offsets_widened_to_int64",),
-        passes=("test_rows_are_read_through_their_strides", "test_last_block_is_masked"),
+        passes=(
+            "test_rows_are_read_through_their_strides",
+            "test_last_block_is_masked",
+            "test_exponentials_are_base_e",  # its merge of two splits fails too with 2^z weights
+        ),
         question="Row 2 starts 2 * (2**30 + 2**20) elements into x: in which integer type does your kernel "
         "compute row * stride_xm, and what does that type do past 2**31 - 1?",
         section="3.1",
