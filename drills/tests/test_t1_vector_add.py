@@ -218,11 +218,11 @@ def _strided(t):
     return buffer[::2]
 
 
-def _shifted_by_one(t, name="x", out_first=False):
-    """(a copy of t as `name`, and out: the same memory one element further on, or with out_first one
-    element before), a partial overlap either way round."""
-    buffer = torch.zeros(t.numel() + 1, dtype=t.dtype, device=t.device)
-    first, second = buffer[:-1], buffer[1:]
+def _shifted_by_one(t, name="x", out_first=False, by=1):
+    """(a copy of t as `name`, and out: the same memory one element (or `by`) further on, or with
+    out_first before), a partial overlap either way round."""
+    buffer = torch.zeros(t.numel() + by, dtype=t.dtype, device=t.device)
+    first, second = buffer[:-by], buffer[by:]
     if out_first:
         second.copy_(t)
         return {name: second, "out": first}
@@ -262,6 +262,13 @@ BAD_INPUTS = {
         "out partly overlaps x",
     ),
     "out_partly_overlaps_y": (lambda a: _shifted_by_one(a["y"], "y"), ValueError, "out partly overlaps y"),
+    # 48 of 64 fp32 elements on: 192 bytes apart, more than 64, less than the 256 bytes of out, so a
+    # gap in bytes compared with a length in elements lets the last 16 elements overlap.
+    "out_overlaps_x_past_its_length_in_bytes": (
+        lambda a: _shifted_by_one(a["x"], by=48),
+        ValueError,
+        "out partly overlaps x",
+    ),
     "y_longer": (lambda a: dict(y=torch.cat([a["y"], a["y"][:1]])), ValueError, "y"),
     "out_longer": (lambda a: dict(out=torch.cat([a["x"], a["x"][:1]])), ValueError, "out"),
     # Empty vectors launch nothing, but their arguments are checked all the same.
