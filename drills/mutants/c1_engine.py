@@ -34,6 +34,35 @@ MUTANTS = [
         "while usable < hits:",
     ),
     Mutant(
+        "hits_counted_anywhere_in_the_table",
+        "4. prefix hits trusted before their K and V exist (computed hits counted wherever they lie)",
+        "            usable = 0\n"
+        "            while usable < hits and table[usable] in self.computed_blocks:\n"
+        "                usable += 1\n",
+        "            usable = sum(1 for block in table[:hits] if block in self.computed_blocks)\n",
+    ),
+    Mutant(
+        "half_written_block_marked_computed",
+        "34. a block marked computed before its last slot is written",
+        "            if seq.num_computed // self.block_size > before // self.block_size:\n"
+        "                table = self.block_manager.block_table(seq.seq_id)\n"
+        "                self.computed_blocks.update(\n"
+        "                    table[before // self.block_size : seq.num_computed // self.block_size]\n"
+        "                )\n",
+        "            if True:  # every block the step wrote into\n"
+        "                table = self.block_manager.block_table(seq.seq_id)\n"
+        "                self.computed_blocks.update(\n"
+        "                    table[before // self.block_size : -(-seq.num_computed // self.block_size)]\n"
+        "                )\n",
+    ),
+    Mutant(
+        "readmission_keeps_its_old_counters",
+        "8. a preempted request readmitted with stale state (resumed where it stopped)",
+        "seq.num_computed = min(usable * self.block_size, seq.num_tokens - 1)",
+        "seq.num_computed = seq.num_tokens - 1 if seq.preemptions else min(usable * self.block_size, "
+        "seq.num_tokens - 1)",
+    ),
+    Mutant(
         "whole_prompt_cached_computes_nothing",
         "5. a prompt found whole in the cache computes nothing",
         "seq.num_computed = min(usable * self.block_size, seq.num_tokens - 1)",

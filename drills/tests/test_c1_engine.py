@@ -445,10 +445,37 @@ MISTAKES = [
     Mistake(
         4,
         fails=("test_hits_on_a_preempted_prompt_wait_until_computed",),
-        passes=ENGINE_BASICS + ("test_chunked_prefill_matches_the_oracle", "test_no_block_leaks_*"),
+        # Hits trusted fail where a preempted prompt's keyed blocks come back unwritten, not where every
+        # request is recomputed from its first token (a readmission trusting its own stale counters, 8).
+        passes=ENGINE_BASICS
+        + (
+            "test_chunked_prefill_matches_the_oracle",
+            "test_no_block_leaks_*",
+            "test_preemption_finishes_every_request_with_the_same_output",
+        ),
         question="L3 keys a full block when it is allocated. When a later request finds that block, has any "
         "step written its K and V yet?",
         section="3.4",
+    ),
+    # The usable hits counted wherever they lie among the hit blocks, not as a run from the first.
+    Mistake(
+        4,
+        fails=("test_usable_hits_stop_at_the_first_block_not_computed",),
+        passes=ENGINE_BASICS + PREEMPTED_MID_PROMPT,
+        question="Blocks 0 and 2 of a prompt's three hit blocks are computed, block 1 is not: from which "
+        "position must the request compute, and what would its rows at positions 8-11 attend over?",
+        section="3.4",
+    ),
+    # A block marked computed when a step wrote some of its slots (the last chunk's partial block): it
+    # is keyed already when it is a prompt's, and a preempted request finds it half written.
+    Mistake(
+        34,
+        fails=("test_a_half_written_block_is_never_marked_computed",),
+        passes=ENGINE_BASICS + PREEMPTED_MID_PROMPT,
+        messages=(r"\(budget 6\).*(\bnan\b|NaN)",),
+        question="A chunk computes positions 0 and 1 of a 16-token prompt, blocks of 4: which blocks did "
+        "that step fill to their last slot, and which does your postprocess mark computed?",
+        section="3.6",
     ),
     Mistake(
         5,
@@ -480,6 +507,20 @@ MISTAKES = [
         passes=ENGINE_BASICS + PREEMPTED_MID_PROMPT + ("test_chunked_prefill_matches_the_oracle",),
         question="A request preempted after 3 new tokens comes back: which tokens does its new block table "
         "hold, and how many of them must be computed again?",
+        section="3.5",
+    ),
+    # Stale counters trusted at the readmission: every preempted request resumes past K and V in blocks
+    # it gave back, the one preempted mid-prompt too (its check looks like pitfall 4's; the preemption
+    # check, which pitfall 4 passes, tells them apart).
+    Mistake(
+        8,
+        fails=(
+            "test_preemption_finishes_every_request_with_the_same_output",
+            "test_hits_on_a_preempted_prompt_wait_until_computed",
+        ),
+        passes=ENGINE_BASICS + ("test_chunked_prefill_matches_the_oracle",),
+        question="A request preempted with 9 tokens computed comes back with two blocks found cached: from "
+        "which position does it compute, and where do its num_computed and num_slots come from?",
         section="3.5",
     ),
     Mistake(
@@ -1807,11 +1848,12 @@ def test_same_prompt_twice_in_one_step_matches_the_oracle(impl):
             )
 
 
-def preempted_mid_prompt(impl, reused_pool: bool):
+def preempted_mid_prompt(impl, reused_pool: bool, budget: int = 8):
     """X (a one-block prompt) decodes while A's 16-token prompt is computed in chunks (budget 8, a pool of
     5 blocks): X needs a block, A is preempted with one block computed and three allocated but never
     written, found again by its own key when it comes back. With `reused_pool`, a request W computed 19
-    tokens in the pool first, so those blocks hold W's K and V."""
+    tokens in the pool first, so those blocks hold W's K and V. A budget of 6 leaves A's first chunk 2
+    tokens, half of its first block: A is preempted with no block whole."""
     stream = seeded(WEIGHTS_STREAM)
 
     def build(r):
@@ -1822,9 +1864,10 @@ def preempted_mid_prompt(impl, reused_pool: bool):
     params[2] = dict(temperature=0.0, max_tokens=2, ignore_eos=True)
     waves = [[0], [1, 2]] if reused_pool else [[1, 2]]
     watched = Watched(5)
-    run = serve(impl, watched, prompts, waves=waves, params=params, max_num_batched_tokens=8)
-    assert_no_error(run, "a request preempted in the middle of its prompt")
-    assert_matches_oracle(run, prompts, "a request preempted in the middle of its prompt", params, [1, 2])
+    run = serve(impl, watched, prompts, waves=waves, params=params, max_num_batched_tokens=budget)
+    what = "a request preempted in the middle of its prompt" + (f" (budget {budget})" if budget != 8 else "")
+    assert_no_error(run, what)
+    assert_matches_oracle(run, prompts, what, params, [1, 2])
     assert watched.preemptions > 0, (
         "the long prompt was never preempted: X's decode row needs a block when none is free, and A, the "
         "newest running request, gives up its blocks (section 3.5)"
@@ -1842,6 +1885,59 @@ def test_fresh_blocks_lose_their_old_computed_mark(impl):
     """The same, in a pool a finished request filled first: A's fresh blocks hold that request's K and V,
     and must not count as computed for A's tokens (section 3.4)."""
     preempted_mid_prompt(impl, reused_pool=True)
+
+
+def test_a_half_written_block_is_never_marked_computed(impl):
+    """The same with a budget of 6: A's first chunk writes 2 of its first block's 4 slots, then A is
+    preempted. That block is keyed (L3 seals a prompt's full blocks at allocation) but half written: a
+    step marks only the blocks it filled to their last slot (section 3.6), so A, back, computes from 0.
+    Marked as if full, A would start at 4 and attend over positions 2 and 3, which no step wrote."""
+    preempted_mid_prompt(impl, reused_pool=False, budget=6)
+
+
+def _admit_with_marks(module, manager, prompt, marked):
+    """A new Scheduler over the lent pool, computed_blocks set to `marked`, one request of `prompt`
+    added and scheduled: its (num_computed, num_new) at admission, or the error."""
+    scheduler = module.Scheduler(manager, max_num_seqs=4, max_num_batched_tokens=64)
+    scheduler.computed_blocks = set(marked)
+    seq = module.Sequence("again", list(prompt), module.SamplingParams(temperature=0.0, max_tokens=2))
+    try:
+        scheduler.add(seq)
+        scheduled = scheduler.schedule()
+    except Exception as exc:  # noqa: BLE001 - judged by the grader, with the learner's line
+        return {"error": _learner_line(module, exc)}
+    return {"error": None, "scheduled": [(item.seq.num_computed, item.num_new) for item in scheduled]}
+
+
+def test_usable_hits_stop_at_the_first_block_not_computed(impl):
+    """A 13-token prompt's three full blocks are cached (keyed, free) and found again; computed_blocks
+    holds some of them, set here directly. Usable hits are a prefix of the table (section 3.4): from the
+    first block up to the first one not computed. Counting the computed hits wherever they are starts the
+    request past a block no step wrote, whose K and V its rows then attend over. No run of the engine with
+    L3's tail-first eviction leaves such a hole, so the state is built by hand: the rule, not the case."""
+    rng = random.Random(seeded(33))
+    prompt = tokens(rng, 3 * BLOCK + 1)
+    for holes, want in (((1,), BLOCK), ((0,), 0), ((0, 1), 0)):
+        watched = Watched(8)
+        table = watched.manager.allocate("before", prompt)
+        watched.manager.free("before")  # full blocks keyed and free, found again by their keys
+        marked = [b for j, b in enumerate(table[:3]) if j not in holes]
+        got = probe(impl, _admit_with_marks, lend(watched), prompt, marked)
+        what = (
+            f"a 13-token prompt whose 3 full blocks are cached, computed_blocks holding hit blocks "
+            f"{[j for j in range(3) if j not in holes]} of its table (not {list(holes)})"
+        )
+        assert got["error"] is None, f"{what}: schedule() raised {got['error']}"
+        assert len(got["scheduled"]) == 1, (
+            f"{what}: schedule() returned {got['scheduled']}, one entry belongs"
+        )
+        computed, num_new = got["scheduled"][0]
+        assert computed == want, (
+            f"{what}: admitted with num_computed = {computed}, {want} belongs: usable hits run from the first "
+            f"block of the table up to the first not in computed_blocks (block {min(holes)} here); a hit after "
+            "it holds K and V computed over a prefix no step wrote (section 3.4)"
+        )
+        assert computed + num_new == len(prompt), f"{what}: scheduled {num_new} new tokens from {computed}"
 
 
 # --- Sampling ---------------------------------------------------------------------------------------------
