@@ -278,4 +278,10 @@ MUTANTS = [
         "q_ptr + b * stride_qb + q_heads[:, None] * stride_qh + offs_d[None, :],\n        mask=g_mask[:, None],\n        other=0.0,",
         "q_ptr + b * stride_qb + q_heads[:, None] * stride_qh + offs_d[None, :],",
     ),
+    Mutant(
+        "merged_lse_unmasked",
+        "30. a kept guard's merged lse not masked where the row saw nothing",
+        'lse_out = tl.where(seen, m + tl.log(w_safe), float("-inf"))',
+        "lse_out = m + tl.log(w_sum)",
+    ),
 ]

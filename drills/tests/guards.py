@@ -120,17 +120,18 @@ def paged_inputs(device, dtype=torch.float16, B=3, Hq=4, Hkv=2, D=16, PAGE=16, p
 
 
 def decode_cases(
-    stem: str, fn_name: str, device, extra=None, lse_dim=None, inputs=paged_inputs
+    stem: str, fn_name: str, device, extra=None, lse_dim=None, inputs=paged_inputs, impl=None
 ) -> list[GuardCase]:
     """context_lens and block_tables corrupted one value at a time, for L2, F1 and F3 (the same API).
     extra(q, k, v, tables, lens): more keyword arguments, made from the valid inputs (F1's plan, as an
     engine plans from the lengths it knows); lse_dim: which output is the lse, if one is returned;
-    inputs(device): the valid inputs (F3's caches are e4m3)."""
+    inputs(device): the valid inputs (F3's caches are e4m3); impl: the module called (default the
+    reference; F1's grader passes the learner's, to judge a guard the learner kept)."""
     cases = []
 
     def case(name, argument, corrupt, rows):
         def run(check, bad=True):
-            fn = getattr(reference(stem), fn_name)
+            fn = getattr(impl if impl is not None else reference(stem), fn_name)
             q, k, v, tables, lens = inputs(device)
             kwargs = extra(q, k, v, tables, lens) if extra else {}
             if bad:

@@ -16,7 +16,14 @@ from drills.compare import assert_close, mismatch
 from drills.grading.grader.diagnose import Mistake
 from drills.grading.grader.report import Stage
 from drills.grading.shared.launches import assert_grids_fit, assert_runs_a_triton_kernel
-from drills.tests import bf16_everywhere, fill_past_fp16_range, seeded, sizes
+from drills.tests import (
+    bf16_everywhere,
+    fill_past_fp16_range,
+    guards_f1_split_kv_decode,
+    probe,
+    seeded,
+    sizes,
+)
 from drills.tests.domain import Domain, checks_besides
 from drills.tests.paged_kv import (
     CONTEXT_PATTERNS,
@@ -861,6 +868,55 @@ def test_tolerance_rejects_zeros(runtime):
     assert mismatch(torch.zeros_like(ref).half(), ref) is not None
 
 
+# --- A guard kept from the reference contains what it records ------------------------------------
+
+# Section 3.7's bad values (drills/tests/guards_f1_split_kv_decode.py) on both paths: a length past the
+# row, a block id of -1 on each gathering path, a length past the plan, and merge_states given NaN or +inf.
+KEPT_GUARD_CASES = (
+    "context_len_one_past_the_row_1_split",
+    "block_id_-1_1_split",
+    "context_len_one_past_the_row_2_splits",
+    "block_id_-1_2_splits",
+    "context_len_past_the_plan_2_splits",
+    "block_id_-1_pages_of_4_2_splits",
+    "merge_states_lse_a_nan",
+    "merge_states_lse_b_plus_inf",
+)
+
+
+def _outputs(plain):
+    return tuple(torch.tensor(values, dtype=getattr(torch, dtype)) for dtype, values in plain)
+
+
+def test_a_kept_guard_contains_what_it_records(impl, runtime):
+    """Section 3.7's bad device values, with check=False as an engine calls on a GPU, through your file.
+    Your kernels need no guard, and a value they do not record says nothing here. A guard kept from the
+    reference that records a value must contain it as the reference does: the row it reaches stores
+    zeros with lse -inf, every other row is what the valid call gave, and nothing is read outside the
+    tensors. Merged, a split that met a bad block id hands the merge lse = +inf: m = +inf, the row's sum is
+    zeroed, and a merged lse not masked where the sum is 0 stores inf + log(0) = NaN (a padding row, whose
+    m is -inf, still gets -inf without the mask, so no valid case sees it)."""
+    cases = {c.name: c for c in guards_f1_split_kv_decode.cases("cpu")}
+    results = probe(impl, guards_f1_split_kv_decode.contained, runtime.device, KEPT_GUARD_CASES)
+    for name, recorded, raised, valid, bad in results:
+        if recorded is None:
+            continue  # no guard fired for this value: the lesson asks for none
+        case = cases[name]
+        assert raised is None, (
+            f"{name}: your guard recorded the bad value ({recorded}), and the call still raised: {raised}"
+        )
+        assert case.argument in recorded, (
+            f"{name}: your guard recorded {recorded!r}, which does not name {case.argument}, the bad argument"
+        )
+        try:
+            case.compare(_outputs(valid), _outputs(bad))
+        except AssertionError as failed:
+            raise AssertionError(
+                f"{name}: your guard recorded the bad value ({recorded}) but did not contain it, as "
+                f"section 3.7 does: {failed}"
+            ) from None
+
+
 # --- The grid fits a GPU at every size the launcher admits ------------------------------------------
 
 
@@ -932,6 +988,7 @@ STAGES = [
             "test_runs_a_triton_kernel",
             "test_launcher_rejects_bad_input",
             "test_padding_sequences_give_zero_and_lse_minus_inf",
+            "test_a_kept_guard_contains_what_it_records",
         ),
         "split_kv_kernel and merge_splits_kernel with the split count forced through plan(num_splits=k): "
         "every count equals unsplit, empty splits, the merge's shift and rescale, L2's masks and pages",
@@ -960,6 +1017,17 @@ STAGES = [
 
 EVERY_SPLIT = "test_every_split_count_matches_unsplit"
 MISTAKES = [
+    Mistake(
+        30,
+        # A guard kept from the reference whose merge stores m + ln(w_sum) unmasked: inf + ln 0 = NaN for a
+        # row a split poisoned, where -inf belongs; every valid case passes (a padding row gets -inf).
+        fails=("test_a_kept_guard_contains_what_it_records",),
+        passes=(EVERY_SPLIT, "test_padding_sequences_give_zero_and_lse_minus_inf"),
+        messages=(r"did not contain it[^\n]*lse of invalid rows",),
+        question="A split met a bad block id and stored lse = +inf: after the merge's guard zeroes the row's "
+        "sums, what does your merged lse store for that row, and where is it masked?",
+        section="3.7",
+    ),
     Mistake(
         26,
         # Rows GROUP .. GROUP_PAD - 1 of q loaded without the group mask: never stored, so every value is
