@@ -261,4 +261,11 @@ MUTANTS = [
         "alpha = tl.math.exp2(m_i - m_ref)",
         "alpha = tl.exp(m_i - m_ref)",
     ),
+    # The default scale from the query count, not the head dim: every explicit scale is right.
+    Mutant(
+        "default_scale_from_nq",
+        "6. the default scale taken as 1 / sqrt(Nq), not 1 / sqrt(D)",
+        "scale = 1.0 / math.sqrt(q.shape[-1])",
+        "scale = 1.0 / math.sqrt(q.shape[2])",
+    ),
 ]

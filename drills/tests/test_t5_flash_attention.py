@@ -617,11 +617,11 @@ def test_returns_fresh_contiguous_out_and_lse(impl, runtime):
     """out is [B, H, Nq, D] in q's dtype (contiguous even when q is not); with return_lse, (out, lse)."""
     q, k, v = make_qkv(1, 2, 1, 9, 20, 64, device=runtime.device, stream=43, heads_last=True)
     out = attend(impl, q, k, v)
-    assert (
-        isinstance(out, torch.Tensor)
-        and out.shape == q.shape
-        and out.dtype == q.dtype
-        and out.is_contiguous()
+    assert isinstance(out, torch.Tensor) and out.shape == q.shape and out.dtype == q.dtype
+    # q is a heads-last view here: torch.empty_like(q) keeps its strides, a fresh out does not.
+    assert out.is_contiguous(), (
+        f"out has strides {tuple(out.stride())} for shape {tuple(out.shape)}: flash_attention returns a "
+        "fresh contiguous out even when q is a view (torch.empty_like(q) copies q's strides)"
     )
     pair = impl.flash_attention(q, k, v, return_lse=True)
     assert isinstance(pair, tuple) and len(pair) == 2, "return_lse=True returns (out, lse)"
@@ -920,6 +920,23 @@ MISTAKES = [
         ),
         question="Your output is right and your lse is not: in which base is m + log2(l), and what turns it "
         "into a natural log?",
+        section="3.3",
+    ),
+    Mistake(
+        6,
+        # Only the default scale wrong (1 / sqrt of another dimension): every check that passes its own
+        # scale passes, and every one through flash_attention's default fails.
+        fails=("test_scale_is_applied",),
+        passes=(
+            "test_worked_example_O1_to_three_decimals",
+            "test_worked_example_state_after_each_key_block",
+            "test_rows_past_nq_not_written",
+            "test_any_block_shape",
+            "test_negative_causal_shift_is_not_clamped",
+            "test_output_is_normalised_by_the_softmax_sum",
+        ),
+        question="Every check that passes its own scale passes and the default does not: when scale is "
+        "None, 1 / sqrt of which dimension of q does your flash_attention take?",
         section="3.3",
     ),
     Mistake(
