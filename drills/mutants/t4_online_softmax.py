@@ -207,4 +207,11 @@ MUTANTS = [
         "p = tl.exp(x - m_row) * inv_l",
         "p = tl.exp2(x - m_row) * inv_l",
     ),
+    # Neighbouring splits paired through strided views, which the merge kernel reads as flat arrays.
+    Mutant(
+        "merge_of_strided_neighbours",
+        "23. splits 2i and 2i + 1 merged as strided views (read flat, they pair the wrong splits)",
+        "_launch_merge(m_part[:half], l_part[:half], m_part[half:], l_part[half:])",
+        "_launch_merge(m_part[0::2], l_part[0::2], m_part[1::2], l_part[1::2])",
+    ),
 ]

@@ -990,6 +990,22 @@ MISTAKES = [
         section="3.1",
     ),
     Mistake(
+        23,
+        # Two splits merge right (each strided view holds one row); from four on, read flat, a view
+        # pairs the wrong splits. Pitfall 10's state of one split fails two splits already.
+        fails=("test_splits_match_one_pass[4]",),
+        passes=(
+            "test_splits_match_one_pass[2]",
+            "test_merge_takes_any_shape",
+            "test_merge_shifts_to_the_larger_max",
+            "test_merge_covers_states_past_one_program",
+            "test_worked_example_final_state",
+        ),
+        question="Your tree of merges is right for 2 splits and wrong for 4: are the partial states you "
+        "hand the merge contiguous, and which splits does a flat read of them take?",
+        section="3.4",
+    ),
+    Mistake(
         22,
         fails=("test_exponentials_are_base_e",),
         messages=(r"2\^z where e\^z belongs|2\^\(x - m\) / l gives",),
