@@ -110,4 +110,20 @@ MUTANTS = [
         "num = tl.exp(z)",
         "num = tl.exp2(z)",
     ),
+    # The one-block path guarded as T4's online softmax is: a fully masked row gets zeros, not NaN.
+    Mutant(
+        "minus_inf_row_guarded_to_zeros",
+        "10. a row of only -inf given zeros (the max guarded, the sum clamped)",
+        "z = x - tl.max(x, axis=0)  # [BLOCK]\n        num = tl.exp(z)  # [BLOCK]; 0 on padded columns\n"
+        "        y = num / tl.sum(num, axis=0)",
+        'z = x - tl.where(tl.max(x, axis=0) == float("-inf"), 0.0, tl.max(x, axis=0))\n'
+        "        num = tl.exp(z)\n        y = num / tl.maximum(tl.sum(num, axis=0), 1e-30)",
+    ),
+    # Pass 2 against each lane's own max: rows of one block (the other path) stay right.
+    Mutant(
+        "sum_against_lane_maxes",
+        "11. pass 2 summed against each lane's max (m_lanes), not the row's",
+        "l_lanes += tl.exp(_load_block(x_row, b * BLOCK + cols, N) - m)",
+        "l_lanes += tl.exp(_load_block(x_row, b * BLOCK + cols, N) - m_lanes)",
+    ),
 ]

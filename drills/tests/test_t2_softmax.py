@@ -572,4 +572,25 @@ MISTAKES = [
         "allow on that axis?",
         section="3.1",
     ),
+    Mistake(
+        10,
+        # Zeros where NaN belongs: the message names the NaN expected, not one the kernel produced.
+        fails=("test_fully_masked_row_is_nan_like_torch",),
+        passes=("test_large_values_do_not_overflow", "test_rows_sum_to_one"),
+        messages=(r"expected NaN, as torch.softmax gives",),
+        question="A row of x is -inf everywhere: what does torch.softmax give for it, and what does your "
+        "kernel's guard make of it?",
+        section="2",
+    ),
+    Mistake(
+        11,
+        # Every column written, each scaled by one wrong factor: [2, 1, 4, 3] in blocks of 2 sums to
+        # 2.2707 against the lanes' maxes (4, 3), so the 4 gets 1 / 2.2707 = 0.4404, not 0.6439.
+        fails=("test_by_hand_two_blocks_of_2_three_passes",),
+        passes=("test_by_hand_row_2_1_4_3", "test_rows_sum_to_one[one_block]"),
+        messages=(r"got 0\.440\d*, expected 0\.6439",),
+        question="[2, 1, 4, 3] in blocks of 2: pass 1 leaves lanes' maxes (4, 3); against which max does "
+        "your pass 2 sum each term, and which does pass 3 divide by?",
+        section="3.4",
+    ),
 ]
