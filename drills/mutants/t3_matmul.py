@@ -124,4 +124,11 @@ MUTANTS = [
         'grid = (triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"]),)',
         'grid = (triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"]) + 1,)',
     ),
+    # The wrap by the other dimension: right wherever N <= M.
+    Mutant(
+        "b_cols_wrapped_by_m",
+        "9. B's columns wrapped modulo M, not N (right wherever N <= M)",
+        "b_cols = offs_n % N",
+        "b_cols = offs_n % M",
+    ),
 ]

@@ -692,6 +692,21 @@ MISTAKES = [
         section="3.2",
     ),
     Mistake(
+        9,
+        # B's columns wrapped % M: right wherever N <= M (the store-edge cases, the exact multiples), and
+        # columns past M read as column j - M where N > M. A wrong B stride fails N <= M as well.
+        fails=("test_non_power_of_two_shapes[37-100-61]", "test_by_hand_37x100x61_every_edge_partial"),
+        passes=(
+            "test_store_masked_at_m_and_n_edges",
+            "test_shapes_that_are_exact_multiples_of_the_tiles",
+            "test_every_tile_computed_when_last_group_is_short",
+            "test_non_power_of_two_shapes[1-1-1]",
+        ),
+        question="Every shape with N <= M passes and M = 37, N = 100 does not: which dimension does your "
+        "kernel wrap B's columns by, and which column does column 40 become?",
+        section="3.2",
+    ),
+    Mistake(
         13,
         fails=("test_one_program_per_tile",),
         passes=(
