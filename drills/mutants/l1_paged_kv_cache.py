@@ -195,4 +195,10 @@ MUTANTS = [
         "HKV_PAD=next_pow2(Hkv),",
         "HKV_PAD=min(next_pow2(Hkv), 8),",
     ),
+    Mutant(
+        "head_index_int32",
+        "24. the head index left int32 (h * stride_ch overflows when heads lie far apart)",
+        "offs_h = tl.arange(0, HKV_PAD).to(tl.int64)",
+        "offs_h = tl.arange(0, HKV_PAD)",
+    ),
 ]

@@ -213,7 +213,8 @@ def store_kvcache_kernel(
     offset = slot % PAGE
 
     # Section 3.6 "Masks": Hkv and D need not be powers of two; padded lanes touch nothing.
-    offs_h = tl.arange(0, HKV_PAD)
+    # int64: heads may lie 2**31 elements apart (a head-major pool), so h * stride_ch needs it too.
+    offs_h = tl.arange(0, HKV_PAD).to(tl.int64)
     offs_d = tl.arange(0, D_PAD)
     mask = (offs_h < Hkv)[:, None] & (offs_d < D)[None, :]
     k = tl.load(key_ptr + i * stride_kn + offs_h[:, None] * stride_kh + offs_d[None, :], mask=mask)

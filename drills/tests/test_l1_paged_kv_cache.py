@@ -20,7 +20,7 @@ from drills.grading.shared.bigmem import free_bytes, sparse_empty
 from drills.grading.shared.launches import assert_grids_fit, assert_runs_a_triton_kernel
 from drills.tests import probe, raises_naming, seeded, sizes
 from drills.tests.domain import Domain, checks_besides
-from drills.tests.paged_kv import GARBAGE_BLOCK_IDS, gather_kv, paged_attention_reference
+from drills.tests.paged_kv import GARBAGE_BLOCK_IDS, far_apart, gather_kv, paged_attention_reference
 
 # Each constexpr of the reference's kernels -> the tests that cross it: a size one past its tile or loop
 # bound (or at its widest admitted value), a flag both ways; "grid" -> the grid check at the largest sizes.
@@ -76,6 +76,14 @@ MISTAKES = [
         passes=("test_store_then_gather_through_block_tables", "test_first_and_last_slot_of_the_cache"),
         question="In which integer type is block * stride(0) computed, and how large does it get in a cache "
         "of 2**32 elements?",
+        section="3.5",
+    ),
+    Mistake(
+        24,
+        fails=("test_head_index_widened_to_int64",),
+        passes=("test_slot_index_widened_to_int64", "test_cache_strides_are_used"),
+        question="Head 2 of the cache starts 3 * 2**30 elements in here: in which integer type does your "
+        "kernel compute the head index times stride(2)?",
         section="3.5",
     ),
     Mistake(
@@ -1117,6 +1125,27 @@ def test_row_index_widened_to_int64(impl, runtime):
     del views, key, value, view, flat
     if not runtime.interpreter:
         torch.cuda.empty_cache()
+
+
+def test_head_index_widened_to_int64(impl, runtime):
+    """k_cache and v_cache keep each KV head's pages in a region of its own, 1.5 * 2**30 elements apart (a
+    head-major pool seen as [num_blocks, PAGE, Hkv, D]: heads before blocks, a layout the spec admits; the
+    stride fits in int32). Head 2 starts 3 * 2**30 elements in, so tl.arange's int32 head index times
+    stride(2) wraps to -2**30, before the cache, and head 2 is never stored. Sparse files on a CPU."""
+    N, PAGE, Hkv, D, num_blocks = 6, 4, 3, 32, 3
+    key, value = random_rows(N, Hkv, D, torch.float16, runtime.device, stream=19)
+    pool = torch.full((num_blocks, PAGE, Hkv, D), CANARY, dtype=key.dtype, device=runtime.device)
+    k_cache, v_cache = (far_apart(pool, runtime, dim=2) for _ in range(2))
+    assert 2 * k_cache.stride(2) >= 2**31 > k_cache.stride(2)
+    slots = _slots(runtime.device, 7, 0, -1, 11, 4, 2)
+    impl.store_kvcache(key, value, k_cache, v_cache, slots)
+    real = slots >= 0
+    block, offset = slots[real] // PAGE, slots[real] % PAGE
+    for cache, src in ((k_cache, key), (v_cache, value)):
+        assert_close(cache[block, offset], src[real], ROW_DIMS, **EXACT)
+        cache[block, offset] = CANARY
+        assert (cache == CANARY).all(), "a slot other than the tokens' own was written"
+    del k_cache, v_cache
 
 
 # --- Section 3.7 "The launcher's checks" --------------------------------------------------------------
