@@ -335,6 +335,24 @@ MUTANTS = [
         "if stop or len(seq.output) > seq.params.max_tokens:",
     ),
     Mutant(
+        "one_sequence_past_max_num_seqs",
+        "35. more sequences in a step than max_num_seqs",
+        "len(self.running) < self.max_num_seqs and not preempted:",
+        "len(self.running) <= self.max_num_seqs and not preempted:",
+    ),
+    Mutant(
+        "preempts_while_the_last_block_has_room",
+        "36. a preemption when the next token fits its last block",
+        "if seq.num_slots % self.block_size == 0 and self.block_manager.num_free_blocks == 0:",
+        "if self.block_manager.num_free_blocks == 0:",
+    ),
+    Mutant(
+        "block_tables_padded_with_minus_one",
+        "37. block-table rows padded with something other than 0",
+        "        flat += [0] * (width - len(t))\n",
+        "        flat += [-1] * (width - len(t))\n",
+    ),
+    Mutant(
         "pool_exact_fit_refused",
         "33. a request that fills the pool exactly refused",
         "        if need > capacity:\n",

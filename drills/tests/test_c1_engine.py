@@ -489,6 +489,7 @@ MISTAKES = [
         6,
         fails=("test_every_step_respects_the_token_budget_and_batch_size",),
         passes=ENGINE_BASICS + ("test_chunked_prefill_matches_the_oracle",),
+        messages=(r"more than max_num_batched_tokens=\d+",),
         question="Budget 5, a 9-token prompt admitted first: how many of its tokens does the first step "
         "compute?",
         section="3.3",
@@ -542,7 +543,9 @@ MISTAKES = [
     Mistake(
         10,
         fails=("test_a_block_finished_by_a_later_chunk_is_marked_computed",),
-        passes=ENGINE_BASICS + ("test_finished_prompt_is_found_in_the_prefix_cache",),
+        # prepare_inputs' own checks pass: positions or lengths counted from the sequence's end fail
+        # this check too (pitfalls 1 and 2), with every chunk's rows misplaced.
+        passes=ENGINE_BASICS + STEP_BY_HAND[:2] + ("test_finished_prompt_is_found_in_the_prefix_cache",),
         question="A step computes tokens 6 to 11 with blocks of 4: which blocks does it finish, and does "
         "your postprocess mark the block of tokens 4 to 7, begun by the step before?",
         section="3.6",
@@ -557,6 +560,34 @@ MISTAKES = [
         question="Step 1 computes R0's first chunk, 8 of its 9 prompt tokens, and samples nothing: which "
         "blocks did that step fill, and when does your postprocess mark them computed?",
         section="3.6",
+    ),
+    Mistake(
+        35,
+        fails=("test_every_step_respects_the_token_budget_and_batch_size",),
+        passes=ENGINE_BASICS + ("test_chunked_prefill_matches_the_oracle",),
+        messages=(r"runs \d+ sequences, max_num_seqs=\d+",),
+        question="max_num_seqs 2, two requests running, a third waiting with budget to spare: is it admitted?",
+        section="3.3",
+    ),
+    # A decode row whose token fits its last block preempts anyway when no block is free: a request that
+    # fills the pool alone preempts itself for ever.
+    Mistake(
+        36,
+        fails=("test_request_that_fits_the_pool_exactly_runs",),
+        passes=ENGINE_BASICS,
+        messages=(r"scheduled nothing while requests wait",),
+        question="A request holds every block of the pool; its next token goes to offset 2 of its last block. "
+        "Does it need a free block, and whom does your _reserve_slots preempt?",
+        section="3.5",
+    ),
+    Mistake(
+        37,
+        fails=("test_prepare_inputs_lengths_count_the_steps_own_tokens",),
+        passes=STEP_BY_HAND[:1],
+        messages=(r"\(rows padded with 0\)",),
+        question="A step's block tables have 3, 3 and 2 entries: what goes in the last row's third column, "
+        "and is it a block id a kernel could load?",
+        section="4.2",
     ),
     Mistake(
         33,
@@ -612,7 +643,7 @@ MISTAKES = [
     Mistake(
         15,
         fails=("test_request_stops_at_its_eos_token",),
-        passes=ENGINE_BASICS,
+        passes=ENGINE_BASICS + STEP_BY_HAND[:2],
         question="A request without ignore_eos samples the engine's eos_id as its 3rd token, max_tokens 6: "
         "how many tokens does its output hold when it ends?",
         section="3.6",
@@ -1703,7 +1734,10 @@ def test_every_step_respects_the_token_budget_and_batch_size(impl):
                 f"step {k} computes {total} tokens {step}, more than max_num_batched_tokens={budget}: a prompt "
                 "must be chunked to what is left of the budget"
             )
-            assert len(step) <= batch, f"step {k} runs {len(step)} sequences, max_num_seqs={batch}"
+            assert len(step) <= batch, (
+                f"step {k} runs {len(step)} sequences, max_num_seqs={batch}: admission stops while "
+                "len(running) < max_num_seqs no longer holds"
+            )
             assert all(n >= 1 for _, n in step), f"step {k} schedules a sequence with no token: {step}"
         assert all(t is not None for t in run["tokens"]), "a request never finished"
 
