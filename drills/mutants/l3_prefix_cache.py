@@ -188,4 +188,22 @@ MUTANTS = [
         "                self._free[block] = None\n",
         "                self._free[block] = None\n                if self._hash_to_block.get(self._hash[block]) == block:\n                    del self._hash_to_block[self._hash[block]]\n",
     ),
+    Mutant(
+        "eviction_drops_a_newer_blocks_key",
+        "18. the eviction drops the key whatever block it names now: the newer block of those tokens is lost",
+        "if self._hash[block] is not None and self._hash_to_block.get(self._hash[block]) == block:",
+        "if self._hash[block] is not None and self._hash[block] in self._hash_to_block:",
+    ),
+    Mutant(
+        "revived_blocks_not_cached",
+        "22. revived blocks left out of the cached tokens (only hits still held elsewhere counted)",
+        "self._num_cached[seq_id] = len(hits) * bs",
+        "self._num_cached[seq_id] = (len(hits) - revived) * bs",
+    ),
+    Mutant(
+        "partial_block_keyed",
+        "4. the partial last block of a prompt keyed at allocation",
+        "            if i < num_full:\n                self._seal(block)\n",
+        "            self._seal(block)\n",
+    ),
 ]

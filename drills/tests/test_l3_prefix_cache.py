@@ -125,6 +125,36 @@ MISTAKES = [
     ),
     Mistake(
         4,
+        fails=("test_hash_fn_gets_the_previous_key_and_a_tuple",),
+        messages=(r"the partial block \[E\] must not be keyed",),
+        question="[A, B, C, D, E] in blocks of 2: which of its blocks are full, and which does your manager "
+        "key when it allocates?",
+        section="3.2",
+    ),
+    Mistake(
+        22,
+        # Every check that counts the cached tokens of a revived prefix fails, as when the key is dropped
+        # at free (21); the worked example's own words tell them apart: its table is right here.
+        fails=(
+            "test_worked_example_freed_block_is_revived",
+            "test_revived_blocks_count_against_free_blocks",
+            "test_revived_block_leaves_the_free_list",
+            "test_evicted_block_is_not_revived",
+        ),
+        passes=(
+            "test_free_drops_every_ref_count",
+            "test_block_still_shared_stays_off_the_free_list",
+            "test_newest_block_of_a_repeated_key_is_found",
+            "test_failed_allocation_changes_nothing",
+            "test_hash_chains_the_previous_block",
+        ),
+        messages=(r"revived blocks count as cached",),
+        question="req3's table reuses blocks 0, 1 and 2, one of them revived from the free list: whose KV "
+        "does block 2 hold, and does your count of cached tokens include it?",
+        section="3.5",
+    ),
+    Mistake(
+        4,
         fails=("test_partial_block_is_never_shared",),
         passes=("test_append_never_writes_into_a_full_block", "test_block_filled_by_append_is_shared"),
         question="Two sequences [A, B, C]: may they share the block holding [C]? Who writes its next slot?",
@@ -324,7 +354,11 @@ def test_worked_example_freed_block_is_revived(impl):
     m.free("req1")
     assert m.allocate("other", [X, Y]) == [4], "a freed block joins the back of the free list"
     assert m.allocate("req3", [A, B, C, D, E, F]) == [0, 1, 2], "block 2's KV is intact: revive it"
-    assert m.num_cached_tokens("req3") == 6
+    cached = m.num_cached_tokens("req3")
+    assert cached == 6, (
+        f"req3 revived blocks 0, 1 and 2 (its table is right) and their KV is intact, yet "
+        f"num_cached_tokens is {cached}, not 6: revived blocks count as cached"
+    )
     assert refs(m, N) == [3, 3, 1, 1, 1, 0, 0, 0] and m.num_free_blocks == 3
 
 
@@ -690,10 +724,11 @@ def test_hash_fn_gets_the_previous_key_and_a_tuple(impl):
     m = impl.BlockManager(8, 2, hash_fn=recording)
     m.allocate("s", [A, B, C, D, E])
     assert calls, "hash_fn was never called"
+    # The partial block first: keyed, it is a short tuple, which the 2-tuple check would name less well.
+    assert all(t != (E,) for _, t in calls), f"the partial block [E] must not be keyed: {calls}"
     assert all(isinstance(t, tuple) and len(t) == 2 for _, t in calls), f"token_ids must be 2-tuples: {calls}"
     assert (None, (A, B)) in calls, f"the first block's key is hash_fn(None, tokens): {calls}"
     assert (hash((None, (A, B))), (C, D)) in calls, f"[C, D] must be keyed after [A, B]'s key: {calls}"
-    assert all(t != (E,) for _, t in calls), "the partial block [E] must not be keyed"
 
 
 def _returned_lists(module):
