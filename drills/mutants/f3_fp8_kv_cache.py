@@ -149,4 +149,40 @@ MUTANTS = [
         "k8 = round_to_e4m3(k.to(tl.float32), ks[:, None])",
         "k8 = round_to_e4m3(k.to(tl.float16).to(tl.float32), ks[:, None])",
     ),
+    Mutant(
+        "ties_toward_zero",
+        "14. ties rounded toward zero: 0x7FFFF added without the kept last bit",
+        "normal = (mag + 0x7FFFF + ((mag >> 20) & 1)) & 0xFFF00000",
+        "normal = (mag + 0x7FFFF) & 0xFFF00000",
+    ),
+    Mutant(
+        "k_scale_folded_into_q",
+        "17. k_scale folded into q in q's dtype: q rounded a second time before the dot",
+        "s = tl.dot(q, tl.trans(k)) * qk",
+        "s = tl.dot((q * k_scale).to(q.dtype), tl.trans(k)) * qk_scale",
+    ),
+    Mutant(
+        "k_scale_read_with_v_stride",
+        "5. k_scale read through v_scale's stride: per tensor beside per head reads the wrong entry",
+        "k_scale = tl.load(k_scale_ptr + kvh * stride_ks)",
+        "k_scale = tl.load(k_scale_ptr + kvh * stride_vs)",
+    ),
+    Mutant(
+        "store_v_scale_read_with_k_stride",
+        "5. the store reads v_scale through k_scale's stride: per tensor beside per head",
+        "vs = tl.load(v_scale_ptr + offs_h * stride_vs, mask=h_mask, other=1.0)",
+        "vs = tl.load(v_scale_ptr + offs_h * stride_ks, mask=h_mask, other=1.0)",
+    ),
+    Mutant(
+        "cast_left_to_round",
+        "20. the cast left to round: round_to_e4m3 returns the clamped x / scale as it is",
+        "return r.to(tl.float32, bitcast=True)",
+        "return v",
+    ),
+    Mutant(
+        "scales_assumed_per_head",
+        "5. the scales assumed per head: k_scale[kvh] and v_scale[kvh] without their strides",
+        "k_scale = tl.load(k_scale_ptr + kvh * stride_ks)\n    v_scale = tl.load(v_scale_ptr + kvh * stride_vs)",
+        "k_scale = tl.load(k_scale_ptr + kvh)\n    v_scale = tl.load(v_scale_ptr + kvh)",
+    ),
 ]

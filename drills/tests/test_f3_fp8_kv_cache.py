@@ -250,6 +250,11 @@ def _store(impl, key, value, slots, PAGE, num_blocks, k_scale, v_scale, caches=N
                         f"{int(bad.sum())} bytes of {name} differ from torch's e4m3, each as a store that "
                         f"{what} would store them: your store {what}"
                     )
+            if any(torch.equal(stored, c) for c in _interpreter_cast_codes(ratio.cpu())):
+                raise AssertionError(
+                    f"{int(bad.sum())} bytes of {name} differ from torch's e4m3, each the code Triton's "
+                    f"interpreter casts x / scale to: {CAST_LEFT_TO_ROUND}"
+                )
             if torch.equal(stored, _reciprocal_codes(x[live], s).cpu()):
                 raise AssertionError(
                     f"{int(bad.sum())} bytes of {name} differ from torch's e4m3, each the code of "
@@ -292,13 +297,41 @@ SUBNORMAL = (
 )
 
 
+# The cast itself asked to round: right on a GPU (cvt.rn.satfinite), not under the interpreter.
+CAST_LEFT_TO_ROUND = (
+    "your store leaves the rounding to .to(tl.float8e4nv), which Triton's interpreter does not do to "
+    "nearest even (a GPU's cast does); round by hand first (section 3.1), so that the cast only repacks"
+)
+
+
+def _interpreter_cast_codes(ratio):
+    """ratio (x / scale, clamped, float32) as Triton's interpreter casts it to tl.float8e4nv, as e4m3 bytes,
+    for each rounding mode the cast may be given: [] where this Triton converts elsewhere."""
+    try:
+        import numpy as np
+        import triton.language as tl
+        from triton._C.libtriton import ir
+        from triton.runtime.interpreter import _convert_float
+    except ImportError:
+        return []
+    x = ratio.float().contiguous().numpy()
+    codes = []
+    for mode in (ir.ROUNDING_MODE.RTNE, ir.ROUNDING_MODE.RTZ):
+        try:
+            out = np.asarray(_convert_float(x, tl.float32, tl.float8e4nv, mode), dtype=np.uint8)
+        except Exception:  # noqa: BLE001 - another Triton's private converter: no recognizer then
+            continue
+        codes.append(torch.from_numpy(out.reshape(x.shape).copy()))
+    return codes
+
+
 def _reciprocal_codes(x, s):
     """x [rows, Hkv, D] stored by a store that multiplies by 1 / s [Hkv or 1, 1], as e4m3 bytes."""
     return (x.float() * (1.0 / s)).clamp(-448.0, 448.0).to(E4M3).view(torch.uint8)
 
 
 def _wrong_roundings(ratio):
-    """ratio (x / scale, clamped) rounded two wrong ways, as e4m3 bytes: {what the store does: [everywhere,
+    """ratio (x / scale, clamped) rounded three wrong ways, as e4m3 bytes: {what the store does: [everywhere,
     only where e4m3 is normal]} (a bit trick's rounding, with the subnormal step's FPU rounding left as is)."""
     pos = E4M3_VALUES[E4M3_VALUES >= 0]  # [127] 0 .. 448, ascending
     mag = ratio.abs()
@@ -306,6 +339,9 @@ def _wrong_roundings(ratio):
         "rounds ties away from zero, torch's to the even code": pos[
             torch.bucketize(mag, (pos[1:] + pos[:-1]) / 2, right=True)
         ],  # a tie goes up
+        "rounds ties toward zero, torch's to the even code": pos[
+            torch.bucketize(mag, (pos[1:] + pos[:-1]) / 2, right=False)
+        ],  # a tie goes down: half a step less one ulp added, without the kept bit that makes it even
         "rounds toward zero (drops the low bits), torch's to the nearest": pos[
             torch.bucketize(mag, pos, right=True) - 1
         ],
@@ -431,14 +467,21 @@ def test_store_keeps_codes_up_to_448(impl, runtime):
 def test_store_scale_per_kv_head(impl, runtime):
     """k_scale and v_scale with one entry per KV head (4 heads, scales 1/64 .. 1/8, K's and V's
     different): head h of every row divides by its own scale. One scale for all heads, or V's scale
-    for K, stores the wrong codes."""
+    for K, stores the wrong codes. Then one scale per tensor ([1], stride 0) beside one per head, both
+    ways round: each scale is read through its own stride, and one read through the other's takes head
+    0's scale for every head, or reads past its one entry (scales both per head, or both per tensor,
+    hide it)."""
     Hkv, D, N, PAGE = 4, 32, 40, 16
     gen = torch.Generator().manual_seed(seeded(50))
     key = (torch.randn(N, Hkv, D, generator=gen) * 3).half().to(runtime.device)
     value = (torch.randn(N, Hkv, D, generator=gen) * 2).half().to(runtime.device)
     k_scale = torch.tensor([1 / 64, 1 / 32, 1 / 16, 1 / 8], device=runtime.device)
     v_scale = torch.tensor([0.05, 0.013, 0.021, 0.008], device=runtime.device)
-    _store(impl, key, value, _slots(N, PAGE, 5, runtime.device, 51), PAGE, 5, k_scale, v_scale)
+    slots = _slots(N, PAGE, 5, runtime.device, 51)
+    _store(impl, key, value, slots, PAGE, 5, k_scale, v_scale)
+    one = torch.tensor([0.02], device=runtime.device)
+    _store(impl, key, value, slots, PAGE, 5, one, v_scale)
+    _store(impl, key, value, slots, PAGE, 5, k_scale, one)
 
 
 @pytest.mark.parametrize("PAGE", [1, 16, 128, "cache-past-int32"])
@@ -1372,12 +1415,67 @@ MISTAKES = [
         section="3.4",
     ),
     Mistake(
+        5,
+        # One scale read through the other's stride: right while K's and V's scales are both per head or
+        # both per tensor, wrong where one is [1] (stride 0) and the other [Hkv].
+        fails=(K_ALONE, "test_v_scale_multiplies_the_output", UNIFORM),
+        passes=(
+            "test_per_head_scales_follow_the_kv_head",
+            "test_default_plan_per_tensor_scales",
+            EXACT_CACHE,
+        ),
+        question="k_scale has Hkv entries and v_scale one (stride 0): at which stride does your kernel read "
+        "each of them, and which scale does the program of KV head 1 then get?",
+        section="3.4",
+    ),
+    Mistake(
+        5,
+        # A scale assumed per head (k_scale[kvh], no stride): a one-entry scale is read past its end.
+        fails=(UNIFORM, V_ALONE),
+        passes=("test_store_rounds_to_nearest_even",),
+        messages=(r"out of bounds load of [kv]_scale_ptr",),
+        question="k_scale may hold one entry, read by every head with stride 0: which entry does your "
+        "kernel load for KV head 1, and does it exist?",
+        section="3.4",
+    ),
+    Mistake(
+        5,
+        fails=("test_store_scale_per_kv_head",),
+        passes=(
+            "test_store_rounds_to_nearest_even",
+            "test_store_writes_only_its_slots",
+            "test_store_keeps_codes_up_to_448",
+            "test_store_clamps_values_past_448",
+        ),
+        question="k_scale has one entry (stride 0) and v_scale Hkv: at which stride does your store read "
+        "each of them, and which scale does head 2's value then divide by?",
+        section="3.4",
+    ),
+    Mistake(
         14,
         fails=("test_store_rounds_to_nearest_even",),
         passes=("test_store_clamps_values_past_448", "test_store_keeps_codes_up_to_448"),
         messages=(r"rounds ties away from zero",),
         question="x / scale = 42 lies exactly halfway between the e4m3 values 40 and 44: which one has the "
         "even code, and which one does your rounding pick?",
+        section="3.1",
+    ),
+    Mistake(
+        14,
+        fails=("test_store_rounds_to_nearest_even",),
+        passes=("test_store_clamps_values_past_448", "test_store_keeps_codes_up_to_448"),
+        messages=(r"rounds ties toward zero",),
+        question="x / scale = 46 lies exactly halfway between the e4m3 values 44 and 48: which one "
+        "has the even code, and which one does your rounding pick when it adds 0x7FFFF alone?",
+        section="3.1",
+    ),
+    Mistake(
+        20,
+        fails=("test_store_rounds_to_nearest_even",),
+        messages=(r"leaves the rounding to \.to\(tl\.float8e4nv\)",),
+        question="Your store casts x / scale to tl.float8e4nv and lets the cast round: which rounding does a "
+        "GPU's cast do, which does Triton's interpreter do, and what does section 3.1 do first so that "
+        "the cast has nothing left to round?",
         section="3.1",
     ),
     Mistake(
