@@ -214,4 +214,11 @@ MUTANTS = [
         "_launch_merge(m_part[:half], l_part[:half], m_part[half:], l_part[half:])",
         "_launch_merge(m_part[0::2], l_part[0::2], m_part[1::2], l_part[1::2])",
     ),
+    # The states counted along the first dimension: every flat array merges right.
+    Mutant(
+        "merge_counts_first_dim",
+        "17. the merge's n taken as m_a.shape[0], not the number of states",
+        "n = m_a.numel()",
+        "n = m_a.shape[0]",
+    ),
 ]

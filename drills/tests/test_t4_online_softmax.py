@@ -990,6 +990,20 @@ MISTAKES = [
         section="3.1",
     ),
     Mistake(
+        17,
+        # n taken as the first dimension, not numel(): flat arrays of any length merge right, a [3, 5]
+        # state merges 3 of its 15 and leaves the rest as the harness filled them (NaN).
+        fails=("test_merge_takes_any_shape", "test_splits_match_one_pass"),
+        passes=(
+            "test_merge_covers_states_past_one_program",
+            "test_merge_shifts_to_the_larger_max",
+            "test_worked_example_final_state",
+        ),
+        question="merge_stats gets [3, 5] states: how many does your launch count as n, and who merges "
+        "the other 12?",
+        section="3.4",
+    ),
+    Mistake(
         23,
         # Two splits merge right (each strided view holds one row); from four on, read flat, a view
         # pairs the wrong splits. Pitfall 10's state of one split fails two splits already.
