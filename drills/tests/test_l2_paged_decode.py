@@ -640,6 +640,23 @@ def test_tolerance_rejects_zeros_and_mean_of_v(runtime):
     assert mismatch(ref.half(), ref) is None  # and the oracle rounded to fp16 passes
 
 
+def test_same_buffers_with_new_values(impl, runtime):
+    """An engine calls paged_decode every step on the same buffers (those a CUDA graph captured, section
+    3.6), writing each step's q, cache pages, tables and lengths into them in place: every call must read
+    the values the buffers hold now. A launcher that remembers its answers by where its inputs live
+    returns the first step's output for the second."""
+    case = make_paged_case([20, 9], 8, 2, 64, 16, device=runtime.device, stream=99)
+    out = torch.empty_like(case.q)
+    impl.paged_decode(*case.args, out=out)
+    step = make_paged_case([20, 9], 8, 2, 64, 16, device=runtime.device, stream=100)
+    for buffer, values in zip(case.args, step.args):
+        buffer.copy_(values)  # the same tensors, the next step's values
+    returned = impl.paged_decode(*case.args, out=out)
+    wrong = returned_out_problem("paged_decode", returned, out)
+    assert wrong is None, wrong
+    assert_close(out, paged_attention_reference(*case.args)[0], DIMS)
+
+
 def test_out_is_allocated_when_not_given(impl, runtime):
     """Without `out`, paged_decode allocates [B, Hq, D] in q's dtype. Last in the file: a kernel that
     stores padding rows writes past this allocation, which the canary tests above report first."""
