@@ -229,7 +229,8 @@ def _config(D: int) -> tuple[int, int, int, int]:
 
 def _launch(q, k, v, causal, scale, out, lse=None, config=None):
     """Launch without checks: the benchmark times this, the public function adds the checks.
-    out [B, H, Nq, D] and lse [B, H, Nq] fp32 (or None) may be strided views; config overrides _config."""
+    out [B, H, Nq, D] and lse [B, H, Nq] fp32 (or None) may be strided views whose last dimension is
+    contiguous (the kernel steps along D and along lse's Nq by 1); config overrides _config."""
     B, H, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     BLOCK_M, BLOCK_N, num_warps, num_stages = config or _config(D)
