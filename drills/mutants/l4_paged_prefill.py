@@ -263,4 +263,34 @@ MUTANTS = [
         "return (out, lse) if return_lse else out  #",
         "return out  #",
     ),
+    Mutant(
+        "out_row_offset_int32",
+        "27. the packed row index left int32 in the store (q_row * stride_ot overflows)",
+        "out_ptr + q_rows[:, None] * stride_ot",
+        "out_ptr + (q_start + tok)[:, None] * stride_ot",
+    ),
+    Mutant(
+        "sequence_index_int32",
+        "27. the sequence index left int32 (b * stride_bt overflows)",
+        "b = lo.to(tl.int64)",
+        "b = lo",
+    ),
+    Mutant(
+        "head_index_int32",
+        "33. the head index left int32 (kvh * stride_kh overflows)",
+        "head0 = (pid % head_groups).to(tl.int64) * HEADS",
+        "head0 = (pid % head_groups) * HEADS",
+    ),
+    Mutant(
+        "log2e_forgotten",
+        "11. qk_scale without log2(e): exp2 of the scaled scores",
+        "qk_scale = scale * 1.4426950408889634",
+        "qk_scale = scale",
+    ),
+    Mutant(
+        "alpha_in_natural_base",
+        "10. alpha = e^(m_old - m_new) on maxes kept in base 2",
+        "alpha = tl.math.exp2(m_i - m_new)",
+        "alpha = tl.exp(m_i - m_new)",
+    ),
 ]

@@ -17,7 +17,7 @@ import torch
 
 from drills import validate
 from drills.compare import assert_close, mismatch
-from drills.grading.grader.diagnose import Mistake, returned_problem
+from drills.grading.grader.diagnose import Mistake, returned_out_problem, returned_problem
 from drills.grading.shared import bigmem
 from drills.grading.shared.launches import assert_grids_fit, assert_runs_a_triton_kernel
 from drills.tests import bf16_everywhere, fill_past_fp16_range, raises_naming, seeded, sizes
@@ -35,6 +35,7 @@ from drills.tests.paged_kv import (
     PagedCase,
     blocks_past,
     check_launch,
+    far_apart,
     gather_kv,
     grouping_cases,
     in_layer_pool,
@@ -44,6 +45,7 @@ from drills.tests.paged_kv import (
     launch_into_canary,
     make_paged_case,
     pool_past_int32,
+    rows_far_apart,
     shift_scores,
     skip_without_memory_for_sparse_pages,
     spoiled_call,
@@ -103,7 +105,7 @@ DOMAIN = Domain(
         heads=((2, 2), (9, 3), (17, 1)),  # (Hq, Hkv): MHA, GROUP 3, MQA with GROUP 17 (a packed tile's rows)
         batch=tuple(BATCHES_BY_PAGE),
         dtype=(torch.float16, torch.bfloat16),
-        q=("contiguous", "strided"),  # far-apart rows: test_q_rows_widened_to_int64
+        q=("contiguous", "strided"),  # far-apart rows: test_rows_and_heads_widened_to_int64
         kv=KV_LAYOUTS,
         table=TABLE_LAYOUTS,
         scale=(None, 0.3),
@@ -796,21 +798,49 @@ def test_sequence_search_covers_every_sequence(impl, runtime, B):
     check(impl, case)
 
 
-def test_q_rows_widened_to_int64(impl, runtime):
-    """q's rows lie 3 * 2**26 elements apart (a view of a large activation buffer; the stride fits in
-    int32): rows 11 to 16 start past 2**31 elements, so q_row * stride_qt in int32 wraps to before q
-    (the interpreter reports it; on a GPU the wrapped rows read other memory of the buffer). The packed row
-    index must be int64 before it meets a stride. A sparse file on a CPU."""
+@pytest.mark.parametrize("far", ["q-rows", "out-rows", "table-rows", "kv-heads"])
+def test_rows_and_heads_widened_to_int64(impl, runtime, far):
+    """Offsets past 2**31 elements whose strides fit in int32, one tensor at a time. q's rows, or out's,
+    3 * 2**26 elements apart (a view of a large activation buffer): rows 11 to 16 start past 2**31, so
+    the packed row index times stride_qt (stride_ot) in int32 wraps to before q (out). block_tables' rows
+    1.5 * 2**30 entries apart (rows_far_apart): b * stride_bt wraps from sequence 2 on. k_cache's and
+    v_cache's KV heads 1.5 * 2**30 elements apart (a head-major pool seen as [num_blocks, PAGE, Hkv, D],
+    Hkv = 3): head0 from tl.program_id(0) is int32, and kvh * stride_kh wraps for KV head 2. Each index
+    must be int64 before it meets a stride; the interpreter reports a wrapped access, a GPU reads or
+    stores other memory of the buffer. Sparse files on a CPU."""
+    if far == "q-rows":
+        case = make_prefill_case([9, 14], [5, 12], 4, 2, 64, 8, stream=235, device=runtime.device)
+        check(impl, PrefillCase(_rows_past_int32(case.q, runtime), *case.args[1:]))
+    elif far == "out-rows":
+        case = make_prefill_case([9, 14], [5, 12], 4, 2, 64, 8, stream=236, device=runtime.device)
+        out = _rows_past_int32(torch.full_like(case.q, float("nan")), runtime)  # unwritten rows stay NaN
+        returned = impl.paged_prefill(*case.args, out=out)
+        wrong = returned_out_problem("paged_prefill", returned, out)
+        assert wrong is None, wrong
+        assert_close(out, prefill_reference(*case.args)[0], DIMS)
+    elif far == "table-rows":
+        case = make_prefill_case([9, 14, 20], [5, 12, 3], 4, 2, 64, 8, stream=237, device=runtime.device)
+        case.block_tables = rows_far_apart(case.block_tables, runtime)
+        check(impl, case)
+    else:  # decode rows beside a chunk of 20 new tokens
+        case = make_prefill_case([20, 9, 30], [1, 1, 20], 6, 3, 64, 8, stream=238, device=runtime.device)
+        k_cache, v_cache = (far_apart(c, runtime, dim=2) for c in (case.k_cache, case.v_cache))
+        assert 2 * k_cache.stride(2) >= 2**31 > k_cache.stride(2)
+        check(impl, PrefillCase(case.q, k_cache, v_cache, *case.args[3:]))
+
+
+def _rows_past_int32(t, runtime):
+    """A copy of t [total_q, Hq, D] whose rows lie 3 * 2**26 elements apart (the stride fits in int32) after
+    2**31 elements of a sparse buffer: rows from 11 on start past 2**31 elements, so a row index times
+    the stride in int32 wraps to before t. Skips, saying why, without the memory for the rows."""
     skip_without_memory_for_sparse_pages(runtime)
-    case = make_prefill_case([9, 14], [5, 12], 4, 2, 64, 8, stream=235, device=runtime.device)
-    total_q, Hq, D = case.q.shape
-    stride, before = 3 * 2**26, 2**31  # q's row stride, and the buffer's elements before q
-    flat = bigmem.sparse_empty((before + (total_q - 1) * stride + Hq * D,), case.q.dtype, runtime.device)
-    q = flat.as_strided((total_q, Hq, D), (stride, D, 1), before)  # [total_q, Hq, D], row t at t * stride
-    q.copy_(case.q)
+    total_q, Hq, D = t.shape
+    stride, before = 3 * 2**26, 2**31  # the row stride, and the buffer's elements before t
+    flat = bigmem.sparse_empty((before + (total_q - 1) * stride + Hq * D,), t.dtype, runtime.device)
+    far = flat.as_strided((total_q, Hq, D), (stride, D, 1), before)  # row r at r * stride
+    far.copy_(t)
     assert (total_q - 1) * stride >= 2**31 > stride
-    check(impl, PrefillCase(q, *case.args[1:]))
-    del q, flat
+    return far
 
 
 def test_page_index_widened_to_int64(impl, runtime):
@@ -1171,7 +1201,7 @@ MISTAKES = [
         fails=("test_online_softmax_rescales_old_tiles",),
         passes=("test_scale_is_applied", WORKED),
         question="When a later key tile raises a row's max, what happens in your kernel to the l and the "
-        "acc summed under the old max?",
+        "acc summed under the old max, and is alpha an exponential in the base the max is kept in?",
         section="3.6",
     ),
     Mistake(
@@ -1383,11 +1413,48 @@ MISTAKES = [
     ),
     Mistake(
         27,
-        fails=("test_q_rows_widened_to_int64",),
+        fails=("test_rows_and_heads_widened_to_int64[q-rows]",),
         passes=(WORKED, "test_q_and_cache_strides_are_used", "test_page_index_widened_to_int64"),
         question="Row 16 of q starts 16 * 3 * 2**26 elements in: in which integer type does your kernel "
         "compute the packed row index times stride_qt?",
         section="3.5",
+    ),
+    Mistake(
+        27,
+        fails=("test_rows_and_heads_widened_to_int64[out-rows]",),
+        passes=(
+            WORKED,
+            "test_q_and_cache_strides_are_used",
+            "test_rows_and_heads_widened_to_int64[kv-heads]",
+        ),
+        # The wrapped store leaves out's far rows NaN.
+        messages=(r"NaN",),
+        question="Row 16 of out starts 16 * 3 * 2**26 elements in: in which integer type does your kernel "
+        "compute the packed row index times stride_ot, in the store?",
+        section="3.5",
+    ),
+    Mistake(
+        27,
+        fails=("test_rows_and_heads_widened_to_int64[table-rows]",),
+        passes=(WORKED, "test_table_rows_are_read_through_their_stride", "test_page_index_widened_to_int64"),
+        # A wrapped table row reads poison ids or entries: NaN, or a load outside the table.
+        messages=(r"NaN|out of bounds load of block_tables",),
+        question="Row 2 of block_tables starts 3 * 2**30 entries in: in which integer type is the sequence "
+        "index b when your kernel computes b * stride_bt?",
+        section="3.4",
+    ),
+    Mistake(
+        33,
+        fails=("test_rows_and_heads_widened_to_int64[kv-heads]",),
+        passes=(
+            WORKED,
+            "test_rows_and_heads_widened_to_int64[q-rows]",
+            "test_rows_and_heads_widened_to_int64[out-rows]",
+            "test_page_index_widened_to_int64",
+        ),
+        question="KV head 2 starts 3 * 2**30 elements into k_cache here: in which integer type does your "
+        "kernel compute head0, and kvh * stride_kh with it?",
+        section="3.1",
     ),
     Mistake(
         28,
