@@ -235,4 +235,52 @@ MUTANTS = [
         "max_suffix = max(n - s for n, s in zip(lens, starts))",
         "max_suffix = max(0, max(lens) - max_prefix)",
     ),
+    Mutant(
+        "pages_of_8_read_as_one_page",
+        "27. small pages read as one page: one block id per tile from PAGE = 8",
+        "if PAGE >= BLOCK_N:\n            phys = tl.load(bt_row + t0 // PAGE).to(tl.int64) + tl.zeros",
+        "if PAGE >= 8:\n            phys = tl.load(bt_row + t0 // PAGE).to(tl.int64) + tl.zeros",
+    ),
+    Mutant(
+        "pv_product_in_fp16",
+        "28. a dtype written into the kernel: p and V narrowed to fp16 for the P V product",
+        "acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)",
+        "acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), v.to(tl.float16))",
+    ),
+    Mutant(
+        "prefix_chunk_runs_past_the_prefix",
+        "9. a prefix chunk not cut at the prefix's end: it reads the first member's own tokens",
+        "end = tl.minimum(start + chunk, plen)",
+        "end = start + chunk",
+    ),
+    Mutant(
+        "group_0_taken_for_no_group",
+        "29. group 0 taken for no group: the merge reads prefix slots where prefix_group[b] > 0",
+        "first_slot = tl.where(tl.load(prefix_group_ptr + b) >= 0, 0, num_prefix)",
+        "first_slot = tl.where(tl.load(prefix_group_ptr + b) > 0, 0, num_prefix)",
+    ),
+    Mutant(
+        "merge_sum_not_rescaled",
+        "5. the merge's running sum not rescaled when a later tile of slots raises the max",
+        "w_sum = w_sum * alpha + tl.sum(w, axis=0)",
+        "w_sum = w_sum + tl.sum(w, axis=0)",
+    ),
+    Mutant(
+        "wide_prefix_of_a_lone_member",
+        "24. rule 1's MIN_CHUNK prefix taken from a group of one member",
+        "wide = any(len(m) > 1 and plens[g] >= MIN_CHUNK for g, m in members.items())",
+        "wide = any(plens[g] >= MIN_CHUNK for g, m in members.items())",
+    ),
+    Mutant(
+        "members_per_tile_capped_at_every_member",
+        "24. members_per_tile capped at every grouped sequence, not at the largest group",
+        "mt = min(mt, max(len(m) for m in members.values()))",
+        "mt = min(mt, sum(len(m) for m in members.values()))",
+    ),
+    Mutant(
+        "tile_seqs_loaded_for_every_row",
+        "8. the tile's padded rows not masked: tile_seqs loaded unmasked for all ROWS rows",
+        "seq = tl.load(tile_seqs_ptr + t * MEMBERS + member, mask=offs_r < MEMBERS * GROUP, other=-1)",
+        "seq = tl.load(tile_seqs_ptr + t * MEMBERS + member)",
+    ),
 ]

@@ -18,7 +18,7 @@ from drills.compare import assert_close, mismatch
 from drills.grading.grader.diagnose import Mistake
 from drills.grading.grader.report import Stage
 from drills.grading.shared.launches import assert_grids_fit, assert_runs_a_triton_kernel
-from drills.tests import bf16_everywhere, guards_f2_cascade_decode, seeded, sizes
+from drills.tests import bf16_everywhere, fill_past_fp16_range, guards_f2_cascade_decode, seeded, sizes
 from drills.tests.domain import Domain, checks_besides
 from drills.tests.paged_kv import (
     HEAD_DIMS,
@@ -65,7 +65,10 @@ BOUNDS: dict[str, tuple[str, ...]] = {
     "GROUP": ("test_prefix_tile_rows_map_to_heads",),
     "GROUP_PAD": ("test_prefix_tile_rows_map_to_heads", "test_gqa_group_wider_than_a_tile"),
     "MEMBERS": ("test_members_one_past_the_tile", "test_group_of_64_members"),
-    "PAGE": ("test_suffix_starts_after_the_prefix", "test_page_sizes"),
+    "PAGE": (
+        "test_suffix_starts_after_the_prefix",
+        "test_page_sizes",
+    ),
     "ROWS": (
         "test_prefix_tile_rows_map_to_heads",
         "test_group_of_64_members",
@@ -400,11 +403,14 @@ def test_group_with_an_empty_prefix(impl, runtime):
 
 
 def test_shared_pages_read_from_the_tiles_first_member(impl, runtime):
-    """One group, 0, whose members are sequences 2 and 3: the prefix tile finds the shared pages in its
-    first member's table row (row 2), not in row g = 0, which holds sequence 0's own pages. In every
-    other one-group case the first member is sequence 0, so the two rows coincide."""
+    """One group, 1, whose members are sequences 2 and 3: the prefix tile finds the shared pages in its
+    first member's table row (row 2), not in row g = 1, which holds sequence 1's own pages. In every
+    other one-group case the first member is sequence 0, so the two rows coincide. Group 0
+    (prefix_lens[0] = 48, past every context) has no member, as when an engine keeps a prefix whose
+    requests have all finished: no tile, and its length is never read. Every other case has a group 0
+    with members, which hides a merge that takes group 0 for no group (-1 is none)."""
     case, groups, plens = cascade_case(
-        [45, 20, 40, 33], [-1, -1, 0, 0], [32], device=runtime.device, stream=35
+        [45, 20, 40, 33], [-1, -1, 1, 1], [48, 32], device=runtime.device, stream=35
     )
     check(impl, case, groups, plens, plan=forced(impl, case, groups, plens, suffix_splits=1))
 
@@ -564,10 +570,13 @@ def test_head_dims(impl, runtime, D):
     check(impl, case, groups, plens, plan=forced(impl, case, groups, plens, suffix_splits=2))
 
 
-@pytest.mark.parametrize("PAGE", [1, 4, 32])
+@pytest.mark.parametrize("PAGE", [1, 4, 8, 32])
 def test_page_sizes(impl, runtime, PAGE):
-    """Pages smaller than a 16-token tile are gathered token by token, in the prefix and the suffix."""
-    n = max(PAGE, 8)
+    """Pages smaller than a 16-token tile are gathered token by token, in the prefix and the suffix.
+    PAGE = 8, half a tile, shares 16 tokens (a whole tile, so a suffix started on a tile edge is right
+    there and only the gather can be wrong): one block id per tile, right from PAGE = 16 on, taken from
+    PAGE = 8 reads the second page of every tile from the first page's block."""
+    n = 16 if PAGE == 8 else max(PAGE, 8)
     case, groups, plens = cascade_case(
         [n + 9, n + 30, 12], [0, 0, -1], [n], PAGE=PAGE, device=runtime.device, stream=16
     )
@@ -576,7 +585,17 @@ def test_page_sizes(impl, runtime, PAGE):
 
 @pytest.mark.parametrize("dtype", [torch.float16, bf16_everywhere()], ids=["fp16", "bf16"])
 def test_dtypes(impl, runtime, dtype):
+    """Each dtype, then its range: every V element 2^16 (bf16) or 2^13 (fp16) x (1 + |randn|)
+    (fill_past_fp16_range), so every partial and output is too. bf16 from 65536 up holds in bf16 and not
+    in fp16 (largest 65504): a P V product cast to tl.float16 (p and v narrowed where v's own dtype
+    belongs) turns it into inf, in the prefix tile and the suffix stage alike; the fp16 case stays
+    inside fp16's range."""
     case, groups, plens = cascade_case([40, 33], [0, 0], [32], dtype=dtype, device=runtime.device, stream=17)
+    check(impl, case, groups, plens, plan=forced(impl, case, groups, plens, suffix_splits=2))
+    case, groups, plens = cascade_case(
+        [40, 33, 19], [0, 0, -1], [16], dtype=dtype, device=runtime.device, stream=40
+    )
+    fill_past_fp16_range(case.v_cache)  # the given-up pages' NaN stay NaN
     check(impl, case, groups, plens, plan=forced(impl, case, groups, plens, suffix_splits=2))
 
 
@@ -797,8 +816,9 @@ def test_plan_cascades_only_when_it_pays_and_cuts_by_its_rules(impl):
     Then section 3.5's rules, each where skipping it changes the plan (every result stays right: only the
     step's speed is lost). Rule 1 has two halves: 64 requests of 20 tokens sharing 16 save 79% of the
     reads, but a prefix below MIN_CHUNK = 64 tokens is one tile, whose stage and merge cost more than
-    they save: no cascade. Rule 2: members_per_tile = 128 // GROUP is capped at the largest group, a
-    forced one too: 8 members with GROUP = 1 get tiles of 8, not 128 (120 rows of padding). Rule 3: each
+    they save: no cascade; nor when the only such prefix has one member. Rule 2: members_per_tile = 128 // GROUP is capped at the largest group, a
+    forced one too: 8 members with GROUP = 1 get tiles of 8, not 128 (120 rows of padding), and two groups
+    of 4 tiles of 4. Rule 3: each
     stage cut for its own grid. 8 members of 33792 tokens sharing 32768, Hkv = 8, 132 SMs: the prefix
     stage has 1 tile x 8 = 8 programs a chunk at two per SM, 264 // 8 = 33 chunks of 1008 tokens; the
     suffix stage B x Hkv = 64 programs a split at four per SM, 528 // 64 = 8 splits of 128 tokens.
@@ -821,6 +841,14 @@ def test_plan_cascades_only_when_it_pays_and_cuts_by_its_rules(impl):
         f"{p}: 64 members share 16 tokens, below MIN_CHUNK = 64: the saving half of rule 1 holds (79%), "
         "the prefix-length half does not, so the planner falls back"
     )
+    # The wide prefix must be shared: a lone member's 64 tokens beside 8 members sharing 48 save exactly
+    # three quarters of the reads (7 x 48 of 64 + 8 x 48), but the only prefix of MIN_CHUNK tokens is
+    # read by one request, whose tile saves nothing.
+    p = impl.plan([64] + [48] * 8, [0] + [1] * 8, [64, 48], 8, 2, 16, device="cpu", num_sms=132)
+    assert not p.cascade, (
+        f"{p}: the only prefix of MIN_CHUNK = 64 tokens or more belongs to a group of one member, which "
+        "saves nothing; rule 1 asks for a group of two or more sharing at least MIN_CHUNK tokens"
+    )
     for forced in (None, 20):
         p = impl.plan(
             [1088] * 8, [0] * 8, [1024], 8, 8, 16, device="cpu", num_sms=132, members_per_tile=forced
@@ -833,6 +861,13 @@ def test_plan_cascades_only_when_it_pays_and_cuts_by_its_rules(impl):
                 else " (128 // GROUP = 128, capped at 8)"
             )
         )
+    # Two groups of 4: the cap is the largest group, not every grouped sequence (a tile never holds two groups).
+    p = impl.plan(
+        [1088] * 8, [0] * 4 + [1] * 4, [1024] * 2, 8, 8, 16, device="cpu", num_sms=132, cascade=True
+    )
+    assert p.members_per_tile == 4, (
+        f"{p}: members_per_tile = {p.members_per_tile} where the largest group has 4 members (two groups of 4)"
+    )
     p = impl.plan([33792] * 8, [0] * 8, [32768], 8, 8, 16, device="cpu", num_sms=132)
     got = (p.prefix_chunks, p.prefix_chunk, p.suffix_splits, p.suffix_chunk)
     assert p.cascade and got == (33, 1008, 8, 128), (
@@ -1062,6 +1097,44 @@ STAGES = [
 MHA = "test_prefix_tile_rows_map_to_heads[group1-MHA]"
 MISTAKES = [
     Mistake(
+        29,
+        # prefix_group[b] > 0 taken for "in a group": group 0's members lose their prefix in the merge.
+        # Only a batch whose groups are numbered from 1 passes.
+        fails=("test_prefix_counted_once", "test_worked_example_three_requests", MHA),
+        passes=(
+            "test_shared_pages_read_from_the_tiles_first_member",
+            "test_fallback_equals_split_kv",
+            "test_merge_states_equals_one_shot_softmax",
+        ),
+        question="Groups [0, 0, -1]: for which sequences does your merge read the prefix slots, and which "
+        "value of prefix_group means no group?",
+        section="3.4",
+    ),
+    Mistake(
+        28,
+        fails=("test_dtypes[bf16]",),
+        passes=("test_dtypes[fp16]", "test_head_dims", "test_prefix_counted_once"),
+        question="Your fp16 cases pass and your bf16 one does not: in which dtype does your loop multiply p "
+        "by V, and what does fp16 make of a bf16 value of 65536?",
+        section="3.2",
+    ),
+    Mistake(
+        27,
+        # One block id per 16-token tile taken for pages smaller than the tile: PAGE = 8 reads each tile's
+        # second page from the first page's block. A 16-token prefix (a whole tile) keeps the suffix's start
+        # out of it, which tells it from a suffix started on a tile edge (pitfall 2).
+        fails=("test_page_sizes[8]",),
+        passes=(
+            "test_page_sizes[32]",
+            "test_prefix_counted_once",
+            "test_sequences_in_no_group_start_at_token_0",
+            "test_merge_states_equals_one_shot_softmax",
+        ),
+        question="PAGE = 8 and a tile of 16 tokens: how many pages, and how many block ids, does one tile "
+        "of your loop span, and from which page size on does one load of the table per tile suffice?",
+        section="3.2",
+    ),
+    Mistake(
         23,
         fails=("test_lse_is_natural_log",),
         # Every score near 0 passes: the look-alikes that also break the low-score case fail these.
@@ -1203,10 +1276,41 @@ MISTAKES = [
         section="3.1",
     ),
     Mistake(
+        8,
+        # tile_seqs loaded for every one of the ROWS rows, unmasked: rows past MEMBERS * GROUP (the tile
+        # rounded up to a power of two) name entries of the next tile, and past the last tile's end.
+        fails=(
+            "test_worked_example_three_requests",
+            "test_prefix_counted_once",
+            "test_page_sizes[1]",
+            MHA,
+        ),
+        passes=("test_merge_states_equals_one_shot_softmax", "test_fallback_equals_split_kv"),
+        messages=(r"out of bounds load of tile_seqs",),
+        question="ROWS is MEMBERS * GROUP rounded up to a power of two: which entries of tile_seqs do the "
+        "rows past MEMBERS * GROUP name, and does your load of tile_seqs stop them?",
+        section="3.1",
+    ),
+    Mistake(
         9,
         fails=("test_every_prefix_chunk_count_matches",),
         passes=("test_prefix_counted_once", "test_worked_example_three_requests"),
         question="An 80-token prefix in 3 chunks of 32: where does each of your chunks stop?",
+        section="3.1",
+    ),
+    Mistake(
+        9,
+        # A chunk's end not cut at the prefix's length: chunks that fill the prefix pass (16- and 64-token
+        # prefixes in one chunk), a prefix of 8 in a chunk of 16, an empty prefix and a last chunk past
+        # the prefix read the first member's own tokens for every member.
+        fails=(
+            "test_every_prefix_chunk_count_matches",
+            "test_worked_example_three_requests",
+            "test_group_with_an_empty_prefix",
+        ),
+        passes=("test_prefix_counted_once", MHA, "test_merge_states_equals_one_shot_softmax"),
+        question="An 8-token prefix in one chunk of 16 tokens: where does your prefix chunk stop, and whose "
+        "tokens does it read past the prefix?",
         section="3.1",
     ),
     Mistake(
@@ -1259,6 +1363,15 @@ MISTAKES = [
         passes=("test_plan_covers_every_token_once", "test_plan_saves_every_read_but_one_per_group"),
         question="64 requests share a 16-token prefix and save 79% of the reads: which two conditions does "
         "section 3.5's rule 1 ask for, and does your plan() check the second?",
+        section="3.5",
+    ),
+    Mistake(
+        24,
+        fails=("test_plan_cascades_only_when_it_pays_and_cuts_by_its_rules",),
+        messages=(r"belongs to a group of one member",),
+        passes=("test_plan_covers_every_token_once", "test_plan_saves_every_read_but_one_per_group"),
+        question="One request holds a 64-token prefix of its own and 8 others share 48 tokens: which group "
+        "does section 3.5's rule 1 ask to share at least MIN_CHUNK tokens, and how many members must it have?",
         section="3.5",
     ),
     Mistake(
@@ -1390,7 +1503,7 @@ MISTAKES = [
             "test_prefix_counted_once",
             "test_sequences_in_no_group_start_at_token_0",
         ),
-        question="Group 0's members are sequences 2 and 3: which row of block_tables holds the shared "
+        question="Group 1's members are sequences 2 and 3: which row of block_tables holds the shared "
         "pages, and which row does your prefix tile read?",
         section="3.1",
     ),
