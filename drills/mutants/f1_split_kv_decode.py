@@ -284,4 +284,10 @@ MUTANTS = [
         'lse_out = tl.where(seen, m + tl.log(w_safe), float("-inf"))',
         "lse_out = m + tl.log(w_sum)",
     ),
+    Mutant(
+        "merge_max_from_one_tile",
+        "31. the split merge's max taken from each tile alone, not kept across tiles",
+        "m_new = tl.maximum(m, tl.max(lse, axis=0))",
+        "m_new = tl.zeros([1], dtype=tl.float32) + tl.max(lse, axis=0)",
+    ),
 ]

@@ -182,7 +182,9 @@ def test_padding_sequences_give_zero_and_lse_minus_inf(impl, runtime, splits):
 
 def test_many_splits_merge_with_rescale(impl, runtime):
     """Scores rise along the sequence and there are more splits (80) than the merge reads at once (64),
-    so the merge's running max changes between groups of splits: its running sum must be rescaled."""
+    so the merge's running max changes between groups of splits: its running sum must be rescaled. The
+    second sequence's 100 tokens fill splits 0 to 6 only, so its second group of splits is empty: a max
+    taken from each group alone falls to -inf there."""
     n, D = 16 * 80, 64
     case = make_paged_case([n, 100], 4, 1, D, 16, device=runtime.device, stream=16, poison=False)
     t = torch.arange(n, device=runtime.device)
@@ -1294,6 +1296,21 @@ MISTAKES = [
         ),
         question="More than 64 splits are merged in groups: when a later group has a larger lse, what "
         "happens to the running sum of the earlier groups' weights?",
+        section="3.5",
+    ),
+    Mistake(
+        31,
+        # The merge's max taken from each tile alone: out stays right (the rescale is consistent), and the
+        # lse is measured from the last tile's max, -inf after a tile of empty splits.
+        fails=("test_many_splits_merge_with_rescale",),
+        passes=(
+            EVERY_SPLIT,
+            "test_empty_splits_do_not_divide_zero_by_zero",
+            "test_merge_reads_every_tile_of_splits",
+        ),
+        messages=(r"out matches, but the returned lse does not:\s+\d+ NaN/inf values",),
+        question="80 splits in tiles of 64, and only splits 0 to 6 hold tokens: what is your merge's max "
+        "after the second tile, and what lse does it then store?",
         section="3.5",
     ),
     Mistake(
