@@ -186,16 +186,18 @@ def test_threshold_kernel_finds_cutoffs_thresholds_without_sorting(V):
 
 
 def test_sort_free_draws_match_the_sorted_rows(monkeypatch):
-    """With the sort-free thresholds switched on here (the GPU's default), draw() gives the tokens of
-    the sorted path for rows that cut by top_k, top_p, both and min_p."""
+    """With the sort-free thresholds switched on (SORT_FREE), draw() gives the tokens of the sorted path
+    for rows that cut by top_k, top_p, both and min_p."""
     g = torch.Generator().manual_seed(6)
     R, V = 6, 300
-    logits = (torch.randn(R, V, generator=g) * 2).to(torch.bfloat16)
-    temperature = torch.tensor([0.7, 1.0, 0.2, 0.0, 1.3, 0.9])
-    top_k = torch.tensor([-1, 20, 5, -1, 40, -1])
-    top_p = torch.tensor([0.9, 1.0, 0.8, 0.9, 0.95, 1.0])
-    min_p = torch.tensor([0.0, 0.0, 0.0, 0.0, 0.05, 0.1])
-    u = sampler.uniform(torch.randint(0, 1 << 32, (R,), generator=g), V)
+    device = drills.runtime.current().device  # compiled on a GPU, Triton's interpreter on a CPU
+    logits = (torch.randn(R, V, generator=g) * 2).to(torch.bfloat16).to(device)
+    temperature = torch.tensor([0.7, 1.0, 0.2, 0.0, 1.3, 0.9]).to(device)
+    top_k = torch.tensor([-1, 20, 5, -1, 40, -1]).to(device)
+    top_p = torch.tensor([0.9, 1.0, 0.8, 0.9, 0.95, 1.0]).to(device)
+    min_p = torch.tensor([0.0, 0.0, 0.0, 0.0, 0.05, 0.1]).to(device)
+    u = sampler.uniform(torch.randint(0, 1 << 32, (R,), generator=g), V).to(device)
+    monkeypatch.setattr(sampler, "sort_free", lambda device: False)
     want = sampler.draw(logits, temperature, top_k, top_p, min_p, u)
     monkeypatch.setattr(sampler, "sort_free", lambda device: True)
     got = sampler.draw(logits, temperature, top_k, top_p, min_p, u)

@@ -25,12 +25,12 @@ from the engine's generator (torch's default CPU generator when it is None).
 No Python loop over rows touches the device and nothing waits for it: the rows' parameters go over in
 one non-blocking copy (pinned memory on a GPU), and sample_on_device returns the tokens as a device
 tensor. A step whose rows are all greedy is one argmax. On a GPU two Triton kernels do the per-row
-work: threshold_kernel finds the top_k / top_p thresholds without sorting (each is one of the row's
-probabilities, searched by its float bits, several pivots a pass over the row, as FlashInfer's
-top_k_top_p_sampling_from_probs searches pivots), and race_kernel runs the race with its noise made in
-registers. Elsewhere torch ops give the same tokens: cutoff() on the sorted rows (the definition),
-race() over an (R, V) tensor of noise. cutoff_kernel is cutoff() on sorted rows in one launch, the GPU
-path with SORT_FREE off.
+work: cutoff_kernel the top_k / top_p thresholds over the rows sorted once, race_kernel the race with
+its noise made in registers. Elsewhere torch ops give the same tokens: cutoff() on the sorted rows (the
+definition), race() over an (R, V) tensor of noise. threshold_kernel finds the same thresholds with no
+sort (each is one of the row's probabilities, searched by its float bits, several pivots a pass, as
+FlashInfer's top_k_top_p_sampling_from_probs searches pivots); it is off (SORT_FREE) because it measured
+slower than the sort.
 """
 
 from __future__ import annotations
@@ -280,12 +280,15 @@ def _probs_and_threshold(logits, temperature, top_k, top_p, min_p, cut: bool):
     return probs, thr
 
 
-SORT_FREE = True  # on a GPU, threshold_kernel's search in place of the sort and cutoff_kernel
+# On a GPU, threshold_kernel's search in place of the sort and cutoff_kernel. Off: on an H100 at 256 rows
+# of 49,152 the search (one program a row, about 12 passes over it) took longer than torch's segmented
+# sort and the pass over the sorted rows; a search that splits each row over several programs could win.
+SORT_FREE = False
 
 
 def sort_free(device: torch.device) -> bool:
     """Whether the cut thresholds come from threshold_kernel (a GPU, SORT_FREE) or from the sorted rows
-    (cutoff(), the definition, on the CPU: torch's sort there is cheaper than the interpreted search)."""
+    (cutoff(), the definition; always on the CPU, where torch's sort beats the interpreted search)."""
     return SORT_FREE and device.type == "cuda"
 
 
