@@ -27,6 +27,21 @@ from drills.tests import probe, raises_naming, seeded
 A, B, C, D, E, F, G, H, X, Y = range(1, 11)  # the worked example's letters as token ids, and two more
 
 
+# What a revived prefix fails, and what it passes, both where free drops the key (21) and where the
+# cached count leaves revived blocks out (22): the two are told apart by the worked example's words.
+REVIVAL_FAILS = (
+    "test_worked_example_freed_block_is_revived",
+    "test_revived_blocks_count_against_free_blocks",
+    "test_revived_block_leaves_the_free_list",
+    "test_evicted_block_is_not_revived",
+)
+REVIVAL_PASSES = (
+    "test_free_drops_every_ref_count",
+    "test_block_still_shared_stays_off_the_free_list",
+    "test_newest_block_of_a_repeated_key_is_found",
+    "test_failed_allocation_changes_nothing",
+    "test_hash_chains_the_previous_block",
+)
 # The explainer's pitfalls (section 5) and the pattern of checks each leaves, for the diagnosis.
 MISTAKES = [
     Mistake(
@@ -39,19 +54,8 @@ MISTAKES = [
     ),
     Mistake(
         21,
-        fails=(
-            "test_worked_example_freed_block_is_revived",
-            "test_revived_blocks_count_against_free_blocks",
-            "test_revived_block_leaves_the_free_list",
-            "test_evicted_block_is_not_revived",
-        ),
-        passes=(
-            "test_free_drops_every_ref_count",
-            "test_block_still_shared_stays_off_the_free_list",
-            "test_newest_block_of_a_repeated_key_is_found",
-            "test_failed_allocation_changes_nothing",
-            "test_hash_chains_the_previous_block",
-        ),
+        fails=REVIVAL_FAILS,
+        passes=REVIVAL_PASSES,
         question='"s" is freed and "t" asks for the same prompt: where does your manager still find '
         "the key of s's first block after free()?",
         section="3.5",
@@ -135,19 +139,8 @@ MISTAKES = [
         22,
         # Every check that counts the cached tokens of a revived prefix fails, as when the key is dropped
         # at free (21); the worked example's own words tell them apart: its table is right here.
-        fails=(
-            "test_worked_example_freed_block_is_revived",
-            "test_revived_blocks_count_against_free_blocks",
-            "test_revived_block_leaves_the_free_list",
-            "test_evicted_block_is_not_revived",
-        ),
-        passes=(
-            "test_free_drops_every_ref_count",
-            "test_block_still_shared_stays_off_the_free_list",
-            "test_newest_block_of_a_repeated_key_is_found",
-            "test_failed_allocation_changes_nothing",
-            "test_hash_chains_the_previous_block",
-        ),
+        fails=REVIVAL_FAILS,
+        passes=REVIVAL_PASSES,
         messages=(r"revived blocks count as cached",),
         question="req3's table reuses blocks 0, 1 and 2, one of them revived from the free list: whose KV "
         "does block 2 hold, and does your count of cached tokens include it?",
