@@ -204,6 +204,84 @@ def test_sort_free_draws_match_the_sorted_rows(monkeypatch):
     assert got.tolist() == want.tolist()
 
 
+@pytest.mark.parametrize("sort_free", [False, True], ids=["sorted", "sort-free"])
+@pytest.mark.parametrize("V", [37, 2500])
+def test_fused_draw_matches_the_torch_draw(V, sort_free, monkeypatch):
+    """draw_keyed's kernel path (the GPU's; Triton's interpreter here), which never writes the
+    probabilities out, computes them from the logits in each kernel and cuts on the logits, draws the
+    tokens of the torch path fed the same noise: every kind of row (greedy, each cut alone and combined,
+    k at, below and past V, min_p 1.0), bf16 and fp32 logits, one tile and several. The kernels' exp is
+    not torch's, so a near-tie may go the other way: at most one row in fifty."""
+    g = torch.Generator().manual_seed(7)
+    params = [SamplingParams(**p) for p in ROW_PARAMS]
+    R = len(params)
+    temperature, top_k, top_p, min_p = _params_tensors(params)
+    device = drills.runtime.current().device  # compiled on a GPU, Triton's interpreter on a CPU
+    args = [x.to(device) for x in (temperature, top_k, top_p, min_p)]
+    mismatches, rows = [], 0
+    for dtype in (torch.float32, torch.bfloat16):
+        for _ in range(2):
+            logits = (torch.randn(R, V, generator=g) * 3).to(dtype)  # (R, V)
+            keys = torch.randint(0, 1 << 32, (R,), generator=g)
+            want = sampler.draw(logits, temperature, top_k, top_p, min_p, sampler.uniform(keys, V))  # CPU
+            monkeypatch.setattr(sampler, "sort_free", lambda device: sort_free)
+            got = sampler.draw_keyed(logits.to(device), *args, keys.to(device), kernel=True).cpu()
+            monkeypatch.undo()
+            mismatches += [(ROW_PARAMS[r], int(got[r]), int(want[r])) for r in range(R) if got[r] != want[r]]
+            rows += R
+            greedy = temperature == 0
+            assert torch.equal(got[greedy], logits.argmax(-1)[greedy]), "a greedy row takes the argmax"
+            likeliest = logits[12] == logits[12].max()  # the min_p 1.0 row keeps the likeliest and its ties
+            assert likeliest[got[12]], f"min_p 1.0 drew token {int(got[12])}, not one of the likeliest"
+    assert len(mismatches) <= rows // 50, f"{len(mismatches)} of {rows} rows differ: {mismatches[:4]}"
+
+
+def test_fused_cut_keeps_the_boundary_token_on_every_row():
+    """The race keeps the token at a cut's threshold: the cut gives its threshold as a logit read from
+    the sorted row, and the race compares each token's logit with it, never a probability recomputed in
+    another kernel (on a GPU a probability need not round the same in two kernels, and a threshold one
+    ulp above its own token's probability drops that token). Rows whose nucleus is their two likeliest
+    tokens, with noise that makes the second win: every row must draw it."""
+    R, V = 8, 300
+    device = drills.runtime.current().device
+    logits = torch.full((R, V), -4.0)
+    logits[:, 0], logits[:, 1] = 5.0, 4.6  # p ~ 0.6 and 0.4 of the row: top_p 0.7 keeps both
+    temperature, top_k, top_p, min_p = (
+        torch.ones(R),
+        torch.full((R,), -1),
+        torch.full((R,), 0.7),
+        torch.zeros(R),
+    )
+    keys = []
+    for key in range(10_000):  # keys whose noise makes token 1 win the race against token 0
+        u = sampler.uniform(torch.tensor([key]), 2)[0]
+        if 0.4 / -math.log(u[1]) > 0.6 / -math.log(u[0]):
+            keys.append(key)
+            if len(keys) == R:
+                break
+    keys = torch.tensor(keys)
+    args = [x.to(device) for x in (logits, temperature, top_k, top_p, min_p, keys)]
+    got = sampler.draw_keyed(*args, kernel=True).cpu()
+    assert got.tolist() == [1] * R, (
+        f"the nucleus's second token was dropped on rows {(got != 1).nonzero()[:, 0].tolist()}"
+    )
+
+
+def test_softmax_stats_are_the_rows_max_and_sum():
+    """softmax_stats() gives each row's max of x / t (t = 1 for a greedy row) and the sum of
+    exp(x / t - top), across tiles (STATS_BLOCK = 2048), with a row whose likeliest is in the last tile."""
+    g = torch.Generator().manual_seed(8)
+    R, V = 3, 4100
+    logits = torch.randn(R, V, generator=g) * 2
+    logits[2, V - 1] = 30.0
+    temperature = torch.tensor([0.7, 0.0, 1.5])
+    device = drills.runtime.current().device
+    _, top, total = sampler.softmax_stats(logits.to(device), temperature.to(device))
+    z = logits / torch.tensor([0.7, 1.0, 1.5])[:, None]  # (R, V)
+    torch.testing.assert_close(top.cpu(), z.amax(-1), rtol=1e-6, atol=0)  # a GPU's x / t may round apart
+    torch.testing.assert_close(total.cpu(), torch.exp(z - z.amax(-1, keepdim=True)).sum(-1))
+
+
 # --- What each cut keeps: ties and the order of the cuts ----------------------------------------------
 
 

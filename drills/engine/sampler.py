@@ -123,56 +123,180 @@ def cutoff(s: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.T
 
 
 @triton.jit
-def cutoff_kernel(s_ptr, top_k_ptr, top_p_ptr, out_ptr, V, stride_r, BLOCK: tl.constexpr):
+def _probs_tile(row, i, inside, t, top, total, FROM_LOGITS: tl.constexpr):
+    """A tile of a row's probabilities (BLOCK,) float32, 0 outside it: loaded from a row of
+    probabilities, or, FROM_LOGITS, softmax(x / t) of the row's logits x from its stats (top the max of
+    x / t, total the sum of exp(x / t - top)), written as probabilities() writes it."""
+    if FROM_LOGITS:
+        x = tl.load(row + i, mask=inside, other=float("-inf")).to(tl.float32)
+        return tl.exp(x / t - top) / total
+    else:
+        return tl.load(row + i, mask=inside, other=0.0)
+
+
+@triton.jit
+def _keys_and_probs(row, i, inside, t, top, total, FROM_LOGITS: tl.constexpr):
+    """A tile's (keys, probabilities), (BLOCK,) float32 each: the values a cut compares, and the ones it
+    sums. The keys are the loaded values themselves, the logits (FROM_LOGITS) or the probabilities, so
+    that a comparison with a threshold loaded from memory is exact: a probability computed in one
+    kernel, or in a scalar, need not round as the same probability computed elsewhere on a GPU."""
+    if FROM_LOGITS:
+        x = tl.load(row + i, mask=inside, other=float("-inf")).to(tl.float32)
+        return x, tl.exp(x / t - top) / total
+    else:
+        p = tl.load(row + i, mask=inside, other=0.0)
+        return p, p
+
+
+@triton.jit
+def _row_softmax(temp_ptr, top_ptr, total_ptr, r, FROM_LOGITS: tl.constexpr):
+    """Row r's temperature (1 for a greedy row) and softmax stats, read where FROM_LOGITS needs them."""
+    t = 1.0
+    top = 0.0
+    total = 1.0
+    if FROM_LOGITS:
+        t = tl.load(temp_ptr + r)
+        t = tl.where(t == 0, 1.0, t)
+        top = tl.load(top_ptr + r)
+        total = tl.load(total_ptr + r)
+    return t, top, total
+
+
+@triton.jit
+def softmax_stats_kernel(logits_ptr, temp_ptr, top_ptr, total_ptr, V, stride_r, BLOCK: tl.constexpr):
+    """Each row's softmax stats over its logits at its temperature, for _probs_tile: top = max(x / t)
+    and total = sum(exp(x / t - top)), two passes over the row (the second mostly from L2). logits (R, V)
+    any float dtype (row stride stride_r); temperature, top, total (R,) float32."""
+    r = tl.program_id(0)
+    row = logits_ptr + r.to(tl.int64) * stride_r
+    t = tl.load(temp_ptr + r)
+    t = tl.where(t == 0, 1.0, t)  # a greedy row is taken at temperature 1, as probabilities() does
+    m = tl.full([BLOCK], float("-inf"), tl.float32)
+    for start in range(0, V, BLOCK):
+        i = start + tl.arange(0, BLOCK)
+        x = tl.load(row + i, mask=i < V, other=float("-inf")).to(tl.float32)
+        m = tl.maximum(m, x / t)
+    top = tl.max(m, 0)
+    acc = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, V, BLOCK):
+        i = start + tl.arange(0, BLOCK)
+        x = tl.load(row + i, mask=i < V, other=float("-inf")).to(tl.float32)
+        acc += tl.exp(x / t - top)
+    tl.store(top_ptr + r, top)
+    tl.store(total_ptr + r, tl.sum(acc, 0))
+
+
+STATS_BLOCK = 2048  # logits per loop step
+
+
+def softmax_stats(logits: torch.Tensor, temperature: torch.Tensor):
+    """(temperature, top, total), each (R,) float32: what the kernels read to compute a row's
+    probabilities from its logits, which are never written out ((R, V) float32 is twice a bf16 row)."""
+    R, V = logits.shape
+    top = torch.empty(R, dtype=torch.float32, device=logits.device)
+    total = torch.empty(R, dtype=torch.float32, device=logits.device)
+    temperature = temperature.contiguous()
+    if R:
+        args = (logits, temperature, top, total, V, logits.stride(0))
+        launch(softmax_stats_kernel, (R,), args, BLOCK=min(STATS_BLOCK, triton.next_power_of_2(V)))
+    return temperature, top, total
+
+
+def _softmax_args(rows: torch.Tensor, softmax):
+    """The stats arguments of a kernel that reads `rows`: dummies (the probabilities themselves) or
+    softmax_stats()'s, and FROM_LOGITS."""
+    if softmax is None:
+        return (rows, rows, rows), False  # never read
+    return tuple(softmax), True
+
+
+@triton.jit
+def cutoff_kernel(
+    s_ptr,
+    top_k_ptr,
+    top_p_ptr,
+    out_ptr,
+    temp_ptr,
+    top_ptr,
+    total_ptr,
+    V,
+    stride_r,
+    BLOCK: tl.constexpr,
+    FROM_LOGITS: tl.constexpr,
+):
     """cutoff() in one program per row and two passes over its sorted probabilities: the mass top_k
     keeps, then the nucleus counted with a running sum carried across tiles. s (R, V) float32, each row
-    descending (row stride stride_r); top_k (R,) int64; top_p (R,) float32; out (R,) float32."""
+    descending (row stride stride_r); top_k (R,) int64; top_p (R,) float32; out (R,) float32, the
+    threshold probability. FROM_LOGITS: s holds the rows' logits sorted descending, their probabilities
+    are computed here, and out is the threshold logit (the tokens with logits >= it are kept)."""
     r = tl.program_id(0)
     row = s_ptr + r.to(tl.int64) * stride_r
+    t, top, total = _row_softmax(temp_ptr, top_ptr, total_ptr, r, FROM_LOGITS)
     k = tl.load(top_k_ptr + r)
     top_p = tl.load(top_p_ptr + r)
-    k_thr = tl.load(row + tl.where(k > 0, tl.minimum(k, V), V) - 1)  # ties with the k-th kept
+    k_key = tl.load(row + tl.where(k > 0, tl.minimum(k, V), V) - 1).to(tl.float32)  # ties with the k-th kept
     mass = tl.zeros([BLOCK], tl.float32)
     for start in range(0, V, BLOCK):
         i = start + tl.arange(0, BLOCK)
-        p = tl.load(row + i, mask=i < V, other=0.0)
-        mass += tl.where(p >= k_thr, p, 0.0)
+        key, p = _keys_and_probs(row, i, i < V, t, top, total, FROM_LOGITS)
+        mass += tl.where(key >= k_key, p, 0.0)
     limit = top_p * tl.sum(mass, 0)
     before = tl.zeros([], tl.float32)  # the mass of the likelier kept tokens, before this tile
     count = tl.zeros([], tl.int32)
     for start in range(0, V, BLOCK):
         i = start + tl.arange(0, BLOCK)
-        p = tl.load(row + i, mask=i < V, other=0.0)
-        kept = tl.where((i < V) & (p >= k_thr), p, 0.0)
-        running = before + tl.cumsum(kept, 0) - kept  # (BLOCK,): the mass before each token
-        count += tl.sum(((running < limit) & (i < V) & (p >= k_thr)).to(tl.int32), 0)
-        before += tl.sum(kept, 0)
-    p_thr = tl.load(row + tl.maximum(count, 1) - 1)
-    tl.store(out_ptr + r, tl.where(top_p < 1, p_thr, k_thr))
+        key, p = _keys_and_probs(row, i, i < V, t, top, total, FROM_LOGITS)
+        kept = (i < V) & (key >= k_key)
+        p = tl.where(kept, p, 0.0)
+        running = before + tl.cumsum(p, 0) - p  # (BLOCK,): the mass before each token
+        count += tl.sum(((running < limit) & kept).to(tl.int32), 0)
+        before += tl.sum(p, 0)
+    p_key = tl.load(row + tl.maximum(count, 1) - 1).to(tl.float32)
+    tl.store(out_ptr + r, tl.where(top_p < 1, p_key, k_key))
 
 
 CUTOFF_BLOCK = 2048  # a tile of sorted probabilities per loop step (8 KB of fp32)
 
 
-def cutoff_rows(s: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, kernel: bool | None = None):
+def cutoff_rows(
+    s: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, kernel: bool | None = None, softmax=None
+):
     """cutoff(s, top_k, top_p), (R, 1). kernel: cutoff_kernel (None: on a GPU), one launch in place of
     some ten torch ops over (R, V); its sums run in another order, so a row whose running mass lands
-    within rounding of top_p may keep one token more or less than cutoff()'s."""
+    within rounding of top_p may keep one token more or less than cutoff()'s. softmax: softmax_stats()
+    of the rows when s holds their logits sorted descending (a GPU's path, kernel only); the thresholds
+    are then logits."""
     R, V = s.shape
     if kernel is None:
         kernel = s.device.type == "cuda"
     if not kernel:
+        if softmax is not None:
+            raise ValueError("cutoff_rows: softmax (thresholds on the logits) needs kernel=True")
         return cutoff(s, top_k, top_p)
     out = torch.empty(R, dtype=torch.float32, device=s.device)
     if R:
-        args = (s, top_k.contiguous(), top_p.contiguous(), out, V, s.stride(0))
-        launch(cutoff_kernel, (R,), args, BLOCK=min(CUTOFF_BLOCK, triton.next_power_of_2(V)))
+        stats, from_logits = _softmax_args(s, softmax)
+        args = (s, top_k.contiguous(), top_p.contiguous(), out, *stats, V, s.stride(0))
+        block = min(CUTOFF_BLOCK, triton.next_power_of_2(V))
+        launch(cutoff_kernel, (R,), args, BLOCK=block, FROM_LOGITS=from_logits)
     return out[:, None]
 
 
 @triton.jit
 def _search_bits(
-    row, V, lo, hi, need, keep_from, MASS: tl.constexpr, BLOCK: tl.constexpr, PIVOTS: tl.constexpr
+    row,
+    V,
+    lo,
+    hi,
+    need,
+    keep_from,
+    t,
+    top,
+    total,
+    MASS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PIVOTS: tl.constexpr,
+    FROM_LOGITS: tl.constexpr,
 ):
     """The smallest bit pattern b in (lo, hi] whose tail, the tokens with bits(p) > b (and >= keep_from),
     falls short of `need`: by count (MASS False) or by probability mass (MASS True). The tail shrinks as b
@@ -184,7 +308,7 @@ def _search_bits(
         tail = tl.zeros([PIVOTS], tl.float32)
         for start in range(0, V, BLOCK):
             i = start + tl.arange(0, BLOCK)  # (BLOCK,)
-            p = tl.load(row + i, mask=i < V, other=0.0)
+            p = _probs_tile(row, i, i < V, t, top, total, FROM_LOGITS)
             bits = p.to(tl.int32, bitcast=True).to(tl.int64)  # a probability's order is its bits' order
             inside = ((i < V) & (bits >= keep_from))[:, None] & (bits[:, None] > pivots[None, :])
             if MASS:
@@ -199,36 +323,65 @@ def _search_bits(
 
 @triton.jit
 def threshold_kernel(
-    probs_ptr, top_k_ptr, top_p_ptr, out_ptr, V, stride_r, BLOCK: tl.constexpr, PIVOTS: tl.constexpr
+    probs_ptr,
+    top_k_ptr,
+    top_p_ptr,
+    out_ptr,
+    temp_ptr,
+    top_ptr,
+    total_ptr,
+    V,
+    stride_r,
+    BLOCK: tl.constexpr,
+    PIVOTS: tl.constexpr,
+    FROM_LOGITS: tl.constexpr,
 ):
     """cutoff()'s thresholds from the rows' probabilities in vocabulary order, without sorting them.
     Each threshold is a probability of the row, so it is searched among the rows' values by their float
     bits (for p >= 0, bit patterns order as the values do): top_k's is the smallest p with fewer than k
     tokens above it, top_p's the smallest p whose likelier kept tokens hold less than top_p of the mass
     top_k kept (the token that crosses top_p is kept, with its ties). probs (R, V) float32 (row stride
-    stride_r); top_k (R,) int64; top_p (R,) float32; out (R,) float32."""
+    stride_r), or, FROM_LOGITS, their logits (probabilities computed here); top_k (R,) int64; top_p (R,)
+    float32; out (R,) float32."""
     r = tl.program_id(0)
     row = probs_ptr + r.to(tl.int64) * stride_r
+    t, top_z, total = _row_softmax(temp_ptr, top_ptr, total_ptr, r, FROM_LOGITS)
     k = tl.load(top_k_ptr + r)
     top_p = tl.load(top_p_ptr + r)
     top = tl.zeros([], tl.int64)  # bits of the row's largest probability
     for start in range(0, V, BLOCK):
         i = start + tl.arange(0, BLOCK)
-        p = tl.load(row + i, mask=i < V, other=0.0)
+        p = _probs_tile(row, i, i < V, t, top_z, total, FROM_LOGITS)
         top = tl.maximum(top, tl.max(p.to(tl.int32, bitcast=True), 0).to(tl.int64))
     every = tl.zeros([], tl.int64)  # bits >= 0: every token
     keep_from = every  # top_k off
     if (k > 0) & (k < V):
-        keep_from = _search_bits(row, V, every - 1, top, k.to(tl.float32), every, False, BLOCK, PIVOTS)
+        keep_from = _search_bits(
+            row,
+            V,
+            every - 1,
+            top,
+            k.to(tl.float32),
+            every,
+            t,
+            top_z,
+            total,
+            False,
+            BLOCK,
+            PIVOTS,
+            FROM_LOGITS,
+        )
     thr = keep_from
     if top_p < 1:
         mass = tl.zeros([BLOCK], tl.float32)
         for start in range(0, V, BLOCK):
             i = start + tl.arange(0, BLOCK)
-            p = tl.load(row + i, mask=i < V, other=0.0)
+            p = _probs_tile(row, i, i < V, t, top_z, total, FROM_LOGITS)
             mass += tl.where(p.to(tl.int32, bitcast=True).to(tl.int64) >= keep_from, p, 0.0)
         need = top_p * tl.sum(mass, 0)
-        thr = _search_bits(row, V, keep_from - 1, top, need, keep_from, True, BLOCK, PIVOTS)
+        thr = _search_bits(
+            row, V, keep_from - 1, top, need, keep_from, t, top_z, total, True, BLOCK, PIVOTS, FROM_LOGITS
+        )
     tl.store(out_ptr + r, thr.to(tl.int32).to(tl.float32, bitcast=True))
 
 
@@ -236,17 +389,28 @@ THRESHOLD_BLOCK = 512  # probabilities per tile; a pass compares each with PIVOT
 THRESHOLD_PIVOTS = 8  # about 10.3 passes a search (31 bits / log2(9))
 
 
-def threshold_rows(probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, pivots: int | None = None):
-    """Each row's top_k / top_p threshold, (R, 1), from probs (R, V) float32 in vocabulary order, with
-    threshold_kernel: no sort. It keeps the tokens cutoff() keeps on the sorted rows, up to the order of
-    its sums (a row whose mass lands within rounding of top_p may keep one token more or less). A row
-    with both cuts off gets 0.0, which keeps every token, as cutoff()'s smallest probability does."""
+def threshold_rows(
+    probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, pivots: int | None = None, softmax=None
+):
+    """Each row's top_k / top_p threshold, (R, 1), from probs (R, V) float32 in vocabulary order (or the
+    rows' logits, with their softmax_stats() as softmax), with threshold_kernel: no sort. It keeps the
+    tokens cutoff() keeps on the sorted rows, up to the order of its sums (a row whose mass lands within
+    rounding of top_p may keep one token more or less). A row with both cuts off gets 0.0, which keeps
+    every token, as cutoff()'s smallest probability does."""
     R, V = probs.shape
     out = torch.empty(R, dtype=torch.float32, device=probs.device)
     if R:
-        args = (probs, top_k.contiguous(), top_p.contiguous(), out, V, probs.stride(0))
+        stats, from_logits = _softmax_args(probs, softmax)
+        args = (probs, top_k.contiguous(), top_p.contiguous(), out, *stats, V, probs.stride(0))
         block = min(THRESHOLD_BLOCK, triton.next_power_of_2(V))
-        launch(threshold_kernel, (R,), args, BLOCK=block, PIVOTS=pivots or THRESHOLD_PIVOTS)
+        launch(
+            threshold_kernel,
+            (R,),
+            args,
+            BLOCK=block,
+            PIVOTS=pivots or THRESHOLD_PIVOTS,
+            FROM_LOGITS=from_logits,
+        )
     return out[:, None]
 
 
@@ -327,23 +491,50 @@ def _fmix32_tl(x):
 
 
 @triton.jit
-def race_kernel(probs_ptr, thr_ptr, key_ptr, out_ptr, V, stride_r, BLOCK: tl.constexpr):
+def race_kernel(
+    probs_ptr,
+    thr_ptr,
+    key_ptr,
+    out_ptr,
+    temp_ptr,
+    top_ptr,
+    total_ptr,
+    xthr_ptr,
+    lmin_ptr,
+    V,
+    stride_r,
+    BLOCK: tl.constexpr,
+    FROM_LOGITS: tl.constexpr,
+):
     """race() with uniform()'s noise made in registers: one program per row walks its V probabilities in
     tiles of BLOCK, keeping the best score and its index. probs (R, V) float32 (row stride stride_r),
-    thr (R,) float32, keys (R,) int64 holding 32-bit values, out (R,) int64."""
+    thr (R,) float32, keys (R,) int64 holding 32-bit values, out (R,) int64. FROM_LOGITS: probs holds
+    the rows' logits (probabilities computed here, from softmax_stats()), and a token is kept when its
+    probability is >= thr (R,), its logit >= xthr (R,) (cutoff_rows' thresholds on the logits), and
+    x / t - top >= lmin (R,) = log(min_p): min_p's p >= min_p * p_max with the total cancelled, so that
+    min_p 1 keeps exactly the likeliest and its ties."""
     r = tl.program_id(0)
     row = probs_ptr + r.to(tl.int64) * stride_r
+    t, top, total = _row_softmax(temp_ptr, top_ptr, total_ptr, r, FROM_LOGITS)
     thr = tl.load(thr_ptr + r)
+    x_thr = float("-inf")
+    l_min = float("-inf")
+    if FROM_LOGITS:
+        x_thr = tl.load(xthr_ptr + r)
+        l_min = tl.load(lmin_ptr + r)
     key = tl.load(key_ptr + r).to(tl.uint32)
     best = tl.full([], -2.0, tl.float32)  # below a cut token's -1: the first tile always takes over
     best_i = tl.full([], 0, tl.int32)
     for start in range(0, V, BLOCK):
         i = start + tl.arange(0, BLOCK)  # (BLOCK,)
         inside = i < V
-        p = tl.load(row + i, mask=inside, other=0.0)
-        x = _fmix32_tl(_fmix32_tl(i.to(tl.uint32) * 0x9E3779B1) ^ key)  # uniform()'s hash, in uint32
-        u = ((x >> 9).to(tl.float32) + 0.5) * (1.0 / 8388608)  # (k + 0.5) / 2**23
-        score = tl.where(inside & (p >= thr), p / -tl.log(u), -1.0)
+        x, p = _keys_and_probs(row, i, inside, t, top, total, FROM_LOGITS)
+        keep = inside & (p >= thr)
+        if FROM_LOGITS:
+            keep = keep & (x >= x_thr) & (x / t - top >= l_min)
+        h = _fmix32_tl(_fmix32_tl(i.to(tl.uint32) * 0x9E3779B1) ^ key)  # uniform()'s hash, in uint32
+        u = ((h >> 9).to(tl.float32) + 0.5) * (1.0 / 8388608)  # (k + 0.5) / 2**23
+        score = tl.where(keep, p / -tl.log(u), -1.0)
         tile = tl.max(score, 0)
         take = tile > best  # strictly: an earlier tile keeps a tie, as argmax keeps the first
         best_i = tl.where(take, start + tl.argmax(score, 0), best_i)
@@ -362,11 +553,51 @@ def race_keyed(probs: torch.Tensor, thr: torch.Tensor, keys: torch.Tensor, kerne
         kernel = probs.device.type == "cuda"
     if not kernel:
         return race(probs, thr, uniform(keys, V))
-    out = torch.empty(R, dtype=torch.int64, device=probs.device)
+    return _race_launch(probs, thr, keys)
+
+
+def _race_launch(rows, thr, keys, softmax=None, x_thr=None, log_min_p=None):
+    """race_kernel over rows (R, V): probabilities, or logits with their softmax_stats() and the
+    thresholds draw_keyed passes. (R,) int64."""
+    R, V = rows.shape
+    out = torch.empty(R, dtype=torch.int64, device=rows.device)
     if R:
-        args = (probs, thr.reshape(R).contiguous(), keys.contiguous(), out, V, probs.stride(0))
-        launch(race_kernel, (R,), args, BLOCK=min(RACE_BLOCK, triton.next_power_of_2(V)))
+        stats, from_logits = _softmax_args(rows, softmax)
+        extra = (x_thr.reshape(R).contiguous(), log_min_p.contiguous()) if from_logits else (rows, rows)
+        args = (rows, thr.reshape(R).contiguous(), keys.contiguous(), out, *stats, *extra, V, rows.stride(0))
+        launch(
+            race_kernel, (R,), args, BLOCK=min(RACE_BLOCK, triton.next_power_of_2(V)), FROM_LOGITS=from_logits
+        )
     return out
+
+
+def draw_keyed(logits, temperature, top_k, top_p, min_p, keys, cut: bool = True, kernel: bool | None = None):
+    """draw() with uniform(keys, V)'s noise, (R,) int64 on logits' device. kernel (None: on a GPU): the
+    probabilities are never written out. softmax_stats() takes each row's max and sum in one launch; the
+    cut reads the logits sorted in their own dtype and gives its threshold as a logit, and race_kernel
+    reads the logits, computing a token's probability from them as probabilities() does. Three launches
+    and the sort, against some twenty torch ops over (R, V) float32. The sorted cut compares values loaded
+    from memory (a logit with a logit), so it is exact however the GPU rounds a probability in one kernel
+    or another (SORT_FREE's search compares probabilities computed in two kernels); the kernels' exp is
+    not torch's, so a near-tie in a cut's running sum or in the race may go the other way than
+    draw()'s, and a token whose probability rounds equal to the threshold's from a smaller logit is
+    not kept as a tie."""
+    if kernel is None:
+        kernel = logits.device.type == "cuda"
+    if not kernel:
+        probs, thr = _probs_and_threshold(logits, temperature, top_k, top_p, min_p, cut)
+        return torch.where(temperature == 0, logits.argmax(-1), race_keyed(probs, thr, keys, kernel=False))
+    R = logits.shape[0]
+    softmax = softmax_stats(logits, temperature)
+    p_thr = torch.zeros(R, dtype=torch.float32, device=logits.device)  # (R,): keeps every token
+    x_thr = torch.full((R,), float("-inf"), dtype=torch.float32, device=logits.device)
+    if cut and sort_free(logits.device):
+        p_thr = threshold_rows(logits, top_k, top_p, softmax=softmax)
+    elif cut:
+        s = logits.sort(-1, descending=True).values  # (R, V): logits in their dtype, their order kept
+        x_thr = cutoff_rows(s, top_k, top_p, kernel=True, softmax=softmax)
+    tokens = _race_launch(logits, p_thr, keys, softmax, x_thr, torch.log(min_p))
+    return torch.where(temperature == 0, logits.argmax(-1), tokens)
 
 
 COLUMNS = 5  # a row's temperature, top_p, min_p, top_k and key, as float64 (exact for each)
@@ -424,8 +655,7 @@ def sample_on_device(logits: torch.Tensor, seqs, generator: torch.Generator | No
     if unseeded:  # an engine generator on the device draws those rows' keys there
         fresh = torch.randint(0, 1 << 32, (len(unseeded),), generator=generator, device=generator.device)
         key = key.index_put((torch.tensor(unseeded).to(device, non_blocking=True),), fresh.to(device))
-    probs, thr = _probs_and_threshold(logits, temperature, top_k, top_p, min_p, cut)
-    return torch.where(temperature == 0, logits.argmax(-1), race_keyed(probs, thr, key))
+    return draw_keyed(logits, temperature, top_k, top_p, min_p, key, cut)
 
 
 def sample(logits: torch.Tensor, seqs, generator: torch.Generator | None) -> list[int]:
