@@ -267,6 +267,32 @@ def test_fused_cut_keeps_the_boundary_token_on_every_row():
     )
 
 
+def test_cuts_on_the_logits_agree_sorted_and_searched():
+    """On the logits (the fused path), threshold_kernel's search and cutoff_kernel on the sorted logits
+    give the same threshold logit: negative and positive logits (the search orders a negative float's
+    bits below the positive ones), ties at the top and at the k-th, top_k at 1, at and past V, top_p
+    small and near 1, and -inf where both cuts are off."""
+    g = torch.Generator().manual_seed(9)
+    R, V = 10, 600
+    logits = torch.randn(R, V, generator=g) * 2 - 1  # mostly negative
+    logits[0, :3] = 6.0  # three tie for the likeliest
+    logits[1, [4, 9, V - 1]] = logits[1].max()  # ties at the top, one in the last tile
+    temperature = torch.tensor([0.7, 1.0, 0.5, 1.3, 0.9, 1.0, 0.8, 2.0, 1.0, 0.6])
+    top_k = torch.tensor([2, 3, 1, V, V + 5, -1, 50, 7, -1, 4])
+    top_p = torch.tensor([0.9, 1.0, 0.5, 0.8, 0.95, 0.999, 1.0, 0.3, 1.0, 0.1])
+    device = drills.runtime.current().device
+    x, t, k, p = (v.to(device) for v in (logits, temperature, top_k, top_p))
+    stats = sampler.softmax_stats(x, t)
+    searched = sampler.threshold_rows(x, k, p, softmax=stats).cpu()  # (R, 1)
+    s = x.sort(-1, descending=True).values
+    sorted_cut = sampler.cutoff_rows(s, k, p, kernel=True, softmax=stats).cpu()
+    assert torch.isneginf(searched[8]).all(), "both cuts off: -inf keeps every logit"
+    assert torch.equal(searched[:8], sorted_cut[:8]), (
+        f"rows {(searched != sorted_cut).nonzero()[:, 0].tolist()} differ"
+    )
+    assert (logits >= searched).sum(-1)[0] == 3, "top_k 2 keeps the three tied at the top"
+
+
 def test_softmax_stats_are_the_rows_max_and_sum():
     """softmax_stats() gives each row's max of x / t (t = 1 for a greedy row) and the sum of
     exp(x / t - top), across tiles (STATS_BLOCK = 2048), with a row whose likeliest is in the last tile."""

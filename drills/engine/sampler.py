@@ -283,6 +283,14 @@ def cutoff_rows(
 
 
 @triton.jit
+def _order_bits(v):
+    """A float32's bits as an int64 that orders as the values do: a non-negative float's bits already
+    do; a negative one's are flipped below them (the map is its own inverse on int32)."""
+    b = v.to(tl.int32, bitcast=True)
+    return tl.where(b >= 0, b, b ^ 0x7FFFFFFF).to(tl.int64)
+
+
+@triton.jit
 def _search_bits(
     row,
     V,
@@ -298,18 +306,19 @@ def _search_bits(
     PIVOTS: tl.constexpr,
     FROM_LOGITS: tl.constexpr,
 ):
-    """The smallest bit pattern b in (lo, hi] whose tail, the tokens with bits(p) > b (and >= keep_from),
-    falls short of `need`: by count (MASS False) or by probability mass (MASS True). The tail shrinks as b
-    grows, and the caller holds tail(lo) >= need > tail(hi). Each pass over the row tries PIVOTS values
-    of b at once and keeps the two around the crossing, so about 31 / log2(PIVOTS + 1) passes."""
+    """The smallest order bits b in (lo, hi] whose tail, the tokens whose key has order bits > b (and
+    >= keep_from), falls short of `need`: by count (MASS False) or by probability mass (MASS True). The
+    keys are the probabilities, or the logits (FROM_LOGITS). The tail shrinks as b grows, and the caller
+    holds tail(lo) >= need > tail(hi). Each pass over the row tries PIVOTS values of b at once and keeps
+    the two around the crossing, so about 32 / log2(PIVOTS + 1) passes."""
     j = tl.arange(0, PIVOTS).to(tl.int64) + 1  # (PIVOTS,)
     while hi - lo > 1:
         pivots = lo + ((hi - lo) * j) // (PIVOTS + 1)  # (PIVOTS,), ascending, one at least inside (lo, hi)
         tail = tl.zeros([PIVOTS], tl.float32)
         for start in range(0, V, BLOCK):
             i = start + tl.arange(0, BLOCK)  # (BLOCK,)
-            p = _probs_tile(row, i, i < V, t, top, total, FROM_LOGITS)
-            bits = p.to(tl.int32, bitcast=True).to(tl.int64)  # a probability's order is its bits' order
+            key, p = _keys_and_probs(row, i, i < V, t, top, total, FROM_LOGITS)
+            bits = _order_bits(key)
             inside = ((i < V) & (bits >= keep_from))[:, None] & (bits[:, None] > pivots[None, :])
             if MASS:
                 tail += tl.sum(tl.where(inside, p[:, None], 0.0), 0)
@@ -338,22 +347,27 @@ def threshold_kernel(
 ):
     """cutoff()'s thresholds from the rows' probabilities in vocabulary order, without sorting them.
     Each threshold is a probability of the row, so it is searched among the rows' values by their float
-    bits (for p >= 0, bit patterns order as the values do): top_k's is the smallest p with fewer than k
-    tokens above it, top_p's the smallest p whose likelier kept tokens hold less than top_p of the mass
-    top_k kept (the token that crosses top_p is kept, with its ties). probs (R, V) float32 (row stride
-    stride_r), or, FROM_LOGITS, their logits (probabilities computed here); top_k (R,) int64; top_p (R,)
-    float32; out (R,) float32."""
+    bits (bit patterns order as the values do, once a negative value's are flipped): top_k's is the
+    smallest p with fewer than k tokens above it, top_p's the smallest p whose likelier kept tokens hold
+    less than top_p of the mass top_k kept (the token that crosses top_p is kept, with its ties). probs
+    (R, V) float32 (row stride stride_r); top_k (R,) int64; top_p (R,) float32; out (R,) float32: the
+    threshold probability, 0.0 where both cuts are off. FROM_LOGITS: probs holds the rows' logits, whose
+    probabilities are computed here; the search runs over the logits and out is the threshold logit
+    (-inf where both cuts are off), so that the race compares a logit with a logit."""
     r = tl.program_id(0)
     row = probs_ptr + r.to(tl.int64) * stride_r
     t, top_z, total = _row_softmax(temp_ptr, top_ptr, total_ptr, r, FROM_LOGITS)
     k = tl.load(top_k_ptr + r)
     top_p = tl.load(top_p_ptr + r)
-    top = tl.zeros([], tl.int64)  # bits of the row's largest probability
+    top = tl.full([], -(2**31), tl.int64)  # order bits of the row's largest key
     for start in range(0, V, BLOCK):
         i = start + tl.arange(0, BLOCK)
-        p = _probs_tile(row, i, i < V, t, top_z, total, FROM_LOGITS)
-        top = tl.maximum(top, tl.max(p.to(tl.int32, bitcast=True), 0).to(tl.int64))
-    every = tl.zeros([], tl.int64)  # bits >= 0: every token
+        key, p = _keys_and_probs(row, i, i < V, t, top_z, total, FROM_LOGITS)
+        top = tl.maximum(top, tl.max(tl.where(i < V, _order_bits(key), -(2**31)), 0))
+    if FROM_LOGITS:
+        every = tl.full([], -(2**31), tl.int64)  # below every logit's order bits
+    else:
+        every = tl.zeros([], tl.int64)  # bits >= 0: every probability
     keep_from = every  # top_k off
     if (k > 0) & (k < V):
         keep_from = _search_bits(
@@ -376,13 +390,17 @@ def threshold_kernel(
         mass = tl.zeros([BLOCK], tl.float32)
         for start in range(0, V, BLOCK):
             i = start + tl.arange(0, BLOCK)
-            p = _probs_tile(row, i, i < V, t, top_z, total, FROM_LOGITS)
-            mass += tl.where(p.to(tl.int32, bitcast=True).to(tl.int64) >= keep_from, p, 0.0)
+            key, p = _keys_and_probs(row, i, i < V, t, top_z, total, FROM_LOGITS)
+            mass += tl.where(_order_bits(key) >= keep_from, p, 0.0)
         need = top_p * tl.sum(mass, 0)
         thr = _search_bits(
             row, V, keep_from - 1, top, need, keep_from, t, top_z, total, True, BLOCK, PIVOTS, FROM_LOGITS
         )
-    tl.store(out_ptr + r, thr.to(tl.int32).to(tl.float32, bitcast=True))
+    b = thr.to(tl.int32)
+    value = tl.where(b >= 0, b, b ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)  # _order_bits undone
+    if FROM_LOGITS:
+        value = tl.where(thr == every, float("-inf"), value)
+    tl.store(out_ptr + r, value)
 
 
 THRESHOLD_BLOCK = 512  # probabilities per tile; a pass compares each with PIVOTS values
@@ -396,7 +414,8 @@ def threshold_rows(
     rows' logits, with their softmax_stats() as softmax), with threshold_kernel: no sort. It keeps the
     tokens cutoff() keeps on the sorted rows, up to the order of its sums (a row whose mass lands within
     rounding of top_p may keep one token more or less). A row with both cuts off gets 0.0, which keeps
-    every token, as cutoff()'s smallest probability does."""
+    every token, as cutoff()'s smallest probability does. With softmax the thresholds are logits (-inf:
+    every token)."""
     R, V = probs.shape
     out = torch.empty(R, dtype=torch.float32, device=probs.device)
     if R:
@@ -510,7 +529,7 @@ def race_kernel(
     tiles of BLOCK, keeping the best score and its index. probs (R, V) float32 (row stride stride_r),
     thr (R,) float32, keys (R,) int64 holding 32-bit values, out (R,) int64. FROM_LOGITS: probs holds
     the rows' logits (probabilities computed here, from softmax_stats()), and a token is kept when its
-    probability is >= thr (R,), its logit >= xthr (R,) (cutoff_rows' thresholds on the logits), and
+    probability is >= thr (R,), its logit >= xthr (R,) (cutoff_rows' or threshold_rows' thresholds on the logits), and
     x / t - top >= lmin (R,) = log(min_p): min_p's p >= min_p * p_max with the total cancelled, so that
     min_p 1 keeps exactly the likeliest and its ties."""
     r = tl.program_id(0)
@@ -576,10 +595,9 @@ def draw_keyed(logits, temperature, top_k, top_p, min_p, keys, cut: bool = True,
     probabilities are never written out. softmax_stats() takes each row's max and sum in one launch; the
     cut reads the logits sorted in their own dtype and gives its threshold as a logit, and race_kernel
     reads the logits, computing a token's probability from them as probabilities() does. Three launches
-    and the sort, against some twenty torch ops over (R, V) float32. The sorted cut compares values loaded
-    from memory (a logit with a logit), so it is exact however the GPU rounds a probability in one kernel
-    or another (SORT_FREE's search compares probabilities computed in two kernels); the kernels' exp is
-    not torch's, so a near-tie in a cut's running sum or in the race may go the other way than
+    and the sort, against some twenty torch ops over (R, V) float32. Every cut compares values loaded from memory (a
+    logit with a logit), so it is exact however the GPU rounds a probability in one kernel or another;
+    the kernels' exp is not torch's, so a near-tie in a cut's running sum or in the race may go the other way than
     draw()'s, and a token whose probability rounds equal to the threshold's from a smaller logit is
     not kept as a tie."""
     if kernel is None:
@@ -592,7 +610,7 @@ def draw_keyed(logits, temperature, top_k, top_p, min_p, keys, cut: bool = True,
     p_thr = torch.zeros(R, dtype=torch.float32, device=logits.device)  # (R,): keeps every token
     x_thr = torch.full((R,), float("-inf"), dtype=torch.float32, device=logits.device)
     if cut and sort_free(logits.device):
-        p_thr = threshold_rows(logits, top_k, top_p, softmax=softmax)
+        x_thr = threshold_rows(logits, top_k, top_p, softmax=softmax)
     elif cut:
         s = logits.sort(-1, descending=True).values  # (R, V): logits in their dtype, their order kept
         x_thr = cutoff_rows(s, top_k, top_p, kernel=True, softmax=softmax)
