@@ -75,6 +75,12 @@ MUTANTS = [
         "self.running.append(seq)\n            num_new = seq.num_tokens - seq.num_computed",
     ),
     Mutant(
+        "decode_rows_take_no_budget",
+        "6. a prompt chunk not capped by the token budget (decode rows take nothing from it)",
+        "            budget -= num_new\n            i += 1\n",
+        "            budget -= num_new if num_new > 1 else 0\n            i += 1\n",
+    ),
+    Mutant(
         "finished_blocks_not_freed",
         "7. a finished request's blocks not freed",
         "                self.running.remove(seq)\n                self.block_manager.free(seq.seq_id)\n"
@@ -351,6 +357,49 @@ MUTANTS = [
         "37. block-table rows padded with something other than 0",
         "        flat += [0] * (width - len(t))\n",
         "        flat += [-1] * (width - len(t))\n",
+    ),
+    Mutant(
+        "eos_id_0_read_as_no_eos",
+        "38. eos_id 0 read as no end-of-sequence token",
+        "stop = token == seq.eos_id and not seq.params.ignore_eos",
+        "stop = token == (seq.eos_id or -1) and not seq.params.ignore_eos",
+    ),
+    Mutant(
+        "preempted_request_left_running",
+        "39. a status that does not say where the request is (a preempted request left RUNNING)",
+        "        seq.status = WAITING\n        seq.num_computed = 0\n",
+        "        seq.num_computed = 0\n",
+    ),
+    Mutant(
+        "admitted_request_left_waiting",
+        "39. a status that does not say where the request is (an admitted request left WAITING)",
+        "            seq.status = RUNNING\n",
+        "",
+    ),
+    Mutant(
+        "prompt_that_fits_later_waits",
+        "30. admission that stops while the step has room (a prompt that fits a later step whole waits)",
+        "if not self.chunked_prefill and seq.num_tokens > budget:",
+        "if seq.num_tokens > budget and (not self.chunked_prefill or seq.num_tokens <= self.max_num_batched_tokens):",
+    ),
+    Mutant(
+        "full_graph_batch_refused",
+        "40. a graph batch filled exactly refused",
+        "if not is_decode or pad_to < num_seqs:",
+        "if not is_decode or pad_to <= num_seqs:",
+    ),
+    Mutant(
+        "self_preemption_not_noticed",
+        "41. a sequence that preempted itself still given slots",
+        "                self.preempt(victim)\n                if victim is seq:\n                    return False\n",
+        "                self.preempt(victim)\n",
+    ),
+    Mutant(
+        "preemption_folds_the_output_into_the_prompt",
+        "8. a preempted request readmitted with stale state (its output folded into its prompt)",
+        "        seq.num_slots = 0\n        seq.preemptions += 1\n",
+        "        seq.num_slots = 0\n        seq.prompt, seq.output = seq.tokens, []  # recomputed as one prompt\n"
+        "        seq.preemptions += 1\n",
     ),
     Mutant(
         "pool_exact_fit_refused",

@@ -52,8 +52,11 @@ TENSOR_FIELDS = tuple(STEP_DTYPES)
 # --- The model and the oracle (built the same way in both processes) ----------------------------------
 
 
-def _model(stream: int):
-    """The tiny Llama (2 layers, Hq 6, Hkv 2: GQA group 3 as SmolLM2), weights from `stream`."""
+def _model(stream: int, relabel: int | None = None):
+    """The tiny Llama (2 layers, Hq 6, Hkv 2: GQA group 3 as SmolLM2), weights from `stream`. With
+    `relabel`, token ids 0 and `relabel` trade places (their rows of the tied embedding and lm_head): the
+    same model under another numbering of its vocabulary, whose greedy stream is the original one with
+    the two ids swapped (relabeled())."""
     from drills.engine.config import tiny_config
     from drills.engine.model import Llama, random_weights
 
@@ -61,7 +64,17 @@ def _model(stream: int):
     for layer in weights.layers:
         for name in ("wqkv", "wo", "w_gate_up", "w_down"):
             getattr(layer, name).mul_(WEIGHT_SCALE)
+    if relabel:
+        assert weights.lm_head is weights.embed, "grader bug: relabeling assumes tied embeddings"
+        weights.embed[[0, relabel]] = weights.embed[[relabel, 0]]
     return Llama(weights)
+
+
+def relabeled(ids, relabel: int | None) -> list[int]:
+    """Token ids under _model(stream, relabel)'s numbering: 0 and `relabel` swapped (its own inverse)."""
+    if not relabel:
+        return list(ids)
+    return [0 if t == relabel else relabel if t == 0 else t for t in ids]
 
 
 @functools.cache
@@ -231,7 +244,7 @@ def _serve(module, manager, prompts, waves, stream, engine_args, params=None):
     from drills.engine.config import EngineConfig
     from drills.engine.engine import Engine
 
-    model = _model(stream)
+    model = _model(stream, engine_args.get("relabel"))
     cache = PagedKVCache(model.config, manager.num_blocks, manager.block_size, torch.float32)
     cache.k.fill_(float("nan"))  # K and V no step wrote: NaN, never a plausible value
     cache.v.fill_(float("nan"))
@@ -249,6 +262,11 @@ def _serve(module, manager, prompts, waves, stream, engine_args, params=None):
             {
                 "waiting": [request_of.get(s.seq_id) for s in scheduler.waiting],
                 "running": [request_of.get(s.seq_id) for s in scheduler.running],
+                # What each queued sequence says of itself (assert_status_follows_the_queue).
+                "status": {
+                    "waiting": [str(s.status) for s in scheduler.waiting],
+                    "running": [str(s.status) for s in scheduler.running],
+                },
             }
         )
         step = module.prepare_inputs(scheduled, block_manager, device, pad_to=pad_to)
@@ -276,9 +294,11 @@ def _serve(module, manager, prompts, waves, stream, engine_args, params=None):
     out["cached"], out["inputs"], out["queues"], out["num_tokens"] = cached, inputs, queues, totals
     out["free_after_wave"], out["error"], out["stats"] = [], None, None
     out["event_marks"] = marks
+    out["status_names"] = [str(getattr(module, name, name.lower())) for name in ("WAITING", "RUNNING")]
     out["num_cached"], out["preemptions"], out["scheduler_preemptions"] = [None] * n, [None] * n, None
     args = dict(engine_args)
     eos_id = args.pop("eos_id", None)
+    args.pop("relabel", None)  # the model's (above), not the engine's
     config = EngineConfig(
         attention="torch", block_size=manager.block_size, num_blocks=manager.num_blocks, **args
     )
@@ -340,24 +360,30 @@ def assert_no_error(run, what: str):
     assert run["error"] is None, f"{what}: the engine stopped {run['error']}"
 
 
-def expected_output(prompt, kwargs: dict | None, eos_id=None):
+def expected_output(prompt, kwargs: dict | None, eos_id=None, relabel=None):
     """The oracle's (tokens, logits) for one request: greedy to max_tokens, cut after the first eos_id
-    it draws unless the request has ignore_eos (the default of `_serve`)."""
+    it draws unless the request has ignore_eos (the default of `_serve`). With `relabel`, for the model
+    whose ids 0 and `relabel` trade places: the original oracle's, relabeled (no second model to run)."""
     kwargs = kwargs or {}
-    want, want_logits = oracle(tuple(prompt), kwargs.get("max_tokens", 6), seeded(WEIGHTS_STREAM))
+    original = tuple(relabeled(prompt, relabel))
+    want, want_logits = oracle(original, kwargs.get("max_tokens", 6), seeded(WEIGHTS_STREAM))
+    if relabel:
+        order = list(range(want_logits.shape[-1]))
+        order[0], order[relabel] = relabel, 0
+        want, want_logits = relabeled(want, relabel), want_logits[:, order]
     if eos_id is not None and not kwargs.get("ignore_eos", True) and eos_id in want:
         end = want.index(eos_id) + 1
         want, want_logits = want[:end], want_logits[:end]
     return want, want_logits
 
 
-def assert_matches_oracle(run, prompts, what: str, params=None, indexes=None, eos_id=None):
+def assert_matches_oracle(run, prompts, what: str, params=None, indexes=None, eos_id=None, relabel=None):
     """Every request's tokens and logits equal greedy decoding through the oracle (stopped at eos_id
-    where the request does not ignore it)."""
+    where the request does not ignore it; `relabel` as _model's)."""
     assert_no_error(run, what)
     for i in indexes if indexes is not None else range(len(prompts)):
         kwargs = (params or {}).get(i) or {}
-        want, want_logits = expected_output(prompts[i], kwargs, eos_id)
+        want, want_logits = expected_output(prompts[i], kwargs, eos_id, relabel)
         max_tokens = kwargs.get("max_tokens", 6)
         got = run["tokens"][i]
         assert got is not None, f"{what}: request {i} never finished"
@@ -810,6 +836,52 @@ MISTAKES = [
         section="3.3",
     ),
     Mistake(
+        27,
+        fails=("test_sampling_params_rejects_bad_values",),
+        question="Is True an int in Python? What does SamplingParams(max_tokens=True) ask for, and what does "
+        "min_p=1.5 keep?",
+        section="3.1",
+    ),
+    Mistake(
+        40,
+        fails=("test_prepare_inputs_refuses_padding_a_prefill_step",),
+        passes=STEP_BY_HAND,
+        messages=(r"needs no padding row",),
+        question="A decode step of 2 sequences replays the graph captured for 2: what is pad_to, and how "
+        "many padding rows does it add?",
+        section="4.4",
+    ),
+    # A count of running requests kept beside self.running: the engine's own stops (the overlap's late
+    # end-of-sequence token, an abort) never bring it down, and admission stops with the batch empty.
+    Mistake(
+        30,
+        fails=("test_the_overlapped_loop_matches_the_oracle",),
+        passes=ENGINE_BASICS
+        + (
+            "test_preemption_finishes_every_request_with_the_same_output",
+            "test_request_stops_at_its_eos_token",
+        ),
+        messages=(r"stopping requests at eos_id.*scheduled nothing while requests wait",),
+        question="Under the overlap the engine ends a request that drew eos_id itself, one step late: does "
+        "your scheduler's idea of how many requests run see it go?",
+        section="3.3",
+    ),
+    # The loop of _reserve_slots going on after it preempted its own sequence: L3's append on a freed table.
+    Mistake(
+        41,
+        fails=("test_preempted_requests_wait_at_the_front_in_arrival_order",),
+        passes=ENGINE_BASICS
+        + (
+            "test_preemption_finishes_every_request_with_the_same_output",
+            "test_admission_never_skips_a_blocked_head_of_the_queue",
+            "test_the_newest_request_is_preempted_not_the_one_scheduled",
+        ),
+        messages=(r"KeyError .*is not allocated",),
+        question="C, the newest running request, needs a block and none is free: whom does it preempt, and "
+        "what is left of C's block table for the loop's next append?",
+        section="3.5",
+    ),
+    Mistake(
         32,
         fails=("test_ragged_batch_matches_the_oracle",),
         messages=(r"past max_tokens = \d+ \(the oracle's",),
@@ -823,6 +895,32 @@ MISTAKES = [
         question="R0 decodes one token while R1's whole prompt is computed in the same step: both sample. "
         "How many query rows does F1's decode read for R1?",
         section="4.2",
+    ),
+    # eos_id 0 read as "no end-of-sequence token": a stop tested by truthiness.
+    # Its look-alike, pitfall 15, fails the same check on its first case (an eos_id other than 0).
+    Mistake(
+        38,
+        fails=("test_request_stops_at_its_eos_token",),
+        passes=ENGINE_BASICS + STEP_BY_HAND[:2],
+        messages=(r"eos_id=0 \(",),
+        question="The model's eos_id is 0 and a request samples 0: what do `seq.eos_id and token == "
+        "seq.eos_id` and `token == (seq.eos_id or -1)` give?",
+        section="3.6",
+    ),
+    # The queue-order check's run, its status read after every schedule() (pitfall 20 fails it on the order).
+    Mistake(
+        39,
+        fails=("test_preempted_requests_wait_at_the_front_in_arrival_order",),
+        passes=ENGINE_BASICS
+        + (
+            "test_preemption_finishes_every_request_with_the_same_output",
+            "test_admission_never_skips_a_blocked_head_of_the_queue",
+            "test_the_newest_request_is_preempted_not_the_one_scheduled",
+        ),
+        messages=(r"with status '",),
+        question="C is preempted and waits first in line: what does C.status say, and which queue would an "
+        "abort that goes by the status take C out of?",
+        section="3.5",
     ),
     Mistake(
         29,
@@ -1027,7 +1125,8 @@ def test_prepare_inputs_padding_rows_write_nothing(impl):
 
 
 def test_prepare_inputs_refuses_padding_a_prefill_step(impl):
-    """pad_to pads decode steps only (a graph is captured for one token per row), and never shrinks one."""
+    """pad_to pads decode steps only (a graph is captured for one token per row), and never shrinks one;
+    pad_to equal to the step's sequences is accepted and pads nothing (full_graph_batch_pads_nothing)."""
     rng = random.Random(seeded(2))
     watched, seqs = hand_tables(rng)
     prefill = [("s0", seqs["s0"], [], 4, 5)]
@@ -1040,6 +1139,27 @@ def test_prepare_inputs_refuses_padding_a_prefill_step(impl):
     assert got["error"] is not None and got["error"].startswith("ValueError"), (
         f"prepare_inputs(pad_to=1) for 2 sequences must raise ValueError, got {got['error'] or 'no error'}"
     )
+    full_graph_batch_pads_nothing(impl)
+
+
+def full_graph_batch_pads_nothing(impl):
+    """pad_to equal to the step's sequences: the decode step fills the graph's batch exactly (the engine
+    replays the smallest captured batch that holds the step, often the step's own size: a chat alone is
+    a batch of 1), so it is accepted and adds no padding row (section 4.4)."""
+    rng = random.Random(seeded(1))
+    watched, seqs = hand_tables(rng)
+    specs = padded_specs(seqs)
+    got = probe(impl, _prepare, lend(watched), specs, len(specs))
+    assert got["error"] is None, (
+        f"prepare_inputs(pad_to={len(specs)}) for a decode step of {len(specs)} sequences raised {got['error']}: "
+        "a batch that fills the graph exactly needs no padding row; pad_to is refused only below the "
+        "step's sequences"
+    )
+    want = expected_step(watched.manager, seqs, specs)
+    for name in ("slot_mapping", "context_lens", "cu_seqlens_q", "logits_rows", "block_tables", "input_ids"):
+        assert got[name] == want[name], (
+            f"with pad_to={len(specs)}, {name} is {got[name]}, expected {want[name]}"
+        )
 
 
 def _two_steps(module, manager, prompt, token):
@@ -1232,7 +1352,8 @@ EXAMPLE_INPUTS = {
 def test_worked_example_step_by_step(impl):
     """Section 2: a system prompt S of 8 tokens, R0 = S + 1 token (3 new), R1 = S + 4 (4 new), R2 = S + 5
     (3 new), a pool of 6 blocks of 4, a budget of 8 tokens: every step's schedule (a chunk, prefix hits,
-    a preemption at step 3, the readmission at step 5) and the tensors of steps 2, 3 and 5."""
+    a preemption at step 3, the readmission at step 5) and the tensors of steps 2, 3 and 5. Then the
+    chunk of a prompt shorter than the budget (chunked_prefill_fills_what_is_left_of_the_budget)."""
     stream = seeded(WEIGHTS_STREAM)
 
     def build(r):
@@ -1266,6 +1387,7 @@ def test_worked_example_step_by_step(impl):
     assert_matches_oracle(run, prompts, "section 2's three requests", params)
     assert watched.preemptions == 1, f"section 2 preempts R2 once, here {watched.preemptions} preemptions"
     assert watched.leaks() is None, watched.leaks()
+    chunked_prefill_fills_what_is_left_of_the_budget(impl)
 
 
 def test_ragged_batch_matches_the_oracle(impl):
@@ -1307,6 +1429,24 @@ def test_chunked_prefill_matches_the_oracle(impl):
     assert_matches_oracle(run, prompts, "chunked prefill (max_num_batched_tokens=5)")
 
 
+def chunked_prefill_fills_what_is_left_of_the_budget(impl):
+    """chunked_prefill on, a budget of 8: A (5 tokens) and B (6) arrive together. Step 1 computes A whole
+    and B's first 3 tokens: with chunks, a prompt longer than what is left of the budget is cut to it
+    (section 3.3), whether or not it would fit a later step whole. Waiting for a step with room for all of
+    B leaves 3 tokens of every such step unused."""
+    rng = random.Random(seeded(35))
+    prompts = [tokens(rng, 5), tokens(rng, 6)]
+    params = {i: dict(temperature=0.0, max_tokens=2, ignore_eos=True) for i in range(2)}
+    run = serve(impl, Watched(64), prompts, params=params, max_num_batched_tokens=8)
+    what = "chunked_prefill=True, a budget of 8, prompts of 5 and 6 tokens"
+    assert_no_error(run, what)
+    assert run["steps"] and run["steps"][0] == [(0, 5), (1, 3)], (
+        f"{what}: step 1 schedules (request, num_new) {run['steps'][0] if run['steps'] else []}, where "
+        "[(0, 5), (1, 3)] belongs: the step stops admitting with 3 tokens of budget left, and with chunked "
+        "prefill B's first 3 tokens fit them"
+    )
+
+
 def test_one_request_at_a_time_matches_batched(impl):
     """The same prompts one at a time (each added when the one before ended) and all at once."""
     prompts = ragged_prompts(seeded(WEIGHTS_STREAM), 13, [5, 2, 10])
@@ -1342,7 +1482,10 @@ def test_the_overlapped_loop_matches_the_oracle(impl):
     place (section 6.1): the next step is scheduled and prepared before the real ids reach the host,
     which then writes them into seq.output. Through preemptions and recomputation (the preemption
     check's requests) every request's tokens and logits must still be the oracle's: code that keeps its
-    own copy of a sequence's tokens from an earlier step reads a placeholder that is long gone."""
+    own copy of a sequence's tokens from an earlier step reads a placeholder that is long gone.
+    Then the end-of-sequence check's requests, two at a time (max_num_seqs=2): the engine learns of a
+    request's eos_id one step late and ends it itself, out of scheduler.running without postprocess (as
+    an abort does), so what the scheduler knows of who runs must come from its lists."""
     prompts = preemption_prompts(14)
     watched = Watched(8)
     run = serve(impl, watched, prompts, params=PREEMPTION_PARAMS, overlap=True)
@@ -1354,6 +1497,14 @@ def test_the_overlapped_loop_matches_the_oracle(impl):
         "no request was preempted, yet the requests need 16 blocks of a pool of 8: a decode row that finds "
         "no free block preempts the newest running request (section 3.5)"
     )
+    prompts, eos = eos_prompts()
+    params = {i: dict(temperature=0.0, max_tokens=6, ignore_eos=False) for i in range(len(prompts))}
+    watched = Watched(64)
+    run = serve(impl, watched, prompts, params=params, max_num_seqs=2, eos_id=eos, overlap=True)
+    what = f"the overlapped loop stopping requests at eos_id={eos} (the engine ends them), max_num_seqs=2"
+    assert_matches_oracle(run, prompts, what, params, eos_id=eos)
+    leak = watched.leaks()
+    assert leak is None, f"{what}: {leak}"
 
 
 def readmissions(run, prompts) -> list[tuple]:
@@ -1445,7 +1596,8 @@ def test_request_stops_at_its_eos_token(impl):
     """The engine's eos_id set, ignore_eos False: a request finishes on the end-of-sequence token it
     samples, that token its last output (max_tokens counts it), its blocks freed; one that samples it
     with its prefill's first token ends there; a prompt that holds the token does not stop (section 3.6).
-    In chunks of 8 tokens, so a chunk that stops short of its prompt's end samples nothing to compare."""
+    In chunks of 8 tokens, so a chunk that stops short of its prompt's end samples nothing to compare.
+    Then the same with eos_id 0 (eos_id_0_stops_the_request)."""
     prompts, eos = eos_prompts()
     params = {i: dict(temperature=0.0, max_tokens=6, ignore_eos=False) for i in range(len(prompts))}
     watched = Watched(64)
@@ -1457,6 +1609,7 @@ def test_request_stops_at_its_eos_token(impl):
     assert leak is None, (
         f"{what}: {leak}; a request that ends at eos_id gives its blocks back as at max_tokens"
     )
+    eos_id_0_stops_the_request(impl)
 
 
 def test_ignore_eos_keeps_going_past_eos(impl):
@@ -1493,11 +1646,31 @@ def test_eos_sampled_by_a_whole_prompt_stops_the_request(impl):
     assert leak is None, f"{what}: {leak}"
 
 
+def eos_id_0_stops_the_request(impl):
+    """eos_id 0 is a token id like any other (the engine takes any int, and many vocabularies put a
+    special token first): the end-of-sequence check's prompts and eos_id E again, on the same tiny model
+    with token ids 0 and E trading places (their embedding rows, so also lm_head's, and every id in the
+    prompts), so greedy decoding draws the same stream with 0 where E was, and eos_id is 0. A stop
+    tested by truthiness (`seq.eos_id and token == seq.eos_id`, `token == (seq.eos_id or -1)`) reads
+    0 as "no end-of-sequence token" and never fires (section 3.6)."""
+    prompts, eos = eos_prompts()
+    prompts = [relabeled(p, eos) for p in prompts]
+    params = {i: dict(temperature=0.0, max_tokens=6, ignore_eos=False) for i in range(len(prompts))}
+    watched = Watched(64)
+    run = serve(impl, watched, prompts, params=params, max_num_batched_tokens=8, eos_id=0, relabel=eos)
+    what = f"eos_id=0 (the model's token ids 0 and {eos} swapped), ignore_eos=False"
+    assert_matches_oracle(run, prompts, what, params, eos_id=0, relabel=eos)
+    assert len(run["tokens"][0]) == 3 and run["tokens"][1] == [0], "grader bug: the prompts do not stop"
+    leak = watched.leaks()
+    assert leak is None, f"{what}: {leak}; a request that ends at eos_id gives its blocks back"
+
+
 def test_preempted_requests_wait_at_the_front_in_arrival_order(impl):
     """Three requests decode in a pool of 8 blocks while two more wait (max_num_seqs=3): the newest running
     request is preempted, then the next newest. Each goes to the front of the waiting queue, ahead of the
     requests never admitted, so after both preemptions the queue is [B, C, D, E] (section 3.5): the
-    queue is in arrival order after every step."""
+    queue is in arrival order after every step, and each request's status says which queue it is in
+    (assert_status_follows_the_queue)."""
     rng = random.Random(seeded(29))
     prompts = [tokens(rng, BLOCK) for _ in range(5)]
     params = {i: dict(temperature=0.0, max_tokens=14, ignore_eos=True) for i in range(5)}
@@ -1515,6 +1688,7 @@ def test_preempted_requests_wait_at_the_front_in_arrival_order(impl):
             "so the queue stays in arrival order"
         )
         both |= {1, 2, 3}.issubset(waiting) or {1, 2, 4}.issubset(waiting)
+    assert_status_follows_the_queue(run, "five requests, three running in a pool of 8 blocks")
     assert watched.preemptions >= 2 and both, (
         f"{watched.preemptions} preemptions, and the waiting queue never held the two preempted requests "
         "with one never admitted: A, B and C, running in a pool of 8 blocks and each growing to 18 tokens, "
@@ -1597,6 +1771,28 @@ def test_preemptions_are_counted_on_the_request_and_the_scheduler(impl):
         f"the scheduler's num_preemptions is {run['scheduler_preemptions']}, {sum(seen.values())} preemptions "
         "happened: preempt() counts on the scheduler too"
     )
+
+
+def assert_status_follows_the_queue(run, what: str):
+    """Sequence.status says where the request is (sections 3.3 and 3.5): WAITING in the queue, a
+    preempted request included (preempt() sets it back), RUNNING once admitted; each queued sequence
+    looked at after every schedule(). This engine reads no status but `finished`; what asks where a
+    request is does: a server's count of running and waiting requests, and an abort that picks the queue
+    to take a request out of by its status (vLLM's scheduler does), which looks for a preempted request
+    that says RUNNING among the running ones, leaves it waiting, and admits it again after its abort."""
+    names, (waiting_status, running_status) = "ABCDE", run["status_names"]
+    ran = set()  # requests admitted in an earlier step: one of them waiting again was preempted
+    for k, queue in enumerate(run["queues"], start=1):
+        for where, want in (("waiting", waiting_status), ("running", running_status)):
+            for i, status in zip(queue[where], queue["status"][where]):
+                why = (
+                    "preempt() sets a preempted request back to WAITING" if i in ran else "admission sets it"
+                )
+                assert status == want, (
+                    f"{what}: after step {k}'s schedule() request {names[i]} is in the {where} queue with "
+                    f"status {status!r}, where {want!r} belongs ({why}): the status says where a request is"
+                )
+        ran.update(queue["running"])
 
 
 def test_admission_never_skips_a_blocked_head_of_the_queue(impl):
@@ -2030,6 +2226,13 @@ def test_sampled_request_is_reproducible_whatever_the_batch(impl):
         (dict(max_tokens=2.0), TypeError, "max_tokens"),
         (dict(random_state=1.5), TypeError, "random_state"),
         (dict(ignore_eos="yes"), TypeError, "ignore_eos"),
+        (dict(temperature=True), TypeError, "temperature"),
+        (dict(max_tokens=True), TypeError, "max_tokens"),
+        (dict(top_k=-2), ValueError, "top_k"),
+        (dict(top_k=2.0), TypeError, "top_k"),
+        (dict(min_p=1.5), ValueError, "min_p"),
+        (dict(min_p=-0.1), ValueError, "min_p"),
+        (dict(min_p="0.1"), TypeError, "min_p"),
     ],
     ids=[
         "temperature_negative",
@@ -2041,6 +2244,13 @@ def test_sampled_request_is_reproducible_whatever_the_batch(impl):
         "max_tokens_float",
         "random_state_float",
         "ignore_eos_str",
+        "temperature_bool",
+        "max_tokens_bool",
+        "top_k_below_minus_one",
+        "top_k_float",
+        "min_p_above_one",
+        "min_p_negative",
+        "min_p_str",
     ],
 )
 def test_sampling_params_rejects_bad_values(impl, kwargs, error, names):
@@ -2049,12 +2259,18 @@ def test_sampling_params_rejects_bad_values(impl, kwargs, error, names):
 
 
 def test_sampling_params_accepts_the_edges(impl):
-    """temperature 0 (greedy), top_p 1, max_tokens 1 and random_state 0 are valid."""
+    """temperature 0 (greedy), top_p 1, max_tokens 1, random_state 0, top_k -1 and 0 (off), min_p 0 and 1
+    are valid."""
     p = impl.SamplingParams(temperature=0, top_p=1.0, max_tokens=1, random_state=0, ignore_eos=True)
     assert (p.temperature, p.top_p, p.max_tokens, p.random_state, p.ignore_eos) == (0, 1.0, 1, 0, True)
+    for top_k, min_p in ((-1, 0.0), (0, 1.0), (1, 0)):
+        p = impl.SamplingParams(top_k=top_k, min_p=min_p)
+        assert (p.top_k, p.min_p) == (top_k, min_p)
 
 
-@pytest.mark.parametrize("field", ["temperature", "top_p", "max_tokens", "random_state", "ignore_eos"])
+@pytest.mark.parametrize(
+    "field", ["temperature", "top_p", "max_tokens", "random_state", "ignore_eos", "top_k", "min_p"]
+)
 def test_sampling_params_rejects_non_finite_values(impl, field):
     """NaN, inf and -inf, whichever field they are given for: a ValueError naming the field.
     temperature=inf passes a check for >= 0 and makes every token of the vocabulary equally likely."""
