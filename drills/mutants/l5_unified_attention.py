@@ -138,4 +138,46 @@ MUTANTS = [
         "    while hi - lo > 1:\n",
         "    for _ in range(8):\n",
     ),
+    Mutant(
+        "merge_rescale_in_base_2",
+        "15. splits weighed in the wrong base (weights in e, the rescale between tiles of splits in 2)",
+        "alpha = tl.exp(m - m_ref)",
+        "alpha = tl.exp2(m - m_ref)",
+    ),
+    Mutant(
+        "head_index_int32",
+        "20. an index left int32: the head index (kvh * stride_kh overflows)",
+        "head0 = (pid % head_groups).to(tl.int64) * HEADS",
+        "head0 = (pid % head_groups) * HEADS",
+    ),
+    Mutant(
+        "sequence_index_int32",
+        "20. an index left int32: the sequence index (b * stride_bt overflows)",
+        "b = lo.to(tl.int64)",
+        "b = lo",
+    ),
+    Mutant(
+        "out_row_index_int32",
+        "20. an index left int32: the packed row index in the store (row * stride_ot overflows)",
+        "q_rows[:, None] * stride_ot",
+        "(q_start + tok)[:, None] * stride_ot",
+    ),
+    Mutant(
+        "window_narrows_the_loop_only",
+        "21. a window that narrows the key loop and masks nothing",
+        "            seen = seen & (cols[None, :] > win_start[:, None])\n",
+        "            seen = seen & (cols[None, :] > -1)\n",
+    ),
+    Mutant(
+        "padding_tiles_not_skipped",
+        "22. spare tiles not skipped: a q_len = 0 sequence's tile reads its garbage table row",
+        "    if tok0 >= q_len:\n        return",
+        "    if (tok0 >= q_len) & (q_len > 0):\n        return",
+    ),
+    Mutant(
+        "band_lo_not_clamped",
+        "23. a band that starts before key 0 (band_lo not clamped at 0)",
+        "band_lo = tl.maximum(prefix + tok0 - window + 1, 0) // BLOCK_N * BLOCK_N",
+        "band_lo = (prefix + tok0 - window + 1) // BLOCK_N * BLOCK_N",
+    ),
 ]

@@ -28,6 +28,7 @@ from drills.tests.paged_kv import (
     TABLE_LAYOUTS,
     V_UNLIKE_K_NEEDS_TWO_STRIDES,
     blocks_past,
+    far_apart,
     gather_kv,
     grouping_cases,
     in_wider_table,
@@ -35,11 +36,17 @@ from drills.tests.paged_kv import (
     laid_out,
     launch_into_canary,
     pool_past_int32,
+    rows_far_apart,
     skip_without_memory_for_sparse_pages,
     spoiled_call,
 )
 from drills.tests.test_l4_paged_prefill import BAD_INPUTS as L4_BAD_INPUTS
-from drills.tests.test_l4_paged_prefill import PrefillCase, make_prefill_case, pooled_caches
+from drills.tests.test_l4_paged_prefill import (
+    PrefillCase,
+    _rows_past_int32,
+    make_prefill_case,
+    pooled_caches,
+)
 
 # Each constexpr of the reference's kernels -> the tests that cross it: a size one past its tile or loop
 # bound (or at its widest admitted value), a flag both ways; "grid" -> the grid check at the largest sizes.
@@ -91,7 +98,7 @@ DOMAIN = Domain(
         heads=((2, 2), (6, 2), (5, 1)),  # (Hq, Hkv): MHA, GROUP 3, MQA with GROUP 5 (packed rows padded)
         batch=tuple(BATCHES_BY_PAGE),
         dtype=(torch.float16, torch.bfloat16),
-        q=("contiguous", "strided"),  # far-apart rows: test_q_rows_widened_to_int64
+        q=("contiguous", "strided"),  # far-apart rows: test_rows_and_heads_widened_to_int64
         kv=KV_LAYOUTS,
         table=TABLE_LAYOUTS,
         # Each token sees itself only; under a page of 16; under a key tile (16) but past PAGE = 1; the
@@ -118,12 +125,15 @@ def unified_reference(
     scale=None,
     window_from_chunk=False,
     sink_in_numerator=False,
+    band_of_tiles=None,
 ):
     """fp32 oracle: for each sequence, gather its pages, score its new tokens against every key, keep
     key j for the token at position p when p - window < j <= p, append head h's sink logit as one more
     column of the softmax whose value is zero. Returns (out [total_q, Hq, D], lse [total_q, Hq]).
     Two wrong answers the diagnosis names: window_from_chunk=True counts the window from the token's index
-    in its chunk instead of its position; sink_in_numerator=True gives the sink a value of one."""
+    in its chunk instead of its position; sink_in_numerator=True gives the sink a value of one;
+    band_of_tiles=(BLOCK_Q, BLOCK_N) lets each row see every key of its tile's band up to itself (the
+    window narrows the key loop and masks nothing)."""
     total_q, Hq, D = q.shape
     group = Hq // k_cache.shape[2]
     scale = 1.0 / math.sqrt(D) if scale is None else scale
@@ -141,7 +151,12 @@ def unified_reference(
         i = torch.arange(last - first, device=q.device)[:, None] + ctx - (last - first)  # positions
         j = torch.arange(ctx, device=q.device)[None, :]  # key positions
         hidden = j > i
-        if window is not None:
+        if window is not None and band_of_tiles is not None:
+            block_q, block_n = band_of_tiles
+            tok0 = torch.arange(last - first, device=q.device)[:, None] // block_q * block_q
+            band_lo = (ctx - (last - first) + tok0 - window + 1).clamp(min=0) // block_n * block_n
+            hidden = hidden | (j < band_lo)
+        elif window is not None:
             start = (i - (ctx - (last - first))) if window_from_chunk else i
             hidden = hidden | (j <= start - window)
         s = s.masked_fill(hidden, float("-inf"))
@@ -162,12 +177,26 @@ def make_sinks(Hq, stream, device, shift=0.0):
 
 
 SINK_SCALED = "the sink multiplied by the softmax scale, as a score is"
+BAND_UNMASKED = "the window narrows the key loop and masks nothing"
 SINKS_AS_CONTIGUOUS = "sinks read as if contiguous (entry h at h), where it is a view of stride 2"
 
 
-def wrong_answers(out, case, window, sinks, scale=None) -> str:
-    """Which wrong answer `out` is, as a sentence ("" when none): the window one key too wide, counted
-    from each token's index in its chunk, the sink given a value of one, or no window at all. They fail
+def tiles_of(case):
+    """(BLOCK_Q, BLOCK_N) of the launcher's config for this case: the reference's _config, which the stub
+    gives the learner as it is (the stub contract holds it to the reference's code)."""
+    from drills.launch import next_pow2
+    from drills.solutions.l5_unified_attention import _config
+
+    total_q, Hq, D = case.q.shape
+    block_m, block_n, _, _, packed = _config(D, total_q / case.block_tables.shape[0])
+    heads = Hq // case.k_cache.shape[2] if packed else 1
+    return max(block_m, next_pow2(heads)) // heads, block_n
+
+
+def wrong_answers(out, case, window, sinks, scale=None, tiles=None) -> str:
+    """Which wrong answer `out` is, as a sentence ("" when none): the window one key too wide or too
+    narrow, counted from each token's index in its chunk, no window at all, or (given tiles, the
+    launcher's (BLOCK_Q, BLOCK_N)) a band without the window's mask; the sink's mistakes. They fail
     the same checks; only the rows themselves tell them apart."""
     variants = []
     if window is not None:
@@ -177,11 +206,22 @@ def wrong_answers(out, case, window, sinks, scale=None) -> str:
                 dict(window=window + 1),
             ),
             (
+                "window - 1 keys: the window's lower bound is off by one (j > p - window + 1)",
+                dict(window=max(window - 1, 1)),
+            ),
+            (
                 "the window counted from each token's index in its chunk, not its position",
                 dict(window_from_chunk=True),
             ),
             ("no window at all", dict(window=None)),
         ]
+        if tiles is not None:
+            variants.append(
+                (
+                    f"every key of the tile's band up to the row: {BAND_UNMASKED}",
+                    dict(band_of_tiles=tiles),
+                )
+            )
     if sinks is not None:
         variants.append(("the sink in the numerator too (a key of value one)", dict(sink_in_numerator=True)))
         variants.append(
@@ -222,7 +262,15 @@ def wrong_answers(out, case, window, sinks, scale=None) -> str:
         ref, _ = unified_reference(*case.args, **{**dict(window=window, sinks=sinks, scale=scale), **change})
         # A sink read at another head, read between a view's entries or scaled moves outputs by about as much
         # as the sinks differ: held to out's own dtype's tolerance, as the check itself holds the right answer.
-        loose = "another head" in text or text in (SINKS_AS_CONTIGUOUS,) or text.startswith(SINK_SCALED)
+        # So do a window one key off and a band without the mask: the kernel sums the same keys as the
+        # answer named, rounded to out's dtype (8.1547 is 8.1562 in fp16).
+        loose = (
+            text.startswith("window ")
+            or "another head" in text
+            or text in (SINKS_AS_CONTIGUOUS,)
+            or text.startswith(SINK_SCALED)
+            or text.endswith(BAND_UNMASKED)
+        )
         if mismatch(out.float(), ref) is None or (loose and mismatch(out, ref) is None):
             return f"the output is {text}"
     return ""
@@ -246,7 +294,7 @@ def check(impl, case, window=None, sinks=None, scale=None, plan=None, lse=False,
     ref, ref_lse = unified_reference(*case.args, window=window, sinks=sinks, scale=scale)
     problem = mismatch(out, ref, DIMS, **tol)
     if problem is not None:
-        which = wrong_answers(out, case, window, sinks, scale)
+        which = wrong_answers(out, case, window, sinks, scale, tiles=tiles_of(case))
         raise AssertionError(problem + (f"\n{which}" if which else ""))
     if lse:
         assert lse_box[0].dtype == torch.float32 and lse_box[0].shape == case.q.shape[:2], (
@@ -495,7 +543,37 @@ def test_split_merge_reads_every_tile_of_splits(impl, runtime):
     k_last = 4 * math.sqrt(D) * q0 / q0.dot(q0)  # [D]: q . k * scale = 4
     case.k_cache[blocks, slots, 0] = k_last.to(case.q.dtype)
     plan = impl.plan(case.cu_seqlens_q, case.context_lens, 1, PAGE, num_splits=65)
-    check(impl, case, plan=plan, lse=True)
+    try:
+        check(impl, case, plan=plan, lse=True)
+    except AssertionError as failure:
+        out = impl.unified_attention(*case.args, plan=plan)
+        which = split_tiles_answer(out, case, n - 16)
+        raise AssertionError(f"{failure}\n{which}" if which else str(failure)) from None
+
+
+def split_tiles_answer(out, case, cut) -> str:
+    """What a 65-split merge's output is, as a sentence ("" when neither): the answer of the keys before
+    `cut` alone (the splits past the merge's first tile dropped), or a mix of that answer and the last
+    split's with another weight than their lse give (the running sum rescaled between tiles of splits in
+    another base than the weights). out lies on the segment between the two answers in both cases."""
+    keys = case.context_lens.clone()
+    keys[0] = cut  # the first tile of splits' keys: a decode row at position cut - 1 sees exactly them
+    head = PrefillCase(case.q, case.k_cache, case.v_cache, case.block_tables, case.cu_seqlens_q, keys)
+    a, lse_a = unified_reference(*head.args)  # [1, 1, D], [1, 1]
+    right, lse_all = unified_reference(*case.args)
+    share = torch.exp(lse_a - lse_all)[..., None]  # the first tile's weight in the right answer
+    b = (right - a * share) / (1 - share)  # the last split's answer, recovered from the right one
+    got, d = out.float().flatten(), (a - b).flatten()
+    if mismatch(out, a) is None:  # held to out's dtype's tolerance, as the check holds the right answer
+        return "the output is the answer without the splits past the merge's first tile of splits"
+    lam = float((got - b.flatten()).dot(d) / d.dot(d))  # out = lam * a + (1 - lam) * b, fitted
+    if mismatch(out, lam * a + (1 - lam) * b) is not None:
+        return ""
+    return (
+        f"the output weighs the first tile of splits {lam:.3f} where {float(share):.3f} "
+        "belongs: the running sum is rescaled between tiles of splits in another base than the weights "
+        "(exp2 beside exp)"
+    )
 
 
 def test_split_band_on_a_mixed_batch(impl, runtime):
@@ -674,19 +752,31 @@ def test_sequence_search_covers_every_sequence(impl, runtime):
     check(impl, case, window=3, sinks=make_sinks(2, 401, runtime.device))
 
 
-def test_q_rows_widened_to_int64(impl, runtime):
-    """q's rows 3 * 2**26 elements apart: rows past 2**31 elements need the row index in int64."""
-    from drills.grading.shared import bigmem
-
-    skip_without_memory_for_sparse_pages(runtime)
-    case = make_prefill_case([9, 14], [5, 12], 4, 2, 64, 8, stream=400, device=runtime.device)
-    total_q, Hq, D = case.q.shape
-    stride, before = 3 * 2**26, 2**31
-    flat = bigmem.sparse_empty((before + (total_q - 1) * stride + Hq * D,), case.q.dtype, runtime.device)
-    q = flat.as_strided((total_q, Hq, D), (stride, D, 1), before)  # [total_q, Hq, D]
-    q.copy_(case.q)
-    check(impl, PrefillCase(q, *case.args[1:]), window=5)
-    del q, flat
+@pytest.mark.parametrize("far", ["q-rows", "out-rows", "table-rows", "kv-heads"])
+def test_rows_and_heads_widened_to_int64(impl, runtime, far):
+    """L4's offsets past 2**31 elements whose strides fit in int32, one tensor at a time, with a window and
+    sinks: q's rows, or out's, 3 * 2**26 elements apart (rows from 11 on start past 2**31); block_tables'
+    rows 1.5 * 2**30 entries apart (b * stride_bt wraps from sequence 2 on); the caches' KV heads 1.5 *
+    2**30 elements apart (Hkv = 3: head0 from tl.program_id(0) is int32, kvh * stride_kh wraps for KV head
+    2). Sparse files on a CPU."""
+    sinks = make_sinks(6 if far == "kv-heads" else 4, 403, runtime.device)
+    if far == "q-rows":
+        case = make_prefill_case([9, 14], [5, 12], 4, 2, 64, 8, stream=400, device=runtime.device)
+        check(impl, PrefillCase(_rows_past_int32(case.q, runtime), *case.args[1:]), window=5, sinks=sinks)
+    elif far == "out-rows":
+        case = make_prefill_case([9, 14], [5, 12], 4, 2, 64, 8, stream=404, device=runtime.device)
+        out = _rows_past_int32(torch.full_like(case.q, float("nan")), runtime)  # unwritten rows stay NaN
+        impl.unified_attention(*case.args, window=5, sinks=sinks, out=out)
+        assert_close(out, unified_reference(*case.args, window=5, sinks=sinks)[0], DIMS)
+    elif far == "table-rows":
+        case = make_prefill_case([9, 14, 20], [5, 12, 3], 4, 2, 64, 8, stream=405, device=runtime.device)
+        case.block_tables = rows_far_apart(case.block_tables, runtime)
+        check(impl, case, window=6, sinks=sinks)
+    else:  # decode rows beside a chunk of 20 new tokens
+        case = make_prefill_case([20, 9, 30], [1, 1, 20], 6, 3, 64, 8, stream=406, device=runtime.device)
+        k_cache, v_cache = (far_apart(c, runtime, dim=2) for c in (case.k_cache, case.v_cache))
+        assert 2 * k_cache.stride(2) >= 2**31 > k_cache.stride(2)
+        check(impl, PrefillCase(case.q, k_cache, v_cache, *case.args[3:]), window=7, sinks=sinks)
 
 
 def test_page_index_widened_to_int64(impl, runtime):
@@ -914,7 +1004,7 @@ MISTAKES = [
     Mistake(
         1,
         fails=(WORKED, "test_window_sizes[w1]", "test_window_on_prompts_without_a_prefix"),
-        messages=(r"window \+ 1 keys",),
+        messages=(r"window [+-] 1 keys",),
         question="Window 4 at position 9: is key 5 in the window? Count the keys your mask lets the row see.",
         section="2",
     ),
@@ -1071,6 +1161,7 @@ MISTAKES = [
         # 17 splits fit a merge tile of 32: only more splits than the widest tile (64) holds tell.
         fails=("test_split_merge_reads_every_tile_of_splits",),
         passes=("test_split_band_merges_every_split",),
+        messages=(r"without the splits past the merge's first tile",),
         question="65 splits and a merge tile of at most 64: which splits does your merge read, and where is "
         "the 65th split's share of the band?",
         section="3.4",
@@ -1083,6 +1174,59 @@ MISTAKES = [
         question="Split s stored lse_s in natural log. What weight does the merge give it, e^(lse_s - max) or "
         "2^(lse_s - max), and which does your merge compute?",
         section="3.4",
+    ),
+    Mistake(
+        15,
+        # Weights in e and the rescale between tiles of splits in 2 (or the reverse): one tile of splits
+        # never rescales, so only the 65 splits tell, and the fitted weight of the first tile says how.
+        fails=("test_split_merge_reads_every_tile_of_splits",),
+        passes=("test_split_band_merges_every_split", "test_split_merge_weighs_each_split_by_its_lse"),
+        messages=(r"rescaled between tiles of splits in another base",),
+        question="The merge's running sum is rescaled by alpha when a later tile of splits raises the max: "
+        "in which base are your lse and your max, and is alpha an exponential in that base?",
+        section="3.4",
+    ),
+    Mistake(
+        20,
+        fails=("test_rows_and_heads_widened_to_int64",),
+        passes=(WORKED, "test_q_and_cache_strides_are_used", "test_page_index_widened_to_int64"),
+        question="One tensor's rows or heads lie past 2**31 elements here and their stride fits in int32: "
+        "in which integer type does your kernel multiply that index by its stride (q's and out's row, the "
+        "sequence index b, the head index)?",
+        section="3.1",
+    ),
+    Mistake(
+        21,
+        # Pure prefill: counting the window from the chunk is right there, so only this answer fits.
+        fails=("test_window_on_prompts_without_a_prefix", WORKED),
+        messages=(r"the window narrows the key loop and masks nothing",),
+        question="A tile's band starts at its first row's window, rounded down to a key tile: which keys of "
+        "that first tile does the tile's LAST row see, and which does your kernel let it see?",
+        section="3.2",
+    ),
+    Mistake(
+        22,
+        # Only mixed batches hold a q_len = 0 sequence, whose table row is garbage.
+        fails=("test_equals_l4_without_window_or_sinks", "test_large_ragged_batch"),
+        passes=(
+            WORKED,
+            "test_band_covers_every_row_of_a_tile",
+            "test_rows_past_a_sequence_end_not_written",
+            "test_keys_past_the_context_are_not_read",
+        ),
+        messages=(r"device guard fired|out of bounds load",),
+        question="A sequence with q_len = 0 still gets a tile: which keys would its program read, through "
+        "which table row, and where does your kernel return?",
+        section="3.2",
+    ),
+    Mistake(
+        23,
+        fails=("test_band_covers_every_row_of_a_tile", "test_split_band_merges_every_split"),
+        passes=(WORKED, "test_keys_past_the_context_are_not_read"),
+        messages=(r"elements before its start",),
+        question="A tile whose first row sits at position 3 with window 37: where does its band start, and "
+        "which keys does your first key tile load?",
+        section="3.2",
     ),
     Mistake(
         14,
