@@ -293,4 +293,17 @@ MUTANTS = [
         "alpha = tl.math.exp2(m_i - m_new)",
         "alpha = tl.exp(m_i - m_new)",
     ),
+    Mutant(
+        "search_compares_strictly",
+        "20. the sequence search's comparison strict (first tile < tile): a sequence's first tile goes to "
+        "the one before",
+        "if tl.load(cu_seqlens_ptr + mid) // BLOCK_Q + mid <= tile:",
+        "if tl.load(cu_seqlens_ptr + mid) // BLOCK_Q + mid < tile:",
+    ),
+    Mutant(
+        "running_max_of_raw_scores",
+        "34. the running max taken of the raw scores, not in the exponent's units",
+        "m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)",
+        "m_new = tl.maximum(m_i, tl.max(s, 1))",
+    ),
 ]

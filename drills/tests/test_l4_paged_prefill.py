@@ -23,6 +23,7 @@ from drills.grading.shared.launches import assert_grids_fit, assert_runs_a_trito
 from drills.tests import bf16_everywhere, fill_past_fp16_range, raises_naming, seeded, sizes
 from drills.tests.domain import Domain, checks_besides
 from drills.tests.paged_kv import (
+    CANARY,
     CONTEXT_LENS_BAD_INPUTS,
     GARBAGE_BLOCK_IDS,
     HEAD_DIMS,
@@ -198,9 +199,52 @@ def prefill_reference(
     return out, lse
 
 
-def check(impl, case, scale=None, **tol):
-    """paged_prefill on `case` against the prefill oracle: out [total_q, Hq, D]."""
-    return check_launch(impl.paged_prefill, prefill_reference, case, DIMS, scale, **tol)
+def unwritten_rows_note(out, case) -> str:
+    """A sentence on which rows of out were never written (they still hold the canary), when they are the
+    first rows of sequences and fall in one of two patterns, else "". The same count in every sequence
+    after the first: its first tile went to the sequence before it (the search's comparison). b times a
+    count in sequence b: every tile of sequence b computed rows b tiles past its own (tok0 without + b)."""
+    canary = torch.tensor(CANARY, dtype=out.dtype, device=out.device)  # as out's dtype rounds it
+    never = (out == canary).flatten(1).all(dim=1).tolist()  # [total_q]
+    cu = case.cu_seqlens_q.tolist()
+    seqs = []  # (b, q_len, leading rows never written)
+    for b in range(len(cu) - 1):
+        rows = never[cu[b] : cu[b + 1]]
+        k = next((i for i, gone in enumerate(rows) if not gone), len(rows))
+        if any(rows[k:]):
+            return ""  # rows lost after written ones: another mistake
+        if rows:
+            seqs.append((b, len(rows), k))
+    if len(seqs) < 3 or seqs[0][2] != 0:
+        return ""
+    partial = [(b, n, k) for b, n, k in seqs[1:] if 0 < k < n]
+    if not partial:
+        return ""  # every later sequence wholly unwritten (or whole): the two patterns look alike
+    b0, _, k0 = partial[0]
+    if all(k == min(k0, n) for _, n, k in seqs[1:]):
+        return (
+            f"the first {k0} rows of every sequence after the first were never written: each one's first "
+            "tile was given to the sequence before it"
+        )
+    if k0 % b0 == 0 and all(k == min(b * k0 // b0, n) for b, n, k in seqs[1:]):
+        return (
+            f"sequence b's first b x {k0 // b0} rows were never written: every tile of sequence b computed "
+            "rows b tiles past its own"
+        )
+    return ""
+
+
+def check(impl, case, scale=None, explain=None, **tol):
+    """paged_prefill on `case` against the prefill oracle: out [total_q, Hq, D]. A mismatch says which
+    rows were never written when they follow a pattern (unwritten_rows_note), and explain(out, ref), when
+    given, adds a sentence of its own."""
+    out = launch_into_canary(impl.paged_prefill, case, scale)
+    ref, _ = prefill_reference(*case.args, scale=scale)
+    problem = mismatch(out, ref, DIMS, **tol)
+    if problem is not None:
+        notes = [unwritten_rows_note(out, case), explain(out, ref) if explain else ""]
+        raise AssertionError("\n".join([problem, *[n for n in notes if n]]))
+    return out
 
 
 def check_lse(impl, case):
@@ -393,8 +437,10 @@ def test_cu_seqlens_mark_where_each_sequence_starts(impl, runtime):
     has rows past a sequence's end: sequence b's new tokens are rows cu_seqlens_q[b] to
     cu_seqlens_q[b + 1] - 1 of q, no more and no fewer."""
     tokens = impl._config(64)[0]
-    q_lens = [tokens, 2 * tokens]
-    ctx = [tokens + 7, 2 * tokens]
+    # Three sequences: the first rows a misnumbered tile leaves unwritten grow with b in one mistake
+    # (tok0 without + b) and stay one tile in another (the search's < for <=); two cannot tell them apart.
+    q_lens = [tokens, 2 * tokens, 2 * tokens]
+    ctx = [tokens + 7, 2 * tokens, 2 * tokens + 5]
     case = make_prefill_case(ctx, q_lens, 2, 2, 64, 8, stream=137, device=runtime.device)
     check(impl, case)
 
@@ -579,6 +625,28 @@ def test_max_starts_at_minus_inf(impl, runtime):
     row stores 0 / 0. A chunk after a prefix, and a decode row."""
     case = make_prefill_case([30, 17], [12, 1], 4, 2, 64, 8, stream=189, device=runtime.device)
     check(impl, shift_scores(case, -128.0))
+
+
+UNITS_NOTE = (
+    "every key's weight under- or overflowed where the scores are large: the running max is not in the "
+    "units exp2 sees (score times scale times log2 e)"
+)
+
+
+def every_weight_lost(out, ref) -> str:
+    """UNITS_NOTE when rows that the oracle finds finite came out NaN, inf or all zero, else ""."""
+    lost = ~out.float().isfinite() | (out.float() == 0).all(dim=-1, keepdim=True)
+    return UNITS_NOTE if bool((lost & ref.isfinite() & (ref != 0)).any()) else ""
+
+
+def test_running_max_in_the_units_of_the_exponent(impl, runtime):
+    """Every score is about +40 (scale * q . k, shift_scores). The max that shifts the exponent must be in
+    the exponent's own units: m = max(s * qk_scale). A max of the raw scores q . k, 8 times the score at
+    D = 64, makes p = exp2(s * qk_scale - m) = 2^-262 for every key here: l = 0 and the row stores 0 / 0
+    (and scores of -40 overflow). Scores near 0 hide it: the shift cancels unless it under- or overflows.
+    A max that starts at 0 passes here (a max of 57.7 is above it)."""
+    case = make_prefill_case([30, 17], [12, 1], 4, 2, 64, 8, stream=193, device=runtime.device)
+    check(impl, shift_scores(case, 40.0), explain=every_weight_lost)
 
 
 def test_online_softmax_rescales_old_tiles(impl, runtime):
@@ -1336,6 +1404,18 @@ MISTAKES = [
         section="3.4",
     ),
     Mistake(
+        20,
+        # The search's comparison strict (first tile < tile): a tile that is exactly a sequence's first
+        # goes to the sequence before, where tok0 >= q_len returns, so every later sequence loses one tile
+        # of first rows. Sequence 0 is right; the rows lost do not grow with b as pitfall 24's do.
+        fails=(WORKED, "test_cu_seqlens_mark_where_each_sequence_starts"),
+        passes=("test_online_softmax_rescales_old_tiles", "test_chunked_prefill_equals_one_call"),
+        messages=(r"first tile was given to the sequence before it",),
+        question="Tile 4 is exactly sequence 3's first tile (cu_seqlens_q[3] // BLOCK_Q + 3 = 4): which "
+        "sequence does your search give it, and does it compare the first tile with <= or with <?",
+        section="3.4",
+    ),
+    Mistake(
         24,
         # Sequence 0 is right (b = 0): one-sequence cases pass, every batch of two or more fails, even
         # where the later sequences are empty (their tiles then land on rows that are not theirs).
@@ -1346,6 +1426,8 @@ MISTAKES = [
             "test_sequence_search_covers_every_sequence[130-seqs]",
         ),
         passes=("test_online_softmax_rescales_old_tiles", "test_chunked_prefill_equals_one_call"),
+        # The rows it loses grow with b (unwritten_rows_note); the search's < for <= loses one tile each.
+        messages=(r"rows b tiles past its own",),
         question="One sequence passes and every batch fails: sequence b's first tile is cu_seqlens_q[b] // "
         "BLOCK_Q + b; which first tile does your tok0 subtract?",
         section="3.4",
@@ -1409,6 +1491,16 @@ MISTAKES = [
         passes=(WORKED, "test_online_softmax_rescales_old_tiles", "test_lse_is_natural_log"),
         question="Every score is about -128 here: what is your running max after the first key tile, if it "
         "starts at 0, and what is exp2 of the scores minus it?",
+        section="3.6",
+    ),
+    Mistake(
+        34,
+        # NaN or zeros where the scores are large, and right where they are near 0 (the worked example).
+        fails=("test_running_max_in_the_units_of_the_exponent", "test_max_starts_at_minus_inf"),
+        passes=(WORKED,),
+        messages=(r"the running max is not in the units exp2 sees",),
+        question="Every score is about +40 here: in which units is your running max, and what is "
+        "exp2(s * qk_scale - m) for the largest key when m is the max of the raw scores q . k?",
         section="3.6",
     ),
     Mistake(
