@@ -402,6 +402,18 @@ MUTANTS = [
         "        seq.preemptions += 1\n",
     ),
     Mutant(
+        "written_slots_kept_between_steps",
+        "14. a slot written twice in one step (the step's set of written slots kept from step to step)",
+        "    seen = set()  # slots written by this step\n",
+        '    seen = _TYPECODES.setdefault("seen", set())  # kept at module level, from step to step\n',
+    ),
+    Mutant(
+        "num_cached_of_the_first_admission",
+        "22. num_cached from the raw prefix hits (the first admission's, kept past a readmission)",
+        "            seq.num_cached = seq.num_computed\n",
+        "            if not seq.preemptions:\n                seq.num_cached = seq.num_computed\n",
+    ),
+    Mutant(
         "pool_exact_fit_refused",
         "33. a request that fills the pool exactly refused",
         "        if need > capacity:\n",

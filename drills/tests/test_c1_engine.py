@@ -835,6 +835,15 @@ MISTAKES = [
         "step, and how many requests can your admission take in one step?",
         section="3.3",
     ),
+    # The step's set of written slots kept from step to step: every slot an earlier step wrote gets -1.
+    Mistake(
+        14,
+        fails=("test_prepare_inputs_slots_follow_the_block_table",),
+        messages=(r"the same step prepared a second time",),
+        question="Your prepare_inputs gives a slot -1 when a row of the step wrote it already: which rows "
+        "does the set it looks in hold in the step after?",
+        section="4.1",
+    ),
     Mistake(
         27,
         fails=("test_sampling_params_rejects_bad_values",),
@@ -1052,6 +1061,12 @@ def test_prepare_inputs_slots_follow_the_block_table(impl):
     assert got["slot_mapping"] == want["slot_mapping"], (
         f"slot_mapping is {got['slot_mapping']}, expected {want['slot_mapping']} (tables "
         f"{want['block_tables']}, block size {BLOCK})"
+    )
+    # The same step again: prepare_inputs is a function of its arguments, nothing kept between calls.
+    again, _, _ = hand_step(impl)
+    assert again["slot_mapping"] == want["slot_mapping"], (
+        f"the same step prepared a second time gives slot_mapping {again['slot_mapping']}, the first time "
+        f"{got['slot_mapping']}: something of the first call was kept for the second"
     )
 
 
@@ -2034,7 +2049,8 @@ def test_num_cached_counts_the_hits_the_request_used(impl):
     """num_cached (Completion.cached_tokens, the engine's cached_tokens and hit rate) is the prompt tokens
     a request did not compute at its admission: its usable hits, at most num_tokens - 1 (section 3.4).
     After P (8 tokens) ends: P again (8 hit, 7 usable), P + 3 tokens (8), and the same new 10-token
-    prompt twice in one step (the second finds 8 by their keys, none computed yet: 0)."""
+    prompt twice in one step (the second finds 8 by their keys, none computed yet: 0). Then the five
+    requests of the queue-order check, preempted and readmitted: num_cached is the last admission's."""
     rng = random.Random(seeded(30))
     first, fresh = tokens(rng, 2 * BLOCK), tokens(rng, 10)
     prompts = [first, list(first), first + tokens(rng, 3), fresh, list(fresh)]
@@ -2058,6 +2074,21 @@ def test_num_cached_counts_the_hits_the_request_used(impl):
         f"the engine counted {stats['cached_tokens']} cached and {stats['prefill_tokens']} computed of "
         f"{stats['prompt_tokens']} prompt tokens: num_cached must be what the request did not compute"
     )
+    rng = random.Random(seeded(29))
+    five = [tokens(rng, BLOCK) for _ in range(5)]
+    params = {i: dict(temperature=0.0, max_tokens=14, ignore_eos=True) for i in range(5)}
+    run = serve(impl, Watched(8), five, params=params, max_num_seqs=3)
+    what = "five requests, three running in a pool of 8 blocks"
+    assert_no_error(run, what)
+    queued = set(range(5))  # waiting before the step: a step that schedules one of them admits it
+    for k, (step, done, cached) in enumerate(zip(run["steps"], run["computed"], run["cached"]), start=1):
+        for (i, _), c, n in zip(step, done, cached):
+            assert i not in queued or n == c, (
+                f"{what}: request {'ABCDE'[i]} was admitted at step {k} computing from position {c}, with "
+                f"num_cached = {n}: num_cached records the hits of the last admission (a readmission after "
+                "a preemption included)"
+            )
+        queued = set(run["queues"][k - 1]["waiting"])
 
 
 def test_same_prompt_twice_in_one_step_matches_the_oracle(impl):
