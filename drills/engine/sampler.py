@@ -24,10 +24,12 @@ from the engine's generator (torch's default CPU generator when it is None).
 
 No Python loop over rows touches the device and nothing waits for it: the rows' parameters go over in
 one non-blocking copy (pinned memory on a GPU), and sample_on_device returns the tokens as a device
-tensor. A step whose rows are all greedy is one argmax. On a GPU two Triton kernels do the per-row
-work: cutoff_kernel the top_k / top_p thresholds over the rows sorted once, race_kernel the race with
-its noise made in registers. Elsewhere torch ops give the same tokens: cutoff() on the sorted rows (the
-definition), race() over an (R, V) tensor of noise. threshold_kernel finds the same thresholds with no
+tensor. A step whose rows are all greedy is one argmax. On a GPU (draw_keyed) the probabilities are
+never written out: softmax_stats_kernel takes each row's max and sum, cutoff_kernel the top_k / top_p
+thresholds over the logits sorted once, and race_kernel the race with its noise made in registers, each
+computing a token's probability from its logit; the cuts are thresholds on the logits, so that no
+comparison depends on how a GPU rounds one probability in two kernels. Elsewhere torch ops give the same
+tokens: cutoff() on the sorted rows (the definition), race() over an (R, V) tensor of noise. threshold_kernel finds the same thresholds with no
 sort (each is one of the row's probabilities, searched by its float bits, several pivots a pass, as
 FlashInfer's top_k_top_p_sampling_from_probs searches pivots); it is off (SORT_FREE) because it measured
 slower than the sort.
@@ -123,23 +125,14 @@ def cutoff(s: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.T
 
 
 @triton.jit
-def _probs_tile(row, i, inside, t, top, total, FROM_LOGITS: tl.constexpr):
-    """A tile of a row's probabilities (BLOCK,) float32, 0 outside it: loaded from a row of
-    probabilities, or, FROM_LOGITS, softmax(x / t) of the row's logits x from its stats (top the max of
-    x / t, total the sum of exp(x / t - top)), written as probabilities() writes it."""
-    if FROM_LOGITS:
-        x = tl.load(row + i, mask=inside, other=float("-inf")).to(tl.float32)
-        return tl.exp(x / t - top) / total
-    else:
-        return tl.load(row + i, mask=inside, other=0.0)
-
-
-@triton.jit
 def _keys_and_probs(row, i, inside, t, top, total, FROM_LOGITS: tl.constexpr):
-    """A tile's (keys, probabilities), (BLOCK,) float32 each: the values a cut compares, and the ones it
-    sums. The keys are the loaded values themselves, the logits (FROM_LOGITS) or the probabilities, so
-    that a comparison with a threshold loaded from memory is exact: a probability computed in one
-    kernel, or in a scalar, need not round as the same probability computed elsewhere on a GPU."""
+    """A tile's (keys, probabilities), (BLOCK,) float32 each, 0 probability outside it: the values a cut
+    compares, and the ones it sums and the race scores. FROM_LOGITS, the probabilities are softmax(x / t)
+    of the row's logits x from its stats (top the max of x / t, total the sum of exp(x / t - top)),
+    written as probabilities() writes it. The keys are the loaded values themselves, the logits
+    (FROM_LOGITS) or the probabilities, so that a comparison with a threshold loaded from memory is
+    exact: on a GPU a probability computed in one kernel, or as a scalar, need not round as the same
+    probability computed elsewhere."""
     if FROM_LOGITS:
         x = tl.load(row + i, mask=inside, other=float("-inf")).to(tl.float32)
         return x, tl.exp(x / t - top) / total
@@ -164,7 +157,7 @@ def _row_softmax(temp_ptr, top_ptr, total_ptr, r, FROM_LOGITS: tl.constexpr):
 
 @triton.jit
 def softmax_stats_kernel(logits_ptr, temp_ptr, top_ptr, total_ptr, V, stride_r, BLOCK: tl.constexpr):
-    """Each row's softmax stats over its logits at its temperature, for _probs_tile: top = max(x / t)
+    """Each row's softmax stats over its logits at its temperature, for _keys_and_probs: top = max(x / t)
     and total = sum(exp(x / t - top)), two passes over the row (the second mostly from L2). logits (R, V)
     any float dtype (row stride stride_r); temperature, top, total (R,) float32."""
     r = tl.program_id(0)
