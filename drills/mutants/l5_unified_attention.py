@@ -180,4 +180,10 @@ MUTANTS = [
         "band_lo = tl.maximum(prefix + tok0 - window + 1, 0) // BLOCK_N * BLOCK_N",
         "band_lo = (prefix + tok0 - window + 1) // BLOCK_N * BLOCK_N",
     ),
+    Mutant(
+        "shares_counted_from_key_0",
+        "24. a share of the band counted from key 0 (s0 = split * per, band_lo left out)",
+        "s0 = band_lo + split * per",
+        "s0 = split * per",
+    ),
 ]

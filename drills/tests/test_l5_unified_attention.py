@@ -1229,6 +1229,27 @@ MISTAKES = [
         section="3.2",
     ),
     Mistake(
+        24,
+        # Every band that starts past key 0 loses its end, unsplit too; bands from key 0 (the worked example,
+        # no window, a window past the context) are whole. Loading tiles before the band passes the window
+        # checks, and a band computed for one row passes the keys-past-the-context one.
+        fails=(
+            "test_window_sizes",
+            "test_band_covers_every_row_of_a_tile",
+            "test_keys_past_the_context_are_not_read",
+            "test_tiles_outside_the_band_are_never_loaded",
+        ),
+        passes=(
+            WORKED,
+            WORKED_SINK,
+            "test_equals_l4_without_window_or_sinks",
+            "test_split_merge_reads_every_tile_of_splits",
+        ),
+        question="A decode row at position 100 with window 40: its band is keys 48-100. Which keys does your "
+        "first (or only) share of the band start and stop at, and is band_lo in that sum?",
+        section="3.4",
+    ),
+    Mistake(
         14,
         fails=("test_planner_splits_small_decode_batches_only",),
         messages=(r"padding rows are not decode rows|min\(context, window\)",),
