@@ -306,4 +306,10 @@ MUTANTS = [
         "m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)",
         "m_new = tl.maximum(m_i, tl.max(s, 1))",
     ),
+    Mutant(
+        "running_max_of_each_tile_alone",
+        "10. the running max taken of each key tile alone (m_new = the tile's max, not max(m_i, it))",
+        "m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)",
+        "m_new = tl.max(s, 1) * qk_scale",
+    ),
 ]

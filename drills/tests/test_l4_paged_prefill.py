@@ -649,9 +649,32 @@ def test_running_max_in_the_units_of_the_exponent(impl, runtime):
     check(impl, shift_scores(case, 40.0), explain=every_weight_lost)
 
 
-def test_online_softmax_rescales_old_tiles(impl, runtime):
+def _falling_scores_case(runtime):
+    """A decode row (one token, so no tile is masked for some rows only) whose scores fall with the key
+    position: about +60 in the first key tile, -60 after it. The running max must stay at the first
+    tile's: m_new = max(m_i, the tile's max). Taken from each tile alone, it falls by 120 / ln 2 = 173 in
+    base 2, and alpha = exp2(m_old - m_new) = 2^173 overflows to inf. Rising scores hide it (the tile's
+    max is then the running one)."""
+    n, D = 80, 64
+    # One sequence, as the rising case: the sequence search's mistakes must pass both.
+    case = make_prefill_case([n], [1], 4, 1, D, 8, stream=197, device=runtime.device)
+    shift = torch.where(torch.arange(n) < 16, 60.0, -60.0)  # [n]: the score each key position adds
+    for b, ctx in enumerate(case.context_lens.tolist()):
+        t = torch.arange(ctx, device=runtime.device)
+        blocks, slots = case.block_tables[b].long()[t // 8], t % 8
+        case.k_cache[blocks, slots, 0, 0] = shift[:ctx].to(case.q.dtype).to(runtime.device)
+    case.q[:, :, 0] = math.sqrt(D)  # scale * q . k gains the key's shift from feature 0
+    return case
+
+
+@pytest.mark.parametrize("scores", ["rising", "falling"])
+def test_online_softmax_rescales_old_tiles(impl, runtime, scores):
     """Scores rise with the key position, so the running max grows tile after tile: dropping the rescale
-    factor alpha = exp2(m_old - m_new) leaves the early tiles over-weighted."""
+    factor alpha = exp2(m_old - m_new) leaves the early tiles over-weighted. Falling: _falling_scores_case,
+    where the running max must not fall."""
+    if scores == "falling":
+        check(impl, _falling_scores_case(runtime))
+        return
     n, D = sizes(runtime, 80, 2000), 64
     case = make_prefill_case([n], [4], 4, 1, D, 8, stream=191, device=runtime.device)
     t = torch.arange(n, device=runtime.device)
@@ -1270,6 +1293,23 @@ MISTAKES = [
         passes=("test_scale_is_applied", WORKED),
         question="When a later key tile raises a row's max, what happens in your kernel to the l and the "
         "acc summed under the old max, and is alpha an exponential in the base the max is kept in?",
+        section="3.6",
+    ),
+    Mistake(
+        10,
+        # The max taken of each tile alone: right while scores rise, and a later tile that is all masked
+        # for some rows (the diagonal's) or scores far lower overflows alpha. The diagonal's NaN alone
+        # looks like pitfall 8; decode rows with falling scores, which pitfall 8 passes, tell them apart.
+        fails=("test_online_softmax_rescales_old_tiles[falling]", "test_diagonal_tiles_are_masked"),
+        passes=(
+            WORKED,
+            "test_online_softmax_rescales_old_tiles[rising]",
+            "test_scale_is_applied",
+            "test_max_starts_at_minus_inf",
+        ),
+        messages=(r"NaN/inf values",),
+        question="A decode row's scores are +60 in its first key tile and -60 after it: what is your running "
+        "max after the second tile, and what alpha rescales the first tile's sum?",
         section="3.6",
     ),
     Mistake(
