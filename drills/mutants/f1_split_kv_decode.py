@@ -290,4 +290,10 @@ MUTANTS = [
         "m_new = tl.maximum(m, tl.max(lse, axis=0))",
         "m_new = tl.zeros([1], dtype=tl.float32) + tl.max(lse, axis=0)",
     ),
+    Mutant(
+        "split_max_from_one_tile",
+        "32. the split's running max taken from each key tile alone, not kept across tiles",
+        "m_new = tl.maximum(m_i, tl.max(s, axis=1))",
+        "m_new = tl.max(s, axis=1)",
+    ),
 ]

@@ -272,6 +272,19 @@ def test_max_starts_at_minus_inf(impl, runtime):
     assert lse.max().item() < -104, "every head's lse should be below fp32's exp range here"
 
 
+@pytest.mark.parametrize("splits", [1, 2], ids=["one-split", "two-splits"])
+def test_running_max_never_falls(impl, runtime, splits):
+    """Scores fall with the key position: +60 in the first 16-token tile, -60 in the four after it. The
+    running max must stay at the first tile's, m_new = max(m_i, the tile's max). Taken from each tile
+    alone, it falls by 120 / ln 2 = 173 in base 2, and alpha = exp2(m_old - m_new) = 2^173 overflows
+    to inf. Rising scores hide it (the tile's max is then the running one), and so do splits of one tile
+    each: two splits of 48 tokens keep split 0's fall inside it."""
+    n = 80
+    case = make_paged_case([n], 1, 1, 64, 16, device=runtime.device, stream=30)
+    scores = torch.where(torch.arange(n) < 16, 60.0, -60.0)
+    check(impl, _with_scores(case, scores), plan=impl.plan(case.context_lens, 1, 16, num_splits=splits))
+
+
 def test_q_strides_are_used(impl, runtime):
     """q is every other head of a [B, 2 * Hq, D] buffer (stride(1) = 2 * D), the other heads NaN: a
     kernel that steps through q by D per head reads them. Unsplit and split."""
@@ -974,6 +987,7 @@ STAGES = [
             "test_many_splits_merge_with_rescale",
             "test_split_merge_shifts_by_the_max",
             "test_max_starts_at_minus_inf",
+            "test_running_max_never_falls",
             "test_q_strides_are_used",
             "test_table_rows_are_read_through_their_stride",
             "test_cache_strides_are_used",
@@ -1297,6 +1311,22 @@ MISTAKES = [
         question="More than 64 splits are merged in groups: when a later group has a larger lse, what "
         "happens to the running sum of the earlier groups' weights?",
         section="3.5",
+    ),
+    Mistake(
+        32,
+        # The split's running max taken of each key tile alone: right while scores rise (the tile's max is
+        # then the running one) and with splits of one tile; falling scores overflow alpha to inf.
+        fails=("test_running_max_never_falls",),
+        passes=(
+            EVERY_SPLIT,
+            "test_many_splits_merge_with_rescale",
+            "test_max_starts_at_minus_inf",
+            "test_split_merge_shifts_by_the_max",
+        ),
+        messages=(r"NaN/inf values",),
+        question="Scores are +60 in the first key tile and -60 after it: what is your running max after the "
+        "second tile, and what alpha then rescales the first tile's sum?",
+        section="3.3",
     ),
     Mistake(
         31,
