@@ -496,8 +496,26 @@ def use_lent(manager):
         manager.block_table("nobody")
     except KeyError:
         seen.append("KeyError")
-    seen.append(manager.allocate is manager.allocate)
+    seen.append(manager.allocate == manager.allocate)
     return seen, manager
+
+
+def looks(manager):
+    # What learner code can ask of an object's kind, without a dunder: the same for the grader's
+    # lent manager as for a real one (a file that branched on it would be graded on another path).
+    made = type(manager)(4, 4)
+    return [
+        type(manager).__name__,
+        str(type(manager)),
+        repr(manager).split(" object at ")[0],
+        type(manager.allocate).__name__,
+        repr(manager.allocate).split(" of ")[0],
+        manager.allocate is manager.allocate,
+        hasattr(manager, "events"),
+        hasattr(type(manager), "allocate"),
+        str(type(made)),
+        made.num_free_blocks,
+    ]
 """
 
 
@@ -513,9 +531,47 @@ def test_lent_object_lives_in_the_grader_and_raises_built_in_errors(remote):
     seen, returned = impl.use_lent(wire.Lent(manager))
     assert seen[:3] == [4, 8, [0, 1]], seen
     assert seen[3][0] == "ValueError" and "out of KV blocks" in seen[3][1], seen
-    assert seen[4:] == ["KeyError", True], "a method read twice is one callback; KeyError arrives as itself"
+    assert seen[4:] == ["KeyError", True], (
+        "a method read twice is the same method; KeyError arrives as itself"
+    )
     assert returned is manager, "a lent object sent back is the grader's own object"
     assert manager.block_table("a") == [0, 1] and manager.num_free_blocks == 6, "the calls ran on it"
+
+
+def test_lent_object_looks_like_the_object_it_poses_as(remote):
+    """A grader's recording wrapper lent as L3's BlockManager (wire.Lent(wrapper, like=manager)) reads,
+    to learner code, as a real BlockManager in its process would: its type's name and text, its repr,
+    its methods' type, the names it has and lacks, and its class builds a new manager."""
+    from drills.grading.shared import wire
+    from drills.solutions.l3_prefix_cache import BlockManager
+
+    class Recording:  # the grader's wrapper: names of its own the learner's code must not see
+        def __init__(self, manager):
+            self.manager, self.events = manager, []
+
+        def allocate(self, seq_id, token_ids):
+            self.events.append(seq_id)
+            return self.manager.allocate(seq_id, token_ids)
+
+    impl, _ = remote(L3, USES_A_LENT_MANAGER)
+    real = BlockManager(8, 4)
+    wrapper = Recording(real)
+    got = impl.looks(wire.Lent(wrapper, like=real))
+    made = BlockManager(4, 4)
+    want = [
+        "BlockManager",
+        str(BlockManager),
+        repr(real).split(" object at ")[0],
+        "method",
+        repr(real.allocate).split(" of ")[0],
+        False,
+        False,
+        True,
+        str(BlockManager),
+        made.num_free_blocks,
+    ]
+    assert got == want, (got, want)
+    assert impl.use_lent(wire.Lent(wrapper, like=real))[0][2] == [0, 1] and wrapper.events == ["a", "b"]
 
 
 # --- The diagnosis engine ------------------------------------------------------------------------

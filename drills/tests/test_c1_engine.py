@@ -181,9 +181,11 @@ class Watched:
 
 
 def lend(watched: Watched):
+    """The pool as your scheduler sees it: L3's BlockManager (its class, its names), the recording
+    wrapper's calls run in the grader's process."""
     from drills.grading.shared import wire
 
-    return wire.Lent(watched)
+    return wire.Lent(watched, like=watched.manager)
 
 
 # --- Serving requests with your scheduler, inside your process ----------------------------------------
@@ -220,13 +222,14 @@ def _tensor_meta(step) -> dict:
     return meta
 
 
-def _serve(module, manager, prompts, waves, stream, engine_args, params=None):
+def _serve(module, manager, prompts, waves, stream, engine_args, params=None, num_events=None):
     """Run the engine (drills/engine/engine.py) with the learner's Scheduler, Sequence and prepare_inputs.
 
     prompts      token lists; waves: lists of request indexes, each wave added once the one before ended
     params       SamplingParams keyword arguments per request (default: greedy, 6 tokens, ignore_eos)
     engine_args  EngineConfig's scheduler options (max_num_seqs, max_num_batched_tokens,
                  chunked_prefill) and the engine's eos_id
+    num_events   the grader's count of the pool's calls so far (a callable)
     Returns plain data: each request's tokens and the logits (T, V) each was drawn from, every step's
     [(request, num_new)], [num_computed], [num_tokens], [num_cached], inputs (slot_mapping, cu_seqlens_q,
     context_lens, block_tables, logits_rows as lists, and each field's dtype, shape and device), the
@@ -256,7 +259,7 @@ def _serve(module, manager, prompts, waves, stream, engine_args, params=None):
         computed.append([item.seq.num_computed for item in scheduled])
         totals.append([item.seq.num_tokens for item in scheduled])
         cached.append([item.seq.num_cached for item in scheduled])
-        marks.append(manager.num_events)  # the pool's calls up to this step's schedule() included
+        marks.append(num_events())  # the pool's calls up to this step's schedule() included
         scheduler = holder["engine"].scheduler
         queues.append(
             {
@@ -353,7 +356,11 @@ def serve(impl, watched, prompts, waves=None, stream=None, params=None, **engine
     waves = waves if waves is not None else [list(range(len(prompts)))]
     stream = seeded(WEIGHTS_STREAM) if stream is None else stream
     engine_args = dict(max_num_seqs=8, max_num_batched_tokens=64) | engine_args
-    return probe(impl, _serve, lend(watched), prompts, waves, stream, engine_args, params)
+
+    def num_events():  # the recording wrapper's, which the pool lent as L3's BlockManager does not show
+        return watched.num_events
+
+    return probe(impl, _serve, lend(watched), prompts, waves, stream, engine_args, params, num_events)
 
 
 def assert_no_error(run, what: str):
@@ -1878,10 +1885,9 @@ def test_preempted_sampled_request_keeps_its_random_stream(impl):
 def test_request_longer_than_the_pool_is_refused(impl):
     """A request that could never fit the pool, even alone, is refused when added (ValueError), rather than
     waiting forever."""
-    from drills.grading.shared import wire
 
     watched = Watched(4)
-    scheduler = impl.Scheduler(wire.Lent(watched), max_num_seqs=4, max_num_batched_tokens=64)
+    scheduler = impl.Scheduler(lend(watched), max_num_seqs=4, max_num_batched_tokens=64)
     prompt = tokens(random.Random(seeded(17)), 4 * BLOCK + 3)
     seq = impl.Sequence(0, prompt, impl.SamplingParams(temperature=0.0, max_tokens=4))
     with raises_naming(ValueError, r"(?i)pool|blocks|kv"):
@@ -1895,13 +1901,12 @@ def test_add_refuses_what_cannot_be_recomputed_whole_without_chunks(impl):
     prompt with max_tokens 6 (11 tokens): accepted, it would run until its first preemption and then
     never fit a step again ('the scheduler scheduled nothing while requests wait'). max_tokens 5 (10
     tokens) fits, and max_tokens 6 is fine with chunked prefill."""
-    from drills.grading.shared import wire
 
     prompt = tokens(random.Random(seeded(32)), 6)
 
     def scheduler(chunked):
         return impl.Scheduler(
-            wire.Lent(Watched(64)), max_num_seqs=4, max_num_batched_tokens=10, chunked_prefill=chunked
+            lend(Watched(64)), max_num_seqs=4, max_num_batched_tokens=10, chunked_prefill=chunked
         )
 
     def request(seq_id, max_tokens):

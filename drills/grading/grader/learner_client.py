@@ -82,6 +82,14 @@ def _rebuild_error(info: dict) -> BaseException:
     return exc
 
 
+def _names_of(fn) -> tuple[str, str, str]:
+    """(module, qualname, name) of a callable of the grader's, for the function that stands for it."""
+    name = getattr(fn, "__name__", None) or type(fn).__name__
+    qualname = getattr(fn, "__qualname__", None) or name
+    module = getattr(fn, "__module__", None) or type(fn).__module__
+    return (str(module), str(qualname), str(name))
+
+
 class LearnerProcess:
     """One learner file served by a child process, restarted after a crash or a timeout."""
 
@@ -96,6 +104,7 @@ class LearnerProcess:
         self.callbacks: dict[int, object] = {}
         self.lent: set[int] = set()  # keys of callbacks that are wire.Lent objects or their methods
         self.lent_methods: dict[tuple[int, str], object] = {}  # (key, name) -> the bound method handed out
+        self.lent_like: dict[int, object] = {}  # key -> the object a lent one poses as (wire.Lent's like)
         self.pending_release: list[int] = []
         self.options: dict = {"orders": True, "provenance": False}
         self.ready: dict = {}
@@ -284,6 +293,9 @@ class LearnerProcess:
             if message[0] == "callback_getattr":
                 self._run_getattr(message)
                 continue
+            if message[0] == "callback_new":
+                self._run_new(message)
+                continue
             return message
 
     def _run_callback(self, message) -> None:
@@ -299,15 +311,31 @@ class LearnerProcess:
         (the same one for every read of that name), anything else by value."""
         _, key, name = message
         target = self.callbacks[key]
+        like = self.lent_like.get(key, target)
         try:
-            value = getattr(target, name)
-            if callable(value) and getattr(value, "__self__", None) is target:
+            # Only the names the object it poses as has (a recording wrapper's own, `events`, raise that
+            # object's AttributeError); the wrapper answers those it wraps, the object the rest.
+            if not hasattr(like, name):
+                getattr(like, name)
+            value = getattr(target if hasattr(target, name) else like, name)
+            if callable(value) and not isinstance(value, type) and not wire.is_plain(value):
+                # A method or a function (never pickled: a reference's function would not import there)
+                bound = getattr(value, "__self__", None) in (target, like)
                 value = self.lent_methods.setdefault((key, name), value)
                 self.callbacks[id(value)] = value
                 self.lent.add(id(value))
-                reply = ("method", value)
+                reply = ("method" if bound else "function", value)
             else:
                 reply = ("result", value)
+        except Exception as exc:
+            reply = self._lent_error(exc)
+        self.conn.send_bytes(wire.dumps(reply, self.known, self._handle))
+
+    def _run_new(self, message) -> None:
+        """The learner's code called a lent object's class: a new object of the real class, lent too."""
+        _, key, args, kwargs = message
+        try:
+            reply = ("result", wire.Lent(type(self.lent_like.get(key, self.callbacks[key]))(*args, **kwargs)))
         except Exception as exc:
             reply = self._lent_error(exc)
         self.conn.send_bytes(wire.dumps(reply, self.known, self._handle))
@@ -369,12 +397,14 @@ class LearnerProcess:
         if isinstance(obj, wire.Lent):
             key = id(obj.obj)
             self.callbacks[key] = obj.obj  # kept alive (and its key unique) as long as this process
+            self.lent_like[key] = obj.like
             self.lent.add(key)
-            return ("L", key)
+            return ("L", key, wire.class_view(type(obj.like)))
         if callable(obj) and not wire.is_plain(obj) and not isinstance(obj, type):
             key = id(obj)
             self.callbacks[key] = obj
-            return ("C", key)
+            # Its names travel, so that the learner's process holds a plain function named as it is
+            return ("C", key, _names_of(obj))
         return None
 
     def _resolve(self, pid):

@@ -16,6 +16,7 @@ import linecache
 import os
 import sys
 import traceback
+import types
 
 from drills.grading.learner.instrument import _relative, fresh_memory
 from drills.grading.learner.run_call import run_call
@@ -99,8 +100,8 @@ class Server:
     def handle(self, obj):
         if self.wire.is_plain(obj) or (isinstance(obj, BaseException) and _by_value(type(obj))):
             return None
-        if type(obj) is LentObject:
-            return ("L", object.__getattribute__(obj, "_key"))
+        if isinstance(obj, LentObject):
+            return ("L", _LENT[id(obj)][1])
         bound_to = getattr(obj, "__self__", None)
         if (
             bound_to is not None
@@ -131,10 +132,12 @@ class Server:
         if pid[0] == "M":
             return getattr(self.objects[pid[1]], pid[2])
         if pid[0] == "C":
-            return Callback(self, pid[1])
+            return _standing_function(Callback(self, pid[1]), *pid[2:])
         if pid[0] == "L":
             if pid[1] not in self.lent:
-                self.lent[pid[1]] = LentObject(self, pid[1])
+                proxy = object.__new__(_lent_class(self, pid[1], *pid[2:]))
+                _LENT[id(proxy)] = (self, pid[1], {})
+                self.lent[pid[1]] = proxy  # kept: one proxy per key, for the process's life
             return self.lent[pid[1]]
         raise ValueError(f"unknown reference {pid!r}")
 
@@ -300,37 +303,90 @@ def _callback_reply(kind, value):
     return value
 
 
+# The learner's code sees a lent object (wire.Lent) as the object it poses as: the proxy's class bears that
+# class's name, module and members, its repr is object's, its methods are bound methods. What the proxy
+# needs (the server, the key, the callbacks) is kept here, off the proxy, where no attribute reaches it.
+_LENT: dict[int, tuple] = {}  # id(proxy) -> (server, key, {name: callback})
+_LENT_CLASSES: dict[tuple, type] = {}  # (module, qualname, members) -> the proxies' class
+_CLASS_OF: dict[type, tuple] = {}  # the proxies' class -> (server, key of an object of it)
+
+
 class LentObject:
     """An object the grader lent (wire.Lent): every attribute read asks the grader, which keeps the
-    object; its methods come back as callbacks (kept here: a method's code does not change), other
-    values by value. Read-only."""
+    object; its methods are called there, other values come back by value. An attribute set here stays
+    on the proxy (the grader's object is never written)."""
 
-    __slots__ = ("_server", "_key", "_methods")
-
-    def __init__(self, server: Server, key: int):
-        object.__setattr__(self, "_server", server)
-        object.__setattr__(self, "_key", key)
-        object.__setattr__(self, "_methods", {})
+    def __new__(cls, *args, **kwargs):
+        # Calling the class, as the real one builds a new object: the grader builds one and lends it
+        server, key = _CLASS_OF[cls]
+        server.send(("callback_new", key, args, kwargs))
+        return _callback_reply(*server.receive())
 
     def __getattr__(self, name):
-        if name.startswith("__") and name.endswith("__"):
-            raise AttributeError(name)
-        methods = object.__getattribute__(self, "_methods")
-        if name in methods:
-            return methods[name]
-        server = object.__getattribute__(self, "_server")
-        server.send(("callback_getattr", object.__getattribute__(self, "_key"), name))
+        if (name.startswith("__") and name.endswith("__")) or id(self) not in _LENT:
+            raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
+        server, key, callbacks = _LENT[id(self)]
+        server.send(("callback_getattr", key, name))
         kind, value = server.receive()
-        if kind == "method":
-            methods[name] = value
-            return value
+        cls = type(self)
+        if kind == "method":  # a callable of the object's own (not of its class): bound, as it would be
+            return types.MethodType(
+                _standing_function(value, cls.__module__, f"{cls.__qualname__}.{name}", name), self
+            )
+        if kind == "function":
+            return _standing_function(value, cls.__module__, name, name)
         return _callback_reply(kind, value)
 
-    def __setattr__(self, name, value):
-        raise AttributeError(f"the grader's object is read-only here: cannot set {name}")
-
     def __repr__(self):
-        return f"<an object lent by the grader (key {object.__getattribute__(self, '_key')})>"
+        return f"<{type(self).__module__}.{type(self).__qualname__} object at {hex(id(self))}>"
+
+
+def _lent_class(server: Server, key: int, view: tuple = ("builtins", "object", ())) -> type:
+    """The class of the proxies of lent objects whose class has this (module, qualname, members)."""
+    module, qualname, members = view
+    known = (module, qualname, tuple((name, kind) for name, kind, _ in members))  # values may not hash
+    if known not in _LENT_CLASSES:
+        namespace = {"__module__": module, "__qualname__": qualname}
+        for name, kind, value in members:
+            if kind == "method":
+                namespace[name] = _lent_method(module, qualname, name)
+            elif kind == "property":
+                namespace[name] = property(_lent_method(module, qualname, name, read=True))
+            else:
+                namespace[name] = value
+        _LENT_CLASSES[known] = type(qualname.rsplit(".", 1)[-1], (LentObject,), namespace)
+    cls = _LENT_CLASSES[known]
+    _CLASS_OF.setdefault(cls, (server, key))
+    return cls
+
+
+def _lent_method(module: str, qualname: str, name: str, read: bool = False):
+    """A method of the proxies' class: runs the lent object's method `name` in the grader (read: the
+    getter of its property `name`)."""
+
+    def method(self, *args, **kwargs):
+        server, key, callbacks = _LENT[id(self)]
+        if read or name not in callbacks:
+            server.send(("callback_getattr", key, name))
+            kind, value = server.receive()
+            if read or kind not in ("method", "function"):
+                return _callback_reply(kind, value)
+            callbacks[name] = value
+        return callbacks[name](*args, **kwargs)
+
+    method.__name__, method.__qualname__, method.__module__ = name, f"{qualname}.{name}", module
+    return method
+
+
+def _standing_function(callback: Callback, module: str = "", qualname: str = "", name: str = ""):
+    """A plain function that calls a callable of the grader's, named as that callable is."""
+
+    def function(*args, **kwargs):
+        return callback(*args, **kwargs)
+
+    if name:
+        function.__name__, function.__qualname__, function.__module__ = name, qualname, module
+    return function
 
 
 def _probe(module_name: str, qualname: str):

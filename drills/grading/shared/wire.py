@@ -14,13 +14,16 @@ A message is pickled, with three kinds of object sent by reference rather than b
   callables of the grader (a hash_fn passed to the learner's code) travel as a handle too; calling
             one from the learner's process asks the grader to run it.
   lent      objects of the grader wrapped in `Lent(obj)` (C1 lends its L3 BlockManager to the
-            learner's scheduler, which may not import the reference) travel as a handle ("L", key);
-            the learner's process holds a proxy whose attribute reads ask the grader
-            ("callback_getattr", key, name): plain values come back by value, methods as callbacks.
+            learner's scheduler, which may not import the reference) travel as a handle ("L", key,
+            class_view); the learner's process holds a proxy of a class rebuilt as the lent object's
+            (its name, module and members), whose attribute reads ask the grader
+            ("callback_getattr", key, name): plain values come back by value, methods as callbacks;
+            calling the class asks the grader for a new object of the real class ("callback_new").
             A built-in exception the object raises (ValueError when the pool is out of blocks,
-            KeyError) reaches the learner's code as the same class; a plain callback's failure
-            stays a RuntimeError. The proxy is read-only, and the grader keeps the object itself, so
-            a test can inspect it after the learner's code used it.
+            KeyError, AttributeError) reaches the learner's code as the same class; a plain
+            callback's failure stays a RuntimeError. The grader's object is never written: an
+            attribute the learner's code sets stays on its proxy. The grader keeps the object itself,
+            so a test can inspect it after the learner's code used it.
 """
 
 from __future__ import annotations
@@ -58,12 +61,39 @@ PLAIN = (
 class Lent:
     """An object of the grader's, passed to the learner's process by handle (see the module docstring):
     `impl.f(wire.Lent(manager))`. The learner's code reads its attributes and calls its methods; every
-    read and call runs here, in the grader's process, on the object itself."""
+    read and call runs here, in the grader's process, on the object itself.
 
-    __slots__ = ("obj",)
+    like: the object the learner's code takes it for (default: obj itself). A grader's wrapper that
+    records the calls (C1's Watched around L3's BlockManager) lends itself as the object it wraps: the
+    proxy's class bears like's class's name, module and members, and a name like lacks raises like's
+    AttributeError, so the learner's code cannot tell the grader's object from the one it is used with
+    (by its type, its repr, its methods' type, or the wrapper's own attributes) and branch on that."""
 
-    def __init__(self, obj):
+    __slots__ = ("obj", "like")
+
+    def __init__(self, obj, like=None):
         self.obj = obj
+        self.like = obj if like is None else like
+
+
+def class_view(cls: type) -> tuple:
+    """(module, qualname, members) of a lent object's class, as the learner's process rebuilds it:
+    members are (name, "method" | "property" | "value", value) for every name that is not a dunder,
+    plain values by value."""
+    import inspect
+
+    members = []
+    for name in dir(cls):
+        if name.startswith("__") and name.endswith("__"):
+            continue
+        static = inspect.getattr_static(cls, name)
+        if isinstance(static, property):
+            members.append((name, "property", None))
+        elif callable(static) or isinstance(static, (staticmethod, classmethod)):
+            members.append((name, "method", None))
+        elif is_plain(static):
+            members.append((name, "value", static))
+    return (cls.__module__, cls.__qualname__, tuple(members))
 
 
 def tensors_in(value, found=None) -> list:
