@@ -283,4 +283,38 @@ MUTANTS = [
         "seq = tl.load(tile_seqs_ptr + t * MEMBERS + member, mask=offs_r < MEMBERS * GROUP, other=-1)",
         "seq = tl.load(tile_seqs_ptr + t * MEMBERS + member)",
     ),
+    Mutant(
+        "running_max_from_one_tile",
+        "30. the running max taken from each key tile alone, not kept across tiles",
+        "m_new = tl.maximum(m_i, tl.max(s, axis=1))",
+        "m_new = tl.max(s, axis=1)",
+    ),
+    Mutant(
+        "prefix_len_of_the_tile",
+        "31. the prefix kernel reads prefix_lens[t] for tile t, not its group's",
+        "plen = tl.load(prefix_lens_ptr + g, mask=(g >= 0) & (g < G), other=-1)",
+        "plen = tl.load(prefix_lens_ptr + t, mask=t < G, other=0)",
+    ),
+    Mutant(
+        "suffix_splits_from_token_0",
+        "32. suffix splits cut from token 0 and clipped to start after the prefix",
+        "    s0 = start + split * chunk\n    o, lse, bad_page, bad_id = _attend_tiles(\n        q,\n        k_cache_ptr,\n"
+        "        v_cache_ptr,\n        block_tables_ptr + b * stride_bt,\n        kvh,\n        s0,\n"
+        "        tl.minimum(s0 + chunk, ctx),",
+        "    s0 = tl.maximum(start, split * chunk)\n    o, lse, bad_page, bad_id = _attend_tiles(\n        q,\n"
+        "        k_cache_ptr,\n        v_cache_ptr,\n        block_tables_ptr + b * stride_bt,\n        kvh,\n"
+        "        s0,\n        tl.minimum(split * chunk + chunk, ctx),",
+    ),
+    Mutant(
+        "max_prefix_of_every_group",
+        "33. the plan's max_prefix taken over every group, memberless ones included",
+        "    max_prefix = max(plens[g] for g in members)\n",
+        "    max_prefix = max(plens)\n",
+    ),
+    Mutant(
+        "fallback_told_to_cascade",
+        "34. the suffix stage told to cascade in a plan that does not",
+        "CASCADE=cplan.cascade",
+        "CASCADE=True",
+    ),
 ]

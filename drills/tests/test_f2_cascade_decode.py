@@ -406,12 +406,14 @@ def test_shared_pages_read_from_the_tiles_first_member(impl, runtime):
     """One group, 1, whose members are sequences 2 and 3: the prefix tile finds the shared pages in its
     first member's table row (row 2), not in row g = 1, which holds sequence 1's own pages. In every
     other one-group case the first member is sequence 0, so the two rows coincide. Group 0
-    (prefix_lens[0] = 48, past every context) has no member, as when an engine keeps a prefix whose
-    requests have all finished: no tile, and its length is never read. Every other case has a group 0
-    with members, which hides a merge that takes group 0 for no group (-1 is none)."""
+    (prefix_lens[0] = 1024, past every context and past the table's 5 columns) has no member, as when
+    an engine keeps a prefix whose requests have all finished: no tile, and its length is never read,
+    nor planned for (a plan whose max_prefix counts it is past the table's capacity). Every other case
+    has a group 0 with members, which hides a merge that takes group 0 for no group (-1 is none)."""
     case, groups, plens = cascade_case(
-        [45, 20, 40, 33], [-1, -1, 1, 1], [48, 32], device=runtime.device, stream=35
+        [45, 20, 40, 33], [-1, -1, 1, 1], [1024, 32], device=runtime.device, stream=35
     )
+    assert 1024 > case.block_tables.shape[1] * 16  # group 0's prefix: past what a table row holds
     check(impl, case, groups, plens, plan=forced(impl, case, groups, plens, suffix_splits=1))
 
 
@@ -644,12 +646,34 @@ def test_bad_group_values_on_the_device_are_contained(impl, runtime, name):
     )
 
 
+def _falling_scores_case(runtime):
+    """Scores that fall with the key position in both stages: +60 in the prefix's first 16-token tile and
+    in each suffix's first, -60 in every tile after them. The running max must stay at the first tile's,
+    m_new = max(m_i, the tile's max). Taken from each tile alone, it falls by 120 / ln 2 = 173 in base 2,
+    and alpha = exp2(m_old - m_new) = 2^173 overflows to inf. Rising scores hide it (the tile's max is
+    then the running one), and so does a range of one tile."""
+    plen, D = 32, 64
+    case, groups, plens = cascade_case(
+        [plen + 40, plen + 37], [0, 0], [plen], 4, 1, D, device=runtime.device, stream=37
+    )
+    PAGE = case.k_cache.shape[1]
+    for b, ctx in enumerate(case.context_lens.tolist()):
+        t = torch.arange(ctx)
+        high = (t < 16) | ((t >= plen) & (t < plen + 16))  # each stage's first tile
+        blocks, slots = case.block_tables[b].cpu().long()[t // PAGE], t % PAGE
+        shift = torch.where(high, 60.0, -60.0).to(case.q.dtype).to(runtime.device)
+        case.k_cache[blocks.to(runtime.device), slots.to(runtime.device), :, 0] = shift[:, None]
+    case.q[:, :, 0] = math.sqrt(D)  # scale * q . k gains the key's shift from feature 0
+    return case, groups, plens
+
+
 def test_lse_is_natural_log(impl, runtime):
     """lse must equal torch.logsumexp of the scaled scores (base e), with the default scale and another;
     then with every score about -128 (L2's pitfall 10), through both stages (a group sharing 32 tokens,
     a sequence in no group; one chunk and one split, so no part is empty): a running max that starts at 0
     stays 0, every exp2 underflows (2^-184 is below fp32's smallest) and l = 0, so the part looks empty
-    and the row stores 0. Every other case scores near 0."""
+    and the row stores 0. Last, scores that fall (_falling_scores_case): a running max taken of each key
+    tile alone overflows its rescale. Every other case scores near 0."""
     case, groups, plens = cascade_case([40, 33], [0, 0], [16], device=runtime.device, stream=19)
     plan = forced(impl, case, groups, plens, suffix_splits=1)
     check(impl, case, groups, plens, plan=plan)
@@ -663,6 +687,17 @@ def test_lse_is_natural_log(impl, runtime):
     except AssertionError as e:
         raise AssertionError(f"every score about -128: {e}") from None
     assert lse.max().item() < -100, "every head's lse should be far below 0 here"
+    falling, groups, plens = _falling_scores_case(runtime)
+    try:
+        check(
+            impl,
+            falling,
+            groups,
+            plens,
+            plan=forced(impl, falling, groups, plens, prefix_chunks=1, suffix_splits=1),
+        )
+    except AssertionError as e:
+        raise AssertionError(f"scores +60 in the first key tile of each stage, -60 after: {e}") from None
 
 
 def test_equals_paged_decode(impl, runtime):
@@ -1096,6 +1131,81 @@ STAGES = [
 
 MHA = "test_prefix_tile_rows_map_to_heads[group1-MHA]"
 MISTAKES = [
+    Mistake(
+        30,
+        # The running max taken of each key tile alone: right while scores rise and over one tile; scores
+        # that fall by 120 overflow alpha to inf.
+        fails=("test_lse_is_natural_log",),
+        passes=(
+            "test_worked_example_three_requests",
+            "test_prefix_counted_once",
+            "test_merge_rescales_when_a_later_tile_of_slots_raises_the_max",
+        ),
+        messages=(r"scores \+60 in the first key tile",),
+        question="Scores are +60 in the first key tile and -60 after it: what is your running max after the "
+        "second tile, and what alpha then rescales the first tile's sum?",
+        section="3.2",
+    ),
+    Mistake(
+        31,
+        # prefix_lens[t] for tile t: right while every group has one tile and group g's is tile g.
+        fails=("test_members_one_past_the_tile", "test_shared_pages_read_from_the_tiles_first_member"),
+        passes=(
+            "test_worked_example_three_requests",
+            "test_prefix_counted_once",
+            "test_groups_of_one_member",
+            "test_every_prefix_chunk_count_matches",
+        ),
+        question="A group of 3 members in tiles of 2, then a group of 2: which tiles are group 1's, and which "
+        "entry of prefix_lens does your prefix kernel read for each tile?",
+        section="3.1",
+    ),
+    Mistake(
+        32,
+        # Suffix split s cut at [s * chunk, (s + 1) * chunk) from token 0, clipped to start after the prefix:
+        # a context within one chunk passes (the worked example), and the fallback (every start 0).
+        fails=(
+            "test_prefix_counted_once",
+            "test_every_suffix_split_count_matches",
+            "test_page_sizes[1]",
+            MHA,
+        ),
+        passes=(
+            "test_worked_example_three_requests",
+            "test_fallback_equals_split_kv",
+            "test_merge_states_equals_one_shot_softmax",
+        ),
+        question="A 64-token prefix, a context of 84 and one suffix split of 32 tokens: which tokens does your "
+        "suffix split read, and from which token does it count its chunk?",
+        section="3.3",
+    ),
+    Mistake(
+        33,
+        # max_prefix over every group, memberless ones included: the plan passes the table's capacity.
+        fails=("test_shared_pages_read_from_the_tiles_first_member",),
+        messages=(r"past the block table's capacity",),
+        passes=(
+            "test_worked_example_three_requests",
+            "test_tiles_hold_one_group",
+            "test_prefix_counted_once",
+        ),
+        question="prefix_lens = [1024, 32] and only group 1 has members: which prefix does the plan's "
+        "max_prefix have to cover, and which does your plan() take?",
+        section="3.5",
+    ),
+    Mistake(
+        34,
+        # CASCADE on in a plan that does not cascade: every member starts after a prefix nothing reads.
+        fails=("test_fallback_equals_split_kv", "test_table_rows_exactly_full[fallback]"),
+        passes=(
+            "test_table_rows_exactly_full[cascade]",
+            "test_worked_example_three_requests",
+            "test_prefix_counted_once",
+        ),
+        question="A plan with cascade = False runs no prefix stage: from which token does your suffix stage "
+        "start a member of group 0, and who reads its prefix?",
+        section="3.3",
+    ),
     Mistake(
         29,
         # prefix_group[b] > 0 taken for "in a group": group 0's members lose their prefix in the merge.
