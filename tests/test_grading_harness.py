@@ -574,6 +574,46 @@ def test_lent_object_looks_like_the_object_it_poses_as(remote):
     assert impl.use_lent(wire.Lent(wrapper, like=real))[0][2] == [0, 1] and wrapper.events == ["a", "b"]
 
 
+KEEPS_ANSWERS = """
+
+_ONES = torch.ones(4)  # a constant made at import: no call left it
+_MEMO = {}
+
+
+def memo_add(x, y):
+    # An answer kept by shape: a later call with the same shapes would return it without computing.
+    key = tuple(x.shape)
+    if key not in _MEMO:
+        _MEMO[key] = vector_add(x, y)
+    return _MEMO[key]
+
+
+def default_add(x, y, _kept=[]):
+    _kept.append(vector_add(x, y))
+    return _kept[-1]
+
+
+def plain_add(x, y):
+    return vector_add(x, y)
+"""
+
+
+def test_a_tensor_kept_between_calls_is_not_from_the_kernel(remote):
+    """A call that leaves a tensor in the module's state (a dict of answers, a default argument) fails:
+    a later call with the same shapes could return it without computing. A constant made at import, and
+    a call that keeps nothing, are fine."""
+    import torch
+
+    from drills.grading.shared.errors import NotFromKernel
+
+    impl, _ = remote(T1, KEEPS_ANSWERS)
+    x, y = torch.randn(8), torch.randn(8)
+    assert torch.equal(impl.plain_add(x, y), x + y)
+    for fn, name in ((impl.memo_add, "_MEMO"), (impl.default_add, "default_add")):
+        with pytest.raises(NotFromKernel, match=f"left a tensor in `{name}`"):
+            fn(x, y)
+
+
 # --- The diagnosis engine ------------------------------------------------------------------------
 
 

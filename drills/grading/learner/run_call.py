@@ -6,10 +6,15 @@
 - with `provenance`, the evidence the grader's process judges (provenance.judge) goes back with the
   result: what the last launch left in each returned tensor, and the call's result and argument states
   once more with every Triton launch turned into a no-op (with the arguments' states before the call:
-  that run must leave them byte for byte as they were).
+  that run must leave them byte for byte as they were);
+- every call: a tensor the call left in the learner's module state (a dict of answers keyed by shapes,
+  a default argument, a function's attribute, a closure) fails it as not from the kernel, since a later
+  call with the same shapes could return it without computing, and no check changes only the values.
 """
 
 from __future__ import annotations
+
+import sys
 
 from drills.grading.learner.instrument import (
     DISABLED_POISON,
@@ -148,6 +153,102 @@ def _refuse_replaced_methods(args, kwargs, result) -> None:
             )
 
 
+def _held_tensors(module) -> dict[int, tuple]:
+    """{id: (tensor, the module-level name that reaches it)} for every tensor the learner's module holds:
+    in its globals, and in the containers, functions (defaults, attributes, closures), classes and
+    objects of its own they reach."""
+    import collections
+    import functools
+    import types
+
+    import torch
+
+    found: dict[int, tuple] = {}
+    if module is None:
+        return found
+    own, seen = module.__name__, set()
+
+    def ours(obj) -> bool:
+        return getattr(obj, "__module__", None) == own or getattr(type(obj), "__module__", None) == own
+
+    def walk(value, where: str, depth: int) -> None:
+        if depth > 6 or id(value) in seen:
+            return
+        seen.add(id(value))
+        if isinstance(value, torch.Tensor):
+            found[id(value)] = (value, where)
+            return
+        if isinstance(value, (str, bytes, int, float, complex, bool, type(None), types.ModuleType)):
+            return
+        if isinstance(value, dict):
+            items = [*value.keys(), *value.values()]
+        elif isinstance(value, (list, tuple, set, frozenset, collections.deque)):
+            items = list(value)
+        elif isinstance(value, functools.partial):
+            items = [value.func, *value.args, *value.keywords.values()]
+        elif isinstance(value, (staticmethod, classmethod)):
+            items = [value.__func__]
+        elif isinstance(value, property):
+            items = [value.fget, value.fset]
+        elif isinstance(value, types.FunctionType):
+            if value.__module__ != own:
+                return
+            cells = []
+            for cell in value.__closure__ or ():
+                try:
+                    cells.append(cell.cell_contents)
+                except ValueError:  # a cell not yet filled
+                    pass
+            items = [*(value.__defaults__ or ()), *(value.__kwdefaults__ or {}).values(), *cells]
+            items += list(vars(value).values())
+        elif isinstance(value, type):
+            if value.__module__ != own:
+                return
+            items = list(vars(value).values())
+        elif ours(value) and hasattr(value, "__dict__"):  # the file's objects, its kernels' attributes
+            items = list(vars(value).values())
+        else:
+            return
+        for item in items:
+            walk(item, where, depth + 1)
+
+    for name, value in list(vars(module).items()):
+        if not (name.startswith("__") and name.endswith("__")):
+            walk(value, name, 0)
+    return found
+
+
+def _refuse_kept_tensors(module, before: dict, graded_file: str | None) -> None:
+    """A tensor the call left in the module's state (a dict of answers keyed by shapes, a default
+    argument, a function's attribute, a closure) is an answer kept for a later call: that call can
+    return it without computing, and no check that changes the values but not the shapes ran. Each call
+    computes its answer in its kernel; a launcher keeps no tensor between calls."""
+    if module is None:
+        return
+    kept = [where for key, (_, where) in _held_tensors(module).items() if key not in before]
+    if not kept:
+        return
+    from drills.grading.shared.errors import NotFromKernel
+
+    name = kept[0]
+    exc = NotFromKernel(
+        f"the output did not come from your kernel: the call left a tensor in `{name}`, which lasts "
+        "from one call to the next (an answer kept for a later call with the same shapes returns without "
+        "computing); a launcher keeps no tensor between calls: allocate what each call needs and compute it "
+        "in the kernel"
+    )
+    if graded_file:
+        import linecache
+        import re
+
+        pattern = re.compile(rf"^\s*(def |class )?{re.escape(name)}\b")
+        for number, line in enumerate(linecache.getlines(graded_file), start=1):
+            if pattern.match(line):
+                exc.drills_where = (graded_file, number, line.strip())
+                break
+    raise exc
+
+
 def run_call(watch: TritonWatch, fn, args, kwargs, options: dict):
     """(the call's result, the provenance evidence or None): see the module docstring."""
     tensors = tensors_in(list(args) + list(kwargs.values()))
@@ -164,10 +265,13 @@ def run_call(watch: TritonWatch, fn, args, kwargs, options: dict):
     # Every call is watched for torch computing floats beside the kernels, not only the one that asks for
     # provenance: a launcher that hands the cases the provenance check does not make to torch is refused too.
     recorder = torch_compute_recorder(watch)
+    module = sys.modules.get(getattr(watch, "module_name", None) or "")
+    held = _held_tensors(module)  # the objects themselves: their ids stay theirs through the call
     try:
         with recorder:
             result = fn(*args, **kwargs)
         _refuse_replaced_methods(args, kwargs, result)
+        _refuse_kept_tensors(module, held, getattr(watch, "graded_file", None))
         _raise_device_errors()
     finally:
         watch.disabled = False
