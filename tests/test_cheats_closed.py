@@ -113,6 +113,10 @@ CHEATS = {
     "dunder_format_field": "_G = '{0.__globals__}'.format(validate.tensor)\n",
     "type_with_namespace": "_S = type('S', (torch.Tensor,), {})\n",
     "type_by_keywords": "_S = type('S', bases=(torch.Tensor,), dict={})\n",
+    # state kept on a library, where no walk of the file's own names looks (answers for a later call)
+    "library_attribute": "torch.kept = {}\n",
+    "library_class_attribute": "def _keep(t):\n    torch.Tensor.kept = t\n",
+    "library_setattr": "def _keep(t):\n    setattr(triton, 'kept', t)\n",
     # strings typing evaluates as code
     "string_annotation": "def _spy(a: 'eval(chr(95))'):\n    pass\n",
     "get_type_hints": "import typing\n_H = typing.get_type_hints\n",

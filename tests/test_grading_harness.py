@@ -575,6 +575,7 @@ def test_lent_object_looks_like_the_object_it_poses_as(remote):
 
 
 KEEPS_ANSWERS = """
+import functools
 
 _ONES = torch.ones(4)  # a constant made at import: no call left it
 _MEMO = {}
@@ -595,6 +596,20 @@ def default_add(x, y, _kept=[]):
 
 def plain_add(x, y):
     return vector_add(x, y)
+
+
+@functools.lru_cache(maxsize=None)
+def _cached(shape, box):
+    return box[0]
+
+
+def lru_add(x, y):
+    return _cached(tuple(x.shape), (vector_add(x, y),))
+
+
+def attribute_add(x, y):
+    x.kept = vector_add(x, y)
+    return x.kept
 """
 
 
@@ -606,12 +621,16 @@ def test_a_tensor_kept_between_calls_is_not_from_the_kernel(remote):
 
     from drills.grading.shared.errors import NotFromKernel
 
-    impl, _ = remote(T1, KEEPS_ANSWERS)
     x, y = torch.randn(8), torch.randn(8)
+    impl, _ = remote(T1, KEEPS_ANSWERS)
     assert torch.equal(impl.plain_add(x, y), x + y)
-    for fn, name in ((impl.memo_add, "_MEMO"), (impl.default_add, "default_add")):
-        with pytest.raises(NotFromKernel, match=f"left a tensor in `{name}`"):
-            fn(x, y)
+    with pytest.raises(NotFromKernel, match="set .kept"):
+        impl.attribute_add(torch.randn(8), y)
+    for fn, name in (("memo_add", "_MEMO"), ("default_add", "default_add"), ("lru_add", "_cached")):
+        impl, _ = remote(T1, KEEPS_ANSWERS)  # a process of its own: the first kept tensor is the one named
+        for _ in range(2):  # the call that keeps it, and the later one that could return it
+            with pytest.raises(NotFromKernel, match=f"a call left a tensor in `{name}`"):
+                getattr(impl, fn)(x, y)
 
 
 # --- The diagnosis engine ------------------------------------------------------------------------

@@ -499,7 +499,9 @@ def diagnose(
         c
         for c in failing
         if re.search(
-            r"torch computed floats|runs as Python inside the launch|kernel was given no tensor",
+            # (an answer kept from one call to the next, run_call._refuse_kept_tensors: as certain)
+            r"torch computed floats|runs as Python inside the launch|kernel was given no tensor|"
+            r"lasts from one call to the next",
             c.message or "",
         )
         and not _not_refused(c)

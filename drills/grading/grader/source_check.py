@@ -431,6 +431,23 @@ def _why(node: ast.AST, ctx: dict) -> str | None:
                     f"reads .{attr} through a class pattern, behind a name: a launcher uses the names it "
                     "defines or imports"
                 )
+    if (
+        isinstance(node, ast.Attribute)
+        and isinstance(node.ctx, (ast.Store, ast.Del))
+        and _chain_root(node.value) in roots
+    ) or (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in ("setattr", "delattr")
+        and node.args
+        and _chain_root(node.args[0]) in roots
+    ):
+        # torch.memo = {}: state that lasts between calls where no check of the file's own names looks
+        # (an answer kept for a later call), or a library's function replaced under the grader
+        return (
+            "sets an attribute of a library (torch, triton, math...): keep what the launcher needs in "
+            "its own names, and nothing from one call to the next"
+        )
     if isinstance(node, ast.Attribute):
         if _dunder(node.attr) and node.attr not in DUNDER_ATTRS:
             return f"reads .{node.attr}, behind a name: a launcher uses the names it defines or imports"

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 
 from drills.grading.learner.instrument import (
@@ -153,12 +154,17 @@ def _refuse_replaced_methods(args, kwargs, result) -> None:
             )
 
 
+_BEFORE_CALLS: dict = {}  # module name -> _held_tensors(module) before its first call
+
+
 def _held_tensors(module) -> dict[int, tuple]:
     """{id: (tensor, the module-level name that reaches it)} for every tensor the learner's module holds:
     in its globals, and in the containers, functions (defaults, attributes, closures), classes and
     objects of its own they reach."""
     import collections
+    import collections.abc
     import functools
+    import gc
     import types
 
     import torch
@@ -180,8 +186,12 @@ def _held_tensors(module) -> dict[int, tuple]:
             return
         if isinstance(value, (str, bytes, int, float, complex, bool, type(None), types.ModuleType)):
             return
-        if isinstance(value, dict):
+        if isinstance(value, (dict, collections.abc.Mapping)):
             items = [*value.keys(), *value.values()]
+        elif isinstance(value, functools._lru_cache_wrapper):  # its cache: a dict only gc reaches
+            items = gc.get_referents(value)
+        elif isinstance(value, types.GeneratorType):  # a generator's locals last between calls too
+            items = list(value.gi_frame.f_locals.values()) if value.gi_frame is not None else []
         elif isinstance(value, (list, tuple, set, frozenset, collections.deque)):
             items = list(value)
         elif isinstance(value, functools.partial):
@@ -219,34 +229,58 @@ def _held_tensors(module) -> dict[int, tuple]:
 
 
 def _refuse_kept_tensors(module, before: dict, graded_file: str | None) -> None:
-    """A tensor the call left in the module's state (a dict of answers keyed by shapes, a default
-    argument, a function's attribute, a closure) is an answer kept for a later call: that call can
-    return it without computing, and no check that changes the values but not the shapes ran. Each call
+    """A tensor a call left in the module's state (a dict of answers keyed by shapes, a default
+    argument, a function's attribute, a closure, an lru_cache) is an answer kept for a later call: that
+    call can return it without computing, and no check changes the values but not the shapes. Each call
     computes its answer in its kernel; a launcher keeps no tensor between calls."""
     if module is None:
         return
-    kept = [where for key, (_, where) in _held_tensors(module).items() if key not in before]
+    # a tensor made at import and since let go could leave its id to a kept one: the object itself decides
+    kept = [
+        where for key, (t, where) in _held_tensors(module).items() if before.get(key, (None,))[0] is not t
+    ]
     if not kept:
         return
     from drills.grading.shared.errors import NotFromKernel
 
     name = kept[0]
-    exc = NotFromKernel(
-        f"the output did not come from your kernel: the call left a tensor in `{name}`, which lasts "
+    line = _line_of(graded_file, rf"^\s*(def |class )?{re.escape(name)}\b")
+    raise NotFromKernel(
+        f"the output did not come from your kernel: a call left a tensor in `{name}`{line}, which lasts "
         "from one call to the next (an answer kept for a later call with the same shapes returns without "
         "computing); a launcher keeps no tensor between calls: allocate what each call needs and compute it "
         "in the kernel"
     )
-    if graded_file:
-        import linecache
-        import re
 
-        pattern = re.compile(rf"^\s*(def |class )?{re.escape(name)}\b")
-        for number, line in enumerate(linecache.getlines(graded_file), start=1):
-            if pattern.match(line):
-                exc.drills_where = (graded_file, number, line.strip())
-                break
-    raise exc
+
+def _line_of(graded_file: str | None, pattern: str) -> str:
+    """' (line N: `code`)' for the first line of the graded file that matches pattern; '' if none."""
+    import linecache
+
+    for number, line in enumerate(linecache.getlines(graded_file) if graded_file else (), start=1):
+        if re.search(pattern, line):
+            return f" (line {number}: `{line.strip()[:60]}`)"
+    return ""
+
+
+def _refuse_tensor_attributes(fn, args, kwargs, tensors, before: dict, graded_file: str | None) -> None:
+    """An attribute the call set on a tensor it was given (an answer kept on the KV cache, keyed by its
+    shapes) lasts as long as the tensor: a later call given the same tensor, its values changed in place,
+    could return it without computing. A launcher reads its arguments and writes their memory only."""
+    for t in tensors:
+        added = sorted(set(vars(t)) - before.get(id(t), set()))
+        if added:
+            from drills.grading.shared.errors import NotFromKernel
+
+            which = _argument_names(fn, args, kwargs).get(t.untyped_storage().data_ptr())
+            attr = re.escape(added[0])
+            line = _line_of(graded_file, rf"\b{attr}\b.*=|setattr\(.*\b{attr}\b")
+            raise NotFromKernel(
+                f"the output did not come from your kernel: the call set .{added[0]}{line} on the tensor "
+                f"{f'`{which}`' if which else 'it was given'}, which lasts from one call to the next (an "
+                "answer kept for a later call returns without computing); a launcher reads its arguments "
+                "and writes their memory, and keeps nothing on them"
+            )
 
 
 def run_call(watch: TritonWatch, fn, args, kwargs, options: dict):
@@ -266,12 +300,20 @@ def run_call(watch: TritonWatch, fn, args, kwargs, options: dict):
     # provenance: a launcher that hands the cases the provenance check does not make to torch is refused too.
     recorder = torch_compute_recorder(watch)
     module = sys.modules.get(getattr(watch, "module_name", None) or "")
-    held = _held_tensors(module)  # the objects themselves: their ids stay theirs through the call
+    # What the module held before its first call (constants made at import), the tensors themselves so that
+    # their ids stay theirs: every call is judged against it, so a call that returns a kept answer fails as
+    # the call that kept it did
+    key = getattr(module, "__name__", None)
+    if key not in _BEFORE_CALLS:
+        _BEFORE_CALLS[key] = _held_tensors(module)
+    held = _BEFORE_CALLS[key]
+    attributes = {id(t): set(vars(t)) for t in tensors}
     try:
         with recorder:
             result = fn(*args, **kwargs)
         _refuse_replaced_methods(args, kwargs, result)
         _refuse_kept_tensors(module, held, getattr(watch, "graded_file", None))
+        _refuse_tensor_attributes(fn, args, kwargs, tensors, attributes, getattr(watch, "graded_file", None))
         _raise_device_errors()
     finally:
         watch.disabled = False
