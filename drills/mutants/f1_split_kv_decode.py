@@ -296,4 +296,23 @@ MUTANTS = [
         "m_new = tl.maximum(m_i, tl.max(s, axis=1))",
         "m_new = tl.max(s, axis=1)",
     ),
+    Mutant(
+        "padding_rows_stored",
+        "33. the split's output stored for all GROUP_PAD rows, not only the GROUP heads",
+        "tl.store(o_rows, o.to(o_ptr.dtype.element_ty), mask=g_mask[:, None])",
+        "tl.store(o_rows, o.to(o_ptr.dtype.element_ty))",
+    ),
+    Mutant(
+        "plan_kept_for_the_buffer",
+        "34. plan=None reuses the plan made for the same context_lens buffer at an earlier call",
+        "        plan = _make_plan(context_lens, Hkv, PAGE)\n",
+        "        key = (context_lens.data_ptr(), B, Hkv, PAGE)\n"
+        "        try:\n"
+        "            kept = DecodePlan.kept\n"
+        "        except AttributeError:\n"
+        "            kept = DecodePlan.kept = {}\n"
+        "        if key not in kept:\n"
+        "            kept[key] = _make_plan(context_lens, Hkv, PAGE)\n"
+        "        plan = kept[key]\n",
+    ),
 ]

@@ -397,6 +397,10 @@ def test_page_sizes_gathered_token_by_token(impl, runtime, PAGE):
 
 
 def test_shared_and_shuffled_pages_single_sequence(impl, runtime):
+    """plan=None: the planner's own choice, for a batch whose sequences share pages, and for B = 1. Then
+    twice on one context_lens buffer: a serving loop writes each step's lengths into the same buffer, and
+    plan=None plans from this call's lengths; a plan kept for the buffer (by its address or its shape)
+    from an earlier call covers the old lengths, and a sequence grown past them loses its tail."""
     case = make_paged_case(
         sizes(runtime, [64, 40], [2048, 700]),
         8,
@@ -410,6 +414,17 @@ def test_shared_and_shuffled_pages_single_sequence(impl, runtime):
     check(impl, case)  # the planner's own choice
     one = make_paged_case([sizes(runtime, 150, 32768)], 32, 8, 128, 16, device=runtime.device, stream=7)
     check(impl, one)  # B = 1: the case split-KV exists for
+    step = make_paged_case([100, 70], 8, 2, 64, 16, device=runtime.device, stream=31)
+    grown = step.context_lens.clone()
+    step.context_lens.copy_(torch.tensor([16, 5], dtype=torch.int32))
+    check(impl, step)  # the earlier step's lengths
+    step.context_lens.copy_(grown)  # the same buffer, the next step's lengths
+    try:
+        check(impl, step)
+    except AssertionError as e:
+        raise AssertionError(
+            f"a second call, same context_lens buffer now holding [100, 70] (was [16, 5]), plan=None: {e}"
+        ) from None
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, bf16_everywhere()], ids=["fp16", "bf16"])
@@ -1311,6 +1326,37 @@ MISTAKES = [
         question="More than 64 splits are merged in groups: when a later group has a larger lse, what "
         "happens to the running sum of the earlier groups' weights?",
         section="3.5",
+    ),
+    Mistake(
+        33,
+        # Rows GROUP .. GROUP_PAD - 1 stored without the group mask: they land on the next KV head's heads
+        # (a write race with that head's program) and past out's last head.
+        fails=(
+            EVERY_SPLIT,
+            "test_last_page_is_masked",
+            "test_kv_head_grouping_is_contiguous",
+            "test_page_sizes_gathered_token_by_token",
+        ),
+        passes=(
+            "test_merge_states_equals_one_shot_softmax",
+            "test_merge_states_is_associative_and_handles_empty_parts",
+            "test_plan_never_returns_empty_or_zero_splits",
+            "test_plan_of_padding_sequences_has_one_split",
+        ),
+        messages=(r"write race|out of bounds store",),
+        question="GROUP = 4 pads to GROUP_PAD = 16 rows: which query heads do rows 4 to 15 name, and does "
+        "your store of o mask them?",
+        section="3.1",
+    ),
+    Mistake(
+        34,
+        # A plan kept from an earlier call for the same context_lens buffer: its lengths are the old ones.
+        fails=("test_shared_and_shuffled_pages_single_sequence",),
+        passes=(EVERY_SPLIT, "test_plan_splits_only_when_the_grid_is_starved"),
+        messages=(r"a second call, same context_lens buffer",),
+        question="The same context_lens tensor holds [16, 5] at one call and [100, 70] at the next, "
+        "plan=None both times: from which lengths is your second call's plan made?",
+        section="3.6",
     ),
     Mistake(
         32,
