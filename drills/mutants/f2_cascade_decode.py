@@ -317,4 +317,10 @@ MUTANTS = [
         "CASCADE=cplan.cascade",
         "CASCADE=True",
     ),
+    Mutant(
+        "saved_share_as_a_ratio",
+        "35. rule 1's saved share computed as a ratio, dividing by the batch's token count",
+        "        cascade = wide and saved >= CASCADE_SHARE * sum(lens)\n",
+        "        share = saved / sum(lens)\n        cascade = wide and share >= CASCADE_SHARE\n",
+    ),
 ]

@@ -866,6 +866,7 @@ def test_plan_cascades_only_when_it_pays_and_cuts_by_its_rules(impl):
         ([300] * 4, [0, 1, 2, 3], [288] * 4),
         ([4000] * 8, [0] * 8, [16]),
         ([300] * 8, [-1] * 8, []),
+        ([0] * 4, [-1] * 4, []),  # padding sequences only (a graph bucket with no request): no token at all
     ):
         p = impl.plan(lens, groups, plens, 32, 8, 16, device="cpu", num_sms=132)
         assert not p.cascade, f"{p}: nothing (or almost nothing) is read twice; cascading does not pay"
@@ -1131,6 +1132,16 @@ STAGES = [
 
 MHA = "test_prefix_tile_rows_map_to_heads[group1-MHA]"
 MISTAKES = [
+    Mistake(
+        35,
+        # Rule 1 as a ratio, saved / sum(context_lens): a batch of padding sequences only divides by 0.
+        fails=("test_plan_cascades_only_when_it_pays_and_cuts_by_its_rules",),
+        messages=(r"ZeroDivisionError",),
+        passes=("test_plan_covers_every_token_once", "test_plan_saves_every_read_but_one_per_group"),
+        question="Four padding sequences, every context 0: what is the total your plan() compares the saved "
+        "tokens with, and what does dividing by it give?",
+        section="3.5",
+    ),
     Mistake(
         30,
         # The running max taken of each key tile alone: right while scores rise and over one tile; scores
