@@ -504,7 +504,12 @@ def looks(manager):
     # What learner code can ask of an object's kind, without a dunder: the same for the grader's
     # lent manager as for a real one (a file that branched on it would be graded on another path).
     made = type(manager)(4, 4)
+    refs = manager._ref
+    counts = list(refs)
+    manager.allocate("z", [1, 2, 3])
     return [
+        refs is manager._ref,
+        refs != counts,
         type(manager).__name__,
         str(type(manager)),
         repr(manager).split(" object at ")[0],
@@ -559,6 +564,8 @@ def test_lent_object_looks_like_the_object_it_poses_as(remote):
     got = impl.looks(wire.Lent(wrapper, like=real))
     made = BlockManager(4, 4)
     want = [
+        True,  # the manager's own list, the same object on every read
+        True,  # and what it holds now, after a call changed it
         "BlockManager",
         str(BlockManager),
         repr(real).split(" object at ")[0],
@@ -571,7 +578,7 @@ def test_lent_object_looks_like_the_object_it_poses_as(remote):
         made.num_free_blocks,
     ]
     assert got == want, (got, want)
-    assert impl.use_lent(wire.Lent(wrapper, like=real))[0][2] == [0, 1] and wrapper.events == ["a", "b"]
+    assert impl.use_lent(wire.Lent(wrapper, like=real))[0][2] == [1, 2] and wrapper.events == ["z", "a", "b"]
 
 
 KEEPS_ANSWERS = """

@@ -136,7 +136,7 @@ class Server:
         if pid[0] == "L":
             if pid[1] not in self.lent:
                 proxy = object.__new__(_lent_class(self, pid[1], *pid[2:]))
-                _LENT[id(proxy)] = (self, pid[1], {})
+                _LENT[id(proxy)] = (self, pid[1], {}, {})
                 self.lent[pid[1]] = proxy  # kept: one proxy per key, for the process's life
             return self.lent[pid[1]]
         raise ValueError(f"unknown reference {pid!r}")
@@ -306,7 +306,7 @@ def _callback_reply(kind, value):
 # The learner's code sees a lent object (wire.Lent) as the object it poses as: the proxy's class bears that
 # class's name, module and members, its repr is object's, its methods are bound methods. What the proxy
 # needs (the server, the key, the callbacks) is kept here, off the proxy, where no attribute reaches it.
-_LENT: dict[int, tuple] = {}  # id(proxy) -> (server, key, {name: callback})
+_LENT: dict[int, tuple] = {}  # id(proxy) -> (server, key, {name: callback}, {name: container read})
 _LENT_CLASSES: dict[tuple, type] = {}  # (module, qualname, members) -> the proxies' class
 _CLASS_OF: dict[type, tuple] = {}  # the proxies' class -> (server, key of an object of it)
 
@@ -325,7 +325,7 @@ class LentObject:
     def __getattr__(self, name):
         if (name.startswith("__") and name.endswith("__")) or id(self) not in _LENT:
             raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
-        server, key, callbacks = _LENT[id(self)]
+        server, key, _, _ = _LENT[id(self)]
         server.send(("callback_getattr", key, name))
         kind, value = server.receive()
         cls = type(self)
@@ -335,10 +335,30 @@ class LentObject:
             )
         if kind == "function":
             return _standing_function(value, cls.__module__, name, name)
-        return _callback_reply(kind, value)
+        return _held(self, name, _callback_reply(kind, value))
 
     def __repr__(self):
         return f"<{type(self).__module__}.{type(self).__qualname__} object at {hex(id(self))}>"
+
+
+def _held(proxy, name: str, value):
+    """A container the lent object's attribute `name` holds (a list, a dict, a set) comes back by value,
+    a new copy each read: the proxy hands out one object per name instead, refilled in place from each
+    read and after each method call, so that it is the same object on every read, as the real object's
+    own list is, and shows what the object holds now."""
+    if not isinstance(value, (list, dict, set, bytearray)):
+        return value
+    held = _LENT[id(proxy)][3]
+    old = held.get(name)
+    if type(old) is not type(value):
+        held[name] = value
+        return value
+    if isinstance(old, (dict, set)):
+        old.clear()
+        old.update(value)
+    else:
+        old[:] = value
+    return old
 
 
 def _lent_class(server: Server, key: int, view: tuple = ("builtins", "object", ())) -> type:
@@ -365,14 +385,21 @@ def _lent_method(module: str, qualname: str, name: str, read: bool = False):
     getter of its property `name`)."""
 
     def method(self, *args, **kwargs):
-        server, key, callbacks = _LENT[id(self)]
+        server, key, callbacks, held = _LENT[id(self)]
         if read or name not in callbacks:
             server.send(("callback_getattr", key, name))
             kind, value = server.receive()
             if read or kind not in ("method", "function"):
-                return _callback_reply(kind, value)
+                return _held(self, name, _callback_reply(kind, value))
             callbacks[name] = value
-        return callbacks[name](*args, **kwargs)
+        try:
+            return callbacks[name](*args, **kwargs)
+        finally:
+            for attribute in list(held):  # the call may have changed them: as the real ones, in place
+                server.send(("callback_getattr", key, attribute))
+                kind, value = server.receive()
+                if kind == "result":
+                    _held(self, attribute, value)
 
     method.__name__, method.__qualname__, method.__module__ = name, f"{qualname}.{name}", module
     return method
