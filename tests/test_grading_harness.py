@@ -614,6 +614,19 @@ def lru_add(x, y):
     return _cached(tuple(x.shape), (vector_add(x, y),))
 
 
+_DEEP = [[[[[[[[[[{}]]]]]]]]]]
+
+
+def deep_add(x, y):
+    _DEEP[0][0][0][0][0][0][0][0][0][0][tuple(x.shape)] = vector_add(x, y)
+    return _DEEP[0][0][0][0][0][0][0][0][0][0][tuple(x.shape)]
+
+
+def kernel_add(x, y):
+    vector_add_kernel.kept = vector_add(x, y)
+    return vector_add_kernel.kept
+
+
 def attribute_add(x, y):
     x.kept = vector_add(x, y)
     return x.kept
@@ -633,7 +646,13 @@ def test_a_tensor_kept_between_calls_is_not_from_the_kernel(remote):
     assert torch.equal(impl.plain_add(x, y), x + y)
     with pytest.raises(NotFromKernel, match="set .kept"):
         impl.attribute_add(torch.randn(8), y)
-    for fn, name in (("memo_add", "_MEMO"), ("default_add", "default_add"), ("lru_add", "_cached")):
+    for fn, name in (
+        ("memo_add", "_MEMO"),
+        ("default_add", "default_add"),
+        ("lru_add", "_cached"),
+        ("deep_add", "_DEEP"),  # past any depth a walk could stop at
+        ("kernel_add", "vector_add_kernel"),
+    ):
         impl, _ = remote(T1, KEEPS_ANSWERS)  # a process of its own: the first kept tensor is the one named
         for _ in range(2):  # the call that keeps it, and the later one that could return it
             with pytest.raises(NotFromKernel, match=f"a call left a tensor in `{name}`"):

@@ -177,15 +177,13 @@ def _held_tensors(module) -> dict[int, tuple]:
     def ours(obj) -> bool:
         return getattr(obj, "__module__", None) == own or getattr(type(obj), "__module__", None) == own
 
-    def walk(value, where: str, depth: int) -> None:
-        if depth > 6 or id(value) in seen:
-            return
-        seen.add(id(value))
-        if isinstance(value, torch.Tensor):
-            found[id(value)] = (value, where)
-            return
+    from drills.grading.shared.launches import _kernel_classes
+
+    kernels = tuple(_kernel_classes())
+
+    def items_of(value) -> list:  # what value holds that lasts with it
         if isinstance(value, (str, bytes, int, float, complex, bool, type(None), types.ModuleType)):
-            return
+            return []
         if isinstance(value, (dict, collections.abc.Mapping)):
             items = [*value.keys(), *value.values()]
         elif isinstance(value, functools._lru_cache_wrapper):  # its cache: a dict only gc reaches
@@ -202,7 +200,7 @@ def _held_tensors(module) -> dict[int, tuple]:
             items = [value.fget, value.fset]
         elif isinstance(value, types.FunctionType):
             if value.__module__ != own:
-                return
+                return []
             cells = []
             for cell in value.__closure__ or ():
                 try:
@@ -213,18 +211,31 @@ def _held_tensors(module) -> dict[int, tuple]:
             items += list(vars(value).values())
         elif isinstance(value, type):
             if value.__module__ != own:
-                return
+                return []
             items = list(vars(value).values())
-        elif ours(value) and hasattr(value, "__dict__"):  # the file's objects, its kernels' attributes
-            items = list(vars(value).values())
+        elif ours(value) or isinstance(value, kernels):  # the file's objects, its kernels' attributes
+            items = list(vars(value).values()) if isinstance(getattr(value, "__dict__", None), dict) else []
+            for klass in type(value).__mro__:
+                for slot in klass.__dict__.get("__slots__", ()) if klass.__module__ == own else ():
+                    items.append(getattr(value, slot, None))
         else:
-            return
-        for item in items:
-            walk(item, where, depth + 1)
+            return []
+        return items
 
+    # Iterative, with no depth limit: a dict nested past any limit is no less kept
     for name, value in list(vars(module).items()):
-        if not (name.startswith("__") and name.endswith("__")):
-            walk(value, name, 0)
+        if name.startswith("__") and name.endswith("__"):
+            continue
+        stack = [value]
+        while stack:
+            item = stack.pop()
+            if id(item) in seen:
+                continue
+            seen.add(id(item))
+            if isinstance(item, torch.Tensor):
+                found[id(item)] = (item, name)
+            else:
+                stack.extend(items_of(item))
     return found
 
 
