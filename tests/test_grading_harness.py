@@ -520,6 +520,7 @@ def looks(manager):
         hasattr(type(manager), "allocate"),
         str(type(made)),
         made.num_free_blocks,
+        (manager._hash_fn.__name__, manager._hash_fn.__qualname__, manager._hash_fn.__module__),
     ]
 """
 
@@ -576,6 +577,7 @@ def test_lent_object_looks_like_the_object_it_poses_as(remote):
         True,
         str(BlockManager),
         made.num_free_blocks,
+        (real._hash_fn.__name__, real._hash_fn.__qualname__, real._hash_fn.__module__),  # a function it holds
     ]
     assert got == want, (got, want)
     assert impl.use_lent(wire.Lent(wrapper, like=real))[0][2] == [1, 2] and wrapper.events == ["z", "a", "b"]

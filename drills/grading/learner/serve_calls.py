@@ -132,7 +132,7 @@ class Server:
         if pid[0] == "M":
             return getattr(self.objects[pid[1]], pid[2])
         if pid[0] == "C":
-            return _standing_function(Callback(self, pid[1]), *pid[2:])
+            return _standing_function(Callback(self, pid[1]), *(pid[2] if len(pid) > 2 else ()))
         if pid[0] == "L":
             if pid[1] not in self.lent:
                 proxy = object.__new__(_lent_class(self, pid[1], *pid[2:]))
@@ -333,8 +333,10 @@ class LentObject:
             return types.MethodType(
                 _standing_function(value, cls.__module__, f"{cls.__qualname__}.{name}", name), self
             )
-        if kind == "function":
-            return _standing_function(value, cls.__module__, name, name)
+        if (
+            kind == "function"
+        ):  # a function it holds (a hash_fn): named as that function is, not as the attribute
+            return value
         return _held(self, name, _callback_reply(kind, value))
 
     def __repr__(self):
