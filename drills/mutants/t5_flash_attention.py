@@ -23,6 +23,18 @@ MUTANTS = [
         "tl.maximum(m0 + causal_shift + BLOCK_M, 0)",
     ),
     Mutant(
+        "diagonal_one_key_late",
+        "3. the unmasked loop runs one key past the first row's diagonal (m0 + shift + 2)",
+        "tl.maximum(m0 + causal_shift + 1, 0)",
+        "tl.maximum(m0 + causal_shift + 2, 0)",
+    ),
+    Mutant(
+        "masked_loop_one_key_short",
+        "3. the masked loop stops one key before the last row's diagonal",
+        "tl.maximum(m0 + BLOCK_M + causal_shift, 0)",
+        "tl.maximum(m0 + BLOCK_M + causal_shift - 1, 0)",
+    ),
+    Mutant(
         "last_key_block_unmasked",
         "4. the last key block read and scored unmasked",
         "in_range = cols < Nk",

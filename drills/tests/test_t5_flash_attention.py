@@ -402,6 +402,20 @@ def test_any_block_shape(impl, runtime, config, causal):
     assert_close(out, attention_reference(q, k, v, causal)[0], DIMS)
 
 
+def test_diagonal_at_every_alignment(impl, runtime):
+    """Causal, 20 queries against 16 to 35 keys in 16 x 16 blocks: the shift Nk - Nq takes every value
+    from -4 to 15, so each query block's first row's last key (where the unmasked loop must stop) and its
+    last row's last key (where the masked loop must stop) fall at every offset from a key-block boundary.
+    A range one key long (full_end from m0 + shift + 2) or one key short (hi from m0 + BLOCK_M - 1 +
+    shift) is right at 15 of 16 offsets, so the fixed shapes of the other checks can all miss it."""
+    Nq, D = 20, 16
+    for Nk in range(Nq - 4, Nq + 16):
+        q, k, v = make_qkv(1, 1, 1, Nq, Nk, D, device=runtime.device, stream=211 + Nk)
+        out, _ = launch_into_canary(impl, q, k, v, True, 0.25, config=(16, 16, 4, 1))
+        problem = mismatch(out, attention_reference(q, k, v, True, 0.25)[0], DIMS)
+        assert problem is None, f"Nq = {Nq}, Nk = {Nk} (shift {Nk - Nq}), 16 x 16 blocks:\n{problem}"
+
+
 def test_keys_are_walked_block_by_block(impl, runtime):
     """FlashAttention walks the keys in blocks of BLOCK_N with an online softmax; one tile that holds
     every key (BLOCK_N = next_pow2(Nk), a plain softmax) is right for short sequences and cannot run
@@ -685,15 +699,19 @@ def test_launcher_rejects_bad_input(impl, runtime, name):
 # --- The grid fits a GPU at every size the launcher admits ------------------------------------------
 
 
-@pytest.mark.parametrize("axis", ["batch_heads", "query_blocks"])
+@pytest.mark.parametrize("axis", ["batch_heads", "batch", "query_blocks"])
 def test_grid_fits_cuda_limits_at_largest_sizes(impl, runtime, axis):
     """CUDA allows 2**31 - 1 programs on grid axis 0 and only 65535 on axes 1 and 2, and Triton's
     interpreter checks neither. B * H = 1024 * 64 = 65536 (a batch of short prompts through a wide
     model) and cdiv(Nq, BLOCK_M) = 65537 query blocks (a sequence of eight million tokens, BLOCK_M =
     128) must both sit on axis 0. Run dry (every launch recorded and checked, none run), so one query,
-    one key and D = 16 cost nothing."""
+    one key and D = 16 cost nothing. "batch": B = 70,000 alone (a batch of one-query rows through one
+    head), so a grid with (query block, head) on axis 0 and the batch on axis 1 fails too, which the
+    1024 x 64 case (1024 on axis 1) lets through."""
     if axis == "batch_heads":
         B, H, Nq = 1024, 64, 1
+    elif axis == "batch":
+        B, H, Nq = 70_000, 1, 1
     elif runtime.interpreter:
         pytest.skip("GPU only: the [1, 1, 2**21 + 1, 16] output alone takes 1.5 s to come back on a CPU")
     else:
@@ -851,6 +869,25 @@ MISTAKES = [
         ),
         question="With BLOCK_M = 64 and BLOCK_N = 16, which key is the last one the LAST row of a query "
         "block may see, and does your masked loop run that far?",
+        section="3.5",
+    ),
+    Mistake(
+        3,
+        # The diagonal one key off: full_end from m0 + shift + 2, or hi from m0 + BLOCK_M - 1 + shift. Right
+        # unless the shift puts that key on a key-block boundary, so only the sweep of every shift fails
+        # for certain; an Nq > Nk case whose last row then sees no key may fail too, with -inf or NaN.
+        fails=("test_diagonal_at_every_alignment",),
+        passes=(
+            "test_causal_is_aligned_bottom_right",
+            "test_first_causal_row_sees_only_key_0",
+            "test_last_key_block_is_masked[noncausal]",
+            "test_keys_not_a_multiple_of_the_block",
+            "test_worked_example_O1_to_three_decimals",
+            "test_online_softmax_rescales_old_blocks",
+        ),
+        question="Shifts 0 to 15 in 16 x 16 blocks: for the query block of rows m0 to m0 + 15, which is the "
+        "last key its first row may see and the last key its last row may see, and where do your unmasked "
+        "and masked loops stop when either key starts a key block?",
         section="3.5",
     ),
     Mistake(
@@ -1028,6 +1065,7 @@ MISTAKES = [
             "test_scale_is_applied",
             "test_causal_is_aligned_bottom_right[37-100]",
             "test_first_causal_row_sees_only_key_0",
+            "test_diagonal_at_every_alignment",  # a diagonal one key off fails its causal case too
         ),
         question="Every score here is near -128: what is your running max after the first key block if it "
         "started at 0, and what is exp2 of a score minus it?",
@@ -1131,8 +1169,8 @@ MISTAKES = [
         18,
         fails=("test_grid_fits_cuda_limits_at_largest_sizes",),
         messages=(r"past CUDA's limit on grid axis",),
-        question="B = 1024 and H = 64: how many (batch, head) pairs is that, on which grid axis are they, "
-        "and how many programs does CUDA allow there?",
+        question="B = 1024 and H = 64, then B = 70,000 and H = 1: how many (batch, head) pairs is that, on "
+        "which grid axis are the batches, and how many programs does CUDA allow there?",
         section="3.1",
     ),
     Mistake(
