@@ -14,7 +14,8 @@ is shorter.
 Forking is safe here because neither warm process has run a kernel or started a thread (one thread per
 math library, learner_client.child_env), and it is used only under Triton's interpreter on Linux
 (`unavailable`): a process that has touched CUDA cannot be forked, nor one that loaded macOS's frameworks.
-`make test` (one grading) never uses it.
+`make test` (one grading) starts the warm learner process alone (`start_warm_learner`), beside pytest, so
+that the two processes' imports overlap.
 """
 
 from __future__ import annotations
@@ -233,6 +234,66 @@ def start_learner_process(
     return ForkedProcess(conn, int(data))
 
 
+def serve_learners_alone(path: str) -> int:
+    """`python -m drills.grading.grader.fork_server --learners PATH`: the warm learner process on its own,
+    for one `make test` (start_warm_learner). The socket is bound before the imports, so a grader that asks
+    early waits for them instead of starting a process of its own; ends (its children killed) at end of
+    file on stdin, when the grading that started it ends."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(16)
+    from drills.grading.learner import serve_calls as worker
+
+    worker.prepare()
+    gc.freeze()
+    serve_learner_processes(listener, 0)
+    return 0
+
+
+def start_warm_learner() -> tuple[subprocess.Popen, dict] | None:
+    """For one grading in a fresh pytest (`make test`): the warm learner process, started now so that its
+    imports (torch, Triton, the interpreter's patches: about 3 s) run while pytest starts and collects,
+    instead of after. Returns (the process, the environment that points the grading at it), or None where
+    gradings are not forked (`unavailable`). The learner's process is then forked from it, exactly as in
+    `make mutants`; the caller closes its stdin when the grading ends."""
+    from drills.grading.shared.env import child_env
+
+    if unavailable() is not None:
+        return None
+    folder = tempfile.mkdtemp(prefix="drills-warm-")
+    path = os.path.join(folder, "learner.sock")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "drills.grading.grader.fork_server", "--learners", path],
+        cwd=ROOT,
+        env=child_env(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    process_tree.OWN.add(proc.pid)  # not a stray of the grading (process_tree.end_strays)
+    return proc, {**child_env(), ZYGOTE_ENV: path}
+
+
+def stop_warm_learner(proc: subprocess.Popen, env: dict) -> None:
+    """End the process start_warm_learner started (its children with it) and remove its socket."""
+    try:
+        proc.stdin.close()
+    except OSError:
+        pass
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    process_tree.OWN.discard(proc.pid)
+    path = env[ZYGOTE_ENV]
+    for leftover in (path, os.path.dirname(path)):
+        try:
+            (os.unlink if leftover == path else os.rmdir)(leftover)
+        except OSError:
+            pass
+
+
 # --- Gradings, forked from a warm pytest process ------------------------------------------------
 
 
@@ -436,6 +497,8 @@ class GradingPool:
 
 if __name__ == "__main__":
     try:
+        if sys.argv[1:2] == ["--learners"]:
+            sys.exit(serve_learners_alone(sys.argv[2]))
         sys.exit(serve_gradings())
     except KeyboardInterrupt:  # Ctrl-C during make mutants: the pool and the gradings end too
         sys.exit(130)

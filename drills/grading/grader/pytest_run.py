@@ -17,7 +17,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from drills.grading.grader import process_tree, report, report_channel
+from drills.grading.grader import fork_server, process_tree, report, report_channel
 from drills.grading.shared.env import LESSON_TIMEOUT_ENV, child_env, lesson_timeout
 from drills.lessons import ROOT, Lesson
 
@@ -191,10 +191,11 @@ def _run_grader(args: list[str], timeout: float) -> tuple[subprocess.CompletedPr
     process_tree.become_subreaper()
     process_tree.harden()
     pipe = report_channel.ResultPipe()
+    warm = fork_server.start_warm_learner()  # its imports overlap pytest's start
     child = subprocess.Popen(
         [sys.executable, "-m", "pytest", *args, f"--drills-report-fd={pipe.fd}"],
         cwd=ROOT,
-        env=child_env(),
+        env=warm[1] if warm else child_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -210,6 +211,8 @@ def _run_grader(args: list[str], timeout: float) -> tuple[subprocess.CompletedPr
         raise
     finally:
         process_tree.OWN.discard(child.pid)
+        if warm:
+            fork_server.stop_warm_learner(*warm)
         process_tree.end_strays(process_tree.OWN)
     return subprocess.CompletedProcess(child.args, child.returncode, out, err), pipe.text()
 
