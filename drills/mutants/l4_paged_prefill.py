@@ -301,6 +301,18 @@ MUTANTS = [
         "if tl.load(cu_seqlens_ptr + mid) // BLOCK_Q + mid < tile:",
     ),
     Mutant(
+        "lse_store_without_row_mask",
+        "2. lse stored without the row mask (out's store keeps it): rows past a sequence's end written",
+        "tl.store(lse_ptr + q_rows * stride_lt + heads * stride_lh, lse, mask=row_ok)",
+        "tl.store(lse_ptr + q_rows * stride_lt + heads * stride_lh, lse)",
+    ),
+    Mutant(
+        "lse_through_out_strides",
+        "35. lse stored through out's row stride (a copy-paste of the out arguments)",
+        "0 if lse is None else lse.stride(0)",
+        "0 if lse is None else out.stride(0)",
+    ),
+    Mutant(
         "running_max_of_raw_scores",
         "34. the running max taken of the raw scores, not in the exponent's units",
         "m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)",

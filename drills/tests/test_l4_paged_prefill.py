@@ -427,9 +427,11 @@ def test_empty_sequences_produce_nothing(impl, runtime):
 def test_rows_past_a_sequence_end_not_written(impl, runtime):
     """Sequences of 5, 3 and 11 new tokens: the last tile of each has rows past its end, which are the
     next sequence's rows (or past the end of out). out is a view into a canary-filled buffer, and under
-    the interpreter programs run forward and in reverse, so a row stored by the wrong program shows."""
+    the interpreter programs run forward and in reverse, so a row stored by the wrong program shows. lse
+    too: its store needs the same row mask as out's."""
     case = make_prefill_case([9, 3, 30], [5, 3, 11], 4, 2, 64, 8, stream=131, device=runtime.device)
     check(impl, case)
+    check_lse(impl, case)
 
 
 def test_cu_seqlens_mark_where_each_sequence_starts(impl, runtime):
@@ -443,6 +445,8 @@ def test_cu_seqlens_mark_where_each_sequence_starts(impl, runtime):
     ctx = [tokens + 7, 2 * tokens, 2 * tokens + 5]
     case = make_prefill_case(ctx, q_lens, 2, 2, 64, 8, stream=137, device=runtime.device)
     check(impl, case)
+    # lse at each row's own place: no tile has rows past a sequence's end, so only lse's strides show.
+    check_lse(impl, case)
 
 
 @grouping_cases("group1-MHA", "group3", "group4", "group8", "group8-MQA")
@@ -1167,9 +1171,20 @@ MISTAKES = [
         2,
         fails=("test_rows_past_a_sequence_end_not_written",),
         passes=("test_cu_seqlens_mark_where_each_sequence_starts",),
-        messages=(r"out of bounds (load of q|store of out)|write race|buffer around out",),
+        messages=(r"out of bounds (load of q|store of (out|lse))|write race|buffer around out",),
         question="A sequence of 5 new tokens in a tile of 8 token rows: whose rows are rows 5-7 of that "
         "tile, and does your kernel load and store them?",
+        section="3.4",
+    ),
+    Mistake(
+        2,
+        # The lse store alone without the row mask: out is right, and lse's rows past a sequence's end land
+        # on the next sequence's (a race) or past lse. Whole tiles pass; pitfall 12's bases fail them.
+        fails=("test_rows_past_a_sequence_end_not_written", "test_lse_is_natural_log"),
+        passes=("test_cu_seqlens_mark_where_each_sequence_starts", WORKED),
+        messages=(r"out of bounds store of lse_ptr|write race",),
+        question="A sequence of 5 new tokens in a tile of 8 token rows: your out store is masked to its "
+        "rows, and your lse store?",
         section="3.4",
     ),
     Mistake(
@@ -1532,6 +1547,18 @@ MISTAKES = [
         question="Every score is about -128 here: what is your running max after the first key tile, if it "
         "starts at 0, and what is exp2 of the scores minus it?",
         section="3.6",
+    ),
+    Mistake(
+        35,
+        # lse stored through out's strides (or q's): its rows land D times too far apart, past lse's end, while
+        # every output is right; pitfall 12's bases store inside lse.
+        # Unlike an lse store without the row mask (2), it misplaces rows inside whole tiles too.
+        fails=("test_lse_is_natural_log", WORKED_LSE, "test_cu_seqlens_mark_where_each_sequence_starts"),
+        passes=(WORKED, "test_pure_prefill_without_a_prefix", "test_cached_prefix_is_visible_bottom_right"),
+        messages=(r"out of bounds store of lse_ptr",),
+        question="lse is [total_q, Hq] fp32 and out [total_q, Hq, D]: which strides does your lse store step "
+        "by, and where does row 1, head 0 land?",
+        section="3.5",
     ),
     Mistake(
         34,
