@@ -240,4 +240,10 @@ MUTANTS = [
         "m_new = tl.maximum(m_i, tl.max(s, axis=1) * 1.4426950408889634)\n        alpha = tl.exp(m_i - m_new)\n"
         "        p_ = tl.exp2(s * 1.4426950408889634 - m_new[:, None])",
     ),
+    Mutant(
+        "running_max_of_raw_scores",
+        "24. the running max taken of the raw scores q . k, the exponent of the scaled ones",
+        "m_new = tl.maximum(m_i, tl.max(s, axis=1))",
+        "m_new = tl.maximum(m_i, tl.max(s / scale, axis=1))",
+    ),
 ]

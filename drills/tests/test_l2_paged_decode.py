@@ -999,6 +999,23 @@ MISTAKES = [
         section="3.3",
     ),
     Mistake(
+        24,
+        # The running max of the raw scores q . k, the exponent of the scaled ones: the shift cancels in
+        # acc / l until exp under- or overflows, so small scores (one key, D = 16) pass and the large ones
+        # of nearly every other check do not; a missing acc / l (7) fails the small ones too, and a rescale
+        # of l alone (6) passes the one-page scale check.
+        fails=(
+            "test_scale_is_applied",
+            "test_output_is_normalised_by_the_softmax_sum",
+            "test_max_starts_at_minus_inf",
+            "test_each_head_keeps_its_own_max",
+        ),
+        passes=("test_single_token_context_returns_its_value_row", "test_widest_page_is_read_whole"),
+        question="Scores are about +128 or -128 here: in which units is your running max, scale * q . k as "
+        "in the exponent or the raw q . k, and what is exp(s - m) for the largest key when they differ?",
+        section="3.4",
+    ),
+    Mistake(
         9,
         # Every bound holds alone and a combination of them does not: the message names the case.
         fails=(PAIRWISE,),
