@@ -144,6 +144,12 @@ CHEATS = {
     "flex_attention": "def _att(q, k, v):\n    return torch.nn.attention.flex_attention.flex_attention(q, k, v)\n",
     "module_list_in_kernel": "_SEEN = []\n\n\n@triton.jit\ndef _k(x_ptr):\n    _SEEN.append(tl.load(x_ptr))\n",
     "lambda_in_kernel": "@triton.jit\ndef _k(x_ptr):\n    f = lambda v: v\n    tl.store(x_ptr, f(tl.load(x_ptr)))\n",
+    # the kind of device asked: graded, the tensors are on the CPU, so a path for the CPU alone is the graded one
+    "device_is_cpu": "def _wide(q):\n    return q.is_cpu\n",
+    "device_type": "def _wide(q):\n    return q.device.type != 'cuda'\n",
+    "device_named": "def _wide(q):\n    return str(q.device) == 'cpu'\n",
+    "device_compared": "def _wide(q):\n    return q.device == torch.device('cpu')\n",
+    "gpu_available": "_GPU = torch.cuda.is_available()\n",
 }
 
 

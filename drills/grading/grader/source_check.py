@@ -178,6 +178,25 @@ BUFFERS = {
     "asarray": "may wrap a Python buffer in a tensor (its floats then read by Python, out of the grader's "
     "sight): torch.tensor(values) copies them",
 }
+# Which kind of device holds the tensors, or whether there is a GPU at all: graded, the tensors are on the
+# CPU and the interpreter runs the kernels, so a launcher that branches on it (int64 offsets on the CPU
+# only, another path for a GPU) is graded on a path no GPU takes. Allowed only in a lesson whose reference
+# reads it (F1-F3 and L5 count a GPU's SMs; F1-F3 ask q.is_cuda before a CUDA graph's capture).
+DEVICE_KIND_WHY = (
+    "asks which kind of device holds the tensors (graded, the CPU, under the interpreter), so the file could "
+    "take another path when graded than on a GPU: decide from shapes, strides and dtypes"
+)
+DEVICE_KIND = {
+    "is_cpu",
+    "is_cuda",
+    "get_device",
+    "is_available",
+    "device_count",
+    "current_device",
+    "get_device_properties",
+    "get_device_name",
+    "get_device_capability",
+}
 # Tensor tests a launcher never needs, and the way to look at fresh memory, which is poisoned while graded
 # (math.isfinite on a Python number, to check an argument, is fine).
 FRESH = {"isnan", "isinf", "isfinite", "isneginf", "isposinf", "nan_to_num"}
@@ -448,6 +467,16 @@ def _why(node: ast.AST, ctx: dict) -> str | None:
             "sets an attribute of a library (torch, triton, math...): keep what the launcher needs in "
             "its own names, and nothing from one call to the next"
         )
+    if isinstance(node, ast.Compare):
+        sides = [node.left, *node.comparators]
+        named = any(
+            isinstance(n, ast.Constant) and isinstance(n.value, str) for side in sides for n in ast.walk(side)
+        )
+        device = any(
+            isinstance(n, ast.Attribute) and n.attr == "device" for side in sides for n in ast.walk(side)
+        )
+        if named and device:
+            return DEVICE_KIND_WHY  # str(q.device) == "cpu", q.device == torch.device("cuda")
     if isinstance(node, ast.Attribute):
         if _dunder(node.attr) and node.attr not in DUNDER_ATTRS:
             return f"reads .{node.attr}, behind a name: a launcher uses the names it defines or imports"
@@ -455,6 +484,14 @@ def _why(node: ast.AST, ctx: dict) -> str | None:
             return NAMES[node.attr]
         if node.attr in BUFFERS and node.attr not in ctx["reference_attrs"]:
             return BUFFERS[node.attr]
+        if node.attr in DEVICE_KIND and node.attr not in ctx["reference_attrs"]:
+            return DEVICE_KIND_WHY
+        if (
+            node.attr in ("type", "index")
+            and isinstance(node.value, ast.Attribute)
+            and node.value.attr == "device"
+        ):
+            return DEVICE_KIND_WHY  # q.device.type == "cpu"; no reference reads it
         if node.attr in HIGHER_ORDER and _chain_root(node.value) in roots:
             return HIGHER_ORDER[node.attr]
         if node.attr in FILE_ATTRS and _chain_root(node.value) not in ctx["triton"]:
