@@ -185,4 +185,10 @@ MUTANTS = [
         "k_scale = tl.load(k_scale_ptr + kvh * stride_ks)\n    v_scale = tl.load(v_scale_ptr + kvh * stride_vs)",
         "k_scale = tl.load(k_scale_ptr + kvh)\n    v_scale = tl.load(v_scale_ptr + kvh)",
     ),
+    Mutant(
+        "calibration_strides_assumed",
+        "15. compute_scales' calibration read as if contiguous: row and head strides from the shape",
+        "x.stride(0),\n            x.stride(1),",
+        "Hkv * D,\n            D,",
+    ),
 ]

@@ -582,12 +582,13 @@ def test_compute_scales_amax_rule(impl, runtime):
     """compute_scales gives amax / 448 per tensor ([1]) or per KV head ([Hkv]); an all-zero head gets a
     positive scale (1), never 0 (a division by zero at the store). 70 rows (past a 64-row tile) of
     D = 24 (not a power of two), the largest values in the last rows and the last features. NaN or an
-    infinity (of either sign) in the calibration raises ValueError naming k or v."""
+    infinity (of either sign) in the calibration raises ValueError naming k or v. Last, a calibration that
+    is a strided view, read through its strides."""
     gen = torch.Generator().manual_seed(seeded(58))
     k = torch.randn(70, 3, 24, generator=gen).half()
     v = torch.randn(70, 3, 24, generator=gen).half()
     k[:, 1] *= 10
-    k[69, 0, 23] = 50.0
+    k[69, 2, 23] = 50.0  # the tensor's amax in the last head: a per-tensor scale read from head 0 misses it
     v[:, 2] = 0
     k, v = k.to(runtime.device), v.to(runtime.device)
     ks, vs = impl.compute_scales(k, v)
@@ -596,7 +597,11 @@ def test_compute_scales_amax_rule(impl, runtime):
     ks, vs = impl.compute_scales(k, v, per_head=True)
     assert ks.shape == (3,) and vs.shape == (3,), "per head: one scale per KV head"
     torch.testing.assert_close(ks.cpu(), k.float().abs().amax(dim=(0, 2)).cpu() / 448)
-    assert float(vs[2]) > 0, "an all-zero head needs a positive scale"
+    # Exactly 1, as documented: a tiny floor (amax clamped to 1e-12) is positive too, but clips every later
+    # value of that head to 448 * scale, nearly 0.
+    assert float(vs[2]) == 1.0, (
+        f"an all-zero head gets scale 1 (any positive scale stores its zeros), got {float(vs[2])}"
+    )
     k[3, 2, 5] = float("nan")
     with pytest.raises(ValueError, match="k"):
         impl.compute_scales(k, v, per_head=True)
@@ -612,6 +617,23 @@ def test_compute_scales_amax_rule(impl, runtime):
             "compute_scales returned scales for a v holding -inf: |x| = inf makes its scale inf (every value "
             "would store as 0); it must raise ValueError naming v"
         )
+    # Calibration K and V are often views of one fused projection: K the first 24 features of rows of 48
+    # per head, [2, 35, 3, 24] with strides (35 * 144, 144, 48, 1), so a row is not Hkv * D elements long
+    # nor a head D (pitfall 15). The other half of each row holds 1000, which an assumed stride reads.
+    buf = torch.full((2, 35, 3, 48), 1000.0).half()
+    buf[..., :24] = torch.randn(2, 35, 3, 24, generator=gen).half()
+    buf[1, 34, 2, 5] = 7.0  # the amax, in the last row of the last head
+    k = buf.to(runtime.device)[..., :24]
+    for per_head in (True, False):
+        ks, _ = impl.compute_scales(k, k, per_head=per_head)
+        want = k.float().abs().amax(dim=(0, 1, 3)).cpu() / 448
+        want = want if per_head else want.amax().reshape(1)
+        if not torch.allclose(ks.cpu(), want):
+            raise AssertionError(
+                f"compute_scales of a strided calibration view (per_head={per_head}) gave {ks.cpu().tolist()}, "
+                f"want amax / 448 = {want.tolist()}: strides assumed from the shape read the 1000s between "
+                "the view's rows"
+            )
 
 
 # name -> (how to spoil the arguments of a valid store, the error, what the message names)
@@ -1377,7 +1399,13 @@ MISTAKES = [
         2,
         # Its fp16 case: bf16 rows narrowed to fp16 (pitfall 19) fail only the bf16-past-fp16 case.
         fails=("test_store_clamps_values_past_448[fp16]",),
-        passes=("test_store_rounds_to_nearest_even", "test_store_keeps_codes_up_to_448"),
+        # Slot 0 taken for a padding row fails the clamp's case too (its row 21 goes to slot 0): it fails
+        # every PAGE of test_store_writes_only_its_slots, which no clamp passes.
+        passes=(
+            "test_store_rounds_to_nearest_even",
+            "test_store_keeps_codes_up_to_448",
+            "test_store_writes_only_its_slots[1]",
+        ),
         question="x / scale = 1000: e4m3fn has no infinity and its largest finite value is 448. What must "
         "happen to 1000 before it is rounded and cast, and what does your store do with it?",
         section="3.1",
@@ -1601,6 +1629,15 @@ MISTAKES = [
         question="scale = 0.03 and x = 3 * 2**-12 in float32: x / scale is 0.0244140625, halfway between two "
         "codes. What is x * (1 / scale), and which code does each store?",
         section="3.1",
+    ),
+    Mistake(
+        15,
+        # A calibration view read as if contiguous: only compute_scales' strided case fails.
+        fails=("test_compute_scales_amax_rule",),
+        messages=(r"strided calibration view",),
+        question="k = kv[..., :24] of a [2, 35, 3, 48] buffer: how many elements apart are two of its rows, "
+        "and which stride does your compute_scales launch with?",
+        section="3.4",
     ),
     Mistake(
         15,
