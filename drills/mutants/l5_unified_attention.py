@@ -186,4 +186,22 @@ MUTANTS = [
         "s0 = band_lo + split * per",
         "s0 = split * per",
     ),
+    Mutant(
+        "band_lo_rounded_up",
+        "25. the band's start rounded up to a tile: the window's first keys before it never read",
+        "band_lo = tl.maximum(prefix + tok0 - window + 1, 0) // BLOCK_N * BLOCK_N",
+        "band_lo = tl.cdiv(tl.maximum(prefix + tok0 - window + 1, 0), BLOCK_N) * BLOCK_N",
+    ),
+    Mutant(
+        "lse_left_in_base_2",
+        "26. lse left in base 2: m + log2(l) stored without the factor ln 2",
+        'lse = tl.where(seen, (m_i + tl.math.log2(l_div)) * 0.6931471805599453, float("-inf"))',
+        'lse = tl.where(seen, m_i + tl.math.log2(l_div), float("-inf"))',
+    ),
+    Mutant(
+        "window_of_the_tile",
+        "2. every row's window counted back from its tile's first row",
+        "win_start = pos - window",
+        "win_start = pos * 0 + (prefix + tok0) - window",
+    ),
 ]

@@ -126,6 +126,7 @@ def unified_reference(
     window_from_chunk=False,
     sink_in_numerator=False,
     band_of_tiles=None,
+    window_of_tiles=None,
 ):
     """fp32 oracle: for each sequence, gather its pages, score its new tokens against every key, keep
     key j for the token at position p when p - window < j <= p, append head h's sink logit as one more
@@ -133,7 +134,8 @@ def unified_reference(
     Two wrong answers the diagnosis names: window_from_chunk=True counts the window from the token's index
     in its chunk instead of its position; sink_in_numerator=True gives the sink a value of one;
     band_of_tiles=(BLOCK_Q, BLOCK_N) lets each row see every key of its tile's band up to itself (the
-    window narrows the key loop and masks nothing)."""
+    window narrows the key loop and masks nothing); window_of_tiles=BLOCK_Q counts every row's window
+    back from the position of its tile's first row."""
     total_q, Hq, D = q.shape
     group = Hq // k_cache.shape[2]
     scale = 1.0 / math.sqrt(D) if scale is None else scale
@@ -156,6 +158,9 @@ def unified_reference(
             tok0 = torch.arange(last - first, device=q.device)[:, None] // block_q * block_q
             band_lo = (ctx - (last - first) + tok0 - window + 1).clamp(min=0) // block_n * block_n
             hidden = hidden | (j < band_lo)
+        elif window is not None and window_of_tiles is not None:
+            tok0 = torch.arange(last - first, device=q.device)[:, None] // window_of_tiles * window_of_tiles
+            hidden = hidden | (j <= ctx - (last - first) + tok0 - window)
         elif window is not None:
             start = (i - (ctx - (last - first))) if window_from_chunk else i
             hidden = hidden | (j <= start - window)
@@ -193,6 +198,11 @@ def tiles_of(case):
     return max(block_m, next_pow2(heads)) // heads, block_n
 
 
+WINDOW_OF_THE_TILE = (
+    "every row's window counted back from its tile's first row, not from the row's own position"
+)
+
+
 def wrong_answers(out, case, window, sinks, scale=None, tiles=None) -> str:
     """Which wrong answer `out` is, as a sentence ("" when none): the window one key too wide or too
     narrow, counted from each token's index in its chunk, no window at all, or (given tiles, the
@@ -216,6 +226,7 @@ def wrong_answers(out, case, window, sinks, scale=None, tiles=None) -> str:
             ("no window at all", dict(window=None)),
         ]
         if tiles is not None:
+            variants.append((WINDOW_OF_THE_TILE, dict(window_of_tiles=tiles[0])))
             variants.append(
                 (
                     f"every key of the tile's band up to the row: {BAND_UNMASKED}",
@@ -270,6 +281,7 @@ def wrong_answers(out, case, window, sinks, scale=None, tiles=None) -> str:
             or text in (SINKS_AS_CONTIGUOUS,)
             or text.startswith(SINK_SCALED)
             or text.endswith(BAND_UNMASKED)
+            or text == WINDOW_OF_THE_TILE
         )
         if mismatch(out.float(), ref) is None or (loose and mismatch(out, ref) is None):
             return f"the output is {text}"
@@ -1080,7 +1092,8 @@ MISTAKES = [
     Mistake(
         5,
         fails=("test_lse_includes_the_sink", WORKED_SINK),
-        passes=("test_sinks_join_the_denominator_only",),
+        # An lse in another base fails without a sink too (pitfall 26).
+        passes=("test_sinks_join_the_denominator_only", "test_equals_l4_without_window_or_sinks"),
         question="In the worked example the sum ends at 2.4776 with the sink: what is lse, and what does your "
         "kernel store?",
         section="2",
@@ -1248,6 +1261,45 @@ MISTAKES = [
         question="A decode row at position 100 with window 40: its band is keys 48-100. Which keys does your "
         "first (or only) share of the band start and stop at, and is band_lo in that sum?",
         section="3.4",
+    ),
+    Mistake(
+        26,
+        # lse stored in base 2: every lse check fails, sinks or not, and every output is right.
+        fails=("test_lse_includes_the_sink", "test_equals_l4_without_window_or_sinks"),
+        passes=("test_sinks_join_the_denominator_only", "test_keys_past_the_context_are_not_read"),
+        question="The kernel's m and log2(l) are in base 2 units. The worked example's sum ends at 2.4776 "
+        "with m = 1.5 (natural): what lse does your kernel store, and in which base?",
+        section="3.5",
+    ),
+    Mistake(
+        2,
+        # Every row's window counted back from the tile's first row: the rows after it lose their newest
+        # keys' share of the window. One-row tiles (the worked examples) and no window pass; only the rows
+        # tell it from a share counted from key 0 (pitfall 24), which fails the same checks.
+        fails=(
+            "test_window_sizes",
+            "test_band_covers_every_row_of_a_tile",
+            "test_keys_past_the_context_are_not_read",
+            "test_tiles_outside_the_band_are_never_loaded",
+            "test_window_counts_from_the_absolute_position",
+        ),
+        passes=(WORKED, WORKED_SINK, "test_equals_l4_without_window_or_sinks"),
+        messages=(WINDOW_OF_THE_TILE,),
+        question="A tile of 16 new tokens at positions 100-115 with window 40: where does the window of its "
+        "last row start, and from which row's position does your kernel count it back?",
+        section="3.2",
+    ),
+    Mistake(
+        25,
+        # The window's oldest keys up to the next tile boundary are lost: the worked example's window (keys
+        # 6-9, band from tile 16) loses every key; no window keeps band_lo = 0 and passes.
+        # Three conditions, fewer than pitfall 1's: a window one key off fails the same checks and its
+        # message names it.
+        fails=(WORKED, "test_band_covers_every_row_of_a_tile"),
+        passes=("test_equals_l4_without_window_or_sinks",),
+        question="A decode row at position 100 with window 40: its window starts at key 61. Which key tile "
+        "does your band start at, and does any tile before it hold a key the row sees?",
+        section="3.2",
     ),
     Mistake(
         14,
