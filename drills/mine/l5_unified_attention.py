@@ -408,9 +408,10 @@ def _config(D: int, tokens_per_seq: float = 1e9) -> tuple[int, int, int, int, bo
     if D == 128:
         if tokens_per_seq < 64:  # mostly decode rows: a 128-token tile would be mostly empty rows
             return 64, 64, 4, 3, True
-        if tokens_per_seq < 256:
-            return 128, 64, 8, 3, True
-        return 128, 64, 8, 3, False  # a 64-key tile: a 128-key window's band is then 3 tiles, not 2 of 128
+        # Packed at every length: a K tile then serves the group's heads at once. An H200 measured 363 us
+        # packed against 386 unpacked on a 4096-window chunk of 2k over 32k (the same run). A 64-key tile: a
+        # 128-key window's band is then 3 tiles, not 2 of 128.
+        return 128, 64, 8, 3, True
     if D <= 64:
         return 128, 64, 4, 3, True
     return 64, 32, 4, 2, True  # D = 256: a [128, 256] fp32 accumulator would not fit in registers
