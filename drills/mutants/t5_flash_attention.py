@@ -280,4 +280,10 @@ MUTANTS = [
         "scale = 1.0 / math.sqrt(q.shape[-1])",
         "scale = 1.0 / math.sqrt(q.shape[2])",
     ),
+    Mutant(
+        "lse_through_out_head_stride",
+        "21. lse stored through out's head stride (a copy-paste of the out arguments)",
+        "0 if lse is None else lse.stride(1)",
+        "0 if lse is None else out.stride(1)",
+    ),
 ]

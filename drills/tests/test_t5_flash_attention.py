@@ -1197,6 +1197,21 @@ MISTAKES = [
         section="3.1",
     ),
     Mistake(
+        21,
+        # lse stored through out's strides: every output right, lse past its end from the second head (or
+        # batch) on, so the one-head checks pass; rows past Nq stored into lse (10's twin) fail them too.
+        fails=("test_lse_is_natural_log", "test_kv_head_grouping_is_contiguous"),
+        passes=(
+            "test_diagonal_at_every_alignment",
+            "test_online_softmax_rescales_old_blocks",
+            "test_worked_example_O1_to_three_decimals",
+        ),
+        messages=(r"out of bounds store of lse_ptr|canary elements of the buffer around lse",),
+        question="lse is [B, H, Nq] and out [B, H, Nq, D]: which strides does your lse store step by from one "
+        "head to the next, and where does head 1's first lse land?",
+        section="3.6",
+    ),
+    Mistake(
         20,
         # Half of each row of out never stored: NaN where the output buffer was never written.
         fails=("test_head_dims[256-*]",),
