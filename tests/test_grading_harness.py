@@ -661,6 +661,37 @@ def test_a_tensor_kept_between_calls_is_not_from_the_kernel(remote):
                 getattr(impl, fn)(x, y)
 
 
+def test_another_modules_globals_reached_through_a_kernel_are_not_kept_by_the_file():
+    """On a GPU, Triton records on each compiled @triton.jit function the globals it uses, with the
+    dictionary of the module that holds them (JITFunction.used_global_vals), and a kernel object holds
+    its module's __globals__. The device error word is allocated in drills.device_errors' globals by a
+    first GPU call: reached through record_error, it read as a tensor the reference kept, and every
+    guarded lesson failed its first check on a GPU. Another module's globals are that module's state;
+    the file's own container still counts."""
+    import types
+
+    import torch
+
+    from drills.grading.learner.run_call import _held_tensors
+
+    other = types.ModuleType("drills_other_module_for_the_walk")
+    mine = types.ModuleType("drills_learner_module_for_the_walk")
+    sys.modules[other.__name__], sys.modules[mine.__name__] = other, mine
+    try:
+        other.WORDS = {}
+        holder = type("Kernel", (), {"__module__": mine.__name__})()  # an object of the file's, walked
+        holder.used, holder.globals = [("WORDS", (0, vars(other)))], vars(mine)
+        mine.helper = holder
+        mine.memo = {}
+        before = _held_tensors(mine)
+        other.WORDS["cuda"] = torch.zeros(4)  # allocated by a first call, in the other module
+        assert _held_tensors(mine) == before, "another module's globals read as the file's state"
+        mine.memo["k"] = torch.zeros(4)
+        assert [where for _, where in _held_tensors(mine).values()] == ["memo"], "the file's own memo"
+    finally:
+        del sys.modules[other.__name__], sys.modules[mine.__name__]
+
+
 # --- The diagnosis engine ------------------------------------------------------------------------
 
 

@@ -222,6 +222,18 @@ def _held_tensors(module) -> dict[int, tuple]:
             return []
         return items
 
+    import sys
+
+    def namespace_of_a_module(item) -> bool:
+        # A module's globals, reached through a function's or kernel's __globals__ or Triton's record of
+        # the globals a kernel uses (JITFunction.used_global_vals, filled when a GPU compiles it): that
+        # module's state, not this file's. The file's own is walked from its names below; another's (the
+        # device error word, allocated by a first GPU call) would read as a tensor this file kept.
+        if not isinstance(item, dict):
+            return False
+        owner = sys.modules.get(item.get("__name__")) if isinstance(item.get("__name__"), str) else None
+        return owner is not None and getattr(owner, "__dict__", None) is item
+
     # Iterative, with no depth limit: a dict nested past any limit is no less kept
     for name, value in list(vars(module).items()):
         if name.startswith("__") and name.endswith("__"):
@@ -229,7 +241,7 @@ def _held_tensors(module) -> dict[int, tuple]:
         stack = [value]
         while stack:
             item = stack.pop()
-            if id(item) in seen:
+            if id(item) in seen or namespace_of_a_module(item):
                 continue
             seen.add(id(item))
             if isinstance(item, torch.Tensor):
