@@ -259,6 +259,9 @@ FIGURES = {
     ),
     "flashinfer_losses": lambda d: _rows_where(d, "f3_vs_flashinfer", lambda v: v < 1.0),
     "worst_row_ceiling": lambda d: bench.num(min(r["f3_ceiling"] for r in d["rows"])),
+    "worst_ceiling_row": lambda d: _rows_where(
+        d, "f3_ceiling", lambda v: v == min(r["f3_ceiling"] for r in d["rows"])
+    ),
     "long_us": lambda d: bench.num(_at(d, 1, 32768)["f3_us"], 0),
     "long_f1_us": lambda d: bench.num(_at(d, 1, 32768)["f1_us"], 0),
     "store_max_us": lambda d: bench.num(max(r["store_us"] for r in d["rows"]), 1),
