@@ -191,4 +191,10 @@ MUTANTS = [
         "x.stride(0),\n            x.stride(1),",
         "Hkv * D,\n            D,",
     ),
+    Mutant(
+        "per_tensor_amax_of_head_0",
+        "21. a per-tensor amax read from head 0 only",
+        "h_hi = p + 1 if PER_HEAD else Hkv",
+        "h_hi = p + 1",
+    ),
 ]

@@ -1631,6 +1631,16 @@ MISTAKES = [
         section="3.1",
     ),
     Mistake(
+        21,
+        # Any other miss of the amax rule (a scale off, a floor for the all-zero head, NaN or inf kept); the
+        # strided view's own message names pitfall 15 instead.
+        fails=("test_compute_scales_amax_rule",),
+        messages=(r"not close|all-zero head|DID NOT RAISE|must raise",),
+        question="K of 3 heads whose largest |x| are 2, 9 and 50: which elements does your compute_scales "
+        "take the per-tensor amax over, what does an all-zero head get, and is the scale amax / 448?",
+        section="3.4",
+    ),
+    Mistake(
         15,
         # A calibration view read as if contiguous: only compute_scales' strided case fails.
         fails=("test_compute_scales_amax_rule",),
