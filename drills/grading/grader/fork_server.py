@@ -274,18 +274,24 @@ def start_warm_learner() -> tuple[subprocess.Popen, dict] | None:
     return proc, {**child_env(), ZYGOTE_ENV: path}
 
 
-def stop_warm_learner(proc: subprocess.Popen, env: dict) -> None:
-    """End the process start_warm_learner started (its children with it) and remove its socket."""
+def end_warm_process(proc: subprocess.Popen, timeout: float) -> None:
+    """End a warm process this module started: closing its stdin asks it to stop (its children end with
+    it); killed if it has not within timeout seconds."""
     try:
         proc.stdin.close()
     except OSError:
         pass
     try:
-        proc.wait(timeout=10)
+        proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
     process_tree.OWN.discard(proc.pid)
+
+
+def stop_warm_learner(proc: subprocess.Popen, env: dict) -> None:
+    """End the process start_warm_learner started (its children with it) and remove its socket."""
+    end_warm_process(proc, 10)
     path = env[ZYGOTE_ENV]
     for leftover in (path, os.path.dirname(path)):
         try:
@@ -476,16 +482,7 @@ class GradingPool:
             output.unlink(missing_ok=True)
 
     def close(self) -> None:
-        try:
-            self.proc.stdin.close()
-        except OSError:
-            pass
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        process_tree.OWN.discard(self.proc.pid)
+        end_warm_process(self.proc, 30)
         self.folder.cleanup()
 
     def __enter__(self) -> GradingPool:
