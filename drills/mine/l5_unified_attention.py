@@ -335,8 +335,9 @@ def unified_attention_kernel(
     # TODO(stage 1, section 3.2 "The band"): band_hi (one past the tile's last row's own key, at most ctx),
     # band_lo (the first row's first key, rounded down to a whole BLOCK_N tile; 0 without a WINDOW), and
     # inside it full_lo and full_end, the whole tiles every row of the tile sees. With GUARD, first scan the
-    # sequence's block ids as L4 does (scan_block_ids, record_error code 73), and an invalid sequence's band
-    # is empty. Then the three stretches a <= c: masked [band_lo, a), unmasked [a, c), masked [c, band_hi).
+    # sequence's block ids as L4 does (scan_block_ids, record_error code 73; with a WINDOW, from the page of
+    # the sequence's first query's first key: section 3.2), and an invalid sequence's band is empty. Then
+    # the three stretches a <= c: masked [band_lo, a), unmasked [a, c), masked [c, band_hi).
     # TODO(stage 3, section 3.4 "Splitting the band"): this split's whole tiles [s0, s1) of the band
     # (num_splits programs share it); unsplit, s0 = band_lo and s1 = band_hi.
 
