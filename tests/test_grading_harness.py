@@ -583,6 +583,22 @@ def test_lent_object_looks_like_the_object_it_poses_as(remote):
     assert impl.use_lent(wire.Lent(wrapper, like=real))[0][2] == [1, 2] and wrapper.events == ["z", "a", "b"]
 
 
+def test_lent_object_names_the_module_it_is_served_from(remote):
+    """Lent with module= (C1: L3's reference lent where the engine serves with the learner's own
+    BlockManager), its class, its repr and a class built from it name that module, so learner code
+    cannot find the reference's module name in the grader's pool (a function's module is a dunder, which
+    the source check refuses)."""
+    from drills.grading.shared import wire
+    from drills.solutions.l3_prefix_cache import BlockManager
+
+    impl, _ = remote(L3, USES_A_LENT_MANAGER)
+    real = BlockManager(8, 4)
+    got = impl.looks(wire.Lent(real, module="drills.mine.l3_prefix_cache"))
+    mine = "<class 'drills.mine.l3_prefix_cache.BlockManager'>"
+    assert got[3] == mine and got[10] == mine, (got[3], got[10])
+    assert got[4] == "<drills.mine.l3_prefix_cache.BlockManager", got[4]
+
+
 KEEPS_ANSWERS = """
 import functools
 

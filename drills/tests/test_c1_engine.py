@@ -182,10 +182,21 @@ class Watched:
 
 def lend(watched: Watched):
     """The pool as your scheduler sees it: L3's BlockManager (its class, its names), the recording
-    wrapper's calls run in the grader's process."""
+    wrapper's calls run in the grader's process. Its class names the module the engine would take L3's
+    BlockManager from for you now (yours once it passes its grader, else the reference's), so that a
+    scheduler cannot tell the grader's pool from the one it serves with."""
     from drills.grading.shared import wire
 
-    return wire.Lent(watched, like=watched.manager)
+    return wire.Lent(watched, like=watched.manager, module=_block_manager_module())
+
+
+@functools.cache
+def _block_manager_module() -> str:
+    """The module the engine takes L3's BlockManager from in this checkout (drills/engine/sources.py)."""
+    from drills.engine import sources
+
+    choice = sources.choose("auto")["l3_prefix_cache"]
+    return choice.lesson.module(choice.impl)
 
 
 # --- Serving requests with your scheduler, inside your process ----------------------------------------

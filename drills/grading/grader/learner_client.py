@@ -105,6 +105,7 @@ class LearnerProcess:
         self.lent: set[int] = set()  # keys of callbacks that are wire.Lent objects or their methods
         self.lent_methods: dict[tuple[int, str], object] = {}  # (key, name) -> the bound method handed out
         self.lent_like: dict[int, object] = {}  # key -> the object a lent one poses as (wire.Lent's like)
+        self.lent_module: dict[int, str | None] = {}  # key -> the module its class says (wire.Lent's module)
         self.pending_release: list[int] = []
         self.options: dict = {"orders": True, "provenance": False}
         self.ready: dict = {}
@@ -335,7 +336,13 @@ class LearnerProcess:
         """The learner's code called a lent object's class: a new object of the real class, lent too."""
         _, key, args, kwargs = message
         try:
-            reply = ("result", wire.Lent(type(self.lent_like.get(key, self.callbacks[key]))(*args, **kwargs)))
+            reply = (
+                "result",
+                wire.Lent(
+                    type(self.lent_like.get(key, self.callbacks[key]))(*args, **kwargs),
+                    module=self.lent_module.get(key),
+                ),
+            )
         except Exception as exc:
             reply = self._lent_error(exc)
         self.conn.send_bytes(wire.dumps(reply, self.known, self._handle))
@@ -398,8 +405,9 @@ class LearnerProcess:
             key = id(obj.obj)
             self.callbacks[key] = obj.obj  # kept alive (and its key unique) as long as this process
             self.lent_like[key] = obj.like
+            self.lent_module[key] = obj.module
             self.lent.add(key)
-            return ("L", key, wire.class_view(type(obj.like)))
+            return ("L", key, wire.class_view(type(obj.like), obj.module))
         if callable(obj) and not wire.is_plain(obj) and not isinstance(obj, type):
             key = id(obj)
             self.callbacks[key] = obj

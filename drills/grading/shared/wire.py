@@ -67,19 +67,24 @@ class Lent:
     records the calls (C1's Watched around L3's BlockManager) lends itself as the object it wraps: the
     proxy's class bears like's class's name, module and members, and a name like lacks raises like's
     AttributeError, so the learner's code cannot tell the grader's object from the one it is used with
-    (by its type, its repr, its methods' type, or the wrapper's own attributes) and branch on that."""
+    (by its type, its repr, its methods' type, or the wrapper's own attributes) and branch on that.
 
-    __slots__ = ("obj", "like")
+    module: the module the proxy's class says it comes from, where the object the learner's code is used
+    with comes from another one than like's (C1 grades with L3's reference BlockManager; the engine
+    hands the learner's scheduler the learner's own BlockManager once that passes its grader)."""
 
-    def __init__(self, obj, like=None):
+    __slots__ = ("obj", "like", "module")
+
+    def __init__(self, obj, like=None, module=None):
         self.obj = obj
         self.like = obj if like is None else like
+        self.module = module
 
 
-def class_view(cls: type) -> tuple:
+def class_view(cls: type, module: str | None = None) -> tuple:
     """(module, qualname, members) of a lent object's class, as the learner's process rebuilds it:
     members are (name, "method" | "property" | "value", value) for every name that is not a dunder,
-    plain values by value."""
+    plain values by value; module, where given, in place of the class's own."""
     import inspect
 
     members = []
@@ -93,7 +98,7 @@ def class_view(cls: type) -> tuple:
             members.append((name, "method", None))
         elif is_plain(static):
             members.append((name, "value", static))
-    return (cls.__module__, cls.__qualname__, tuple(members))
+    return (module or cls.__module__, cls.__qualname__, tuple(members))
 
 
 def tensors_in(value, found=None) -> list:
