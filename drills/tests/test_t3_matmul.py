@@ -404,6 +404,17 @@ BAD_INPUTS = {
         ValueError,
         "out's elements overlap",
     ),
+    # Strides (3, 2), neither 0 nor 1: element [i, j] and [i + 2, j - 3] share memory. A test for rows
+    # (or columns) closer than their length alone misses it: the gcd of the strides decides.
+    "out_elements_overlap_no_unit_stride": (
+        lambda a, b: dict(
+            out=torch.empty(3 * a.shape[0] + 2 * b.shape[1], dtype=a.dtype, device=a.device).as_strided(
+                (a.shape[0], b.shape[1]), (3, 2)
+            )
+        ),
+        ValueError,
+        "out's elements overlap",
+    ),
     "out_overlaps_a": (lambda a, b: dict(out=a[:, : b.shape[1]]), ValueError, "out overlaps a"),
     "out_overlaps_b": (lambda a, b: dict(out=b[: a.shape[0]]), ValueError, "out overlaps b"),
 }
