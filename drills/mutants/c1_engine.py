@@ -419,4 +419,41 @@ MUTANTS = [
         "        if need > capacity:\n",
         "        if need >= capacity:\n",
     ),
+    Mutant(
+        "one_token_row_reads_the_last_output",
+        "42. a row of one token read as a decode row",
+        "        ids += _tokens_between(seq, start, start + n)  # read now: tokens grow and change every step\n",
+        "        if n == 1 and seq.output:\n"
+        "            ids.append(seq.output[-1])  # a decode row: the token sampled last\n"
+        "        else:\n"
+        "            ids += _tokens_between(seq, start, start + n)\n",
+    ),
+    Mutant(
+        "victim_holds_the_most_blocks",
+        "43. a victim chosen by size, not age",
+        "victim = self.running[-1]",
+        "victim = max(reversed(self.running), key=lambda s: s.num_slots)",
+    ),
+    Mutant(
+        "max_tokens_checked_on_decode_rows_only",
+        "32. one token past max_tokens (a prompt row's token never ends the request)",
+        "if stop or len(seq.output) >= seq.params.max_tokens:",
+        "if stop or (item.num_new == 1 and len(seq.output) >= seq.params.max_tokens):",
+    ),
+    Mutant(
+        "chunk_cut_to_whole_blocks",
+        "30. admission that stops while the step has room (a chunk cut to whole blocks)",
+        "            seq.status = RUNNING\n            self.running.append(seq)\n"
+        "            num_new = min(seq.num_tokens - seq.num_computed, budget)\n",
+        "            seq.status = RUNNING\n            self.running.append(seq)\n"
+        "            num_new = min(seq.num_tokens - seq.num_computed, budget)\n"
+        "            if num_new < seq.num_tokens - seq.num_computed:\n"
+        "                num_new = max(num_new // self.block_size * self.block_size, 1)\n",
+    ),
+    Mutant(
+        "preempt_keeps_the_victims_blocks",
+        "44. a preempted request's blocks kept",
+        "        self.running.remove(seq)\n        self.block_manager.free(seq.seq_id)\n        seq.status = WAITING\n",
+        "        self.running.remove(seq)\n        seq.status = WAITING\n",
+    ),
 ]

@@ -125,6 +125,8 @@ class Watched:
         hash_fn = None if prefix_caching else never_found_hash()
         self.manager = BlockManager(num_blocks, block_size, hash_fn=hash_fn)
         self.allocations: dict = {}  # seq_id -> times allocated
+        self.live: set = set()  # seq_ids allocated and not freed since
+        self.allocated_while_held: list = []  # seq_ids allocated again before their blocks were freed
         self.events: list = []  # ("allocate" | "free", seq_id), in the order the scheduler called them
 
     @property
@@ -141,8 +143,11 @@ class Watched:
 
     def allocate(self, seq_id, token_ids):
         self.events.append(("allocate", seq_id))  # tried: a failing allocate is an admission attempted
+        if seq_id in self.live:
+            self.allocated_while_held.append(seq_id)
         table = self.manager.allocate(seq_id, token_ids)
         self.allocations[seq_id] = self.allocations.get(seq_id, 0) + 1
+        self.live.add(seq_id)
         return table
 
     def append(self, seq_id, token_id):
@@ -150,6 +155,7 @@ class Watched:
 
     def free(self, seq_id):
         self.events.append(("free", seq_id))
+        self.live.discard(seq_id)
         return self.manager.free(seq_id)
 
     @property
@@ -605,6 +611,22 @@ MISTAKES = [
         "blocks did that step fill, and when does your postprocess mark them computed?",
         section="3.6",
     ),
+    # A chunk cut shorter than what is left of the budget (to whole blocks, say): the same requests,
+    # fewer tokens each step.
+    Mistake(
+        30,
+        fails=("test_worked_example_step_by_step",),
+        passes=ENGINE_BASICS
+        + (
+            "test_preemption_finishes_every_request_with_the_same_output",
+            "test_chunked_prefill_matches_the_oracle",
+            "test_every_step_respects_the_token_budget_and_batch_size",
+        ),
+        messages=(r"cuts request \d+'s chunk to \d+ tokens with \d+ tokens of budget left",),
+        question="Step 2 of section 2 has 3 tokens of budget left when R2 is admitted: how many of its 9 "
+        "prompt tokens does it compute, and does a chunk have to end on a block boundary?",
+        section="3.3",
+    ),
     Mistake(
         35,
         fails=("test_every_step_respects_the_token_budget_and_batch_size",),
@@ -947,6 +969,67 @@ MISTAKES = [
         messages=(r"with status '",),
         question="C is preempted and waits first in line: what does C.status say, and which queue would an "
         "abort that goes by the status take C out of?",
+        section="3.5",
+    ),
+    # A row of one token read as a decode row (its input the last output token): right for every decode
+    # row, wrong for a one-token chunk in the middle of a recompute.
+    Mistake(
+        42,
+        fails=("test_a_one_token_chunk_of_a_recompute_reads_its_own_token",),
+        passes=ENGINE_BASICS
+        + (
+            "test_preemption_finishes_every_request_with_the_same_output",
+            "test_chunked_prefill_matches_the_oracle",
+            "test_the_overlapped_loop_matches_the_oracle",
+        ),
+        messages=(r"logits differ from the oracle",),
+        question="A preempted request with 6 tokens, 2 computed, gets the last token of the step's budget: "
+        "which token id is that row's input, and is it a decode row?",
+        section="4.1",
+    ),
+    # A victim picked by size (the request holding the most blocks) instead of age: it may be a request
+    # already scheduled in this step, whose entry then names a freed table.
+    Mistake(
+        43,
+        fails=("test_the_newest_request_is_preempted_not_the_one_scheduled",),
+        passes=ENGINE_BASICS
+        + (
+            "test_preemption_finishes_every_request_with_the_same_output",
+            "test_chunked_prefill_matches_the_oracle",
+            "test_no_block_leaks_after_every_request_ends",
+            "test_request_stops_at_its_eos_token",
+        ),
+        # A, the oldest, took the last free block: preempted after the walk scheduled it, its entry names a
+        # freed table (KeyError), or, where the run goes on, the message names A.
+        messages=(r"B needed a block at step 2 and A was preempted|KeyError.*is not allocated",),
+        question="A, B and C run, oldest first, and A holds the most blocks; B needs one and none is free: "
+        "whom does your _reserve_slots preempt, and is A already in this step?",
+        section="3.5",
+    ),
+    # The max_tokens stop tested on decode rows only: a request of max_tokens 1 whose prompt is computed
+    # whole samples its one token from a prompt row, and goes on.
+    Mistake(
+        32,
+        fails=("test_without_chunked_prefill_prompts_run_whole",),
+        passes=ENGINE_BASICS
+        + ("test_chunked_prefill_matches_the_oracle", "test_worked_example_step_by_step"),
+        messages=(r"past max_tokens = 1 \(the oracle's",),
+        question="max_tokens 1, a 12-token prompt computed whole: in which step is its one token appended, "
+        "and does your stop test look at that step's row?",
+        section="3.6",
+    ),
+    Mistake(
+        44,
+        fails=("test_preemption_finishes_every_request_with_the_same_output",),
+        passes=ENGINE_BASICS
+        + (
+            "test_chunked_prefill_matches_the_oracle",
+            "test_request_stops_at_its_eos_token",
+            "test_same_prompt_twice_in_one_step_matches_the_oracle",
+        ),
+        messages=(r"admitted again without their blocks freed",),
+        question="A request is preempted so that an older one gets a block: where do the victim's blocks go "
+        "in your preempt, and what does L3 still hold for it when it comes back?",
         section="3.5",
     ),
     Mistake(
@@ -1407,6 +1490,13 @@ def test_worked_example_step_by_step(impl):
                 f"\nthe step stops admitting with {left} tokens of budget left: request {want[len(mine)][0]} "
                 "waits where the budget, the batch and the free blocks have room for it (section 3.3)"
             )
+        elif len(mine) == len(want) and mine[:-1] == want[:-1] and mine[-1][:2] == want[-1][:2]:
+            if mine[-1][2] < want[-1][2]:  # the last chunk shorter than what is left of the budget
+                left = 8 - sum(n for _, _, n in mine)
+                stopped = (
+                    f"\nthe step cuts request {mine[-1][0]}'s chunk to {mine[-1][2]} tokens with {left} tokens "
+                    "of budget left: a prompt longer than what is left is cut to all of it (section 3.3)"
+                )
         assert mine == want, (
             f"step {k} schedules (request, num_computed, num_new) {mine}, section 2 says {want}; steps so far: "
             f"{got[:k]}{stopped}"
@@ -1503,10 +1593,39 @@ def test_preemption_finishes_every_request_with_the_same_output(impl):
     prompts = preemption_prompts(14)
     watched = Watched(8)
     run = serve(impl, watched, prompts, params=PREEMPTION_PARAMS)
+    held = sorted(set(watched.allocated_while_held), key=str)
+    assert not held, (
+        f"preemption in a pool of 8 blocks: requests {held} were admitted again without their blocks freed "
+        "since their last admission: preempt gives the victim's blocks back (block_manager.free), and the "
+        "readmission allocates a new table"
+    )
     assert_matches_oracle(run, prompts, "preemption in a pool of 8 blocks", PREEMPTION_PARAMS)
     assert watched.preemptions > 0, (
         "no request was preempted, yet the requests need 16 blocks of a pool of 8: a decode row that finds "
         "no free block preempts the newest running request (section 3.5)"
+    )
+
+
+def test_a_one_token_chunk_of_a_recompute_reads_its_own_token(impl):
+    """The preemption check's requests without prefix caching, a budget of 5 and three at a time: a
+    preempted request is recomputed from its first token, output included, in chunks of what the
+    decode rows leave of the budget, and one of those chunks is a single token in the middle of its
+    tokens. Its input is the token at its position (seq.tokens[num_computed]), not the last output
+    token: a row of one token is a decode row only where it is the sequence's last token."""
+    prompts = preemption_prompts(14)
+    watched = Watched(5, prefix_caching=False)
+    run = serve(impl, watched, prompts, params=PREEMPTION_PARAMS, max_num_batched_tokens=5, max_num_seqs=3)
+    what = "recomputed in chunks (no prefix caching, a pool of 5 blocks, a budget of 5, 3 at a time)"
+    assert_matches_oracle(run, prompts, what, PREEMPTION_PARAMS)
+    mid = [
+        (i, c, t)
+        for step, done, total in zip(run["steps"], run["computed"], run["num_tokens"])
+        for (i, n), c, t in zip(step, done, total)
+        if n == 1 and c < t - 1 and t > len(prompts[i])
+    ]
+    assert mid, (
+        f"{what}: no step computed a one-token chunk short of a request's end (request, num_computed, "
+        "num_tokens): a recompute is cut to what is left of the budget (section 3.3), one token here"
     )
 
 
@@ -1868,7 +1987,8 @@ def test_the_newest_request_is_preempted_not_the_one_scheduled(impl):
     victim = "ABC"[freed[0]] if freed[0] in (0, 1, 2) else freed[0]
     assert victim == "C", (
         f"{what}: B needed a block at step 2 and {victim} was preempted: the victim is the newest "
-        "running request, C (running[-1]), not the request being scheduled when a newer one runs"
+        "running request, C (running[-1]), not the request being scheduled when a newer one runs, nor "
+        "the one holding the most blocks"
     )
 
 
