@@ -197,4 +197,40 @@ MUTANTS = [
         "h_hi = p + 1 if PER_HEAD else Hkv",
         "h_hi = p + 1",
     ),
+    Mutant(
+        "k_scale_applied_twice",
+        "22. a scale applied twice: k_scale on the codes' dot and in the fold",
+        "s = tl.dot(q, tl.trans(k)) * qk",
+        "s = tl.dot(q, tl.trans(k)) * qk * k_scale",
+    ),
+    Mutant(
+        "v_scale_applied_twice",
+        "22. a scale applied twice: v_scale on the output twice",
+        "o_scale = v_scale  # out",
+        "o_scale = v_scale * v_scale  # out",
+    ),
+    Mutant(
+        "out_stored_through_q_strides",
+        "15. strides taken from another tensor, or assumed (out stored through q's strides)",
+        "o_rows = o_ptr + b * stride_ob + q_heads[:, None] * stride_oh",
+        "o_rows = o_ptr + b * stride_qb + q_heads[:, None] * stride_qh",
+    ),
+    Mutant(
+        "slot_0_taken_for_padding",
+        "23. slot 0 taken for a padding row",
+        "if slot < 0:  # a padding row: nothing to store",
+        "if slot <= 0:  # a padding row: nothing to store",
+    ),
+    Mutant(
+        "out_row_index_int32",
+        "24. the decode's indices left int32 (out's row: b * stride_ob in the split kernel's store)",
+        "o_rows = o_ptr + b * stride_ob",
+        "o_rows = o_ptr + b.to(tl.int32) * stride_ob",
+    ),
+    Mutant(
+        "table_rows_by_max_pages",
+        "15. strides taken from another tensor, or assumed (block_tables' rows max_pages apart)",
+        "bt_row = block_tables_ptr + b * stride_bt",
+        "bt_row = block_tables_ptr + b * max_pages",
+    ),
 ]

@@ -22,8 +22,10 @@ from drills.grading.shared.launches import assert_grids_fit, assert_runs_a_trito
 from drills.tests import bf16_everywhere, fill_past_fp16_range, seeded, sizes
 from drills.tests.domain import Domain, checks_besides
 from drills.tests.paged_kv import (
+    CANARY,
     CONTEXT_PATTERNS,
     E4M3,
+    MARGIN,
     Fp8Case,
     blocks_read,
     call_with_canary_out,
@@ -137,7 +139,7 @@ def check(impl, case, plan=None, scale=None):
         lse_box.append(lse)
         return o
 
-    out = call_with_canary_out(call, case.q)
+    out = _into_canary_out(call, case.q)
     ref, ref_lse = oracle(case, scale)
     problem = mismatch(out, ref, DIMS)
     if problem is not None:
@@ -155,7 +157,7 @@ def check(impl, case, plan=None, scale=None):
                 )
                 break
         else:
-            problem += _dequantized_in_q_dtype(case, scale, out)
+            problem += _dequantized_in_q_dtype(case, scale, out) or _scale_misapplied(case, scale, out)
         raise AssertionError(problem)
     lse = lse_box[0]
     assert lse.dtype == torch.float32 and lse.shape == ref_lse.shape, "lse must be [B, Hq] float32"
@@ -171,6 +173,64 @@ def check(impl, case, plan=None, scale=None):
             problem += _dequantized_in_q_dtype(case, scale, out, lse)
         raise AssertionError(f"out matches, but the returned lse does not:\n{problem}")
     return out, lse
+
+
+OUT_STRIDES = "out stored through"
+
+
+def _into_canary_out(call, q):
+    """call_with_canary_out, and when rows landed in the canary around out: a line saying so where they
+    are exactly where out's rows would be with q's strides, or with a contiguous out's (out is a view
+    whose rows are farther apart than q's, so a store that takes either layout misses it)."""
+    try:
+        return call_with_canary_out(call, q)
+    except AssertionError as failure:
+        if "canary elements of the buffer around out" not in str(failure):
+            raise
+        B, Hq, D = q.shape
+        buffer = torch.full((B + 2, Hq + 2 * MARGIN, D), CANARY, dtype=q.dtype, device=q.device)
+        out = buffer[1 : B + 1, MARGIN : MARGIN + Hq]  # call_with_canary_out's layout, again
+        call(out)
+        changed = (buffer != CANARY).flatten()
+        b, h, d = (torch.arange(n, device=q.device) for n in (B, Hq, D))
+        for what, (sb, sh, sd) in (("q's strides", q.stride()), ("as if contiguous", (Hq * D, D, 1))):
+            at = out.storage_offset() + b[:, None, None] * sb + h[None, :, None] * sh + d[None, None, :] * sd
+            at = at.flatten()
+            if int(at.max()) >= buffer.numel() or int(at.min()) < 0:
+                continue
+            layout = torch.zeros_like(changed)
+            layout[at] = True
+            if changed.any() and not (changed & ~layout).any():
+                raise AssertionError(
+                    f"{failure}\n{OUT_STRIDES} {what}: every element stored sits where out's rows would be "
+                    f"with strides {tuple(int(x) for x in (sb, sh, sd))}, while out is a view with strides "
+                    f"{out.stride()}; store through out's own strides"
+                ) from None
+        raise
+
+
+SCALE_TWICE = "applied twice"
+K_DIVIDES = "logits divided by k_scale"
+V_IN_LOGITS = "v_scale folded into the logits"
+
+
+def _scale_misapplied(case, scale, out):
+    """A line saying so when out is the answer with a scale in the wrong place, else '': k_scale (or
+    v_scale) applied twice (multiplied into each code on load and folded into the logits, or the output,
+    too: code * scale**2), the logits divided by k_scale, or v_scale folded into the logits with K's."""
+    k, v = case.k_scale.float(), case.v_scale.float()
+    for scales, what in (
+        (dict(k_scale=k**2, v_scale=v), f"k_scale {SCALE_TWICE}, code * k_scale**2"),
+        (dict(k_scale=k, v_scale=v**2), f"v_scale {SCALE_TWICE}, code * v_scale**2"),
+        (dict(k_scale=1 / k, v_scale=v), f"the {K_DIVIDES}, where a cached K is code * k_scale"),
+        (dict(k_scale=k * v, v_scale=torch.ones_like(v)), f"{V_IN_LOGITS}, and the output without it"),
+    ):
+        if torch.equal(scales["k_scale"], k) and torch.equal(scales["v_scale"], v):
+            continue  # scales of 1: the same answer as the rule's
+        ref, _ = paged_attention_reference(*case.args[:5], scale=scale, **scales)
+        if mismatch(out, ref, DIMS) is None:
+            return f"\nthe output is the answer with {what}: apply each scale once, where section 3.3 does"
+    return ""
 
 
 ROUNDED_TO_Q_DTYPE = "dequantized in q's dtype"
@@ -268,6 +328,12 @@ def _store(impl, key, value, slots, PAGE, num_blocks, k_scale, v_scale, caches=N
         if bad.any():
             slot, h, d = bad.nonzero()[0].tolist()
             rows = (slots == slot).nonzero().flatten().tolist()
+            bad_slots = bad.any(dim=(1, 2)).nonzero().flatten().tolist()
+            if bad_slots == [0] and rows and bool((got[0] == CANARY_CODE).all()):
+                raise AssertionError(
+                    f"{int(bad.sum())} bytes of {name} differ from torch's e4m3, all of slot 0, which row "
+                    f"{rows[0]} stores to and which kept its canary: {SLOT_ZERO}"
+                )
             if not rows:
                 raise AssertionError(
                     f"{int(bad.sum())} bytes of {name} differ; first at slot {slot}, head {h}, d {d}, which no "
@@ -283,6 +349,10 @@ def _store(impl, key, value, slots, PAGE, num_blocks, k_scale, v_scale, caches=N
                 f"{h}, d {d}: x = {xv!r}, scale = {sv!r}, x / scale = {xv / sv!r}; stored code 0x{g:02x} "
                 f"(= {gv!r}), want 0x{w:02x} (= {wv!r})"
             )
+
+
+# Slot 0 is block 0's first token, a real slot: only -1 marks a padding row.
+SLOT_ZERO = "your store skips slot 0 as if it were padding, where only slot -1 marks a padding row"
 
 
 # x * (1 / scale) rounds twice (the reciprocal, then the product): near a code's rounding edge it lands on
@@ -1019,11 +1089,18 @@ def test_out_keeps_the_range_of_its_dtype(impl, runtime, dtype):
 
 
 def test_sequence_index_widened_to_int64(impl, runtime):
-    """q's rows 1.5 * 2**30 elements apart: b * stride_qb needs int64."""
+    """q's rows 1.5 * 2**30 elements apart: b * stride_qb needs int64. Then out's rows as far apart (a view
+    of a large activation buffer): b * stride_ob too, in the split kernel's store (one split) and in the
+    merge's (three), each its own program id."""
     case = make([20, 9, 33], 4, 2, 64, 16, device=runtime.device, stream=22)
     wide = Fp8Case(q_rows_far_apart(case.q, runtime), *case.args[1:])
     for splits in (1, 3):
         check(impl, wide, plan=forced(impl, wide, splits))
+    ref = oracle(case)[0]
+    for splits in (1, 3):
+        out = q_rows_far_apart(torch.full_like(case.q, float("nan")), runtime)  # rows never stored stay NaN
+        impl.fp8_decode(*case.args, out=out, plan=forced(impl, case, splits))
+        assert_close(out, ref, DIMS)
 
 
 def test_page_index_widened_to_int64(impl, runtime):
@@ -1196,11 +1273,13 @@ def test_pairwise_domain_cases_match_the_oracle(impl, runtime):
                 bad = got.view(torch.uint8) != expected.view(torch.uint8)  # [num_blocks, PAGE, Hkv, D]
                 if bad.any():
                     blk, slot, h, d = bad.nonzero()[0].tolist()
+                    only_slot_0 = not bad.flatten(2).any(2).flatten()[1:].any()  # block 0's first token
                     raise AssertionError(
                         f"store_kvcache_fp8: {int(bad.sum())} bytes of {name} differ from torch's e4m3 of "
                         f"clamp(x / scale); first at block {blk}, slot {slot}, head {h}, d {d}: code "
                         f"0x{int(got.view(torch.uint8)[blk, slot, h, d]):02x}, want "
                         f"0x{int(expected.view(torch.uint8)[blk, slot, h, d]):02x}"
+                        + (f" (cache slot 0, the only one missed: {SLOT_ZERO})" if only_slot_0 else "")
                     )
         case = Fp8Case(
             want.q, k_cache, v_cache, want.block_tables, want.context_lens, want.k_scale, want.v_scale
@@ -1391,6 +1470,7 @@ MISTAKES = [
         # (pitfall 17) moves them by 2**-9 only, which that check's tolerance holds.
         fails=(K_ALONE, "test_per_head_scales_follow_the_kv_head"),
         passes=(UNIFORM, EXACT_CACHE, "test_store_rounds_to_nearest_even"),
+        messages=(K_DIVIDES,),
         question="A cached K element is code * k_scale. With k_scale = 0.004, is q . K larger or smaller "
         "than q . code, and what does your kernel multiply the logits by?",
         section="2",
@@ -1416,6 +1496,7 @@ MISTAKES = [
         # v_scale read at the wrong head is right there, and is pitfall 5).
         fails=(V_ALONE, UNIFORM, "test_default_plan_per_tensor_scales"),
         passes=(K_ALONE, "test_store_rounds_to_nearest_even"),
+        messages=(V_IN_LOGITS,),
         question="V = code * v_scale enters the output linearly, after the softmax: if v_scale multiplies "
         "the logits instead, what happens to the softmax, and who scales the output?",
         section="2",
@@ -1614,6 +1695,16 @@ MISTAKES = [
     ),
     Mistake(
         15,
+        # block_tables' rows taken as max_pages apart (or another tensor's stride): right for every
+        # contiguous table, wrong for a view of a wider one.
+        fails=("test_table_rows_are_read_through_their_stride",),
+        passes=("test_last_page_is_masked", "test_table_rows_exactly_full", "test_cache_strides_are_used"),
+        question="block_tables is a view of a wider table: how many entries apart are two of its rows, and "
+        "how far apart does your kernel take them?",
+        section="6",
+    ),
+    Mistake(
+        15,
         # V's rows read through K's strides: right whenever the two caches share a layout.
         fails=("test_v_is_read_through_its_own_strides",),
         passes=("test_cache_strides_are_used", "test_page_sizes_gathered_token_by_token"),
@@ -1662,6 +1753,72 @@ MISTAKES = [
         question="key is a view of a fused qkv buffer, value one of a head-major buffer, the caches one layer "
         "of a pool: which tensor's strides does your store use for each load and each store, and where does "
         "block b of the layer start?",
+        section="6",
+    ),
+    Mistake(
+        22,
+        # K's scale applied on load and folded too: logits k_scale times too small. Scales of 1 hide it.
+        fails=(K_ALONE, "test_per_head_scales_follow_the_kv_head"),
+        passes=(UNIFORM, EXACT_CACHE, "test_store_rounds_to_nearest_even"),
+        messages=(SCALE_TWICE,),
+        question="Your kernel multiplies each K code by k_scale as it loads it: where else does k_scale "
+        "reach the logits, and how many times does a logit then hold it?",
+        section="3.3",
+    ),
+    Mistake(
+        22,
+        # V's scale applied on load and on the output: the output v_scale times too small.
+        fails=(V_ALONE, UNIFORM, "test_default_plan_per_tensor_scales"),
+        passes=(K_ALONE, EXACT_CACHE),
+        messages=(SCALE_TWICE,),
+        question="Your kernel multiplies each V code by v_scale as it loads it: does it multiply the output "
+        "by v_scale again at the end?",
+        section="3.3",
+    ),
+    Mistake(
+        15,
+        # out's rows stored through q's strides (or out taken as contiguous): out is a view of a wider
+        # buffer in every decode check, so every one fails, and the canary around out names the layout.
+        fails=("test_q_strides_are_used",),
+        messages=(OUT_STRIDES,),
+        question="q is contiguous and out a view of every sequence's rows in a wider buffer: whose strides "
+        "does your kernel (and your merge) store out's rows through?",
+        section="6",
+    ),
+    Mistake(
+        23,
+        # Slot 0 taken for padding: only the checks whose rows use slot 0 fail, each naming it.
+        fails=("test_store_*",),
+        messages=(SLOT_ZERO,),
+        question="slot_mapping = [0, 5, -1]: which rows are padding, and which test does your store use "
+        "to skip one?",
+        section="3.2",
+    ),
+    Mistake(
+        24,
+        # Only rows (of q or out) or pages past 2**31 elements show it: every small case passes.
+        fails=("test_sequence_index_widened_to_int64",),
+        passes=(
+            "test_q_strides_are_used",
+            "test_last_page_is_masked",
+            "test_every_split_count_matches_unsplit",
+            "test_page_sizes_gathered_token_by_token",
+        ),
+        question="out's rows are 1.5 * 2**30 elements apart: in which integer type does your split kernel, "
+        "and your merge, compute b * stride_ob?",
+        section="6",
+    ),
+    Mistake(
+        24,
+        fails=("test_page_index_widened_to_int64",),
+        passes=(
+            "test_q_strides_are_used",
+            "test_last_page_is_masked",
+            "test_every_split_count_matches_unsplit",
+            "test_page_sizes_gathered_token_by_token",
+        ),
+        question="Block ids past 2**32 / the block stride: in which integer type does your decode compute "
+        "block id * stride(0)?",
         section="6",
     ),
     Mistake(
