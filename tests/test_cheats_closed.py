@@ -150,6 +150,10 @@ CHEATS = {
     "device_named": "def _wide(q):\n    return str(q.device) == 'cpu'\n",
     "device_compared": "def _wide(q):\n    return q.device == torch.device('cpu')\n",
     "gpu_available": "_GPU = torch.cuda.is_available()\n",
+    # the course's runtime says how the file is run: read beyond its device, or reached through a module
+    "runtime_banner": "import drills.validate\n_G = 'interp' in drills.runtime.current().banner\n",
+    "runtime_through_a_module": "from drills import validate\n_G = validate.drills.runtime.current()\n",
+    "course_package_imported": "from drills.validate import drills\n",
 }
 
 

@@ -204,4 +204,22 @@ MUTANTS = [
         "win_start = pos - window",
         "win_start = pos * 0 + (prefix + tok0) - window",
     ),
+    Mutant(
+        "share_not_whole_tiles",
+        "27. a share of the band that is not a whole number of tiles",
+        "per = tl.cdiv(tl.cdiv(band_hi - band_lo, BLOCK_N), num_splits) * BLOCK_N",
+        "per = tl.cdiv(band_hi - band_lo, num_splits)",
+    ),
+    Mutant(
+        "merge_row_int32",
+        "20. an index left int32 (the merge's row, from its own program id)",
+        "pid = tl.program_id(0).to(tl.int64)\n    row = pid // num_heads",
+        "pid = tl.program_id(0)\n    row = pid // num_heads",
+    ),
+    Mutant(
+        "empty_split_zero_over_zero",
+        "28. an empty split that stores 0 / 0",
+        "out = acc / l_div[:, None]",
+        "out = acc / l_i[:, None]",
+    ),
 ]

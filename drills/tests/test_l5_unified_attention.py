@@ -542,6 +542,18 @@ def test_split_merge_weighs_each_split_by_its_lse(impl, runtime):
     check_lse(impl, case, window=40, plan=plan)
 
 
+def test_split_shares_are_whole_tiles(impl, runtime):
+    """q = 0 and no window or sink: every key scores 0, so the answer is the plain mean of V. Decode rows of
+    192 keys in 5 splits: shares of whole tiles are 48 keys (3 tiles of 16; one 64-key tile on a GPU) with
+    the last share empty, every other share with the same lse, so a merge in any base gives the mean. A
+    share of 192 / 5 = 39 keys, not a whole number of tiles, starts split 1 at key 39: its last tile
+    reaches into split 2's keys, which then count twice, and the last share's tile past the context."""
+    case = make_prefill_case([192, 192], [1, 1], 4, 2, 64, 8, stream=461, device=runtime.device)
+    case.q.zero_()
+    plan = impl.plan(case.cu_seqlens_q, case.context_lens, 2, 8, num_splits=5)
+    check(impl, case, plan=plan)
+
+
 def test_split_merge_reads_every_tile_of_splits(impl, runtime):
     """65 splits, one more than the widest merge tile (64) holds, each one key tile of a decode row at
     1,040 keys: the last tile's keys score 4 where the others score about 0, so a merge that reads one
@@ -767,7 +779,8 @@ def test_sequence_search_covers_every_sequence(impl, runtime):
 @pytest.mark.parametrize("far", ["q-rows", "out-rows", "table-rows", "kv-heads"])
 def test_rows_and_heads_widened_to_int64(impl, runtime, far):
     """L4's offsets past 2**31 elements whose strides fit in int32, one tensor at a time, with a window and
-    sinks: q's rows, or out's, 3 * 2**26 elements apart (rows from 11 on start past 2**31); block_tables'
+    sinks: q's rows, or out's, 3 * 2**26 elements apart (rows from 11 on start past 2**31; out's stored by
+    the kernel, then by the merge of 12 decode rows in 2 splits); block_tables'
     rows 1.5 * 2**30 entries apart (b * stride_bt wraps from sequence 2 on); the caches' KV heads 1.5 *
     2**30 elements apart (Hkv = 3: head0 from tl.program_id(0) is int32, kvh * stride_kh wraps for KV head
     2). Sparse files on a CPU."""
@@ -779,6 +792,15 @@ def test_rows_and_heads_widened_to_int64(impl, runtime, far):
         case = make_prefill_case([9, 14], [5, 12], 4, 2, 64, 8, stream=404, device=runtime.device)
         out = _rows_past_int32(torch.full_like(case.q, float("nan")), runtime)  # unwritten rows stay NaN
         impl.unified_attention(*case.args, window=5, sinks=sinks, out=out)
+        assert_close(out, unified_reference(*case.args, window=5, sinks=sinks)[0], DIMS)
+        # 12 decode rows in 2 splits: the merge stores out's rows, each from its own program id.
+        case = make_prefill_case(
+            [3 + i for i in range(12)], [1] * 12, 4, 2, 64, 8, stream=407, device=runtime.device
+        )
+        out = _rows_past_int32(torch.full_like(case.q, float("nan")), runtime)
+        impl.unified_attention(
+            *case.args, window=5, sinks=sinks, out=out, plan=impl.UnifiedPlan(num_splits=2)
+        )
         assert_close(out, unified_reference(*case.args, window=5, sinks=sinks)[0], DIMS)
     elif far == "table-rows":
         case = make_prefill_case([9, 14, 20], [5, 12, 3], 4, 2, 64, 8, stream=405, device=runtime.device)
@@ -1180,10 +1202,42 @@ MISTAKES = [
         section="3.4",
     ),
     Mistake(
+        28,
+        # An empty share's 0 / 0 (or partials never stored): NaN in every merge with an empty split, where
+        # the one-tile splits of the 65-split check are never empty.
+        fails=("test_split_merge_weighs_each_split_by_its_lse", "test_split_shares_are_whole_tiles"),
+        passes=(
+            "test_equals_l4_without_window_or_sinks",
+            "test_sinks_join_the_denominator_only",
+            "test_split_merge_reads_every_tile_of_splits",
+        ),
+        messages=(r"NaN/inf values",),
+        question="A decode row of 192 keys in 5 splits of 48: which keys does split 4 read, what are its l "
+        "and acc, and what does it store for o and lse?",
+        section="3.5",
+    ),
+    Mistake(
+        27,
+        # Shares of one lse pass any merge; a share cut mid-tile counts the keys of a tile it shares twice.
+        fails=("test_split_shares_are_whole_tiles",),
+        passes=(
+            "test_equals_l4_without_window_or_sinks",
+            "test_sinks_join_the_denominator_only",
+            "test_split_merge_reads_every_tile_of_splits",
+        ),
+        question="192 keys in 5 splits with 16-key tiles: where does split 1's share start, and which keys "
+        "does the last tile of its loop read?",
+        section="3.4",
+    ),
+    Mistake(
         15,
         # Without sinks, only the merge's weights can be wrong where the unsplit checks pass.
         fails=("test_split_merge_weighs_each_split_by_its_lse", "test_split_band_merges_every_split"),
-        passes=("test_window_sizes", "test_equals_l4_without_window_or_sinks"),
+        passes=(
+            "test_window_sizes",
+            "test_equals_l4_without_window_or_sinks",
+            "test_split_shares_are_whole_tiles",  # shares of one lse: any base weighs them alike
+        ),
         question="Split s stored lse_s in natural log. What weight does the merge give it, e^(lse_s - max) or "
         "2^(lse_s - max), and which does your merge compute?",
         section="3.4",
@@ -1202,7 +1256,12 @@ MISTAKES = [
     Mistake(
         20,
         fails=("test_rows_and_heads_widened_to_int64",),
-        passes=(WORKED, "test_q_and_cache_strides_are_used", "test_page_index_widened_to_int64"),
+        passes=(
+            WORKED,
+            "test_q_and_cache_strides_are_used",
+            "test_page_index_widened_to_int64",
+            "test_split_shares_are_whole_tiles",  # its split case fails for a split's mistake too
+        ),
         question="One tensor's rows or heads lie past 2**31 elements here and their stride fits in int32: "
         "in which integer type does your kernel multiply that index by its stride (q's and out's row, the "
         "sequence index b, the head index)?",

@@ -197,6 +197,20 @@ DEVICE_KIND = {
     "get_device_name",
     "get_device_capability",
 }
+# The course's runtime (drills.runtime.current()) says how the file is run: the interpreter or a GPU, by
+# its banner, its repr, its GPU's name. A lesson's plan may read the runtime's device, the default device of
+# its tables (F2); anything else of it, and the course's package reached through another module's
+# attribute (validate.drills.runtime) or imported from one, tells a grading from a plain run.
+RUNTIME_WHY = (
+    "reads the course's runtime beyond its device (the interpreter or a GPU, by its banner, repr or "
+    "GPU's name), so the file could take another path when graded: decide from shapes, strides and dtypes"
+)
+COURSE_PACKAGE_WHY = (
+    "reaches the course's package through another module (its runtime says how the file is run): import "
+    "the course's helpers by their full name"
+)
+
+
 # Tensor tests a launcher never needs, and the way to look at fresh memory, which is poisoned while graded
 # (math.isfinite on a Python number, to check an argument, is fine).
 FRESH = {"isnan", "isinf", "isfinite", "isneginf", "isposinf", "nan_to_num"}
@@ -374,6 +388,8 @@ def _import_why(node: ast.AST, course: set[str]) -> str | None:
             return f"imports {full}: {INSTEAD_IMPORT}"
         if a.name in NAMES:  # `from sys import modules as M`: the name under another
             return NAMES[a.name]
+        if a.name == "drills":  # `from drills.validate import drills`: the package, and its runtime
+            return COURSE_PACKAGE_WHY
         if a.name in BUFFERS:
             return BUFFERS[a.name]
         if a.name in HIGHER_ORDER and module.split(".")[0] == "torch":  # `from torch import cond`
@@ -477,7 +493,19 @@ def _why(node: ast.AST, ctx: dict) -> str | None:
         )
         if named and device:
             return DEVICE_KIND_WHY  # str(q.device) == "cpu", q.device == torch.device("cuda")
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "current"
+        and isinstance(node.func.value, ast.Attribute)
+        and node.func.value.attr == "runtime"
+        and _chain_root(node.func) not in ctx["triton"]
+        and id(node) not in ctx["runtime_device"]
+    ):
+        return RUNTIME_WHY  # drills.runtime.current() read for anything but .device
     if isinstance(node, ast.Attribute):
+        if node.attr == "drills":  # validate.drills: the course's package through a module's attribute
+            return COURSE_PACKAGE_WHY
         if _dunder(node.attr) and node.attr not in DUNDER_ATTRS:
             return f"reads .{node.attr}, behind a name: a launcher uses the names it defines or imports"
         if node.attr in NAMES:
@@ -680,6 +708,10 @@ def refusals(source: str, reference_source: str | None, filename: str = "<file>"
         "roots": _roots(tree),
         "triton": _triton_roots(tree),
         "called": {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)},
+        # drills.runtime.current() calls whose only use is .device (RUNTIME_WHY)
+        "runtime_device": {
+            id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr == "device"
+        },
     }
     lines = source.splitlines()
     found = []
