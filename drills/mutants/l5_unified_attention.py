@@ -222,4 +222,10 @@ MUTANTS = [
         "out = acc / l_div[:, None]",
         "out = acc / l_i[:, None]",
     ),
+    Mutant(
+        "merged_lse_in_base_2",
+        "26. lse left in base 2 (the merge's: m + log2 of the weights' sum)",
+        'lse_out = tl.where(seen, m + tl.log(w_div), float("-inf"))',
+        'lse_out = tl.where(seen, m + tl.log2(w_div), float("-inf"))',
+    ),
 ]

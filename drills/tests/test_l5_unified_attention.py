@@ -312,8 +312,19 @@ def check(impl, case, window=None, sinks=None, scale=None, plan=None, lse=False,
         assert lse_box[0].dtype == torch.float32 and lse_box[0].shape == case.q.shape[:2], (
             f"lse: {lse_box[0].dtype} {tuple(lse_box[0].shape)}"
         )
-        assert_close(lse_box[0], ref_lse, LSE_DIMS, **LSE_TOL)
+        _lse_close(lse_box[0], ref_lse)
     return out
+
+
+LSE_ONLY = "out matches, but the returned lse does not"
+
+
+def _lse_close(lse, ref_lse):
+    """lse held to the oracle's, after out matched: the message says so, since a wrong lse with a right out
+    is a mistake of the lse alone (its base, its sink), never of the weights that made out."""
+    problem = mismatch(lse, ref_lse, LSE_DIMS, **LSE_TOL)
+    if problem is not None:
+        raise AssertionError(f"{LSE_ONLY}:\n{problem}")
 
 
 def check_lse(impl, case, window=None, sinks=None, plan=None):
@@ -322,6 +333,8 @@ def check_lse(impl, case, window=None, sinks=None, plan=None):
     assert lse.dtype == torch.float32 and lse.shape == case.q.shape[:2], (
         f"lse: {lse.dtype} {tuple(lse.shape)}"
     )
+    if mismatch(out, ref, DIMS) is None:
+        _lse_close(lse, ref_lse)
     assert_close(lse, ref_lse, LSE_DIMS, **LSE_TOL)
     assert_close(out, ref, DIMS)
 
@@ -1199,6 +1212,25 @@ MISTAKES = [
         messages=(r"without the splits past the merge's first tile",),
         question="65 splits and a merge tile of at most 64: which splits does your merge read, and where is "
         "the 65th split's share of the band?",
+        section="3.4",
+    ),
+    Mistake(
+        26,
+        # The merged lse in base 2 (m + log2 of the weights' sum): every output right, split or not, and
+        # every unsplit lse; only the merged lse is off.
+        fails=(
+            "test_split_merge_weighs_each_split_by_its_lse",
+            "test_split_merge_reads_every_tile_of_splits",
+        ),
+        passes=(
+            "test_lse_includes_the_sink",
+            "test_equals_l4_without_window_or_sinks",
+            "test_split_shares_are_whole_tiles",
+            "test_split_band_on_a_mixed_batch",
+        ),
+        messages=(LSE_ONLY,),
+        question="Your merge's weights are e^(lse_s - m): in which base is their sum's log, and what lse does "
+        "your merge store for a row?",
         section="3.4",
     ),
     Mistake(
