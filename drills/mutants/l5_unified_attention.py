@@ -228,4 +228,10 @@ MUTANTS = [
         'lse_out = tl.where(seen, m + tl.log(w_div), float("-inf"))',
         'lse_out = tl.where(seen, m + tl.log2(w_div), float("-inf"))',
     ),
+    Mutant(
+        "merge_max_starts_at_zero",
+        "29. a merge whose running max starts at 0",
+        'm = tl.full([1], float("-inf"), dtype=tl.float32)\n    w_sum = tl.zeros([1], dtype=tl.float32)',
+        "m = tl.zeros([1], dtype=tl.float32)\n    w_sum = tl.zeros([1], dtype=tl.float32)",
+    ),
 ]

@@ -37,6 +37,7 @@ from drills.tests.paged_kv import (
     launch_into_canary,
     pool_past_int32,
     rows_far_apart,
+    shift_scores,
     skip_without_memory_for_sparse_pages,
     spoiled_call,
 )
@@ -565,6 +566,16 @@ def test_split_shares_are_whole_tiles(impl, runtime):
     case.q.zero_()
     plan = impl.plan(case.cu_seqlens_q, case.context_lens, 2, 8, num_splits=5)
     check(impl, case, plan=plan)
+
+
+def test_split_merge_starts_its_max_at_minus_inf(impl, runtime):
+    """Decode rows whose every score is about -128, in 3 splits: each split's lse is past fp32's exp range
+    below, so the merge's running max must start at -inf (the first lse sets it). Started at 0, every
+    weight e^(lse - 0) underflows to 0 and the row comes out as if it had seen no key."""
+    case = make_prefill_case([70, 33], [1, 1], 4, 2, 64, 8, stream=463, device=runtime.device)
+    shift_scores(case, -128.0)
+    plan = impl.plan(case.cu_seqlens_q, case.context_lens, 2, 8, num_splits=3)
+    check(impl, case, plan=plan, lse=True)
 
 
 def test_split_merge_reads_every_tile_of_splits(impl, runtime):
@@ -1231,6 +1242,19 @@ MISTAKES = [
         messages=(LSE_ONLY,),
         question="Your merge's weights are e^(lse_s - m): in which base is their sum's log, and what lse does "
         "your merge store for a row?",
+        section="3.4",
+    ),
+    Mistake(
+        29,
+        # Only splits whose lse lie below fp32's exp range show it; every other split check passes.
+        fails=("test_split_merge_starts_its_max_at_minus_inf",),
+        passes=(
+            "test_split_merge_weighs_each_split_by_its_lse",
+            "test_split_band_merges_every_split",
+            "test_split_shares_are_whole_tiles",
+        ),
+        question="Every split of a row has lse about -125: what is e^(lse - m) in fp32 when the merge's m "
+        "starts at 0, and where must m start?",
         section="3.4",
     ),
     Mistake(
