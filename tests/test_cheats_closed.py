@@ -150,6 +150,14 @@ CHEATS = {
     "device_named": "def _wide(q):\n    return str(q.device) == 'cpu'\n",
     "device_compared": "def _wide(q):\n    return q.device == torch.device('cpu')\n",
     "gpu_available": "_GPU = torch.cuda.is_available()\n",
+    # the kind shown by a device's text, or by torch's device modules beyond what the reference calls
+    "device_text_prefix": "def _wide(q):\n    return str(q.device).startswith('cu')\n",
+    "device_text_length": "def _wide(q):\n    return len(str(q.device)) > 3\n",
+    "device_by_index": "def _wide(q):\n    return q.device == torch.device(0)\n",
+    "device_alias_formatted": "def _wide(q):\n    dev = q.device\n    return f'{dev}'[0:2]\n",
+    "cuda_initialized": "def _wide(q):\n    return torch.cuda.is_initialized()\n",
+    "cuda_module_alias": "_CUDA = torch.cuda\n",
+    "device_of_a_new_tensor": "def _wide(q):\n    return q.device == torch.empty(0).device\n",
     # the course's runtime says how the file is run: read beyond its device, or reached through a module
     "runtime_banner": "import drills.validate\n_G = 'interp' in drills.runtime.current().banner\n",
     "runtime_through_a_module": "from drills import validate\n_G = validate.drills.runtime.current()\n",
@@ -647,6 +655,75 @@ def test_a_python_function_handed_to_a_kernel_is_refused(tmp_path):
             message
         )
         assert "_apply was given FN = " in message, (name, message)
+
+
+CONSTEXPR_FUNCTIONS = """\
+import json, math, os
+os.environ["TRITON_INTERPRET"] = "1"
+import drills.runtime
+drills.runtime.select()
+import torch
+import triton
+import triton.language as tl
+
+import drills.grading.learner.instrument as I
+watch = I.TritonWatch(__file__)
+watch.module_name = "cheats"
+
+
+@triton.constexpr_function
+def _pad(n):  # compile-time Python on a constexpr: what a GPU compiles too
+    return max(n, 4)
+
+
+@triton.constexpr_function
+def _exp_in_python(x):  # a scalar's float found by bisection on `if`, then math.exp in Python
+    lo, hi = -50.0, 50.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if x > mid:
+            lo = mid
+        else:
+            hi = mid
+    return math.exp(lo)
+
+
+@triton.jit
+def _padded(out_ptr, N: tl.constexpr):
+    tl.store(out_ptr, _pad(N))
+
+
+@triton.jit
+def _exp(x_ptr, out_ptr):
+    tl.store(out_ptr, _exp_in_python(tl.load(x_ptr)))
+
+
+x, out = torch.tensor([1.5]), torch.zeros(1)
+said = {}
+_padded[(1,)](out, N=2)
+said["constexpr"] = out.item()
+try:
+    _exp[(1,)](x, out)
+    said["tensor"] = "ran"
+except Exception as err:  # the interpreter wraps what the kernel raised
+    while err is not None and not isinstance(err, I.KernelValueToPython):
+        err = err.__cause__ or err.__context__
+    said["tensor"] = str(err)
+print(json.dumps(said))
+"""
+
+
+def test_a_constexpr_function_given_a_kernels_tensor_is_refused(tmp_path):
+    """The interpreter runs a @triton.constexpr_function as plain Python with whatever the kernel gives it:
+    given a tensor, it can recover the float by bisection on `if` and compute in Python (a GPU runs such a
+    function on constexprs only). Given a constexpr it runs as before."""
+    import json
+
+    said = json.loads(_last_line_of_script(tmp_path / "constexpr_functions.py", CONSTEXPR_FUNCTIONS, 300))
+    assert said["constexpr"] == 4.0, said
+    assert said["tensor"].startswith(
+        "the output did not come from your kernel: a @triton.constexpr_function"
+    ), said
 
 
 def test_a_file_that_tells_a_grading_by_its_fresh_memory_fails(tmp_path):

@@ -708,6 +708,34 @@ def test_another_modules_globals_reached_through_a_kernel_are_not_kept_by_the_fi
         del sys.modules[other.__name__], sys.modules[mine.__name__]
 
 
+def test_a_tensor_kept_behind_a_bound_method_or_an_iterator_is_found():
+    """An answer kept where the walk of the file's names did not look: in the object of a bound method
+    (`_keep = _Memo().keep`, the method's __self__), or in what an itertools object holds
+    (`itertools.repeat(holder)`). Both last between calls as a dict of the module's does."""
+    import itertools
+    import types
+
+    import torch
+
+    from drills.grading.learner.run_call import _held_tensors
+
+    mine = types.ModuleType("drills_learner_module_for_the_bound_walk")
+    sys.modules[mine.__name__] = mine
+    try:
+        memo = type("Memo", (), {"__module__": mine.__name__, "keep": lambda self, x: x})()
+        memo.seen = {}
+        mine.keep = memo.keep  # only the bound method is a name of the module
+        other = type("Box", (), {"__module__": mine.__name__})()
+        other.items = []
+        mine.again = itertools.repeat(other)
+        assert _held_tensors(mine) == {}
+        memo.seen["k"] = torch.zeros(4)
+        other.items.append(torch.ones(2))
+        assert sorted(where for _, where in _held_tensors(mine).values()) == ["again", "keep"]
+    finally:
+        del sys.modules[mine.__name__]
+
+
 # --- The diagnosis engine ------------------------------------------------------------------------
 
 

@@ -102,6 +102,14 @@ MUTANTS = [
         "m_new = tl.maximum(m_i, tl.max(s, axis=1))",
         "m_new = tl.maximum(m_i, tl.max(tl.max(s, axis=1), axis=0))",
     ),
+    # The max over the wrong axis: per key over the group's heads, [PAGE] where [GROUP_PAD] belongs (the
+    # same shape when PAGE = 16). A tail key's column is -inf, so its row's max is too, and NaN follows.
+    Mutant(
+        "max_over_the_keys_axis",
+        "11. running max taken over the group's heads per key (axis=0), not per head",
+        "m_new = tl.maximum(m_i, tl.max(s, axis=1))",
+        "m_new = tl.maximum(m_i, tl.max(s, axis=0))",
+    ),
     Mutant(
         "q_load_unmasked",
         "12. q loaded without a mask (padding rows read past q)",

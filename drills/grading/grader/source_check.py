@@ -197,6 +197,28 @@ DEVICE_KIND = {
     "get_device_name",
     "get_device_capability",
 }
+# torch's modules for a kind of device: any of their functions tells a GPU from the CPU (is_initialized(),
+# current_stream(), memory_allocated() answer differently, or raise, where no GPU holds the tensors), so
+# only the functions the lesson's reference calls there are allowed (F1-F3 and L5 count a GPU's SMs).
+DEVICE_MODULES = {"cuda", "mps", "xpu", "accelerator", "backends", "version", "mtia"}
+# What turns a device into text or a number, where its kind shows ("cuda:0" is longer than "cpu", starts
+# otherwise, hashes otherwise): a device is handed on (device=q.device) or compared with another device.
+DEVICE_TEXT = {
+    "str",
+    "repr",
+    "format",
+    "ascii",
+    "hash",
+    "len",
+    "id",
+    "print",
+    "bool",
+    "iter",
+    "list",
+    "tuple",
+}
+
+
 # The course's runtime (drills.runtime.current()) says how the file is run: the interpreter or a GPU, by
 # its banner, its repr, its GPU's name. A lesson's plan may read the runtime's device, the default device of
 # its tables (F2); anything else of it, and the course's package reached through another module's
@@ -443,8 +465,66 @@ def _dunder(name: str) -> bool:
     return len(name) > 4 and name.startswith("__") and name.endswith("__")
 
 
+def _device_names(tree: ast.AST) -> set[str]:
+    """The names the file binds to a tensor's device (`dev = q.device`), and any name that says device."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Assign, ast.AnnAssign, ast.NamedExpr)) and node.value is not None:
+            if isinstance(node.value, ast.Attribute) and node.value.attr == "device":
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                names |= {n.id for target in targets for n in ast.walk(target) if isinstance(n, ast.Name)}
+        elif isinstance(node, ast.Name) and "device" in node.id.lower():
+            names.add(node.id)
+    return names
+
+
+def _a_device(node: ast.AST, ctx: dict) -> bool:
+    """node is a device itself: x.device of a name (not of a tensor made there: torch.empty(0).device is
+    the default device, the CPU's, so comparing with it tells the kind), or a name bound to one."""
+    return (
+        isinstance(node, ast.Attribute) and node.attr == "device" and _chain_root(node.value) is not None
+    ) or (isinstance(node, ast.Name) and node.id in ctx["device_names"])
+
+
+def _mentions_device(node: ast.AST, ctx: dict) -> bool:
+    return any(_a_device(n, ctx) for n in ast.walk(node))
+
+
+def _device_kind_why(node: ast.AST, ctx: dict) -> str | None:
+    """A device made text or a number, or compared with something that is no device: its kind shows."""
+    if isinstance(node, ast.Compare):
+        sides = [node.left, *node.comparators]
+        plain = [s for s in sides if not (isinstance(s, ast.Constant) and s.value is None)]
+        if any(_mentions_device(side, ctx) for side in sides) and not all(_a_device(s, ctx) for s in plain):
+            return DEVICE_KIND_WHY  # q.device == torch.device(0), len(str(dev)) > 3
+    if isinstance(node, ast.Call) and any(
+        _mentions_device(a, ctx) for a in [*node.args, *(k.value for k in node.keywords)]
+    ):
+        fn = node.func
+        if (isinstance(fn, ast.Name) and fn.id in DEVICE_TEXT) or (
+            isinstance(fn, ast.Attribute) and fn.attr in ("format", "join", "format_map")
+        ):
+            return DEVICE_KIND_WHY  # str(q.device).startswith("cu"), "{}".format(dev)
+    if isinstance(node, ast.FormattedValue) and _mentions_device(node.value, ctx):
+        return DEVICE_KIND_WHY  # f"{q.device}"
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod) and _mentions_device(node.right, ctx):
+        return DEVICE_KIND_WHY  # "%s" % q.device
+    if (
+        isinstance(node, ast.Attribute)
+        and node.attr in DEVICE_MODULES
+        and _chain_root(node.value) in ctx["roots"]
+        and _chain_root(node.value) not in ctx["triton"]
+        and id(node) not in ctx["device_module_uses"]
+    ):
+        return DEVICE_KIND_WHY  # torch.cuda.is_initialized(), cuda = torch.cuda
+    return None
+
+
 def _why(node: ast.AST, ctx: dict) -> str | None:
     course, roots, called = ctx["course"], ctx["roots"], ctx["called"]
+    why = _device_kind_why(node, ctx)
+    if why is not None:
+        return why
     why = _import_why(node, course)
     if why is not None:
         return why
@@ -708,6 +788,16 @@ def refusals(source: str, reference_source: str | None, filename: str = "<file>"
         "roots": _roots(tree),
         "triton": _triton_roots(tree),
         "called": {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)},
+        "device_names": _device_names(tree),
+        # torch.cuda.<a function the reference calls>: the module reached for that function alone
+        "device_module_uses": {
+            id(n.value)
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Attribute)
+            and isinstance(n.value, ast.Attribute)
+            and n.value.attr in DEVICE_MODULES
+            and n.attr in reference_attrs
+        },
         # drills.runtime.current() calls whose only use is .device (RUNTIME_WHY)
         "runtime_device": {
             id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr == "device"

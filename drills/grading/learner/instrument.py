@@ -160,6 +160,7 @@ class TritonWatch:
         _dot_sizes_as_a_gpu_compiles(interp)
         _patch_language_once(interp)
         _values_stay_in_kernels(interp, self.graded_file)
+        _constexpr_functions_take_constexprs()
         semantic_cache.install(interp)
         exact_bf16_dot(interp)
 
@@ -460,6 +461,46 @@ def _values_stay_in_kernels(interp, graded_file: str) -> None:
 
     patch_tensor.drills_values_stay = True
     interp._patch_lang_tensor = patch_tensor
+
+
+def _constexpr_functions_take_constexprs() -> None:
+    """A @triton.constexpr_function runs at compile time on constexprs: a GPU's compiler hands it no
+    tensor it could compute on (an op on one needs the code generator, an `if` on one has no value). The
+    interpreter calls it as plain Python with whatever the kernel passes, its tensors too, so a kernel
+    could recover a float by bisection on `if x > mid` there and compute on it in Python (math, a loop),
+    out of every check's sight, in a kernel no GPU compiles. A kernel's tensor given to one is refused."""
+    import triton.language as tl
+
+    try:  # by the module's full name: triton.runtime's `jit` may be the decorator, not the module
+        from triton.runtime.jit import ConstexprFunction as klass
+    except ImportError:  # a Triton without constexpr functions
+        return
+    if getattr(klass.__call__, "drills_constexprs_only", False):
+        return
+    original = klass.__call__
+
+    def tensors(values, depth=0) -> bool:
+        for value in values:
+            if isinstance(value, tl.tensor):
+                return True
+            if isinstance(value, (tuple, list)) and depth < 4 and tensors(value, depth + 1):
+                return True
+        return False
+
+    def call(self, *args, **kwargs):
+        if tensors(args) or tensors(kwargs.values()):
+            name = getattr(getattr(self, "fn", None), "__name__", "a constexpr_function")
+            raise KernelValueToPython(
+                "the output did not come from your kernel: a @triton.constexpr_function given a kernel's "
+                f"tensor runs as Python on its values under the interpreter ({name}), which a GPU's "
+                "compiler refuses (it runs such a function on constexprs only); give it constexprs (a "
+                "shape, a dtype, a tl.constexpr parameter), and compute with triton.language in the "
+                "@triton.jit body"
+            )
+        return original(self, *args, **kwargs)
+
+    call.drills_constexprs_only = True
+    klass.__call__ = call
 
 
 def _patch_language_once(interp) -> None:

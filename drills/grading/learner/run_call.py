@@ -194,6 +194,10 @@ def _held_tensors(module) -> dict[int, tuple]:
             items = list(value)
         elif isinstance(value, functools.partial):
             items = [value.func, *value.args, *value.keywords.values()]
+        elif isinstance(value, types.MethodType):  # a bound method keeps its object: `_keep = _Memo().keep`
+            items = [value.__func__, value.__self__]
+        elif type(value).__module__ in ("itertools", "functools", "collections"):
+            items = gc.get_referents(value)  # itertools.repeat(obj), a deque iterator: what they hold
         elif isinstance(value, (staticmethod, classmethod)):
             items = [value.__func__]
         elif isinstance(value, property):
