@@ -315,4 +315,10 @@ MUTANTS = [
         "            kept[key] = _make_plan(context_lens, Hkv, PAGE)\n"
         "        plan = kept[key]\n",
     ),
+    Mutant(
+        "padding_batch_planned_zero_splits",
+        "35. the splits counted again without the floor of 1: a batch of padding sequences gets 0",
+        "num_splits=max(1, triton.cdiv(max_len, chunk))",
+        "num_splits=triton.cdiv(max_len, chunk)",
+    ),
 ]

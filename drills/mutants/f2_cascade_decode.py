@@ -323,4 +323,20 @@ MUTANTS = [
         "        cascade = wide and saved >= CASCADE_SHARE * sum(lens)\n",
         "        share = saved / sum(lens)\n        cascade = wide and share >= CASCADE_SHARE\n",
     ),
+    Mutant(
+        "merge_max_of_one_tile",
+        "36. the merge's running max taken from each tile of slots alone",
+        "m_new = tl.maximum(m, tl.max(lse, axis=0))",
+        "m_new = tl.max(lse, axis=0) + tl.zeros([1], dtype=tl.float32)",
+    ),
+    Mutant(
+        "tiles_cut_from_runs",
+        "37. tiles cut from runs of consecutive sequences of a group, not from the group's members",
+        "    for g, m in sorted(members.items()):\n        for i in range(0, len(m), mt):\n"
+        "            tiles.append(m[i : i + mt] + [-1] * (mt - len(m[i : i + mt])))\n            tile_group.append(g)\n",
+        "    for b, g in enumerate(groups):\n        if g < 0:\n            continue\n"
+        "        if tiles and tile_group[-1] == g and -1 in tiles[-1] and groups[b - 1] == g:\n"
+        "            tiles[-1][tiles[-1].index(-1)] = b\n        else:\n"
+        "            tiles.append([b] + [-1] * (mt - 1))\n            tile_group.append(g)\n",
+    ),
 ]

@@ -693,7 +693,11 @@ def test_plan_of_padding_sequences_has_one_split(impl):
     """A batch of padding sequences (every length 0: a graph bucket with no request yet) still gets a
     plan with one split of whole tiles, never 0 splits or a chunk of 0 (a division by zero later)."""
     p = impl.plan([0, 0, 0], 2, 16, num_sms=132)
-    assert p.num_splits == 1 and p.chunk >= 16 and p.chunk % 16 == 0 and p.max_len == 0, f"{p}"
+    assert p.num_splits == 1, (
+        f"{p}: a batch of padding sequences planned {p.num_splits} splits: cdiv(0, chunk) = 0 counts no "
+        "split, and a grid of 0 programs writes nothing; the count is at least 1"
+    )
+    assert p.chunk >= 16 and p.chunk % 16 == 0 and p.max_len == 0, f"{p}"
     mixed = impl.plan([0, 37, 0], 2, 16, num_sms=132)
     assert mixed.max_len == 37 and mixed.num_splits * mixed.chunk >= 37, f"{mixed}: must cover 37 tokens"
 
@@ -1048,6 +1052,16 @@ STAGES = [
 
 EVERY_SPLIT = "test_every_split_count_matches_unsplit"
 MISTAKES = [
+    Mistake(
+        35,
+        # The last count of plan() without its floor of 1: cdiv(0, chunk) = 0 splits for a batch of
+        # padding sequences, which the launcher then refuses (or a grid of 0 programs leaves out unwritten).
+        fails=("test_plan_of_padding_sequences_has_one_split",),
+        messages=(r"padding sequences planned 0 splits",),
+        question="Every context_lens is 0: what is cdiv(max_len, chunk), and how many programs does a grid "
+        "with that many splits launch?",
+        section="4",
+    ),
     Mistake(
         30,
         # A guard kept from the reference whose merge stores m + ln(w_sum) unmasked: inf + ln 0 = NaN for a

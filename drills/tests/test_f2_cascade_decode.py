@@ -480,9 +480,12 @@ def test_every_suffix_split_count_matches(impl, runtime):
 
 def test_merge_reads_every_tile_of_slots(impl, runtime):
     """33 prefix chunks and 32 suffix splits of one tile each: 65 partial states per row, one past the
-    merge's widest tile of 64 slots, so the merge must loop over its slots, not read one tile of them."""
+    merge's widest tile of 64 slots, so the merge must loop over its slots, not read one tile of them.
+    The third member's suffix is one tile (544 = 528 + 16 tokens), so its slots 34 to 64 are empty and
+    the merge's second tile holds only empty slots: a max taken from each tile alone falls to -inf
+    there, and the lse it stores, m + ln(w_sum), is -inf while out still matches."""
     case, groups, plens = cascade_case(
-        [1040, 1040], [0, 0], [528], 2, 1, 16, device=runtime.device, stream=26
+        [1040, 1040, 544], [0, 0, 0], [528], 2, 1, 16, device=runtime.device, stream=26
     )
     plan = forced(impl, case, groups, plens, prefix_chunks=33, suffix_splits=32)
     assert plan.prefix_chunks + plan.suffix_splits == 65, f"{plan}"
@@ -843,6 +846,15 @@ def _plan_invariants(p, lens, groups, plens, Hkv):
         assert all(groups[b] == g for b in real), f"tile of group {g} holds {real}: rows of another group"
         seen.setdefault(g, []).extend(real)
     assert {g: sorted(m) for g, m in seen.items()} == members, "every member in exactly one tile of its group"
+    # Each tile reads its group's prefix once: a group needs ceil(members / members_per_tile) tiles, and
+    # every tile past that (cut at each break in a run of the batch) reads the shared pages once more.
+    for g, m in members.items():
+        have, want = p.tile_group.tolist().count(g), -(-len(m) // p.members_per_tile)
+        assert have == want, (
+            f"{p}: {have} tiles of group {g} where ceil({len(m)} members / members_per_tile "
+            f"{p.members_per_tile}) = {want} hold them: a tile is cut from the group's members in batch "
+            "order, not from a run of consecutive sequences, and each extra tile reads the prefix again"
+        )
 
 
 def test_plan_cascades_only_when_it_pays_and_cuts_by_its_rules(impl):
@@ -1132,6 +1144,31 @@ STAGES = [
 
 MHA = "test_prefix_tile_rows_map_to_heads[group1-MHA]"
 MISTAKES = [
+    Mistake(
+        37,
+        # Tiles cut from runs of consecutive grouped sequences: every result right, the prefix read once
+        # per run instead of once per members_per_tile members.
+        fails=("test_plan_covers_every_token_once",),
+        messages=(r"tiles of group \d+ where ceil",),
+        question="Groups [0, -1, -1, 0] in tiles of 2: how many tiles does group 0 need, and how many does "
+        "your plan() cut when a sequence of no group stands between its members?",
+        section="3.5",
+    ),
+    Mistake(
+        36,
+        # The merge's max taken from each tile of slots alone: out stays right (the rescale is consistent),
+        # and the lse is measured from the last tile's max, -inf after a tile of empty slots.
+        fails=("test_merge_reads_every_tile_of_slots",),
+        passes=(
+            "test_worked_example_three_requests",
+            "test_every_suffix_split_count_matches",
+            "test_merge_rescales_when_a_later_tile_of_slots_raises_the_max",
+        ),
+        messages=(r"out matches, but the returned lse does not",),
+        question="65 slots in tiles of 64, and a member whose slots 34 to 64 are empty: what is your merge's "
+        "max after its second tile, and what lse does it then store?",
+        section="3.4",
+    ),
     Mistake(
         35,
         # Rule 1 as a ratio, saved / sum(context_lens): a batch of padding sequences only divides by 0.
