@@ -324,4 +324,23 @@ MUTANTS = [
         "m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)",
         "m_new = tl.max(s, 1) * qk_scale",
     ),
+    Mutant(
+        "slot_from_the_tiles_offsets",
+        "36. a key's slot taken from its place in the key tile (offs_n % PAGE), not in the sequence",
+        "slot = cols % PAGE",
+        "slot = offs_n % PAGE",
+    ),
+    # Consistent with itself, not with the grid's total_q // BLOCK_Q + B tiles: the last rows go unwritten.
+    Mutant(
+        "first_tiles_rounded_up",
+        "24. each sequence's first tile rounded up (cdiv(cu, BLOCK_Q) + b) in the search and in tok0",
+        "if tl.load(cu_seqlens_ptr + mid) // BLOCK_Q + mid <= tile:\n            lo = mid\n        else:\n"
+        "            hi = mid\n    b = lo.to(tl.int64)\n    q_start = tl.load(cu_seqlens_ptr + b)\n"
+        "    q_len = tl.load(cu_seqlens_ptr + b + 1) - q_start\n"
+        "    tok0 = (tile - (q_start // BLOCK_Q + lo)) * BLOCK_Q",
+        "if tl.cdiv(tl.load(cu_seqlens_ptr + mid), BLOCK_Q) + mid <= tile:\n            lo = mid\n"
+        "        else:\n            hi = mid\n    b = lo.to(tl.int64)\n    q_start = tl.load(cu_seqlens_ptr + b)\n"
+        "    q_len = tl.load(cu_seqlens_ptr + b + 1) - q_start\n"
+        "    tok0 = (tile - (tl.cdiv(q_start, BLOCK_Q) + lo)) * BLOCK_Q",
+    ),
 ]

@@ -1213,6 +1213,15 @@ MISTAKES = [
         section="3.3",
     ),
     Mistake(
+        36,
+        # Right while every key tile starts on a page (PAGE <= BLOCK_N), wrong once a page holds several.
+        fails=("test_pages_larger_than_a_key_tile", "test_one_page_holds_every_key"),
+        passes=("test_pages_smaller_than_a_key_tile", WORKED, "test_k_and_v_caches_with_different_strides"),
+        question="PAGE = 32 and 16 keys per tile: which slot of its page does key 20 live in, and which "
+        "does your kernel load for it?",
+        section="3.3",
+    ),
+    Mistake(
         5,
         fails=("test_pages_smaller_than_a_key_tile",),
         passes=("test_pages_larger_than_a_key_tile", "test_output_is_normalised_by_the_softmax_sum"),
@@ -1468,6 +1477,23 @@ MISTAKES = [
         messages=(r"first tile was given to the sequence before it",),
         question="Tile 4 is exactly sequence 3's first tile (cu_seqlens_q[3] // BLOCK_Q + 3 = 4): which "
         "sequence does your search give it, and does it compare the first tile with <= or with <?",
+        section="3.4",
+    ),
+    Mistake(
+        24,
+        # First tiles rounded up, cdiv(cu_seqlens_q[b], BLOCK_Q) + b, in the search and in tok0 alike: the
+        # numbering agrees with itself but not with the grid's total_q // BLOCK_Q + B tiles, so the last
+        # sequence's last tile can lie past the grid and its rows are never written. Whole-tile batches
+        # (no rounding) and padding rows pass, which the + b dropped (the entry below) fails.
+        fails=(WORKED, "test_pure_prefill_without_a_prefix", "test_decode_rows_beside_long_chunks"),
+        passes=(
+            "test_cu_seqlens_mark_where_each_sequence_starts",
+            "test_empty_sequences_produce_nothing",
+            "test_padding_rows_may_have_any_table",
+        ),
+        question="Rows at the end of the batch are never written: which tile does your numbering give the "
+        "last sequence's last tokens, and how many tiles does the launcher's grid have (total_q // "
+        "BLOCK_Q + B)?",
         section="3.4",
     ),
     Mistake(
