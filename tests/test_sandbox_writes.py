@@ -76,6 +76,29 @@ def test_a_file_cannot_write_into_the_repository(tmp_path, kept_file, how):
     assert any(w in result.message for w in ("refused", "Permission denied", "may not write")), screen
 
 
+@pytest.mark.parametrize("how", ["open_for_writing", "triton_cache_manager", "renaming_over_it"])
+def test_a_file_cannot_rewrite_the_files_already_in_its_folder(tmp_path, how):
+    """The learner's folder is writable for new files only: another lesson's file there (or the graded
+    file itself) rewritten during a grading, by open() or through a library that writes files by an
+    absolute name (Triton's cache manager), would be graded, or lost, as the learner never wrote it."""
+    other = tmp_path / "l4_paged_prefill.py"
+    other.write_text("# the learner's own work\n")
+    writes = {
+        "open_for_writing": f"open({str(other)!r}, 'w').write('# planted')\n",
+        "triton_cache_manager": (
+            "_M = triton.runtime.cache.get_cache_manager('0' * 64)\n"
+            f"_M.put('# planted', {str(other)!r}, binary=False)\n"
+        ),
+        "renaming_over_it": (
+            f"import os\nopen({str(tmp_path / 'new.txt')!r}, 'w').write('# planted')\n"
+            f"os.replace({str(tmp_path / 'new.txt')!r}, {str(other)!r})\n"
+        ),
+    }
+    result = grade_unchecked(tmp_path, t1_source(extra="\n" + writes[how]), "test_by_hand_lane_11_is_masked")
+    assert other.read_text() == "# the learner's own work\n", one_screen(result)
+    assert result.state == "does not import", one_screen(result)
+
+
 def test_a_file_may_write_in_its_own_folder():
     """A learner's notes or debug output beside the file, inside the repository, are still allowed: the
     write succeeds, and what the grading left is moved out of the folder afterwards (so one grading's

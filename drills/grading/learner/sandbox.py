@@ -472,6 +472,22 @@ def protect(graded_file: str) -> None:
         return st is not None and (st.st_dev, st.st_ino) in inodes
 
     trees, own = read_only(), writable(graded_file)
+    # The files of the graded file's own folder when the grading starts (the other lessons' files in
+    # drills/mine, the graded file itself): the folder is writable for what a grading makes there (moved
+    # out afterwards), not for what was there. Rewritten through a library that writes files (Triton's
+    # cache manager puts a file anywhere by an absolute name), another lesson's file, or this one after
+    # its check, would be graded, or lost, as the learner never wrote it.
+    folder = os.path.dirname(graded)
+    try:
+        there = {os.path.realpath(os.path.join(folder, name)) for name in os.listdir(folder)}
+    except OSError:
+        there = set()
+    there = {path for path in there if os.path.isfile(path)}
+
+    def was_there(path) -> bool:
+        real = _real_path(path)
+        return bool(real) and real in there
+
     changes = ("os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.truncate", "os.chmod", "os.symlink")
 
     def in_repository(path) -> bool:
@@ -527,6 +543,14 @@ def protect(graded_file: str) -> None:
                 "and the repository's history are off limits while your file is graded)"
             )
         changed = args[:2] if event == "os.rename" else args[1:2] if event == "os.symlink" else args[:1]
+        if (event == "open" and args and writes(args) and was_there(args[0])) or (
+            event in changes and any(was_there(a) for a in changed if not isinstance(a, int))
+        ):
+            raise PermissionError(
+                f"grading: your file may not change {changed[-1] if event in changes else args[0]} (the files "
+                "that were in your file's folder when the grading started, other lessons' files and your "
+                "own among them, are read-only while your file is graded)"
+            )
         if (event == "open" and args and writes(args) and in_repository(args[0])) or (
             event in changes and any(in_repository(a) for a in changed if not isinstance(a, int))
         ):
