@@ -158,6 +158,12 @@ CHEATS = {
     "cuda_initialized": "def _wide(q):\n    return torch.cuda.is_initialized()\n",
     "cuda_module_alias": "_CUDA = torch.cuda\n",
     "device_of_a_new_tensor": "def _wide(q):\n    return q.device == torch.empty(0).device\n",
+    # a kernel object asked what it is: the interpreter's has other attributes, type and text than a GPU's
+    "kernel_attribute_asked": "@triton.jit\ndef _k(p):\n    pass\n\n\n_GPU = hasattr(_k, 'device_caches')\n",
+    "kernel_attribute_read": "@triton.jit\ndef _k(p):\n    pass\n\n\ndef _gpu():\n    return _k.rewrite is None\n",
+    "kernel_type_asked": "@triton.jit\ndef _k(p):\n    pass\n\n\n_K = _k\n_GPU = 'JIT' in type(_K).__name__\n",
+    "kernel_as_text": "@triton.jit\ndef _k(p):\n    pass\n\n\n_GPU = str(_k)[0] == 'J'\n",
+    "kernel_keeps_state": "@triton.jit\ndef _k(p):\n    pass\n\n\n_k.calls = 0\n",
     # the course's runtime says how the file is run: read beyond its device, or reached through a module
     "runtime_banner": "import drills.validate\n_G = 'interp' in drills.runtime.current().banner\n",
     "runtime_through_a_module": "from drills import validate\n_G = validate.drills.runtime.current()\n",

@@ -520,6 +520,49 @@ def _device_kind_why(node: ast.AST, ctx: dict) -> str | None:
     return None
 
 
+# A kernel of the file is launched (kernel[grid](...)), handed to the course's launch(), or called from
+# another kernel; anything else asked of it tells the interpreter from a GPU: Triton's interpreter makes
+# @triton.jit an InterpretedFunction, with other attributes (no device_caches, src or cache_key; a rewrite
+# of its own), another type and another text than a GPU's JITFunction. An attribute set on it is state kept
+# between calls.
+KERNEL_WHY = (
+    "asks what the kernel {name} is, or keeps state on it (the interpreter's kernels differ from a GPU's): "
+    "launch it as {name}[grid](...)"
+)
+KERNEL_ASKS = DEVICE_TEXT | {
+    "type",
+    "isinstance",
+    "issubclass",
+    "hasattr",
+    "getattr",
+    "setattr",
+    "delattr",
+    "callable",
+}
+
+
+def _kernel_names(tree: ast.Module) -> set[str]:
+    """The file's @triton.jit functions, and the names bound to one (`k = paged_decode_kernel`)."""
+    names = {n.name for n in tree.body if _jitted(n)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Name) and node.value.id in names:
+            names |= {n.id for target in node.targets for n in ast.walk(target) if isinstance(n, ast.Name)}
+    return names
+
+
+def _kernel_object_why(node: ast.AST, ctx: dict) -> str | None:
+    kernels = ctx["kernels"]
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in kernels:
+        return KERNEL_WHY.format(name=node.value.id)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in KERNEL_ASKS:
+        for arg in [*node.args, *(k.value for k in node.keywords)]:
+            if isinstance(arg, ast.Name) and arg.id in kernels:
+                return KERNEL_WHY.format(name=arg.id)
+    if isinstance(node, ast.FormattedValue) and isinstance(node.value, ast.Name) and node.value.id in kernels:
+        return KERNEL_WHY.format(name=node.value.id)
+    return None
+
+
 def _why(node: ast.AST, ctx: dict) -> str | None:
     course, roots, called = ctx["course"], ctx["roots"], ctx["called"]
     why = _device_kind_why(node, ctx)
@@ -657,7 +700,7 @@ def _why(node: ast.AST, ctx: dict) -> str | None:
         and node.func.attr == "import_module"
     ):
         return "imports a module by name at run time"
-    return None
+    return _kernel_object_why(node, ctx)
 
 
 def _jitted(node: ast.AST) -> bool:
@@ -789,6 +832,7 @@ def refusals(source: str, reference_source: str | None, filename: str = "<file>"
         "triton": _triton_roots(tree),
         "called": {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)},
         "device_names": _device_names(tree),
+        "kernels": _kernel_names(tree),
         # torch.cuda.<a function the reference calls>: the module reached for that function alone
         "device_module_uses": {
             id(n.value)
