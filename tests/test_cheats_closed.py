@@ -164,6 +164,8 @@ CHEATS = {
     "kernel_type_asked": "@triton.jit\ndef _k(p):\n    pass\n\n\n_K = _k\n_GPU = 'JIT' in type(_K).__name__\n",
     "kernel_as_text": "@triton.jit\ndef _k(p):\n    pass\n\n\n_GPU = str(_k)[0] == 'J'\n",
     "kernel_keeps_state": "@triton.jit\ndef _k(p):\n    pass\n\n\n_k.calls = 0\n",
+    "kernel_made_by_a_call": "def _f(p):\n    pass\n\n\n_k = triton.jit(_f)\n_GPU = hasattr(_k, 'src')\n",
+    "kernel_class_asked": "def _gpu(kernels):\n    return isinstance(kernels[0], triton.JITFunction)\n",
     # the course's runtime says how the file is run: read beyond its device, or reached through a module
     "runtime_banner": "import drills.validate\n_G = 'interp' in drills.runtime.current().banner\n",
     "runtime_through_a_module": "from drills import validate\n_G = validate.drills.runtime.current()\n",

@@ -54,6 +54,11 @@ NAMES = {
     "is_interpreter": "asks whether Triton's interpreter runs it",
     "InterpretedFunction": "looks at Triton's interpreter",
     "GridExecutor": "looks at Triton's interpreter",
+    # Triton's kernel classes: an interpreted kernel is none of them (isinstance(k, triton.JITFunction))
+    "JITFunction": "asks which kind of kernel Triton made (the interpreter makes another): launch it plainly",
+    "KernelInterface": "asks which kind of kernel Triton made (the interpreter makes another): launch it plainly",
+    "JITCallable": "asks which kind of kernel Triton made (the interpreter makes another): launch it plainly",
+    "InterpreterError": "looks at Triton's interpreter",
     "interpreter_builder": "looks at Triton's interpreter",
     "environ": "reads the process environment",
     "getenv": "reads the process environment",
@@ -544,6 +549,13 @@ KERNEL_ASKS = DEVICE_TEXT | {
 def _kernel_names(tree: ast.Module) -> set[str]:
     """The file's @triton.jit functions, and the names bound to one (`k = paged_decode_kernel`)."""
     names = {n.name for n in tree.body if _jitted(n)}
+    for node in ast.walk(tree):  # `_k = triton.jit(_f)`: a kernel made by a call
+        if (
+            isinstance(node, ast.Assign)
+            and isinstance(node.value, ast.Call)
+            and "jit" in ast.unparse(node.value.func)
+        ):
+            names |= {n.id for target in node.targets for n in ast.walk(target) if isinstance(n, ast.Name)}
     for node in ast.walk(tree):
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Name) and node.value.id in names:
             names |= {n.id for target in node.targets for n in ast.walk(target) if isinstance(n, ast.Name)}
