@@ -321,4 +321,10 @@ MUTANTS = [
         "num_splits=max(1, triton.cdiv(max_len, chunk))",
         "num_splits=triton.cdiv(max_len, chunk)",
     ),
+    Mutant(
+        "score_dot_in_fp16",
+        "18. a dtype written into the kernel: q and K cast to tl.float16 for the score dot",
+        "s = tl.dot(q, tl.trans(k)) * qk_scale",
+        "s = tl.dot(q.to(tl.float16), tl.trans(k.to(tl.float16))) * qk_scale",
+    ),
 ]

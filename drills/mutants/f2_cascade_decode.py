@@ -339,4 +339,10 @@ MUTANTS = [
         "            tiles[-1][tiles[-1].index(-1)] = b\n        else:\n"
         "            tiles.append([b] + [-1] * (mt - 1))\n            tile_group.append(g)\n",
     ),
+    Mutant(
+        "score_dot_in_fp16",
+        "28. a dtype written into the kernel: q and K cast to tl.float16 for the score dot",
+        "s = tl.dot(q, tl.trans(k)) * qk_scale",
+        "s = tl.dot(q.to(tl.float16), tl.trans(k.to(tl.float16))) * qk_scale",
+    ),
 ]

@@ -286,4 +286,10 @@ MUTANTS = [
         "0 if lse is None else lse.stride(1)",
         "0 if lse is None else out.stride(1)",
     ),
+    Mutant(
+        "score_dot_in_fp16",
+        "17. a dtype written into the kernel: q and K^T cast to tl.float16 for the score dot",
+        "s = tl.dot(q, kt)",
+        "s = tl.dot(q.to(tl.float16), kt.to(tl.float16))",
+    ),
 ]

@@ -594,7 +594,8 @@ def test_dtypes(impl, runtime, dtype):
     (fill_past_fp16_range), so every partial and output is too. bf16 from 65536 up holds in bf16 and not
     in fp16 (largest 65504): a P V product cast to tl.float16 (p and v narrowed where v's own dtype
     belongs) turns it into inf, in the prefix tile and the suffix stage alike; the fp16 case stays
-    inside fp16's range."""
+    inside fp16's range. Last, K from 2^16 up (bf16) with q scaled down to keep the scores: q and K cast
+    to tl.float16 for the score dot turn them into inf."""
     case, groups, plens = cascade_case([40, 33], [0, 0], [32], dtype=dtype, device=runtime.device, stream=17)
     check(impl, case, groups, plens, plan=forced(impl, case, groups, plens, suffix_splits=2))
     case, groups, plens = cascade_case(
@@ -602,6 +603,25 @@ def test_dtypes(impl, runtime, dtype):
     )
     fill_past_fp16_range(case.v_cache)  # the given-up pages' NaN stay NaN
     check(impl, case, groups, plens, plan=forced(impl, case, groups, plens, suffix_splits=2))
+    case, groups, plens = cascade_case(
+        [40, 33, 19], [0, 0, -1], [16], dtype=dtype, device=runtime.device, stream=41
+    )
+    _keys_past_fp16_range(case.k_cache, case.q)  # q . k as before, K past fp16's range in bf16
+    try:
+        check(impl, case, groups, plens, plan=forced(impl, case, groups, plens, suffix_splits=2))
+    except AssertionError as e:
+        raise AssertionError(f"K from 2^16 up in bf16 (q scaled down to keep the scores): {e}") from None
+
+
+def _keys_past_fp16_range(k, q) -> None:
+    """In place: every K element becomes m x (1 + |k|) with its sign, and q shrinks by 1 / m (m = 2^16
+    for bf16, 2^13 for fp16; NaN stays NaN), so the scores stay of order 1 while bf16 keys lie past
+    fp16's largest value, 65504: a score dot whose operands are cast to tl.float16 turns them into inf.
+    The fp16 case is the same check inside fp16's range."""
+    m = 2.0**16 if k.dtype == torch.bfloat16 else 2.0**13
+    kf = k.float()
+    k.copy_((torch.sign(kf) * (kf.abs() + 1) * m).to(k.dtype))
+    q.copy_((q.float() / m).to(q.dtype))
 
 
 def test_q_and_cache_strides_are_used(impl, runtime):

@@ -538,7 +538,9 @@ def test_out_keeps_the_range_of_its_dtype(impl, runtime, dtype):
     """Every V element is 2^16 (bf16) or 2^13 (fp16) x (1 + |randn|) (fill_past_fp16_range), so every output element is too. bf16 outputs
     from 65536 up hold in bf16 and not in fp16 (largest 65504): a kernel that casts to tl.float16 where
     the tensors' own dtype belongs (p before P V, or out before the store) turns them into inf, or does
-    not compile (tl.dot of fp16 p by bf16 v). The fp16 case is the same check inside fp16's range."""
+    not compile (tl.dot of fp16 p by bf16 v). The fp16 case is the same check inside fp16's range. Last,
+    K from 2^16 up (bf16) with q scaled down to keep the scores: q and K cast to tl.float16 for the
+    score dot turn them into inf."""
     q, k, v = make_qkv(1, 2, 2, 30, 50, 64, dtype=dtype, device=runtime.device, stream=89)
     fill_past_fp16_range(v)
     ref, _ = attention_reference(q, k, v, scale=0.125)
@@ -547,6 +549,24 @@ def test_out_keeps_the_range_of_its_dtype(impl, runtime, dtype):
     out = impl.flash_attention(q, k, v)
     assert out.dtype == dtype, f"out is {out.dtype}, q is {dtype}"
     assert_close(out, ref, DIMS)
+    q, k, v = make_qkv(1, 2, 2, 30, 50, 64, dtype=dtype, device=runtime.device, stream=90)
+    _keys_past_fp16_range(k, q)  # q . k as before, K past fp16's range in bf16
+    out, _ = launch_into_canary(impl, q, k, v, False, 0.125)
+    try:
+        assert_close(out, attention_reference(q, k, v, scale=0.125)[0], DIMS)
+    except AssertionError as e:
+        raise AssertionError(f"K from 2^16 up in bf16 (q scaled down to keep the scores): {e}") from None
+
+
+def _keys_past_fp16_range(k, q) -> None:
+    """In place: every K element becomes m x (1 + |k|) with its sign, and q shrinks by 1 / m (m = 2^16
+    for bf16, 2^13 for fp16; NaN stays NaN), so the scores stay of order 1 while bf16 keys lie past
+    fp16's largest value, 65504: a score dot whose operands are cast to tl.float16 turns them into inf.
+    The fp16 case is the same check inside fp16's range."""
+    m = 2.0**16 if k.dtype == torch.bfloat16 else 2.0**13
+    kf = k.float()
+    k.copy_((torch.sign(kf) * (kf.abs() + 1) * m).to(k.dtype))
+    q.copy_((q.float() / m).to(q.dtype))
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
