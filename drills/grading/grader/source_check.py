@@ -694,6 +694,8 @@ def _why(node: ast.AST, ctx: dict) -> str | None:
                 return f"calls {fn}() with a name built at run time: read the attribute by its name (x.name)"
             if name.value in BUFFERS and name.value not in ctx["reference_attrs"]:
                 return BUFFERS[name.value]
+            if name.value == "drills":  # getattr(validate, "drills"): validate.drills by another spelling
+                return COURSE_PACKAGE_WHY
             if _dunder(name.value) or name.value in NAMES or name.value in CALLS:
                 return NAMES.get(name.value) or CALLS.get(name.value) or f"reaches {name.value} by {fn}()"
         if fn == "type" and len(node.args) + len(node.keywords) > 1:
