@@ -169,6 +169,10 @@ CHEATS = {
     # the course's runtime says how the file is run: read beyond its device, or reached through a module
     "runtime_banner": "import drills.validate\n_G = 'interp' in drills.runtime.current().banner\n",
     "runtime_through_a_module": "from drills import validate\n_G = validate.drills.runtime.current()\n",
+    "triton_driver_through_a_module": (
+        "from drills.launch import driver\n\n\ndef _gpu():\n    try:\n        driver.active\n"
+        "    except RuntimeError:\n        return False\n    return True\n"
+    ),
     "runtime_through_getattr": (
         "from drills import validate\n_R = getattr(getattr(validate, 'drills'), 'runtime')\n"
         "_G = _R.current().gpu_name is None\n"

@@ -73,6 +73,7 @@ NAMES = {
     "addaudithook": "touches the grader's audit hook",
     "grading": "looks for the grader's modules",
     "knobs": "reads Triton's settings (whether it interprets)",
+    "driver": "reads Triton's driver (the interpreter has none, a GPU has one)",
     "find_spec": "looks for a module by name",
     "__wrapped__": "looks behind a function the grader may have wrapped",
     "__closure__": "reads a function's hidden state",
