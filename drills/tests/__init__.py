@@ -54,15 +54,34 @@ def bf16_everywhere():
     return pytest.param(torch.bfloat16)
 
 
+def _past_fp16_scale(dtype) -> float:
+    """m for the two helpers below: 2^16 for bf16 (values past fp16's largest, 65504), 2^13 for fp16 (the
+    same values inside its range)."""
+    import torch
+
+    return 2.0**16 if dtype == torch.bfloat16 else 2.0**13
+
+
 def fill_past_fp16_range(v) -> None:
     """Every element of v becomes m x (1 + |v|), in place (NaN stays NaN), so every attention output over
     it lies there too. m = 2^16 for bf16: outputs past fp16's largest 65504, which a store or a P V cast
     to tl.float16 turns into inf (T5, L4, F1's dtype pitfalls); m = 2^13 for fp16: the same values
     inside fp16's range, which such a cast keeps."""
+    m = _past_fp16_scale(v.dtype)
+    v.copy_(((v.float().abs() + 1) * m).to(v.dtype))
+
+
+def keys_past_fp16_range(k, q) -> None:
+    """In place: every K element becomes m x (1 + |k|) with its sign, and q shrinks by 1 / m (m as
+    fill_past_fp16_range; NaN stays NaN), so the scores stay of order 1 while bf16 keys lie past fp16's
+    largest value: a score dot whose operands are cast to tl.float16 turns them into inf (T5, F1 and F2's
+    dtype pitfalls). The fp16 case is the same check inside fp16's range."""
     import torch
 
-    m = 2.0**16 if v.dtype == torch.bfloat16 else 2.0**13
-    v.copy_(((v.float().abs() + 1) * m).to(v.dtype))
+    m = _past_fp16_scale(k.dtype)
+    kf = k.float()
+    k.copy_((torch.sign(kf) * (kf.abs() + 1) * m).to(k.dtype))
+    q.copy_((q.float() / m).to(q.dtype))
 
 
 def empty_at_an_address(shape, dtype, device):

@@ -20,6 +20,7 @@ from drills.tests import (
     bf16_everywhere,
     fill_past_fp16_range,
     guards_f1_split_kv_decode,
+    keys_past_fp16_range,
     probe,
     seeded,
     sizes,
@@ -448,22 +449,11 @@ def test_out_keeps_the_range_of_its_dtype(impl, runtime, dtype):
     for splits in (1, 3):
         check(impl, case, plan=impl.plan(case.context_lens, 2, 16, num_splits=splits))
     case = make_paged_case([40, 17], 8, 2, 64, 16, dtype=dtype, device=runtime.device, stream=22)
-    _keys_past_fp16_range(case.k_cache, case.q)  # q . k as before, K past fp16's range in bf16
+    keys_past_fp16_range(case.k_cache, case.q)  # q . k as before, K past fp16's range in bf16
     try:
         check(impl, case, plan=impl.plan(case.context_lens, 2, 16, num_splits=1))
     except AssertionError as e:
         raise AssertionError(f"K from 2^16 up in bf16 (q scaled down to keep the scores): {e}") from None
-
-
-def _keys_past_fp16_range(k, q) -> None:
-    """In place: every K element becomes m x (1 + |k|) with its sign, and q shrinks by 1 / m (m = 2^16
-    for bf16, 2^13 for fp16; NaN stays NaN), so the scores stay of order 1 while bf16 keys lie past
-    fp16's largest value, 65504: a score dot whose operands are cast to tl.float16 turns them into inf.
-    The fp16 case is the same check inside fp16's range."""
-    m = 2.0**16 if k.dtype == torch.bfloat16 else 2.0**13
-    kf = k.float()
-    k.copy_((torch.sign(kf) * (kf.abs() + 1) * m).to(k.dtype))
-    q.copy_((q.float() / m).to(q.dtype))
 
 
 def test_sequence_index_widened_to_int64(impl, runtime):

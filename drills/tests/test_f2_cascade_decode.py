@@ -18,7 +18,14 @@ from drills.compare import assert_close, mismatch
 from drills.grading.grader.diagnose import Mistake
 from drills.grading.grader.report import Stage
 from drills.grading.shared.launches import assert_grids_fit, assert_runs_a_triton_kernel
-from drills.tests import bf16_everywhere, fill_past_fp16_range, guards_f2_cascade_decode, seeded, sizes
+from drills.tests import (
+    bf16_everywhere,
+    fill_past_fp16_range,
+    guards_f2_cascade_decode,
+    keys_past_fp16_range,
+    seeded,
+    sizes,
+)
 from drills.tests.domain import Domain, checks_besides
 from drills.tests.paged_kv import (
     HEAD_DIMS,
@@ -606,22 +613,11 @@ def test_dtypes(impl, runtime, dtype):
     case, groups, plens = cascade_case(
         [40, 33, 19], [0, 0, -1], [16], dtype=dtype, device=runtime.device, stream=41
     )
-    _keys_past_fp16_range(case.k_cache, case.q)  # q . k as before, K past fp16's range in bf16
+    keys_past_fp16_range(case.k_cache, case.q)  # q . k as before, K past fp16's range in bf16
     try:
         check(impl, case, groups, plens, plan=forced(impl, case, groups, plens, suffix_splits=2))
     except AssertionError as e:
         raise AssertionError(f"K from 2^16 up in bf16 (q scaled down to keep the scores): {e}") from None
-
-
-def _keys_past_fp16_range(k, q) -> None:
-    """In place: every K element becomes m x (1 + |k|) with its sign, and q shrinks by 1 / m (m = 2^16
-    for bf16, 2^13 for fp16; NaN stays NaN), so the scores stay of order 1 while bf16 keys lie past
-    fp16's largest value, 65504: a score dot whose operands are cast to tl.float16 turns them into inf.
-    The fp16 case is the same check inside fp16's range."""
-    m = 2.0**16 if k.dtype == torch.bfloat16 else 2.0**13
-    kf = k.float()
-    k.copy_((torch.sign(kf) * (kf.abs() + 1) * m).to(k.dtype))
-    q.copy_((q.float() / m).to(q.dtype))
 
 
 def test_q_and_cache_strides_are_used(impl, runtime):

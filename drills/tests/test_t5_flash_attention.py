@@ -18,7 +18,7 @@ from drills.grading.grader.diagnose import Mistake, returned_problem
 from drills.grading.grader.report import Stage
 from drills.grading.shared.bigmem import SLICE_STRIDE, free_bytes, past_int32
 from drills.grading.shared.launches import assert_grids_fit, assert_runs_a_triton_kernel, record_launches
-from drills.tests import bf16_everywhere, fill_past_fp16_range, seeded, sizes
+from drills.tests import bf16_everywhere, fill_past_fp16_range, keys_past_fp16_range, seeded, sizes
 from drills.tests.domain import Domain, checks_besides
 
 # Each constexpr of the reference's kernels -> the tests that cross it: a size one past its tile or loop
@@ -550,23 +550,12 @@ def test_out_keeps_the_range_of_its_dtype(impl, runtime, dtype):
     assert out.dtype == dtype, f"out is {out.dtype}, q is {dtype}"
     assert_close(out, ref, DIMS)
     q, k, v = make_qkv(1, 2, 2, 30, 50, 64, dtype=dtype, device=runtime.device, stream=90)
-    _keys_past_fp16_range(k, q)  # q . k as before, K past fp16's range in bf16
+    keys_past_fp16_range(k, q)  # q . k as before, K past fp16's range in bf16
     out, _ = launch_into_canary(impl, q, k, v, False, 0.125)
     try:
         assert_close(out, attention_reference(q, k, v, scale=0.125)[0], DIMS)
     except AssertionError as e:
         raise AssertionError(f"K from 2^16 up in bf16 (q scaled down to keep the scores): {e}") from None
-
-
-def _keys_past_fp16_range(k, q) -> None:
-    """In place: every K element becomes m x (1 + |k|) with its sign, and q shrinks by 1 / m (m = 2^16
-    for bf16, 2^13 for fp16; NaN stays NaN), so the scores stay of order 1 while bf16 keys lie past
-    fp16's largest value, 65504: a score dot whose operands are cast to tl.float16 turns them into inf.
-    The fp16 case is the same check inside fp16's range."""
-    m = 2.0**16 if k.dtype == torch.bfloat16 else 2.0**13
-    kf = k.float()
-    k.copy_((torch.sign(kf) * (kf.abs() + 1) * m).to(k.dtype))
-    q.copy_((q.float() / m).to(q.dtype))
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
