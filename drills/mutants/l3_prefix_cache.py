@@ -201,6 +201,12 @@ MUTANTS = [
         "self._num_cached[seq_id] = (len(hits) - revived) * bs",
     ),
     Mutant(
+        "walk_goes_on_past_a_miss",
+        "23. the prefix walk goes on past its first miss: a later block cached after the last hit is taken",
+        "            if block is None:\n                break\n            hits.append(block)\n",
+        "            if block is None:\n                continue\n            hits.append(block)\n",
+    ),
+    Mutant(
         "partial_block_keyed",
         "4. the partial last block of a prompt keyed at allocation",
         "            if i < num_full:\n                self._seal(block)\n",

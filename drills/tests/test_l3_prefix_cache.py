@@ -135,6 +135,16 @@ MISTAKES = [
         "key when it allocates?",
         section="3.2",
     ),
+    # The walk past a miss finds a later block cached after an earlier hit: every check that shares one
+    # fails with it, the one-miss case the check against the block before (6) passes.
+    Mistake(
+        23,
+        fails=("test_the_walk_stops_at_the_first_miss",),
+        passes=("test_token_ids_checked_on_a_key_hit", "test_block_before_compared_as_a_block_not_a_key"),
+        question="[A, B] hits and [E, F] misses: is [C, D], cached right after [A, B] by another prompt, "
+        "the KV of the [C, D] that follows [E, F]?",
+        section="3.3",
+    ),
     Mistake(
         22,
         # Every check that counts the cached tokens of a revived prefix fails, as when the key is dropped
@@ -162,7 +172,7 @@ MISTAKES = [
     Mistake(
         6,
         fails=("test_same_tokens_after_another_block_are_not_shared",),
-        passes=("test_token_ids_checked_on_a_key_hit",),
+        passes=("test_token_ids_checked_on_a_key_hit", "test_the_walk_stops_at_the_first_miss"),
         question="A block holds the right tokens: what else must match before its KV is yours?",
         section="3.3",
     ),
@@ -493,6 +503,22 @@ def test_same_tokens_after_another_block_are_not_shared(impl):
     assert m.num_cached_tokens("z") == 0
     assert m.allocate("w", [E, F, C, D]) == [3, 4]
     assert m.num_cached_tokens("w") == 0
+
+
+def test_the_walk_stops_at_the_first_miss(impl):
+    """ "x" = [A, B, C, D] caches [C, D] after [A, B] (block 1). "y" = [A, B, E, F, C, D] hits [A, B],
+    misses [E, F], and stops there: its [C, D] follows [E, F], whose KV no block holds, so block 1 is not
+    its KV even though it holds [C, D] right after the last hit. A walk that goes on past the miss takes
+    block 1 for the block after [E, F]."""
+    m = impl.BlockManager(8, 2)
+    assert m.allocate("x", [A, B, C, D]) == [0, 1]
+    table = m.allocate("y", [A, B, E, F, C, D])
+    assert table == [0, 2, 3], (
+        f"[A, B, E, F, C, D] got {table}: [E, F] is a miss, so nothing after it is cached (block 1 holds "
+        "[C, D] after [A, B], not after [E, F]); the walk stops at the first miss (section 3.3)"
+    )
+    assert m.num_cached_tokens("y") == 2
+    assert m.ref_count(1) == 1
 
 
 def _build_failing_case(impl):
