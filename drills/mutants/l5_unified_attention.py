@@ -229,6 +229,24 @@ MUTANTS = [
         'lse_out = tl.where(seen, m + tl.log2(w_div), float("-inf"))',
     ),
     Mutant(
+        "pv_dot_in_fp16",
+        "30. the P V dot's operands cast to tl.float16 (bf16 values past 65504 become inf)",
+        "acc = tl.dot(p.to(v.dtype), v, acc)",
+        "acc = tl.dot(p.to(tl.float16), v.to(tl.float16), acc)",
+    ),
+    Mutant(
+        "score_dot_in_fp16",
+        "30. the score dot's q and K cast to tl.float16 (bf16 keys past 65504 become inf)",
+        "s = tl.dot(q, tl.trans(k))",
+        "s = tl.dot(q.to(tl.float16), tl.trans(k.to(tl.float16)))",
+    ),
+    Mutant(
+        "packed_tile_not_widened",
+        "31. a packed group wider than the tile: the tile keeps its configured height",
+        "    BLOCK_M = max(BLOCK_M, next_pow2(heads))\n    BLOCK_Q = BLOCK_M // heads\n",
+        "    BLOCK_Q = max(1, BLOCK_M // heads)\n",
+    ),
+    Mutant(
         "merge_max_starts_at_zero",
         "29. a merge whose running max starts at 0",
         'm = tl.full([1], float("-inf"), dtype=tl.float32)\n    w_sum = tl.zeros([1], dtype=tl.float32)',

@@ -20,7 +20,14 @@ from drills.compare import assert_close, mismatch
 from drills.grading.grader.diagnose import Mistake
 from drills.grading.grader.report import Stage
 from drills.grading.shared.launches import assert_grids_fit, assert_runs_a_triton_kernel
-from drills.tests import bf16_everywhere, raises_naming, seeded, sizes
+from drills.tests import (
+    bf16_everywhere,
+    fill_past_fp16_range,
+    keys_past_fp16_range,
+    raises_naming,
+    seeded,
+    sizes,
+)
 from drills.tests.domain import Domain, checks_besides
 from drills.tests.paged_kv import (
     HEAD_DIMS,
@@ -52,13 +59,17 @@ from drills.tests.test_l4_paged_prefill import (
 # Each constexpr of the reference's kernels -> the tests that cross it: a size one past its tile or loop
 # bound (or at its widest admitted value), a flag both ways; "grid" -> the grid check at the largest sizes.
 BOUNDS: dict[str, tuple[str, ...]] = {
-    "BLOCK_M": ("test_band_covers_every_row_of_a_tile", "test_rows_past_a_sequence_end_not_written"),
+    "BLOCK_M": (
+        "test_band_covers_every_row_of_a_tile",
+        "test_rows_past_a_sequence_end_not_written",
+        "test_packed_group_wider_than_the_tile",  # GROUP = 40 widens the packed tile past 32 rows
+    ),
     "BLOCK_N": ("test_window_sizes", "test_keys_past_the_context_are_not_read"),
     "BLOCK_Q": ("test_band_covers_every_row_of_a_tile", "test_rows_past_a_sequence_end_not_written"),
     "BLOCK_S": ("test_split_band_merges_every_split", "test_split_merge_reads_every_tile_of_splits"),
     "D": ("test_widest_head_dim_is_read_whole",),
     "GROUP": ("test_kv_head_grouping_is_contiguous",),
-    "HEADS": ("test_band_covers_every_row_of_a_tile",),  # packed and one head per tile
+    "HEADS": ("test_band_covers_every_row_of_a_tile", "test_packed_group_wider_than_the_tile"),
     "MASKED": ("test_window_sizes", "test_keys_past_the_context_are_not_read"),
     "PAGE": ("test_page_sizes",),
     "SAME_KV": ("test_k_and_v_caches_with_different_strides",),
@@ -746,6 +757,35 @@ def test_dtypes(impl, runtime, dtype):
     assert out.dtype == dtype
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, bf16_everywhere()], ids=["fp16", "bf16"])
+def test_outputs_and_keys_past_fp16_range(impl, runtime, dtype):
+    """V from 2^16 up in bf16 (fill_past_fp16_range): every output is past fp16's largest, 65504, so a
+    P V dot or a store cast to tl.float16 makes it inf; unsplit and in two splits. Then K from 2^16 up
+    with q scaled down to keep the scores (keys_past_fp16_range): a score dot of q and K cast to
+    tl.float16 makes them inf. The fp16 case is the same check inside fp16's range."""
+    case = make_prefill_case([26, 9], [7, 1], 4, 2, 32, 16, stream=401, dtype=dtype, device=runtime.device)
+    sinks = make_sinks(4, 403, runtime.device)
+    fill_past_fp16_range(case.v_cache)  # the stale slots' NaN stay NaN
+    for splits in (1, 2):
+        plan = impl.plan(case.cu_seqlens_q, case.context_lens, 2, 16, num_splits=splits)
+        check(impl, case, window=9, sinks=sinks, plan=plan)
+    case = make_prefill_case([26, 9], [7, 1], 4, 2, 32, 16, stream=405, dtype=dtype, device=runtime.device)
+    keys_past_fp16_range(case.k_cache, case.q)  # q . k as before, K past fp16's range in bf16
+    try:
+        check(impl, case, window=9, sinks=sinks)
+    except AssertionError as e:
+        raise AssertionError(f"K from 2^16 up (q scaled down to keep the scores): {e}") from None
+
+
+def test_packed_group_wider_than_the_tile(impl, runtime):
+    """Decode rows pack a KV head's GROUP query heads into one tile (section 3.1): GROUP = 40 (Hq = 40
+    on one KV head) is wider than the interpreter's 32-row tile (16 rows on a GPU for decode), so the
+    tile widens to the next power of two, 64 rows, one token each. A tile left at its configured height
+    computes only its first heads and leaves the others' rows unwritten."""
+    case = make_prefill_case([20, 37], [1, 1], 40, 1, 32, 16, stream=407, device=runtime.device)
+    check(impl, case, window=11, sinks=make_sinks(40, 409, runtime.device))
+
+
 def test_q_and_cache_strides_are_used(impl, runtime):
     """q is every other head of a NaN-filled buffer, k_cache and v_cache layer 1 of a NaN-filled pool:
     only the last dimension is contiguous. sinks is every other entry of a buffer whose others are 30 (a
@@ -1043,6 +1083,28 @@ STAGES = [
 WORKED = "test_worked_example_window_of_4"
 WORKED_SINK = "test_worked_example_with_a_sink_of_1_5"
 MISTAKES = [
+    # Operands cast to tl.float16: bf16 values past 65504 become inf; fp16 and every other bf16 case pass.
+    Mistake(
+        30,
+        fails=("test_outputs_and_keys_past_fp16_range[bf16]",),
+        passes=(
+            "test_outputs_and_keys_past_fp16_range[fp16]",
+            "test_dtypes",
+            "test_equals_l4_without_window_or_sinks",
+        ),
+        messages=(r"NaN|nan|inf",),
+        question="A bf16 V element of 70000: what is it as tl.float16, and what does your P V dot (or your "
+        "score dot) cast its operands to?",
+        section="3.5",
+    ),
+    Mistake(
+        31,
+        fails=("test_packed_group_wider_than_the_tile",),
+        passes=("test_kv_head_grouping_is_contiguous", "test_band_covers_every_row_of_a_tile"),
+        question="40 query heads share one KV head and a decode tile holds 32 rows: which heads does your "
+        "tile compute, and how tall must it be to hold the whole group?",
+        section="3.1",
+    ),
     Mistake(
         8,
         fails=("test_table_rows_exactly_full",),
