@@ -228,6 +228,19 @@ MUTANTS = [
         "o_rows = o_ptr + b.to(tl.int32) * stride_ob",
     ),
     Mutant(
+        "store_head_tile_capped_at_8",
+        "25. a head tile sized for the usual model (the store's HKV_PAD capped at 8 KV heads)",
+        "HKV_PAD=next_pow2(Hkv),",
+        "HKV_PAD=min(next_pow2(Hkv), 8),",
+    ),
+    Mutant(
+        "dot_operands_in_fp16",
+        "26. q narrowed to fp16 for the dot (the codes widened to tl.float16, q cast to match)",
+        "    k_scale = tl.load(k_scale_ptr + kvh * stride_ks)\n",
+        "    q = q.to(tl.float16)  # the codes then widen to fp16 too (k.to(q.dtype))\n"
+        "    k_scale = tl.load(k_scale_ptr + kvh * stride_ks)\n",
+    ),
+    Mutant(
         "table_rows_by_max_pages",
         "15. strides taken from another tensor, or assumed (block_tables' rows max_pages apart)",
         "bt_row = block_tables_ptr + b * stride_bt",

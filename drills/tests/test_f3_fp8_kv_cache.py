@@ -62,7 +62,8 @@ BOUNDS: dict[str, tuple[str, ...]] = {
     "GROUP": ("test_kv_head_grouping_is_contiguous",),
     "GROUP_PAD": ("test_kv_head_grouping_is_contiguous",),  # GROUP = 32 pads past 16
     "Hkv": ("test_store_pads_heads_and_features",),
-    "HKV_PAD": ("test_store_pads_heads_and_features",),  # Hkv = 3 pads to 4
+    # Hkv = 3 pads to 4, then 65 past 64: past a head tile fixed at a usual model's 8 KV heads
+    "HKV_PAD": ("test_store_pads_heads_and_features",),
     "PAGE": (
         "test_last_page_is_masked",
         "test_page_sizes_gathered_token_by_token",
@@ -574,13 +575,23 @@ def test_store_writes_only_its_slots(impl, runtime, PAGE):
 
 def test_store_pads_heads_and_features(impl, runtime):
     """Hkv = 3 and D = 40, neither a power of two (tl.arange needs one): the padded lanes must be
-    masked, and per-head scales read only Hkv entries."""
+    masked, and per-head scales read only Hkv entries. Then Hkv = 65 (the store admits any number of KV
+    heads), a tile of next_pow2(Hkv) = 128 rows: a head tile fixed at the 8 KV heads of a usual GQA model,
+    or capped there, stores heads 0-7 only and leaves the others' bytes as they were."""
     Hkv, D, N, PAGE = 3, 40, 9, 4
     gen = torch.Generator().manual_seed(seeded(54))
     key = torch.randn(N, Hkv, D, generator=gen).bfloat16().to(runtime.device)
     value = torch.randn(N, Hkv, D, generator=gen).bfloat16().to(runtime.device)
     k_scale = torch.tensor([0.01, 0.02, 0.03], device=runtime.device)
     _store(impl, key, value, _slots(N, PAGE, 4, runtime.device, 55), PAGE, 4, k_scale, k_scale.flip(0))
+    Hkv, D, N = 65, 24, 5
+    key = torch.randn(N, Hkv, D, generator=gen).half().to(runtime.device)
+    value = torch.randn(N, Hkv, D, generator=gen).half().to(runtime.device)
+    k_scale = (torch.rand(Hkv, generator=gen) * 0.02 + 0.005).to(runtime.device)  # [Hkv], each its own
+    try:
+        _store(impl, key, value, _slots(N, PAGE, 3, runtime.device, 62), PAGE, 3, k_scale, k_scale.flip(0))
+    except AssertionError as e:
+        raise AssertionError(f"Hkv = 65 KV heads: {e}") from None
 
 
 def test_store_reads_strided_rows_and_writes_a_layer_of_a_pool(impl, runtime):
@@ -1086,6 +1097,20 @@ def test_out_keeps_the_range_of_its_dtype(impl, runtime, dtype):
     case = fp8(base)
     for splits in (1, 3):
         check(impl, case, plan=forced(impl, case, splits))
+    # q from 2^16 up (bf16) and k_scale as much smaller, so the logits stay as they were: every code is
+    # exact in fp16, q is not, and a dot whose q is cast to tl.float16 turns it into inf.
+    base = make_paged_case([40, 17], 8, 2, 64, 16, dtype=dtype, device=runtime.device, stream=23)
+    case = fp8(base)
+    m = (
+        2.0**16 if dtype == torch.bfloat16 else 2.0**13
+    )  # fill_past_fp16_range's: the fp16 case stays in range
+    qf = case.q.float()
+    case.q.copy_((torch.sign(qf) * (qf.abs() + 1) * m).to(dtype))
+    case = Fp8Case(*case.args[:5], case.k_scale / m, case.v_scale)
+    try:
+        check(impl, case, plan=forced(impl, case, 1))
+    except AssertionError as e:
+        raise AssertionError(f"q from 2^16 up (k_scale scaled down to keep the logits): {e}") from None
 
 
 def test_sequence_index_widened_to_int64(impl, runtime):
@@ -1439,6 +1464,25 @@ STAGES = [
 K_ALONE, V_ALONE = "test_k_scale_multiplies_the_logits", "test_v_scale_multiplies_the_output"
 UNIFORM, EXACT_CACHE = "test_uniform_scores_read_only_v_scale", "test_q_keeps_its_precision"
 MISTAKES = [
+    # A head tile fixed (or capped) at a usual model's KV heads: every store of 8 heads or fewer passes.
+    Mistake(
+        25,
+        fails=("test_store_pads_heads_and_features",),
+        passes=("test_store_scale_per_kv_head", "test_store_rounds_to_nearest_even"),
+        messages=(r"Hkv = 65 KV heads",),
+        question="Hkv = 65: how many rows does your store's head tile have, and which heads does it store?",
+        section="3.2",
+    ),
+    # q cast to tl.float16 for the dot: bf16 q past 65504 is inf; the codes fit fp16, so nothing else shows.
+    Mistake(
+        26,
+        fails=("test_out_keeps_the_range_of_its_dtype[bf16]",),
+        passes=("test_out_keeps_the_range_of_its_dtype[fp16]", "test_dtypes", "test_q_keeps_its_precision"),
+        messages=(r"q from 2\^16 up",),
+        question="A bf16 q element of 70000: what is it as tl.float16, and which dtype do your dot's operands "
+        "take?",
+        section="3.3",
+    ),
     Mistake(
         9,
         fails=("test_table_rows_exactly_full",),
