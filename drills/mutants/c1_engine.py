@@ -456,4 +456,22 @@ MUTANTS = [
         "        self.running.remove(seq)\n        self.block_manager.free(seq.seq_id)\n        seq.status = WAITING\n",
         "        self.running.remove(seq)\n        seq.status = WAITING\n",
     ),
+    Mutant(
+        "running_walk_over_a_copy",
+        "45. the running walk over a copy of self.running: a victim preempted in the step still given slots",
+        "        i = 0\n        while i < len(self.running) and budget > 0:\n            seq = self.running[i]\n",
+        "        i = 0\n        for seq in list(self.running):\n            if budget <= 0:\n                break\n",
+    ),
+    Mutant(
+        "preempt_throws_the_reply_away",
+        "8. preempt throws the reply away: the request starts again from its prompt",
+        "        seq.preemptions += 1\n        self.num_preemptions += 1\n",
+        "        seq.output = []\n        seq.generator = None\n        seq.preemptions += 1\n        self.num_preemptions += 1\n",
+    ),
+    Mutant(
+        "whole_prompt_needs_spare_budget",
+        "30. without chunks, a prompt that fits what is left of the budget exactly kept waiting",
+        "if not self.chunked_prefill and seq.num_tokens > budget:",
+        "if not self.chunked_prefill and seq.num_tokens >= budget:",
+    ),
 ]

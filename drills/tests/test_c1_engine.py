@@ -915,6 +915,48 @@ MISTAKES = [
         "your scheduler's idea of how many requests run see it go?",
         section="3.3",
     ),
+    # The walk over a copy of self.running: a victim that an older row preempted in this step is still
+    # reached and given slots, L3's append on its freed table; pitfall 41's loop passes the newest-victim
+    # check, whose victim is the sequence itself.
+    Mistake(
+        45,
+        fails=(
+            "test_the_newest_request_is_preempted_not_the_one_scheduled",
+            "test_preempted_requests_wait_at_the_front_in_arrival_order",
+        ),
+        passes=ENGINE_BASICS + ("test_chunked_prefill_matches_the_oracle",),
+        messages=(r"KeyError .*append.*is not allocated",),
+        question="A needs a block and preempts C, the newest, before the walk reaches C: which list does your "
+        "walk go on reading, and is C still in it?",
+        section="3.5",
+    ),
+    # preempt throwing the reply away (output emptied, the request restarted from its prompt): the schedule
+    # of every preemption changes, and under the overlap the placeholder postprocess put there is gone.
+    Mistake(
+        8,
+        fails=(
+            "test_preempted_sampled_request_keeps_its_random_stream",
+            "test_the_overlapped_loop_readmits_a_one_token_recompute",
+            "test_a_one_token_chunk_of_a_recompute_reads_its_own_token",
+        ),
+        passes=ENGINE_BASICS + ("test_preemption_finishes_every_request_with_the_same_output",),
+        messages=(r"never preempted and readmitted", r"no longer holds the placeholder"),
+        question="A request preempted after 3 new tokens: are those tokens still its own when it is readmitted, "
+        "and how many does its user see twice if it starts again from its prompt?",
+        section="3.5",
+    ),
+    # A whole prompt that fits what is left of the budget exactly kept waiting (>= where > belongs): a prompt
+    # as long as the budget never runs.
+    Mistake(
+        30,
+        fails=("test_without_chunked_prefill_prompts_run_whole",),
+        passes=ENGINE_BASICS
+        + ("test_chunked_prefill_matches_the_oracle", "test_worked_example_step_by_step"),
+        messages=(r"chunked_prefill=False.*scheduled nothing while requests wait",),
+        question="chunked_prefill=False, a budget of 12 and a 12-token prompt first in line, nothing running: "
+        "does it fit what is left of the budget, and does your admission say so?",
+        section="3.3",
+    ),
     # The loop of _reserve_slots going on after it preempted its own sequence: L3's append on a freed table.
     Mistake(
         41,
