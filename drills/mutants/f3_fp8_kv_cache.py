@@ -241,6 +241,12 @@ MUTANTS = [
         "    k_scale = tl.load(k_scale_ptr + kvh * stride_ks)\n",
     ),
     Mutant(
+        "scales_read_as_contiguous",
+        "27. per-head scales read as if contiguous (entry h at h, not at h * stride)",
+        "return s.stride(0) if s.shape[0] > 1 else 0",
+        "return 1 if s.shape[0] > 1 else 0",
+    ),
+    Mutant(
         "table_rows_by_max_pages",
         "15. strides taken from another tensor, or assumed (block_tables' rows max_pages apart)",
         "bt_row = block_tables_ptr + b * stride_bt",

@@ -553,6 +553,11 @@ def test_store_scale_per_kv_head(impl, runtime):
     one = torch.tensor([0.02], device=runtime.device)
     _store(impl, key, value, slots, PAGE, 5, one, v_scale)
     _store(impl, key, value, slots, PAGE, 5, k_scale, one)
+    table = torch.stack([k_scale, v_scale], dim=1)  # [Hkv, 2]: per-head scales may be strided views
+    try:
+        _store(impl, key, value, slots, PAGE, 5, table[:, 0], table[:, 1])
+    except AssertionError as e:
+        raise AssertionError(f"scales as strided views (columns of one [Hkv, 2] table): {e}") from None
 
 
 @pytest.mark.parametrize("PAGE", [1, 16, 128, "cache-past-int32"])
@@ -860,6 +865,13 @@ def test_per_head_scales_follow_the_kv_head(impl, runtime):
     case = _scaled(case, [0.003, 0.009, 0.005, 0.012], [0.02, 0.004, 0.011, 0.007])
     for splits in (1, 2):
         check(impl, case, plan=forced(impl, case, splits))
+    # The same scales as the columns of one [Hkv, 2] table (K's, V's), stride 2: read through their stride.
+    table = torch.stack([case.k_scale, case.v_scale], dim=1)
+    strided = Fp8Case(*case.args[:5], table[:, 0], table[:, 1])
+    try:
+        check(impl, strided, plan=forced(impl, strided, 1))
+    except AssertionError as e:
+        raise AssertionError(f"scales as strided views (columns of one [Hkv, 2] table): {e}") from None
 
 
 def test_q_keeps_its_precision(impl, runtime):
@@ -1464,6 +1476,30 @@ STAGES = [
 K_ALONE, V_ALONE = "test_k_scale_multiplies_the_logits", "test_v_scale_multiplies_the_output"
 UNIFORM, EXACT_CACHE = "test_uniform_scores_read_only_v_scale", "test_q_keeps_its_precision"
 MISTAKES = [
+    # Per-head scales read at entry h (stride 1 assumed): right for every contiguous scale tensor.
+    Mistake(
+        27,
+        fails=("test_per_head_scales_follow_the_kv_head",),
+        passes=(
+            "test_default_plan_per_tensor_scales",
+            EXACT_CACHE,
+            "test_store_rounds_to_nearest_even",
+            "test_k_scale_multiplies_the_logits",
+        ),
+        messages=(r"scales as strided views",),
+        question="k_scale is column 0 of a [4, 2] table of K's and V's scales: at which element does KV "
+        "head 2's scale sit, and which one does your kernel load?",
+        section="3.4",
+    ),
+    Mistake(
+        27,
+        fails=("test_store_scale_per_kv_head",),
+        passes=("test_store_rounds_to_nearest_even", "test_store_pads_heads_and_features"),
+        messages=(r"scales as strided views",),
+        question="k_scale is column 0 of a [4, 2] table of K's and V's scales: at which element does head 2's "
+        "scale sit, and which one does your store load?",
+        section="3.4",
+    ),
     # A head tile fixed (or capped) at a usual model's KV heads: every store of 8 heads or fewer passes.
     Mistake(
         25,
@@ -1562,6 +1598,7 @@ MISTAKES = [
             "test_default_plan_per_tensor_scales",
             EXACT_CACHE,
             "test_store_rounds_to_nearest_even",
+            "test_store_scale_per_kv_head",  # scales read as if contiguous (27) fail there too
         ),
         question="Hq = 16 and Hkv = 4, so k_scale has 4 entries: which entry belongs to the program of KV "
         "head 2, and which one does your kernel load?",
@@ -1599,6 +1636,7 @@ MISTAKES = [
             "test_store_writes_only_its_slots",
             "test_store_keeps_codes_up_to_448",
             "test_store_clamps_values_past_448",
+            "test_per_head_scales_follow_the_kv_head",  # the decode's scales are right: only the store's
         ),
         question="k_scale has one entry (stride 0) and v_scale Hkv: at which stride does your store read "
         "each of them, and which scale does head 2's value then divide by?",
