@@ -157,6 +157,13 @@ CHEATS = {
     "device_alias_formatted": "def _wide(q):\n    dev = q.device\n    return f'{dev}'[0:2]\n",
     "cuda_initialized": "def _wide(q):\n    return torch.cuda.is_initialized()\n",
     "cuda_module_alias": "_CUDA = torch.cuda\n",
+    # a device's text read back from an exception the file raised and caught itself, or the exception's
+    # class chosen by it: a raised message is allowed only where the file cannot read it
+    "device_message_caught": (
+        "def _wide(q):\n    try:\n        raise ValueError(f'{q.device}')\n    except ValueError as e:\n"
+        "        return str(e) == 'cpu'\n"
+    ),
+    "device_picks_the_exception": "def _wide(q):\n    raise (ValueError if str(q.device) < 'd' else TypeError)('x')\n",
     "device_of_a_new_tensor": "def _wide(q):\n    return q.device == torch.empty(0).device\n",
     # a kernel object asked what it is: the interpreter's has other attributes, type and text than a GPU's
     "kernel_attribute_asked": "@triton.jit\ndef _k(p):\n    pass\n\n\n_GPU = hasattr(_k, 'device_caches')\n",
@@ -201,6 +208,25 @@ def test_strings_and_buffers_a_course_file_uses_are_not_refused():
     use = "import array\n_T = torch.frombuffer(array.array('q', [1]), dtype=torch.int64)\n"
     assert refusals(c1 + "\n" + use, c1) == []
     assert refused(t1_with(use)), "frombuffer where the reference has none"
+
+
+def test_a_device_in_an_error_message_is_not_refused():
+    """`raise ValueError(f"k is on {k.device}, q on {q.device}")` is an honest check: its text cannot be read
+    back by a file with no `except ... as`, so a device written into a raised message (f-string, %,
+    format, str) passes, and the refusal of a device made text elsewhere points to validate.same_device."""
+    honest = (
+        "def _check(q, k):\n"
+        "    if k.device != q.device:\n"
+        "        raise ValueError(f'k is on {k.device} but q is on {q.device}')\n"
+        "    dev = q.device\n"
+        "    if k.device != dev:\n"
+        "        raise ValueError('k is on %s' % k.device)\n"
+        "    if k.device != dev:\n"
+        "        raise TypeError('k must be on {}'.format(dev), str(dev))\n"
+    )
+    assert refused(t1_with(honest)) == []
+    (line,) = refused(t1_with("def _wide(q):\n    return f'{q.device}'[0:2]\n"))
+    assert "validate.same_device" in line, line
 
 
 def test_a_refusal_says_what_to_do_instead():

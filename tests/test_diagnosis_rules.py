@@ -67,6 +67,33 @@ def test_nan_with_no_pitfall_consistent_is_named_as_nan():
     assert found[0].kind == "nan", found
 
 
+RACE = (
+    "write race: the same call gave different results with the kernel's programs run in reverse order "
+    "(argument `out`: 64 elements differ)"
+)
+
+
+def test_a_write_race_a_pitfall_names_is_that_pitfall_first():
+    """A write race is the harness's sight of a mistake: where no pitfall is consistent but one's own
+    messages name the race (an lse stored over out when none was asked for), that pitfall comes first and
+    the race after it; with the race's message kept as the pitfall's evidence."""
+    mistakes = [
+        Mistake(7, fails=("test_shapes",)),
+        Mistake(23, fails=("test_lse_not_stored",), messages=(r"write race|WRITE_LSE = False",)),
+    ]
+    cases = [
+        case("test_split_ranges", message=RACE),
+        case("test_lse_not_stored", "passed"),
+        case("test_shapes", "passed"),
+    ]
+    found = diagnose.diagnose(cases, mistakes)
+    assert [f.pitfall for f in found] == [23, 0] and found[1].kind == "write_race", found
+    assert any("write race" in line for line in found[0].evidence), found
+    # No pitfall names the race: the race is the finding, as before.
+    found = diagnose.diagnose(cases, [Mistake(7, fails=("test_shapes",))])
+    assert found[0].kind == "write_race", found
+
+
 NOT_STARTED = (
     "your code raised NotImplementedError at {path}:{line} (`raise NotImplementedError(`): f2 is not "
     "started: fill in plan() and the kernels in drills/mine/f2_cascade_decode.py, then delete this line"

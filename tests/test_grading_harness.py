@@ -677,6 +677,94 @@ def test_a_tensor_kept_between_calls_is_not_from_the_kernel(remote):
                 getattr(impl, fn)(x, y)
 
 
+COUNTS_CALLS = """
+import itertools
+
+_CALLS = [0]  # a list: no `global` statement needed
+_SEEN = {"n": 0}
+_TICKS = itertools.count()
+_FLAG = torch.zeros(1, dtype=torch.int64)
+_CACHE = {}  # a cache keyed by shapes: gains keys, never changes one
+
+
+def _counted(x, y):
+    _CALLS[0] += 1
+    # right for the grader's first calls, something else later (or only on the call a check watches)
+    return vector_add(x, y) if _CALLS[0] < 3 else vector_add(x, x)
+
+
+def dict_counted(x, y):
+    _SEEN["n"] += 1
+    return vector_add(x, y)
+
+
+def ticked(x, y):
+    next(_TICKS)
+    return vector_add(x, y)
+
+
+def tensor_counted(x, y):
+    _FLAG.add_(1)  # an int tensor: no float computed
+    return vector_add(x, y)
+
+
+def cached(x, y):
+    _CACHE.setdefault(tuple(x.shape), 2048)
+    return vector_add(x, y)
+
+
+def keyed_by_call(x, y):
+    _SEEN[len(_SEEN)] = 1  # a dict that gains a key on every call, alike or not: a counter
+    return vector_add(x, y)
+
+
+_BY = {}
+
+
+def keyed_by_shape_and_count(x, y):
+    _BY[(x.shape[0], len(_BY))] = 1  # a shape, and a count no argument made
+    return vector_add(x, y)
+
+
+def defaulted(x, y, _n=[]):
+    _n.append(1)
+    return vector_add(x, y)
+"""
+
+
+def test_a_call_that_changes_the_modules_state_is_refused(remote):
+    """A launcher that counts its calls (in a list, a dict, an itertools.count, a tensor, a default
+    argument) can be right for the grader's first calls and wrong later, or wrong only where no check
+    compares values (a check of its loads or launches watches one call): after a first call, a call that
+    changes the module's state fails, as state that lasts from one call to the next. A cache that gains
+    a key per shape, and the first call's own changes (a table built lazily), are allowed."""
+    import torch
+
+    from drills.grading.shared.errors import NotFromKernel
+
+    x, y = torch.randn(8), torch.randn(8)
+    for fn, name in (
+        ("_counted", "_CALLS[0]"),
+        ("dict_counted", "_SEEN['n']"),
+        ("ticked", "_TICKS"),
+        ("tensor_counted", "_FLAG"),
+        ("defaulted", "defaulted.__defaults__"),
+        ("keyed_by_call", "_SEEN"),
+    ):
+        impl, _ = remote(T1, COUNTS_CALLS)
+        getattr(impl, fn)(x, y)  # the first call may set what it sets once
+        with pytest.raises(NotFromKernel, match=rf"the call changed `{re.escape(name)}"):
+            getattr(impl, fn)(x, y)
+    impl, _ = remote(T1, COUNTS_CALLS)
+    for n in (8, 8, 16, 8, 16, 32):  # a cache keyed by the call's shapes
+        assert torch.equal(impl.cached(torch.ones(n), torch.ones(n)), torch.full((n,), 2.0))
+    # A key per call, a shape of its call beside a count: refused once the count is no value of the call
+    # (counts 0 and 1 are a stride or a dim of these calls too)
+    with pytest.raises(NotFromKernel, match=r"the call changed `_BY`"):
+        for n in (8, 16, 32, 64):
+            impl.keyed_by_shape_and_count(torch.ones(n), torch.ones(n))
+
+
 def test_another_modules_globals_reached_through_a_kernel_are_not_kept_by_the_file():
     """On a GPU, Triton records on each compiled @triton.jit function the globals it uses, with the
     dictionary of the module that holds them (JITFunction.used_global_vals), and a kernel object holds

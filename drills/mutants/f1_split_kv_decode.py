@@ -195,6 +195,12 @@ MUTANTS = [
         "    tl.store(lse_ptr + b * stride_lb + q_heads * stride_lh + split, lse, mask=g_mask)",
     ),
     Mutant(
+        "merge_stores_lse_unasked",
+        "23. the split merge stores lse whatever WRITE_LSE says: split without return_lse, it lands on out",
+        '    if WRITE_LSE:\n        lse_out = tl.where(seen, m + tl.log(w_safe), float("-inf"))',
+        '    if True:\n        lse_out = tl.where(seen, m + tl.log(w_safe), float("-inf"))',
+    ),
+    Mutant(
         "merge_lanes_past_the_splits_weigh_e0",
         "14. the merge tile's lanes past the last split read as lse 0, not -inf",
         'mask=s_mask, other=float("-inf")\n        )  # [BLOCK_S]',

@@ -164,6 +164,12 @@ MUTANTS = [
         "    tl.store(lse_ptr + b * stride_lb + q_heads * stride_lh + first_slot + split, lse, mask=g_mask)",
     ),
     Mutant(
+        "merge_stores_lse_unasked",
+        "22. the merge stores lse whatever WRITE_LSE says: a cascade without return_lse, it lands on out",
+        '    if WRITE_LSE:\n        lse_out = tl.where(seen, m + tl.log(w_safe), float("-inf"))',
+        '    if True:\n        lse_out = tl.where(seen, m + tl.log(w_safe), float("-inf"))',
+    ),
+    Mutant(
         "max_starts_at_zero",
         "23. the running max of a stage's tiles starts at 0, not -inf",
         'm_i = tl.full([ROWS], float("-inf"), dtype=tl.float32)',

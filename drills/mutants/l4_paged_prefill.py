@@ -6,6 +6,12 @@ from drills.mutants import Mutant
 
 MUTANTS = [
     Mutant(
+        "key_loop_to_the_context_end",
+        "37. every key of the context visited, the causal mask doing the rest (hi = ctx)",
+        "hi = tl.minimum(ctx, prefix + tok0 + BLOCK_Q)",
+        "hi = ctx",
+    ),
+    Mutant(
         "causal_top_left",
         "1. causal aligned to the top left (the prefix ignored: j <= i)",
         "prefix = ctx - q_len",

@@ -35,6 +35,18 @@ MUTANTS = [
         "tl.maximum(m0 + BLOCK_M + causal_shift - 1, 0)",
     ),
     Mutant(
+        "causal_loop_to_the_end",
+        "22. every key block visited, the causal mask doing the rest (hi = Nk)",
+        "hi = tl.minimum(Nk, tl.maximum(m0 + BLOCK_M + causal_shift, 0))",
+        "hi = Nk",
+    ),
+    Mutant(
+        "max_of_this_block_only",
+        "23. the running max taken from the current key block alone (m_i left out of m_new)",
+        "m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)  # [BLOCK_M]",
+        "m_new = tl.max(s, 1) * qk_scale  # [BLOCK_M]",
+    ),
+    Mutant(
         "last_key_block_unmasked",
         "4. the last key block read and scored unmasked",
         "in_range = cols < Nk",
@@ -52,6 +64,12 @@ MUTANTS = [
         "6. softmax scale forgotten (only log2(e) folded in)",
         "qk_scale = scale * 1.4426950408889634",
         "qk_scale = 1.4426950408889634",
+    ),
+    Mutant(
+        "scale_after_the_softmax",
+        "6. the scale applied to the output, after the softmax",
+        "out = acc / l_safe[:, None]  # [BLOCK_M, D]",
+        "out = acc / l_safe[:, None] * scale  # [BLOCK_M, D]",
     ),
     Mutant(
         "log2e_missing",

@@ -343,14 +343,19 @@ def test_lse_is_natural_log(impl, runtime):
     check(impl, case, plan=impl.plan(case.context_lens, 2, 16, num_splits=1), scale=0.37)
 
 
-def test_lse_not_stored_unless_asked(impl, runtime):
+@pytest.mark.parametrize("splits", [1, 2], ids=["unsplit", "split"])
+def test_lse_not_stored_unless_asked(impl, runtime, splits):
     """Without return_lse there is no lse tensor: the launcher hands the unsplit kernel out in its place,
     a pointer never written (WRITE_LSE = False). An lse stored all the same lands on out's first
-    elements, fp32 bits over fp16 ones, after sequence 0's output. Every other value check asks for lse."""
+    elements, fp32 bits over fp16 ones, after sequence 0's output. Every other value check asks for lse.
+    Split in two, the merge is the kernel given WRITE_LSE = False: its lse store lands on out the same way."""
     case = make_paged_case([37, 21, 50], 8, 2, 64, 16, device=runtime.device, stream=24)
-    plan = impl.plan(case.context_lens, 2, 16, num_splits=1)
+    plan = impl.plan(case.context_lens, 2, 16, num_splits=splits)
     out = call_with_canary_out(lambda o: impl.split_kv_decode(*case.args, plan=plan, out=o), case.q)
-    assert_close(out, paged_attention_reference(*case.args)[0], DIMS)
+    try:
+        assert_close(out, paged_attention_reference(*case.args)[0], DIMS)
+    except AssertionError as e:
+        raise AssertionError(f"{splits} split(s), return_lse=False (WRITE_LSE = False): {e}") from None
 
 
 # --- L2's edge cases, through the split path -------------------------------------------------
@@ -1021,7 +1026,7 @@ STAGES = [
             "test_v_is_read_through_its_own_strides",
             "test_widest_head_dim_is_read_whole",
             "test_lse_is_natural_log",
-            "test_lse_not_stored_unless_asked",
+            "test_lse_not_stored_unless_asked[unsplit]",
             "test_splits_filling_whole_merge_tiles",
             "test_last_page_is_masked",
             "test_kv_head_grouping_is_contiguous",
@@ -1192,10 +1197,12 @@ MISTAKES = [
     ),
     Mistake(
         23,
+        # Unsplit, the split kernel's store; split, the merge's: either lands on out (a wrong value, or a
+        # write race between the programs that store out and the ones that store lse over it).
         fails=("test_lse_not_stored_unless_asked",),
         passes=("test_lse_is_natural_log", "test_every_split_count_matches_unsplit"),
-        question="return_lse=False and one split: which tensor does the launcher pass as lse_ptr, and "
-        "what does your kernel store through it?",
+        question="return_lse=False, one split or two: which tensor does the launcher pass as lse_ptr, and "
+        "what do your split and merge kernels store through it?",
         section="3.4",
     ),
     Mistake(
@@ -1267,7 +1274,11 @@ MISTAKES = [
         # Every split of a head stores its lse in slot 0: unsplit runs are right, and every merge weighs
         # its splits by slots nobody wrote (NaN in fresh memory). Pitfall 3's ranges give no NaN.
         fails=(EVERY_SPLIT, "test_split_ranges_cover_each_key_once"),
-        passes=("test_lse_is_natural_log", "test_lse_not_stored_unless_asked", "test_last_page_is_masked[1]"),
+        passes=(
+            "test_lse_is_natural_log",
+            "test_lse_not_stored_unless_asked[unsplit]",
+            "test_last_page_is_masked[1]",
+        ),
         messages=(r"NaN",),
         question="4 splits: at which element of the partial lse does split 2 of head 1 store its lse, and "
         "which elements does the merge read for that head?",

@@ -719,26 +719,34 @@ def test_lse_is_natural_log(impl, runtime):
         raise AssertionError(f"scores +60 in the first key tile of each stage, -60 after: {e}") from None
 
 
-def test_equals_paged_decode(impl, runtime):
+@pytest.mark.parametrize("path", ["planned", "cascade"])
+def test_equals_paged_decode(impl, runtime, path):
     """The same inputs through L2's reference paged_decode (which knows nothing of groups): equal up to
-    rounding (the lse is checked against the oracle by every other test). Neither call asks for lse: the
-    planner's choice, then F1's fallback unsplit, where the launcher hands the suffix kernel out in place
-    of lse, a pointer never written (WRITE_LSE = False); an lse stored all the same lands on out."""
+    rounding (the lse is checked against the oracle by every other test). Neither call asks for lse:
+    "planned", the planner's choice, then F1's fallback unsplit, where the launcher hands the suffix kernel
+    out in place of lse, a pointer never written (WRITE_LSE = False); an lse stored all the same lands on
+    out. "cascade", a cascade forced: the merge is the kernel given WRITE_LSE = False, and an lse it stores
+    all the same lands on out too."""
     from drills.solutions.l2_paged_decode import paged_decode
 
     case, groups, plens = cascade_case(
         [50, 64, 17, 33], [0, 0, -1, 0], [32], device=runtime.device, stream=20
     )
     ref = paged_decode(*case.args).float()
-    assert_close(impl.cascade_decode(*case.args, groups, plens), ref, DIMS)
-    plan = impl.plan(case.context_lens, groups, plens, 8, 2, 16, cascade=False, suffix_splits=1)
+    if path == "planned":
+        assert_close(impl.cascade_decode(*case.args, groups, plens), ref, DIMS)
+        plan = impl.plan(case.context_lens, groups, plens, 8, 2, 16, cascade=False, suffix_splits=1)
+        said = "unsplit fallback without return_lse (WRITE_LSE = False)"
+    else:
+        plan = forced(impl, case, groups, plens, prefix_chunks=1, suffix_splits=1)
+        said = "cascade without return_lse (the merge's WRITE_LSE = False)"
     out = call_with_canary_out(
         lambda o: impl.cascade_decode(*case.args, groups, plens, out=o, plan=plan), case.q
     )
     try:
         assert_close(out, ref, DIMS)
     except AssertionError as e:
-        raise AssertionError(f"unsplit fallback without return_lse (WRITE_LSE = False): {e}") from None
+        raise AssertionError(f"{said}: {e}") from None
 
 
 @pytest.mark.parametrize("cascade", [True, False], ids=["cascade", "fallback"])
@@ -1147,7 +1155,7 @@ STAGES = [
             "test_plan_*",
             "test_default_plan_two_groups_and_shuffled_pages",
             "test_fallback_equals_split_kv",
-            "test_equals_paged_decode",
+            "test_equals_paged_decode[planned]",
         ),
         "plan() choosing on its own: cascade only when it pays, else F1's split-KV; every token covered once",
     ),
@@ -1366,7 +1374,7 @@ MISTAKES = [
         # Suffix split s stored at slot s, not first_slot + s: the prefix's slots are overwritten and the
         # suffix's keep the NaN of fresh memory. The fallback (no prefix slots) is right.
         fails=("test_worked_example_three_requests", "test_prefix_counted_once", MHA),
-        passes=("test_fallback_equals_split_kv", "test_equals_paged_decode"),
+        passes=("test_fallback_equals_split_kv", "test_equals_paged_decode[planned]"),
         messages=(r"\bNaN\b",),
         question="2 prefix chunks and 3 suffix splits: at which slot of the partials does your suffix stage "
         "store split 1, its output and its lse?",

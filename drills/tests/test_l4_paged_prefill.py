@@ -19,7 +19,7 @@ from drills import validate
 from drills.compare import assert_close, mismatch
 from drills.grading.grader.diagnose import Mistake, returned_out_problem, returned_problem
 from drills.grading.shared import bigmem
-from drills.grading.shared.launches import assert_grids_fit, assert_runs_a_triton_kernel
+from drills.grading.shared.launches import assert_grids_fit, assert_runs_a_triton_kernel, record_loads
 from drills.tests import bf16_everywhere, fill_past_fp16_range, raises_naming, seeded, sizes
 from drills.tests.domain import Domain, checks_besides
 from drills.tests.paged_kv import (
@@ -551,15 +551,71 @@ def test_table_rows_exactly_full(impl, runtime):
     check(impl, PrefillCase(*case.args[:3], table, *case.args[4:]))
 
 
-def test_diagonal_tiles_are_masked(impl, runtime):
+@pytest.mark.parametrize("seen", ["outputs", "loads"])
+def test_diagonal_tiles_are_masked(impl, runtime, seen):
     """Through _launch with 16-row tiles and 16-key tiles, GROUP = 1, and whole tiles only: the first
     rows of a tile must not see the keys its last rows see. Prefix 8: tile 0 holds positions 8-23 and
-    keys 9-23 are future keys for its first row."""
+    keys 9-23 are future keys for its first row. "loads": and no tile loads a key tile wholly past its
+    last token (key_tiles_past_the_last_token), which masking them would hide from every output."""
+    if seen == "loads":
+        if not runtime.interpreter:
+            pytest.skip("the loads of each program are seen under the interpreter only")
+        key_tiles_past_the_last_token(impl, runtime)
+        return
     case = make_prefill_case([56, 32], [48, 32], 2, 2, 64, 8, stream=179, device=runtime.device)
     out = torch.full_like(case.q, float("nan"))  # rows never written stay NaN
     impl._launch(*case.args, 0.125, out, config=(16, 16, 4, 1, False))
     ref, _ = prefill_reference(*case.args, scale=0.125)
     assert_close(out, ref, DIMS)
+
+
+def key_tiles_past_the_last_token(impl, runtime):
+    """A chunk's output is the same whether a query tile stops its key loop at its last token's position
+    or walks every key of the context and masks the rest: only the loads tell. One sequence, a prefix of
+    37 (mid-page) and 40 new tokens in 16-row, 16-key tiles, one head: no program may load a tile of K or
+    V whose keys every row of it is masked from (the sequence's last tile legitimately loads them all)."""
+    prefix, q_len, PAGE = 37, 40, 8
+    ctx = prefix + q_len
+    case = make_prefill_case([ctx], [q_len], 1, 1, 16, PAGE, stream=233, device=runtime.device)
+    out = torch.full_like(case.q, float("nan"))
+    with record_loads(impl, case.q, case.k_cache, case.v_cache) as loads:
+        impl._launch(*case.args, 0.125, out, config=(16, 16, 4, 1, False))
+    if loads is None:
+        return
+    # The key position each element of the caches holds, by its offset in the storage (-1: no key of
+    # this sequence, a block of the pool it does not use).
+    table = case.block_tables[0].tolist()
+    positions = {}
+    for target, cache in ((1, case.k_cache), (2, case.v_cache)):
+        where = torch.full((cache.untyped_storage().nbytes() // cache.element_size(),), -1, dtype=torch.int64)
+        view = where.as_strided(cache.shape, cache.stride(), cache.storage_offset())
+        for j in range(ctx):
+            view[table[j // PAGE], j % PAGE] = j
+        positions[target] = where.tolist()
+    last_row: dict = {}
+    for load in loads.loads:
+        if load.target == 0:
+            rows = [r for r in loads.indices(load, 0) if load.active and 0 <= r < q_len]
+            if rows:
+                key = (load.launch, load.program)
+                last_row[key] = max(rows + [last_row.get(key, -1)])
+    for load in loads.loads:
+        key = (load.launch, load.program)
+        if load.target == 0 or key not in last_row:
+            continue
+        size = (case.k_cache if load.target == 1 else case.v_cache).element_size()
+        seen = positions[load.target]
+        keys = [seen[o // size] for o in load.offsets if 0 <= o // size < len(seen)]
+        keys = [j for j in keys if j >= 0]
+        last_key = prefix + last_row[key]  # the last key that program's last token may see
+        assert not keys or min(keys) <= last_key, (
+            f"prefix {prefix}, {q_len} new tokens, 16 x 16 tiles: the program {load.program} whose last new "
+            f"token is {last_row[key]} (position {last_key}: it sees keys up to {last_key}) loaded "
+            f"{'K' if load.target == 1 else 'V'} at positions {min(keys)} to {max(keys)}, a key tile wholly "
+            "past its last token; masked to -inf, its scores change no output, and on a GPU loading and "
+            "multiplying it costs that program as much as a tile it needs: end the key loop at the tile's "
+            "last token (hi = min(ctx, prefix + tok0 + BLOCK_Q))"
+        )
 
 
 @pytest.mark.parametrize("packed", [True, False], ids=["packed-group", "one-head"])
@@ -1658,6 +1714,16 @@ MISTAKES = [
         question="A context of 48 with PAGE = 8 fills a table row of 6 columns: does your guard's bound on "
         "context_lens admit it?",
         section="3.8",
+    ),
+    Mistake(
+        37,
+        # The key loop run to ctx: every output right (the keys past a tile's last token score -inf), and
+        # a program loading key tiles wholly past its last token, which only the record of its loads shows.
+        fails=("test_diagonal_tiles_are_masked[loads]",),
+        passes=(WORKED, "test_diagonal_tiles_are_masked[outputs]", "test_key_ranges_at_every_alignment"),
+        question="Prefix 37 and 40 new tokens in 16 x 16 tiles: which key tiles does your first query tile "
+        "load, and which of them can any of its tokens see?",
+        section="3.2",
     ),
     Mistake(
         16,

@@ -17,7 +17,12 @@ from drills.compare import assert_close, assert_untouched, mismatch
 from drills.grading.grader.diagnose import Mistake, returned_problem
 from drills.grading.grader.report import Stage
 from drills.grading.shared.bigmem import SLICE_STRIDE, free_bytes, past_int32
-from drills.grading.shared.launches import assert_grids_fit, assert_runs_a_triton_kernel, record_launches
+from drills.grading.shared.launches import (
+    assert_grids_fit,
+    assert_runs_a_triton_kernel,
+    record_launches,
+    record_loads,
+)
 from drills.tests import bf16_everywhere, fill_past_fp16_range, keys_past_fp16_range, seeded, sizes
 from drills.tests.domain import Domain, checks_besides
 
@@ -331,7 +336,15 @@ def test_output_is_normalised_by_the_softmax_sum(impl, runtime, causal):
     Forgetting acc / l leaves l (>= 1) in the output."""
     q, k, v = make_qkv(1, 2, 2, 30, 50, 64, device=runtime.device, stream=11)
     v.fill_(1.0)
-    out = check(impl, q, k, v, causal=causal)
+    out = attend(impl, q, k, v, causal)
+    # Every output the default scale 1 / sqrt(64) where 1 belongs: the weights sum to 1, and the scale
+    # multiplied what came out of the softmax instead of the scores going in.
+    assert not torch.allclose(out.float(), torch.full(out.shape, 0.125), atol=2e-3), (
+        "every output is 0.125, the softmax scale 1 / sqrt(D), where the weights of each row sum to 1 and "
+        "every V row is 1: the scale multiplies the output (after the softmax) instead of the scores q . k "
+        "before it (section 3.3 folds it into qk_scale)"
+    )
+    assert_close(out, attention_reference(q, k, v, causal)[0], DIMS)
     assert_close(out, torch.ones(out.shape), DIMS)
 
 
@@ -414,6 +427,53 @@ def test_diagonal_at_every_alignment(impl, runtime):
         out, _ = launch_into_canary(impl, q, k, v, True, 0.25, config=(16, 16, 4, 1))
         problem = mismatch(out, attention_reference(q, k, v, True, 0.25)[0], DIMS)
         assert problem is None, f"Nq = {Nq}, Nk = {Nk} (shift {Nk - Nq}), 16 x 16 blocks:\n{problem}"
+
+
+def blocks_above_the_diagonal(impl, runtime, Nq, Nk, config=(16, 16, 4, 1)):
+    """Causal, B = H = 1, D = 16: for each program, its last query row (from the rows of q it loads) and
+    every load of K or V whose keys all lie past that row's last visible key (i + Nk - Nq). Returns a
+    description of the first such load, or None (also where loads are not seen: a GPU)."""
+    q, k, v = make_qkv(1, 1, 1, Nq, Nk, 16, device=runtime.device, stream=223 + Nk)
+    with record_loads(impl, q, k, v) as loads:
+        launch_into_canary(impl, q, k, v, True, 0.25, config=config)
+    if loads is None:
+        return None
+    last_row: dict = {}
+    for load in loads.loads:
+        if load.target == 0:
+            rows = [r for r in loads.indices(load, 2) if load.active and 0 <= r < Nq]
+            if rows:
+                key = (load.launch, load.program)
+                last_row[key] = max(rows + [last_row.get(key, -1)])
+    for load in loads.loads:
+        key = (load.launch, load.program)
+        if load.target == 0 or key not in last_row:
+            continue
+        keys = loads.indices(load, 2)
+        last_key = last_row[key] + Nk - Nq  # the last key that program's last row may see
+        if keys and min(keys) > last_key:
+            name = "K" if load.target == 1 else "V"
+            return (
+                f"Nq = {Nq}, Nk = {Nk}, causal, blocks {config[0]} x {config[1]}: the program {load.program} "
+                f"whose last query row is {last_row[key]} (it may see keys up to {last_key}) loaded {name} "
+                f"rows {min(keys)} to {max(keys)}, a key block wholly above its diagonal; masked to -inf, "
+                "its scores change no output, and on a GPU loading and multiplying it costs that program "
+                "as much as a block it needs (about twice the arithmetic of causal attention in all): end "
+                "the key loop at the last row's diagonal (hi = m0 + BLOCK_M + Nk - Nq, at most Nk)"
+            )
+    return None
+
+
+def test_causal_skips_key_blocks_above_the_diagonal(impl, runtime):
+    """Causal attention's output is the same whether a query block stops its key loop at its last row's
+    diagonal or walks every key and masks the rest: only the loads tell. No program may load a block of
+    K or V whose keys every row of it is masked from (the last query block legitimately loads them all).
+    Square, and with a cached prefix (Nq < Nk): one small launch each, its loads recorded per program."""
+    if not runtime.interpreter:
+        pytest.skip("the loads of each program are seen under the interpreter only")
+    for Nq, Nk in ((64, 64), (40, 72)):
+        problem = blocks_above_the_diagonal(impl, runtime, Nq, Nk)
+        assert problem is None, problem
 
 
 def test_keys_are_walked_block_by_block(impl, runtime):
@@ -722,13 +782,23 @@ def test_grid_fits_cuda_limits_at_largest_sizes(impl, runtime, axis):
     elif axis == "batch":
         B, H, Nq = 70_000, 1, 1
     elif runtime.interpreter:
-        pytest.skip("GPU only: the [1, 1, 2**21 + 1, 16] output alone takes 1.5 s to come back on a CPU")
+        # flash_attention's own output of 2**21 + 1 rows would take 1.5 s to come back on a CPU: _launch
+        # with the interpreter's BLOCK_M = 32 is given an out whose rows are all one row (stride 0)
+        B, H, Nq = 1, 1, 65536 * 32 + 1
     else:
         B, H, Nq = 1, 1, 65536 * 128 + 1  # 128: the largest BLOCK_M of _config
     # [B, H, Nq, D]; the rows of a long sequence all one row (stride 0): nothing reads them
     q = torch.zeros(B, H, 1, 16, dtype=torch.float16, device=runtime.device).expand(B, H, Nq, 16)
     k = torch.zeros(B, H, 1, 16, dtype=torch.float16, device=runtime.device)  # [B, Hkv, Nk, D]
     v = torch.zeros_like(k)
+    if axis == "query_blocks" and runtime.interpreter:
+        out = torch.zeros(B, H, 1, 16, dtype=torch.float16, device=runtime.device).expand(B, H, Nq, 16)
+        assert_grids_fit(
+            impl,
+            lambda: impl._launch(q, k, v, False, 0.25, out, config=(32, 16, 4, 1)),
+            f"_launch with B = {B}, H = {H}, Nq = {Nq}, BLOCK_M = 32",
+        )
+        return
     assert_grids_fit(
         impl,
         lambda: impl.flash_attention(q, k, v, return_lse=True),
@@ -875,6 +945,8 @@ MISTAKES = [
             "test_worked_example_O1_to_three_decimals",
             "test_online_softmax_rescales_old_blocks",
             "test_q_k_v_are_read_through_their_strides[noncausal]",
+            # every row still sees a key, so its weights sum to 1 (pitfall 23's m = -inf does not)
+            "test_output_is_normalised_by_the_softmax_sum[causal]",
         ),
         question="With BLOCK_M = 64 and BLOCK_N = 16, which key is the last one the LAST row of a query "
         "block may see, and does your masked loop run that far?",
@@ -983,6 +1055,21 @@ MISTAKES = [
         ),
         question="Every check that passes its own scale passes and the default does not: when scale is "
         "None, 1 / sqrt of which dimension of q does your flash_attention take?",
+        section="3.3",
+    ),
+    Mistake(
+        6,
+        # The scale applied after the softmax (out * scale): every output off by that factor, most checks
+        # fail, and only the all-ones V says which factor it is.
+        fails=(
+            "test_output_is_normalised_by_the_softmax_sum",
+            "test_scale_is_applied",
+            "test_worked_example_O1_to_three_decimals",
+            "test_keys_not_a_multiple_of_the_block[1-1]",
+        ),
+        messages=(r"the scale multiplies the output",),
+        question="With every V row 1, your output is 0.125 = 1 / sqrt(64): where does your kernel multiply "
+        "by the scale, and which numbers must it multiply for e^(score * scale) to be the weight?",
         section="3.3",
     ),
     Mistake(
@@ -1219,6 +1306,41 @@ MISTAKES = [
         question="lse is [B, H, Nq] and out [B, H, Nq, D]: which strides does your lse store step by from one "
         "head to the next, and where does head 1's first lse land?",
         section="3.6",
+    ),
+    Mistake(
+        23,
+        # m_new from this block's scores alone: exact while every row sees a key of every block (a lower
+        # max only rescales by more), and a row whose keys all lie masked in a later block gets m = -inf
+        # there, which wipes (or overflows) what it summed. Only causal blocks past a row's diagonal do
+        # that, so the normalisation check fails where pitfall 3's short loop (weights still summing to 1)
+        # passes it.
+        fails=(
+            "test_any_block_shape[M64xN16-causal]",
+            "test_output_is_normalised_by_the_softmax_sum[causal]",
+        ),
+        passes=(
+            "test_output_is_normalised_by_the_softmax_sum[noncausal]",
+            "test_online_softmax_rescales_old_blocks",
+            "test_worked_example_O1_to_three_decimals",
+        ),
+        question="BLOCK_M = 64 and BLOCK_N = 16, causal: what is your m_new for a row whose keys in this "
+        "block are all masked, and what happens then to the l and acc it summed before?",
+        section="3.4",
+    ),
+    Mistake(
+        22,
+        # The key loop run to Nk: every output right (the blocks past the diagonal score -inf), and a
+        # program loading key blocks wholly above its diagonal, which only the record of its loads shows.
+        fails=("test_causal_skips_key_blocks_above_the_diagonal",),
+        passes=(
+            "test_causal_is_aligned_bottom_right",
+            "test_diagonal_at_every_alignment",
+            "test_any_block_shape",
+            "test_fully_masked_rows_are_zero_not_nan",
+        ),
+        question="Nq = Nk = 64 in 16 x 16 blocks: which key blocks does your query block 0 load, and which of "
+        "them can any of its rows see?",
+        section="3.5",
     ),
     Mistake(
         20,

@@ -557,6 +557,20 @@ def diagnose(
             generic = None
     partial = [s for s in scored if s.held > 0 and s.witnesses]
     partial.sort(key=lambda s: (-s.held / s.total, -s.held, mistakes.index(s.mistake)))
+    if generic is not None and generic[0] == "write_race":
+        # A write race is what the harness saw, not the mistake: a pitfall whose own messages name the
+        # race (an lse stored over out when no one asked for it, rows stored past a group) comes first,
+        # with the race's message as its evidence; the race itself stays on the screen after it.
+        racing = [
+            s
+            for s in partial
+            if any(re.search(rx, first.message or "") for rx in s.mistake.messages)
+            and s.mistake.pitfall not in named
+        ]
+        if racing:
+            best = racing[0]
+            named.add(best.mistake.pitfall)
+            findings.append(_finding(best, False, titles))
     if generic is not None:
         kind, title = generic
         findings.append(Finding(0, title, _evidence(first), False, None, kind))

@@ -108,6 +108,7 @@ class LearnerProcess:
         self.lent_module: dict[int, str | None] = {}  # key -> the module its class says (wire.Lent's module)
         self.pending_release: list[int] = []
         self.options: dict = {"orders": True, "provenance": False}
+        self.loads_targets: list | None = None  # the tensors whose loads record_loads watches
         self.ready: dict = {}
         self.log = tempfile.NamedTemporaryFile(prefix="drills-learner-", suffix=".log", delete=False)
         self.timeouts: list[str] = []  # the messages of the calls that timed out, in order
@@ -361,6 +362,13 @@ class LearnerProcess:
                 f"not run: {len(self.timeouts)} calls timed out already; the first: {self.timeouts[0]}"
             )
         self.ensure()
+        if self.loads_targets and message[0] in ("call", "method") and isinstance(message[-1], dict):
+            # record_loads: which of this call's tensors hold the storages watched (by the storage, so that a
+            # view of the tensor watched counts as it)
+            tensors = wire.tensors_in([message[-3], message[-2]])
+            ptrs = [t.untyped_storage().data_ptr() for t in tensors]
+            watched = [t.untyped_storage().data_ptr() for t in self.loads_targets]
+            message[-1]["loads_of"] = [ptrs.index(w) if w in ptrs else -1 for w in watched]
         keys, self.pending_release = self.pending_release, []  # handles dropped since the last request
         self._send((*message, keys), during)
         # A call made with provenance must come back with its evidence: a learner's process that drops it
@@ -448,6 +456,21 @@ class LearnerProcess:
             if self.alive():
                 for module, name, grid, constexprs in self.request("record", False):
                     launches.calls.append(Launch(module, name, tuple(grid), dict(constexprs)))
+
+    @contextlib.contextmanager
+    def record_loads(self, tensors):
+        from drills.grading.shared.launches import Load, Loads
+
+        loads = Loads(list(tensors))
+        self.loads_targets = list(tensors)
+        self.request("loads", True)
+        try:
+            yield loads
+        finally:
+            self.loads_targets = None
+            if self.alive():
+                for launch, target, program, offsets, active in self.request("loads", False):
+                    loads.loads.append(Load(launch, target, tuple(program), offsets, active))
 
     def probe(self, fn, *args, **kwargs):
         """Run fn (a module-level function of a drills.tests module) in the learner's process, where the

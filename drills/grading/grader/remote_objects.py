@@ -125,6 +125,9 @@ class RemoteModule(RemoteObject):
     def _drills_record_launches(self):
         return self._proc.record_launches()
 
+    def _drills_record_loads(self, tensors):
+        return self._proc.record_loads(tensors)
+
     def _drills_probe(self, fn, *args, **kwargs):
         self._current()  # a probe may be the first request of a check (the module is sent as its argument)
         return self._proc.probe(fn, self, *args, **kwargs)

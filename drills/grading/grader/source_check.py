@@ -189,8 +189,8 @@ BUFFERS = {
 # only, another path for a GPU) is graded on a path no GPU takes. Allowed only in a lesson whose reference
 # reads it (F1-F3 and L5 count a GPU's SMs; F1-F3 ask q.is_cuda before a CUDA graph's capture).
 DEVICE_KIND_WHY = (
-    "asks which kind of device holds the tensors (graded, the CPU, under the interpreter), so the file could "
-    "take another path when graded than on a GPU: decide from shapes, strides and dtypes"
+    "asks which kind of device holds the tensors (graded: the CPU), so the file could take another path "
+    "graded than on a GPU: decide from shapes and dtypes; check devices with validate.same_device"
 )
 DEVICE_KIND = {
     "is_cpu",
@@ -496,8 +496,29 @@ def _mentions_device(node: ast.AST, ctx: dict) -> bool:
     return any(_a_device(n, ctx) for n in ast.walk(node))
 
 
+def _raised_messages(tree: ast.AST) -> set[int]:
+    """The nodes inside the arguments of the exception a `raise` builds (`raise ValueError(f"q is on
+    {q.device}")`), where a device made text is an honest error message: the file cannot read it back
+    unless one of its `except` clauses binds the exception (`except ValueError as e: str(e)`), so where
+    one does, none. The exception's class itself is not among them (it could be chosen by the device)."""
+    if any(isinstance(n, ast.ExceptHandler) and n.name for n in ast.walk(tree)):
+        return set()
+    inside = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call):
+            for arg in [*node.exc.args, *(k.value for k in node.exc.keywords)]:
+                inside |= {id(n) for n in ast.walk(arg)}
+    return inside
+
+
+# What makes a device text: allowed in a raised exception's message (_raised_messages), never a comparison.
+DEVICE_TEXT_NODES = (ast.FormattedValue, ast.Call, ast.BinOp)
+
+
 def _device_kind_why(node: ast.AST, ctx: dict) -> str | None:
     """A device made text or a number, or compared with something that is no device: its kind shows."""
+    if isinstance(node, DEVICE_TEXT_NODES) and id(node) in ctx["raised_messages"]:
+        return None
     if isinstance(node, ast.Compare):
         sides = [node.left, *node.comparators]
         plain = [s for s in sides if not (isinstance(s, ast.Constant) and s.value is None)]
@@ -847,6 +868,7 @@ def refusals(source: str, reference_source: str | None, filename: str = "<file>"
         "triton": _triton_roots(tree),
         "called": {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)},
         "device_names": _device_names(tree),
+        "raised_messages": _raised_messages(tree),
         "kernels": _kernel_names(tree),
         # torch.cuda.<a function the reference calls>: the module reached for that function alone
         "device_module_uses": {

@@ -62,6 +62,11 @@ class TritonWatch:
             None  # first bytes of the storages some load read from (compiled: some launch was given), when asked
         )
         self.access = None  # write_races.AccessLog of the running launch, when the call checks the order
+        # [(first byte, end)] of the storages whose loads the grader asked for (launches.record_loads), and
+        # the record of them: (launch of the call, target, program (x, y, z), the byte offsets from the
+        # storage's first byte of the load's active lanes (of all its lanes when none is on), whether any was)
+        self.loads_of: list | None = None
+        self.loads_seen: list = []
         self.overlapped = False  # some launch of the call had programs touching each other's memory
         self.interpreter = os.environ.get("TRITON_INTERPRET", "0") == "1"
         self.recorder = None  # the torch op recorder of the call being run, if any
@@ -173,6 +178,24 @@ class TritonWatch:
             # record of what each launch read and wrote would not see.
             data = np.asarray(ptrs.data, dtype=np.uint64)
             active = np.broadcast_to(np.asarray(mask.data, dtype=bool), data.shape)
+            if watch.loads_of and what == "load":
+                # The active lanes; a load with none, every lane: it still costs its program the tile's
+                # arithmetic on a GPU (a key block above the diagonal loaded under a causal mask).
+                on = active.ravel()
+                lanes = data.ravel()[on] if on.any() else data.ravel()
+                builder = interp.interpreter_builder
+                for target, (start, end) in enumerate(watch.loads_of):
+                    inside = (lanes >= np.uint64(start)) & (lanes < np.uint64(end))
+                    if inside.any():
+                        watch.loads_seen.append(
+                            (
+                                watch.launched,
+                                target,
+                                tuple(int(i) for i in builder.grid_idx),
+                                (lanes[inside] - np.uint64(start)).tolist(),
+                                bool(on.any()),
+                            )
+                        )
             if not active.any():
                 return
             size = max(1, ptrs.get_element_ty().primitive_bitwidth // 8)

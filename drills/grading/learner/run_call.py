@@ -9,7 +9,11 @@
   that run must leave them byte for byte as they were);
 - every call: a tensor the call left in the learner's module state (a dict of answers keyed by shapes,
   a default argument, a function's attribute, a closure) fails it as not from the kernel, since a later
-  call with the same shapes could return it without computing, and no check changes only the values.
+  call with the same shapes could return it without computing, and no check changes only the values;
+  and after its first call, a call that changes the module's plain state (a call counter, a flag, a list
+  that grows) fails the same way, since it could behave otherwise on the grader's later calls;
+- with `loads_of` (launches.record_loads), the loads of the first run from the storages named are kept
+  per program for the grader to fetch.
 """
 
 from __future__ import annotations
@@ -255,6 +259,184 @@ def _held_tensors(module) -> dict[int, tuple]:
     return found
 
 
+_STATE_AFTER: dict = {}  # module name -> _module_state(module) after its last call
+
+
+def _module_state(module) -> dict:
+    """{path: value} for what the learner's module holds that a call could change and a later call read: its
+    globals' plain values (numbers, strings), the lengths of its lists and sets, the keys of its dicts,
+    the contents of small tensors, an iterator's position (itertools.count), walked as _held_tensors walks
+    (containers, functions' defaults, closures and attributes, the file's classes and objects). Triton's
+    kernels and functools' caches are left out: what they keep is their own (compiled code, a pure
+    function's results), and tensors kept there are _held_tensors' to find."""
+    import collections.abc
+    import functools
+    import hashlib
+    import types
+
+    import torch
+
+    from drills.grading.shared.launches import _kernel_classes
+
+    state: dict = {}
+    if module is None:
+        return state
+    own, seen, kernels = module.__name__, set(), tuple(_kernel_classes())
+
+    def ours(obj) -> bool:
+        return getattr(obj, "__module__", None) == own or getattr(type(obj), "__module__", None) == own
+
+    stack = [
+        (name, value)
+        for name, value in vars(module).items()
+        if not (name.startswith("__") and name.endswith("__"))
+    ]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, (bool, int, float, complex, str, bytes, type(None))):
+            state[path] = value
+            continue
+        if id(value) in seen or isinstance(value, (types.ModuleType, functools._lru_cache_wrapper, *kernels)):
+            continue
+        seen.add(id(value))
+        if isinstance(value, torch.Tensor):
+            if value.numel() <= 2**16 and value.device.type in ("cpu", "cuda"):
+                data = value.detach().reshape(-1).cpu().contiguous().view(torch.uint8).numpy().tobytes()
+                state[path] = ("tensor", hashlib.sha1(data).hexdigest())
+            continue
+        if isinstance(value, (dict, collections.abc.Mapping)):
+            # Its keys, not their number: a memo that gains a key per new shape is a cache, which only
+            # changes when the shapes do; the values under each key are walked as their own paths.
+            state[path] = ("keys", {repr(k): _leaves(k) for k in value.keys()})
+            stack += [(f"{path}[{k!r}]", v) for k, v in value.items()]
+        elif isinstance(value, (list, tuple, set, frozenset, collections.deque, bytearray)):
+            items = list(value)
+            state[path] = ("len", len(items))
+            if not isinstance(value, (set, frozenset)):
+                stack += [(f"{path}[{i}]", v) for i, v in enumerate(items)]
+        elif type(value).__module__ == "itertools":
+            state[path] = ("repr", repr(value))  # count(5): its position
+        elif isinstance(value, types.GeneratorType):
+            frame = value.gi_frame
+            state[path] = ("generator", None if frame is None else frame.f_lasti)
+            if frame is not None:
+                stack += [(f"{path}.{k}", v) for k, v in frame.f_locals.items()]
+        elif isinstance(value, functools.partial):
+            stack += [(f"{path}.args", value.args), (f"{path}.keywords", value.keywords)]
+        elif isinstance(value, types.MethodType):
+            stack.append((f"{path}.__self__", value.__self__))
+        elif isinstance(value, (staticmethod, classmethod)):
+            stack.append((path, value.__func__))
+        elif isinstance(value, types.FunctionType):
+            if value.__module__ != own:
+                continue
+            stack.append((f"{path}.__defaults__", value.__defaults__ or ()))
+            stack.append((f"{path}.__kwdefaults__", value.__kwdefaults__ or {}))
+            for i, cell in enumerate(value.__closure__ or ()):
+                try:
+                    stack.append((f"{path}.<closure {i}>", cell.cell_contents))
+                except ValueError:  # a cell not yet filled
+                    state[f"{path}.<closure {i}>"] = ("empty",)
+            stack.append((f"{path}.__dict__", dict(vars(value))))
+        elif isinstance(value, type):
+            if value.__module__ == own:
+                stack += [(f"{path}.{k}", v) for k, v in vars(value).items() if not k.startswith("__")]
+        elif ours(value) and isinstance(getattr(value, "__dict__", None), dict):
+            stack.append((f"{path}.__dict__", dict(vars(value))))
+    return state
+
+
+def _leaves(value) -> tuple:
+    """The plain values a dict's key is made of (a tuple of shapes and dtypes flattened)."""
+    if isinstance(value, (tuple, list, frozenset, set)):
+        return tuple(leaf for v in value for leaf in _leaves(v))
+    return (value if isinstance(value, (bool, int, float, str, type(None))) else repr(value),)
+
+
+def call_values(args, kwargs) -> set:
+    """Every value a cache of the learner's could key an answer by that comes from the call itself: each
+    tensor argument's shape, strides, storage offset, dtype and address, the values of small integer
+    tensors (lengths, tables), and every plain argument, flattened."""
+    import torch
+
+    values: set = set()
+
+    def walk(value):
+        if isinstance(value, torch.Tensor):
+            values.update(value.shape)
+            values.update(value.stride())
+            values.update((value.storage_offset(), value.data_ptr(), value.untyped_storage().data_ptr()))
+            values.update((str(value.dtype), repr(value.dtype), value.dim(), value.numel()))
+            if not value.is_floating_point() and value.numel() <= 4096:
+                values.update(value.reshape(-1).tolist())
+        elif isinstance(value, (tuple, list)):
+            for v in value:
+                walk(v)
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                walk(k)
+                walk(v)
+        elif isinstance(value, (bool, int, float, str, type(None))):
+            values.add(value)
+        else:
+            values.add(repr(value))
+
+    walk([list(args), kwargs])
+    return values
+
+
+def _derived(leaf, values: set) -> bool:
+    """A key's leaf a cache keyed by the call could hold: a value of the call, a word (a constant's name:
+    "fwd"), True, False or None; not a number of its own (a count of calls)."""
+    if leaf is None or isinstance(leaf, bool):
+        return True
+    if isinstance(leaf, str) and (leaf.isidentifier() or leaf.startswith("torch.")):
+        return True
+    return leaf in values
+
+
+def _refuse_changed_state(module, graded_file: str | None, values: set = frozenset()) -> None:
+    """A call that changes what the module holds for a later call (a counter of calls, a flag set by the
+    first one, a list that grows) lets each call know how many came before it, and behave otherwise after
+    the grader's first checks, or only on the call a check of its loads or launches watches. Its first
+    call may set what it sets once (a lazily built table); after that, a call leaves the module as it
+    found it, but for a dict gaining keys made of the call's own values (a cache keyed by shapes, dtypes
+    or an argument's address): no key may change its value, and a key holding a number of its own
+    (`_seen[len(_seen)] = ...`, a count of calls) is a counter."""
+    if module is None:
+        return
+    now = _module_state(module)
+    key = module.__name__
+    before, _STATE_AFTER[key] = _STATE_AFTER.get(key), now
+    if before is None:
+        return
+    for path, value in before.items():
+        new = now.get(path, value)
+        if new == value:
+            continue
+        if (
+            isinstance(value, tuple)
+            and value[:1] == ("keys",)
+            and isinstance(new, tuple)
+            and new[:1] == ("keys",)
+            and set(value[1]) <= set(new[1])
+            and all(
+                _derived(leaf, values) for k, leaves in new[1].items() if k not in value[1] for leaf in leaves
+            )
+        ):
+            continue  # a dict that gained keys made of the call's values: a cache
+        from drills.grading.shared.errors import NotFromKernel
+
+        name = re.split(r"[.\[]", path, maxsplit=1)[0]
+        line = _line_of(graded_file, rf"\b{re.escape(name)}\b")
+        raise NotFromKernel(
+            f"the output did not come from your kernel alone: the call changed `{path}`{line}, module state "
+            "that lasts from one call to the next (a call counter, a flag set by an earlier call, a dict "
+            "that gains a key no argument of the call made): a launcher computes each call from its "
+            "arguments alone, the same on the grader's first call as on its last"
+        )
+
+
 def _refuse_kept_tensors(module, before: dict, graded_file: str | None) -> None:
     """A tensor a call left in the module's state (a dict of answers keyed by shapes, a default
     argument, a function's attribute, a closure, an lru_cache) is an answer kept for a later call: that
@@ -335,11 +517,23 @@ def run_call(watch: TritonWatch, fn, args, kwargs, options: dict):
         _BEFORE_CALLS[key] = _held_tensors(module)
     held = _BEFORE_CALLS[key]
     attributes = {id(t): set(vars(t)) for t in tensors}
+    # The storages whose loads the grader asked for (launches.record_loads), by their place among the
+    # call's tensors: recorded in this first run only, the one made in the programs' own order.
+    watch.loads_of = [
+        (t.untyped_storage().data_ptr(), t.untyped_storage().data_ptr() + t.untyped_storage().nbytes())
+        if t is not None
+        else (0, 0)  # a tensor the call was not given: an empty range keeps the others' numbers
+        for t in (tensors[i] if 0 <= i < len(tensors) else None for i in options.get("loads_of") or ())
+    ] or None
     try:
         with recorder:
-            result = fn(*args, **kwargs)
+            try:
+                result = fn(*args, **kwargs)
+            finally:
+                watch.loads_of = None
         _refuse_replaced_methods(args, kwargs, result)
         _refuse_kept_tensors(module, held, getattr(watch, "graded_file", None))
+        _refuse_changed_state(module, getattr(watch, "graded_file", None), call_values(args, kwargs))
         _refuse_tensor_attributes(fn, args, kwargs, tensors, attributes, getattr(watch, "graded_file", None))
         _raise_device_errors()
     finally:

@@ -204,6 +204,10 @@ class Server:
                 elif op == "coverage":  # make mutants: which lines of the graded file the last check ran
                     _, action = request
                     self.reply(self.coverage(action))
+                elif op == "loads":  # launches.record_loads: start afresh, or hand back what was seen
+                    _, on = request
+                    seen, self.watch.loads_seen = self.watch.loads_seen, []
+                    self.reply(None if on else seen)
                 elif op == "record":
                     _, on = request
                     if on:

@@ -176,6 +176,53 @@ def record_launches(impl):
         yield launches
 
 
+@dataclass(frozen=True)
+class Load:
+    """One tl.load of a watched tensor's storage (record_loads), by one program of one launch."""
+
+    launch: int  # which launch of its call (1 = the first)
+    target: int  # which of the tensors record_loads was given
+    program: tuple  # the program's (x, y, z) index in the grid
+    offsets: list  # the byte offset from the storage's first byte of each of its lanes in that storage:
+    # the active lanes, or every lane when none was on (a load wholly masked off still costs its tile's
+    # arithmetic on a GPU)
+    active: bool  # whether any lane was on
+
+
+@dataclass
+class Loads:
+    tensors: list
+    loads: list[Load] = field(default_factory=list)
+
+    def indices(self, load: Load, dim: int) -> list[int]:
+        """The index along `dim` of the element each lane of `load` reads, in the tensor it was recorded
+        for: its element offset from the tensor's first element, divided by the stride of `dim` and
+        wrapped at its size (exact for a tensor whose strides nest, contiguous or a permutation of it,
+        and for its lanes that fall outside the tensor's own elements, a padding row of its buffer)."""
+        t = self.tensors[load.target]
+        size, stride, first = t.element_size(), t.stride(dim), t.storage_offset()
+        return [(o // size - first) // stride for o in load.offsets]
+
+
+@contextlib.contextmanager
+def record_loads(impl, *tensors):
+    """`with record_loads(impl, q, k) as loads:` records, for the calls of the learner's functions made
+    inside the block, every load their kernels made from the storage of each tensor given: per load, the
+    launch, the program (its grid index) and the byte offset of its active lanes (of every lane when
+    none is on). A check of
+    which blocks each program visits reads it (a causal program loading key blocks wholly above its
+    diagonal costs a GPU twice the arithmetic, and its output is right). Only the interpreter sees
+    loads: elsewhere (a GPU, or a module run in this process) `loads` is None."""
+    remote = getattr(impl, "_drills_record_loads", None)
+    import drills.runtime
+
+    if remote is None or not drills.runtime.current().interpreter:
+        yield None
+        return
+    with remote(tensors) as loads:
+        yield loads
+
+
 def assert_runs_a_triton_kernel(impl, call, what: str) -> None:
     """call() must compute its result with a @triton.jit kernel of the file under test (impl): it must
     launch one defined in that file, and when the learner's code runs in its own process, running the
