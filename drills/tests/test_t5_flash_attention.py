@@ -339,7 +339,7 @@ def test_output_is_normalised_by_the_softmax_sum(impl, runtime, causal):
     out = attend(impl, q, k, v, causal)
     # Every output the default scale 1 / sqrt(64) where 1 belongs: the weights sum to 1, and the scale
     # multiplied what came out of the softmax instead of the scores going in.
-    assert not torch.allclose(out.float(), torch.full(out.shape, 0.125), atol=2e-3), (
+    assert not torch.allclose(out.float(), torch.full(out.shape, 0.125, device=out.device), atol=2e-3), (
         "every output is 0.125, the softmax scale 1 / sqrt(D), where the weights of each row sum to 1 and "
         "every V row is 1: the scale multiplies the output (after the softmax) instead of the scores q . k "
         "before it (section 3.3 folds it into qk_scale)"
