@@ -73,6 +73,7 @@ def _both(prompts, params, eos_id=None) -> dict:
             free=llm.block_manager.num_free_blocks,
             running=len(llm.engine.scheduler.running),
             pending=llm.engine.pending_seq_ids,
+            rows=llm.engine.sampling_rows,
         )
     return runs
 
@@ -126,6 +127,11 @@ def test_sampled_requests_with_seeds_give_lockstep_tokens():
     runs = _both(prompts, params, eos)
     _assert_same(runs, "sampled requests with seeds")
     assert any(r == "stop" for _, r in runs[True]["outs"]), "the eos was meant to stop a request"
+    rows = runs[True]["rows"]
+    assert rows.hits and rows.misses, (
+        f"the overlapped steps were meant to reuse their sampling rows and to change them: {rows.hits} "
+        f"steps reused them, {rows.misses} changed them"
+    )
 
 
 def test_a_stop_token_ends_a_request_in_both_loops():

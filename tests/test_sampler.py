@@ -654,6 +654,44 @@ def test_sampler_never_syncs_on_a_gpu():
     assert int(same.sum()) >= R - 2
 
 
+def test_rows_kept_between_steps_draw_what_reading_every_row_draws():
+    """An engine's SamplingRows keeps last step's rows on the device. Over steps whose rows stay, lose a
+    request, gain one, change order, and where a request's stream is restarted (seq.generator = None),
+    it must draw the tokens that reading every row afresh draws (a request that left and came back
+    included): seeded, unseeded (the same engine generator) and greedy rows, and each stream's draws
+    right once its row leaves."""
+    V = 50
+    g = torch.Generator().manual_seed(8)
+    kinds = [
+        dict(temperature=0.0),
+        dict(temperature=0.9, top_p=0.8, random_state=1),
+        dict(temperature=1.1),
+        dict(temperature=0.7, top_k=5, random_state=2),
+        dict(temperature=1.0, min_p=0.1),
+        dict(temperature=0.6, top_p=0.5, random_state=3),
+    ]
+    kept = [_seq(**p) for p in kinds]
+    fresh = [_seq(**p) for p in kinds]
+    rows = sampler.SamplingRows()
+    steps = [[0, 1, 2, 3], [0, 1, 2, 3], [0, 1, 2, 3], [1, 2, 3], [1, 2, 3, 4, 5], [1, 2, 3, 4, 5]]
+    steps += [[5, 3, 1, 2], [5, 3, 1, 2], "restart 3", [5, 3, 1, 2], [5, 3, 1, 2], [2, 4], [2, 4], [1, 2, 4]]
+    gen_kept, gen_fresh = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    for step in steps:
+        if step == "restart 3":
+            kept[3].generator = fresh[3].generator = None
+            continue
+        logits = torch.randn(len(step), V, generator=g) * 3  # (R, V)
+        a = sampler.sample_on_device(logits, [kept[i] for i in step], gen_kept, rows=rows).tolist()
+        b = sampler.sample_on_device(logits, [fresh[i] for i in step], gen_fresh).tolist()
+        assert a == b, f"rows {step}: kept rows drew {a}, rows read afresh {b}"
+    assert rows.hits >= 5 and rows.misses >= 5, (
+        f"{rows.hits} steps reused the rows, {rows.misses} changed them"
+    )
+    rows.sync()
+    for i in (1, 3, 5):
+        assert kept[i].generator.draws == fresh[i].generator.draws, f"request {i}'s stream lost count"
+
+
 def test_a_streams_keys_are_stream_key_of_its_positions():
     """Stream.next_key (the hash of random_state done once per request) gives stream_key(random_state, k)
     for draw k, negative and large random_states included."""

@@ -25,6 +25,7 @@ from drills.engine.batch import DeviceBatch
 from drills.engine.config import EngineConfig
 from drills.engine.graphs import DecodeGraphs, PromptGraphs
 from drills.engine.model import Llama, attention_features, forward
+from drills.engine.sampling_rows import SamplingRows
 
 
 @dataclass
@@ -117,6 +118,8 @@ class Engine:
         self._finished_status = getattr(sys.modules.get(parts.Sequence.__module__), "FINISHED", "finished")
         self._buffers = _Buffers(config.max_num_seqs, model.device)
         self._staging = _Staging(model.device) if self.overlap and model.device.type == "cuda" else None
+        # The overlapped steps' sampling parameters, kept on the device while the step's rows stay.
+        self.sampling_rows = SamplingRows(self._staging)
         self.batch = None  # steady decode steps' inputs, built on the device (config.device_inputs)
         if config.device_inputs_on(model.device):
             self.batch = DeviceBatch(
@@ -336,12 +339,10 @@ class Engine:
         return set() if self._pending is None else {s.seq_id for s, _ in self._pending.slots}
 
     def _draw(self, logits, seqs) -> torch.Tensor:
-        """The step's tokens (R,) int64, left on the device: no host sync. An all-greedy step (every
-        distinct SamplingParams looked at once: requests usually share one) is one argmax."""
-        if all(p.temperature == 0 for p in _distinct_params(seqs)):
-            return logits.argmax(-1)
+        """The step's tokens (R,) int64, left on the device: no host sync. The rows' parameters stay on
+        the device from one step to the next (self.sampling_rows); an all-greedy step is one argmax."""
         # Called through the module, as sampler.sample is: a test may watch every draw by replacing it.
-        return sampler.sample_on_device(logits, seqs, self.generator)
+        return sampler.sample_on_device(logits, seqs, self.generator, rows=self.sampling_rows)
 
     def _settle(self, pending) -> tuple[list, list]:
         """Wait for `pending`'s copy, write its tokens where its placeholders are, and raise any bad device

@@ -23,7 +23,8 @@ row, and whether the engine overlaps its steps or not. A request without one tak
 from the engine's generator (torch's default CPU generator when it is None).
 
 No Python loop over rows touches the device and nothing waits for it: the rows' parameters go over in
-one non-blocking copy (pinned memory on a GPU), and sample_on_device returns the tokens as a device
+one non-blocking copy (pinned memory on a GPU), kept there from step to step by an engine's SamplingRows
+(sampling_rows.py) while its rows stay the same, and sample_on_device returns the tokens as a device
 tensor. A step whose rows are all greedy is one argmax. On a GPU (draw_keyed) the probabilities are
 never written out: softmax_stats_kernel takes each row's max and sum, cutoff_kernel the top_k / top_p
 thresholds over the logits sorted once, and race_kernel the race with its noise made in registers, each
@@ -37,54 +38,20 @@ slower than the sort.
 
 from __future__ import annotations
 
-import array
-
 import torch
 import triton
 import triton.language as tl
 
+from drills.engine.sampling_rows import SamplingRows, Stream, stream_key  # noqa: F401 (Stream, stream_key: API)
 from drills.launch import launch
 
 MASK32 = 0xFFFFFFFF
-MASK64 = (1 << 64) - 1
 GOLDEN32 = 0x9E3779B1  # odd: i -> i * GOLDEN32 mod 2**32 is one-to-one, and spreads the bits of i
 # murmur3's fmix32 multipliers, written as C - 2**32: a product of a 32-bit value by a constant under
 # 2**31 in magnitude fits int64 (torch has no uint32 arithmetic), and its low 32 bits are those of C * x.
 FMIX1 = 0x85EBCA6B - (1 << 32)
 FMIX2 = 0xC2B2AE35 - (1 << 32)
 UNIFORM_BITS = 23  # (k + 0.5) / 2**23 for k < 2**23 is exact in float32 and lies strictly in (0, 1)
-
-
-class Stream:
-    """A request's random stream: its random_state and how many tokens it has drawn from it."""
-
-    __slots__ = ("draws", "random_state", "_seed")
-
-    def __init__(self, random_state: int):
-        self.random_state = random_state
-        self.draws = 0
-        self._seed = _splitmix64(random_state & MASK64)  # once per request: the step pays one mix a row
-
-    def next_key(self) -> int:
-        """The key of the next draw, stream_key(random_state, draws); then one draw more."""
-        key = _splitmix64(self._seed ^ self.draws) >> 32
-        self.draws += 1
-        return key
-
-    def __repr__(self):
-        return f"Stream(random_state={self.random_state}, draws={self.draws})"
-
-
-def _splitmix64(x: int) -> int:
-    x = (x + 0x9E3779B97F4A7C15) & MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
-    return x ^ (x >> 31)
-
-
-def stream_key(random_state: int, position: int) -> int:
-    """The 32-bit key of draw number `position` of the stream started from `random_state` (any int)."""
-    return _splitmix64(_splitmix64(random_state & MASK64) ^ position) >> 32
 
 
 def _fmix32(x: torch.Tensor) -> torch.Tensor:
@@ -611,62 +578,25 @@ def draw_keyed(logits, temperature, top_k, top_p, min_p, keys, cut: bool = True,
     return torch.where(temperature == 0, logits.argmax(-1), tokens)
 
 
-COLUMNS = 5  # a row's temperature, top_p, min_p, top_k and key, as float64 (exact for each)
-
-
-def _rows(seqs, vocab: int, generator: torch.Generator | None):
-    """Each row's parameters and key, (R, COLUMNS) float64 on the host, and whether a sampled row asks for
-    top_k or top_p. Advances each seeded sampled row's stream by one draw; an unseeded row's key comes
-    from `generator` (a CPU one here; a device generator's keys are drawn there, by the caller: the
-    rows are returned third)."""
-    params, rows, unseeded = {}, array.array("d"), []
-    for r, seq in enumerate(seqs):
-        p = seq.params
-        row = params.get(id(p))  # requests usually share one SamplingParams: each is read once
-        if row is None:
-            top_k = getattr(p, "top_k", -1)  # a SamplingParams of an older C1 file has no top_k, min_p
-            top_k = min(top_k, vocab) if top_k > 0 else -1
-            row = params[id(p)] = (p.temperature, p.top_p, getattr(p, "min_p", 0.0), top_k)
-        if row[0] == 0:
-            key = 0  # greedy: draws nothing
-        elif p.random_state is None:
-            key = 0
-            unseeded.append(r)
-        else:
-            stream = seq.generator
-            if not isinstance(stream, Stream):
-                stream = seq.generator = Stream(p.random_state)
-            key = stream.next_key()
-        rows.extend(row)
-        rows.append(key)
-    # array.array's C loop, not torch.tensor's element by element conversion of nested lists (several
-    # times slower at 256 rows); cloned so that the tensor owns its memory.
-    host = torch.frombuffer(rows, dtype=torch.float64).view(len(seqs), COLUMNS).clone()  # (R, COLUMNS)
-    if unseeded and (generator is None or generator.device.type == "cpu"):
-        host[unseeded, 4] = torch.randint(0, 1 << 32, (len(unseeded),), generator=generator).double()
-        unseeded = []
-    cut = any(t != 0 and (k > 0 or top_p < 1) for t, top_p, _, k in params.values())
-    return host, cut, unseeded
-
-
-def sample_on_device(logits: torch.Tensor, seqs, generator: torch.Generator | None = None) -> torch.Tensor:
+def sample_on_device(
+    logits: torch.Tensor, seqs, generator: torch.Generator | None = None, rows=None
+) -> torch.Tensor:
     """One token per row of logits (R, V), under each sequence's SamplingParams: (R,) int64 on
-    logits.device, nothing waited for. Advances the stream of every seeded sampled row by one draw."""
+    logits.device, nothing waited for. Advances the stream of every seeded sampled row by one draw.
+
+    rows: an engine's SamplingRows, which keeps the rows' parameters on the device from one step to the
+    next (their streams' draws then lag until rows.sync()); None reads every row here, for this draw."""
     if logits.dim() != 2 or logits.shape[0] != len(seqs):
         raise ValueError(f"logits must be (len(seqs), V) = ({len(seqs)}, V), got {tuple(logits.shape)}")
-    if all(seq.params.temperature == 0 for seq in seqs):
+    once = rows is None
+    if once:
+        rows = SamplingRows()
+    step = rows.prepare(seqs, logits.shape[-1], logits.device, generator)
+    if once:
+        rows.sync()
+    if step is None:  # every row greedy
         return logits.argmax(-1)
-    device = logits.device
-    host, cut, unseeded = _rows(seqs, logits.shape[-1], generator)
-    # One copy for every row's parameters: a pageable copy would block until the device has run
-    # everything queued before it, so a GPU's goes from pinned memory, non-blocking.
-    rows = host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host.to(device)
-    temperature, top_p, min_p = rows[:, :3].float().unbind(-1)  # (R,) each
-    top_k, key = rows[:, 3:].long().unbind(-1)  # (R,) each
-    if unseeded:  # an engine generator on the device draws those rows' keys there
-        fresh = torch.randint(0, 1 << 32, (len(unseeded),), generator=generator, device=generator.device)
-        key = key.index_put((torch.tensor(unseeded).to(device, non_blocking=True),), fresh.to(device))
-    return draw_keyed(logits, temperature, top_k, top_p, min_p, key, cut)
+    return draw_keyed(logits, *step)
 
 
 def sample(logits: torch.Tensor, seqs, generator: torch.Generator | None) -> list[int]:
