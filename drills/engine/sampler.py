@@ -550,7 +550,17 @@ def _race_launch(rows, thr, keys, softmax=None, x_thr=None, log_min_p=None):
     return out
 
 
-def draw_keyed(logits, temperature, top_k, top_p, min_p, keys, cut: bool = True, kernel: bool | None = None):
+def draw_keyed(
+    logits,
+    temperature,
+    top_k,
+    top_p,
+    min_p,
+    keys,
+    cut: bool = True,
+    kernel: bool | None = None,
+    greedy: bool = True,
+):
     """draw() with uniform(keys, V)'s noise, (R,) int64 on logits' device. kernel (None: on a GPU): the
     probabilities are never written out. softmax_stats() takes each row's max and sum in one launch; the
     cut reads the logits sorted in their own dtype and gives its threshold as a logit, and race_kernel
@@ -559,12 +569,13 @@ def draw_keyed(logits, temperature, top_k, top_p, min_p, keys, cut: bool = True,
     logit with a logit), so it is exact however the GPU rounds a probability in one kernel or another;
     the kernels' exp is not torch's, so a near-tie in a cut's running sum or in the race may go the other way than
     draw()'s, and a token whose probability rounds equal to the threshold's from a smaller logit is
-    not kept as a tie."""
+    not kept as a tie. greedy=False: no row has temperature 0, so no argmax is taken for one."""
     if kernel is None:
         kernel = logits.device.type == "cuda"
     if not kernel:
         probs, thr = _probs_and_threshold(logits, temperature, top_k, top_p, min_p, cut)
-        return torch.where(temperature == 0, logits.argmax(-1), race_keyed(probs, thr, keys, kernel=False))
+        tokens = race_keyed(probs, thr, keys, kernel=False)
+        return torch.where(temperature == 0, logits.argmax(-1), tokens) if greedy else tokens
     R = logits.shape[0]
     softmax = softmax_stats(logits, temperature)
     p_thr = torch.zeros(R, dtype=torch.float32, device=logits.device)  # (R,): keeps every token
@@ -575,7 +586,7 @@ def draw_keyed(logits, temperature, top_k, top_p, min_p, keys, cut: bool = True,
         s = logits.sort(-1, descending=True).values  # (R, V): logits in their dtype, their order kept
         x_thr = cutoff_rows(s, top_k, top_p, kernel=True, softmax=softmax)
     tokens = _race_launch(logits, p_thr, keys, softmax, x_thr, torch.log(min_p))
-    return torch.where(temperature == 0, logits.argmax(-1), tokens)
+    return torch.where(temperature == 0, logits.argmax(-1), tokens) if greedy else tokens
 
 
 def sample_on_device(
@@ -596,7 +607,8 @@ def sample_on_device(
         rows.sync()
     if step is None:  # every row greedy
         return logits.argmax(-1)
-    return draw_keyed(logits, *step)
+    temperature, top_k, top_p, min_p, keys, cut, greedy = step
+    return draw_keyed(logits, temperature, top_k, top_p, min_p, keys, cut, greedy=greedy)
 
 
 def sample(logits: torch.Tensor, seqs, generator: torch.Generator | None) -> list[int]:

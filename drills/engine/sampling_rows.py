@@ -27,7 +27,6 @@ import numpy as np
 import torch
 
 GREEDY, SEEDED, UNSEEDED = 0, 1, 2  # a row's kind
-_PARAMS = operator.attrgetter("params")
 _GENERATOR = operator.attrgetter("generator")
 _U64 = np.uint64
 
@@ -82,41 +81,43 @@ class SamplingRows:
 
     def __init__(self, staging=None):
         self.staging = staging
-        self.ids = None  # ((id(seq), id(seq.generator)) of each row): the last step's rows
-        self.seqs = ()  # those sequences, held so that their ids stay theirs
+        self.sid = np.zeros(0, np.int64)  # (R,) id() of each of the last step's sequences
+        self.gid = np.zeros(0, np.int64)  # (R,) id() of each one's seq.generator
+        self.seqs = []  # those sequences, held so that their ids stay theirs
         self.kind = np.zeros(0, np.int8)  # (R,) GREEDY, SEEDED or UNSEEDED
         self.host = np.zeros((0, 4), np.float64)  # (R, 4): temperature, top_p, min_p, top_k
         self.seed = np.zeros(0, _U64)  # (R,) each seeded row's stream seed (Stream._seed)
         self.draws = np.zeros(0, _U64)  # (R,) each seeded row's draws so far
-        self.streams = []  # (R,) each row's Stream, or None
+        self.streams = np.full(0, None, dtype=object)  # (R,) each seeded row's Stream, else None
         self.device = None  # the parameters on the device: SimpleNamespace of (R,) tensors
         self.where = None  # and that device
         self.unseeded = None  # the unseeded rows, (U,) int64 numpy, or None
         self.unseeded_index = None
         self.cut = False  # some sampled row asks for top_k or top_p
         self.greedy = True  # every row is greedy
+        self.some_greedy = True  # some row is
         self.misses = 0  # steps whose rows changed (read from SamplingParams, in part)
         self.hits = 0  # steps that reused every row
 
     def sync(self) -> None:
-        """Bring every kept row's Stream up to the draws made here."""
-        for stream, draws in zip(self.streams, self.draws.tolist()):
-            if stream is not None:
-                stream.draws = draws
+        """Bring every seeded row's Stream up to the draws made here."""
+        seeded = np.flatnonzero(self.kind == SEEDED)
+        for stream, draws in zip(self.streams[seeded].tolist(), self.draws[seeded].tolist()):
+            stream.draws = draws
 
     def prepare(self, seqs, vocab: int, device, generator: torch.Generator | None):
-        """The step's (temperature, top_k, top_p, min_p, keys, cut): five (R,) device tensors and whether
-        any sampled row asks for top_k or top_p; None for a step whose rows are all greedy. Advances each
-        seeded row's draws by one."""
-        ids = tuple(zip(map(id, seqs), map(id, map(_GENERATOR, seqs))))
-        if ids == self.ids and device == self.where:
+        """The step's (temperature, top_k, top_p, min_p, keys, cut, greedy): five (R,) device tensors,
+        whether any sampled row asks for top_k or top_p, and whether some row is greedy; None for a step
+        whose rows are all greedy. Advances each seeded row's draws by one."""
+        R = len(seqs)
+        sid = np.fromiter(map(id, seqs), np.int64, R)  # (R,) each row's sequence, by identity
+        gid = np.fromiter(map(id, map(_GENERATOR, seqs)), np.int64, R)  # and its stream's
+        if device == self.where and np.array_equal(sid, self.sid) and np.array_equal(gid, self.gid):
             self.hits += 1
         else:
-            self._change(seqs, vocab, device)
+            gid = self._change(seqs, sid, gid, vocab, device)
             self.misses += 1
-            # The new rows' streams were made just now: the ids to match next step are theirs.
-            ids = tuple(zip(map(id, seqs), map(id, map(_GENERATOR, seqs))))
-        self.ids, self.seqs = ids, tuple(seqs)
+        self.sid, self.gid, self.seqs = sid, gid, list(seqs)  # held: their ids stay theirs
         if self.greedy:
             return None
         on_device = generator is not None and generator.device.type != "cpu"
@@ -128,7 +129,7 @@ class SamplingRows:
             )
             key = key.index_put((self._unseeded_index(device),), fresh.to(device))
         d = self.device
-        return d.temperature, d.top_k, d.top_p, d.min_p, key, self.cut  # draw_keyed's order
+        return d.temperature, d.top_k, d.top_p, d.min_p, key, self.cut, self.some_greedy  # draw_keyed's order
 
     def _unseeded_index(self, device) -> torch.Tensor:
         if self.unseeded_index is None:
@@ -150,58 +151,70 @@ class SamplingRows:
             ).numpy()
         return torch.from_numpy(keys)
 
-    def _change(self, seqs, vocab: int, device) -> None:
-        """Rows for a new set of sequences: those kept gathered from the last step, the others read."""
+    def _change(self, seqs, sid: np.ndarray, gid: np.ndarray, vocab: int, device) -> np.ndarray:
+        """Rows for a new set of sequences: those kept (the same sequence and stream) gathered from the last
+        step, the others read from their SamplingParams. Returns gid with the new streams' ids."""
         self.sync()  # the rows that leave (finished, preempted) take their draws with them
-        last = {key: r for r, key in enumerate(self.ids or ())}
-        index = [last.get((id(s), id(s.generator)), -1) for s in seqs]  # each row's row last step, or -1
-        new = [r for r, j in enumerate(index) if j < 0]
+        index = np.full(len(seqs), -1, np.int64)  # (R,) each row's row last step, or -1
+        if len(self.sid):
+            order = np.argsort(self.sid)
+            at = order[np.searchsorted(self.sid, sid, sorter=order).clip(max=len(order) - 1)]
+            same = (self.sid[at] == sid) & (self.gid[at] == gid)
+            index = np.where(same, at, -1)
+        kept = np.flatnonzero(index >= 0)
+        old = index[kept]
         R = len(seqs)
         kind = np.zeros(R, np.int8)
         host = np.zeros((R, 4), np.float64)
         seed = np.zeros(R, _U64)
         draws = np.zeros(R, _U64)
-        streams = [None] * R
-        kept = [r for r, j in enumerate(index) if j >= 0]
-        if kept:
-            old = np.array([index[r] for r in kept], np.int64)
-            kind[kept], host[kept], seed[kept], draws[kept] = (
-                self.kind[old],
-                self.host[old],
-                self.seed[old],
-                self.draws[old],
-            )
-            for r, j in zip(kept, old.tolist()):
-                streams[r] = self.streams[j]
-        made = {}  # id(SamplingParams) -> its row: requests often share one
-        for r in new:
-            seq = seqs[r]
-            p = seq.params
-            row = made.get(id(p))
-            if row is None:
-                row = made[id(p)] = _param_row(p, vocab)
-            host[r] = row
-            if row[0] == 0:
-                continue  # greedy: draws nothing
-            if p.random_state is None:
-                kind[r] = UNSEEDED
-                continue
-            stream = seq.generator
-            if not isinstance(stream, Stream):
-                stream = seq.generator = Stream(p.random_state)
-            kind[r], seed[r], draws[r], streams[r] = SEEDED, stream._seed, stream.draws, stream
+        streams = np.full(R, None, dtype=object)
+        kind[kept], host[kept], seed[kept], draws[kept] = (
+            self.kind[old],
+            self.host[old],
+            self.seed[old],
+            self.draws[old],
+        )
+        streams[kept] = self.streams[old]
+        new = np.flatnonzero(index < 0).tolist()
+        if new:
+            made = {}  # id(SamplingParams) -> its row: requests often share one
+            rows, seeded = [], []
+            for r in new:
+                seq = seqs[r]
+                p = seq.params
+                row = made.get(id(p))
+                if row is None:
+                    row = made[id(p)] = _param_row(p, vocab)
+                rows.append(row)
+                if row[0] != 0 and p.random_state is not None:
+                    stream = seq.generator
+                    if not isinstance(stream, Stream):
+                        stream = seq.generator = Stream(p.random_state)
+                    seeded.append((r, stream))
+            host[new] = rows
+            kind[new] = np.where(host[new, 0] == 0, GREEDY, UNSEEDED)
+            if seeded:
+                at = [r for r, _ in seeded]
+                kind[at] = SEEDED
+                seed[at] = [stream._seed for _, stream in seeded]
+                draws[at] = [stream.draws for _, stream in seeded]
+                streams[at] = [stream for _, stream in seeded]
+                gid = gid.copy()
+                gid[at] = [id(stream) for _, stream in seeded]
         self.kind, self.host, self.seed, self.draws, self.streams = kind, host, seed, draws, streams
-        self.greedy = not (kind != GREEDY).any()
         sampled = kind != GREEDY
+        self.greedy = not sampled.any()
+        self.some_greedy = not sampled.all()
         self.cut = bool((sampled & ((host[:, 3] > 0) | (host[:, 1] < 1))).any())
         unseeded = np.flatnonzero(kind == UNSEEDED)
         self.unseeded = unseeded if len(unseeded) else None  # their rows, (U,) int64
         self.unseeded_index = None  # the same on the device, made when a device generator needs it
         self.where = device
-        values = torch.from_numpy(host)  # (R, 4) float64: every value exact
-        d = self._send(values, device)
+        d = self._send(torch.from_numpy(host), device)  # (R, 4) float64: every value exact
         temperature, top_p, min_p = d[:, :3].float().unbind(-1)  # (R,) each
         self.device = SimpleNamespace(temperature=temperature, top_p=top_p, min_p=min_p, top_k=d[:, 3].long())
+        return gid
 
     def _send(self, values: torch.Tensor, device) -> torch.Tensor:
         if device.type != "cuda":
