@@ -592,13 +592,7 @@ def key_tiles_past_the_last_token(impl, runtime):
         for j in range(ctx):
             view[table[j // PAGE], j % PAGE] = j
         positions[target] = where.tolist()
-    last_row: dict = {}
-    for load in loads.loads:
-        if load.target == 0:
-            rows = [r for r in loads.indices(load, 0) if load.active and 0 <= r < q_len]
-            if rows:
-                key = (load.launch, load.program)
-                last_row[key] = max(rows + [last_row.get(key, -1)])
+    last_row = loads.last_rows(0, 0, q_len)  # (launch, program) -> its last new token
     for load in loads.loads:
         key = (load.launch, load.program)
         if load.target == 0 or key not in last_row:

@@ -438,13 +438,7 @@ def blocks_above_the_diagonal(impl, runtime, Nq, Nk, config=(16, 16, 4, 1)):
         launch_into_canary(impl, q, k, v, True, 0.25, config=config)
     if loads is None:
         return None
-    last_row: dict = {}
-    for load in loads.loads:
-        if load.target == 0:
-            rows = [r for r in loads.indices(load, 2) if load.active and 0 <= r < Nq]
-            if rows:
-                key = (load.launch, load.program)
-                last_row[key] = max(rows + [last_row.get(key, -1)])
+    last_row = loads.last_rows(0, 2, Nq)  # (launch, program) -> its last query row
     for load in loads.loads:
         key = (load.launch, load.program)
         if load.target == 0 or key not in last_row:

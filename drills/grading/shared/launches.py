@@ -203,6 +203,18 @@ class Loads:
         size, stride, first = t.element_size(), t.stride(dim), t.storage_offset()
         return [(o // size - first) // stride for o in load.offsets]
 
+    def last_rows(self, target: int, dim: int, rows: int) -> dict:
+        """Each program's last row of tensor `target` along `dim` (in [0, rows)) that an active load of it
+        read: {(launch, program): row}. A causal program's last query row bounds the keys it may see."""
+        last: dict = {}
+        for load in self.loads:
+            if load.target == target and load.active:
+                seen = [r for r in self.indices(load, dim) if 0 <= r < rows]
+                if seen:
+                    key = (load.launch, load.program)
+                    last[key] = max(seen + [last.get(key, -1)])
+        return last
+
 
 @contextlib.contextmanager
 def record_loads(impl, *tensors):
