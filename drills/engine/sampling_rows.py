@@ -212,7 +212,9 @@ class SamplingRows:
         self.unseeded_index = None  # the same on the device, made when a device generator needs it
         self.where = device
         d = self._send(torch.from_numpy(host), device)  # (R, 4) float64: every value exact
-        temperature, top_p, min_p = d[:, :3].float().unbind(-1)  # (R,) each
+        # Each column contiguous, once: the kernels take (R,) tensors, and a strided view would be copied
+        # every step by the draw's .contiguous().
+        temperature, top_p, min_p = d[:, :3].float().t().contiguous().unbind(0)  # (R,) each
         self.device = SimpleNamespace(temperature=temperature, top_p=top_p, min_p=min_p, top_k=d[:, 3].long())
         return gid
 
