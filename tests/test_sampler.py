@@ -692,6 +692,25 @@ def test_rows_kept_between_steps_draw_what_reading_every_row_draws():
         assert kept[i].generator.draws == fresh[i].generator.draws, f"request {i}'s stream lost count"
 
 
+def test_a_sequence_without_a_stream_attribute_draws_unseeded_and_greedy_rows():
+    """A C1 Sequence that dropped its `generator` attribute (only a request with a random_state needs one)
+    still samples its greedy and unseeded rows, kept from step to step or read afresh."""
+
+    class Bare:
+        __slots__ = ("params",)
+
+        def __init__(self, **params):
+            self.params = SamplingParams(**params)
+
+    seqs = [Bare(temperature=0.0), Bare(temperature=0.8, top_p=0.9)]
+    logits = torch.randn(2, 30, generator=torch.Generator().manual_seed(2))
+    rows = sampler.SamplingRows()
+    for _ in range(2):
+        kept = sampler.sample_on_device(logits, seqs, torch.Generator().manual_seed(1), rows=rows)
+        fresh = sampler.sample_on_device(logits, seqs, torch.Generator().manual_seed(1))
+        assert kept.tolist() == fresh.tolist() and kept[0] == logits[0].argmax()
+
+
 def test_a_streams_keys_are_stream_key_of_its_positions():
     """Stream.next_key (the hash of random_state done once per request) gives stream_key(random_state, k)
     for draw k, negative and large random_states included."""

@@ -20,14 +20,14 @@ sync()), so nothing but this object may draw for those sequences meanwhile.
 
 from __future__ import annotations
 
-import operator
+import itertools
 from types import SimpleNamespace
 
 import numpy as np
 import torch
 
 GREEDY, SEEDED, UNSEEDED = 0, 1, 2  # a row's kind
-_GENERATOR = operator.attrgetter("generator")
+_GENERATOR, _NONE = itertools.repeat("generator"), itertools.repeat(None)  # getattr's arguments, row by row
 _U64 = np.uint64
 
 
@@ -111,7 +111,8 @@ class SamplingRows:
         whose rows are all greedy. Advances each seeded row's draws by one."""
         R = len(seqs)
         sid = np.fromiter(map(id, seqs), np.int64, R)  # (R,) each row's sequence, by identity
-        gid = np.fromiter(map(id, map(_GENERATOR, seqs)), np.int64, R)  # and its stream's
+        # and its stream's (a Sequence without the attribute, which a greedy request never needs, has None)
+        gid = np.fromiter(map(id, map(getattr, seqs, _GENERATOR, _NONE)), np.int64, R)
         if device == self.where and np.array_equal(sid, self.sid) and np.array_equal(gid, self.gid):
             self.hits += 1
         else:
