@@ -134,7 +134,8 @@ class SamplingRows:
 
     def _unseeded_index(self, device) -> torch.Tensor:
         if self.unseeded_index is None:
-            self.unseeded_index = self._send(torch.from_numpy(self.unseeded), device)
+            # Cloned: kept from step to step, and the engine's staging buffer is written again every step.
+            self.unseeded_index = self._send(torch.from_numpy(self.unseeded), device).clone()
         return self.unseeded_index
 
     def _keys(self, generator, unseeded: bool) -> torch.Tensor:
@@ -220,6 +221,8 @@ class SamplingRows:
         return gid
 
     def _send(self, values: torch.Tensor, device) -> torch.Tensor:
+        """values on the device. Through the staging buffers, a view that the next step's send writes
+        over (in stream order, after this step's kernels read it): keep nothing of it past the step."""
         if device.type != "cuda":
             return values.clone().to(device)  # the host arrays change next step: the device copy owns its own
         if self.staging is not None:
