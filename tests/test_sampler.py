@@ -711,6 +711,62 @@ def test_a_sequence_without_a_stream_attribute_draws_unseeded_and_greedy_rows():
         assert kept.tolist() == fresh.tolist() and kept[0] == logits[0].argmax()
 
 
+class _OneBuffer:
+    """The engine's staging as a GPU step sees it (engine._Staging): every send writes one device buffer
+    from its start and returns views into it, so a view is good only until the next send."""
+
+    def __init__(self):
+        self.dev = torch.zeros(1 << 12, dtype=torch.uint8)
+
+    def send(self, inputs):
+        fields = {k: v for k, v in vars(inputs).items() if isinstance(v, torch.Tensor)}
+        at = 0
+        for name, t in fields.items():
+            n = t.numel() * t.element_size()
+            self.dev[at : at + n].copy_(t.contiguous().view(-1).view(torch.uint8))
+            setattr(inputs, name, self.dev[at : at + n].view(t.dtype).view(t.shape))
+            at += -(-n // 16) * 16
+        return inputs
+
+
+def test_seeded_keys_survive_the_staging_buffer_when_a_device_generator_draws(monkeypatch):
+    """On a GPU the rows' keys, and for an engine generator on the device the unseeded rows' index, go
+    through the engine's one staging buffer. A step whose rows changed sends both: the keys of its
+    seeded rows must still be their streams' (stream_key), whatever the index's send wrote."""
+    from drills.engine import sampling_rows
+
+    class Staged(sampler.SamplingRows):
+        def _send(self, values, device):  # as on a GPU with the engine's staging
+            return self.staging.send(SimpleNamespace(values=values)).values
+
+    monkeypatch.setattr(sampling_rows, "_generator_on_device", lambda generator: True)
+    seqs = [
+        _seq(temperature=1.0, random_state=7),
+        _seq(temperature=1.0),
+        _seq(temperature=0.5, random_state=8),
+    ]
+    rows = Staged(_OneBuffer())
+    for step in range(3):
+        keys = rows.prepare(seqs, 100, torch.device("cpu"), torch.Generator().manual_seed(step))[4].tolist()
+        want = [sampler.stream_key(7, step), sampler.stream_key(8, step)]
+        assert [keys[0], keys[2]] == want, (
+            f"step {step}: seeded keys {[keys[0], keys[2]]}, their streams' {want}"
+        )
+
+
+def test_one_stream_on_two_rows_draws_twice_in_turn():
+    """A sequence twice in one step (two rows on one stream) draws two keys in turn, as reading each row
+    afresh does, and its stream counts both draws."""
+    logits = torch.zeros(2, 64)  # uniform: the key alone decides
+    twice = _seq(temperature=1.0, random_state=31)
+    got = sampler.sample(logits, [twice, twice], None)
+    one = _seq(temperature=1.0, random_state=31)
+    want = [sampler.sample(logits[:1], [one], None)[0] for _ in range(2)]
+    assert got == want and twice.generator.draws == 2, (
+        f"{got} with {twice.generator.draws} draws, want {want}"
+    )
+
+
 def test_a_streams_keys_are_stream_key_of_its_positions():
     """Stream.next_key (the hash of random_state done once per request) gives stream_key(random_state, k)
     for draw k, negative and large random_states included."""

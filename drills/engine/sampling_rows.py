@@ -94,6 +94,7 @@ class SamplingRows:
         self.unseeded = None  # the unseeded rows, (U,) int64 numpy, or None
         self.unseeded_index = None
         self.cut = False  # some sampled row asks for top_k or top_p
+        self.shared = False  # two seeded rows draw from one stream
         self.greedy = True  # every row is greedy
         self.some_greedy = True  # some row is
         self.misses = 0  # steps whose rows changed (read from SamplingParams, in part)
@@ -121,14 +122,16 @@ class SamplingRows:
         self.sid, self.gid, self.seqs = sid, gid, list(seqs)  # held: their ids stay theirs
         if self.greedy:
             return None
-        on_device = generator is not None and generator.device.type != "cpu"
+        on_device = _generator_on_device(generator)
+        # The index first: a send through the staging buffer writes over the views of the sends before it.
+        index = self._unseeded_index(device) if on_device and self.unseeded is not None else None
         key = self._send(self._keys(None if on_device else generator, not on_device), device)  # (R,) int64
-        if on_device and self.unseeded is not None:
+        if index is not None:
             # An engine generator on the device draws those rows' keys there.
             fresh = torch.randint(
                 0, 1 << 32, (len(self.unseeded),), generator=generator, device=generator.device
             )
-            key = key.index_put((self._unseeded_index(device),), fresh.to(device))
+            key = key.index_put((index,), fresh.to(device))
         d = self.device
         return d.temperature, d.top_k, d.top_p, d.min_p, key, self.cut, self.some_greedy  # draw_keyed's order
 
@@ -144,7 +147,12 @@ class SamplingRows:
         left 0, drawn on the device), 0 for greedy."""
         keys = np.zeros(len(self.kind), np.int64)
         seeded = self.kind == SEEDED
-        if seeded.any():
+        if seeded.any() and self.shared:
+            # Two rows on one stream (a sequence twice in the step): each draws in turn, as the stream does.
+            at = np.flatnonzero(seeded).tolist()
+            keys[at] = [self.streams[r].next_key() for r in at]
+            self.draws[at] = [self.streams[r].draws for r in at]
+        elif seeded.any():
             keys[seeded] = (splitmix64(self.seed[seeded] ^ self.draws[seeded]) >> _U64(32)).astype(np.int64)
             self.draws[seeded] += _U64(1)
         if unseeded and self.unseeded is not None:
@@ -205,6 +213,8 @@ class SamplingRows:
                 gid = gid.copy()
                 gid[at] = [id(stream) for _, stream in seeded]
         self.kind, self.host, self.seed, self.draws, self.streams = kind, host, seed, draws, streams
+        seeded_gid = gid[kind == SEEDED]
+        self.shared = len(np.unique(seeded_gid)) < len(seeded_gid)  # a stream on two rows
         sampled = kind != GREEDY
         self.greedy = not sampled.any()
         self.some_greedy = not sampled.all()
@@ -228,6 +238,12 @@ class SamplingRows:
         if self.staging is not None:
             return self.staging.send(SimpleNamespace(values=values)).values
         return values.pin_memory().to(device, non_blocking=True)
+
+
+def _generator_on_device(generator) -> bool:
+    """Whether the engine's generator draws on a device (a CUDA generator): the unseeded rows' keys are
+    then drawn there, not on the host."""
+    return generator is not None and generator.device.type != "cpu"
 
 
 def _param_row(p, vocab: int) -> tuple:
