@@ -729,7 +729,7 @@ class _OneBuffer:
         return inputs
 
 
-def test_seeded_keys_survive_the_staging_buffer_when_a_device_generator_draws(monkeypatch):
+def test_stream_keys_survive_the_staging_buffer_when_a_device_generator_draws(monkeypatch):
     """On a GPU the rows' keys, and for an engine generator on the device the unseeded rows' index, go
     through the engine's one staging buffer. A step whose rows changed sends both: the keys of its
     seeded rows must still be their streams' (stream_key), whatever the index's send wrote."""

@@ -7,8 +7,8 @@ decode step: some 80 to 160 us of host time, and in an overlapped decode step th
 Yet a decode step's rows are nearly always last step's rows, in the same order, each one draw further.
 
 SamplingRows keeps the last step's rows: their parameters as device tensors (sent once), and for each
-seeded row its stream's seed and draw count as numpy uint64 arrays. A step with the same sequences (and
-the same streams) reuses them: its keys are the splitmix64 hash of (seed, draws) for every seeded row at
+seeded row its stream's base (its random_state, hashed once) and draw count as numpy uint64 arrays. A step with the same sequences (and
+the same streams) reuses them: its keys are the splitmix64 hash of (base, draws) for every seeded row at
 once, in numpy, and one randint for the unseeded rows. A step whose sequences changed (one finished,
 one joined) keeps each row it had, gathered by index, and reads only the new rows' SamplingParams.
 
@@ -86,7 +86,7 @@ class SamplingRows:
         self.seqs = []  # those sequences, held so that their ids stay theirs
         self.kind = np.zeros(0, np.int8)  # (R,) GREEDY, SEEDED or UNSEEDED
         self.host = np.zeros((0, 4), np.float64)  # (R, 4): temperature, top_p, min_p, top_k
-        self.seed = np.zeros(0, _U64)  # (R,) each seeded row's stream seed (Stream._seed)
+        self.base = np.zeros(0, _U64)  # (R,) each seeded row's stream base (Stream._seed)
         self.draws = np.zeros(0, _U64)  # (R,) each seeded row's draws so far
         self.streams = np.full(0, None, dtype=object)  # (R,) each seeded row's Stream, else None
         self.device = None  # the parameters on the device: SimpleNamespace of (R,) tensors
@@ -153,7 +153,7 @@ class SamplingRows:
             keys[at] = [self.streams[r].next_key() for r in at]
             self.draws[at] = [self.streams[r].draws for r in at]
         elif seeded.any():
-            keys[seeded] = (splitmix64(self.seed[seeded] ^ self.draws[seeded]) >> _U64(32)).astype(np.int64)
+            keys[seeded] = (splitmix64(self.base[seeded] ^ self.draws[seeded]) >> _U64(32)).astype(np.int64)
             self.draws[seeded] += _U64(1)
         if unseeded and self.unseeded is not None:
             keys[self.unseeded] = torch.randint(
@@ -176,13 +176,13 @@ class SamplingRows:
         R = len(seqs)
         kind = np.zeros(R, np.int8)
         host = np.zeros((R, 4), np.float64)
-        seed = np.zeros(R, _U64)
+        base = np.zeros(R, _U64)
         draws = np.zeros(R, _U64)
         streams = np.full(R, None, dtype=object)
-        kind[kept], host[kept], seed[kept], draws[kept] = (
+        kind[kept], host[kept], base[kept], draws[kept] = (
             self.kind[old],
             self.host[old],
-            self.seed[old],
+            self.base[old],
             self.draws[old],
         )
         streams[kept] = self.streams[old]
@@ -207,12 +207,12 @@ class SamplingRows:
             if seeded:
                 at = [r for r, _ in seeded]
                 kind[at] = SEEDED
-                seed[at] = [stream._seed for _, stream in seeded]
+                base[at] = [stream._seed for _, stream in seeded]
                 draws[at] = [stream.draws for _, stream in seeded]
                 streams[at] = [stream for _, stream in seeded]
                 gid = gid.copy()
                 gid[at] = [id(stream) for _, stream in seeded]
-        self.kind, self.host, self.seed, self.draws, self.streams = kind, host, seed, draws, streams
+        self.kind, self.host, self.base, self.draws, self.streams = kind, host, base, draws, streams
         seeded_gid = gid[kind == SEEDED]
         self.shared = len(np.unique(seeded_gid)) < len(seeded_gid)  # a stream on two rows
         sampled = kind != GREEDY
