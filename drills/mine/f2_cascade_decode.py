@@ -24,6 +24,7 @@ Explainer: drills/content/f2_cascade_decode.md.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
@@ -40,10 +41,13 @@ LOG2E = 1.4426950408889634  # exp(x) = exp2(x * log2(e)): exp2 is the hardware i
 BLOCK_N = 16  # tokens per tile: the smallest tl.dot tile (a chunk is a multiple of it)
 MIN_CHUNK = 64  # tokens: the smallest chunk the planner makes
 MAX_ROWS = 128  # rows of a prefix tile: members x query heads of one KV head (128 beat 64 on an H200)
-# Cascade when the tokens no longer read are at least this share of all tokens: read from the H200 table
+# Cascade when the tokens no longer read are at least this share of all tokens: read from the table
 # of the explainer's section 4, where a forced cascade lost to F1 on every row below it and won above.
 CASCADE_SHARE = 0.75
 H200_SMS = 132  # used for planning when no GPU is present (the interpreter)
+PREFIX_N = 128  # keys a prefix tile scores at once, at most (_prefix_tile)
+PREFIX_PER_SM = 1  # prefix-stage programs per SM: each carries a tile of up to MAX_ROWS rows
+PREFIX_WARPS, PREFIX_STAGES = 8, 3  # the prefix stage's launch
 
 
 @dataclass(frozen=True)
@@ -60,16 +64,30 @@ class CascadePlan:
     max_suffix: int  # the longest suffix the plan covers (the whole context without cascade)
 
 
-def _split(max_len, programs, num_sms, forced, per_sm=4):
+def _split(max_len, programs, num_sms, forced, per_sm=4, align=BLOCK_N):
     """(count, chunk) cutting max_len tokens into chunks of whole tiles: F1's rule, about per_sm programs
-    per SM, chunks of at least MIN_CHUNK tokens, never a split the longest run leaves empty."""
+    per SM, chunks of at least MIN_CHUNK tokens, never a split the longest run leaves empty. Unforced, a
+    chunk of `align` tokens or more is rounded up to a multiple of `align`, so that its stage may score
+    `align` keys at a time (the prefix stage's PREFIX_N)."""
     tiles = max(1, triton.cdiv(max_len, BLOCK_N))
     n = forced if forced is not None else max(1, (per_sm * num_sms) // max(1, programs))
     if forced is None:
         n = min(n, max(1, triton.cdiv(max_len, MIN_CHUNK)))
     n = min(n, tiles)
     chunk = triton.cdiv(tiles, n) * BLOCK_N
+    if forced is None and chunk >= align:
+        chunk = triton.cdiv(chunk, align) * align
     return max(1, triton.cdiv(max_len, chunk)), chunk
+
+
+def _prefix_tile(chunk, D):
+    """Keys the prefix stage scores at once: the largest power of two up to PREFIX_N that divides the
+    chunk, so that every tile starts at a multiple of its size and, with PAGE >= the tile, lies in one
+    page. A 128-row tile against 16 keys left the tensor cores waiting on loads (section 3.7). Above
+    D = 128 the q tile grows too, so the K and V tiles shrink by D / 128 twice: their shared memory stays
+    below what the measured D = 128 launch used."""
+    cap = PREFIX_N if D <= 128 else max(16, PREFIX_N * 128 * 128 // (D * D))
+    return min(cap, chunk & -chunk)
 
 
 def _as_list(name, values):
@@ -176,8 +194,14 @@ def plan(
     starts = [plens[g] if g >= 0 else 0 for g in groups]
     max_prefix = max(plens[g] for g in members)
     max_suffix = max(n - s for n, s in zip(lens, starts))
-    # Two per SM for the prefix stage: each of its programs carries a tile of up to 128 rows.
-    p_count, p_chunk = _split(max_prefix, len(tiles) * num_kv_heads, num_sms, prefix_chunks, per_sm=2)
+    p_count, p_chunk = _split(
+        max_prefix,
+        len(tiles) * num_kv_heads,
+        num_sms,
+        prefix_chunks,
+        per_sm=PREFIX_PER_SM,
+        align=PREFIX_N,
+    )
     s_count, s_chunk = _split(max_suffix, len(lens) * num_kv_heads, num_sms, suffix_splits)
     as_tensor = lambda x: torch.tensor(x, dtype=torch.int32, device=device)  # noqa: E731
     return CascadePlan(
@@ -552,6 +576,19 @@ def merge_states(o_a, lse_a, o_b, lse_b, check=None):
     return o[:, 0], lse[:, 0]
 
 
+_SIDE_STREAMS = {}  # GPU index -> the stream the prefix stage runs on (section 3.7)
+
+
+def _side_stream(device):
+    """One stream per GPU, made once, for the prefix stage. Its tiles keep the tensor cores busy while
+    the suffix stage, on the caller's stream, waits on memory; one after the other, the step took the
+    prefix stage's time plus the suffix stage's (section 3.7)."""
+    stream = _SIDE_STREAMS.get(device.index)
+    if stream is None:
+        stream = _SIDE_STREAMS[device.index] = torch.cuda.Stream(device)
+    return stream
+
+
 def _launch(
     q, k_cache, v_cache, block_tables, context_lens, prefix_group, prefix_lens, scale, cplan, out, lse
 ):
@@ -606,12 +643,15 @@ def _launch(
     partials = torch.empty(n_out + B * Hq * NS, dtype=torch.float32, device=q.device)
     o_part = partials[:n_out].view(B, Hq, NS, D)
     lse_part = partials[n_out:].view(B, Hq, NS)
-    stages = []
+    # On a GPU the prefix stage runs on a side stream, beside the suffix stage: it starts once the
+    # caller's stream has queued this step's inputs, and the merge waits for both (section 3.7).
+    side = _side_stream(q.device) if P and q.is_cuda else None
+    prefix_stage = None
     if P:
         mt = cplan.members_per_tile
         T = cplan.tile_seqs.shape[0]
-        stages.append(
-            prepare(
+        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+            prefix_stage = prepare(
                 prefix_kernel,
                 (T, Hkv, P),
                 (q, k_cache, v_cache, block_tables, prefix_lens, cplan.tile_seqs, cplan.tile_group)
@@ -630,25 +670,34 @@ def _launch(
                 MEMBERS=mt,
                 GROUP=group,
                 ROWS=max(16, next_pow2(mt * group)),
-                num_warps=4,
-                **common,
+                num_warps=PREFIX_WARPS,
+                num_stages=PREFIX_STAGES,
+                PAGE=PAGE,
+                D=D,
+                BLOCK_N=_prefix_tile(cplan.prefix_chunk, D),
             )
-        )
-    stages.append(
-        prepare(
-            suffix_kernel,
-            (B, Hkv, S),
-            (*head, o_part, lse_part, *suffix_args, *o_part.stride()[:3], *lse_part.stride()[:2])
-            + (block_tables.stride(0), *guard),
-            WRITE_LSE=True,
-            num_warps=2,
-            num_stages=5,
-            **suffix_meta,
-        )
+    suffix_stage = prepare(
+        suffix_kernel,
+        (B, Hkv, S),
+        (*head, o_part, lse_part, *suffix_args, *o_part.stride()[:3], *lse_part.stride()[:2])
+        + (block_tables.stride(0), *guard),
+        WRITE_LSE=True,
+        num_warps=2,
+        num_stages=5,
+        **suffix_meta,
     )
-    stages.append(_merge(o_part, lse_part, out, lse, prefix_group, P))
-    for stage in stages:  # all prepared before the first starts, so the GPU never waits for the host
-        stage()
+    merge_stage = _merge(o_part, lse_part, out, lse, prefix_group, P)
+    # All prepared before the first starts, so the GPU never waits for the host.
+    if side is not None:
+        side.wait_stream(torch.cuda.current_stream(q.device))
+        with torch.cuda.stream(side):
+            prefix_stage()
+    elif prefix_stage is not None:
+        prefix_stage()
+    suffix_stage()
+    if side is not None:
+        torch.cuda.current_stream(q.device).wait_stream(side)
+    merge_stage()
     return out
 
 

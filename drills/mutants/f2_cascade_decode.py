@@ -220,8 +220,8 @@ MUTANTS = [
     Mutant(
         "prefix_stage_four_programs_per_sm",
         "24. the prefix stage cut for four programs per SM, as the suffix stage",
-        "prefix_chunks, per_sm=2)",
-        "prefix_chunks, per_sm=4)",
+        "per_sm=PREFIX_PER_SM,",
+        "per_sm=4,",
     ),
     Mutant(
         "suffix_stage_cut_for_the_tiles",
@@ -246,6 +246,12 @@ MUTANTS = [
         "27. small pages read as one page: one block id per tile from PAGE = 8",
         "if PAGE >= BLOCK_N:\n            phys = tl.load(bt_row + t0 // PAGE).to(tl.int64) + tl.zeros",
         "if PAGE >= 8:\n            phys = tl.load(bt_row + t0 // PAGE).to(tl.int64) + tl.zeros",
+    ),
+    Mutant(
+        "tile_width_taken_as_16",
+        "27. the tile's width taken as 16 keys: one block id per tile from PAGE = 16, where the prefix tile is wider",
+        "if PAGE >= BLOCK_N:\n            phys = tl.load(bt_row + t0 // PAGE).to(tl.int64) + tl.zeros",
+        "if PAGE >= 16:\n            phys = tl.load(bt_row + t0 // PAGE).to(tl.int64) + tl.zeros",
     ),
     Mutant(
         "pv_product_in_fp16",

@@ -469,12 +469,32 @@ def test_group_of_64_members(impl, runtime):
 
 def test_every_prefix_chunk_count_matches(impl, runtime):
     """A 5-tile prefix (80 tokens) cut into 1 .. 6 chunks (6: one past the tiles, an empty chunk):
-    every cut equals the whole; a chunk that reads to the prefix's end, or stops a tile short, does not."""
+    every cut equals the whole; a chunk that reads to the prefix's end, or stops a tile short, does not.
+    Then the prefix stage's wider tiles (section 3.7: as many keys as the chunk is a multiple of, up to
+    PREFIX_N = 128): a 272-token prefix in chunks of 256, 64 and 32 tokens, the last chunk 16 tokens into
+    its tile, and PAGE = 128 with chunks of 256, where each 128-key tile is one page read with one
+    block-id load. A tile that assumes 16 keys, stops at a page's end or reads past the prefix's end
+    does not match."""
     case, groups, plens = cascade_case([90, 85], [0, 0], [80], 4, 1, device=runtime.device, stream=11)
     for chunks in (1, 2, 3, 5, 6):
         plan = forced(impl, case, groups, plens, prefix_chunks=chunks, suffix_splits=1)
         plan = with_cuts(impl, plan, prefix_chunks=chunks, prefix_chunk=16 * math.ceil(5 / chunks))
         check(impl, case, groups, plens, plan=plan)
+    case, groups, plens = cascade_case([300, 290], [0, 0], [272], 4, 1, device=runtime.device, stream=60)
+    for chunk in (256, 64, 32):
+        plan = forced(impl, case, groups, plens, prefix_chunks=1, suffix_splits=1)
+        check(
+            impl,
+            case,
+            groups,
+            plens,
+            plan=with_cuts(impl, plan, prefix_chunks=-(-272 // chunk), prefix_chunk=chunk),
+        )
+    case, groups, plens = cascade_case(
+        [600, 520], [0, 0], [512], 4, 1, 16, 128, device=runtime.device, stream=61
+    )
+    plan = forced(impl, case, groups, plens, prefix_chunks=1, suffix_splits=1)
+    check(impl, case, groups, plens, plan=with_cuts(impl, plan, prefix_chunks=2, prefix_chunk=256))
 
 
 def test_every_suffix_split_count_matches(impl, runtime):
@@ -942,9 +962,19 @@ def test_plan_cascades_only_when_it_pays_and_cuts_by_its_rules(impl):
     )
     p = impl.plan([33792] * 8, [0] * 8, [32768], 8, 8, 16, device="cpu", num_sms=132)
     got = (p.prefix_chunks, p.prefix_chunk, p.suffix_splits, p.suffix_chunk)
-    assert p.cascade and got == (33, 1008, 8, 128), (
-        f"{p}: (prefix_chunks, prefix_chunk, suffix_splits, suffix_chunk) = {got}, not (33, 1008, 8, 128): "
-        "two programs per SM over tiles x Hkv for the prefix stage, four over B x Hkv for the suffix stage"
+    assert p.cascade and got == (16, 2048, 8, 128), (
+        f"{p}: (prefix_chunks, prefix_chunk, suffix_splits, suffix_chunk) = {got}, not (16, 2048, 8, 128): "
+        "one program per SM over tiles x Hkv for the prefix stage, four over B x Hkv for the suffix stage"
+    )
+    # 96 members of 4 query heads each: 3 tiles of 32 x 8 KV heads = 24 programs per chunk, so 132 // 24 =
+    # 5 chunks of the 63-tile prefix, 13 tiles (208 tokens) each, rounded up to a multiple of PREFIX_N =
+    # 128 keys so that the prefix tile can be that wide: 256 tokens, 4 chunks.
+    p = impl.plan([1100] * 96, [0] * 96, [1008], 32, 8, 16, device="cpu", num_sms=132)
+    got = (p.prefix_chunks, p.prefix_chunk)
+    assert p.cascade and got == (4, 256), (
+        f"(prefix_chunks, prefix_chunk) = {got}, not (4, 256): 24 prefix programs per chunk, one per SM, "
+        "give 5 chunks of 208 tokens, and an unforced chunk of 128 tokens or more is rounded up to a "
+        "multiple of PREFIX_N = 128"
     )
 
 
@@ -1302,18 +1332,20 @@ MISTAKES = [
     ),
     Mistake(
         27,
-        # One block id per 16-token tile taken for pages smaller than the tile: PAGE = 8 reads each tile's
-        # second page from the first page's block. A 16-token prefix (a whole tile) keeps the suffix's start
-        # out of it, which tells it from a suffix started on a tile edge (pitfall 2).
-        fails=("test_page_sizes[8]",),
+        # One block id per tile taken for a page smaller than the tile: from PAGE = 8 (a 16-key tile spans
+        # two pages), or from PAGE = 16 where the prefix stage's tile is 32 to 128 keys wide (section 3.7).
+        # Every prefix stage whose tile is wider than its pages reads the later pages of each tile from
+        # the first page's block, while the suffix stage's 16-key tiles over 16-token pages stay right.
+        fails=("test_every_prefix_chunk_count_matches", "test_prefix_counted_once"),
         passes=(
-            "test_page_sizes[32]",
-            "test_prefix_counted_once",
-            "test_sequences_in_no_group_start_at_token_0",
+            "test_every_suffix_split_count_matches",
+            "test_worked_example_three_requests",
+            "test_members_one_past_the_tile",
             "test_merge_states_equals_one_shot_softmax",
         ),
-        question="PAGE = 8 and a tile of 16 tokens: how many pages, and how many block ids, does one tile "
-        "of your loop span, and from which page size on does one load of the table per tile suffice?",
+        question="PAGE = 16 and a prefix tile of 128 keys (or PAGE = 8 and a tile of 16): how many pages, "
+        "and how many block ids, does one tile of your loop span, and from which page size on does one "
+        "load of the table per tile suffice?",
         section="3.2",
     ),
     Mistake(
@@ -1568,7 +1600,7 @@ MISTAKES = [
     Mistake(
         24,
         fails=("test_plan_cascades_only_when_it_pays_and_cuts_by_its_rules",),
-        messages=(r"not \(33, 1008, 8, 128\)",),
+        messages=(r"not \(16, 2048, 8, 128\)", r"not \(4, 256\)"),
         passes=("test_plan_covers_every_token_once", "test_plan_saves_every_read_but_one_per_group"),
         question="How many programs does each stage's grid have per chunk or split, and how many programs "
         "per SM does section 3.5 aim at for each?",
