@@ -45,7 +45,7 @@ MAX_ROWS = 128  # rows of a prefix tile: members x query heads of one KV head (1
 # of the explainer's section 4, where a forced cascade lost to F1 on every row below it and won above.
 CASCADE_SHARE = 0.75
 H200_SMS = 132  # used for planning when no GPU is present (the interpreter)
-PREFIX_N = 128  # keys a prefix tile scores at once, at most (_prefix_tile)
+PREFIX_N = 128  # keys a prefix tile scores at once, at most (_prefix_launch)
 PREFIX_PER_SM = 1  # prefix-stage programs per SM: each carries a tile of up to MAX_ROWS rows
 PREFIX_WARPS, PREFIX_STAGES = 8, 3  # the prefix stage's launch
 
@@ -80,14 +80,15 @@ def _split(max_len, programs, num_sms, forced, per_sm=4, align=BLOCK_N):
     return max(1, triton.cdiv(max_len, chunk)), chunk
 
 
-def _prefix_tile(chunk, D):
-    """Keys the prefix stage scores at once: the largest power of two up to PREFIX_N that divides the
-    chunk, so that every tile starts at a multiple of its size and, with PAGE >= the tile, lies in one
-    page. A 128-row tile against 16 keys left the tensor cores waiting on loads (section 3.7). Above
-    D = 128 the q tile grows too, so the K and V tiles shrink by D / 128 twice: their shared memory stays
-    below what the measured D = 128 launch used."""
-    cap = PREFIX_N if D <= 128 else max(16, PREFIX_N * 128 * 128 // (D * D))
-    return min(cap, chunk & -chunk)
+def _prefix_launch(chunk, rows, D):
+    """The prefix stage's tile width and launch (section 3.7). A q tile of at most 128 rows x D = 128
+    scores the largest power of two up to PREFIX_N keys that divides the chunk, so that every tile starts
+    at a multiple of its width and, with PAGE >= the width, lies in one page; at 8 warps (96 KB of shared
+    memory at 128 x 128 x 128, compiled for sm90). A larger q tile keeps 16 keys, 4 warps and 2 stages:
+    at 256 rows x D = 256 the wide launch needs 256 KB, past the 227 KB a block may have."""
+    if rows * D <= 128 * 128:
+        return dict(BLOCK_N=min(PREFIX_N, chunk & -chunk), num_warps=PREFIX_WARPS, num_stages=PREFIX_STAGES)
+    return dict(BLOCK_N=BLOCK_N, num_warps=4, num_stages=2)
 
 
 def _as_list(name, values):
@@ -650,6 +651,7 @@ def _launch(
     if P:
         mt = cplan.members_per_tile
         T = cplan.tile_seqs.shape[0]
+        rows = max(16, next_pow2(mt * group))  # ROWS: members x GROUP, a power of two, at least 16
         with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
             prefix_stage = prepare(
                 prefix_kernel,
@@ -669,12 +671,10 @@ def _launch(
                 + (*o_part.stride()[:2], *lse_part.stride()[:2], block_tables.stride(0), *guard),
                 MEMBERS=mt,
                 GROUP=group,
-                ROWS=max(16, next_pow2(mt * group)),
-                num_warps=PREFIX_WARPS,
-                num_stages=PREFIX_STAGES,
+                ROWS=rows,
                 PAGE=PAGE,
                 D=D,
-                BLOCK_N=_prefix_tile(cplan.prefix_chunk, D),
+                **_prefix_launch(cplan.prefix_chunk, rows, D),
             )
     suffix_stage = prepare(
         suffix_kernel,
