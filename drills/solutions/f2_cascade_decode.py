@@ -74,8 +74,8 @@ def _split(max_len, programs, num_sms, forced, per_sm=4, align=BLOCK_N):
 
 
 def _prefix_launch(chunk, rows, D):
-    """The prefix stage's tile width and launch (section 3.7). A q tile of at most 128 rows x D = 128
-    scores the largest power of two up to PREFIX_N keys that divides the chunk, so that every tile starts
+    """The prefix stage's tile width and launch (section 3.7). A q tile of at most 128 x 128 elements
+    (128 rows at D = 128, 64 at D = 256; 160 KB of shared memory at the latter) scores the largest power of two up to PREFIX_N keys that divides the chunk, so that every tile starts
     at a multiple of its width and, with PAGE >= the width, lies in one page; at 8 warps (96 KB of shared
     memory at 128 x 128 x 128, compiled for sm90). A larger q tile keeps 16 keys, 4 warps and 2 stages:
     at 256 rows x D = 256 the wide launch needs 256 KB, past the 227 KB a block may have."""

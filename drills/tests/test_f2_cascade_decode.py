@@ -119,7 +119,7 @@ GROUPINGS_BY_PAGE = {
 DOMAIN = Domain(
     axes=dict(
         D=(_D_LO, _D_HI),  # the narrowest and the widest head dim: one D tile of 256
-        PAGE=(1, 16, 32),  # token by token below 16, one page per tile at 16, two tiles a page past it
+        PAGE=(1, 16, 32),  # token by token below a tile's width, one page per tile from it on
         heads=((2, 2), (9, 3), (17, 1)),  # (Hq, Hkv): MHA, GROUP 3, MQA with GROUP 17 > a tile of 16 rows
         groups=tuple(GROUPINGS_BY_PAGE),
         dtype=(torch.float16, torch.bfloat16),
@@ -558,16 +558,17 @@ def test_widest_head_dim_is_read_whole(impl, runtime):
     check(impl, case, groups, plens, plan=forced(impl, case, groups, plens, suffix_splits=2))
 
 
-# A tile reads one table entry when a page holds it (PAGE >= 16) and one per token below: each path
-# forms its own block offsets, so the int64 case runs one page size from each side of the tile.
+# A tile reads one table entry when a page holds it (PAGE >= BLOCK_N) and one per token below: each path
+# forms its own block offsets, so the int64 case runs one page size from each side of the suffix stage's
+# 16-key tile (the prefix stage's tiles, 32 keys wide here, gather token by token at both).
 SPAN_PAGES = (DOMAIN["tile_tokens"], 4)
 
 
 @pytest.mark.parametrize("PAGE", SPAN_PAGES, ids=[f"page{p}" for p in SPAN_PAGES])
 def test_page_index_widened_to_int64(impl, runtime, PAGE):
     """Block ids above 2**32 / page stride, in the shared prefix and the suffixes: int32 offsets wrap to
-    the pool's first blocks (zeros in a sparse cache). PAGE = 16 reads one table entry per tile, PAGE = 4
-    gathers block ids token by token. The caches are sparse files on a CPU."""
+    the pool's first blocks (zeros in a sparse cache). At PAGE = 16 the suffix stage reads one table entry
+    per tile, and PAGE = 4 gathers block ids token by token. The caches are sparse files on a CPU."""
     far_blocks = pool_past_int32(runtime, PAGE, 1, 128, spare=32)
     case, groups, plens = cascade_case(
         [40, 37], [0, 0], [32], 4, 1, 128, PAGE, device=runtime.device, stream=27, **far_blocks
@@ -604,7 +605,7 @@ def test_head_dims(impl, runtime, D):
 
 @pytest.mark.parametrize("PAGE", [1, 4, 8, 32])
 def test_page_sizes(impl, runtime, PAGE):
-    """Pages smaller than a 16-token tile are gathered token by token, in the prefix and the suffix.
+    """Pages smaller than a tile are gathered token by token, in the prefix and the suffix.
     PAGE = 8, half a tile, shares 16 tokens (a whole tile, so a suffix started on a tile edge is right
     there and only the gather can be wrong): one block id per tile, right from PAGE = 16 on, taken from
     PAGE = 8 reads the second page of every tile from the first page's block."""
