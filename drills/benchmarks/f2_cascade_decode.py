@@ -402,6 +402,13 @@ FIGURES = {
     "vs_f1": lambda d: bench.span_of(r["f2_vs_f1"] for r in d["rows"] if r["prefix"]),
     "vs_bound": lambda d: bench.span_of(r["f2_vs_bound"] for r in d["rows"]),
     "c1_vs_f1": lambda d: bench.num(_at(d, 256, 304, 128)["f2_vs_f1"]),
+    "c1_forced_vs_f1": lambda d: bench.num(_at(d, 256, 304, 128)["forced_vs_f1"]),
+    # the forced cascade's speed over the composed FlashInfer's: forced_us = f1_us / forced_vs_f1
+    "c1_forced_vs_composed": lambda d: bench.num(
+        _at(d, 256, 304, 128)["composed_us"]
+        * _at(d, 256, 304, 128)["forced_vs_f1"]
+        / _at(d, 256, 304, 128)["f1_us"]
+    ),
     "long_vs_f1": lambda d: bench.num(_at(d, 32, 32768, 1024)["f2_vs_f1"]),
     "no_prefix_vs_f1": lambda d: bench.num(_at(d, 64, 0, 1024)["f2_vs_f1"]),
     "target_vs_f1": lambda d: bench.num(_at(d, 64, 8192, 256)["f2_vs_f1"]),

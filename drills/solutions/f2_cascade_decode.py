@@ -41,6 +41,9 @@ H200_SMS = 132  # used for planning when no GPU is present (the interpreter)
 PREFIX_N = 128  # keys a prefix tile scores at once, at most (_prefix_launch)
 PREFIX_PER_SM = 1  # prefix-stage programs per SM: each carries a tile of up to MAX_ROWS rows
 PREFIX_WARPS, PREFIX_STAGES = 8, 3  # the prefix stage's launch
+# One warp per merge program: a program merges a handful of slots of one row, and at 4 warps the
+# merge's waves of B x Hq programs took 16 to 40 us of an H100 step (section 3.7).
+MERGE_WARPS = 1
 
 
 @dataclass(frozen=True)
@@ -568,7 +571,7 @@ def _merge(o_part, lse_part, out, lse, prefix_group, num_prefix):
         D=D,
         BLOCK_S=min(64, max(16, next_pow2(NS))),
         WRITE_LSE=lse is not None,
-        num_warps=4,
+        num_warps=MERGE_WARPS,
     )
 
 
