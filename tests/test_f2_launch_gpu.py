@@ -32,15 +32,18 @@ DIMS = ("b", "head", "d")
 
 
 @pytest.mark.parametrize(
-    "Hq, Hkv, D, members_per_tile, wide",
+    "Hq, Hkv, D, members_per_tile, prefix_chunks, keys",
     [
-        (32, 1, 256, None, False),  # 4 members x 32 heads = 128 rows at D = 256: the 16-key launch
-        (32, 1, 256, 2, True),  # 64 rows at D = 256: the widest q tile the wide launch takes
-        (32, 8, 128, None, True),  # 6 members x 4 heads in a 32-row tile at D = 128, as the benchmark
+        (32, 1, 256, None, None, 16),  # 4 members x 32 heads = 128 rows at D = 256: the 16-key launch
+        (32, 1, 256, 2, None, 64),  # 64 rows at D = 256, chunks of 64 tokens: the wide launch, 64 keys
+        (32, 1, 256, 2, 2, 128),  # 64 rows at D = 256, 128-token chunks: the widest tile, 160 KB of smem
+        (32, 8, 128, None, None, 64),  # 6 members x 4 heads in a 32-row tile at D = 128, as the benchmark
     ],
-    ids=["q-tile-past-128x128", "64-rows-d256", "32-rows-d128"],
+    ids=["q-tile-past-128x128", "64-rows-d256-64-keys", "64-rows-d256-128-keys", "32-rows-d128"],
 )
-def test_prefix_stage_launches_compile_and_match_the_oracle(Hq, Hkv, D, members_per_tile, wide):
+def test_prefix_stage_launches_compile_and_match_the_oracle(
+    Hq, Hkv, D, members_per_tile, prefix_chunks, keys
+):
     prefix = 256
     lens = [prefix + n for n in (1, 40, 77, 128, 3, 200)] + [50]
     groups = [0] * 6 + [-1]
@@ -56,10 +59,11 @@ def test_prefix_stage_launches_compile_and_match_the_oracle(Hq, Hkv, D, members_
         16,
         cascade=True,
         members_per_tile=members_per_tile,
+        prefix_chunks=prefix_chunks,
     )
     rows = max(16, 1 << (plan.members_per_tile * (Hq // Hkv) - 1).bit_length())
     launch = f2._prefix_launch(plan.prefix_chunk, rows, D)
-    assert (launch["BLOCK_N"] > f2.BLOCK_N) == wide, f"{rows} rows at D = {D} took {launch}"
+    assert launch["BLOCK_N"] == keys, f"{rows} rows at D = {D}, chunks of {plan.prefix_chunk} took {launch}"
     out, lse = f2.cascade_decode(
         *case.args, prefix_group, prefix_lens, plan=plan, return_lse=True, check=True
     )
@@ -97,13 +101,14 @@ def test_side_stream_replays_new_values_inside_a_graph():
     assert plan.prefix_chunks >= 1 and plan.cascade
     buffers = captured.args
     out = torch.empty_like(buffers[0])
-    side = torch.cuda.Stream()
-    with torch.cuda.stream(side):  # the caller's own stream, not the default one
+    side = torch.cuda.Stream()  # the caller's own stream, not the default one: warm-up and capture run on it
+    side.wait_stream(torch.cuda.current_stream())  # the case was written on the default stream
+    with torch.cuda.stream(side):
         f2.cascade_decode(*buffers, prefix_group, prefix_lens, plan=plan, out=out)
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            f2.cascade_decode(*buffers, prefix_group, prefix_lens, plan=plan, out=out)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side):
+        f2.cascade_decode(*buffers, prefix_group, prefix_lens, plan=plan, out=out)
     for i, lens in enumerate(
         (
             [prefix + 100, prefix + 7, prefix, 0, prefix + 128, prefix + 60],
