@@ -131,4 +131,11 @@ MUTANTS = [
         "b_cols = offs_n % N",
         "b_cols = offs_n % M",
     ),
+    # Nothing past K is read: only a finite C short of the K tail shows it.
+    Mutant(
+        "k_loop_floor",
+        "14. the K loop runs K // BLOCK_K steps (the K tail never summed)",
+        "for k in range(0, tl.cdiv(K, BLOCK_K)):",
+        "for k in range(0, K // BLOCK_K):",
+    ),
 ]

@@ -22,7 +22,7 @@ from drills.tests import bf16_everywhere, seeded, sizes
 BOUNDS: dict[str, tuple[str, ...]] = {
     "BLOCK_M": ("test_by_hand_37x100x61_every_edge_partial", "test_store_masked_at_m_and_n_edges"),
     "BLOCK_N": ("test_by_hand_37x100x61_every_edge_partial", "test_store_masked_at_m_and_n_edges"),
-    "BLOCK_K": ("test_k_edge_is_masked", "test_k_longer_than_one_block"),
+    "BLOCK_K": ("test_k_edge_is_masked", "test_k_longer_than_one_block", "test_k_loop_reaches_the_k_tail"),
     "GROUP_M": (
         "test_programs_visit_tiles_in_grouped_order",
         "test_every_tile_computed_when_last_group_is_short",
@@ -228,6 +228,24 @@ def test_k_edge_is_masked(impl, runtime, K):
     and B (0 * NaN is NaN, so masking one operand is not enough)."""
     a, b = inputs(20, 24, K, runtime.device, stream=K)
     check(impl, a, b)
+
+
+@pytest.mark.parametrize("K", [1, 61])
+def test_k_loop_reaches_the_k_tail(impl, runtime, K):
+    """K not a multiple of BLOCK_K: a K loop of K // BLOCK_K steps reads nothing past K, so no NaN shows
+    it, and it drops the last K % BLOCK_K terms of every dot product (all of them when K < BLOCK_K:
+    C = 0). A finite C that equals the sum over the first k < K only is named as such."""
+    a, b = inputs(20, 24, K, runtime.device, stream=K + 7)
+    out = run_into_canary(impl, a, b)
+    if torch.isfinite(out).all():
+        for short in range(0, K, 16):  # every K step of a tl.dot is a multiple of 16 wide
+            part = reference(a[:, :short], b[:short])  # [20, 24]; zeros when short = 0
+            if torch.allclose(out.float(), part, atol=0.01, rtol=0.01):
+                pytest.fail(
+                    f"C equals the sum over k < {short} only, of K = {K}: the K loop stops before the last "
+                    f"{K - short} k (a loop of K // BLOCK_K steps?)"
+                )
+    assert_close(out, reference(a, b), DIMS)
 
 
 @pytest.mark.parametrize("M,N,K", [(33, 31, 16), (1, 1, 16), (65, 47, 40), (100, 1, 7)])
@@ -580,6 +598,15 @@ MISTAKES = [
         messages=("NaN",),
         question="K = 61, BLOCK_K = 32: which k does your last K step load, from which of A and B, and "
         "what value do the lanes past K hold?",
+        section="3.3",
+    ),
+    Mistake(
+        14,
+        # Nothing past K is read, so no NaN: C is the sum over the whole blocks of K only.
+        fails=("test_k_loop_reaches_the_k_tail",),
+        messages=(r"the K loop stops before",),
+        question="K = 61, BLOCK_K = 32: how many steps does your K loop run, and which k does the last one "
+        "load?",
         section="3.3",
     ),
     Mistake(
