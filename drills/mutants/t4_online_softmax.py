@@ -221,4 +221,11 @@ MUTANTS = [
         "n = m_a.numel()",
         "n = m_a.shape[0]",
     ),
+    # Right for one row or one split: only several of each show the transposed layout.
+    Mutant(
+        "partial_states_stored_row_major",
+        "24. partial states stored at [row, split], read by the merge at [split, row]",
+        "    tl.store(m_ptr + split * M + row, m)\n    tl.store(l_ptr + split * M + row, l)",
+        "    tl.store(m_ptr + row * tl.num_programs(1) + split, m)\n    tl.store(l_ptr + row * tl.num_programs(1) + split, l)",
+    ),
 ]

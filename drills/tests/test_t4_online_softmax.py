@@ -554,6 +554,34 @@ def test_pairwise_domain_cases_match_the_oracle(impl, runtime):
 # --- Splits: several programs per row, merged --------------------------------------------------------
 
 
+def test_partial_states_stored_at_split_row(impl, runtime):
+    """The statistics pass stores split s's state of row r at [s, r] of the [splits, M] buffers, which
+    the merge reads as splits rows of M states. Stored at [r, s] (flat r * splits + s), the merge folds
+    the wrong states together: right for one row or one split, wrong for 3 rows of 2 splits, where the
+    result is named when it equals what that layout gives."""
+    M, S, W = 3, 2, 4  # 3 rows, 2 splits of one 4-column block each
+    x = randn((M, S * W), runtime, stream=27, scale=2.0)
+    m, l = impl.softmax_stats(x, block=W, splits=S)
+    # Each (row, split)'s own state, as a [row, split] layout lays them out flat.
+    flat = [stats_reference(x[r : r + 1, s * W : (s + 1) * W]) for r in range(M) for s in range(S)]
+    # Read back as [split, row], row i merges the flat entries i, M + i, ...: one state of S parts.
+    swapped = [[flat[s * M + i] for s in range(S)] for i in range(M)]
+    m_swapped = torch.stack([torch.stack([p[0][0] for p in parts]).amax() for parts in swapped])  # [M]
+    l_swapped = torch.stack(
+        [sum(p[1][0] * torch.exp(p[0][0] - mi) for p in parts) for parts, mi in zip(swapped, m_swapped)]
+    )  # [M]
+    m_ref, l_ref = stats_reference(x)
+    if not torch.allclose(m_swapped, m_ref) and m.shape == (M,) and l.shape == (M,):
+        looks_swapped = torch.allclose(
+            m.float().cpu(), m_swapped.cpu(), rtol=1e-4, atol=1e-4
+        ) and torch.allclose(l.float().cpu(), l_swapped.cpu(), rtol=1e-4, atol=1e-4)
+        assert not looks_swapped, (
+            "the merged states are those of partial states stored at [row, split] (flat row * splits + split) "
+            "and read at [split, row]: store split s's state of row r at s * M + r"
+        )
+    assert_stats_close(m, l, m_ref, l_ref)
+
+
 @pytest.mark.parametrize("splits", [2, 4, 16, _SPLITS_MAX])
 def test_splits_match_one_pass(impl, runtime, splits):
     """Each split scans N / splits columns; merged, the states equal the one-pass state. With 16 splits
@@ -1002,6 +1030,22 @@ MISTAKES = [
         question="merge_stats gets [3, 5] states: how many does your launch count as n, and who merges "
         "the other 12?",
         section="3.4",
+    ),
+    Mistake(
+        24,
+        # The merge reads [split, row]: a [row, split] layout folds other rows' states into each row.
+        fails=("test_partial_states_stored_at_split_row",),
+        passes=(
+            "test_worked_example_final_state",
+            "test_rows_sum_to_one",
+            "test_merge_takes_any_shape",
+            "test_merge_shifts_to_the_larger_max",
+            "test_row_offsets_widened_to_int64[1]",
+        ),
+        messages=(r"stored at \[row, split\]",),
+        question="3 rows and 2 splits: at which flat index of m_ptr does your kernel store split 1's state "
+        "of row 0, and which index does the merge read it from?",
+        section="3.1",
     ),
     Mistake(
         23,
