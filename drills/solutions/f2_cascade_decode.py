@@ -79,12 +79,14 @@ def _split(max_len, programs, num_sms, forced, per_sm=4, align=BLOCK_N):
 
 def _prefix_launch(chunk, rows, D):
     """The prefix stage's tile width and launch (section 3.7). A q tile of at most 128 x 128 elements
-    (128 rows at D = 128, 64 at D = 256; 160 KB of shared memory at the latter) scores the largest power of two up to PREFIX_N keys that divides the chunk, so that every tile starts
-    at a multiple of its width and, with PAGE >= the width, lies in one page; at 8 warps (96 KB of shared
-    memory at 128 x 128 x 128, compiled for sm90). A larger q tile keeps 16 keys, 4 warps and 2 stages:
-    at 256 rows x D = 256 the wide launch needs 256 KB, past the 227 KB a block may have."""
+    (128 rows at D = 128, 64 at D = 256) scores the largest power of two up to PREFIX_N keys that divides
+    the chunk, and at most 128 x 128 elements of K (64 keys at D = 256), at 8 warps and 3 stages, so that
+    every tile starts at a multiple of its width and, with PAGE >= the width, lies in one page. Shared
+    memory bounds it: 128 keys at D = 256 asked for 295 KB on an H100, past the 227 KB a block may have,
+    where 64 keys fit. A larger q tile keeps 16 keys, 4 warps and 2 stages."""
     if rows * D <= 128 * 128:
-        return dict(BLOCK_N=min(PREFIX_N, chunk & -chunk), num_warps=PREFIX_WARPS, num_stages=PREFIX_STAGES)
+        keys = min(PREFIX_N, chunk & -chunk, 128 * 128 // D)
+        return dict(BLOCK_N=keys, num_warps=PREFIX_WARPS, num_stages=PREFIX_STAGES)
     return dict(BLOCK_N=BLOCK_N, num_warps=4, num_stages=2)
 
 
