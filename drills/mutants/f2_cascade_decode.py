@@ -351,6 +351,13 @@ MUTANTS = [
         "            tiles[-1][tiles[-1].index(-1)] = b\n        else:\n"
         "            tiles.append([b] + [-1] * (mt - 1))\n            tile_group.append(g)\n",
     ),
+    # Right wherever a row's first tile of slots holds a part: two empty parts and a padding row see it.
+    Mutant(
+        "merge_max_unguarded_while_empty",
+        "10. the merge's weights measured from a max of -inf while every slot read is empty (NaN)",
+        'm_ref = tl.where(m_new == float("-inf"), 0.0, m_new)',
+        "m_ref = m_new",
+    ),
     Mutant(
         "score_dot_in_fp16",
         "28. a dtype written into the kernel: q and K cast to tl.float16 for the score dot",

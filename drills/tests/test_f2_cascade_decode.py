@@ -1542,6 +1542,21 @@ MISTAKES = [
         section="3.3",
     ),
     Mistake(
+        10,
+        # The merge's weights e^(lse - m) taken from m = -inf while every slot read is empty: NaN for two
+        # empty parts and for a padding sequence, right wherever a row's first tile of slots holds a part.
+        fails=("test_merge_states_handles_empty_parts",),
+        messages=(r"both parts empty",),
+        passes=(
+            "test_merge_states_equals_one_shot_softmax",
+            "test_worked_example_three_requests",
+            "test_every_suffix_split_count_matches",
+        ),
+        question="merge_states of two empty parts (lse = -inf for both): what is your merge's running max "
+        "after its first tile of slots, and what is e^(lse - max) then?",
+        section="3.4",
+    ),
+    Mistake(
         11,
         # The empty-prefix case separates it from pitfall 20: there the last group's prefix is 0.
         fails=("test_tiles_hold_one_group", "test_head_dims", "test_group_with_an_empty_prefix"),
