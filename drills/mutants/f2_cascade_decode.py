@@ -358,6 +358,13 @@ MUTANTS = [
         'm_ref = tl.where(m_new == float("-inf"), 0.0, m_new)',
         "m_ref = m_new",
     ),
+    # Only the 65-slot checks have a second tile of slots.
+    Mutant(
+        "merge_reads_one_tile_of_slots",
+        "36. the merge reads its first tile of slots only, no loop over the rest",
+        "for s0 in range(0, num_slots, BLOCK_S):",
+        "for s0 in range(0, BLOCK_S, BLOCK_S):",
+    ),
     Mutant(
         "score_dot_in_fp16",
         "28. a dtype written into the kernel: q and K cast to tl.float16 for the score dot",

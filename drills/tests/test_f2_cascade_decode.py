@@ -1225,6 +1225,24 @@ MISTAKES = [
         section="3.4",
     ),
     Mistake(
+        36,
+        # The merge reads its first tile of 64 slots and no more: right wherever a row has at most 64 slots,
+        # which only the two 65-slot checks pass.
+        fails=(
+            "test_merge_reads_every_tile_of_slots",
+            "test_merge_rescales_when_a_later_tile_of_slots_raises_the_max",
+        ),
+        passes=(
+            "test_worked_example_three_requests",
+            "test_every_suffix_split_count_matches",
+            "test_every_prefix_chunk_count_matches",
+            "test_merge_states_equals_one_shot_softmax",
+        ),
+        question="65 slots and a merge that reads 64 at a time: which of them does your merge read, and "
+        "which loop brings it to slot 64?",
+        section="3.4",
+    ),
+    Mistake(
         35,
         # Rule 1 as a ratio, saved / sum(context_lens): a batch of padding sequences only divides by 0.
         fails=("test_plan_cascades_only_when_it_pays_and_cuts_by_its_rules",),
