@@ -365,6 +365,13 @@ MUTANTS = [
         "for s0 in range(0, num_slots, BLOCK_S):",
         "for s0 in range(0, BLOCK_S, BLOCK_S):",
     ),
+    # The empty prefix passes: only a chunk that starts inside a prefix and runs past it shows it.
+    Mutant(
+        "prefix_chunk_cut_only_past_the_prefix",
+        "9. the chunks past the prefix skipped, but the last one not cut at the prefix's end",
+        "end = tl.minimum(start + chunk, plen)",
+        "end = tl.where(start < plen, start + chunk, start)",
+    ),
     Mutant(
         "score_dot_in_fp16",
         "28. a dtype written into the kernel: q and K cast to tl.float16 for the score dot",

@@ -1547,6 +1547,22 @@ MISTAKES = [
         section="3.1",
     ),
     Mistake(
+        9,
+        # The same end, with the chunks that start at or past the prefix's end skipped: the empty prefix
+        # passes, and the last chunk that starts inside a prefix still reads past it (the 8-token one),
+        # which the suffix check sees too (a suffix read twice looks like one started at the wrong page).
+        fails=("test_every_prefix_chunk_count_matches", "test_worked_example_three_requests"),
+        passes=(
+            "test_prefix_counted_once",
+            MHA,
+            "test_merge_states_equals_one_shot_softmax",
+            "test_group_with_an_empty_prefix",
+        ),
+        question="An 8-token prefix in one chunk of 16 tokens: where does your prefix chunk stop, and whose "
+        "tokens does it read past the prefix?",
+        section="3.1",
+    ),
+    Mistake(
         10,
         fails=("test_every_suffix_split_count_matches",),
         messages=(r"NaN|nan",),  # 0 / 0; a suffix refused as empty is the learner's check, not this
