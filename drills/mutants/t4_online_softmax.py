@@ -228,4 +228,11 @@ MUTANTS = [
         "    tl.store(m_ptr + split * M + row, m)\n    tl.store(l_ptr + split * M + row, l)",
         "    tl.store(m_ptr + row * tl.num_programs(1) + split, m)\n    tl.store(l_ptr + row * tl.num_programs(1) + split, l)",
     ),
+    # Every one-row trace is right: only several rows with a partial last block show the overlap.
+    Mutant(
+        "trace_rows_counted_with_floor",
+        "25. the trace's row offset counted as row * (N // BLOCK), not row * cdiv(N, BLOCK)",
+        "step = row * tl.cdiv(N, BLOCK) + start // BLOCK",
+        "step = row * (N // BLOCK) + start // BLOCK",
+    ),
 ]

@@ -554,6 +554,23 @@ def test_pairwise_domain_cases_match_the_oracle(impl, runtime):
 # --- Splits: several programs per row, merged --------------------------------------------------------
 
 
+def test_trace_rows_start_at_row_times_steps(impl, runtime):
+    """The trace is [M, cdiv(N, BLOCK)]: row r's state after block j lives at r * cdiv(N, BLOCK) + j. Each
+    row traced alone is checked first; 3 rows of 5 columns in blocks of 2 (3 steps, the last partial)
+    then show a row offset counted as N // BLOCK, or left out, as rows that are right alone and not
+    together."""
+    x = randn((3, 5), runtime, stream=28, scale=2.0)
+    for r in range(3):
+        check_trace(impl, x[r : r + 1].clone(), 2)
+    try:
+        check_trace(impl, x, 2)
+    except AssertionError as e:
+        pytest.fail(
+            "each row's trace is right alone, but not with 3 rows: row r's trace starts at r * cdiv(N, BLOCK) "
+            f"(here r * 3) in the [M, cdiv(N, BLOCK)] buffers. {e}"
+        )
+
+
 def test_partial_states_stored_at_split_row(impl, runtime):
     """The statistics pass stores split s's state of row r at [s, r] of the [splits, M] buffers, which
     the merge reads as splits rows of M states. Stored at [r, s] (flat r * splits + s), the merge folds
@@ -1030,6 +1047,22 @@ MISTAKES = [
         question="merge_stats gets [3, 5] states: how many does your launch count as n, and who merges "
         "the other 12?",
         section="3.4",
+    ),
+    Mistake(
+        25,
+        # Every one-row trace right: only the row offset of the [M, steps] trace buffers is wrong.
+        fails=("test_trace_rows_start_at_row_times_steps",),
+        passes=(
+            "test_worked_example_trace_one_element_at_a_time",
+            "test_worked_example_final_state",
+            "test_non_power_of_two_shapes",
+            "test_splits_match_one_pass",
+            "test_rows_sum_to_one",
+        ),
+        messages=(r"each row's trace is right alone",),
+        question="3 rows of 5 columns in blocks of 2: how many trace entries has each row, and at which "
+        "index does your kernel store row 1's first one?",
+        section="3.3",
     ),
     Mistake(
         24,
