@@ -372,6 +372,13 @@ MUTANTS = [
         "end = tl.minimum(start + chunk, plen)",
         "end = tl.where(start < plen, start + chunk, start)",
     ),
+    # Right wherever every range is one whole tile (the 65-slot checks).
+    Mutant(
+        "tail_keys_scored_0",
+        "38. a key tile's tail keys masked to a score of 0 instead of -inf",
+        's = tl.where(t_mask[None, :], s, float("-inf"))',
+        "s = tl.where(t_mask[None, :], s, 0.0)",
+    ),
     Mutant(
         "score_dot_in_fp16",
         "28. a dtype written into the kernel: q and K cast to tl.float16 for the score dot",

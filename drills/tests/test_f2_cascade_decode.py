@@ -1200,6 +1200,24 @@ STAGES = [
 MHA = "test_prefix_tile_rows_map_to_heads[group1-MHA]"
 MISTAKES = [
     Mistake(
+        38,
+        # A stage's key tile as L2 must not: tail keys scored 0, or l not rescaled. Right wherever every
+        # range is one whole tile, which the 65-slot checks (one tile per chunk and per split) are.
+        fails=(
+            "test_prefix_counted_once",
+            "test_every_suffix_split_count_matches",
+            "test_lse_is_natural_log",
+        ),
+        passes=(
+            "test_merge_reads_every_tile_of_slots",
+            "test_merge_rescales_when_a_later_tile_of_slots_raises_the_max",
+            "test_merge_states_equals_one_shot_softmax",
+        ),
+        question="A suffix of 20 tokens in tiles of 16: which keys of your second tile are real, what score "
+        "do the others get, and is your l rescaled when a later tile raises the max?",
+        section="3.2",
+    ),
+    Mistake(
         37,
         # Tiles cut from runs of consecutive grouped sequences: every result right, the prefix read once
         # per run instead of once per members_per_tile members.
