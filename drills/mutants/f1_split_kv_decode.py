@@ -136,6 +136,13 @@ MUTANTS = [
         "    b = tl.program_id(0).to(tl.int64)\n    kvh = tl.program_id(1).to(tl.int64)\n    split = tl.program_id(2)\n",
         "    b = tl.program_id(0)\n    kvh = tl.program_id(1).to(tl.int64)\n    split = tl.program_id(2)\n",
     ),
+    # The split kernel's b widened: only out's own far rows, stored by the merge, show it.
+    Mutant(
+        "merge_sequence_index_int32",
+        "17. the merge kernel's sequence index left int32",
+        "    b = tl.program_id(0).to(tl.int64)\n    h = tl.program_id(1).to(tl.int64)\n",
+        "    b = tl.program_id(0)\n    h = tl.program_id(1)\n",
+    ),
     Mutant(
         "out_stored_as_fp16",
         "18. a dtype written into the kernel: the split kernel's output stored as tl.float16",

@@ -47,6 +47,7 @@ from drills.tests.paged_kv import (
     paged_attention_reference,
     pool_past_int32,
     q_rows_far_apart,
+    rows_far_apart,
     shift_scores,
     spoiled_call,
     strided_q,
@@ -463,11 +464,22 @@ def test_out_keeps_the_range_of_its_dtype(impl, runtime, dtype):
 
 def test_sequence_index_widened_to_int64(impl, runtime):
     """q's rows 1.5 * 2**30 elements apart (q_rows_far_apart), unsplit and split: both kernels index q,
-    and the split kernel its partial outputs, by the sequence, whose offsets must be int64."""
+    and the split kernel its partial outputs, by the sequence, whose offsets must be int64; then out's
+    rows as far apart, which the merge kernel stores by its own sequence index."""
     case = make_paged_case([20, 9, 33], 4, 2, 64, 16, device=runtime.device, stream=22)
     wide = PagedCase(q_rows_far_apart(case.q, runtime), *case.args[1:])
     for splits in (1, 3):
         check(impl, wide, plan=impl.plan(case.context_lens, 2, 16, num_splits=splits))
+    # out's rows as far apart (out may be a view of a large buffer): split, the merge kernel stores each
+    # sequence's row at b * stride_ob, so its own b must be int64 too.
+    ref, _ = paged_attention_reference(*case.args)
+    for splits in (1, 3):
+        out = rows_far_apart(torch.zeros_like(case.q), runtime)  # [B, Hq, D], rows far apart
+        plan = impl.plan(case.context_lens, 2, 16, num_splits=splits)
+        # return_lse: a stray lse store (pitfall 23) is not this check's to catch.
+        returned, _ = impl.split_kv_decode(*case.args, plan=plan, out=out, return_lse=True)
+        assert returned.data_ptr() == out.data_ptr(), "split_kv_decode must return out"
+        assert_close(out, ref, DIMS)
 
 
 def test_page_index_widened_to_int64(impl, runtime):
